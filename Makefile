@@ -1,0 +1,47 @@
+# codetool: two commands do everything on a fresh machine.
+#   make test   set-up + the test suite (offline, CPU, < 15 min on 2 cores)
+#   make demo   set-up + the whole method end to end on the embedded default model
+# Set-up is idempotent: a virtualenv in .venv, the package and its dependencies, bubblewrap
+# (if apt-get can install it), and the embedded default model cached under checkpoints/.
+# On a GPU machine pass the torch you want: make setup TORCH_SPEC="torch==2.9.1"
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CODETOOL := $(VENV)/bin/codetool
+# 2.13.0 is the CPU build that lies on disk on our CI machines; a bare "torch" pulls CUDA (GBs).
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.codetool-installed
+PYTEST_ARGS ?=
+
+.PHONY: setup install test test-slow demo bench lint clean
+
+$(STAMP): pyproject.toml
+	@bash scripts/install_system_deps.sh
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+setup: $(STAMP)
+	$(CODETOOL) setup
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-slow: setup
+	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+
+demo: setup
+	$(CODETOOL) pipeline --config configs/pipeline/quickstart.yaml
+
+bench: setup
+	$(PY) benchmarks/run_all.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check codetool tests benchmarks scripts
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,138 @@
+"""The ``codetool`` command line: ``codetool <command> [--config YAML] [--key value ...]``.
+
+Each command is one config dataclass plus one function, listed in ``COMMANDS`` below (the only
+place that knows them). Modules are imported only when their command runs, so ``codetool --help``
+is instant. Errors meant for users (:class:`codetool.CodetoolError`) print one line; anything else
+is a bug and prints a traceback. ``--debug`` shows tracebacks for both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib
+import logging
+import os
+import sys
+import time
+
+from codetool import CodetoolError, __version__
+from codetool.config import ConfigError, _flat_fields, add_arguments, config_from_args
+from codetool.secrets import RedactingFilter
+
+# command -> (module, config class, function, one-line help)
+COMMANDS: dict[str, tuple[str, str, str, str]] = {
+    "setup": ("codetool.models.setup", "SetupConfig", "setup",
+              "install and cache the embedded default model (idempotent)"),
+    "generate": ("codetool.models.backends", "GenerateConfig", "generate_command",
+                 "generate a completion with any model (smoke test of a backend)"),
+    "data": ("codetool.tools.data", "DataConfig", "data_command",
+             "fetch benchmark files into data/ (download, or copy with --from DIR)"),
+    "serve-mock": ("codetool.tools.mock_servers", "ServeMockConfig", "serve_mock",
+                   "serve a mock TMDB or StableToolBench-compatible API on loopback"),
+    "run": ("codetool.search.run", "RunConfig", "run_command",
+            "run the stepwise code search on one query or a benchmark"),
+    "build-trees": ("codetool.tree.build", "TreeConfig", "build_trees_command",
+                    "build DFS action trees and export the PRM dataset"),
+    "train-prm": ("codetool.prm.train", "TrainConfig", "train_command",
+                  "train the process reward model (TRL; works under accelerate launch)"),
+    "eval-prm": ("codetool.prm.evaluate", "EvalPRMConfig", "eval_prm_command",
+                 "pairwise accuracy, AUC and calibration of a PRM on held-out pairs"),
+    "score": ("codetool.prm.scorer", "ScoreConfig", "score_command",
+              "score PRM examples from a JSONL file"),
+    "serve-prm": ("codetool.prm.server", "ServePRMConfig", "serve_prm",
+                  "serve a PRM over HTTP (batches concurrent requests)"),
+    "eval": ("codetool.eval.report", "EvalConfig", "eval_command",
+             "evaluate trajectory files: SoPR, SoWR, path rate, SCEP, cost; writes a report"),
+    "eval-decision": ("codetool.eval.decision", "DecisionEvalConfig", "eval_decision_command",
+                      "benchmark the decide-first stage (When2Tool metrics)"),
+    "pipeline": ("codetool.pipeline", "PipelineConfig", "pipeline_command",
+                 "trees -> PRM -> guided search -> evaluation, resumable by stage"),
+}
+
+logger = logging.getLogger("codetool")
+
+
+def _configure_logging(level: str) -> None:
+    from rich.logging import RichHandler
+
+    handler = RichHandler(show_path=False, rich_tracebacks=False, log_time_format="%H:%M:%S")
+    handler.addFilter(RedactingFilter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING)
+    logging.getLogger("codetool").setLevel(level)
+    # Third-party chatter stays at warnings unless --debug.
+    for noisy in ("httpx", "urllib3", "datasets", "transformers"):
+        logging.getLogger(noisy).setLevel(logging.WARNING if level != "DEBUG" else logging.INFO)
+
+
+def _load(name: str):
+    module_name, config_name, func_name, _ = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    return getattr(module, config_name), getattr(module, func_name)
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    lines = "\n".join(f"  {name:<14} {entry[3]}" for name, entry in COMMANDS.items())
+    parser = argparse.ArgumentParser(
+        prog="codetool",
+        description="Process reward models for code-writing tool agents (CodeTool, ACL 2025).",
+        epilog=f"commands:\n{lines}\n\nRun 'codetool <command> --help' for a command's options.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"codetool {__version__}")
+    parser.add_argument("command", nargs="?", help="one of the commands below")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``codetool`` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("WANDB_MODE", "disabled")  # tracking is opt-in (report_to: wandb)
+    top = _top_parser()
+    if not argv or argv[0] in ("-h", "--help", "--version"):
+        top.parse_args(argv or ["--help"])
+        return 0
+    name = argv[0]
+    if name not in COMMANDS:
+        hint = difflib.get_close_matches(name, COMMANDS, n=1)
+        print(f"codetool: unknown command '{name}'." + (f" Did you mean '{hint[0]}'?" if hint else "")
+              + " Run 'codetool --help' for the list.", file=sys.stderr)
+        return 2
+    debug = "--debug" in argv
+    rest = [a for a in argv[1:] if a != "--debug"]
+    try:
+        config_cls, func = _load(name)
+        parser = argparse.ArgumentParser(prog=f"codetool {name}", description=COMMANDS[name][3])
+        parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+        parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                            help="log level of codetool's messages [default: INFO]")
+        add_arguments(parser, config_cls)
+        args, unknown = parser.parse_known_args(rest)
+        if unknown:
+            valid = ["config"] + [n for n, _, _ in _flat_fields(config_cls)]
+            bad = unknown[0]
+            key = bad.lstrip("-").split("=")[0].replace("-", "_")
+            hint = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+            raise ConfigError(f"unknown option '{bad}' for 'codetool {name}'."
+                              + (f" Did you mean '--{hint[0]}'?" if hint else "")
+                              + f" Run 'codetool {name} --help' for the options.")
+        _configure_logging("DEBUG" if debug else args.log_level)
+        cfg = config_from_args(config_cls, args)
+        start = time.time()
+        status = func(cfg)
+        logger.debug("%s finished in %.1f s", name, time.time() - start)
+        return int(status or 0)
+    except CodetoolError as e:
+        if debug:
+            raise
+        print(f"codetool {name}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"codetool {name}: interrupted; finished work is saved and a rerun resumes.", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

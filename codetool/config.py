@@ -1,0 +1,279 @@
+"""Configs: dataclasses, YAML recipes in ``configs/``, ``--key value`` overrides on the command line.
+
+Every command has one config dataclass. Its fields carry their help text in
+``metadata={"help": ...}`` (declare them with :func:`option`), nested dataclasses group related
+settings, and ``__post_init__`` validates values and raises :class:`ConfigError` with the fix.
+Values are resolved in this order, later wins: dataclass defaults, the YAML file given with
+``--config``, then ``--key value`` overrides (nested keys with dots: ``--search.k 4``).
+
+An unknown key, in YAML or on the command line, is an error that names the key and the closest
+valid one. Nothing here touches the network, prompts or exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import hashlib
+import json
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from codetool import CodetoolError
+
+T = TypeVar("T")
+_MISSING = dataclasses.MISSING
+
+
+class ConfigError(CodetoolError, ValueError):
+    """A config value or key is wrong; the message names it and says how to fix it."""
+
+
+def option(default: Any = _MISSING, help: str = "", *, default_factory: Any = _MISSING,
+           choices: typing.Sequence[Any] | None = None, positional: bool = False) -> Any:
+    """A dataclass field with CLI metadata.
+
+    Args:
+        default: the default value (use ``default_factory`` for lists and dicts).
+        help (`str`): one line shown by ``codetool <cmd> --help``.
+        choices (`Sequence`, *optional*): allowed values; checked on load.
+        positional (`bool`, *optional*, defaults to `False`): a positional CLI argument.
+    """
+    metadata = {"help": help, "choices": tuple(choices) if choices else None, "positional": positional}
+    if default_factory is not _MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+        return tp, type(None) in typing.get_args(tp)
+    return tp, False
+
+
+def _closest(key: str, valid: typing.Iterable[str]) -> str:
+    match = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
+    return f" Did you mean '{match[0]}'?" if match else ""
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Convert a YAML or CLI value to the annotated type, or raise ConfigError."""
+    tp, optional = _unwrap_optional(tp)
+    if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null")):
+        if optional or tp is Any:
+            return None
+        raise ConfigError(f"{where}: got no value (null); expected {getattr(tp, '__name__', tp)}.")
+    if tp is Any:
+        return value
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping of {tp.__name__} settings, got {value!r}.")
+        return from_dict(tp, value, where=where)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("false", "no", "0", "off"):
+            return False
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        raise ConfigError(f"{where}: expected true or false, got {value!r}.")
+    if tp in (int, float):
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected a number, got {value!r}.")
+        try:
+            number = tp(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected {'an integer' if tp is int else 'a number'}, got {value!r}.") from None
+        if tp is int and isinstance(value, float) and number != value:
+            raise ConfigError(f"{where}: expected an integer, got {value!r}.")
+        return number
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{where}: expected text, got {value!r}.")
+        return str(value)
+    if origin in (list, tuple) or tp in (list, tuple):
+        if isinstance(value, str):
+            value = yaml.safe_load(value) if value.strip().startswith("[") else [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            value = [value]
+        args = typing.get_args(tp)
+        item_tp = args[0] if args else Any
+        return [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or tp is dict:
+        if isinstance(value, str):
+            value = yaml.safe_load(value)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}.")
+        args = typing.get_args(tp)
+        vt = args[1] if len(args) == 2 else Any
+        return {str(k): _coerce(v, vt, f"{where}.{k}") for k, v in value.items()}
+    if origin is typing.Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"{where}: got {value!r}; choose one of {list(typing.get_args(tp))}.")
+        return value
+    return value
+
+
+def from_dict(cls: type[T], data: dict[str, Any], *, where: str = "") -> T:
+    """Build ``cls`` from a (possibly nested) mapping, validating keys, types and choices.
+
+    Raises:
+        ConfigError: on an unknown key (naming the closest valid one), a value of the wrong type,
+            or a value outside the field's choices.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {type(data).__name__}.")
+    hints = _hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        path = f"{where}.{name}" if where else name
+        if name not in fields:
+            raise ConfigError(f"unknown config key '{path}'.{_closest(name, fields)} "
+                              f"(valid keys: {', '.join(sorted(fields))})")
+        coerced = _coerce(value, hints[name], path)
+        choices = fields[name].metadata.get("choices")
+        if choices and coerced not in choices:
+            raise ConfigError(f"{path}: got {coerced!r}; choose one of {list(choices)}.")
+        kwargs[name] = coerced
+    return cls(**kwargs)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """The config as plain JSON-able data (nested dataclasses become dicts)."""
+    return dataclasses.asdict(cfg)
+
+
+def config_hash(cfg: Any, *, ignore: typing.Iterable[str] = ()) -> str:
+    """A short, stable hash of a config (or any JSON-able data) for resume checks.
+
+    Args:
+        ignore (`Iterable[str]`, *optional*): top-level keys left out (e.g. output paths).
+    Returns:
+        12 hex characters of a SHA-256 over the canonical JSON.
+    """
+    data = to_dict(cfg) if dataclasses.is_dataclass(cfg) else cfg
+    if isinstance(data, dict):
+        data = {k: v for k, v in data.items() if k not in set(ignore)}
+    blob = json.dumps(data, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--{dotted}: '{part}' is a value, not a group of settings.")
+    node[parts[-1]] = value
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _flat_fields(cls: type, prefix: str = "") -> list[tuple[str, dataclasses.Field, Any]]:
+    """(dotted name, field, type) for every leaf field, nested dataclasses flattened."""
+    out = []
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        tp, _ = _unwrap_optional(hints[f.name])
+        name = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(tp):
+            out.extend(_flat_fields(tp, name + "."))
+        else:
+            out.append((name, f, hints[f.name]))
+    return out
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML recipe; raises ConfigError if it is missing or not a mapping."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}. Pass --config with a path to a YAML recipe "
+                          f"(see the configs/ folder of the repository).")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({e}).") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a recipe must be a mapping of settings, got {type(data).__name__}.")
+    return data
+
+
+def load_config(cls: type[T], path: str | Path | None = None,
+                overrides: dict[str, Any] | None = None) -> T:
+    """Defaults, then the YAML recipe at ``path``, then ``overrides`` (dotted keys allowed)."""
+    data = load_yaml(path) if path else {}
+    nested: dict[str, Any] = {}
+    for key, value in (overrides or {}).items():
+        _set_dotted(nested, key.replace("-", "_"), value)
+    return from_dict(cls, _merge(data, nested), where="")
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    """Add ``--config`` and one option per (flattened) field of ``cls`` to ``parser``.
+
+    Options default to ``argparse.SUPPRESS`` so that only what the user typed overrides the
+    recipe; types are converted later by :func:`load_config`, which gives better errors.
+    """
+    parser.add_argument("--config", metavar="YAML", default=None,
+                        help="YAML recipe; command-line options override its values")
+    for name, f, tp in _flat_fields(cls):
+        help_text = f.metadata.get("help", "")
+        default = f.default if f.default is not _MISSING else (
+            f.default_factory() if f.default_factory is not _MISSING else None)
+        choices = f.metadata.get("choices")
+        extra = f" (choices: {', '.join(map(str, choices))})" if choices else ""
+        shown = f"{help_text}{extra} [default: {default!r}]"
+        if f.metadata.get("positional"):
+            base, _ = _unwrap_optional(tp)
+            is_list = typing.get_origin(base) is list
+            parser.add_argument(name, nargs="*" if is_list else "?", default=argparse.SUPPRESS,
+                                metavar=name.upper(), help=shown)
+            continue
+        flags = [f"--{name}"]
+        if "_" in name:
+            flags.append(f"--{name.replace('_', '-')}")
+        base, _ = _unwrap_optional(tp)
+        if base is bool:
+            # --flag alone means true; --flag false still works.
+            parser.add_argument(*flags, dest=name, nargs="?", const="true", default=argparse.SUPPRESS,
+                                metavar="BOOL", help=shown)
+        else:
+            parser.add_argument(*flags, dest=name, default=argparse.SUPPRESS, metavar="VALUE", help=shown)
+
+
+def config_from_args(cls: type[T], args: argparse.Namespace) -> T:
+    """Build the config of ``cls`` from parsed arguments (see :func:`add_arguments`)."""
+    values = dict(vars(args))
+    path = values.pop("config", None)
+    names = {name for name, _, _ in _flat_fields(cls)}
+    overrides = {k: v for k, v in values.items() if k in names}
+    return load_config(cls, path, overrides)

@@ -1,0 +1,142 @@
+"""Trajectory records: what a run of the search writes, one JSON line per query (DESIGN.md §3).
+
+A :class:`Trajectory` holds every step, each with *all* its candidates (code, execution summary,
+tool calls, every reward term, and which one was chosen), so evaluation, reports and PRM data
+building never need to re-run anything. ``to_dict``/``from_dict`` are the only (de)serialisers;
+``codetool.jsonl`` writes the lines (and redacts secrets on the way out).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+FINISH_TYPES = ("finish", "give_up", "max_steps", "error")
+
+
+@dataclass
+class Candidate:
+    """One sampled step.
+
+    Args:
+        index (`int`): position among the step's K candidates (0-based).
+        text (`str`): the raw model output.
+        code (`str` or `None`): the parsed Python block; ``None`` when the text had none.
+        result (`dict`): execution summary: ``ok``, ``outcome``, ``stdout``, ``error_type``,
+            ``error_message``, ``tool_calls`` (list of dicts with ``name``, ``arguments``,
+            ``status``, ``latency_s``, ``error``), ``final_answer``, ``give_up_reason``,
+            ``state_lost``, ``output_truncated``, ``duration_s``.
+        r_spot (`float`): on-the-spot reward in {0, 1}.
+        r_latent (`float` or `None`): latent reward in [0, 1], ``None`` when not computed.
+        cost (`float`): LIT tool cost of the step (code cost + API costs), >= 0.
+        score (`float`): the selection score ``w_spot*r_spot + w_latent*r_latent - w_cost*cost``.
+        chosen (`bool`): whether the search kept this candidate.
+        prompt_tokens, completion_tokens (`int`): token counts of its generation.
+    """
+
+    index: int
+    text: str
+    code: str | None
+    result: dict[str, Any] = field(default_factory=dict)
+    r_spot: float = 0.0
+    r_latent: float | None = None
+    cost: float = 0.0
+    score: float = 0.0
+    chosen: bool = False
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class Step:
+    """One search step: its candidates and the observation the policy sees next.
+
+    Args:
+        index (`int`): 0-based step number.
+        candidates (`list[Candidate]`): all K candidates, in sampling order.
+        chosen (`int`): index of the kept candidate.
+        observation (`str`): the (truncated) output of the chosen candidate shown to the policy.
+    """
+
+    index: int
+    candidates: list[Candidate] = field(default_factory=list)
+    chosen: int = 0
+    observation: str = ""
+
+    @property
+    def chosen_candidate(self) -> Candidate:
+        return self.candidates[self.chosen]
+
+
+@dataclass
+class Trajectory:
+    """A whole episode on one query.
+
+    Args:
+        query_id (`str`): benchmark query id (as text).
+        query (`str`): the user query.
+        benchmark (`str`): ``stabletoolbench``, ``restbench-tmdb``, ``toolbench`` or ``custom``.
+        group (`str` or `None`): benchmark group, e.g. ``G1_instruction``.
+        method (`str`): the method name of the run config (e.g. ``spot+latent``).
+        config_hash (`str`): hash of the run config (resume and report checks).
+        steps (`list[Step]`): the chosen path with all candidates.
+        final_answer (`str` or `None`): the argument of ``finish``, if called.
+        finish_type (`str`): one of ``finish``, ``give_up``, ``max_steps``, ``error``.
+        available_tools (`list[dict]`): the APIs offered, each ``{"name", "tool", "api"}``.
+        prompt_tokens, completion_tokens (`int`): totals over every generation of the episode.
+        wall_time_s (`float`): seconds for the whole episode.
+        phase_seconds (`dict`): seconds per phase: ``generation``, ``execution``, ``scoring``.
+        tool_cost (`float`): sum of the chosen steps' costs (LIT).
+        routing (`dict` or `None`): the decide-first stage's decision, confidence and route.
+        isolation (`str`): which executor isolation was active (e.g. ``bwrap+rlimits``).
+        error (`str` or `None`): why the episode ended with ``finish_type='error'``.
+        extra (`dict`): benchmark-specific fields (e.g. RestBench gold path).
+    """
+
+    query_id: str
+    query: str
+    benchmark: str = "custom"
+    group: str | None = None
+    method: str = ""
+    config_hash: str = ""
+    steps: list[Step] = field(default_factory=list)
+    final_answer: str | None = None
+    finish_type: str = "max_steps"
+    available_tools: list[dict[str, Any]] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    wall_time_s: float = 0.0
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    tool_cost: float = 0.0
+    routing: dict[str, Any] | None = None
+    isolation: str = ""
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.finish_type not in FINISH_TYPES:
+            raise ValueError(f"finish_type must be one of {FINISH_TYPES}, got {self.finish_type!r}.")
+        self.query_id = str(self.query_id)
+
+    def executed_calls(self) -> list[dict[str, Any]]:
+        """Tool calls of the chosen candidates, in order (for path metrics)."""
+        return [call for step in self.steps for call in step.chosen_candidate.result.get("tool_calls", [])]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Trajectory:
+        data = dict(data)
+        steps = []
+        for s in data.pop("steps", []):
+            s = dict(s)
+            cands = [Candidate(**c) for c in s.pop("candidates", [])]
+            steps.append(Step(candidates=cands, **s))
+        known = {f.name for f in dataclasses.fields(cls)}
+        extra = {k: v for k, v in data.items() if k not in known}
+        data = {k: v for k, v in data.items() if k in known}
+        traj = cls(steps=steps, **data)
+        traj.extra.update(extra)
+        return traj

@@ -1,0 +1,103 @@
+"""Shared fixtures. Everything is offline and CPU-only: the tiny model and its tokenizer are built
+from a config and a byte-level BPE trained on a fixed corpus, never downloaded."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("CODETOOL_SHARED_DATA", REPO.parent / "shared" / "data"))
+SHARED_CASES = SHARED_DATA.parent / "cases"
+CANARY_KEY = "sk-canary-7f3a9c2e1b5d4f60a8e2"
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _corpus() -> list[str]:
+    # Our own source code and a little English: enough for a byte-level BPE to cover Python.
+    texts = [p.read_text(errors="replace") for p in sorted((REPO / "codetool").rglob("*.py"))]
+    texts.append("The quick brown fox jumps over the lazy dog. What is the weather in Paris today? "
+                 "Find movies directed by Christopher Nolan and give the answer. finish give_up print")
+    return texts
+
+
+def build_tiny_tokenizer(out_dir: Path, vocab_size: int = 600):
+    """A byte-level BPE tokenizer with ChatML special tokens, saved to ``out_dir``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                   pad_token="<|im_end|>", unk_token="<|endoftext|>")
+    fast.chat_template = CHATML_TEMPLATE
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def build_tiny_model(out_dir: Path, *, tie_word_embeddings: bool = True, seed: int = 0):
+    """A 2-layer Llama (hidden 32) with the tiny tokenizer, saved to ``out_dir``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = build_tiny_tokenizer(out_dir)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                         tie_word_embeddings=tie_word_embeddings, bos_token_id=tok.bos_token_id,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """Path of a saved tiny causal LM + tokenizer (tied embeddings, like SmolLM2)."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def tiny_untied_model_dir(tmp_path_factory) -> Path:
+    """Path of a saved tiny causal LM with untied input/output embeddings."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-untied"), tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The benchmark files of ``../shared/data`` (skips the test where they are absent)."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"benchmark data not found at {SHARED_DATA}; set CODETOOL_SHARED_DATA")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def shared_cases() -> Path:
+    if not SHARED_CASES.is_dir():
+        pytest.skip(f"field cases not found at {SHARED_CASES}")
+    return SHARED_CASES
+
+
+@pytest.fixture
+def canary_env(monkeypatch):
+    """Plant secret-looking keys in the environment; returns the canary value to grep for."""
+    for name in ("TOOLBENCH_KEY", "OPENAI_API_KEY", "TMDB_ACCESS_TOKEN", "CODETOOL_JUDGE_API_KEY"):
+        monkeypatch.setenv(name, CANARY_KEY)
+    return CANARY_KEY
