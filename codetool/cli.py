@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     rest = [a for a in argv[1:] if a != "--debug"]
     try:
         config_cls, func = _load(name)
-        parser = argparse.ArgumentParser(prog=f"codetool {name}", description=COMMANDS[name][3])
+        parser = argparse.ArgumentParser(prog=f"codetool {name}", description=COMMANDS[name][3],
+                                         allow_abbrev=False)
         parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
         parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                             help="log level of codetool's messages [default: INFO]")

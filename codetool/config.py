@@ -35,7 +35,8 @@ class ConfigError(CodetoolError, ValueError):
 
 
 def option(default: Any = _MISSING, help: str = "", *, default_factory: Any = _MISSING,
-           choices: typing.Sequence[Any] | None = None, positional: bool = False) -> Any:
+           choices: typing.Sequence[Any] | None = None, positional: bool = False,
+           aliases: typing.Sequence[str] = ()) -> Any:
     """A dataclass field with CLI metadata.
 
     Args:
@@ -43,8 +44,10 @@ def option(default: Any = _MISSING, help: str = "", *, default_factory: Any = _M
         help (`str`): one line shown by ``codetool <cmd> --help``.
         choices (`Sequence`, *optional*): allowed values; checked on load.
         positional (`bool`, *optional*, defaults to `False`): a positional CLI argument.
+        aliases (`Sequence[str]`, *optional*): extra CLI flags, e.g. ``("--from",)``.
     """
-    metadata = {"help": help, "choices": tuple(choices) if choices else None, "positional": positional}
+    metadata = {"help": help, "choices": tuple(choices) if choices else None, "positional": positional,
+                "aliases": tuple(aliases)}
     if default_factory is not _MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -261,6 +264,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         flags = [f"--{name}"]
         if "_" in name:
             flags.append(f"--{name.replace('_', '-')}")
+        flags.extend(f.metadata.get("aliases", ()))
         base, _ = _unwrap_optional(tp)
         if base is bool:
             # --flag alone means true; --flag false still works.

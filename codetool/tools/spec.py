@@ -28,6 +28,7 @@ class Parameter:
         default (`Any`): the documented default or example value, if any.
         required (`bool`): whether the API needs it.
         location (`str`): ``query``, ``path``, ``header`` or ``body`` (OpenAPI); ``query`` otherwise.
+        enum (`list` or `None`): the allowed values, when the spec lists them (OpenAPI ``enum``).
     """
 
     name: str
@@ -36,6 +37,7 @@ class Parameter:
     default: Any = None
     required: bool = False
     location: str = "query"
+    enum: list[Any] | None = None
 
 
 @dataclass

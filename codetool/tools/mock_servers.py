@@ -1,0 +1,343 @@
+"""Local mock servers: a TMDB API built from its OpenAPI spec, and a StableToolBench-compatible
+``/virtual`` server backed by the response cache and the simulator.
+
+Start them with ``codetool serve-mock tmdb --port 8000`` and
+``codetool serve-mock stabletoolbench --port 8080``; point :class:`~codetool.tools.backends.HTTPBackend`
+(``make_tool_backend("mock-tmdb", port=8000)``), :class:`~codetool.tools.backends.StableToolBenchClient`
+or StableToolBench's own scripts (``--service_url http://127.0.0.1:8080/virtual``) at them.
+
+- TMDB: every operation of ``RestGPT/specs/tmdb_oas.json`` (54 GETs), at ``/<path>`` and ``/3/<path>``.
+  Path parameters are matched by type (integers, enums), required query parameters are checked,
+  the answer is the spec's example response (its top-level ``id`` set to the requested one when
+  the path has a single parameter); anything else is a TMDB-style 404.
+- StableToolBench: ``POST /virtual`` takes StableToolBench's request (``category``, ``tool_name``,
+  ``api_name``, ``tool_input`` as JSON text or object, ``strip``, ``toolbench_key``) and answers
+  ``{"error", "response"}`` from the cache, else from the simulator (plus ``simulated`` and
+  ``source`` fields, which StableToolBench's clients ignore). APIs are documented by the query
+  files' ``api_list`` entries (default: the six StableToolBench test groups).
+
+Safety (DESIGN.md §5b): binds 127.0.0.1 by default; any other address needs an API key in an
+environment variable, checked on every request as ``Authorization: Bearer <key>`` (or a
+``toolbench_key`` header, for StableToolBench's scripts). Request bodies over ``max_body_bytes``
+get 413, requests over ``timeout_s`` get 504, malformed requests a 4xx with a one-line reason;
+an internal error is a one-line 500, never a traceback.
+"""
+
+# No "from __future__ import annotations": FastAPI must see the real Request class in handler signatures.
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from codetool import CodetoolError
+from codetool.config import ConfigError, option
+from codetool.tools.backends import CacheBackend, FallbackBackend
+from codetool.tools.names import change_name, standardize
+from codetool.tools.simulator import SimulatorBackend
+from codetool.tools.spec import APISpec
+
+logger = logging.getLogger(__name__)
+
+TMDB_NOT_FOUND = {"success": False, "status_code": 34, "status_message": "The resource you requested could not be found."}
+
+
+@dataclass
+class ServeMockConfig:
+    """Options of ``codetool serve-mock``."""
+
+    kind: str = option("tmdb", "which mock to serve", choices=("tmdb", "stabletoolbench"), positional=True)
+    host: str = option("127.0.0.1", "address to bind; anything but loopback requires the API key variable")
+    port: int = option(8000, "port to listen on")
+    api_key_env: str = option("CODETOOL_MOCK_API_KEY", "environment variable holding the API key "
+                              "(required off loopback; checked whenever set)")
+    spec: str | None = option(None, "TMDB OpenAPI spec [default: <data>/RestGPT/specs/tmdb_oas.json]")
+    queries: list[str] = option(default_factory=list, help="StableToolBench query files or folders documenting "
+                                "the APIs [default: the six test groups]")
+    cache_dir: str | None = option(None, "StableToolBench response cache to replay before simulating")
+    seed: int = option(0, "simulator seed")
+    max_body_bytes: int = option(1_000_000, "largest accepted request body, in bytes")
+    timeout_s: float = option(30.0, "longest time a request may take, in seconds")
+
+    def __post_init__(self):
+        if not 0 < self.port < 65536:
+            raise ConfigError(f"port: got {self.port}; use 1-65535 (e.g. 8000).")
+        if self.max_body_bytes <= 0 or self.timeout_s <= 0:
+            raise ConfigError("max_body_bytes and timeout_s must be positive.")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+async def _reply(send, status: int, detail: str, extra: dict | None = None) -> None:
+    body = json.dumps(dict(extra or {}, detail=detail)).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class RequestGuard:
+    """ASGI wrapper: API key, body size limit, time limit, one-line errors."""
+
+    def __init__(self, app, *, api_key: str | None, max_body_bytes: int, timeout_s: float):
+        self.app, self.api_key, self.max_body_bytes, self.timeout_s = app, api_key, max_body_bytes, timeout_s
+
+    def _authorised(self, headers: dict[str, str]) -> bool:
+        given = headers.get("authorization", "")
+        token = given[7:] if given.lower().startswith("bearer ") else headers.get("toolbench_key", "")
+        return bool(token) and hmac.compare_digest(token.encode(), self.api_key.encode())
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        if self.api_key and not self._authorised(headers):
+            return await _reply(send, 401, "missing or wrong API key: send 'Authorization: Bearer <key>'")
+        length = headers.get("content-length", "0")
+        if not length.isdigit():
+            return await _reply(send, 400, "invalid Content-Length header")
+        if int(length) > self.max_body_bytes:
+            return await _reply(send, 413, f"request body over {self.max_body_bytes} bytes")
+        # Read the (small) body here, so the limit holds for chunked uploads too.
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body_bytes:
+                return await _reply(send, 413, f"request body over {self.max_body_bytes} bytes")
+            more = message.get("more_body", False)
+        body, replayed = b"".join(chunks), False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        started = False
+
+        async def tracked_send(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await asyncio.wait_for(self.app(scope, replay, tracked_send), self.timeout_s)
+        except asyncio.TimeoutError:
+            if not started:
+                await _reply(send, 504, f"request took longer than {self.timeout_s:g} s")
+        except Exception as e:
+            logger.error("mock server: %s on %s %s", type(e).__name__, scope.get("method"), scope.get("path"))
+            if not started:
+                await _reply(send, 500, "internal error")
+
+
+def _fastapi_app(title: str):
+    from fastapi import FastAPI
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+
+    app = FastAPI(title=title, docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request, exc):  # one line instead of FastAPI's list of dicts
+        first = (exc.errors() or [{}])[0]
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        return JSONResponse({"detail": f"{where or 'request'}: {first.get('msg', 'invalid')}"}, status_code=422)
+
+    return app
+
+
+def _route_pattern(api: APISpec) -> re.Pattern:
+    params = {p.name: p for p in api.parameters if p.location == "path"}
+
+    def group(match: re.Match) -> str:
+        param = params.get(match.group(1))
+        if param is not None and param.enum:
+            choices = "|".join(re.escape(str(v)) for v in param.enum)
+            return f"(?P<{match.group(1)}>{choices})"
+        if param is not None and param.type == "integer":
+            return rf"(?P<{match.group(1)}>\d+)"
+        return rf"(?P<{match.group(1)}>[^/]+)"
+
+    parts = re.split(r"({[^{}]+})", api.path)
+    regex = "".join(re.sub(r"{([^{}]+)}", group, part) if part.startswith("{") else re.escape(part) for part in parts)
+    return re.compile(regex)
+
+
+def _tmdb_body(api: APISpec, values: dict[str, str], simulator: SimulatorBackend) -> Any:
+    body = simulator.simulate(api, values)
+    if len(values) == 1 and isinstance(body, dict) and "id" in body:
+        (value,) = values.values()
+        body["id"] = int(value) if value.isdigit() else value
+    return body
+
+
+def build_tmdb_app(apis: list[APISpec]):
+    """A FastAPI app serving the given OpenAPI operations (see the module docstring)."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
+
+    app = _fastapi_app("TMDB mock (codetool)")
+    simulator = SimulatorBackend()
+    # Static paths first, so /movie/top_rated never reaches /movie/{movie_id}.
+    routes = sorted(((api.path.count("{"), _route_pattern(api), api) for api in apis if api.path), key=lambda r: r[0])
+
+    @app.api_route("/{full_path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    async def dispatch(full_path: str, request: Request):
+        path = "/" + full_path.strip("/")
+        candidates = [path, path[2:]] if path.startswith("/3/") else [path]
+        for _, pattern, api in routes:
+            match = next((m for m in (pattern.fullmatch(c) for c in candidates) if m), None)
+            if match is None:
+                continue
+            if api.method != request.method:
+                return JSONResponse({"detail": f"{request.method} not allowed on {api.path}; use {api.method}"},
+                                    status_code=405)
+            for param in api.parameters:
+                if param.location == "query" and param.required and not request.query_params.get(param.name):
+                    return JSONResponse({"success": False, "status_code": 22, "detail": f"{param.name} must be provided",
+                                         "status_message": f"{param.name} must be provided"}, status_code=422)
+            return JSONResponse(_tmdb_body(api, match.groupdict(), simulator))
+        return JSONResponse(TMDB_NOT_FOUND, status_code=404)
+
+    return app
+
+
+def _tool_input(value: Any) -> dict | str:
+    """StableToolBench's tool_input (JSON text or object) as a dict, or the parse error."""
+    if isinstance(value, dict):
+        return value
+    if value in (None, ""):
+        return {}
+    try:
+        parsed = json.loads(value) if isinstance(value, str) else None
+    except ValueError:
+        parsed = None
+    return parsed if isinstance(parsed, dict) else "Tool input parse error: expected a JSON object"
+
+
+def build_stabletoolbench_app(apis: list[APISpec], *, cache_dir: str | Path | None = None, seed: int = 0):
+    """A FastAPI app answering StableToolBench's ``POST /virtual`` from the cache, then the simulator."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
+
+    app = _fastapi_app("StableToolBench-compatible simulator (codetool)")
+    index = {(standardize(api.tool), change_name(standardize(api.api))): api for api in apis}
+    chain = ([CacheBackend(cache_dir, write=False)] if cache_dir else []) + [SimulatorBackend(seed=seed)]
+    backend = FallbackBackend(chain)
+
+    @app.get("/health")
+    async def health():
+        return {"ok": True, "apis": len(index)}
+
+    @app.post("/virtual")
+    async def virtual(request: Request):
+        try:
+            data = json.loads(await request.body() or b"null")
+        except ValueError:
+            return JSONResponse({"detail": "request body is not valid JSON"}, status_code=400)
+        if not isinstance(data, dict):
+            return JSONResponse({"detail": "request body must be a JSON object"}, status_code=400)
+        for name in ("tool_name", "api_name"):
+            if not isinstance(data.get(name), str) or not data[name].strip():
+                return JSONResponse({"detail": f"field '{name}' is required (text)"}, status_code=422)
+        arguments = _tool_input(data.get("tool_input"))
+        if isinstance(arguments, str):
+            return {"error": arguments, "response": ""}
+        category = str(data.get("category") or "")
+        tool = standardize(data["tool_name"])
+        suffix = f"_for_{standardize(category)}"
+        tool = tool[: -len(suffix)] if category and tool.endswith(suffix) else tool
+        api_name = change_name(standardize(data["api_name"])).split(f"_for_{tool}")[0]
+        api = index.get((tool, api_name)) or APISpec(category=category, tool=data["tool_name"], api=data["api_name"])
+        response = await asyncio.to_thread(backend.call, api, arguments)
+        return {"error": "" if response.ok else (response.error or response.status), "response": response.content,
+                "simulated": response.simulated, "source": response.source}
+
+    return app
+
+
+def build_mock_app(cfg: ServeMockConfig, api_key: str | None = None):
+    """The guarded ASGI app for ``cfg`` (what ``serve-mock`` runs; tests call it directly)."""
+    from codetool.tools.data import data_root
+
+    if cfg.kind == "tmdb":
+        from codetool.tools.openapi import load_openapi
+
+        spec = Path(cfg.spec) if cfg.spec else data_root() / "RestGPT" / "specs" / "tmdb_oas.json"
+        app = build_tmdb_app(load_openapi(spec, tool="tmdb"))
+    else:
+        from codetool.tools.loaders import (
+            STABLETOOLBENCH_GROUPS,
+            load_stabletoolbench,
+            load_toolbench_queries,
+        )
+
+        if cfg.queries:
+            queries = [q for path in cfg.queries for q in load_toolbench_queries(Path(path))]
+        else:
+            queries = [q for g in STABLETOOLBENCH_GROUPS for q in load_stabletoolbench(g)]
+        app = build_stabletoolbench_app([api for q in queries for api in q.apis], cache_dir=cfg.cache_dir,
+                                         seed=cfg.seed)
+    return RequestGuard(app, api_key=api_key, max_body_bytes=cfg.max_body_bytes, timeout_s=cfg.timeout_s)
+
+
+def serve_mock(cfg: ServeMockConfig) -> int:
+    """``codetool serve-mock tmdb|stabletoolbench [--port N] [--host H]``: serve until interrupted."""
+    import uvicorn
+
+    api_key = os.environ.get(cfg.api_key_env) or None
+    if not is_loopback(cfg.host) and not api_key:
+        raise CodetoolError(f"--host {cfg.host} would expose the mock beyond this machine; set {cfg.api_key_env} "
+                            f"to an API key (clients send 'Authorization: Bearer <key>'), or bind 127.0.0.1.")
+    app = build_mock_app(cfg, api_key)
+    path = "/virtual" if cfg.kind == "stabletoolbench" else "/"
+    logger.info("serving the %s mock on http://%s:%d%s%s", cfg.kind, cfg.host, cfg.port, path,
+                " (API key required)" if api_key else "")
+    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", timeout_keep_alive=5,
+                timeout_graceful_shutdown=5)
+    return 0
+
+
+@contextlib.contextmanager
+def serve_in_background(app, host: str = "127.0.0.1", port: int = 0, start_timeout_s: float = 20.0):
+    """Run ``app`` with uvicorn in a daemon thread; yields its base URL (``port=0``: a free port).
+
+    For tests and benchmarks: loopback only by default, stopped when the ``with`` block ends.
+    """
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
+                                           timeout_keep_alive=5))
+    thread = threading.Thread(target=server.run, name="codetool-mock-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise CodetoolError(f"the mock server did not start on {host}:{port} within {start_timeout_s:g} s.")
+        time.sleep(0.02)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://{host}:{bound}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

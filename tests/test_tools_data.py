@@ -1,0 +1,75 @@
+"""``codetool data fetch``: copy from a local folder, download (mocked transport), report, marker."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from codetool.config import ConfigError
+from codetool.tools.data import DATASETS, MARKER, DataConfig, data_root, fetch
+
+
+def test_fetch_copies_every_dataset(shared_data, tmp_path):
+    out = tmp_path / "data"
+    report = fetch(list(DATASETS), out, from_dir=shared_data)
+    for name, files in DATASETS.items():
+        assert report[name] == {"got": files, "missing": []}, name
+        for rel in files:
+            if not rel.endswith("tmdb.spec.raw.v2.json"):
+                assert (out / rel).read_bytes() == (shared_data / rel).read_bytes(), rel
+    assert json.loads((out / MARKER).read_text()) == {name: len(files) for name, files in DATASETS.items()}
+    # The manifest covers every file of the offline copy.
+    listed = {rel for files in DATASETS.values() for rel in files}
+    present = {str(p.relative_to(shared_data)) for p in shared_data.rglob("*") if p.is_file()} - {"README.md"}
+    assert listed == present
+
+
+def test_fetch_reports_missing_files(shared_data, tmp_path):
+    partial = tmp_path / "partial"
+    (partial / "RestGPT" / "datasets").mkdir(parents=True)
+    (partial / "RestGPT" / "datasets" / "tmdb.json").write_text("[]")
+    report = fetch(["restbench"], tmp_path / "out", from_dir=partial)
+    assert report["restbench"]["got"] == ["RestGPT/datasets/tmdb.json"]
+    assert report["restbench"]["missing"] == ["RestGPT/LICENSE", "RestGPT/specs/tmdb_oas.json"]
+    assert json.loads((tmp_path / "out" / MARKER).read_text()) == {}  # incomplete datasets are not recorded
+
+
+def test_download_uses_upstream_raw_urls_and_redacts_the_token(tmp_path):
+    asked = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append(str(request.url))
+        if request.url.path.endswith("tmdb.spec.raw.v2.json"):
+            return httpx.Response(200, json={"headers": {"Authorization": "Bearer eyJhbGciOiJIUzI1NiJ9.real"},
+                                             "endpoints": []})
+        if request.url.path.endswith("LICENSE.txt"):
+            return httpx.Response(200, text="MIT")
+        return httpx.Response(404, text="404: Not Found")
+
+    client = httpx.Client(transport=httpx.MockTransport(handler))
+    report = fetch(["codetool"], tmp_path, client=client)
+    assert report["codetool"]["got"] == ["CodeTool/LICENSE.txt", "CodeTool/infer/tmdb/tmdb.spec.raw.v2.json"]
+    assert len(report["codetool"]["missing"]) == 7
+    assert "https://raw.githubusercontent.com/LimOkii/CodeTool/HEAD/infer/tmdb/tmdb.spec.raw.v2.json" in asked
+    spec = (tmp_path / "CodeTool/infer/tmdb/tmdb.spec.raw.v2.json").read_text()
+    assert "eyJhbGci" not in spec and "<REDACTED_TMDB_TOKEN>" in spec
+
+
+def test_cli_fetch_and_data_root(shared_data, tmp_path, monkeypatch, capsys):
+    from codetool.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["data", "fetch", "restbench", "--from-dir", str(shared_data)]) == 0
+    printed = capsys.readouterr().out
+    assert "restbench: 3 files in data/, 0 missing" in printed
+    assert data_root().resolve() == (tmp_path / "data").resolve()
+    assert (tmp_path / "data" / "RestGPT" / "specs" / "tmdb_oas.json").is_file()
+
+
+def test_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="unknown dataset"):
+        DataConfig(datasets=["imagenet"])
+    with pytest.raises(ConfigError, match="no such folder"):
+        DataConfig(datasets=["restbench"], from_dir=str(tmp_path / "absent"))
