@@ -14,8 +14,16 @@ Only the formulas and the scorer interface live here; the PRM itself is ``codeto
 
 from __future__ import annotations
 
+import ast
+import math
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from importlib import resources
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import yaml
+
+from codetool import CodetoolError
 
 
 @dataclass
@@ -86,15 +94,107 @@ def latent_reward(lr: float, tau: float, *, alpha: float = 0.9, beta: float = 0.
 
 
 def on_the_spot(result, *, tool_error_is_failure: bool = True) -> float:
-    """``R_spot``: 1.0 if the step ran cleanly, else 0.0.
+    """``R_spot``: 1.0 if the step ran cleanly, else 0.0 (CodeTool's on-the-spot reward).
 
     Args:
-        result (`codetool.executor.ExecutionResult`): the executed candidate.
+        result (`ExecutionResult` or `dict`): the executed candidate, or its ``to_dict()`` summary
+            (``ok`` and ``tool_calls``, each with a ``status``).
         tool_error_is_failure (`bool`, *optional*, defaults to `True`): whether a tool call that
             returned an error payload makes the step a failure even if the code caught it.
     """
-    if not result.ok:
+    data = result if isinstance(result, dict) else None
+    ok = data.get("ok", False) if data is not None else result.ok
+    if not ok:
         return 0.0
-    if tool_error_is_failure and any(call.status != "ok" for call in result.tool_calls):
+    calls = data.get("tool_calls", []) if data is not None else result.tool_calls
+    statuses = [c.get("status", "ok") if isinstance(c, dict) else c.status for c in calls]
+    if tool_error_is_failure and any(status != "ok" for status in statuses):
         return 0.0
     return 1.0
+
+def code_cost(code: str) -> float:
+    """Dynamic cost of a code step (LIT): ``sqrt(lines) * max(imported_packages, 1) * 0.5``.
+
+    Args:
+        code (`str`): the step's Python source.
+    Returns:
+        A float >= 0; lines are non-blank, non-comment lines; packages are the distinct top-level
+        modules imported (``import a.b`` and ``from a import b`` both count ``a``). Code that does
+        not parse counts its lines and no imports.
+    """
+    lines = [ln for ln in code.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    packages: set[str] = set()
+    try:
+        for node in ast.walk(ast.parse(code)):
+            if isinstance(node, ast.Import):
+                packages.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                packages.add(node.module.split(".")[0])
+    except (SyntaxError, ValueError):
+        pass
+    return math.sqrt(len(lines)) * max(len(packages), 1) * 0.5
+
+
+@dataclass
+class ToolCostTable:
+    """P + D + C cost per API (LIT), from ``codetool/resources/tool_costs.yaml`` or a user file.
+
+    ``api_cost(api)`` takes an ``APISpec`` (or any object with ``category``, ``tool``, ``api`` and
+    ``parameters``) and returns P + D + C: defaults, raised for model-backed APIs, and exact
+    overrides keyed ``"<tool>"`` or ``"<tool>/<api>"``.
+    """
+
+    table: dict[str, Any]
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> ToolCostTable:
+        """Read a cost table; ``None`` means the packaged default.
+
+        Raises:
+            CodetoolError: if the file is missing or lacks the ``defaults`` mapping.
+        """
+        if path is None:
+            text = resources.files("codetool").joinpath("resources/tool_costs.yaml").read_text()
+            where = "the packaged tool_costs.yaml"
+        else:
+            if not Path(path).is_file():
+                raise CodetoolError(f"tool cost table not found: {path}. Copy "
+                                    f"codetool/resources/tool_costs.yaml and edit it, or leave the setting empty.")
+            text, where = Path(path).read_text(), str(path)
+        table = yaml.safe_load(text) or {}
+        if not isinstance(table.get("defaults"), dict):
+            raise CodetoolError(f"{where}: a tool cost table needs a 'defaults' mapping with P, D and C.")
+        return cls(table)
+
+    def is_model_backed(self, api) -> bool:
+        spec = self.table.get("model_backed") or {}
+        if getattr(api, "category", "") in set(spec.get("categories", [])):
+            return True
+        name = f"{getattr(api, 'tool', '')} {getattr(api, 'api', '')}".lower()
+        return any(k in name for k in spec.get("name_keywords", []))
+
+    def api_cost(self, api) -> float:
+        """P + D + C of one API (a float >= 0)."""
+        d = self.table["defaults"]
+        p, dd = float(d.get("P", 1.0)), float(d.get("D", 1.0))
+        params = list(getattr(api, "parameters", []) or [])
+        required = sum(1 for x in params if getattr(x, "required", False))
+        c = (float(d.get("C", 1.0)) + required * float(d.get("per_required_parameter", 0.0))
+             + (len(params) - required) * float(d.get("per_optional_parameter", 0.0)))
+        if self.is_model_backed(api):
+            mb = self.table.get("model_backed") or {}
+            p, dd = float(mb.get("P", p)), float(mb.get("D", dd))
+        overrides = self.table.get("overrides") or {}
+        for key in (getattr(api, "tool", ""), f"{getattr(api, 'tool', '')}/{getattr(api, 'api', '')}"):
+            o = overrides.get(key) or {}
+            p, dd, c = float(o.get("P", p)), float(o.get("D", dd)), float(o.get("C", c))
+        return p + dd + c
+
+
+def step_cost(code: str, called_apis: list, table: ToolCostTable) -> float:
+    """Cost of a step: ``code_cost(code)`` plus the P + D + C of every API call it made.
+
+    Args:
+        called_apis (`list`): the ``APISpec`` of each call, one entry per call (repeats count).
+    """
+    return code_cost(code) + sum(table.api_cost(api) for api in called_apis)

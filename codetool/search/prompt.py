@@ -1,0 +1,118 @@
+"""The policy's prompt and the parsing of its replies.
+
+The policy sees a system message (how to work, the rendered tool functions), the query, and the
+history of chosen steps as alternating assistant (the step's code) / user (its observation)
+messages. It replies with one fenced Python block. Prompt texts live in ``codetool/prompts/``.
+
+A reply with no code block is not an error of the search: :func:`parse_candidate` returns
+``code=None`` and a short message that the next observation shows to the model.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+from codetool.secrets import redact
+
+NO_CODE_MESSAGE = ("Your reply had no Python code block. Reply with exactly one block that starts "
+                   "with ```python and ends with ```.")
+STATE_LOST_NOTE = ("Note: the Python session was restarted, so variables, functions and imports "
+                   "from earlier steps are gone; define again what you need.")
+
+# An opening fence (```python, ```py, or a bare ```), the code, then a closing fence or the end of
+# the text (a reply cut by max_new_tokens still yields its code).
+_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:\n?```|\Z)", re.DOTALL | re.IGNORECASE)
+
+
+@cache
+def prompt_text(name: str) -> str:
+    """The packaged prompt ``codetool/prompts/<name>.txt``."""
+    return resources.files("codetool").joinpath(f"prompts/{name}.txt").read_text()
+
+
+@dataclass
+class ParsedCandidate:
+    """``code`` is the first fenced Python block of a reply, or ``None`` with ``error`` set."""
+
+    code: str | None
+    error: str | None = None
+
+
+def parse_candidate(text: str) -> ParsedCandidate:
+    """Extract the first fenced Python block of a policy reply.
+
+    Args:
+        text (`str`): the raw model output.
+    Returns:
+        ParsedCandidate: the code (stripped of surrounding blank lines), or ``code=None`` and
+        :data:`NO_CODE_MESSAGE` when no block with any code is found.
+    """
+    for match in _FENCE.finditer(text or ""):
+        code = match.group(1).strip("\n")
+        if code.strip():
+            return ParsedCandidate(code=code)
+    return ParsedCandidate(code=None, error=NO_CODE_MESSAGE)
+
+
+def truncate_middle(text: str, max_chars: int) -> str:
+    """Keep the head and tail of ``text`` within ``max_chars``, with a marker in between."""
+    if max_chars <= 0 or len(text) <= max_chars:
+        return text
+    head = max_chars * 2 // 3
+    tail = max_chars - head
+    cut = len(text) - head - tail
+    return f"{text[:head]}\n...[{cut} characters cut]...\n{text[-tail:] if tail else ''}"
+
+
+def format_observation(result: dict, *, max_chars: int = 1500, parse_error: str | None = None) -> str:
+    """What the policy sees after a step: its output, its error, tool failures, lost state.
+
+    Args:
+        result (`dict`): the execution summary (``ExecutionResult.to_dict()``).
+        max_chars (`int`, *optional*, defaults to 1500): cap on the printed output shown.
+        parse_error (`str`, *optional*): set when the reply had no code (nothing ran).
+    """
+    if parse_error:
+        return parse_error
+    parts = []
+    stdout = (result.get("stdout") or "").rstrip()
+    if stdout:
+        parts.append("Output:\n" + truncate_middle(stdout, max_chars))
+    if not result.get("ok", False):
+        kind = result.get("error_type") or result.get("outcome") or "Error"
+        parts.append(f"Error ({kind}): {result.get('error_message') or 'the step failed'}")
+    elif not stdout:
+        parts.append("The step ran and printed nothing.")
+    failed = [c for c in result.get("tool_calls", []) if c.get("status") != "ok"]
+    if failed and result.get("ok", False):
+        names = ", ".join(f"{c.get('name')} ({c.get('status')})" for c in failed[:3])
+        parts.append(f"Tool calls that failed: {names}.")
+    if result.get("state_lost"):
+        parts.append(STATE_LOST_NOTE)
+    return redact("\n".join(parts))
+
+
+def policy_messages(query: str, tools_text: str, history: list[dict]) -> list[dict[str, str]]:
+    """Chat messages for the next step.
+
+    Args:
+        query (`str`): the user request.
+        tools_text (`str`): rendered tool functions (``ToolEnvironment.render()``).
+        history (`list[dict]`): chosen steps so far, each ``{"code": str, "observation": str}``;
+            a step with ``code=None`` shows the raw reply that had no code.
+    Returns:
+        ``[{"role": ..., "content": ...}, ...]`` ending with a user message.
+    """
+    system = prompt_text("policy_system").replace("{tools}", tools_text)
+    messages = [{"role": "system", "content": system},
+                {"role": "user", "content": prompt_text("policy_user").replace("{query}", query)}]
+    for step in history:
+        code = step.get("code")
+        reply = f"```python\n{code}\n```" if code is not None else (step.get("text") or "")
+        messages.append({"role": "assistant", "content": reply})
+        messages.append({"role": "user", "content": prompt_text("policy_observation")
+                        .replace("{observation}", step.get("observation", ""))})
+    return [{"role": m["role"], "content": redact(m["content"])} for m in messages]

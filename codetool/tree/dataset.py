@@ -1,0 +1,105 @@
+"""Turn labelled trees into PRM examples and a Hugging Face dataset (DESIGN.md §3).
+
+Each sibling pair of a tree gives two rows that share their prefix (query, tools, the path of
+steps above them): the "more promising" sibling with ``label=1`` and the other with ``label=0``.
+With ``emit='nodes'`` every node becomes a row with its soft target (``latent_reward``) and
+``label = 1 if lr_soft >= 0.5``. Candidates whose reply had no code block are left out: the search
+never asks the PRM about them (they get latent reward 0), so they would only waste training.
+
+The train/validation split is by query id, never by row, so no query leaks across the split.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+from typing import Any
+
+from codetool import CodetoolError
+from codetool.jsonl import write_jsonl
+from codetool.tree.labels import path_to
+
+logger = logging.getLogger(__name__)
+
+PRM_FIELDS = ("query_id", "query", "tools", "history", "candidate", "candidate_output", "label",
+              "latent_reward", "source")
+
+
+def _row(record: dict[str, Any], node_id: str, label: int) -> dict[str, Any]:
+    nodes = record["nodes"]
+    node = nodes[node_id]
+    history = [{"code": nodes[n]["code"] or "", "output": nodes[n]["observation"]}
+               for n in path_to(nodes, node_id)[:-1]]
+    return {"query_id": str(record["query_id"]), "query": record["query"], "tools": record["tools"],
+            "history": history, "candidate": node["code"], "candidate_output": node["observation"],
+            "label": int(label), "latent_reward": float(node["latent_reward"]),
+            "source": f"{record['query_id']}:{node_id}"}
+
+
+def tree_rows(record: dict[str, Any], emit: str = "pairs") -> tuple[list[dict[str, Any]], int]:
+    """PRM rows of one tree record; returns the rows and how many were skipped for lacking code."""
+    nodes = record["nodes"]
+    rows, skipped = [], 0
+    if emit == "nodes":
+        for node_id, node in nodes.items():
+            if node["code"] is None:
+                skipped += 1
+                continue
+            rows.append(_row(record, node_id, int(node["lr_soft"] >= 0.5)))
+        return rows, skipped
+    for better, worse in record["pairs"]:
+        if nodes[better]["code"] is None or nodes[worse]["code"] is None:
+            skipped += 1
+            continue
+        rows.append(_row(record, better, 1))
+        rows.append(_row(record, worse, 0))
+    return rows, skipped
+
+
+def split_query_ids(query_ids: list[str], val_fraction: float, seed: int = 0) -> set[str]:
+    """The query ids held out for validation: ``round(n * val_fraction)`` of them (at least one when
+    ``val_fraction > 0`` and there are two or more queries), chosen by a seeded shuffle."""
+    ids = sorted(set(query_ids))
+    n_val = round(len(ids) * val_fraction)
+    if val_fraction > 0 and len(ids) >= 2:
+        n_val = max(1, min(n_val, len(ids) - 1))
+    rng = random.Random(seed)
+    rng.shuffle(ids)
+    return set(ids[:n_val])
+
+
+def export_dataset(records: list[dict[str, Any]], out_dir: str | Path, *, emit: str = "pairs",
+                   val_fraction: float = 0.2, seed: int = 0) -> dict[str, Any]:
+    """Write the PRM dataset: ``out_dir`` (``datasets.DatasetDict.save_to_disk``) plus
+    ``train.jsonl`` and ``validation.jsonl`` beside it.
+
+    Returns:
+        ``{"train": n_rows, "validation": n_rows, "skipped_no_code": n, "val_query_ids": [...]}``.
+    Raises:
+        CodetoolError: when the trees hold no usable row (e.g. every pair tied).
+    """
+    from datasets import Dataset, DatasetDict
+
+    out_dir = Path(out_dir)
+    rows, skipped = [], 0
+    for record in records:
+        r, s = tree_rows(record, emit)
+        rows.extend(r)
+        skipped += s
+    if not rows:
+        raise CodetoolError(f"the {len(records)} trees gave no PRM rows (all pairs tied or without code). "
+                            "Build more or deeper trees (--max-depth, --branching), or use --emit nodes.")
+    val_ids = split_query_ids([r["query_id"] for r in rows], val_fraction, seed)
+    splits = {"train": [r for r in rows if r["query_id"] not in val_ids],
+              "validation": [r for r in rows if r["query_id"] in val_ids]}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, split_rows in splits.items():
+        write_jsonl(out_dir / f"{name}.jsonl", split_rows)
+    DatasetDict({name: Dataset.from_list(split_rows) if split_rows else Dataset.from_dict({k: [] for k in PRM_FIELDS})
+                 for name, split_rows in splits.items()}).save_to_disk(str(out_dir / "hf"))
+    stats = {"train": len(splits["train"]), "validation": len(splits["validation"]),
+             "skipped_no_code": skipped, "val_query_ids": sorted(val_ids)}
+    logger.info("PRM dataset: %d train rows, %d validation rows (%d held-out queries) -> %s",
+                stats["train"], stats["validation"], len(val_ids), out_dir)
+    return stats

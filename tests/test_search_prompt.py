@@ -1,0 +1,57 @@
+"""Parsing of policy replies, observations and the policy prompt."""
+
+from codetool.search.prompt import (
+    NO_CODE_MESSAGE,
+    format_observation,
+    parse_candidate,
+    policy_messages,
+    truncate_middle,
+)
+
+
+def test_first_python_block_is_taken():
+    text = "Let me look.\n```python\nx = get_weather(city='Paris')\nprint(x)\n```\nthen\n```python\nother()\n```"
+    assert parse_candidate(text).code == "x = get_weather(city='Paris')\nprint(x)"
+
+
+def test_bare_and_py_fences_and_unterminated_block():
+    assert parse_candidate("```\nprint(1)\n```").code == "print(1)"
+    assert parse_candidate("```py\nprint(2)\n```").code == "print(2)"
+    # a reply cut by max_new_tokens still yields its code
+    assert parse_candidate("```python\nprint(3)\nfor i in range(").code == "print(3)\nfor i in range("
+
+
+def test_no_code_block_is_a_failed_candidate_not_an_exception():
+    # field case no-code-block
+    for text in ["I think the answer is 42.", "", "```python\n\n```", None]:
+        parsed = parse_candidate(text)
+        assert parsed.code is None and parsed.error == NO_CODE_MESSAGE
+
+
+def test_observation_shows_output_error_tool_failures_and_lost_state():
+    obs = format_observation({"ok": True, "stdout": "42\n", "tool_calls": []})
+    assert obs == "Output:\n42"
+    obs = format_observation({"ok": False, "stdout": "", "error_type": "NameError",
+                              "error_message": "line 2: name 'x' is not defined", "tool_calls": [],
+                              "state_lost": True})
+    assert "NameError" in obs and "line 2" in obs and "restarted" in obs
+    obs = format_observation({"ok": True, "stdout": "", "tool_calls": [{"name": "f", "status": "timeout"}]})
+    assert "f (timeout)" in obs
+    assert format_observation({}, parse_error=NO_CODE_MESSAGE) == NO_CODE_MESSAGE
+
+
+def test_truncate_middle_keeps_head_and_tail():
+    text = "a" * 100 + "b" * 100
+    out = truncate_middle(text, 30)
+    assert out.startswith("a" * 20) and out.endswith("b" * 10) and "170 characters cut" in out
+    assert truncate_middle("short", 30) == "short"
+
+
+def test_policy_messages_alternate_and_never_carry_a_secret(canary_env):
+    history = [{"code": "print(1)", "observation": f"Output:\n{canary_env}"},
+               {"code": None, "text": "no code here", "observation": NO_CODE_MESSAGE}]
+    msgs = policy_messages(f"find x, my key is {canary_env}", "def f(): ...", history)
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert "def f(): ..." in msgs[0]["content"] and "```python\nprint(1)\n```" == msgs[2]["content"]
+    assert msgs[4]["content"] == "no code here"
+    assert all(canary_env not in m["content"] for m in msgs)

@@ -1,0 +1,116 @@
+"""Tree labels on hand-built trees, checked against values computed by hand."""
+
+import math
+
+import pytest
+
+from codetool.rewards import latent_reward
+from codetool.tree.dataset import split_query_ids, tree_rows
+from codetool.tree.labels import children_of, label_tree, path_to, sibling_pairs
+
+
+def _tree():
+    # 1 (ok) ── 1-1 (leaf, success)
+    #        └─ 1-2 ── 1-2-1 ── 1-2-1-1 (leaf, fail)
+    #                         └ 1-2-1-2 (leaf, success)
+    #               └─ 1-2-2 (leaf, fail)
+    # 2 (code failed, leaf, fail)
+    return {
+        "1": {"parent": None, "ok": True, "leaf": False},
+        "1-1": {"parent": "1", "ok": True, "leaf": True, "success": True},
+        "1-2": {"parent": "1", "ok": True, "leaf": False},
+        "1-2-1": {"parent": "1-2", "ok": True, "leaf": False},
+        "1-2-1-1": {"parent": "1-2-1", "ok": True, "leaf": True, "success": False},
+        "1-2-1-2": {"parent": "1-2-1", "ok": True, "leaf": True, "success": True},
+        "1-2-2": {"parent": "1-2", "ok": True, "leaf": True, "success": False},
+        "2": {"parent": None, "ok": False, "leaf": True, "success": False},
+    }
+
+
+def test_lr_tau_and_latent_reward_by_hand():
+    tree = label_tree(_tree())
+    # node 1: leaves 1-1 (depth 1, win), 1-2-1-1 (3, loss), 1-2-1-2 (3, win), 1-2-2 (2, loss)
+    assert tree["1"]["n_leaves"] == 4
+    assert tree["1"]["lr_soft"] == pytest.approx(0.5)
+    assert tree["1"]["lr_hard"] == 1.0
+    assert tree["1"]["tau"] == pytest.approx((1 + 3 + 3 + 2) / 4)
+    assert tree["1"]["latent_reward"] == pytest.approx(0.9 ** 0.5 * 0.95 ** (2.25 / 20))
+    # node 1-2: leaves 1-2-1-1 (2, loss), 1-2-1-2 (2, win), 1-2-2 (1, loss)
+    assert tree["1-2"]["lr_soft"] == pytest.approx(1 / 3)
+    assert tree["1-2"]["tau"] == pytest.approx(5 / 3)
+    # a leaf: its own success, tau 0
+    assert tree["1-1"]["lr_soft"] == 1.0 and tree["1-1"]["tau"] == 0.0
+    assert tree["1-1"]["latent_reward"] == pytest.approx(1.0)
+    assert tree["2"]["lr_hard"] == 0.0 and tree["2"]["latent_reward"] == pytest.approx(0.9)
+
+
+def test_tau_definition_field_case():
+    # field case tau-definition: leaves at depths 1 and 3 below a node -> mean 2, sum 4.
+    tree = {
+        "1": {"parent": None, "ok": True, "leaf": False},
+        "1-1": {"parent": "1", "ok": True, "leaf": True, "success": True},
+        "1-2": {"parent": "1", "ok": True, "leaf": False},
+        "1-2-1": {"parent": "1-2", "ok": True, "leaf": False},
+        "1-2-1-1": {"parent": "1-2-1", "ok": True, "leaf": True, "success": False},
+    }
+    assert label_tree({k: dict(v) for k, v in tree.items()})["1"]["tau"] == 2.0
+    assert label_tree({k: dict(v) for k, v in tree.items()}, tau_mode="sum")["1"]["tau"] == 4.0
+    with pytest.raises(ValueError, match="tau_mode"):
+        label_tree(tree, tau_mode="median")
+
+
+def test_sibling_pairs_executability_first_then_reward_and_ties():
+    tree = label_tree(_tree())
+    pairs, ties = sibling_pairs(tree)
+    # (1 vs 2): 2 failed to execute -> 1 wins; (1-1 vs 1-2): 1.0 > r(1-2) -> 1-1 wins;
+    # (1-2-1 vs 1-2-2): 1-2-1 has LR 0.5 > 0 -> wins; (1-2-1-1 vs 1-2-1-2): success wins.
+    assert set(pairs) == {("1", "2"), ("1-1", "1-2"), ("1-2-1", "1-2-2"), ("1-2-1-2", "1-2-1-1")}
+    assert ties == 0
+    # executability decides even against a higher latent reward
+    tree["2"]["latent_reward"] = 1.0
+    assert ("1", "2") in sibling_pairs(tree)[0]
+
+
+def test_exact_ties_are_dropped_and_counted():
+    tree = label_tree({
+        "1": {"parent": None, "ok": True, "leaf": True, "success": False},
+        "2": {"parent": None, "ok": True, "leaf": True, "success": False},
+    })
+    assert sibling_pairs(tree) == ([], 1)
+
+
+def test_latent_reward_formula_and_errors():
+    assert latent_reward(1.0, 0.0) == 1.0
+    assert latent_reward(0.0, 20.0) == pytest.approx(0.9 * 0.95)
+    assert math.isclose(latent_reward(0.25, 4, alpha=0.5, beta=0.5, max_len=2), 0.5 ** 0.75 * 0.25)
+    for bad in ({"lr": 1.5, "tau": 0}, {"lr": 0.5, "tau": -1}):
+        with pytest.raises(ValueError):
+            latent_reward(**bad)
+
+
+def test_paths_children_and_rows():
+    tree = label_tree(_tree())
+    assert path_to(tree, "1-2-1-2") == ["1", "1-2", "1-2-1", "1-2-1-2"]
+    assert children_of(tree)[None] == ["1", "2"]
+    for node_id, node in tree.items():
+        node.update(code=f"step_{node_id.replace('-', '_')}()", observation=f"out {node_id}")
+    record = {"query_id": "q7", "query": "Q?", "tools": "def f(): ...", "nodes": tree,
+              "pairs": sibling_pairs(tree)[0]}
+    rows, skipped = tree_rows(record)
+    assert skipped == 0 and len(rows) == 8 and sum(r["label"] for r in rows) == 4
+    row = next(r for r in rows if r["source"] == "q7:1-2-1-2")
+    assert row["label"] == 1 and [h["code"] for h in row["history"]] == ["step_1()", "step_1_2()", "step_1_2_1()"]
+    assert row["candidate"] == "step_1_2_1_2()" and row["candidate_output"] == "out 1-2-1-2"
+    tree["2"]["code"] = None  # no code block: left out, counted
+    rows, skipped = tree_rows(record)
+    assert skipped == 1 and len(rows) == 6
+    rows, _ = tree_rows(record, emit="nodes")
+    assert len(rows) == 7
+
+
+def test_split_is_by_query_and_deterministic():
+    ids = [f"q{i}" for i in range(10)]
+    val = split_query_ids(ids + ids, 0.2, seed=3)
+    assert len(val) == 2 and val == split_query_ids(list(reversed(ids)), 0.2, seed=3)
+    assert len(split_query_ids(["a", "b"], 0.1)) == 1
+    assert split_query_ids(["a"], 0.5) == set()
