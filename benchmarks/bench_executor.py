@@ -1,0 +1,192 @@
+"""How fast is the executor's fork, how many tool calls does state-by-fork save, and which isolation
+layers work on this machine? (codetool.executor)
+
+1. Overhead: median (and p90) of ``fork()`` + ``run("pass")`` + ``close()`` on a warm executor,
+   per isolation mode (target: <= 15 ms median in the fallback mode), plus the cost of starting a
+   family (a fresh ``Executor``).
+2. Trajectory: 5 steps, 2 candidates per step, one tool call per candidate (a host tool that
+   sleeps ``--tool-latency`` seconds, like a fast API). Ours forks the kept state for each
+   candidate; the baseline is the public CodeTool approach, re-running every earlier chosen step
+   in a fresh interpreter (a fresh executor) for each candidate. Expected: 10 tool calls vs 30.
+3. Isolation layers: each layer probed by code that must be stopped by it.
+
+    .venv/bin/python benchmarks/bench_executor.py [--iterations 200] [--tool-latency 0.05]
+
+Timings on a shared 2-core CPU are noisy: other processes delay every fork and wake-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import time
+from pathlib import Path
+
+from codetool.executor import Executor, ExecutorConfig, bwrap_problem
+from codetool.secrets import sandbox_environment
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def modes() -> list[str]:
+    problem = bwrap_problem()
+    if problem:
+        print(f"(bubblewrap mode skipped: {problem})")
+    return ["fallback"] + ([] if problem else ["bwrap"])
+
+
+def ms(values: list[float], q: float = 0.5) -> str:
+    values = sorted(values)
+    return f"{1000 * values[min(len(values) - 1, int(q * len(values)))]:.2f}"
+
+
+def bench_overhead(mode: str, iterations: int) -> dict:
+    starts = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        Executor(ExecutorConfig(isolation=mode)).close()
+        starts.append(time.perf_counter() - t0)
+    total, fork, run, close = [], [], [], []
+    with Executor(ExecutorConfig(isolation=mode)) as ex:
+        ex.run("import json, math\nstate = {'x': 1}")
+        for _ in range(iterations):
+            t0 = time.perf_counter()
+            child = ex.fork()
+            t1 = time.perf_counter()
+            assert child.run("pass").ok
+            t2 = time.perf_counter()
+            child.close()
+            t3 = time.perf_counter()
+            total.append(t3 - t0)
+            fork.append(t1 - t0)
+            run.append(t2 - t1)
+            close.append(t3 - t2)
+    return {"mode": mode, "total": total, "fork": fork, "run": run, "close": close, "start": starts}
+
+
+class Api:
+    """A host tool with a fixed latency that counts its calls."""
+
+    def __init__(self, latency: float):
+        self.latency = latency
+        self.calls = 0
+
+    def __call__(self, query: str):
+        self.calls += 1
+        time.sleep(self.latency)
+        return {"query": query, "results": [query.upper()]}
+
+
+def candidate_code(step: int, k: int) -> str:
+    return f"r{step} = search(query='step {step} candidate {k}')\nprint(r{step}['results'][0])"
+
+
+def bench_trajectory(mode: str, latency: float, steps: int = 5, k: int = 2) -> dict:
+    cfg = ExecutorConfig(isolation=mode)
+    api = Api(latency)
+    t0 = time.perf_counter()
+    state = Executor(cfg, tools={"search": api})
+    for step in range(steps):
+        candidates = [state.fork() for _ in range(k)]
+        results = [c.run(candidate_code(step, i)) for i, c in enumerate(candidates)]
+        assert all(r.ok for r in results)
+        state.close()
+        state = candidates[0]  # keep the first candidate, close the others
+        for other in candidates[1:]:
+            other.close()
+    state.close()
+    ours = {"calls": api.calls, "seconds": time.perf_counter() - t0}
+
+    api = Api(latency)
+    t0 = time.perf_counter()
+    history: list[str] = []
+    for step in range(steps):
+        for i in range(k):
+            with Executor(cfg, tools={"search": api}) as fresh:
+                assert fresh.run("\n".join(history + [candidate_code(step, i)])).ok
+        history.append(candidate_code(step, 0))
+    baseline = {"calls": api.calls, "seconds": time.perf_counter() - t0}
+    return {"mode": mode, "ours": ours, "baseline": baseline}
+
+
+PROBES = [
+    # (layer, setup config overrides, code, predicate on the result)
+    ("network namespace", {}, "import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)",
+     lambda r: not r.ok),
+    ("pid namespace", {}, "import os\nprint(os.path.exists('/proc/{host_pid}'))", lambda r: r.stdout == "False\n"),
+    ("mount namespace (project hidden)", {}, f"open({str(REPO / 'pyproject.toml')!r})",
+     lambda r: r.error_type == "FileNotFoundError"),
+    ("system folders not writable", {}, "open('/usr/codetool-probe', 'w')", lambda r: not r.ok),
+    ("uts namespace", {}, "import socket\nprint(socket.gethostname())", lambda r: r.stdout == "sandbox\n"),
+    ("unprivileged uid", {}, "import os\nprint(os.getuid())", lambda r: r.ok and r.stdout != "0\n"),
+    ("rlimit address space", {"memory_mb": 256}, "a = bytearray(400 * 2**20)", lambda r: r.error_type == "MemoryError"),
+    ("rlimit CPU time", {"cpu_time_s": 1, "timeout_s": 5}, "while True:\n    pass",
+     lambda r: r.error_type == "CPULimit"),
+    ("rlimit file size", {"max_file_mb": 1}, "open('f.bin', 'wb').write(b'0' * 2 * 2**20)",
+     lambda r: r.outcome == "resource_limit"),
+    ("rlimit open files", {"max_open_files": 32}, "fs = [open('/dev/null') for _ in range(64)]",
+     lambda r: r.outcome == "resource_limit"),
+    ("rlimit processes", {"max_processes": 8},
+     "import subprocess\nps = [subprocess.Popen(['sleep', '3']) for _ in range(16)]",
+     lambda r: r.outcome == "resource_limit"),
+    ("scratch size (tmpfs)", {"scratch_mb": 4}, "open('f.bin', 'wb').write(b'0' * 8 * 2**20)",
+     lambda r: r.outcome == "resource_limit"),
+    ("scrubbed environment", {}, "import os\nprint(' '.join(sorted(os.environ)))",
+     lambda r: set(r.stdout.split()) <= set(sandbox_environment()) | {"HOME", "TMPDIR", "PWD"}),
+    ("stdin is /dev/null", {}, "input()", lambda r: r.error_type == "EOFError"),
+    ("wall-clock kill", {"timeout_s": 1}, "while True:\n    try:\n        pass\n    except BaseException:\n        pass",
+     lambda r: r.timed_out),
+    ("output cap", {"max_output_chars": 1000}, "print('x' * 10**6)", lambda r: r.output_truncated),
+]
+
+
+def bench_layers(mode: str) -> dict[str, str]:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    found = {}
+    try:
+        for layer, overrides, code, works in PROBES:
+            cfg = ExecutorConfig(isolation=mode, **{"timeout_s": 5, **overrides})
+            with Executor(cfg) as ex:
+                r = ex.run(code.replace("{port}", str(port)).replace("{host_pid}", str(os.getpid())))
+                found[layer] = "yes" if works(r) else "no"
+    finally:
+        listener.close()
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--iterations", type=int, default=200, help="fork+run+close repetitions per mode")
+    parser.add_argument("--tool-latency", type=float, default=0.05, help="seconds each tool call sleeps")
+    args = parser.parse_args()
+    available = modes()
+    load = os.getloadavg()[0]
+    print(f"machine: {os.cpu_count()} CPUs, load average {load:.1f} (other processes share the CPU)\n")
+
+    print("1. fork() + run('pass') + close(), ms")
+    print(f"{'mode':<10} {'median':>8} {'p90':>8} {'fork':>8} {'run':>8} {'close':>8} {'new family':>11}")
+    for mode in available:
+        o = bench_overhead(mode, args.iterations)
+        print(f"{mode:<10} {ms(o['total']):>8} {ms(o['total'], 0.9):>8} {ms(o['fork']):>8} {ms(o['run']):>8} "
+              f"{ms(o['close']):>8} {ms(o['start']):>11}")
+
+    print(f"\n2. 5 steps x 2 candidates x 1 tool call ({args.tool_latency * 1000:.0f} ms each)")
+    print(f"{'mode':<10} {'approach':<22} {'tool calls':>10} {'wall s':>8}")
+    for mode in available:
+        t = bench_trajectory(mode, args.tool_latency)
+        for name, key in (("fork (ours)", "ours"), ("re-execution baseline", "baseline")):
+            print(f"{mode:<10} {name:<22} {t[key]['calls']:>10} {t[key]['seconds']:>8.2f}")
+
+    print("\n3. isolation layers that work here (each probed by code it must stop)")
+    layers = {mode: bench_layers(mode) for mode in available}
+    print(f"{'layer':<34} " + " ".join(f"{m:>9}" for m in available))
+    for layer, *_ in PROBES:
+        print(f"{layer:<34} " + " ".join(f"{layers[m][layer]:>9}" for m in available))
+    with Executor(ExecutorConfig(isolation=available[-1])) as ex:
+        print(f"\nactive isolation ({available[-1]}): {ex.isolation}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""``ExecutorConfig``: the limits and isolation settings of :class:`~codetool.executor.Executor`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from codetool.config import ConfigError, option
+
+ISOLATION_MODES = ("auto", "bwrap", "fallback")
+
+
+@dataclass
+class ExecutorConfig:
+    """Limits of the sandbox that runs model-written code (DESIGN.md §2, §5).
+
+    Args:
+        timeout_s (`float`, *optional*, defaults to `30.0`): wall-clock seconds one ``run`` may take,
+            tool calls included. At the limit the code is interrupted (by an exception that
+            ``except Exception`` does not catch); if it still runs ``grace_s`` later, its whole
+            process tree is killed and the state is lost.
+        cpu_time_s (`float`, *optional*, defaults to `20.0`): CPU seconds each sandbox process may
+            use (``RLIMIT_CPU``). Every fork starts from zero, and the executor re-forks a worker
+            that has used half of it, so in practice it bounds one step.
+        memory_mb (`int`, *optional*, defaults to `1024`): address-space limit (``RLIMIT_AS``) of
+            each sandbox process, in MiB. A bigger allocation raises ``MemoryError``.
+        max_output_chars (`int`, *optional*, defaults to `20000`): characters of stdout/stderr kept
+            per step; the rest is dropped as it is written (``output_truncated``).
+        max_file_mb (`int`, *optional*, defaults to `64`): largest file the code may write
+            (``RLIMIT_FSIZE``), in MiB.
+        scratch_mb (`int`, *optional*, defaults to `256`): size of the scratch tmpfs (bubblewrap
+            mode), in MiB. In the fallback mode only ``max_file_mb`` bounds each file.
+        max_open_files (`int`, *optional*, defaults to `256`): ``RLIMIT_NOFILE``.
+        max_processes (`int`, *optional*, defaults to `64`): ``RLIMIT_NPROC`` of the sandbox uid:
+            processes and threads of one executor family together (only enforced when the sandbox
+            runs as its own unprivileged uid, see ``drop_uid``).
+        isolation (`str`, *optional*, defaults to `"auto"`): ``bwrap`` (bubblewrap namespaces;
+            an error if it cannot run), ``fallback`` (no bubblewrap) or ``auto`` (bubblewrap when it
+            works here, else the fallback).
+        scratch_dir (`str`, *optional*): where the fallback mode creates its per-family scratch
+            directory (defaults to the system temporary directory).
+        tool_timeout_s (`float`, *optional*, defaults to `15.0`): seconds the host waits for one
+            tool call before answering the code with a ``timeout`` tool error.
+        python (`str`, *optional*, defaults to `"auto"`): interpreter of the sandbox. ``auto`` takes
+            ``/usr/bin/python3`` when present (readable by an unprivileged uid), else the host's.
+            The sandbox has only that interpreter's standard library and packages.
+        drop_uid (`bool`, *optional*, defaults to `True`): when the host runs as root, run the code
+            as a fresh unprivileged uid (needed for ``max_processes`` and for file permissions).
+        grace_s (`float`, *optional*, defaults to `0.5`): seconds between the interrupt at
+            ``timeout_s`` and the kill.
+    """
+
+    timeout_s: float = option(30.0, "wall-clock seconds per run (tool calls included)")
+    cpu_time_s: float = option(20.0, "CPU seconds per sandbox process (RLIMIT_CPU)")
+    memory_mb: int = option(1024, "address-space limit per sandbox process, MiB (RLIMIT_AS)")
+    max_output_chars: int = option(20000, "characters of output kept per run")
+    max_file_mb: int = option(64, "largest file the code may write, MiB (RLIMIT_FSIZE)")
+    scratch_mb: int = option(256, "size of the scratch tmpfs in bubblewrap mode, MiB")
+    max_open_files: int = option(256, "open files per sandbox process (RLIMIT_NOFILE)")
+    max_processes: int = option(64, "processes+threads of one executor family (RLIMIT_NPROC)")
+    isolation: str = option("auto", "sandbox: bubblewrap namespaces, fallback, or auto",
+                            choices=ISOLATION_MODES)
+    scratch_dir: str | None = option(None, "parent of the fallback scratch directory (default: temp dir)")
+    tool_timeout_s: float = option(15.0, "seconds to wait for one tool call")
+    python: str = option("auto", "sandbox interpreter (auto: /usr/bin/python3 if present)")
+    drop_uid: bool = option(True, "run code as a fresh unprivileged uid when the host is root")
+    grace_s: float = option(0.5, "seconds between the timeout interrupt and the kill")
+
+    def __post_init__(self):
+        if self.isolation not in ISOLATION_MODES:
+            raise ConfigError(f"executor isolation: got {self.isolation!r}; choose one of {list(ISOLATION_MODES)}.")
+        for name in ("timeout_s", "cpu_time_s", "tool_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise ConfigError(f"executor {name}: got {value!r}; expected a number of seconds > 0.")
+        if self.grace_s < 0:
+            raise ConfigError(f"executor grace_s: got {self.grace_s!r}; expected seconds >= 0.")
+        minimums = {"memory_mb": 128, "max_output_chars": 100, "max_file_mb": 1, "scratch_mb": 1,
+                    "max_open_files": 32, "max_processes": 4}
+        for name, low in minimums.items():
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < low:
+                raise ConfigError(f"executor {name}: got {value!r}; expected an integer >= {low} "
+                                  f"(the sandboxed interpreter cannot work below that).")

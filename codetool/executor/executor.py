@@ -1,0 +1,376 @@
+"""``Executor``: run model-written steps in a sandboxed, stateful, forkable Python worker.
+
+``run`` executes one step in the current state and keeps the new state; ``fork`` returns an
+independent executor holding a copy of the state (``os.fork`` of the warm worker, so no earlier
+step and no earlier tool call is repeated); ``close`` kills the worker and everything it started.
+See the package docstring for the isolation layers and their limits.
+"""
+
+from __future__ import annotations
+
+import builtins
+import keyword
+import logging
+import select
+import signal
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from codetool.executor.channel import POLL_IN, ProtocolError, clean_text, read_available
+from codetool.executor.config import ExecutorConfig
+from codetool.executor.proxy import perform_tool_call
+from codetool.executor.result import OUTCOMES, ExecutionResult, ToolCall
+from codetool.executor.sandbox import ExecutorError, Sandbox, WorkerHandle
+
+logger = logging.getLogger(__name__)
+
+RESERVED_NAMES = frozenset({"finish", "give_up", "ToolError"})
+MAX_MESSAGE_CHARS = 2000
+
+
+class _Output:
+    """The step's output bytes, capped as they arrive (4 bytes per kept character at most)."""
+
+    def __init__(self, max_chars: int):
+        self.max_chars = max_chars
+        self.max_bytes = 4 * max_chars
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.dropped = 0
+
+    def add(self, data: bytes) -> None:
+        room = self.max_bytes - self.size
+        if len(data) > room:
+            self.dropped += len(data) - max(room, 0)
+            data = data[:max(room, 0)]
+        if data:
+            self.chunks.append(data)
+            self.size += len(data)
+
+    def text(self, worker_dropped: int) -> tuple[str, bool]:
+        text = b"".join(self.chunks).decode("utf-8", "replace")
+        truncated = bool(worker_dropped or self.dropped or len(text) > self.max_chars)
+        if truncated:
+            text = text[:self.max_chars] + (f"\n[output truncated: only the first {self.max_chars} "
+                                            f"characters are shown]")
+        return text, truncated
+
+
+class _Slot:
+    """The executor's current worker (``None`` after a loss, until the next run spawns one)."""
+
+    def __init__(self, worker: WorkerHandle | None):
+        self.worker = worker
+        self.lost = False  # the worker died between runs; the next result must say so
+
+
+def _finalize(sandbox: Sandbox, slot: _Slot) -> None:
+    worker, slot.worker = slot.worker, None
+    if worker is not None:
+        sandbox.kill(worker.pid, wait=False)
+        worker.close()
+    sandbox.release()
+
+
+class Executor:
+    """A sandboxed Python state that runs model-written steps.
+
+    Args:
+        config (`ExecutorConfig`, *optional*): limits and isolation (defaults to ``ExecutorConfig()``).
+        tools (`Mapping[str, Callable]`, *optional*): Python function name -> host callable. Inside
+            the sandbox each name is a proxy; a call is performed here as ``callable(**kwargs)``
+            (positionals mapped to names by the callable's signature) and returns a
+            ``codetool.tools.spec.ToolResponse`` or any JSON value. The code receives the parsed
+            JSON of the content (the raw text when it is not JSON), or a ``ToolError`` when the
+            status is not ``ok``. ``finish(answer)`` and ``give_up(reason)`` are always defined.
+    Raises:
+        ExecutorError: a tool name is not a usable identifier, or the sandbox cannot start.
+
+    Example:
+        ```python
+        with Executor(ExecutorConfig(timeout_s=5), tools={"get_weather": get_weather}) as ex:
+            ex.run("x = get_weather(city='Paris')")
+            child = ex.fork()
+            print(child.run("print(x['temp'])").stdout)
+            child.close()
+        ```
+    """
+
+    def __init__(self, config: ExecutorConfig | None = None,
+                 tools: Mapping[str, Callable[..., Any]] | None = None):
+        self.config = config or ExecutorConfig()
+        self.tools = dict(tools or {})
+        for name, func in self.tools.items():
+            if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) \
+                    or name in RESERVED_NAMES or name.startswith("__") or hasattr(builtins, name):
+                raise ExecutorError(f"tool name {name!r} cannot be a Python function in the sandbox; use "
+                                    f"an identifier that is not a keyword, a dunder, a builtin (print, "
+                                    f"open...) or one of {sorted(RESERVED_NAMES)}.")
+            if not callable(func):
+                raise ExecutorError(f"tool {name!r} maps to a {type(func).__name__}, not a callable.")
+        sandbox = Sandbox(self.config, sorted(self.tools))
+        try:
+            worker = sandbox.spawn()
+        except ExecutorError:
+            sandbox.close()
+            raise
+        self._attach(sandbox, worker)
+
+    @classmethod
+    def _adopt(cls, parent: Executor, worker: WorkerHandle) -> Executor:
+        child = cls.__new__(cls)
+        child.config, child.tools = parent.config, parent.tools
+        child._attach(parent._sandbox, worker)
+        child._slot.lost = parent._slot.lost
+        return child
+
+    def _attach(self, sandbox: Sandbox, worker: WorkerHandle) -> None:
+        sandbox.acquire()
+        self._sandbox = sandbox
+        self._slot = _Slot(worker)
+        self._lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, _finalize, sandbox, self._slot)
+
+    # ------------------------------------------------------------------------------ public API
+    @property
+    def isolation(self) -> str:
+        """The isolation layers active for this executor's family (see ``ExecutionResult.isolation``)."""
+        return self._sandbox.isolation
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def run(self, code: str, *, timeout_s: float | None = None) -> ExecutionResult:
+        """Run one step in the current state; the state it leaves becomes the current state.
+
+        Args:
+            code (`str`): Python source of the step.
+            timeout_s (`float`, *optional*): wall-clock limit of this run (defaults to
+                ``config.timeout_s``).
+        Returns:
+            An :class:`ExecutionResult`; problems caused by the code never raise.
+        Raises:
+            TypeError, ValueError: ``code`` is not text, or ``timeout_s`` is not > 0.
+            ExecutorError: the executor is closed, or the sandbox cannot be restarted.
+        """
+        if not isinstance(code, str):
+            raise TypeError(f"Executor.run expects the code as str, got {type(code).__name__}.")
+        timeout = float(timeout_s if timeout_s is not None else self.config.timeout_s)
+        if timeout <= 0:
+            raise ValueError(f"Executor.run timeout_s must be > 0 seconds, got {timeout_s!r}.")
+        with self._lock:
+            self._check_open()
+            worker = self._ensure_worker()
+            if worker.cpu_s > self.config.cpu_time_s / 2:
+                worker = self._refresh(worker)
+            lost_before, self._slot.lost = self._slot.lost, False
+            result = self._run(worker, code, timeout)
+            result.state_lost = result.state_lost or lost_before
+            return result
+
+    def fork(self) -> Executor:
+        """An independent executor holding a copy of the current state (nothing is re-executed).
+
+        If the state cannot be copied because of the code (e.g. its processes used up the
+        process limit), the new executor starts from a fresh state instead and its first result
+        has ``state_lost=True``.
+
+        Raises:
+            ExecutorError: the executor is closed, or the sandbox cannot start a worker at all.
+        """
+        with self._lock:
+            self._check_open()
+            worker = self._ensure_worker()
+            try:
+                return Executor._adopt(self, self._sandbox.fork_worker(worker))
+            except ExecutorError as exc:
+                logger.warning("%s; the forked executor starts from a fresh state", exc)
+                child = Executor._adopt(self, self._sandbox.spawn())
+                child._slot.lost = True
+                return child
+
+    def close(self) -> None:
+        """Kill the worker and every process it started; the family's sandbox goes with its last
+        executor. Idempotent."""
+        with self._lock:
+            self._finalizer()
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else self.isolation
+        return f"Executor({state})"
+
+    # ---------------------------------------------------------------------------- internals
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ExecutorError("this executor is closed; fork or create a new one before running code.")
+
+    def _ensure_worker(self) -> WorkerHandle:
+        worker = self._slot.worker
+        if worker is not None and worker.dead():
+            self._drop_worker(worker, wait=False)
+            self._slot.lost = True
+        if self._slot.worker is None:
+            try:
+                self._slot.worker = self._sandbox.spawn()
+            except ExecutorError:
+                self._slot.worker = self._sandbox.spawn()  # the family restarts once if its root died
+        return self._slot.worker
+
+    def _refresh(self, worker: WorkerHandle) -> WorkerHandle:
+        """Swap the worker for a fork of itself: same state, CPU-time counters back at zero."""
+        try:
+            fresh = self._sandbox.fork_worker(worker)
+        except ExecutorError as exc:
+            logger.warning("could not refresh a worker near its CPU limit: %s", exc)
+            return worker
+        self._drop_worker(worker, wait=False)
+        self._slot.worker = fresh
+        return fresh
+
+    def _drop_worker(self, worker: WorkerHandle, wait: bool = True) -> dict | None:
+        status = self._sandbox.kill(worker.pid, wait=wait)
+        worker.close()
+        if self._slot.worker is worker:
+            self._slot.worker = None
+        return status
+
+    def _run(self, worker: WorkerHandle, code: str, timeout: float) -> ExecutionResult:
+        cfg = self.config
+        start = time.monotonic()
+        deadline, kill_at = start + timeout, start + timeout + cfg.grace_s
+        read_available(worker.output_fd)  # output of background processes between runs: dropped
+        output = _Output(cfg.max_output_chars)
+        conn = worker.conn
+        calls: list[ToolCall] = []
+        ended: dict[str, str | None] = {}
+        done: dict | None = None
+        failure: str | None = None
+        conn.queue({"op": "run", "code": code, "timeout": timeout, "reap": worker.reap})
+        worker.reap = False
+        poller = select.poll()
+        output_open = True
+        poller.register(worker.output_fd, POLL_IN)
+        while done is None and failure is None:
+            poller.register(conn.fileno(), POLL_IN | (select.POLLOUT if conn.pending_output else 0))
+            remaining = kill_at - time.monotonic()
+            if remaining <= 0:
+                failure = "timeout"
+                break
+            for fd, events in poller.poll(remaining * 1000):
+                if fd == worker.output_fd:
+                    data = read_available(worker.output_fd)
+                    if data is None:
+                        poller.unregister(fd)
+                        output_open = False
+                    else:
+                        output.add(data)
+                    continue
+                try:
+                    if events & select.POLLOUT:
+                        conn.flush()
+                    if events & POLL_IN:
+                        conn.read()
+                    while conn.frames and done is None:
+                        done = self._handle(conn.frames.popleft(), conn, calls, ended, deadline)
+                    if done is None and conn.eof:
+                        failure = "lost"
+                except EOFError:
+                    failure = "lost"
+                except ProtocolError as exc:
+                    logger.warning("sandbox protocol violation: %s", exc)
+                    failure = "violation"
+        if output_open:
+            output.add(read_available(worker.output_fd) or b"")
+        if done is not None:
+            return self._finish_result(worker, done, output, calls, ended, start, timeout)
+        status = self._drop_worker(worker)
+        output.add(read_available(worker.output_fd) or b"")
+        outcome, error_type, message = _failure(failure, status, timeout)
+        stdout, truncated = output.text(0)
+        return ExecutionResult(ok=False, stdout=stdout, error_type=error_type,
+                               error_message=message, outcome=outcome,
+                               output_truncated=truncated, state_lost=True, tool_calls=calls,
+                               final_answer=ended.get("answer"), give_up_reason=ended.get("reason"),
+                               duration_s=round(time.monotonic() - start, 6), isolation=self.isolation)
+
+    def _handle(self, frame: dict, conn, calls: list[ToolCall], ended: dict, deadline: float) -> dict | None:
+        """Act on one frame of a running step; returns the frame when it is ``done``."""
+        op = frame["op"]
+        if op == "done":
+            return frame
+        if op == "tool":
+            name, args, kwargs = frame.get("name"), frame.get("args"), frame.get("kwargs")
+            if not isinstance(name, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
+                raise ProtocolError("malformed tool call")
+            remaining = deadline - time.monotonic()
+            call, reply = perform_tool_call(clean_text(name, 200), self.tools.get(name), args, kwargs,
+                                            min(self.config.tool_timeout_s, remaining))
+            calls.append(call)
+            conn.queue({"op": "tool_result", "call": frame.get("call"), **reply})
+            conn.flush()
+        elif op in ("finish", "give_up"):
+            if not ended:  # the first finish/give_up wins, whatever the code does afterwards
+                key = "answer" if op == "finish" else "reason"
+                ended[key] = clean_text(frame.get(key) or "")
+        else:
+            raise ProtocolError(f"unexpected frame {op!r}")
+        return None
+
+    def _finish_result(self, worker: WorkerHandle, done: dict, output: _Output, calls: list[ToolCall],
+                       ended: dict, start: float, timeout: float) -> ExecutionResult:
+        outcome = done.get("outcome")
+        if outcome not in OUTCOMES or outcome == "worker_lost":
+            outcome = "sandbox_violation"
+        try:
+            worker.cpu_s = float(done.get("cpu_s") or 0.0)
+            dropped = int(done.get("output_dropped") or 0)
+        except (TypeError, ValueError):
+            worker.cpu_s, dropped = 0.0, 0
+        if outcome == "timeout":  # the processes the step started die with it
+            self._sandbox.kill(worker.pid, keep_root=True)
+            worker.reap = True
+        stdout, truncated = output.text(dropped)
+        ok = outcome == "ok"
+        return ExecutionResult(ok=ok, stdout=stdout,
+                               error_type=None if ok else clean_text(done.get("error_type") or "Error", 100),
+                               error_message=None if ok else clean_text(done.get("error_message") or "",
+                                                                        MAX_MESSAGE_CHARS),
+                               outcome=outcome, output_truncated=truncated, state_lost=False,
+                               tool_calls=calls, final_answer=ended.get("answer"),
+                               give_up_reason=ended.get("reason"),
+                               duration_s=round(time.monotonic() - start, 6), isolation=self.isolation)
+
+
+def _failure(kind: str | None, status: dict | None, timeout: float) -> tuple[str, str, str]:
+    """``(outcome, error_type, message)`` for a run whose worker had to be killed or died."""
+    if kind == "timeout":
+        return ("timeout", "Timeout", f"Timeout: the step ran longer than {timeout:g} s and did not stop "
+                                      f"when interrupted, so it was killed.")
+    if kind == "violation":
+        return ("sandbox_violation", "ProtocolError",
+                "ProtocolError: the sandbox sent malformed data to the host and was stopped.")
+    status = status or {}
+    sig = status.get("signal")
+    if sig == signal.SIGXCPU:
+        return "resource_limit", "CPULimit", "CPULimit: the step used more CPU time than allowed."
+    if sig is not None:
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        hint = " (a resource limit, or the process killed itself)" if sig == signal.SIGKILL else ""
+        return "worker_lost", "WorkerLost", f"WorkerLost: the sandbox process died from {name}{hint}."
+    if "exit" in status:
+        return ("worker_lost", "WorkerLost",
+                f"WorkerLost: the sandbox process exited with code {status['exit']} (os._exit or a crash).")
+    return "worker_lost", "WorkerLost", "WorkerLost: the sandbox process died."

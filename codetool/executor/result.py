@@ -1,0 +1,101 @@
+"""What one ``Executor.run`` returns: :class:`ExecutionResult` and its :class:`ToolCall` records."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+# ExecutionResult.outcome values; only "ok" counts as a successful execution (R_spot = 1).
+OUTCOMES = ("ok", "runtime_error", "sandbox_violation", "timeout", "resource_limit", "worker_lost")
+
+
+@dataclass
+class ToolCall:
+    """One tool call made by the code, as the host performed it.
+
+    Args:
+        name (`str`): the Python function name the code called.
+        arguments (`dict`): the arguments by parameter name (positionals mapped to names where the
+            host callable has a signature; extra positionals under ``"*args"``).
+        status (`str`): ``ok`` or a failure kind of ``codetool.tools.spec.TOOL_STATUSES``.
+        latency_s (`float`): host-side seconds the call took.
+        error (`str` or `None`): the short reason given to the code when ``status != "ok"``.
+    """
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    status: str = "ok"
+    latency_s: float = 0.0
+    error: str | None = None
+
+
+@dataclass
+class ExecutionResult:
+    """The outcome of running one step of code.
+
+    Args:
+        ok (`bool`): the code ran to its end (or to ``finish``/``give_up``) without an error.
+        stdout (`str`): what the code printed (stdout and stderr interleaved, capped; a truncation
+            marker ends it when ``output_truncated``). Undecodable bytes are replaced.
+        error_type (`str` or `None`): the exception class name (``NameError``, ``ToolError``,
+            ``Timeout``, ``WorkerLost``...), ``None`` when ``ok``.
+        error_message (`str` or `None`): a short message for the model: the error and the failing
+            line of the step (with the calling line when it failed inside an earlier step's
+            function).
+        outcome (`str`): one of ``OUTCOMES``: ``ok``, ``runtime_error``, ``sandbox_violation``,
+            ``timeout``, ``resource_limit``, ``worker_lost``.
+        output_truncated (`bool`): output beyond ``max_output_chars`` was dropped.
+        state_lost (`bool`): the worker was replaced during this run (timeout kill, crash,
+            ``os._exit``) or had died before it: variables, functions and imports of earlier steps
+            are gone from now on. The caller tells the model (``codetool.search.prompt``
+            does).
+        tool_calls (`list[ToolCall]`): the calls this run made, in order.
+        final_answer (`str` or `None`): the argument of the first ``finish`` call.
+        give_up_reason (`str` or `None`): the argument of ``give_up``, when the code gave up.
+        duration_s (`float`): wall-clock seconds of the run.
+        isolation (`str`): the isolation layers that were active, e.g.
+            ``bwrap(net,pid,ipc,uts,mount)+uid+rlimits(as,cpu,fsize,nofile,nproc,core)``.
+    """
+
+    ok: bool
+    stdout: str = ""
+    error_type: str | None = None
+    error_message: str | None = None
+    outcome: str = "ok"
+    output_truncated: bool = False
+    state_lost: bool = False
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    final_answer: str | None = None
+    give_up_reason: str | None = None
+    duration_s: float = 0.0
+    isolation: str = ""
+
+    def __post_init__(self):
+        if self.outcome not in OUTCOMES:
+            raise ValueError(f"ExecutionResult.outcome must be one of {OUTCOMES}, got {self.outcome!r}.")
+
+    @property
+    def timed_out(self) -> bool:
+        """Whether the run hit its wall-clock limit."""
+        return self.outcome == "timeout"
+
+    @property
+    def finished(self) -> bool:
+        """Whether the code ended the episode (``finish`` or ``give_up``)."""
+        return self.final_answer is not None or self.give_up_reason is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data for the trajectory record (``Candidate.result``)."""
+        data = dataclasses.asdict(self)
+        data["timed_out"] = self.timed_out
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ExecutionResult:
+        """Inverse of :meth:`to_dict` (unknown keys, such as ``timed_out``, are ignored)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["tool_calls"] = [c if isinstance(c, ToolCall) else ToolCall(**c)
+                                for c in values.get("tool_calls", [])]
+        return cls(**values)

@@ -1,0 +1,443 @@
+"""Sandbox side of :mod:`codetool.executor`, the **worker** role. Standard library only.
+
+Not imported by the host: the host sends this source and ``sandbox_root.py`` to a fresh
+interpreter (the system ``python3`` by default, so that an unprivileged uid can run it), where
+they become the modules ``sandbox_worker`` and ``sandbox_root`` (see ``sandbox.BOOTSTRAP``).
+
+A worker (one per executor) holds one state (a ``__main__`` namespace), runs steps, forwards tool
+calls to the host, and forks itself when the host asks for an independent copy of the state (the
+copy is reaped by the worker it came from, or by the root once that one is gone).
+
+Host and sandbox talk over Unix stream sockets in frames: a 4-byte big-endian length, then JSON.
+Nothing is ever pickled. The worker's stdout and stderr (Python ``print`` and any process it
+starts) go to a pipe that the host reads and caps.
+"""
+
+import builtins
+import errno
+import io
+import itertools
+import json
+import os
+import resource
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+import traceback
+import types
+
+HEADER = struct.Struct(">I")
+MAX_TOOL_PAYLOAD = 1 << 20  # bytes of JSON arguments one tool call may send to the host
+MAX_ANSWER_CHARS = 100_000
+LINGER_S = 30.0  # how long a worker whose host end closed waits to be killed
+RESOURCE_ERRNOS = {errno.EFBIG, errno.ENOSPC, errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.EDQUOT}
+VIOLATION_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENETUNREACH}
+
+
+# ---------------------------------------------------------------------------------------- frames
+class Channel:
+    """Blocking frame I/O on a Unix stream socket; file descriptors sent with a frame are queued."""
+
+    def __init__(self, fd):
+        self.sock = socket.socket(fileno=fd)
+        self.buf = bytearray()
+        self.fds = []
+        self.lock = threading.Lock()  # threads of the code may call tools or finish at once
+
+    def send(self, obj):
+        self.send_raw(json.dumps(obj).encode("ascii"))
+
+    def send_raw(self, data):
+        with self.lock:
+            self.sock.sendall(HEADER.pack(len(data)) + data)
+
+    def recv(self):
+        while True:
+            if len(self.buf) >= 4:
+                size = HEADER.unpack_from(self.buf)[0]
+                if len(self.buf) >= 4 + size:
+                    frame = bytes(self.buf[4:4 + size])
+                    del self.buf[:4 + size]
+                    return json.loads(frame)
+            data, fds, _, _ = socket.recv_fds(self.sock, 1 << 18, 4)
+            self.fds.extend(fds)
+            if not data:
+                raise EOFError
+            self.buf += data
+
+    def close(self):
+        self.sock.close()
+        for fd in self.fds:
+            _close(fd)
+        self.fds = []
+
+
+def _close(fd):
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------------------------------- output
+class Output(io.TextIOBase):
+    """``sys.stdout``/``sys.stderr`` of a step: writes to fd 1 (a pipe the host reads), keeping at
+    most ``limit`` characters and counting the rest, so a print flood costs no I/O once capped."""
+
+    encoding = "utf-8"
+    errors = "replace"
+
+    def __init__(self, limit):
+        self.limit = limit
+        self.used = 0
+        self.dropped = 0
+        self.pending = []
+        self.pending_size = 0
+        self.buffer = _BinaryOutput(self)
+
+    def writable(self):
+        return True
+
+    def isatty(self):
+        return False
+
+    def fileno(self):
+        """fd 1, the same pipe (so ``subprocess.run(..., stdout=sys.stdout)`` works, in order)."""
+        self.flush()
+        return 1
+
+    def write(self, text):
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        kept = self._keep(text)
+        if kept:
+            self._add(kept.encode("utf-8", "replace"))
+        return len(text)
+
+    def _keep(self, data):
+        """The part of ``data`` (str: characters, bytes: bytes) that fits under the limit."""
+        room = self.limit - self.used
+        if len(data) > room:
+            self.dropped += len(data) - max(room, 0)
+            data = data[:max(room, 0)]
+        self.used += len(data)
+        return data
+
+    def _add(self, data):
+        self.pending.append(data)
+        self.pending_size += len(data)
+        if self.pending_size >= 8192:
+            self.flush()
+
+    def flush(self):
+        data, self.pending, self.pending_size = b"".join(self.pending), [], 0
+        while data:
+            try:
+                data = data[os.write(1, data):]
+            except InterruptedError:
+                continue
+            except OSError:
+                return
+
+
+class _BinaryOutput(io.RawIOBase):
+    """``sys.stdout.buffer``: bytes pass through unchanged (the host decodes with replacement)."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def writable(self):
+        return True
+
+    def write(self, data):
+        view = memoryview(data).cast("B")
+        kept = self.text._keep(view)
+        if len(kept):
+            self.text._add(bytes(kept))
+        return view.nbytes
+
+    def flush(self):
+        self.text.flush()
+
+
+# ------------------------------------------------------------------------------- in-step signals
+class ToolError(Exception):
+    """A tool call failed (HTTP error, timeout, invalid arguments...); ``status`` says how."""
+
+    def __init__(self, tool, status, message):
+        super().__init__(f"{tool} failed ({status}): {message}")
+        self.tool = tool
+        self.status = status
+
+
+class _EndStep(BaseException):
+    """Raised by ``finish``/``give_up``; a BaseException so ``except Exception`` cannot stop it."""
+
+
+class _StepTimeout(BaseException):
+    pass
+
+
+class _CpuLimit(BaseException):
+    pass
+
+
+class Worker:
+    """One state: the namespace, the host channel, and the step counter."""
+
+    def __init__(self, chan, config):
+        self.chan = chan
+        self.config = config
+        self.step = 0
+        self.sources = {}
+        self.call_ids = itertools.count(1)
+        self.in_step = False
+        self.answered = False
+        self.copies = set()
+        self.call_lock = threading.Lock()  # one tool call in flight at a time
+        signal.signal(signal.SIGCHLD, self._reap_copies)
+        module = types.ModuleType("__main__")
+        module.__dict__["__builtins__"] = builtins
+        sys.modules["__main__"] = module
+        self.namespace = module.__dict__
+        self.namespace.update(self._builtins())
+        for name in config["tools"]:
+            self.namespace[name] = self._proxy(name)
+
+    # -- functions the model's code calls
+    def _builtins(self):
+        worker = self
+
+        def finish(answer):
+            """End the episode with ``answer`` (the first call of finish/give_up wins)."""
+            worker.end("finish", "answer", answer if isinstance(answer, str) else str(answer))
+
+        def give_up(reason=""):
+            """End the episode without an answer, saying why."""
+            worker.end("give_up", "reason", str(reason))
+
+        return {"finish": finish, "give_up": give_up, "ToolError": ToolError}
+
+    def end(self, op, key, text):
+        if not self.answered:
+            self.answered = True
+            self.chan.send({"op": op, key: text[:MAX_ANSWER_CHARS]})
+        raise _EndStep()
+
+    def _proxy(self, name):
+        worker = self
+
+        def proxy(*args, **kwargs):
+            return worker.call_tool(name, args, kwargs)
+
+        proxy.__name__ = proxy.__qualname__ = name
+        proxy.__doc__ = f"Call the tool {name!r} (the host performs the call)."
+        return proxy
+
+    def call_tool(self, name, args, kwargs):
+        call = next(self.call_ids)  # atomic, so threads of the code get distinct ids
+        try:
+            payload = json.dumps({"op": "tool", "call": call, "name": name, "args": list(args),
+                                  "kwargs": kwargs}).encode("ascii")
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{name}(): every argument must be a JSON value (str, int, float, bool, None, "
+                            f"list or dict); {_bad_argument(args, kwargs) or exc}") from None
+        if len(payload) > MAX_TOOL_PAYLOAD:
+            raise ValueError(f"{name}(): the arguments are {len(payload)} bytes of JSON; at most "
+                             f"{MAX_TOOL_PAYLOAD} can be sent to a tool")
+        with self.call_lock:
+            self.chan.send_raw(payload)
+            while True:
+                reply = self.chan.recv()
+                if reply.get("op") == "tool_result" and reply.get("call") == call:
+                    break
+        if reply["status"] != "ok":
+            raise ToolError(name, reply["status"], reply.get("error") or reply["status"])
+        content = reply.get("content") or ""
+        try:
+            return json.loads(content)
+        except ValueError:
+            return content
+
+    # -- one step
+    def run(self, msg):
+        if msg.get("reap"):  # the host killed what the previous step left running: reap it
+            self._reap_all()
+        self.step += 1
+        filename = f"<step {self.step}>"
+        code = msg["code"]
+        self.sources[filename] = code
+        self.answered = False
+        out = Output(self.config["max_output_chars"])
+        saved = sys.stdout, sys.stderr
+        sys.stdout = sys.stderr = out
+        signal.signal(signal.SIGALRM, self._on_alarm)
+        signal.signal(signal.SIGXCPU, self._on_xcpu)
+        outcome, error_type, error_message = "ok", None, None
+        try:
+            try:
+                compiled = compile(code, filename, "exec", dont_inherit=True)
+                self.in_step = True
+                signal.setitimer(signal.ITIMER_REAL, max(float(msg["timeout"]), 0.001))
+                exec(compiled, self.namespace)
+            finally:
+                self.in_step = False
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        except _EndStep:
+            pass
+        except _StepTimeout as exc:
+            outcome, error_type = "timeout", "Timeout"
+            error_message = self.describe(
+                exc, f"Timeout: the step ran longer than {msg['timeout']:g} s and was stopped")
+        except _CpuLimit as exc:
+            outcome, error_type = "resource_limit", "CPULimit"
+            error_message = self.describe(exc, "CPULimit: the step used more CPU time than allowed")
+        except BaseException as exc:  # noqa: B036 - model code may raise anything, SystemExit included
+            outcome, error_type = classify(exc), type(exc).__name__
+            error_message = self.describe(exc)
+        finally:
+            sys.stdout, sys.stderr = saved
+            out.flush()
+            signal.signal(signal.SIGCHLD, self._reap_copies)  # the code may have replaced it
+            self._reap_copies()
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return {"op": "done", "outcome": outcome, "error_type": error_type,
+                "error_message": error_message, "output_dropped": out.dropped,
+                "cpu_s": usage.ru_utime + usage.ru_stime}
+
+    def _on_alarm(self, signum, frame):
+        if self.in_step:
+            raise _StepTimeout()
+
+    def _on_xcpu(self, signum, frame):
+        if self.in_step:
+            raise _CpuLimit()
+
+    def describe(self, exc, headline=None):
+        """A short message for the model: the error, then the line of the step that failed."""
+        if headline is None:
+            try:
+                text = str(exc)
+            except Exception:  # noqa: BLE001 - an exception class of the code may break __str__
+                text = "(the error message could not be shown)"
+            if isinstance(exc, SyntaxError):
+                text = exc.msg
+            elif isinstance(exc, SystemExit):
+                text = f"{text} (sys.exit ends the step; call finish(answer) to give the final answer)"
+            headline = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+        lines = [headline[:600]]
+        current = f"<step {self.step}>"
+        if isinstance(exc, SyntaxError) and exc.filename == current and exc.lineno:
+            lines.append(f"  at line {exc.lineno}: {(exc.text or '').strip()[:200]}")
+            return "\n".join(lines)
+        frames = [f for f in traceback.extract_tb(exc.__traceback__)
+                  if f.filename in self.sources and f.lineno]
+        if frames:
+            inner = frames[-1]
+            where = f"line {inner.lineno}"
+            if inner.filename != current:
+                where += f" of an earlier step ({inner.filename.strip('<>')})"
+            if inner.name != "<module>":
+                where += f", in {inner.name}"
+            lines.append(f"  at {where}: {self._line(inner)}")
+            outer = [f for f in frames if f.filename == current]
+            if outer and outer[-1] is not inner:
+                lines.append(f"  called from line {outer[-1].lineno}: {self._line(outer[-1])}")
+        return "\n".join(lines)
+
+    def _line(self, frame):
+        source = self.sources[frame.filename].splitlines()
+        return source[frame.lineno - 1].strip()[:200] if frame.lineno <= len(source) else ""
+
+    # -- fork: the copy becomes a new worker with the channel and output pipe the host sent
+    def fork(self):
+        """A single ``os.fork``: this worker is the zygote of its copies and reaps them; when it
+        dies first, the root (a child subreaper) adopts them."""
+        fds, self.chan.fds = self.chan.fds[:2], self.chan.fds[2:]
+        if len(fds) != 2:
+            return self.chan.send({"op": "fork_failed", "error": "no channel was passed"})
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            for fd in fds:
+                _close(fd)
+            return self.chan.send({"op": "fork_failed", "error": str(exc)})
+        if pid == 0:
+            self.copies = set()
+            self._become_copy(fds)
+            return
+        for fd in fds:
+            _close(fd)
+        self.copies.add(pid)
+        self.chan.send({"op": "forked", "pid": pid})
+
+    def _reap_all(self):
+        while True:
+            try:
+                pid = os.waitpid(-1, os.WNOHANG)[0]
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.copies.discard(pid)
+
+    def _reap_copies(self, signum=None, frame=None):
+        """SIGCHLD handler: reap closed copies only (the code's own children are left alone)."""
+        for pid in list(self.copies):
+            try:
+                finished = os.waitpid(pid, os.WNOHANG)[0]
+            except ChildProcessError:
+                finished = pid
+            if finished:
+                self.copies.discard(pid)
+
+    def _become_copy(self, fds):
+        os.setsid()
+        self.chan.sock.close()
+        self.chan = Channel(fds[0])
+        os.dup2(fds[1], 1)
+        os.dup2(fds[1], 2)
+        _close(fds[1])
+
+    def serve(self):
+        while True:
+            try:
+                msg = self.chan.recv()
+            except (EOFError, OSError, ValueError):
+                # The host closed this executor and asked the root to kill the whole tree: wait for
+                # it, since exiting first would orphan the code's processes out of that tree.
+                time.sleep(LINGER_S)
+                os._exit(0)
+            op = msg.get("op")
+            if op == "run":
+                self.chan.send(self.run(msg))
+            elif op == "fork":
+                self.fork()
+            elif op == "exit":
+                os._exit(0)
+            # anything else (a stale tool_result after a timeout) is ignored
+
+
+def classify(exc):
+    """The outcome of an exception that escaped the model's code."""
+    if isinstance(exc, MemoryError):
+        return "resource_limit"
+    if isinstance(exc, OSError):
+        if exc.errno in RESOURCE_ERRNOS:
+            return "resource_limit"
+        if isinstance(exc, PermissionError) or exc.errno in VIOLATION_ERRNOS:
+            return "sandbox_violation"
+    return "runtime_error"
+
+
+def _bad_argument(args, kwargs):
+    named = [(f"argument {i + 1}", v) for i, v in enumerate(args)] + list(kwargs.items())
+    for label, value in named:
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError) as exc:
+            return f"'{label}' is a {type(value).__name__} ({exc})"
+    return None

@@ -1,0 +1,287 @@
+"""The executor's interface: state, fork, tool proxy, finish/give_up, errors for the model, records.
+
+Every test runs in both isolation modes (bubblewrap skipped with the reason where it cannot run).
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import threading
+import time
+
+import pytest
+
+from codetool.config import ConfigError
+from codetool.executor import (
+    ExecutionResult,
+    Executor,
+    ExecutorConfig,
+    ExecutorError,
+    ToolCall,
+    bwrap_problem,
+)
+from codetool.rewards import on_the_spot
+from codetool.tools.spec import ToolResponse
+
+MODES = ["fallback", pytest.param("bwrap", marks=pytest.mark.bwrap)]
+CONFIG = dict(timeout_s=2.0, grace_s=0.5, memory_mb=512, tool_timeout_s=1.0)
+
+
+class Counter:
+    """A host tool that counts its calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, city: str, unit: str = "C"):
+        self.calls += 1
+        return {"city": city, "unit": unit, "temp": 21, "call": self.calls}
+
+
+def slow(seconds: float = 5.0):
+    time.sleep(seconds)
+    return "late"
+
+
+def raw(**kwargs):
+    return kwargs["value"]
+
+
+TOOLS = {
+    "html_error": lambda: ToolResponse("http_error", content="<html><body>500</body></html>", error="HTTP 500",
+                                       http_status=500),
+    "html_ok": lambda: ToolResponse("ok", content="<html><body>hello</body></html>"),
+    "not_json": lambda: "OK but not json <br>",
+    "json_text": lambda: ToolResponse("ok", content='{"a": [1, 2]}'),
+    "huge": lambda: ToolResponse("ok", content=json.dumps({"blob": "x" * 10_000_000})),
+    "explode": lambda: 1 / 0,
+    "unjsonable": lambda: {1, 2},
+    "slow": slow,
+    "raw": raw,
+    "varargs": lambda *args, **kwargs: {"args": list(args), "kwargs": kwargs},
+    "nosig": operator.itemgetter(0),  # inspect.signature cannot read it
+}
+
+
+@pytest.fixture(scope="module", params=MODES)
+def mode(request):
+    if request.param == "bwrap" and bwrap_problem():
+        pytest.skip(f"bubblewrap cannot run here: {bwrap_problem()}")
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def counter():
+    return Counter()
+
+
+@pytest.fixture(scope="module")
+def root(mode, counter):
+    ex = Executor(ExecutorConfig(isolation=mode, **CONFIG), tools={**TOOLS, "weather": counter})
+    yield ex
+    ex.close()
+
+
+@pytest.fixture
+def ex(root):
+    child = root.fork()
+    yield child
+    child.close()
+
+
+# ---------------------------------------------------------------------------- state and fork
+def test_state_persists_and_result_fields(ex, mode):
+    assert ex.run("import math\nx = 41\ndef inc(v):\n    return v + 1").ok
+    r = ex.run("print(inc(x), math.floor(2.5))")
+    assert r.ok and r.stdout == "42 2\n" and r.outcome == "ok" and not r.timed_out
+    assert r.error_type is None and r.error_message is None and not r.state_lost
+    assert r.isolation.startswith(mode) and "rlimits(" in r.isolation
+    data = r.to_dict()
+    assert json.loads(json.dumps(data))["timed_out"] is False
+    assert ExecutionResult.from_dict(data) == r
+
+
+def test_fork_is_independent_and_repeats_nothing(ex, counter):
+    before = counter.calls
+    assert ex.run("w = weather('Paris'); x = 1").ok
+    children = [ex.fork() for _ in range(3)]
+    try:
+        for i, child in enumerate(children):
+            r = child.run(f"x += {i + 1}; print(x, w['city'])")
+            assert r.stdout == f"{i + 2} Paris\n" and r.tool_calls == []
+        assert ex.run("print(x)").stdout == "1\n"
+        grandchild = children[0].fork()
+        assert grandchild.run("print(x)").stdout == "2\n"
+        grandchild.close()
+    finally:
+        for child in children:
+            child.close()
+    assert counter.calls == before + 1  # the tool ran once, before the forks
+
+
+def test_closing_the_parent_keeps_children(root):
+    parent = root.fork()
+    parent.run("y = 'kept'")
+    child = parent.fork()
+    parent.close()
+    assert child.run("print(y)").stdout == "kept\n"
+    child.close()
+    with pytest.raises(ExecutorError, match="closed"):
+        child.run("pass")
+    child.close()  # idempotent
+
+
+def test_fork_tree_depth_5_branching_2(root):
+    nodes = [root.fork()]
+    nodes[0].run("path = ''")
+    for _ in range(5):
+        nxt = []
+        for node in nodes:
+            for branch in "ab":
+                child = node.fork()
+                assert child.run(f"path += '{branch}'").ok
+                nxt.append(child)
+            node.close()
+        nodes = nxt
+    outputs = sorted(node.run("print(path)").stdout.strip() for node in nodes)
+    assert len(outputs) == 32 and len(set(outputs)) == 32 and all(len(p) == 5 for p in outputs)
+    for node in nodes:
+        node.close()
+
+
+def test_siblings_run_concurrently_from_threads(root):
+    siblings = [root.fork() for _ in range(3)]
+    results = [None] * 3
+
+    def go(i):
+        results[i] = siblings[i].run("import time\ntime.sleep(0.4)\nprint('done')")
+
+    start = time.monotonic()
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert time.monotonic() - start < 1.1
+    assert all(r.ok and r.stdout == "done\n" for r in results)
+    for s in siblings:
+        s.close()
+
+
+# ------------------------------------------------------------------------------- tool proxy
+def test_tool_calls_positional_keyword_and_record(ex, counter):
+    r = ex.run("a = weather('Oslo', unit='F')\nb = weather(city='Rome')\nprint(a['unit'], b['city'])")
+    assert r.ok and r.stdout == "F Rome\n"
+    assert [c.arguments for c in r.tool_calls] == [{"city": "Oslo", "unit": "F"}, {"city": "Rome"}]
+    assert all(isinstance(c, ToolCall) and c.status == "ok" and c.latency_s >= 0 for c in r.tool_calls)
+    assert on_the_spot(r) == 1.0
+
+
+def test_tool_calls_from_threads(ex):
+    r = ex.run("from concurrent.futures import ThreadPoolExecutor\n"
+               "with ThreadPoolExecutor(4) as pool:\n"
+               "    out = list(pool.map(lambda c: weather(c)['city'], ['a', 'b', 'c', 'd', 'e', 'f']))\n"
+               "print(out)")
+    assert r.ok and r.stdout == "['a', 'b', 'c', 'd', 'e', 'f']\n"
+    assert sorted(c.arguments["city"] for c in r.tool_calls) == list("abcdef")
+
+
+def test_tool_argument_errors(ex):
+    r = ex.run("weather('a', 'b', 'c')")
+    assert r.error_type == "ToolError" and "invalid_arguments" in r.error_message
+    assert r.tool_calls[0].status == "invalid_arguments"
+    for name in ("raw", "nosig"):
+        r = ex.run(f"{name}(1)")
+        assert r.error_type == "ToolError" and "keyword arguments only" in r.error_message
+    r = ex.run("weather(city={1, 2})")
+    assert r.error_type == "TypeError" and "'city' is a set" in r.error_message and r.tool_calls == []
+    r = ex.run("print(varargs(1, 2, k='v'))")
+    assert r.ok and r.stdout == "{'args': [1, 2], 'kwargs': {'k': 'v'}}\n"
+
+
+def test_tool_failures_are_tool_errors_not_crashes(ex):
+    r = ex.run("html_error()")
+    assert not r.ok and r.error_type == "ToolError" and "HTTP 500" in r.error_message
+    assert r.tool_calls[0].status == "http_error" and on_the_spot(r) == 0.0
+    r = ex.run("try:\n    html_error()\nexcept ToolError as e:\n    print(e.status)")
+    assert r.ok and r.stdout == "http_error\n"
+    assert on_the_spot(r) == 0.0 and on_the_spot(r, tool_error_is_failure=False) == 1.0
+    r = ex.run("explode()")
+    assert r.error_type == "ToolError" and "ZeroDivisionError" in r.error_message
+    r = ex.run("unjsonable()")
+    assert r.error_type == "ToolError" and "not JSON" in r.error_message
+
+
+def test_tool_content_kinds(ex):
+    r = ex.run("print(repr(html_ok()), repr(not_json()), json_text())")
+    assert r.ok and r.stdout == "'<html><body>hello</body></html>' 'OK but not json <br>' {'a': [1, 2]}\n"
+    r = ex.run("h = huge()\nprint(len(h['blob']))")
+    assert r.ok and r.stdout == "10000000\n"
+    assert ex.run("print(len(h['blob']) // 1000)").stdout == "10000\n"
+
+
+def test_hanging_tool_times_out_and_step_limit_holds(ex, root):
+    r = ex.run("try:\n    slow()\nexcept ToolError as e:\n    print(e.status)")
+    assert r.ok and r.stdout == "timeout\n" and r.tool_calls[0].status == "timeout"
+    assert r.duration_s < CONFIG["tool_timeout_s"] + 2.0  # the tool sleeps 5 s
+    patient = Executor(ExecutorConfig(isolation=root._sandbox.mode, timeout_s=1.0, tool_timeout_s=30),
+                       tools={"slow": slow})
+    try:
+        r = patient.run("slow(10)")
+        assert r.outcome == "timeout" and r.duration_s < 1.0 + 0.5 + 2.0  # the tool sleeps 10 s
+        assert patient.run("print('alive')").stdout == "alive\n"
+    finally:
+        patient.close()
+
+
+# ------------------------------------------------------------------------- finish and give_up
+def test_finish_and_give_up(ex):
+    r = ex.run("def answer():\n    finish({'n': 3})\nanswer()\nprint('not reached')")
+    assert r.ok and r.final_answer == "{'n': 3}" and r.stdout == ""
+    r = ex.run("try:\n    finish('first')\nexcept BaseException:\n    pass\nfinish('second')")
+    assert r.final_answer == "first"
+    r = ex.run("give_up('no tool fits')")
+    assert r.ok and r.give_up_reason == "no tool fits" and r.final_answer is None
+
+
+# ------------------------------------------------------------------------- errors for the model
+def test_error_messages_point_at_the_line(ex):
+    r = ex.run("x = 1\ny = undefined_name + x")
+    assert r.error_type == "NameError"
+    assert r.error_message == "NameError: name 'undefined_name' is not defined\n  at line 2: y = undefined_name + x"
+    ex.run("def bad(v):\n    return v / 0")
+    r = ex.run("z = 5\nbad(z)")
+    assert "ZeroDivisionError" in r.error_message and "earlier step" in r.error_message
+    assert "in bad: return v / 0" in r.error_message and "called from line 2: bad(z)" in r.error_message
+    r = ex.run("print('x'\nprint(1)")
+    assert r.error_type == "SyntaxError" and "at line 1" in r.error_message
+    assert ex.run("print('still fine')").ok
+
+
+# ----------------------------------------------------------------------------- configuration
+def test_config_validation_and_tool_names():
+    with pytest.raises(ConfigError, match="isolation"):
+        ExecutorConfig(isolation="docker")
+    with pytest.raises(ConfigError, match="timeout_s"):
+        ExecutorConfig(timeout_s=0)
+    with pytest.raises(ConfigError, match="memory_mb"):
+        ExecutorConfig(memory_mb=16)
+    for bad in ("finish", "not an identifier", "class", "__import__", "print"):
+        with pytest.raises(ExecutorError):
+            Executor(ExecutorConfig(isolation="fallback"), tools={bad: print})
+    with pytest.raises(ExecutorError, match="not a callable"):
+        Executor(ExecutorConfig(isolation="fallback"), tools={"x": 3})
+
+
+def test_bwrap_requested_but_unavailable(monkeypatch):
+    import codetool.executor.sandbox as sandbox
+
+    monkeypatch.setattr(sandbox, "bwrap_problem", lambda python="auto": "bubblewrap is not installed")
+    with pytest.raises(ExecutorError, match="bubblewrap is not installed"):
+        Executor(ExecutorConfig(isolation="bwrap"))
+
+
+def test_run_rejects_non_text(ex):
+    with pytest.raises(TypeError):
+        ex.run(b"print(1)")
