@@ -75,10 +75,12 @@ class ToolEnvironment:
             that have no documentation (``query.extra["missing_apis"]``); reported by :meth:`summary`.
         keep_full_responses (`bool`, *optional*, defaults to `False`): keep the uncut content of
             truncated responses in :attr:`calls` (for trajectory records; can be large).
+        render_style (`str`, *optional*, defaults to ``"full"``): ``full`` or ``compact`` function
+            docs in :meth:`render` (see :mod:`codetool.tools.render`).
     """
 
     def __init__(self, apis: list[APISpec], backend, *, max_response_chars: int = DEFAULT_MAX_RESPONSE_CHARS,
-                 missing_apis: list | tuple = (), keep_full_responses: bool = False):
+                 missing_apis: list | tuple = (), keep_full_responses: bool = False, render_style: str = "full"):
         self.apis = list(apis)
         names = [api.name for api in self.apis]
         if not all(names) or len(set(names)) != len(names):
@@ -91,6 +93,8 @@ class ToolEnvironment:
         self._lock = threading.Lock()
         self._params = {api.name: python_parameters(api) for api in self.apis}
         self._by_name = {api.name: api for api in self.apis}
+        self.render_style = render_style
+        self._rendered: str | None = None
 
     @classmethod
     def from_query(cls, query, backend, **kwargs) -> ToolEnvironment:
@@ -125,7 +129,9 @@ class ToolEnvironment:
 
     def render(self) -> str:
         """The Python stubs of all functions plus ``finish``/``give_up``, for the prompt."""
-        return render_tools(self.apis)
+        if self._rendered is None:  # the search asks once per step; the APIs never change
+            self._rendered = render_tools(self.apis, self.render_style)
+        return self._rendered
 
     def functions(self) -> dict[str, Callable[..., ToolResponse]]:
         """Function name -> host callable returning a :class:`ToolResponse` (never raising)."""

@@ -1,0 +1,269 @@
+"""``codetool run``: the stepwise search on one query or a benchmark, written as trajectories.
+
+    codetool run --query "What is the weather in Paris?" --tools my_apis.json
+    codetool run --benchmark stabletoolbench --group G1_instruction --limit 5
+    codetool run --benchmark restbench-tmdb --limit 10 --prm checkpoints/prm/quickstart
+
+Trajectories go to ``--output`` as JSON Lines, appended one query at a time; a rerun skips the
+query ids already there, so a killed run resumes where it stopped. The end of the run prints a
+one-screen summary (finished, gave up, SCEP, mean steps, tokens, seconds per query and per phase,
+mean tool cost). ``--prm`` picks the latent reward: a PRM checkpoint directory, the URL of a
+``codetool serve-prm`` server, ``rollout`` (Monte Carlo rollouts with the policy) or ``none``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from codetool import CodetoolError
+from codetool.config import ConfigError, config_hash, option
+from codetool.executor import ExecutorConfig
+from codetool.jsonl import append_jsonl, done_ids
+from codetool.search.router import RouterConfig
+from codetool.search.search import SearchConfig, SearchTask, StepwiseSearch
+
+logger = logging.getLogger(__name__)
+
+BENCHMARKS = ("stabletoolbench", "restbench-tmdb", "toolbench")
+
+
+@dataclass
+class RunConfig:
+    """Settings of ``codetool run``."""
+
+    query: str | None = option(None, "one query to solve (with --tools)")
+    tools: str | None = option(None, "JSON file of the APIs for --query: an api_list, a ToolBench query, or an OpenAPI spec")
+    benchmark: str | None = option(None, "benchmark to run", choices=list(BENCHMARKS))
+    group: str = option("G1_instruction", "StableToolBench group")
+    subset: str = option("codetool", "stabletoolbench: codetool (CodeTool's filtered queries) or full; "
+                         "restbench-tmdb: restgpt (all 54 APIs) or codetool (20 candidates)")
+    queries: str | None = option(None, "toolbench: a ToolBench-format query file or folder")
+    data_dir: str | None = option(None, "benchmark data folder (default: see `codetool data`)")
+    offset: int = option(0, "skip this many queries of the benchmark")
+    limit: int | None = option(None, "run at most this many queries")
+    output: str = option("runs/run/trajectories.jsonl", "trajectory file (JSONL, appended, resumable)")
+    policy: str = option("default", "policy: default, a model path, Hub id, http(s) URL of an OpenAI-compatible server, or vllm:<model>")
+    policy_dtype: str = option("auto", "policy dtype (local models)", choices=["auto", "float32", "bfloat16", "float16"])
+    policy_max_batch_size: int = option(16, "sequences decoded together (local models)")
+    remote_model: str | None = option(None, "model name sent to an http(s) policy server")
+    api_key_env: str = option("OPENAI_API_KEY", "environment variable with the policy server's key")
+    tools_backend: str = option("auto", "tool backend: auto (simulator; TMDB mock for RestBench), simulator, "
+                                "stabletoolbench, cache, server, tmdb, mock-tmdb")
+    tool_server_url: str | None = option(None, "StableToolBench server URL (tools_backend server/stabletoolbench)")
+    tool_cache_dir: str | None = option(None, "StableToolBench response cache folder")
+    max_response_chars: int = option(20000, "characters of one tool response handed to the code")
+    tool_doc: str = option("full", "tool docs in the prompt: full docstrings, or compact one-liners (small models)",
+                           choices=["full", "compact"])
+    prm: str = option("none", "latent reward: a PRM checkpoint dir, a serve-prm URL, rollout, or none")
+    prm_device: str = option("auto", "device of a local PRM")
+    router: bool = option(False, "decide first (When2Tool): route easy queries past the full search")
+    search: SearchConfig = field(default_factory=SearchConfig)
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    routing: RouterConfig = field(default_factory=RouterConfig)
+
+    def __post_init__(self):
+        if (self.query is None) == (self.benchmark is None):
+            raise ConfigError("give either --query (with --tools) or --benchmark "
+                              f"({', '.join(BENCHMARKS)}), not both and not neither.")
+        if self.query is not None and not self.tools:
+            raise ConfigError("--query needs --tools FILE: a JSON api_list, a ToolBench query file or an OpenAPI spec.")
+        if self.benchmark == "toolbench" and not self.queries:
+            raise ConfigError("--benchmark toolbench needs --queries FILE_OR_FOLDER (ToolBench format).")
+
+
+def load_benchmark(cfg: RunConfig) -> list:
+    """The ``BenchmarkQuery`` list that ``cfg`` asks for, after ``offset`` and ``limit``."""
+    from codetool.tools.loaders import load_restbench, load_stabletoolbench, load_toolbench_queries
+
+    root = Path(cfg.data_dir) if cfg.data_dir else None
+    if cfg.benchmark == "stabletoolbench":
+        queries = load_stabletoolbench(cfg.group, root, subset=cfg.subset if cfg.subset in ("full", "codetool") else "codetool")
+    elif cfg.benchmark == "restbench-tmdb":
+        queries = load_restbench(root, source=cfg.subset if cfg.subset in ("restgpt", "codetool") else "restgpt")
+    else:
+        queries = load_toolbench_queries(Path(cfg.queries))
+    end = None if cfg.limit is None else cfg.offset + cfg.limit
+    return queries[cfg.offset:end]
+
+
+def single_query(cfg: RunConfig):
+    """A ``BenchmarkQuery`` for ``--query`` with the APIs of ``--tools``."""
+    from codetool.tools.loaders import BenchmarkQuery, api_from_toolbench
+    from codetool.tools.openapi import load_openapi
+
+    path = Path(cfg.tools)
+    if not path.is_file():
+        raise CodetoolError(f"--tools file not found: {path}.")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CodetoolError(f"--tools {path}: not valid JSON ({e}).") from None
+    if isinstance(data, dict) and ("openapi" in data or "paths" in data or "endpoints" in data):
+        apis = load_openapi(path)
+    else:
+        entries = data.get("api_list") if isinstance(data, dict) else data
+        if isinstance(entries, list) and entries and isinstance(entries[0], dict) and "api_list" in entries[0]:
+            entries = entries[0]["api_list"]
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise CodetoolError(f"--tools {path}: expected an OpenAPI spec, a ToolBench query, or a list of "
+                                "api_list entries (category_name, tool_name, api_name, ...).")
+        apis = [api_from_toolbench(e) for e in entries]
+    return BenchmarkQuery(query_id="query", query=cfg.query, apis=apis, benchmark="custom")
+
+
+@contextlib.contextmanager
+def tool_backend(cfg: RunConfig):
+    """The tool backend of a run; ``auto`` on RestBench starts our TMDB mock on a free loopback port
+    for the duration of the run."""
+    from codetool.tools.backends import make_tool_backend
+
+    kind = cfg.tools_backend
+    if kind == "auto":
+        kind = "mock-tmdb" if cfg.benchmark == "restbench-tmdb" else "simulator"
+    if kind == "mock-tmdb":
+        from codetool.tools.loaders import data_root
+        from codetool.tools.mock_servers import build_tmdb_app, serve_in_background
+        from codetool.tools.openapi import load_openapi
+
+        root = Path(cfg.data_dir) if cfg.data_dir else data_root()
+        app = build_tmdb_app(load_openapi(root / "RestGPT" / "specs" / "tmdb_oas.json", tool="tmdb"))
+        with serve_in_background(app) as url:
+            port = int(url.rsplit(":", 1)[1])
+            logger.info("TMDB mock serving on %s", url)
+            yield make_tool_backend("mock-tmdb", port=port)
+        return
+    options: dict[str, Any] = {}
+    if kind in ("server", "stabletoolbench") and cfg.tool_server_url:
+        options["url"] = cfg.tool_server_url
+    if kind == "cache":
+        if not cfg.tool_cache_dir:
+            raise ConfigError("tools_backend cache needs --tool_cache_dir (a StableToolBench response cache).")
+        options["root"] = cfg.tool_cache_dir
+    elif kind == "stabletoolbench" and cfg.tool_cache_dir:
+        options["cache_dir"] = cfg.tool_cache_dir
+    yield make_tool_backend(kind, **options)
+
+
+def make_task(query, backend, *, max_response_chars: int = 20000, tool_doc: str = "full") -> SearchTask:
+    """A :class:`SearchTask` from a ``BenchmarkQuery`` and a tool backend."""
+    from codetool.tools.environment import ToolEnvironment
+
+    env = ToolEnvironment.from_query(query, backend, max_response_chars=max_response_chars, render_style=tool_doc)
+    extra = {"relevant_apis": [list(p) for p in query.relevant_apis]}
+    if query.gold_path is not None:
+        extra["gold_path"] = list(query.gold_path)
+    if query.extra.get("missing_apis"):
+        extra["missing_apis"] = [list(p) for p in query.extra["missing_apis"]]
+    benchmark = "restbench-tmdb" if query.benchmark == "restbench" else query.benchmark
+    return SearchTask(query_id=query.query_id, query=query.query, env=env, benchmark=benchmark,
+                      group=query.group, extra=extra)
+
+
+def make_policy(spec: str, *, dtype: str = "auto", max_batch_size: int = 16, remote_model: str | None = None,
+                api_key_env: str = "OPENAI_API_KEY"):
+    """The policy backend for a model spec (see ``codetool.models.backends.make_backend``)."""
+    from codetool.models.backends import make_backend
+
+    if spec.startswith(("http://", "https://")):
+        return make_backend(spec, model=remote_model, api_key_env=api_key_env)
+    if spec.startswith("vllm:"):
+        return make_backend(spec, dtype=dtype)
+    return make_backend(spec, dtype=dtype, max_batch_size=max_batch_size)
+
+
+def make_scorer(spec: str, device: str = "auto"):
+    """``None`` for ``none``/``rollout``, else a PRM scorer (checkpoint dir or server URL)."""
+    if spec in ("none", "rollout"):
+        return None
+    from codetool.prm.scorer import load_scorer
+
+    return load_scorer(spec, device=device)
+
+
+def executor_factory(executor_cfg: ExecutorConfig):
+    """``task -> Executor`` with the task's tool functions."""
+    from codetool.executor import Executor
+
+    return lambda task: Executor(executor_cfg, tools=task.env.functions())
+
+
+def run_hash(cfg: RunConfig) -> str:
+    """The config hash stored in trajectories (what changes results; not paths or limits)."""
+    return config_hash(cfg, ignore=("output", "offset", "limit", "data_dir", "prm_device"))
+
+
+def run_command(cfg: RunConfig) -> int:
+    """``codetool run``; see the module docstring."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    cfg.search.latent = {"none": "none", "rollout": "rollout"}.get(cfg.prm, "prm")
+    queries = [single_query(cfg)] if cfg.query is not None else load_benchmark(cfg)
+    out = Path(cfg.output)
+    finished = done_ids(out)
+    todo = [q for q in queries if q.query_id not in finished]
+    if finished:
+        logger.info("resuming: %d of %d queries already in %s", len(queries) - len(todo), len(queries), out)
+    if not todo:
+        logger.info("nothing to do: all %d queries are in %s", len(queries), out)
+        print_summary(out, [q.query_id for q in queries])
+        return 0
+    policy = make_policy(cfg.policy, dtype=cfg.policy_dtype, max_batch_size=cfg.policy_max_batch_size,
+                         remote_model=cfg.remote_model, api_key_env=cfg.api_key_env)
+    scorer = make_scorer(cfg.prm, cfg.prm_device)
+    search = StepwiseSearch(policy, cfg.search, executor_factory(cfg.executor), scorer=scorer,
+                            config_hash=run_hash(cfg))
+    start = time.perf_counter()
+    with tool_backend(cfg) as backend, Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.fields[last]}"), transient=False) as bar:
+        job = bar.add_task(f"{cfg.search.method}", total=len(todo), last="")
+
+        def done(traj) -> None:
+            append_jsonl(out, traj.to_dict())
+            bar.update(job, advance=1, last=f"{traj.query_id}: {traj.finish_type}, {len(traj.steps)} steps")
+
+        tasks = (make_task(q, backend, max_response_chars=cfg.max_response_chars, tool_doc=cfg.tool_doc)
+                 for q in todo)
+        if cfg.router:
+            from codetool.search.router import route_and_solve
+
+            for traj in route_and_solve(list(tasks), cfg.routing, search, policy, executor_factory(cfg.executor)):
+                done(traj)
+        else:
+            search.run(tasks, on_done=done)
+    logger.info("ran %d queries in %.1f s", len(todo), time.perf_counter() - start)
+    print_summary(out, [q.query_id for q in queries])
+    return 0
+
+
+def print_summary(path: Path, query_ids: list[str] | None = None) -> dict[str, Any]:
+    """Print the one-screen summary of a trajectory file (restricted to ``query_ids``)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from codetool.eval.metrics import run_metrics
+    from codetool.jsonl import read_jsonl
+    from codetool.search.records import Trajectory
+
+    wanted = set(query_ids) if query_ids is not None else None
+    trajs = [Trajectory.from_dict(r) for r in read_jsonl(path) if wanted is None or str(r.get("query_id")) in wanted]
+    m = run_metrics(trajs)
+    table = Table(title=f"{path} ({m.n} queries)", show_header=False)
+    rows = [("finished", m.finish_types.get("finish", 0)), ("gave up", m.finish_types.get("give_up", 0)),
+            ("hit max steps", m.finish_types.get("max_steps", 0)), ("errors", m.finish_types.get("error", 0)),
+            ("SCEP (executed candidates that ran)", "n/a" if m.scep is None else f"{100 * m.scep:.1f}%"),
+            ("mean steps", f"{m.mean_steps:.2f}"),
+            ("tokens in / out per query", f"{m.mean_prompt_tokens:.0f} / {m.mean_completion_tokens:.0f}"),
+            ("seconds per query", f"{m.mean_seconds:.1f}"),
+            *((f"  {phase} s/query", f"{s:.1f}") for phase, s in m.phase_seconds.items()),
+            ("mean tool cost (LIT)", f"{m.mean_tool_cost:.2f}")]
+    for k, v in rows:
+        table.add_row(k, str(v))
+    Console().print(table)
+    return {"n": m.n, "finish_types": m.finish_types, "scep": m.scep}

@@ -1,0 +1,366 @@
+"""Stepwise code search: the CodeTool inference loop (Lu et al., ACL 2025, §3).
+
+Per step, the policy samples K candidate snippets (one ``generate`` call with ``n=K``); each runs
+in a ``fork()`` of the episode's executor, so no earlier step or tool call is repeated; each gets
+the on-the-spot reward, a latent reward (PRM, rollouts, or none) and a LIT tool cost; the
+candidate with the best ``w_spot*R_spot + w_latent*R_latent - w_cost*cost`` becomes the new state
+and the other forks are closed. Ties go to the higher R_spot, then the lower cost, then the
+earlier sample, so a run is deterministic given the samples.
+
+Throughput: batch-1 decoding leaves a CPU or GPU idle, so :class:`StepwiseSearch` keeps
+``concurrency`` episodes in flight and sends the prompts of all of them to the policy in one
+``generate`` call per round, and all their candidates to the PRM in one ``score`` call.
+
+:func:`expand` (sample + execute in forks) is shared with the tree builder (``codetool.tree``).
+Limits: executions inside a round run one after another (the policy dominates the time on CPU);
+an exception inside one episode ends that episode as ``finish_type='error'``, not the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from codetool.config import ConfigError, option
+from codetool.rewards import (
+    PRMItem,
+    PRMScorer,
+    ToolCostTable,
+    latent_reward,
+    on_the_spot,
+    step_cost,
+)
+from codetool.search.prompt import format_observation, parse_candidate, policy_messages
+from codetool.search.records import Candidate, Step, Trajectory
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SearchConfig:
+    """Settings of the stepwise search. Paper defaults: K=2, temperature 0.9, top_p 0.95,
+    at most 5 steps, weights 1/1/0 (CodeTool §4.1)."""
+
+    method: str = option("spot+latent", "name of this method in trajectories and reports")
+    k: int = option(2, "candidates sampled per step (1 = no search)")
+    max_steps: int = option(5, "steps before an episode ends as max_steps")
+    temperature: float = option(0.9, "sampling temperature (0 = greedy)")
+    top_p: float = option(0.95, "nucleus sampling threshold")
+    max_new_tokens: int = option(256, "tokens per candidate step")
+    w_spot: float = option(1.0, "weight of the on-the-spot reward")
+    w_latent: float = option(1.0, "weight of the latent reward")
+    w_cost: float = option(0.0, "weight of the LIT tool cost (subtracted)")
+    latent: str = option("prm", "latent reward source", choices=["prm", "rollout", "none"])
+    rollouts: int = option(2, "rollouts per candidate when latent=rollout (m)")
+    rollout_max_steps: int = option(3, "steps per rollout when latent=rollout")
+    alpha: float = option(0.9, "latent reward: alpha^(1-LR)")
+    beta: float = option(0.95, "latent reward: beta^(tau/L)")
+    max_len: float = option(20.0, "latent reward: L, the path-length normaliser")
+    concurrency: int = option(4, "episodes in flight; their generations share forward passes")
+    max_observation_chars: int = option(1500, "output shown to the policy per step")
+    tool_error_is_failure: bool = option(True, "a failed tool call makes R_spot 0 even if caught")
+    cost_table: str | None = option(None, "YAML of tool costs (default: the packaged table)")
+    seed: int | None = option(0, "sampling seed (none = nondeterministic)")
+
+    def __post_init__(self):
+        if self.k < 1:
+            raise ConfigError(f"search.k must be >= 1, got {self.k}.")
+        if self.max_steps < 1:
+            raise ConfigError(f"search.max_steps must be >= 1, got {self.max_steps}.")
+        if self.concurrency < 1:
+            raise ConfigError(f"search.concurrency must be >= 1, got {self.concurrency}.")
+        if self.latent == "rollout" and self.rollouts < 1:
+            raise ConfigError(f"search.rollouts must be >= 1 with latent=rollout, got {self.rollouts}.")
+
+
+@dataclass
+class SearchTask:
+    """One query to solve.
+
+    Args:
+        query_id (`str`), query (`str`): the benchmark query.
+        env (`codetool.tools.ToolEnvironment`): its APIs and tool backend.
+        benchmark (`str`), group (`str` or `None`): where it comes from.
+        extra (`dict`): copied into the trajectory (e.g. RestBench ``gold_path``).
+        history (`list[dict]`): steps already taken (``{"code", "observation"}``) when an episode
+            continues from a given state (rollouts, a router's fallback); empty for a new query.
+    """
+
+    query_id: str
+    query: str
+    env: Any
+    benchmark: str = "custom"
+    group: str | None = None
+    extra: dict = field(default_factory=dict)
+    history: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class Expanded:
+    """A sampled, executed candidate and the executor that holds its state (``None`` when the
+    reply had no code and nothing ran; the caller owns and must close ``state``)."""
+
+    candidate: Candidate
+    state: Any
+    observation: str
+    parse_error: str | None = None
+
+    @property
+    def ended(self) -> str | None:
+        """``finish`` or ``give_up`` when this candidate's code ended the episode."""
+        result = self.candidate.result
+        if result.get("final_answer") is not None:
+            return "finish"
+        if result.get("give_up_reason") is not None:
+            return "give_up"
+        return None
+
+
+def expand(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: SearchConfig, *,
+           seed: int | None = None, timings: dict[str, float] | None = None) -> list[list[Expanded]]:
+    """Sample ``n`` candidates for each node in one batched call and execute each in a fork.
+
+    Args:
+        policy (`LLMBackend`): the policy model.
+        nodes (`list[tuple]`): ``(executor, history, task)`` per node; ``history`` as for
+            :func:`policy_messages`.
+        n (`int`): candidates per node.
+        cfg (`SearchConfig`): sampling settings and reward options.
+        timings (`dict`, *optional*): ``generation``/``execution`` seconds are added to it.
+    Returns:
+        One list of ``n`` :class:`Expanded` per node, in sampling order.
+    """
+    timings = timings if timings is not None else {}
+    prompts = [policy_messages(task.query, task.env.render(), history) for _, history, task in nodes]
+    t0 = time.perf_counter()
+    outputs = policy.generate(prompts, n=n, temperature=cfg.temperature, top_p=cfg.top_p,
+                              max_new_tokens=cfg.max_new_tokens, seed=seed)
+    timings["generation"] = timings.get("generation", 0.0) + time.perf_counter() - t0
+    t0 = time.perf_counter()
+    expanded = []
+    for (state, _, task), completions in zip(nodes, outputs):
+        row = []
+        for i, completion in enumerate(completions):
+            parsed = parse_candidate(completion.text)
+            cand = Candidate(index=i, text=completion.text, code=parsed.code,
+                             prompt_tokens=completion.prompt_tokens if i == 0 else 0,
+                             completion_tokens=completion.completion_tokens)
+            child = None
+            if parsed.code is None:
+                cand.result = {"ok": False, "outcome": "no_code", "error_type": "NoCodeBlock",
+                               "error_message": parsed.error, "tool_calls": [], "stdout": ""}
+            else:
+                child = state.fork()
+                cand.result = child.run(parsed.code).to_dict()
+            cand.r_spot = on_the_spot(cand.result, tool_error_is_failure=cfg.tool_error_is_failure)
+            called = [task.env.api_for(c["name"]) for c in cand.result.get("tool_calls", [])]
+            cand.cost = step_cost(parsed.code or "", [a for a in called if a is not None], _cost_table(cfg))
+            obs = format_observation(cand.result, max_chars=cfg.max_observation_chars, parse_error=parsed.error)
+            row.append(Expanded(cand, child, obs, parsed.error))
+        expanded.append(row)
+    timings["execution"] = timings.get("execution", 0.0) + time.perf_counter() - t0
+    return expanded
+
+
+_COST_TABLES: dict[str | None, ToolCostTable] = {}
+
+
+def _cost_table(cfg: SearchConfig) -> ToolCostTable:
+    if cfg.cost_table not in _COST_TABLES:
+        _COST_TABLES[cfg.cost_table] = ToolCostTable.load(cfg.cost_table)
+    return _COST_TABLES[cfg.cost_table]
+
+
+def select(candidates: list[Candidate], cfg: SearchConfig) -> int:
+    """Score every candidate and return the index of the best (see module docstring).
+
+    Sets ``score`` on each candidate: ``w_spot*r_spot + w_latent*r_latent - w_cost*cost``, with a
+    missing latent reward counting as 0.
+    """
+    for c in candidates:
+        c.score = cfg.w_spot * c.r_spot + cfg.w_latent * (c.r_latent or 0.0) - cfg.w_cost * c.cost
+    # Scores equal up to float noise (0.9 vs 0.8999999999999999) count as ties.
+    best = min(candidates, key=lambda c: (-round(c.score, 9), -c.r_spot, round(c.cost, 9), c.index))
+    return best.index
+
+
+@dataclass
+class _Episode:
+    task: SearchTask
+    state: Any
+    traj: Trajectory
+    history: list[dict] = field(default_factory=list)
+    started: float = field(default_factory=time.perf_counter)
+
+
+class StepwiseSearch:
+    """CodeTool's stepwise search over many queries at once.
+
+    Args:
+        policy (`LLMBackend`): the policy (``codetool.models.backends``).
+        config (`SearchConfig`): search settings.
+        make_executor (`Callable[[SearchTask], Executor]`): a fresh executor for a task (with the
+            task's tool functions).
+        scorer (`PRMScorer`, *optional*): the latent reward source when ``latent='prm'``.
+        config_hash (`str`, *optional*): stored in every trajectory.
+    """
+
+    def __init__(self, policy, config: SearchConfig, make_executor: Callable[[SearchTask], Any],
+                 scorer: PRMScorer | None = None, config_hash: str = ""):
+        if config.latent == "prm" and config.w_latent and scorer is None:
+            raise ConfigError("search.latent is 'prm' but no PRM was given: pass --prm PATH|URL, "
+                              "or set search.latent to none or rollout.")
+        self.policy, self.cfg, self.make_executor = policy, config, make_executor
+        self.scorer, self.config_hash = scorer, config_hash
+
+    def run(self, tasks: Iterable[SearchTask], on_done: Callable[[Trajectory], None] | None = None,
+            progress: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+        """Solve every task, ``concurrency`` at a time; ``on_done`` sees each finished trajectory
+        (e.g. to append it to a JSONL file) as soon as its episode ends."""
+        pending, active, finished = iter(tasks), [], []
+        rounds = 0
+        while True:
+            while len(active) < self.cfg.concurrency:
+                task = next(pending, None)
+                if task is None:
+                    break
+                active.append(self._start(task))
+            if not active:
+                return finished
+            done = self._round(active, rounds)
+            rounds += 1
+            for ep in done:
+                active.remove(ep)
+                traj = self._finish(ep)
+                finished.append(traj)
+                for hook in (on_done, progress):
+                    if hook:
+                        hook(traj)
+
+    def solve(self, task: SearchTask) -> Trajectory:
+        """Solve one task."""
+        return self.run([task])[0]
+
+    def _start(self, task: SearchTask) -> _Episode:
+        traj = Trajectory(query_id=task.query_id, query=task.query, benchmark=task.benchmark,
+                          group=task.group, method=self.cfg.method, config_hash=self.config_hash,
+                          available_tools=task.env.describe(), extra=dict(task.extra),
+                          phase_seconds={"generation": 0.0, "execution": 0.0, "scoring": 0.0})
+        return _Episode(task, self.make_executor(task), traj, history=list(task.history))
+
+    def _round(self, active: list[_Episode], round_index: int) -> list[_Episode]:
+        """One step for every active episode; returns the episodes that ended."""
+        timings: dict[str, float] = {}
+        seed = None if self.cfg.seed is None else self.cfg.seed + round_index
+        expansions = expand(self.policy, [(ep.state, ep.history, ep.task) for ep in active],
+                            self.cfg.k, self.cfg, seed=seed, timings=timings)
+        t0 = time.perf_counter()
+        self._latent(active, expansions)
+        timings["scoring"] = time.perf_counter() - t0
+        ended = []
+        for ep, row in zip(active, expansions):
+            for phase, seconds in timings.items():  # a shared round's time is split evenly
+                ep.traj.phase_seconds[phase] += seconds / len(active)
+            if self._advance(ep, row):
+                ended.append(ep)
+        return ended
+
+    def _latent(self, active: list[_Episode], expansions: list[list[Expanded]]) -> None:
+        if self.cfg.latent == "none" or not self.cfg.w_latent:
+            return
+        if self.cfg.latent == "rollout":
+            for ep, row in zip(active, expansions):
+                for e in row:
+                    e.candidate.r_latent = self._rollout_value(ep, e)
+            return
+        items, slots = [], []
+        for ep, row in zip(active, expansions):
+            for e in row:
+                if e.candidate.code is None:
+                    e.candidate.r_latent = 0.0
+                    continue
+                items.append(PRMItem(query=ep.task.query, tools=ep.task.env.render(),
+                                     history=[{"code": h["code"] or "", "output": h["observation"]}
+                                              for h in ep.history],
+                                     candidate=e.candidate.code, candidate_output=e.observation))
+                slots.append(e.candidate)
+        if items:
+            for cand, value in zip(slots, self.scorer.score(items), strict=True):
+                cand.r_latent = float(value)
+
+    def _rollout_value(self, ep: _Episode, e: Expanded) -> float:
+        """Monte Carlo latent reward: complete ``rollouts`` single-sample paths from the candidate
+        and return ``alpha^(1-LR) * beta^(tau/L)`` with LR their success share and tau their mean
+        length (a candidate that already ended counts as its own leaf)."""
+        cfg = self.cfg
+        if e.candidate.code is None:
+            return 0.0
+        ended = e.ended
+        if ended:
+            lr = float(ended == "finish" and _answered(e.candidate.result))
+            return latent_reward(lr, 0.0, alpha=cfg.alpha, beta=cfg.beta, max_len=cfg.max_len)
+        sub_cfg = replace(cfg, k=1, latent="none", w_latent=0.0, max_steps=cfg.rollout_max_steps,
+                          concurrency=cfg.rollouts)
+        history = ep.history + [{"code": e.candidate.code, "observation": e.observation}]
+        states = [e.state.fork() for _ in range(cfg.rollouts)]
+        runner = StepwiseSearch(self.policy, sub_cfg, make_executor=lambda task: states.pop())
+        successes, lengths = [], []
+        tasks = [replace(ep.task, query_id=f"{ep.task.query_id}#rollout{j}", history=history)
+                 for j in range(cfg.rollouts)]
+        for traj in runner.run(tasks):
+            successes.append(float(traj.finish_type == "finish" and _answered_traj(traj)))
+            lengths.append(len(traj.steps))
+        lr = sum(successes) / len(successes)
+        tau = sum(lengths) / len(lengths)
+        return latent_reward(lr, tau, alpha=cfg.alpha, beta=cfg.beta, max_len=cfg.max_len)
+
+    def _advance(self, ep: _Episode, row: list[Expanded]) -> bool:
+        """Record the step, keep the chosen fork, close the rest; True when the episode ended."""
+        cands = [e.candidate for e in row]
+        chosen = select(cands, self.cfg)
+        cands[chosen].chosen = True
+        pick = row[chosen]
+        for e in row:
+            if e is not pick and e.state is not None:
+                e.state.close()
+        if pick.state is not None:
+            ep.state.close()
+            ep.state = pick.state
+        step = Step(index=len(ep.traj.steps), candidates=cands, chosen=chosen, observation=pick.observation)
+        ep.traj.steps.append(step)
+        ep.traj.tool_cost += pick.candidate.cost
+        ep.traj.prompt_tokens += sum(c.prompt_tokens for c in cands)
+        ep.traj.completion_tokens += sum(c.completion_tokens for c in cands)
+        ep.traj.isolation = pick.candidate.result.get("isolation", ep.traj.isolation) or ep.traj.isolation
+        ep.history.append({"code": pick.candidate.code, "text": pick.candidate.text, "observation": pick.observation})
+        ended = pick.ended
+        if ended == "finish":
+            ep.traj.finish_type, ep.traj.final_answer = "finish", str(pick.candidate.result["final_answer"])
+        elif ended == "give_up":
+            ep.traj.finish_type = "give_up"
+            ep.traj.extra["give_up_reason"] = pick.candidate.result.get("give_up_reason")
+        elif len(ep.traj.steps) >= self.cfg.max_steps:
+            ep.traj.finish_type = "max_steps"
+        else:
+            return False
+        return True
+
+    def _finish(self, ep: _Episode) -> Trajectory:
+        ep.state.close()
+        ep.traj.wall_time_s = time.perf_counter() - ep.started
+        return ep.traj
+
+
+def _answered(result: dict) -> bool:
+    """Finished with a non-empty answer and no failed tool call in this step."""
+    answer = result.get("final_answer")
+    return bool(answer and str(answer).strip()) and all(
+        c.get("status") == "ok" for c in result.get("tool_calls", []))
+
+
+def _answered_traj(traj: Trajectory) -> bool:
+    return bool(traj.final_answer and traj.final_answer.strip()) and all(
+        c.get("status") == "ok" for c in traj.executed_calls())

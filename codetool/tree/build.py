@@ -1,0 +1,283 @@
+"""Build binary action trees on training queries: the PRM's training data (CodeTool §3.2).
+
+For each query the builder samples ``branching`` candidate steps at every node, executes each in
+a ``fork()`` of its parent's executor (no step or tool call is ever re-run), and expands until a
+leaf: the code called ``finish``/``give_up``, the depth reached ``max_depth``, or (with
+``failure_policy: stop``) the code failed. The nodes of one depth level are sampled in one batched
+``generate`` call; that yields the same tree as a depth-first walk and keeps the CPU busy. Each
+tree is seeded by its query id, so ``--shard i/n`` runs and a single run give the same trees.
+
+Leaf success (``success``): ``executed`` (the public code's notion: the leaf ran without error),
+``answered`` (finished with a non-empty answer and no failed tool call on the path; default), or
+``judged`` (a judge from ``codetool.eval`` says the answer solves the query).
+
+Output: one JSON line per finished tree (``kill -9`` loses at most the tree in progress; a rerun
+skips finished query ids), then :mod:`codetool.tree.dataset` turns trees into PRM examples.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from codetool import CodetoolError
+from codetool.config import ConfigError, config_hash, option
+from codetool.executor import ExecutorConfig
+from codetool.search.search import SearchConfig, SearchTask, expand
+from codetool.tree.labels import label_tree, path_to, sibling_pairs
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TreeConfig:
+    """Settings of ``codetool build-trees``."""
+
+    queries: str | None = option(None, "ToolBench-format query file or folder (default: ToolBench's 10 example queries)")
+    output: str = option("runs/trees/trees.jsonl", "tree records (JSONL, one line per query)")
+    dataset_dir: str | None = option(None, "where the PRM dataset goes (default: next to --output)")
+    policy: str = option("default", "policy model: default, a path, a Hub id, an http(s) URL or vllm:<model>")
+    tools_backend: str = option("simulator", "tool backend: simulator, cache, server, stabletoolbench")
+    tool_doc: str = option("full", "tool docs in the prompt: full, or compact one-liners (small models)",
+                           choices=["full", "compact"])
+    branching: int = option(2, "candidates sampled per node")
+    max_depth: int = option(5, "depth at which nodes become leaves")
+    failure_policy: str = option("continue", "what a failed node does", choices=["continue", "stop"])
+    success: str = option("answered", "leaf success", choices=["executed", "answered", "judged"])
+    judge: str = option("default", "judge model for success=judged")
+    alpha: float = option(0.9, "latent reward alpha")
+    beta: float = option(0.95, "latent reward beta")
+    max_len: float = option(20.0, "latent reward L")
+    tau_mode: str = option("mean", "tau over a node's leaves", choices=["mean", "sum"])
+    emit: str = option("pairs", "PRM rows: sibling pairs, or every node with its soft target", choices=["pairs", "nodes"])
+    val_fraction: float = option(0.2, "share of query ids held out for validation")
+    shard: str | None = option(None, "i/n: build only the i-th of n shards of the queries")
+    merge: bool = option(False, "join the shard files of --output, then export the dataset")
+    limit: int | None = option(None, "build at most this many trees")
+    seed: int = option(0, "base seed; each tree's seed mixes in its query id")
+    search: SearchConfig = field(default_factory=lambda: SearchConfig(method="tree", max_new_tokens=192))
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+
+    def __post_init__(self):
+        if self.branching < 1 or self.max_depth < 1:
+            raise ConfigError(f"branching and max_depth must be >= 1, got {self.branching} and {self.max_depth}.")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ConfigError(f"val_fraction must lie in [0, 1), got {self.val_fraction}.")
+        if self.shard is not None:
+            self.shard_index()
+
+    def shard_index(self) -> tuple[int, int]:
+        """``(i, n)`` parsed from ``shard``; ``(0, 1)`` when unsharded."""
+        if self.shard is None:
+            return 0, 1
+        try:
+            i, n = (int(x) for x in str(self.shard).split("/"))
+        except ValueError:
+            raise ConfigError(f"--shard must look like i/n (e.g. 0/2), got {self.shard!r}.") from None
+        if not 0 <= i < n:
+            raise ConfigError(f"--shard {self.shard}: need 0 <= i < n.")
+        return i, n
+
+    def shard_path(self) -> Path:
+        out = Path(self.output)
+        if self.shard is None:
+            return out
+        i, n = self.shard_index()
+        return out.with_name(f"{out.stem}.shard-{i}-of-{n}{out.suffix}")
+
+
+def tree_seed(base: int, query_id: str) -> int:
+    """A per-tree seed that depends only on the base seed and the query id."""
+    return int(hashlib.sha256(f"{base}:{query_id}".encode()).hexdigest()[:8], 16)
+
+
+def _node_record(node_id: str, parent: str | None, depth: int, e) -> dict[str, Any]:
+    c = e.candidate
+    return {"id": node_id, "parent": parent, "depth": depth, "code": c.code, "text": c.text,
+            "observation": e.observation, "result": c.result, "ok": bool(c.r_spot),
+            "tool_calls": len(c.result.get("tool_calls", [])), "final_answer": c.result.get("final_answer"),
+            "ended": e.ended, "leaf": False, "success": None,
+            "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens}
+
+
+class TreeBuilder:
+    """Expands action trees with a policy and an executor per query.
+
+    Args:
+        policy (`LLMBackend`): samples candidate steps.
+        config (`TreeConfig`): tree settings.
+        make_executor (`Callable[[SearchTask], Executor]`): a fresh executor for a task.
+        judge (*optional*): ``judge(query, answer) -> bool`` when ``success='judged'``.
+    """
+
+    def __init__(self, policy, config: TreeConfig, make_executor, judge=None):
+        if config.success == "judged" and judge is None:
+            raise ConfigError("success=judged needs a judge; pass one or use success=answered.")
+        self.policy, self.cfg, self.make_executor, self.judge = policy, config, make_executor, judge
+        self.sample_cfg = replace(config.search, k=config.branching)
+
+    def build(self, task: SearchTask) -> dict[str, Any]:
+        """Build, label and summarise the tree of one query; returns its JSON-able record."""
+        cfg, start = self.cfg, time.perf_counter()
+        seed = tree_seed(cfg.seed, task.query_id)
+        tree: dict[str, dict] = {}
+        root = self.make_executor(task)
+        frontier = [(None, root, [], 0)]  # (node id, executor, history, depth)
+        try:
+            while frontier:
+                rows = expand(self.policy, [(st, hist, task) for _, st, hist, _ in frontier],
+                              cfg.branching, self.sample_cfg, seed=seed + len(tree))
+                next_frontier = []
+                for (parent, state, history, depth), row in zip(frontier, rows):
+                    for i, e in enumerate(row, 1):
+                        node_id = f"{parent}-{i}" if parent else str(i)
+                        node = tree[node_id] = _node_record(node_id, parent, depth + 1, e)
+                        stop = cfg.failure_policy == "stop" and not node["ok"]
+                        if e.ended or depth + 1 >= cfg.max_depth or stop:
+                            node["leaf"] = True
+                            if e.state is not None:
+                                e.state.close()
+                            continue
+                        child = e.state if e.state is not None else state.fork()
+                        step = {"code": e.candidate.code, "text": e.candidate.text, "observation": e.observation}
+                        next_frontier.append((node_id, child, history + [step], depth + 1))
+                    state.close()
+                frontier = next_frontier
+        finally:
+            for _, state, _, _ in frontier:
+                state.close()
+        for node_id, node in tree.items():
+            if node["leaf"]:
+                node["success"] = self._success(task, tree, node_id)
+        label_tree(tree, alpha=cfg.alpha, beta=cfg.beta, max_len=cfg.max_len, tau_mode=cfg.tau_mode)
+        pairs, ties = sibling_pairs(tree)
+        leaves = [n for n in tree.values() if n["leaf"]]
+        return {"query_id": task.query_id, "query": task.query, "tools": task.env.render(),
+                "config_hash": config_hash(cfg, ignore=("output", "dataset_dir", "shard", "merge", "limit")),
+                "nodes": tree, "pairs": pairs,
+                "summary": {"nodes": len(tree), "leaves": len(leaves),
+                            "successful_leaves": sum(bool(n["success"]) for n in leaves),
+                            "pairs": len(pairs), "ties_dropped": ties,
+                            "tool_calls": sum(n["tool_calls"] for n in tree.values()),
+                            "seconds": time.perf_counter() - start}}
+
+    def _success(self, task: SearchTask, tree: dict[str, dict], node_id: str) -> bool:
+        node = tree[node_id]
+        if self.cfg.success == "executed":
+            return node["ok"]
+        answered = node["ended"] == "finish" and bool(str(node["final_answer"] or "").strip())
+        if self.cfg.success == "answered":
+            path_calls_ok = all(c.get("status") == "ok" for nid in path_to(tree, node_id)
+                                for c in tree[nid]["result"].get("tool_calls", []))
+            return answered and path_calls_ok
+        return answered and bool(self.judge(task.query, str(node["final_answer"])))
+
+
+def load_training_queries(cfg: TreeConfig) -> list:
+    """The training queries of ``cfg``, with ids made unique as ``<file stem>/<query_id>`` (ToolBench
+    files reuse ids across groups). Queries that offer no API are skipped with a warning."""
+    from codetool.tools.loaders import data_root, load_toolbench_queries
+
+    path = Path(cfg.queries) if cfg.queries else data_root() / "ToolBench" / "data_example" / "instruction"
+    if not path.exists():
+        raise ConfigError(f"--queries {path}: no such file or folder. Pass a ToolBench-format query file "
+                          "(e.g. G1_query.json) or a folder of them; `codetool data fetch toolbench-examples` "
+                          "gets the 10 example queries.")
+    queries = load_toolbench_queries(path)
+    usable = [q for q in queries if q.apis]
+    if len(usable) < len(queries):
+        logger.warning("%d of %d queries offer no documented API and are skipped: %s", len(queries) - len(usable),
+                       len(queries), ", ".join(f"{q.group}/{q.query_id}" for q in queries if not q.apis))
+    for q in usable:
+        q.query_id = f"{q.group}/{q.query_id}"
+    return usable[: cfg.limit] if cfg.limit is not None else usable
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Totals over tree records: trees, nodes, leaves, leaf success rate, pairs, dropped ties, tool
+    calls, seconds per tree and trees per hour."""
+    s = [r["summary"] for r in records]
+    total = {k: sum(x[k] for x in s) for k in ("nodes", "leaves", "successful_leaves", "pairs", "ties_dropped",
+                                               "tool_calls", "seconds")}
+    seconds_per_tree = total["seconds"] / len(records) if records else 0.0
+    return {"trees": len(records), **{k: v for k, v in total.items() if k != "seconds"},
+            "leaf_success_rate": total["successful_leaves"] / total["leaves"] if total["leaves"] else 0.0,
+            "seconds_per_tree": seconds_per_tree,
+            "trees_per_hour": 3600.0 / seconds_per_tree if seconds_per_tree else 0.0}
+
+
+def _print_summary(title: str, summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, show_header=False)
+    for key, value in summary.items():
+        table.add_row(key.replace("_", " "), f"{value:.3f}" if isinstance(value, float) else str(value))
+    Console().print(table)
+
+
+def _judge_fn(cfg: TreeConfig):
+    if cfg.success != "judged":
+        return None
+    from codetool.eval.judges import JudgeConfig, make_judge
+
+    judge = make_judge(JudgeConfig(model=cfg.judge))
+    return lambda query, answer: judge.judge_answer(query, answer).label == "Solved"
+
+
+def build_trees_command(cfg: TreeConfig) -> int:
+    """``codetool build-trees``: build (a shard of) the trees, or ``--merge`` shards; then export the
+    PRM dataset and print the summary."""
+    from rich.progress import Progress
+
+    from codetool.jsonl import append_jsonl, done_ids, read_jsonl, write_jsonl
+    from codetool.search.run import executor_factory, make_policy, make_task
+    from codetool.tools.backends import make_tool_backend
+    from codetool.tree.dataset import export_dataset
+
+    out = Path(cfg.output)
+    dataset_dir = Path(cfg.dataset_dir) if cfg.dataset_dir else out.parent / "prm_dataset"
+    queries = load_training_queries(cfg)
+    order = {q.query_id: i for i, q in enumerate(queries)}
+    if cfg.merge:
+        shards = sorted(out.parent.glob(f"{out.stem}.shard-*-of-*{out.suffix}"))
+        if not shards:
+            raise ConfigError(f"--merge found no shard files {out.stem}.shard-I-of-N{out.suffix} in {out.parent}.")
+        merged = {str(r["query_id"]): r for shard in shards for r in read_jsonl(shard)}
+        records = sorted(merged.values(), key=lambda r: order.get(str(r["query_id"]), len(order)))
+        write_jsonl(out, records)
+        logger.info("merged %d shard files into %s (%d trees)", len(shards), out, len(records))
+    else:
+        index, count = cfg.shard_index()
+        mine = [q for i, q in enumerate(queries) if i % count == index]
+        path = cfg.shard_path()
+        finished = done_ids(path)
+        todo = [q for q in mine if q.query_id not in finished]
+        if finished:
+            logger.info("resuming: %d of %d trees already in %s", len(mine) - len(todo), len(mine), path)
+        if todo:
+            policy = make_policy(cfg.policy)
+            builder = TreeBuilder(policy, cfg, executor_factory(cfg.executor), judge=_judge_fn(cfg))
+            backend = make_tool_backend(cfg.tools_backend)
+            with Progress() as bar:
+                job = bar.add_task("trees", total=len(todo))
+                for q in todo:
+                    append_jsonl(path, builder.build(make_task(q, backend, tool_doc=cfg.tool_doc)))
+                    bar.update(job, advance=1)
+        records = sorted(read_jsonl(path), key=lambda r: order.get(str(r["query_id"]), len(order)))
+        if cfg.shard is not None:
+            _print_summary(f"shard {cfg.shard}: {path}", summarize(records))
+            logger.info("shard done; run again with --merge once every shard has finished")
+            return 0
+    summary = summarize(records)
+    try:
+        stats = export_dataset(records, dataset_dir, emit=cfg.emit, val_fraction=cfg.val_fraction, seed=cfg.seed)
+        summary.update({f"dataset_{k}": v for k, v in stats.items() if k != "val_query_ids"})
+    except CodetoolError as e:  # the trees are saved and valid; only the dataset is empty
+        logger.warning("no PRM dataset written: %s", e)
+    _print_summary(f"trees: {out}", summary)
+    return 0

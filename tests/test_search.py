@@ -1,0 +1,174 @@
+"""The stepwise search with a scripted policy, the real executor and the tool simulator."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from codetool.config import load_config
+from codetool.executor import Executor, ExecutorConfig
+from codetool.jsonl import read_jsonl
+from codetool.models.backends import ScriptedBackend
+from codetool.rewards import ConstantScorer
+from codetool.search.records import Candidate, Trajectory
+from codetool.search.run import RunConfig, run_command
+from codetool.search.search import SearchConfig, SearchTask, StepwiseSearch, select
+from codetool.tools.backends import make_tool_backend
+from codetool.tools.environment import ToolEnvironment
+from codetool.tools.loaders import load_stabletoolbench
+
+EXEC = ExecutorConfig(isolation="fallback", timeout_s=10)
+
+
+def block(code: str) -> str:
+    return f"Here is the step.\n```python\n{code}\n```"
+
+
+@pytest.fixture(scope="module")
+def query(shared_data):
+    return load_stabletoolbench("G1_instruction", shared_data)[0]
+
+
+def make_task(query, qid=None):
+    env = ToolEnvironment.from_query(query, make_tool_backend("simulator"))
+    return SearchTask(query_id=qid or query.query_id, query=query.query, env=env, benchmark="stabletoolbench",
+                      group="G1_instruction")
+
+
+def factory(task):
+    return Executor(EXEC, tools=task.env.functions())
+
+
+class PreferSecond:
+    """A PRM stand-in that prefers candidates whose code mentions 'good'."""
+
+    def score(self, items):
+        return [0.9 if "good" in it.candidate else 0.1 for it in items]
+
+
+def test_selection_rule_on_hand_computed_rewards():
+    cfg = SearchConfig(w_spot=1.0, w_latent=1.0, w_cost=0.5)
+    cands = [Candidate(0, "", "a", r_spot=1.0, r_latent=0.2, cost=1.0),   # 1 + 0.2 - 0.5 = 0.7
+             Candidate(1, "", "b", r_spot=0.0, r_latent=0.9, cost=0.0),   # 0 + 0.9 - 0   = 0.9
+             Candidate(2, "", "c", r_spot=1.0, r_latent=0.4, cost=1.0)]   # 1 + 0.4 - 0.5 = 0.9
+    # 1 and 2 tie on score; 2 has the higher R_spot
+    assert select(cands, cfg) == 2
+    assert [round(c.score, 6) for c in cands] == [0.7, 0.9, 0.9]
+    # full tie -> lower cost, then earlier sample
+    tie = [Candidate(0, "", "a", r_spot=1, cost=2.0), Candidate(1, "", "b", r_spot=1, cost=1.0),
+           Candidate(2, "", "c", r_spot=1, cost=1.0)]
+    assert select(tie, SearchConfig(w_latent=0)) == 1
+
+
+def test_candidates_run_in_isolated_forks_and_the_chosen_state_is_kept(query):
+    # step 1: two candidates; the first fails (so the second, which sets y, is chosen);
+    # step 2: y survives, and x (set by the rejected candidate before failing) does not.
+    policy = ScriptedBackend([block("x = 1\nraise ValueError('bad')"), block("y = 2\nprint(y)"),
+                              block("print('x' in globals(), y)\nfinish(str(y))"), block("z = 0\nfinish('never')")])
+    search = StepwiseSearch(policy, SearchConfig(latent="none", k=2, max_steps=3), factory)
+    traj = search.solve(make_task(query))
+    assert [s.chosen for s in traj.steps] == [1, 0]
+    assert traj.steps[1].candidates[0].result["stdout"] == "False 2\n"
+    assert traj.finish_type == "finish" and traj.final_answer == "2"
+    assert traj.steps[0].candidates[0].r_spot == 0.0 and traj.steps[0].candidates[1].r_spot == 1.0
+    assert "ValueError" in traj.steps[0].candidates[0].result["error_type"]
+
+
+def test_scripted_policy_solves_a_real_query_with_the_simulator(query):
+    env = ToolEnvironment.from_query(query, make_tool_backend("simulator"))
+    name = env.apis[0].name
+    code1 = f"r = {name}(id_conc='40698227')\nprint(type(r).__name__)"
+    code2 = "finish('The concert information was retrieved.')"
+    policy = ScriptedBackend([block(code1), block(code1), block(code2), "no code here"])
+    task = SearchTask(query_id=query.query_id, query=query.query, env=env)
+    traj = StepwiseSearch(policy, SearchConfig(latent="none"), factory).solve(task)
+    assert traj.finish_type == "finish" and traj.final_answer.startswith("The concert")
+    calls = traj.executed_calls()
+    assert len(calls) == 1 and calls[0]["name"] == name and calls[0]["status"] == "ok"
+    # the second step's no-code candidate failed without breaking the loop
+    second = traj.steps[1].candidates
+    assert second[1].code is None and second[1].result["outcome"] == "no_code" and second[1].r_spot == 0
+    assert traj.available_tools and traj.available_tools[0]["name"] == name
+    assert traj.tool_cost > 0 and traj.steps[0].candidates[0].cost > 0
+    assert set(traj.phase_seconds) == {"generation", "execution", "scoring"}
+    # the policy was told about the tools and saw the first step's output
+    prompt = policy.calls[1][0][0]
+    assert name in prompt[0]["content"] and "Output:" in prompt[-1]["content"]
+    # and the record round-trips
+    assert Trajectory.from_dict(json.loads(json.dumps(traj.to_dict()))).to_dict() == traj.to_dict()
+
+
+def test_latent_reward_from_a_scorer_decides_between_runnable_candidates(query):
+    policy = ScriptedBackend([block("print('plain')"), block("print('good')"),
+                              block("finish('a')"), block("finish('b')")])
+    traj = StepwiseSearch(policy, SearchConfig(), factory, scorer=PreferSecond()).solve(make_task(query))
+    first = traj.steps[0]
+    assert first.chosen == 1 and first.candidates[1].r_latent == pytest.approx(0.9)
+    assert first.candidates[0].score == pytest.approx(1.1) and first.candidates[1].score == pytest.approx(1.9)
+    # the scorer saw the history of the chosen step at step 2: nothing to check beyond the answer
+    assert traj.final_answer == "a"
+
+
+def test_missing_prm_is_a_config_error(query):
+    with pytest.raises(Exception, match="no PRM"):
+        StepwiseSearch(ScriptedBackend([]), SearchConfig(latent="prm"), factory, scorer=None)
+
+
+def test_rollout_latent_reward(query):
+    # candidates: A prints, B gives up. Rollouts from A finish with an answer (LR 1, tau 1);
+    # B ended with give_up (LR 0, tau 0).
+    policy = ScriptedBackend(lambda p: block("finish('done')") if len(p) > 2 else
+                             (block("print(1)") if "A" not in str(p) else block("give_up('no')")))
+    replies = iter([block("print('A')"), block("give_up('no')")])
+    policy = ScriptedBackend(lambda p: next(replies) if len(p) == 2 else block("finish('done')"))
+    cfg = SearchConfig(latent="rollout", rollouts=2, rollout_max_steps=2, max_steps=1)
+    traj = StepwiseSearch(policy, cfg, factory).solve(make_task(query))
+    a, b = traj.steps[0].candidates
+    assert a.r_latent == pytest.approx(0.95 ** (1 / 20))
+    assert b.r_latent == pytest.approx(0.9)
+    assert traj.steps[0].chosen == 0
+
+
+def test_concurrent_episodes_share_generate_calls(query):
+    policy = ScriptedBackend(lambda p: block("finish('ok')"))
+    tasks = [make_task(query, qid=f"q{i}") for i in range(3)]
+    done = []
+    trajs = StepwiseSearch(policy, SearchConfig(latent="none", concurrency=3), factory).run(tasks, on_done=done.append)
+    assert len(policy.calls) == 1 and len(policy.calls[0][0]) == 3 and policy.calls[0][1]["n"] == 2
+    assert [t.query_id for t in done] == ["q0", "q1", "q2"] and all(t.final_answer == "ok" for t in trajs)
+
+
+def test_max_steps_and_give_up_end_episodes(query):
+    policy = ScriptedBackend(lambda p: block("print(1)"))
+    traj = StepwiseSearch(policy, SearchConfig(latent="none", max_steps=2, k=1), factory).solve(make_task(query))
+    assert traj.finish_type == "max_steps" and len(traj.steps) == 2 and traj.final_answer is None
+    policy = ScriptedBackend(lambda p: block("give_up('no API for this')"))
+    traj = StepwiseSearch(policy, SearchConfig(latent="none", k=1), factory).solve(make_task(query))
+    assert traj.finish_type == "give_up" and traj.extra["give_up_reason"] == "no API for this"
+
+
+def test_prompts_and_trajectories_never_hold_a_secret(query, canary_env, tmp_path):
+    policy = ScriptedBackend(lambda p: block(f"print('{canary_env}')\nimport os\nprint(dict(os.environ))"))
+    traj = StepwiseSearch(policy, SearchConfig(latent="none", max_steps=2, k=1), factory).solve(make_task(query))
+    from codetool.jsonl import append_jsonl
+
+    append_jsonl(tmp_path / "t.jsonl", traj.to_dict())
+    assert canary_env not in (tmp_path / "t.jsonl").read_text()
+    for prompts, _ in policy.calls:
+        assert canary_env not in json.dumps(prompts)
+
+
+def test_run_command_writes_and_resumes(tiny_model_dir, shared_data, tmp_path):
+    out = tmp_path / "traj.jsonl"
+    base = {"benchmark": "stabletoolbench", "group": "G1_instruction", "data_dir": str(shared_data),
+            "policy": str(tiny_model_dir), "output": str(out), "search.max_new_tokens": 8,
+            "search.max_steps": 1, "executor.isolation": "fallback"}
+    assert run_command(load_config(RunConfig, overrides={**base, "limit": 2})) == 0
+    assert [r["query_id"] for r in read_jsonl(out)] == [q.query_id for q in load_stabletoolbench(
+        "G1_instruction", shared_data, subset="codetool")[:2]]
+    # a rerun with a larger limit only runs the missing query
+    assert run_command(load_config(RunConfig, overrides={**base, "limit": 3})) == 0
+    records = list(read_jsonl(out))
+    assert len(records) == 3 and len({r["query_id"] for r in records}) == 3
+    assert all(r["method"] == "spot+latent" and r["config_hash"] for r in records)

@@ -1,0 +1,106 @@
+"""The tree builder: expansion, leaves, labels, sharding, merging and the dataset export."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from codetool.config import load_config
+from codetool.executor import Executor, ExecutorConfig
+from codetool.jsonl import read_jsonl
+from codetool.models.backends import ScriptedBackend
+from codetool.search.search import SearchTask
+from codetool.tools.backends import make_tool_backend
+from codetool.tools.environment import ToolEnvironment
+from codetool.tree.build import TreeBuilder, TreeConfig, build_trees_command, tree_seed
+
+EXEC = ExecutorConfig(isolation="fallback", timeout_s=10)
+
+
+def block(code: str) -> str:
+    return f"```python\n{code}\n```"
+
+
+@pytest.fixture(scope="module")
+def task(shared_data):
+    from codetool.tools.loaders import load_toolbench_queries
+
+    q = load_toolbench_queries(shared_data / "ToolBench" / "data_example" / "instruction" / "G1_query.json")[0]
+    return SearchTask(query_id="G1_query/1", query=q.query, env=ToolEnvironment.from_query(q, make_tool_backend("simulator")))
+
+
+def depth_policy():
+    """Depth 1: candidate 1 prints, candidate 2 fails. Depth 2: finish with an answer / give up."""
+    counter = {"n": 0}
+
+    def reply(prompt):
+        depth = (len(prompt) - 2) // 2  # system + user, then 2 messages per step
+        counter["n"] += 1
+        if depth == 0:
+            return block("print('hello')") if counter["n"] % 2 else block("raise KeyError('k')")
+        return block("finish('the answer')") if counter["n"] % 2 else block("give_up('stuck')")
+    return ScriptedBackend(reply)
+
+
+def test_builder_expands_labels_and_pairs(task):
+    cfg = TreeConfig(branching=2, max_depth=3)
+    record = TreeBuilder(depth_policy(), cfg, lambda t: Executor(EXEC, tools=t.env.functions())).build(task)
+    nodes = record["nodes"]
+    assert sorted(nodes) == ["1", "1-1", "1-2", "2", "2-1", "2-2"]
+    assert nodes["1"]["ok"] and not nodes["2"]["ok"]
+    assert nodes["1-1"]["leaf"] and nodes["1-1"]["ended"] == "finish" and nodes["1-1"]["success"] is True
+    assert nodes["1-2"]["ended"] == "give_up" and nodes["1-2"]["success"] is False
+    assert nodes["1"]["lr_soft"] == 0.5 and nodes["1"]["tau"] == 1.0
+    assert record["summary"]["leaves"] == 4 and record["summary"]["pairs"] == 3
+    assert ["1", "2"] in [list(p) for p in record["pairs"]]  # executability decides
+    json.dumps(record)  # JSON-able
+
+
+def test_failure_policy_stop_and_success_executed(task):
+    cfg = TreeConfig(branching=2, max_depth=3, failure_policy="stop", success="executed")
+    record = TreeBuilder(depth_policy(), cfg, lambda t: Executor(EXEC, tools=t.env.functions())).build(task)
+    nodes = record["nodes"]
+    assert nodes["2"]["leaf"] and "2-1" not in nodes  # a failed node is not expanded
+    assert nodes["1-2"]["success"] is True  # give_up ran without error: "executed" counts it
+
+
+def test_judged_success_needs_a_judge(task):
+    with pytest.raises(Exception, match="needs a judge"):
+        TreeBuilder(depth_policy(), TreeConfig(success="judged"), None)
+    cfg = TreeConfig(branching=2, max_depth=3, success="judged")
+    builder = TreeBuilder(depth_policy(), cfg, lambda t: Executor(EXEC, tools=t.env.functions()),
+                          judge=lambda query, answer: False)
+    assert all(not n["success"] for n in builder.build(task)["nodes"].values() if n["leaf"])
+
+
+def test_tree_seed_depends_only_on_query_and_base():
+    assert tree_seed(0, "a") == tree_seed(0, "a") != tree_seed(1, "a")
+
+
+@pytest.mark.slow
+def test_shards_merge_to_the_single_run(tiny_model_dir, shared_data, tmp_path):
+    base = {"queries": str(shared_data / "ToolBench" / "data_example" / "instruction" / "G1_query.json"),
+            "policy": str(tiny_model_dir), "max_depth": 2, "limit": 3, "search.max_new_tokens": 6,
+            "executor.isolation": "fallback", "val_fraction": 0.34}
+    single = tmp_path / "single" / "trees.jsonl"
+    sharded = tmp_path / "sharded" / "trees.jsonl"
+    assert build_trees_command(load_config(TreeConfig, overrides={**base, "output": str(single)})) == 0
+    for i in range(2):
+        assert build_trees_command(load_config(TreeConfig, overrides={**base, "output": str(sharded),
+                                                                      "shard": f"{i}/2"})) == 0
+    assert build_trees_command(load_config(TreeConfig, overrides={**base, "output": str(sharded), "merge": True})) == 0
+
+    def strip(r):
+        r = dict(r)
+        r.pop("summary")
+        for n in r["nodes"].values():
+            n["result"].pop("duration_s", None)
+        return r
+    a, b = [strip(r) for r in read_jsonl(single)], [strip(r) for r in read_jsonl(sharded)]
+    assert [r["query_id"] for r in a] == ["G1_query/1", "G1_query/2", "G1_query/3"]
+    assert a == b
+    # a rerun resumes: nothing is rebuilt
+    before = single.read_text()
+    assert build_trees_command(load_config(TreeConfig, overrides={**base, "output": str(single)})) == 0
+    assert single.read_text() == before
