@@ -1,0 +1,16 @@
+"""Models: loading (``default``, a directory, a ``.gguf``, a Hub id) and LLM backends.
+
+- :mod:`codetool.models.loading`: ``resolve_model``, ``load_model``, ``checkpoints_dir``;
+- :mod:`codetool.models.setup`: ``codetool setup`` caches the embedded default model;
+- :mod:`codetool.models.backends`: ``TransformersBackend``, ``OpenAIBackend``, ``VLLMBackend``,
+  ``ScriptedBackend``, ``make_backend`` and the ``codetool generate`` command;
+- :mod:`codetool.models.completion`: the interface itself (``Completion``, ``Prompt``, ``LLMBackend``).
+
+Importing this package does not import torch or transformers.
+"""
+
+from codetool.models.completion import Completion, LLMBackend, Prompt
+from codetool.models.loading import DEFAULT_MODEL, checkpoints_dir, load_model, resolve_model
+
+__all__ = ["DEFAULT_MODEL", "Completion", "LLMBackend", "Prompt", "checkpoints_dir", "load_model",
+           "resolve_model"]

@@ -1,0 +1,95 @@
+"""The one LLM interface every backend implements: ``generate`` -> ``Completion`` (DESIGN.md §2).
+
+A prompt is either a plain string (one user message) or a list of chat messages
+(``{"role": ..., "content": ...}``); backends apply the chat template themselves. ``generate``
+returns one list of ``n`` completions per prompt, in prompt order. Stop strings are cut from the
+returned text (like the OpenAI API) and ``finish_reason`` says why generation ended.
+
+This module holds only plain data and helpers (no torch), so configs and the search can import
+it cheaply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from codetool import CodetoolError
+
+Prompt = str | list[dict[str, str]]  # chat messages; a plain str is one user message
+FINISH_REASONS = ("stop", "length")
+
+
+@dataclass
+class Completion:
+    """One generated reply.
+
+    Args:
+        text (`str`): the reply, cut before the first stop string (the stop string is not included).
+        prompt_tokens (`int`): tokens of the rendered prompt (chat template included, no padding).
+        completion_tokens (`int`): tokens generated up to and including the one that completed
+            the stop string or the end-of-turn token; padding never counts.
+        finish_reason (`str`): ``"stop"`` (stop string or end of turn) or ``"length"``
+            (``max_new_tokens`` reached).
+    """
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+
+
+@runtime_checkable
+class LLMBackend(Protocol):
+    """What the search, the tree builder and the router call; see :class:`Completion`."""
+
+    name: str
+    supports_logprobs: bool
+
+    def generate(self, prompts: list[Prompt], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
+                 max_new_tokens: int = 256, stop: list[str] | None = None, seed: int | None = None
+                 ) -> list[list[Completion]]:
+        """``n`` completions for each prompt: outer list in prompt order, inner list of length ``n``."""
+        ...
+
+    def option_logprobs(self, prompts: list[Prompt], options: list[str]) -> list[list[float]]:
+        """(len(prompts), len(options)) log-probabilities (nats, <= 0) of each option as the reply.
+
+        Raises:
+            NotImplementedError: the backend cannot score given text.
+        """
+        ...
+
+
+def to_messages(prompt: Prompt) -> list[dict[str, str]]:
+    """A prompt as chat messages; a plain string becomes one user message.
+
+    Raises:
+        CodetoolError: a message without ``role``/``content`` or of the wrong type.
+    """
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    if not isinstance(prompt, (list, tuple)) or not prompt:
+        raise CodetoolError(f"a prompt must be a string or a non-empty list of chat messages, got {type(prompt).__name__}.")
+    for i, message in enumerate(prompt):
+        if not isinstance(message, dict) or "role" not in message or "content" not in message:
+            raise CodetoolError(f"chat message {i} must be a dict with 'role' and 'content', got {message!r:.80}.")
+    return [{"role": str(m["role"]), "content": str(m["content"])} for m in prompt]
+
+
+def find_stop(text: str, stop: list[str] | None) -> int:
+    """Index of the first occurrence of any stop string in ``text``, or -1."""
+    hits = [i for i in (text.find(s) for s in (stop or []) if s) if i >= 0]
+    return min(hits) if hits else -1
+
+
+def check_sampling(n: int, temperature: float, top_p: float, max_new_tokens: int) -> None:
+    """Validate the shared ``generate`` arguments; raises CodetoolError with the allowed range."""
+    if not isinstance(n, int) or n < 1:
+        raise CodetoolError(f"n (samples per prompt) must be an integer >= 1, got {n!r}.")
+    if temperature < 0:
+        raise CodetoolError(f"temperature must be >= 0 (0 means greedy), got {temperature!r}.")
+    if not 0 < top_p <= 1:
+        raise CodetoolError(f"top_p must be in (0, 1], got {top_p!r}.")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise CodetoolError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}.")

@@ -1,0 +1,258 @@
+"""Local generation with transformers: chat template, batched prompts, shared prefill, stop strings.
+
+Efficiency (DESIGN.md §7: on 2 CPU cores batch 8 decodes ~3.6x faster than batch 1): one
+``generate`` call takes prompts from many queries; they are sorted by length (less padding),
+left-padded and run in chunks of at most ``max_batch_size`` sequences. The ``n`` samples of a
+prompt share one prefill: the prompt is run once and its KV cache repeated ``n`` times, so only
+decoding is paid per sample. Greedy decoding (temperature 0) runs each prompt once and copies the
+completion ``n`` times.
+
+Guarantees: results come back in prompt order; token counts are exact (prompt tokens without
+padding; completion tokens up to the token that completed a stop string or the end-of-turn token);
+with ``seed`` sampling is reproducible for the same prompts, arguments and batch size, and the
+global torch RNG is left untouched. Not guaranteed: bit-identical results between batched and
+unbatched runs in low precision (padding changes the matmul shapes; in float32 greedy text matches).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from codetool import CodetoolError
+from codetool.models.completion import Completion, Prompt, check_sampling, find_stop, to_messages
+
+logger = logging.getLogger(__name__)
+
+
+def _stop_criteria(tokenizer, stop: list[str], prompt_len: int):
+    """A StoppingCriteria that ends a sequence once its generated text contains a stop string."""
+    import torch
+    from transformers import StoppingCriteria
+
+    # A token decodes to at least one character (byte-level pieces of a multi-byte character
+    # excepted), so a stop string of c characters lies within the last c + 2 tokens.
+    window = max(len(s) for s in stop) + 2
+
+    class StopOnStrings(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            tails = input_ids[:, prompt_len:][:, -window:].tolist()
+            texts = tokenizer.batch_decode(tails, skip_special_tokens=True)
+            return torch.tensor([find_stop(t, stop) >= 0 for t in texts], dtype=torch.bool,
+                                device=input_ids.device)
+
+    return StopOnStrings()
+
+
+class TransformersBackend:
+    """An :class:`~codetool.models.completion.LLMBackend` over a local transformers causal LM.
+
+    Args:
+        model (`str` or `(model, tokenizer)`, *optional*, defaults to `"default"`): a name for
+            :func:`~codetool.models.loading.load_model` or an already loaded pair.
+        dtype (`str`, *optional*, defaults to `"auto"`): see ``load_model``.
+        device (`str`, *optional*, defaults to `"auto"`): see ``load_model``.
+        max_batch_size (`int`, *optional*, defaults to `8`): most sequences (prompts x samples)
+            decoded together; one prompt's ``n`` samples always go together.
+    """
+
+    supports_logprobs = True
+    share_prefill = True  # off only to test that sharing changes nothing
+
+    def __init__(self, model: str | tuple[Any, Any] = "default", *, dtype: str = "auto",
+                 device: str = "auto", max_batch_size: int = 8):
+        if max_batch_size < 1:
+            raise CodetoolError(f"max_batch_size must be >= 1, got {max_batch_size}.")
+        if isinstance(model, tuple):
+            # Used as given (neither its padding side nor train/eval mode is changed: call
+            # model.eval() first if it has dropout).
+            self.model, self.tokenizer = model
+            self.name = f"transformers:{getattr(self.model.config, '_name_or_path', '') or 'model'}"
+        else:
+            from codetool.models.loading import load_model
+
+            self.model, self.tokenizer = load_model(model, dtype=dtype, device=device)
+            self.name = f"transformers:{model}"
+        self.max_batch_size = max_batch_size
+        eos = self.model.generation_config.eos_token_id
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in eos:
+            eos.append(self.tokenizer.eos_token_id)
+        self.eos_ids = eos
+        # Padding is done here (on the left), so the tokenizer's own padding settings do not matter.
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (eos[0] if eos else 0)
+        self._warned_no_template = False
+
+    @property
+    def device(self):
+        return self.model.device
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """Token ids of ``prompt`` rendered with the chat template and the assistant header."""
+        messages = to_messages(prompt)
+        if getattr(self.tokenizer, "chat_template", None):
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        else:
+            if not self._warned_no_template:
+                logger.warning("%s has no chat template; prompts are sent as plain text", self.name)
+                self._warned_no_template = True
+            text = "\n\n".join(m["content"] for m in messages)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _left_pad(self, rows: list[list[int]]):
+        import torch
+
+        width = max(len(r) for r in rows)
+        pad = self.pad_id
+        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long, device=self.device)
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long,
+                            device=self.device)
+        return ids, mask
+
+    def generate(self, prompts: list[Prompt], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
+                 max_new_tokens: int = 256, stop: list[str] | None = None, seed: int | None = None
+                 ) -> list[list[Completion]]:
+        """``n`` completions per prompt; see :class:`~codetool.models.completion.LLMBackend`.
+
+        Args:
+            prompts (`list[Prompt]`): strings (one user message each) or chat message lists.
+            n (`int`, *optional*, defaults to `1`): samples per prompt.
+            temperature (`float`, *optional*, defaults to `0.0`): 0 is greedy (the ``n`` samples
+                are then identical copies).
+            top_p (`float`, *optional*, defaults to `1.0`): nucleus sampling mass; no top-k.
+            max_new_tokens (`int`, *optional*, defaults to `256`): per completion.
+            stop (`list[str]`, *optional*): stop strings, cut from the returned text.
+            seed (`int`, *optional*): makes sampling reproducible.
+
+        Returns:
+            `list[list[Completion]]`: (len(prompts), n).
+        """
+        import torch
+
+        check_sampling(n, temperature, top_p, max_new_tokens)
+        stop = [s for s in (stop or []) if s]
+        encoded = [self.encode(p) for p in prompts]
+        greedy = temperature == 0
+        samples = 1 if greedy else n
+        per_chunk = max(1, self.max_batch_size // samples)
+        results: list[list[Completion]] = [[] for _ in prompts]
+        context = getattr(self.model.config, "max_position_embeddings", None) or 10**9
+        for i, ids in enumerate(encoded):
+            if len(ids) >= context:  # one oversized prompt must not sink the whole batch
+                logger.warning("prompt %d has %d tokens, the model's context is %d: returning an empty "
+                               "completion; shorten the prompt", i, len(ids), context)
+                results[i] = [Completion("", len(ids), 0, "length") for _ in range(n)]
+        order = sorted((i for i in range(len(prompts)) if not results[i]), key=lambda i: len(encoded[i]))
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), torch.inference_mode():
+            if seed is not None:
+                torch.manual_seed(seed)
+            for start in range(0, len(order), per_chunk):
+                chunk = order[start:start + per_chunk]
+                outs = self._generate_chunk([encoded[i] for i in chunk], samples, temperature, top_p,
+                                            max_new_tokens, stop)
+                for i, completions in zip(chunk, outs):
+                    results[i] = completions if not greedy else [
+                        Completion(**vars(completions[0])) for _ in range(n)]
+        return results
+
+    def _generate_chunk(self, rows: list[list[int]], samples: int, temperature: float, top_p: float,
+                        max_new_tokens: int, stop: list[str]) -> list[list[Completion]]:
+        from transformers import GenerationConfig, StoppingCriteriaList
+
+        ids, mask = self._left_pad(rows)
+        width = ids.shape[1]
+        context = getattr(self.model.config, "max_position_embeddings", None) or 10**9
+        max_new_tokens = min(max_new_tokens, context - width)
+        sampling = temperature > 0
+        config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=sampling, repetition_penalty=1.0,
+                                  pad_token_id=self.pad_id, eos_token_id=self.eos_ids)
+        if sampling:
+            config.update(temperature=temperature, top_p=top_p, top_k=0)
+        kwargs: dict[str, Any] = {}
+        if samples > 1 and self.share_prefill and width > 1:
+            # Prefill once per prompt, then repeat the KV cache for the samples: generate() only
+            # runs the last prompt token and the decoding steps.
+            kwargs["cache"] = self._prefill(ids, mask).cache
+            kwargs["cache"].batch_repeat_interleave(samples)
+            ids, mask = ids.repeat_interleave(samples, dim=0), mask.repeat_interleave(samples, dim=0)
+        else:
+            config.num_return_sequences = samples
+        criteria = StoppingCriteriaList([_stop_criteria(self.tokenizer, stop, width)] if stop else [])
+        out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                                  stopping_criteria=criteria, **kwargs)
+        new_tokens = out[:, width:].tolist()
+        return [[self._completion(new_tokens[r * samples + s], len(rows[r]), stop) for s in range(samples)]
+                for r in range(len(rows))]
+
+    def _prefill(self, ids, mask):
+        """Forward all but the last token of left-padded prompts; positions as generate() counts them."""
+        from transformers import DynamicCache
+
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        return self.model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
+                          cache=DynamicCache(config=self.model.config), use_cache=True, logits_to_keep=1)
+
+    def _completion(self, tokens: list[int], prompt_tokens: int, stop: list[str]) -> Completion:
+        """Trim one generated row (end of turn, padding, stop string) into a Completion."""
+        finish, paid = "length", len(tokens)
+        for j, token in enumerate(tokens):
+            if token in self.eos_ids:  # the end-of-turn token counts but is not part of the text
+                tokens, finish, paid = tokens[:j], "stop", j + 1
+                break
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        cut = find_stop(text, stop)
+        if cut >= 0:
+            # Smallest prefix of tokens whose text already holds a stop string: the tokens paid for.
+            lo, hi = 1, len(tokens)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if find_stop(self.tokenizer.decode(tokens[:mid], skip_special_tokens=True), stop) >= 0:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            return Completion(text[:cut], prompt_tokens, lo, "stop")
+        return Completion(text, prompt_tokens, paid, finish)
+
+    def option_logprobs(self, prompts: list[Prompt], options: list[str]) -> list[list[float]]:
+        """Log-probability (nats) of each option string as the start of the assistant's reply.
+
+        Sums the log-probabilities of the option's tokens (tokenized on their own, after the
+        chat template's assistant header); the prompt's KV cache is computed once and repeated
+        for all options. An option that is a prefix of another scores at least as high; add an
+        end marker to the options (e.g. a newline) when that matters.
+
+        Returns:
+            `list[list[float]]`: (len(prompts), len(options)), each <= 0.
+        """
+        import torch
+
+        if not options:
+            return [[] for _ in prompts]
+        option_ids = [self.tokenizer(o, add_special_tokens=False)["input_ids"] for o in options]
+        if any(not ids for ids in option_ids):
+            raise CodetoolError(f"option_logprobs: options must be non-empty strings, got {options!r:.200}.")
+        width = max(len(ids) for ids in option_ids)
+        pad = self.pad_id
+        suffix = torch.tensor([ids + [pad] * (width - len(ids)) for ids in option_ids], device=self.device)
+        scores: list[list[float]] = []
+        with torch.inference_mode():
+            for prompt in prompts:
+                prefix = torch.tensor([self.encode(prompt)], device=self.device)
+                out = self.model(input_ids=prefix, use_cache=True, logits_to_keep=1)
+                first = torch.log_softmax(out.logits[0, -1].float(), dim=-1)  # (vocab,)
+                total = first[suffix[:, 0]]  # (options,)
+                if width > 1:
+                    cache = out.cache
+                    cache.batch_repeat_interleave(len(options))
+                    pos = torch.arange(prefix.shape[1], prefix.shape[1] + width - 1, device=self.device)
+                    rest = self.model(input_ids=suffix[:, :-1], cache=cache, use_cache=True,
+                                      position_ids=pos.expand(len(options), -1))
+                    logp = torch.log_softmax(rest.logits.float(), dim=-1)  # (options, width-1, vocab)
+                    picked = logp.gather(-1, suffix[:, 1:, None])[..., 0]  # (options, width-1)
+                    valid = torch.tensor([[j < len(ids) for j in range(1, width)] for ids in option_ids],
+                                         device=self.device)
+                    total = total + torch.where(valid, picked, 0.0).sum(-1)
+                scores.append(total.tolist())
+        return scores

@@ -1,0 +1,103 @@
+"""vLLM in-process: the fast path on a GPU (``vllm:<model>`` in :func:`make_backend`).
+
+vLLM is an optional extra (``pip install 'codetool[vllm]'``, CUDA only); it is imported when the
+backend is built, and its absence is a :class:`codetool.CodetoolError` that names the
+alternatives. Sampling maps one to one onto ``vllm.SamplingParams`` (``n`` samples share the
+prefill through vLLM's prefix caching; ``seed`` per request). Not covered by the CPU test suite
+beyond the missing-import error; run ``codetool generate --model vllm:default`` on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from codetool import CodetoolError
+from codetool.models.completion import Completion, Prompt, check_sampling, to_messages
+
+logger = logging.getLogger(__name__)
+
+
+def _import_vllm():
+    try:
+        import vllm
+    except ImportError as e:
+        raise CodetoolError(f"the vLLM backend needs the vllm package, which is not importable here ({e}). "
+                            f"Install it on a CUDA machine with `pip install 'codetool[vllm]'`, or use the "
+                            f"transformers backend (--model default) or an OpenAI-compatible server "
+                            f"(--model http://host:port/v1).") from None
+    return vllm
+
+
+class VLLMBackend:
+    """An :class:`~codetool.models.completion.LLMBackend` over an in-process ``vllm.LLM``.
+
+    Args:
+        model (`str`, *optional*, defaults to `"default"`): a name for
+            :func:`~codetool.models.loading.resolve_model` (Hub ids are passed to vLLM as they are).
+        dtype (`str`, *optional*, defaults to `"auto"`): ``auto`` means bfloat16.
+        gpu_memory_utilization (`float`, *optional*, defaults to `0.85`): share of GPU memory vLLM
+            may take.
+        max_model_len (`int`, *optional*): context length cap (saves KV-cache memory).
+        **llm_kwargs: passed to ``vllm.LLM`` (e.g. ``tensor_parallel_size``).
+
+    Raises:
+        CodetoolError: vllm is not installed, or the model cannot be resolved.
+    """
+
+    supports_logprobs = True
+
+    def __init__(self, model: str = "default", *, dtype: str = "auto", gpu_memory_utilization: float = 0.85,
+                 max_model_len: int | None = None, **llm_kwargs):
+        vllm = _import_vllm()
+        from codetool.models.loading import resolve_model
+
+        path = resolve_model(model)
+        self.name = f"vllm:{model}"
+        extra = {"max_model_len": max_model_len} if max_model_len else {}
+        if path.lower().endswith(".gguf"):
+            logger.warning("vLLM's GGUF support is experimental; prefer the cached safetensors model")
+        self.llm = vllm.LLM(model=path, dtype="bfloat16" if dtype == "auto" else dtype,
+                            gpu_memory_utilization=gpu_memory_utilization, **extra, **llm_kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+
+    def generate(self, prompts: list[Prompt], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
+                 max_new_tokens: int = 256, stop: list[str] | None = None, seed: int | None = None
+                 ) -> list[list[Completion]]:
+        """``n`` completions per prompt, all prompts in one vLLM batch; see ``LLMBackend``."""
+        from vllm import SamplingParams
+
+        check_sampling(n, temperature, top_p, max_new_tokens)
+        params = SamplingParams(n=n, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
+                                max_tokens=max_new_tokens, stop=[s for s in (stop or []) if s] or None,
+                                seed=seed)
+        outputs = self.llm.chat([to_messages(p) for p in prompts], params, use_tqdm=False)
+        results = []
+        for out in outputs:
+            prompt_tokens = len(out.prompt_token_ids or [])
+            results.append([Completion(o.text, prompt_tokens, len(o.token_ids),
+                                       "length" if o.finish_reason == "length" else "stop")
+                            for o in out.outputs])
+        return results
+
+    def option_logprobs(self, prompts: list[Prompt], options: list[str]) -> list[list[float]]:
+        """Exact option log-probabilities from vLLM's ``prompt_logprobs`` (one request per pair)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        requests, spans = [], []
+        for prompt in prompts:
+            text = self.tokenizer.apply_chat_template(to_messages(prompt), add_generation_prompt=True,
+                                                      tokenize=False)
+            head = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            for option in options:
+                tail = self.tokenizer(option, add_special_tokens=False)["input_ids"]
+                requests.append(TokensPrompt(prompt_token_ids=head + tail))
+                spans.append((len(head), head + tail))
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1)
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        flat = []
+        for out, (start, ids) in zip(outputs, spans):
+            # prompt_logprobs[i]: {token_id: Logprob} for position i, always holding the actual token.
+            flat.append(sum(out.prompt_logprobs[i][ids[i]].logprob for i in range(start, len(ids))))
+        k = len(options)
+        return [flat[i * k:(i + 1) * k] for i in range(len(prompts))]

@@ -1,0 +1,261 @@
+"""TransformersBackend, ScriptedBackend, make_backend and `codetool generate` on the tiny model."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from codetool import CodetoolError
+from codetool.models.backends import (
+    Completion,
+    GenerateConfig,
+    LLMBackend,
+    OpenAIBackend,
+    ScriptedBackend,
+    TransformersBackend,
+    generate_command,
+    make_backend,
+)
+from codetool.models.loading import DEFAULT_MODEL, resolve_model
+
+PROMPTS = ["hello", "What is the weather in Paris today? Give the answer with finish.",
+           [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "print 1"}]]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # The tiny model's matmuls are too small to split; a second thread only waits on a busy CPU.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def backend(tiny_model_dir):
+    return TransformersBackend(str(tiny_model_dir), max_batch_size=8)
+
+
+def texts(results):
+    return [[c.text for c in row] for row in results]
+
+
+def greedy_tokens(backend, prompt, max_new_tokens):
+    """Reference: plain model.generate on one unpadded prompt."""
+    ids = torch.tensor([backend.encode(prompt)])
+    out = backend.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=max_new_tokens, eos_token_id=backend.eos_ids,
+                                 pad_token_id=backend.tokenizer.pad_token_id)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def test_is_an_llm_backend(backend):
+    assert isinstance(backend, LLMBackend) and isinstance(ScriptedBackend(["x"]), LLMBackend)
+    assert isinstance(OpenAIBackend("http://127.0.0.1:9"), LLMBackend)
+
+
+def test_shapes_and_prompt_tokens(backend):
+    results = backend.generate(PROMPTS, n=3, temperature=1.0, max_new_tokens=6, seed=0)
+    assert [len(row) for row in results] == [3, 3, 3]
+    for prompt, row in zip(PROMPTS, results):
+        for c in row:
+            assert isinstance(c, Completion)
+            assert c.prompt_tokens == len(backend.encode(prompt))
+            assert 1 <= c.completion_tokens <= 6 and c.finish_reason in ("stop", "length")
+            if c.finish_reason == "length":
+                assert c.completion_tokens == 6
+
+
+def test_string_prompt_is_one_user_message(backend):
+    assert backend.encode("hi there") == backend.encode([{"role": "user", "content": "hi there"}])
+    text = backend.tokenizer.decode(backend.encode("hi there"))
+    assert text.startswith("<|im_start|>user\nhi there<|im_end|>") and text.endswith("<|im_start|>assistant\n")
+
+
+def test_greedy_matches_reference_and_counts_exactly(backend):
+    for prompt in PROMPTS:
+        ref = greedy_tokens(backend, prompt, 12)
+        [[c]] = backend.generate([prompt], max_new_tokens=12)
+        eos = [i for i, t in enumerate(ref) if t in backend.eos_ids]
+        kept = ref[:eos[0]] if eos else ref
+        assert c.text == backend.tokenizer.decode(kept, skip_special_tokens=True)
+        assert c.completion_tokens == (eos[0] + 1 if eos else len(ref))
+        assert c.finish_reason == ("stop" if eos else "length")
+
+
+def test_greedy_n_gives_identical_copies(backend):
+    [row] = backend.generate(["hello"], n=4, max_new_tokens=8)
+    assert len({c.text for c in row}) == 1 and len({id(c) for c in row}) == 4
+
+
+def test_end_of_turn_token_stops_and_counts(backend):
+    first = greedy_tokens(backend, "hello", 3)[0]
+    saved = backend.eos_ids
+    backend.eos_ids = [first]  # make the first greedy token the end-of-turn token
+    try:
+        [[c]] = backend.generate(["hello"], max_new_tokens=10)
+    finally:
+        backend.eos_ids = saved
+    assert (c.text, c.completion_tokens, c.finish_reason) == ("", 1, "stop")
+
+
+def test_stop_string_cuts_text_and_counts_tokens(backend):
+    [[full]] = backend.generate([PROMPTS[1]], max_new_tokens=24)
+    tokens = greedy_tokens(backend, PROMPTS[1], 24)
+    stop = full.text[5:7]
+    assert len(stop) == 2 and full.text.find(stop) >= 0
+    [[cut]] = backend.generate([PROMPTS[1]], max_new_tokens=24, stop=["NEVER-THERE", stop])
+    assert cut.text == full.text[:full.text.find(stop)] and cut.finish_reason == "stop"
+    # Tokens paid: the shortest prefix whose text holds the stop string.
+    need = next(k for k in range(1, len(tokens) + 1)
+                if stop in backend.tokenizer.decode(tokens[:k], skip_special_tokens=True))
+    assert cut.completion_tokens == need
+
+
+def test_stop_applies_to_every_sample(backend):
+    results = backend.generate(PROMPTS[:2], n=3, temperature=1.5, max_new_tokens=16, stop=["e"], seed=3)
+    for row in results:
+        for c in row:
+            assert "e" not in c.text
+            assert c.finish_reason == "stop" or c.completion_tokens == 16
+
+
+def test_batched_equals_unbatched_greedy(backend, tiny_model_dir):
+    batched = backend.generate(PROMPTS, max_new_tokens=16)
+    single = [backend.generate([p], max_new_tokens=16)[0] for p in PROMPTS]
+    assert batched == single
+    small = TransformersBackend((backend.model, backend.tokenizer), max_batch_size=1)
+    assert small.generate(PROMPTS, max_new_tokens=16) == batched
+
+
+def test_pair_is_used_as_given(backend):
+    # A training tokenizer (right padding) shared with the backend is not modified, and padding
+    # still goes on the left.
+    reference = backend.generate(PROMPTS, max_new_tokens=8)
+    backend.tokenizer.padding_side = "right"
+    try:
+        shared = TransformersBackend((backend.model, backend.tokenizer))
+        assert shared.generate(PROMPTS, max_new_tokens=8) == reference
+        assert backend.tokenizer.padding_side == "right"
+    finally:
+        backend.tokenizer.padding_side = "left"
+
+
+def test_seed_reproducible_and_rng_untouched(backend):
+    state = torch.get_rng_state()
+    a = backend.generate(PROMPTS, n=2, temperature=1.0, top_p=0.9, max_new_tokens=8, seed=11)
+    b = backend.generate(PROMPTS, n=2, temperature=1.0, top_p=0.9, max_new_tokens=8, seed=11)
+    c = backend.generate(PROMPTS, n=2, temperature=1.0, top_p=0.9, max_new_tokens=8, seed=12)
+    assert texts(a) == texts(b) and texts(a) != texts(c)
+    assert torch.equal(state, torch.get_rng_state())
+
+
+def test_samples_differ_when_sampling(backend):
+    [row] = backend.generate(["hello"], n=4, temperature=1.0, max_new_tokens=8, seed=0)
+    assert len({c.text for c in row}) > 1
+
+
+def test_shared_prefill_changes_nothing(backend):
+    shared = backend.generate(PROMPTS, n=3, temperature=1.0, max_new_tokens=10, seed=5)
+    backend.share_prefill = False
+    try:
+        plain = backend.generate(PROMPTS, n=3, temperature=1.0, max_new_tokens=10, seed=5)
+    finally:
+        backend.share_prefill = True
+    assert shared == plain
+
+
+def test_option_logprobs_sums_option_tokens(backend):
+    options = ["def", "import math", "x = 1\n"]
+    prompts = ["hello", PROMPTS[2]]
+    scores = backend.option_logprobs(prompts, options)
+    assert len(scores) == 2 and all(len(row) == 3 for row in scores)
+    for prompt, row in zip(prompts, scores):
+        head = backend.encode(prompt)
+        for option, score in zip(options, row):
+            tail = backend.tokenizer(option, add_special_tokens=False)["input_ids"]
+            ids = torch.tensor([head + tail])
+            with torch.no_grad():
+                logp = torch.log_softmax(backend.model(ids).logits[0].float(), dim=-1)
+            manual = sum(logp[len(head) + j - 1, t].item() for j, t in enumerate(tail))
+            assert score == pytest.approx(manual, abs=1e-4) and score < 0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"n": 0}, "n "), ({"temperature": -1.0}, "temperature"), ({"top_p": 0.0}, "top_p"),
+    ({"max_new_tokens": 0}, "max_new_tokens"),
+])
+def test_bad_arguments(backend, kwargs, message):
+    with pytest.raises(CodetoolError, match=message):
+        backend.generate(["hi"], **kwargs)
+
+
+def test_prompt_longer_than_context(backend, caplog):
+    long = "x " * 5000  # the tiny model's context is 4096 positions
+    results = backend.generate(["hello", long], n=2, max_new_tokens=4)
+    assert results[0][0].completion_tokens > 0 and results[0][0].text == backend.generate(["hello"], max_new_tokens=4)[0][0].text
+    assert [(c.text, c.completion_tokens, c.finish_reason) for c in results[1]] == [("", 0, "length")] * 2
+    assert "shorten the prompt" in caplog.text
+
+
+def test_bad_message_is_clear(backend):
+    with pytest.raises(CodetoolError, match="'role' and 'content'"):
+        backend.generate([[{"text": "hi"}]])
+
+
+def test_scripted_backend_in_order_with_stop_and_length():
+    b = ScriptedBackend(["one two three", "alpha\n```\nbeta", "x"])
+    [[c1, c2]] = b.generate(["p1"], n=2, stop=["```"])
+    [[c3]] = b.generate(["p2"], max_new_tokens=5)
+    assert (c1.text, c1.completion_tokens, c1.finish_reason) == ("one two three", 3, "stop")
+    assert c2.text == "alpha\n" and c3.text == "x"
+    assert len(b.calls) == 2 and b.calls[0][1]["n"] == 2
+    with pytest.raises(CodetoolError, match="ran out"):
+        b.generate(["p3"])
+    [[short]] = ScriptedBackend(["a b c d"]).generate(["p"], max_new_tokens=2)
+    assert (short.text, short.completion_tokens, short.finish_reason) == ("a b", 2, "length")
+
+
+def test_scripted_backend_function_cycle_and_options():
+    b = ScriptedBackend(lambda p: f"echo {p}")
+    assert texts(b.generate(["a", "b"])) == [["echo a"], ["echo b"]]
+    cyc = ScriptedBackend(["x", "y"], cycle=True)
+    assert texts(cyc.generate(["p"], n=3)) == [["x", "y", "x"]]
+    with pytest.raises(NotImplementedError):
+        cyc.option_logprobs(["p"], ["a"])
+    scored = ScriptedBackend(["x"], option_scores=lambda p, opts: [-float(i) for i in range(len(opts))])
+    assert scored.supports_logprobs and scored.option_logprobs(["p"], ["a", "b"]) == [[0.0, -1.0]]
+
+
+def test_make_backend_dispatch(tiny_model_dir, monkeypatch):
+    assert isinstance(make_backend(str(tiny_model_dir)), TransformersBackend)
+    http = make_backend("http://127.0.0.1:9", model="m", retries=0)
+    assert isinstance(http, OpenAIBackend) and http.base_url == "http://127.0.0.1:9/v1"
+    monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` fail
+    with pytest.raises(CodetoolError, match="pip install 'codetool\\[vllm\\]'") as e:
+        make_backend("vllm:default")
+    assert "\n" not in str(e.value)
+    with pytest.raises(CodetoolError, match="no model given"):
+        make_backend("  ")
+
+
+def test_generate_command_prints_completion_and_speed(tiny_model_dir, capsys):
+    cfg = GenerateConfig(model=str(tiny_model_dir), prompt="hello", n=2, temperature=1.0, max_new_tokens=5, seed=1)
+    assert generate_command(cfg) == 0
+    out = capsys.readouterr().out
+    assert "completion 2/2" in out and "tokens/s" in out
+
+
+@pytest.mark.slow
+def test_real_default_model_generates():
+    try:
+        resolve_model(DEFAULT_MODEL)
+    except CodetoolError:
+        pytest.skip("the default model is not cached; run `codetool setup`")
+    backend = make_backend(DEFAULT_MODEL)
+    [[c]] = backend.generate(["What is 2 + 2? Answer with one number."], max_new_tokens=16)
+    assert "4" in c.text and c.completion_tokens > 0 and c.prompt_tokens > 10
+    [row] = backend.generate(["Write a haiku."], n=2, temperature=0.9, top_p=0.95, max_new_tokens=12, seed=0)
+    assert len(row) == 2 and all(c.text for c in row)
