@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                             help="log level of codetool's messages [default: INFO]")
         add_arguments(parser, config_cls)
-        args, unknown = parser.parse_known_args(rest)
+        args, unknown = parser.parse_known_intermixed_args(rest)
         if unknown:
             valid = ["config"] + [n for n, _, _ in _flat_fields(config_cls)]
             bad = unknown[0]

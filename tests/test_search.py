@@ -22,7 +22,8 @@ EXEC = ExecutorConfig(isolation="fallback", timeout_s=10)
 
 
 def block(code: str) -> str:
-    return f"Here is the step.\n```python\n{code}\n```"
+    """A reply as the policy writes it after the opening fence the search puts in (code_prefix)."""
+    return f"{code}\n```\nThat was the step."
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +81,7 @@ def test_scripted_policy_solves_a_real_query_with_the_simulator(query):
     name = env.apis[0].name
     code1 = f"r = {name}(id_conc='40698227')\nprint(type(r).__name__)"
     code2 = "finish('The concert information was retrieved.')"
-    policy = ScriptedBackend([block(code1), block(code1), block(code2), "no code here"])
+    policy = ScriptedBackend([block(code1), block(code1), block(code2), "\n```"])  # 4th: an empty block
     task = SearchTask(query_id=query.query_id, query=query.query, env=env)
     traj = StepwiseSearch(policy, SearchConfig(latent="none"), factory).solve(task)
     assert traj.finish_type == "finish" and traj.final_answer.startswith("The concert")
@@ -94,7 +95,7 @@ def test_scripted_policy_solves_a_real_query_with_the_simulator(query):
     assert set(traj.phase_seconds) == {"generation", "execution", "scoring"}
     # the policy was told about the tools and saw the first step's output
     prompt = policy.calls[1][0][0]
-    assert name in prompt[0]["content"] and "Output:" in prompt[-1]["content"]
+    assert name in prompt[0]["content"] and "Output:" in prompt[-2]["content"]
     # and the record round-trips
     assert Trajectory.from_dict(json.loads(json.dumps(traj.to_dict()))).to_dict() == traj.to_dict()
 
@@ -110,6 +111,21 @@ def test_latent_reward_from_a_scorer_decides_between_runnable_candidates(query):
     assert traj.final_answer == "a"
 
 
+def test_without_code_prefix_full_replies_are_parsed_and_a_model_that_opens_its_own_fence_works(query):
+    policy = ScriptedBackend(["Sure.\n```python\nprint('a')\n```", "no code at all"])
+    traj = StepwiseSearch(policy, SearchConfig(latent="none", code_prefix=False, max_steps=1), factory).solve(
+        make_task(query))
+    assert [c.code for c in traj.steps[0].candidates] == ["print('a')", None]
+    assert policy.calls[0][1]["stop"] is None and policy.calls[0][0][0][-1]["role"] == "user"
+    # with the prefix, generation stops at the closing fence; a reply that opens a second fence
+    # stops at once and is a candidate without code
+    policy = ScriptedBackend(["```python\nprint('b')", block("print('c')")])
+    traj = StepwiseSearch(policy, SearchConfig(latent="none", max_steps=1), factory).solve(make_task(query))
+    assert [c.code for c in traj.steps[0].candidates] == [None, "print('c')"]
+    prompt = policy.calls[0][0][0]
+    assert prompt[-1] == {"role": "assistant", "content": "```python\n"} and policy.calls[0][1]["stop"] == ["```"]
+
+
 def test_missing_prm_is_a_config_error(query):
     with pytest.raises(Exception, match="no PRM"):
         StepwiseSearch(ScriptedBackend([]), SearchConfig(latent="prm"), factory, scorer=None)
@@ -118,10 +134,8 @@ def test_missing_prm_is_a_config_error(query):
 def test_rollout_latent_reward(query):
     # candidates: A prints, B gives up. Rollouts from A finish with an answer (LR 1, tau 1);
     # B ended with give_up (LR 0, tau 0).
-    policy = ScriptedBackend(lambda p: block("finish('done')") if len(p) > 2 else
-                             (block("print(1)") if "A" not in str(p) else block("give_up('no')")))
     replies = iter([block("print('A')"), block("give_up('no')")])
-    policy = ScriptedBackend(lambda p: next(replies) if len(p) == 2 else block("finish('done')"))
+    policy = ScriptedBackend(lambda p: next(replies) if len(p) == 3 else block("finish('done')"))
     cfg = SearchConfig(latent="rollout", rollouts=2, rollout_max_steps=2, max_steps=1)
     traj = StepwiseSearch(policy, cfg, factory).solve(make_task(query))
     a, b = traj.steps[0].candidates

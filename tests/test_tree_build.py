@@ -19,7 +19,7 @@ EXEC = ExecutorConfig(isolation="fallback", timeout_s=10)
 
 
 def block(code: str) -> str:
-    return f"```python\n{code}\n```"
+    return f"{code}\n```"  # continues the opening fence the search puts in
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def depth_policy():
     counter = {"n": 0}
 
     def reply(prompt):
-        depth = (len(prompt) - 2) // 2  # system + user, then 2 messages per step
+        depth = (len(prompt) - 3) // 2  # system + user + the opening fence, then 2 messages per step
         counter["n"] += 1
         if depth == 0:
             return block("print('hello')") if counter["n"] % 2 else block("raise KeyError('k')")

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from codetool.executor.result import ToolCall
+from codetool.executor.result import RESPONSE_PREVIEW_CHARS, ToolCall
 from codetool.secrets import redact
 from codetool.tools.spec import TOOL_STATUSES, ToolResponse
 
@@ -126,8 +126,10 @@ def perform_tool_call(name: str, func: Callable | None, args: list, kwargs: dict
         if len(error) > MAX_ERROR_CHARS:
             error = error[:MAX_ERROR_CHARS] + "..."
     content = redact(content)
+    preview = content if len(content) <= RESPONSE_PREVIEW_CHARS else content[:RESPONSE_PREVIEW_CHARS] + "...[cut]"
     call = ToolCall(name=name, arguments=recorded, status=status,
-                    latency_s=round(time.monotonic() - start, 6), error=error)
+                    latency_s=round(time.monotonic() - start, 6), error=error,
+                    response=preview if status == "ok" else "")
     return call, {"status": status, "content": content if status == "ok" else "", "error": error}
 
 

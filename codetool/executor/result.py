@@ -21,6 +21,8 @@ class ToolCall:
         status (`str`): ``ok`` or a failure kind of ``codetool.tools.spec.TOOL_STATUSES``.
         latency_s (`float`): host-side seconds the call took.
         error (`str` or `None`): the short reason given to the code when ``status != "ok"``.
+        response (`str`): the start of the content the code received (``RESPONSE_PREVIEW_CHARS``),
+            for trajectory records, exports and judges; the code itself got the whole content.
     """
 
     name: str
@@ -28,6 +30,10 @@ class ToolCall:
     status: str = "ok"
     latency_s: float = 0.0
     error: str | None = None
+    response: str = ""
+
+
+RESPONSE_PREVIEW_CHARS = 1000
 
 
 @dataclass

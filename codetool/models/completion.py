@@ -1,7 +1,9 @@
 """The one LLM interface every backend implements: ``generate`` -> ``Completion`` (DESIGN.md §2).
 
 A prompt is either a plain string (one user message) or a list of chat messages
-(``{"role": ..., "content": ...}``); backends apply the chat template themselves. ``generate``
+(``{"role": ..., "content": ...}``); backends apply the chat template themselves. When the last
+message is the assistant's, the reply continues it (the completion text excludes it): the search
+uses this to start every step with an opening code fence, which small models need. ``generate``
 returns one list of ``n`` completions per prompt, in prompt order. Stop strings are cut from the
 returned text (like the OpenAI API) and ``finish_reason`` says why generation ended.
 

@@ -160,7 +160,11 @@ class OpenAIBackend:
         return self.model
 
     def _chat(self, prompt: Prompt, **params) -> dict[str, Any]:
-        body = {"model": self.resolved_model(), "messages": to_messages(prompt)}
+        messages = to_messages(prompt)
+        body = {"model": self.resolved_model(), "messages": messages}
+        if messages[-1]["role"] == "assistant":
+            # Continue the final assistant message: vLLM's and SGLang's extension of the API.
+            body.update({"continue_final_message": True, "add_generation_prompt": False})
         body.update({k: v for k, v in params.items() if v is not None})
         return self._request("POST", "/chat/completions", body)
 

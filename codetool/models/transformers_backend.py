@@ -89,10 +89,14 @@ class TransformersBackend:
         return self.model.device
 
     def encode(self, prompt: Prompt) -> list[int]:
-        """Token ids of ``prompt`` rendered with the chat template and the assistant header."""
+        """Token ids of ``prompt`` rendered with the chat template and the assistant header; a final
+        assistant message is continued (no end-of-turn after it)."""
         messages = to_messages(prompt)
         if getattr(self.tokenizer, "chat_template", None):
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            if messages[-1]["role"] == "assistant":
+                text = self.tokenizer.apply_chat_template(messages, continue_final_message=True, tokenize=False)
+            else:
+                text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         else:
             if not self._warned_no_template:
                 logger.warning("%s has no chat template; prompts are sent as plain text", self.name)

@@ -70,7 +70,11 @@ class VLLMBackend:
         params = SamplingParams(n=n, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
                                 max_tokens=max_new_tokens, stop=[s for s in (stop or []) if s] or None,
                                 seed=seed)
-        outputs = self.llm.chat([to_messages(p) for p in prompts], params, use_tqdm=False)
+        conversations = [to_messages(p) for p in prompts]
+        # A final assistant message is continued (all prompts of a batch must agree on this).
+        cont = all(c[-1]["role"] == "assistant" for c in conversations)
+        outputs = self.llm.chat(conversations, params, use_tqdm=False, continue_final_message=cont,
+                                add_generation_prompt=not cont)
         results = []
         for out in outputs:
             prompt_tokens = len(out.prompt_token_ids or [])

@@ -17,6 +17,7 @@ from importlib import resources
 
 from codetool.secrets import redact
 
+CODE_PREFIX = "```python\n"  # the opening fence every reply starts with (SearchConfig.code_prefix)
 NO_CODE_MESSAGE = ("Your reply had no Python code block. Reply with exactly one block that starts "
                    "with ```python and ends with ```.")
 STATE_LOST_NOTE = ("Note: the Python session was restarted, so variables, functions and imports "

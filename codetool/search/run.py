@@ -198,8 +198,15 @@ def run_hash(cfg: RunConfig) -> str:
     return config_hash(cfg, ignore=("output", "offset", "limit", "data_dir", "prm_device"))
 
 
-def run_command(cfg: RunConfig) -> int:
-    """``codetool run``; see the module docstring."""
+def execute_run(cfg: RunConfig, *, policy=None, scorer=None, show_summary: bool = True) -> Path:
+    """Run the search that ``cfg`` describes, appending trajectories to ``cfg.output`` (resumable).
+
+    Args:
+        policy (`LLMBackend`, *optional*): a loaded policy to reuse (default: built from ``cfg.policy``).
+        scorer (`PRMScorer`, *optional*): a loaded PRM to reuse (default: built from ``cfg.prm``).
+    Returns:
+        The trajectory file.
+    """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     cfg.search.latent = {"none": "none", "rollout": "rollout"}.get(cfg.prm, "prm")
@@ -209,36 +216,43 @@ def run_command(cfg: RunConfig) -> int:
     todo = [q for q in queries if q.query_id not in finished]
     if finished:
         logger.info("resuming: %d of %d queries already in %s", len(queries) - len(todo), len(queries), out)
-    if not todo:
+    if todo:
+        policy = policy or make_policy(cfg.policy, dtype=cfg.policy_dtype, max_batch_size=cfg.policy_max_batch_size,
+                                       remote_model=cfg.remote_model, api_key_env=cfg.api_key_env)
+        if scorer is None:
+            scorer = make_scorer(cfg.prm, cfg.prm_device)
+        search = StepwiseSearch(policy, cfg.search, executor_factory(cfg.executor), scorer=scorer,
+                                config_hash=run_hash(cfg))
+        start = time.perf_counter()
+        with tool_backend(cfg) as backend, Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                TextColumn("{task.fields[last]}")) as bar:
+            job = bar.add_task(f"{cfg.search.method} on {cfg.benchmark or 'query'}", total=len(todo), last="")
+
+            def done(traj) -> None:
+                append_jsonl(out, traj.to_dict())
+                bar.update(job, advance=1, last=f"{traj.query_id}: {traj.finish_type}, {len(traj.steps)} steps")
+
+            tasks = [make_task(q, backend, max_response_chars=cfg.max_response_chars, tool_doc=cfg.tool_doc)
+                     for q in todo]
+            if cfg.router:
+                from codetool.search.router import route_and_solve
+
+                for traj in route_and_solve(tasks, cfg.routing, search, policy, executor_factory(cfg.executor)):
+                    done(traj)
+            else:
+                search.run(tasks, on_done=done)
+        logger.info("ran %d queries in %.1f s", len(todo), time.perf_counter() - start)
+    else:
         logger.info("nothing to do: all %d queries are in %s", len(queries), out)
+    if show_summary:
         print_summary(out, [q.query_id for q in queries])
-        return 0
-    policy = make_policy(cfg.policy, dtype=cfg.policy_dtype, max_batch_size=cfg.policy_max_batch_size,
-                         remote_model=cfg.remote_model, api_key_env=cfg.api_key_env)
-    scorer = make_scorer(cfg.prm, cfg.prm_device)
-    search = StepwiseSearch(policy, cfg.search, executor_factory(cfg.executor), scorer=scorer,
-                            config_hash=run_hash(cfg))
-    start = time.perf_counter()
-    with tool_backend(cfg) as backend, Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.fields[last]}"), transient=False) as bar:
-        job = bar.add_task(f"{cfg.search.method}", total=len(todo), last="")
+    return out
 
-        def done(traj) -> None:
-            append_jsonl(out, traj.to_dict())
-            bar.update(job, advance=1, last=f"{traj.query_id}: {traj.finish_type}, {len(traj.steps)} steps")
 
-        tasks = (make_task(q, backend, max_response_chars=cfg.max_response_chars, tool_doc=cfg.tool_doc)
-                 for q in todo)
-        if cfg.router:
-            from codetool.search.router import route_and_solve
-
-            for traj in route_and_solve(list(tasks), cfg.routing, search, policy, executor_factory(cfg.executor)):
-                done(traj)
-        else:
-            search.run(tasks, on_done=done)
-    logger.info("ran %d queries in %.1f s", len(todo), time.perf_counter() - start)
-    print_summary(out, [q.query_id for q in queries])
+def run_command(cfg: RunConfig) -> int:
+    """``codetool run``; see the module docstring."""
+    execute_run(cfg)
     return 0
 
 

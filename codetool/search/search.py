@@ -33,7 +33,7 @@ from codetool.rewards import (
     on_the_spot,
     step_cost,
 )
-from codetool.search.prompt import format_observation, parse_candidate, policy_messages
+from codetool.search.prompt import CODE_PREFIX, format_observation, parse_candidate, policy_messages
 from codetool.search.records import Candidate, Step, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -61,6 +61,9 @@ class SearchConfig:
     max_len: float = option(20.0, "latent reward: L, the path-length normaliser")
     concurrency: int = option(4, "episodes in flight; their generations share forward passes")
     max_observation_chars: int = option(1500, "output shown to the policy per step")
+    code_prefix: bool = option(True, "start each reply with an opening ```python fence and stop at the closing "
+                               "one (small models then write code; needs a backend that continues a final "
+                               "assistant message: transformers, vLLM, SGLang)")
     tool_error_is_failure: bool = option(True, "a failed tool call makes R_spot 0 even if caught")
     cost_table: str | None = option(None, "YAML of tool costs (default: the packaged table)")
     seed: int | None = option(0, "sampling seed (none = nondeterministic)")
@@ -135,17 +138,24 @@ def expand(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: Search
     """
     timings = timings if timings is not None else {}
     prompts = [policy_messages(task.query, task.env.render(), history) for _, history, task in nodes]
+    stop = None
+    if cfg.code_prefix:
+        prompts = [p + [{"role": "assistant", "content": CODE_PREFIX}] for p in prompts]
+        stop = ["```"]
     t0 = time.perf_counter()
     outputs = policy.generate(prompts, n=n, temperature=cfg.temperature, top_p=cfg.top_p,
-                              max_new_tokens=cfg.max_new_tokens, seed=seed)
+                              max_new_tokens=cfg.max_new_tokens, stop=stop, seed=seed)
     timings["generation"] = timings.get("generation", 0.0) + time.perf_counter() - t0
     t0 = time.perf_counter()
     expanded = []
     for (state, _, task), completions in zip(nodes, outputs):
         row = []
         for i, completion in enumerate(completions):
-            parsed = parse_candidate(completion.text)
-            cand = Candidate(index=i, text=completion.text, code=parsed.code,
+            text = completion.text
+            if cfg.code_prefix and not text.lstrip().startswith("```"):
+                text = f"{CODE_PREFIX}{text}\n```"
+            parsed = parse_candidate(text)
+            cand = Candidate(index=i, text=text, code=parsed.code,
                              prompt_tokens=completion.prompt_tokens if i == 0 else 0,
                              completion_tokens=completion.completion_tokens)
             child = None

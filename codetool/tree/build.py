@@ -39,7 +39,7 @@ class TreeConfig:
 
     queries: str | None = option(None, "ToolBench-format query file or folder (default: ToolBench's 10 example queries)")
     output: str = option("runs/trees/trees.jsonl", "tree records (JSONL, one line per query)")
-    dataset_dir: str | None = option(None, "where the PRM dataset goes (default: next to --output)")
+    dataset_dir: str = option("data/prm", "where the PRM dataset goes (prm_examples.jsonl, train/validation splits)")
     policy: str = option("default", "policy model: default, a path, a Hub id, an http(s) URL or vllm:<model>")
     tools_backend: str = option("simulator", "tool backend: simulator, cache, server, stabletoolbench")
     tool_doc: str = option("full", "tool docs in the prompt: full, or compact one-liners (small models)",
@@ -240,7 +240,7 @@ def build_trees_command(cfg: TreeConfig) -> int:
     from codetool.tree.dataset import export_dataset
 
     out = Path(cfg.output)
-    dataset_dir = Path(cfg.dataset_dir) if cfg.dataset_dir else out.parent / "prm_dataset"
+    dataset_dir = Path(cfg.dataset_dir)
     queries = load_training_queries(cfg)
     order = {q.query_id: i for i, q in enumerate(queries)}
     if cfg.merge:

@@ -71,8 +71,9 @@ def split_query_ids(query_ids: list[str], val_fraction: float, seed: int = 0) ->
 
 def export_dataset(records: list[dict[str, Any]], out_dir: str | Path, *, emit: str = "pairs",
                    val_fraction: float = 0.2, seed: int = 0) -> dict[str, Any]:
-    """Write the PRM dataset: ``out_dir`` (``datasets.DatasetDict.save_to_disk``) plus
-    ``train.jsonl`` and ``validation.jsonl`` beside it.
+    """Write the PRM dataset into ``out_dir``: ``prm_examples.jsonl`` (every row; what
+    ``codetool train-prm`` reads by default), ``train.jsonl`` and ``validation.jsonl`` (split by
+    query id), and ``hf/`` (a ``datasets.DatasetDict`` saved with ``save_to_disk``).
 
     Returns:
         ``{"train": n_rows, "validation": n_rows, "skipped_no_code": n, "val_query_ids": [...]}``.
@@ -94,6 +95,7 @@ def export_dataset(records: list[dict[str, Any]], out_dir: str | Path, *, emit: 
     splits = {"train": [r for r in rows if r["query_id"] not in val_ids],
               "validation": [r for r in rows if r["query_id"] in val_ids]}
     out_dir.mkdir(parents=True, exist_ok=True)
+    write_jsonl(out_dir / "prm_examples.jsonl", rows)
     for name, split_rows in splits.items():
         write_jsonl(out_dir / f"{name}.jsonl", split_rows)
     DatasetDict({name: Dataset.from_list(split_rows) if split_rows else Dataset.from_dict({k: [] for k in PRM_FIELDS})

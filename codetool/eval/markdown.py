@@ -1,0 +1,184 @@
+"""The Markdown page and the plots of an evaluation report (see :mod:`codetool.eval.report`).
+
+``render_markdown(report)`` turns the ``report.json`` data into ``report.md``: the judge (flagged
+when weak), the configuration and inputs, warnings, then per benchmark a side-by-side table of
+the methods (when there are several) and one table per method with a row per group. Rates are
+percentages; pass / success rates are "mean ± std" over the judge rounds. ``write_plots`` draws
+the PNGs. Neither computes a metric.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from codetool.eval import plots
+from codetool.eval.metrics import candidate_rewards
+
+RESTBENCH = "restbench-tmdb"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}"
+
+
+def _num(x: float | None, digits: int = 1) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def _rate(pr: dict | None) -> str:
+    return "n/a" if not pr else f"{100 * pr['mean']:.1f} ± {100 * pr['std']:.1f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return lines + [""]
+
+
+def _main_name(bench: str) -> str:
+    return "success %" if bench == RESTBENCH else "SoPR %"
+
+
+def _detail_rows(bench: str, data: dict) -> list[list[str]]:
+    rows = []
+    items = list(data["groups"].items()) + [("**overall**", data["overall"])]
+    for name, s in items:
+        m, f = s["metrics"], s["metrics"]["finish_types"]
+        row = [name, s["n"], _rate(s["pass_rate"])]
+        if bench == RESTBENCH:
+            p = s.get("path") or {}
+            row += [_pct(p.get("correct_path_rate")) if p.get("n") else "n/a", _num(p.get("delta_solution_len"), 2)]
+        row += [_pct(m["scep"]), _num(m["mean_steps"], 2), _num(m["mean_tool_calls"], 2),
+                _num(m["mean_prompt_tokens"], 0), _num(m["mean_completion_tokens"], 0), _num(m["mean_seconds"], 1),
+                _num(m["mean_tool_cost"], 2), f.get("finish", 0), f.get("give_up", 0), f.get("max_steps", 0),
+                f.get("error", 0)]
+        rows.append(row)
+    return rows
+
+
+def _detail_header(bench: str) -> list[str]:
+    head = ["group", "n", _main_name(bench)]
+    if bench == RESTBENCH:
+        head += ["path rate %", "Δ len"]
+    return head + ["SCEP %", "steps", "calls", "tokens in", "tokens out", "s/query", "tool cost", "finish",
+                   "give up", "max steps", "error"]
+
+
+def _comparison(bench: str, methods: dict[str, dict]) -> list[str]:
+    names = list(methods)
+    groups = list(dict.fromkeys(g for d in methods.values() for g in d["groups"]))
+    rows = []
+    for group in groups + ["**overall**"]:
+        row = [group]
+        for name in names:
+            s = methods[name]["overall"] if group == "**overall**" else methods[name]["groups"].get(group)
+            if s is None:
+                row.append("–")
+                continue
+            cell = _rate(s["pass_rate"])
+            if bench == RESTBENCH:
+                p = s.get("path") or {}
+                cell += f" / {_pct(p.get('correct_path_rate')) if p.get('n') else 'n/a'}"
+            row.append(cell)
+        rows.append(row)
+    title = _main_name(bench) + (" / path rate %" if bench == RESTBENCH else "")
+    lines = [f"### Side by side: {title}", ""] + _table(["group"] + names, rows)
+    metric_rows = []
+    overall = {n: methods[n]["overall"]["metrics"] for n in names}
+    for label, key, fmt in (("SCEP %", "scep", _pct), ("steps", "mean_steps", lambda x: _num(x, 2)),
+                            ("tool calls", "mean_tool_calls", lambda x: _num(x, 2)),
+                            ("tokens in", "mean_prompt_tokens", lambda x: _num(x, 0)),
+                            ("tokens out", "mean_completion_tokens", lambda x: _num(x, 0)),
+                            ("s/query", "mean_seconds", lambda x: _num(x, 1)),
+                            ("tool cost", "mean_tool_cost", lambda x: _num(x, 2))):
+        metric_rows.append([label] + [fmt(overall[n][key]) for n in names])
+    for kind in ("finish", "give_up", "max_steps", "error"):
+        metric_rows.append([kind] + [str(overall[n]["finish_types"].get(kind, 0)) for n in names])
+    phases = list(dict.fromkeys(p for n in names for p in overall[n]["phase_seconds"]))
+    for phase in phases:
+        metric_rows.append([f"s {phase}"] + [_num(overall[n]["phase_seconds"].get(phase), 2) for n in names])
+    return lines + ["Run metrics (per query):", ""] + _table(["metric"] + names, metric_rows)
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """The Markdown page of ``report`` (the data of ``report.json``)."""
+    judge = report["judge"]
+    lines = ["# codetool evaluation report", ""]
+    judge_line = f"**Judge:** `{judge['name']}` ({judge['kind']}"
+    if "mode" in judge:
+        judge_line += f", {judge['mode']} mode, temperature {judge['temperature']}"
+    judge_line += f", {report['rounds']} rounds)" if judge["kind"] != "none" else ")"
+    lines.append(judge_line + ".")
+    if judge.get("weak"):
+        lines += ["", f"> **Warning: weak judge.** `{judge['name']}` is {judge['note']}."]
+    elif judge["kind"] == "none":
+        lines += ["", f"> {judge['note']}."]
+    cfg = report["config"]
+    lines += ["", f"Created {report['created']}; config hash `{report['config_hash']}`.", "", "## Configuration", ""]
+    settings = [["inputs", ", ".join(f"{i['source']} ({i['method']}: {i['trajectories']})" for i in report["inputs"])],
+                ["methods shown", ", ".join(report["methods"])],
+                ["win-rate reference", report["reference"] or "none"],
+                ["judge model", cfg["judge"]["model"] + (f" ({cfg['judge']['remote_model']})"
+                                                         if cfg["judge"]["remote_model"] else "")],
+                ["judge rounds / temperature / mode", f"{cfg['judge']['rounds']} / {cfg['judge']['temperature']} / "
+                                                      f"{cfg['judge']['mode']}"],
+                ["RestBench gold file", cfg["restbench_gold"] or "trajectories' extra.gold_path"]]
+    lines += _table(["setting", "value"], settings)
+    if report["warnings"]:
+        lines += ["## Warnings", ""] + [f"- {w}" for w in report["warnings"]] + [""]
+    for bench, entry in report["benchmarks"].items():
+        lines += [f"## {bench}", ""]
+        if len(entry["methods"]) > 1:
+            lines += _comparison(bench, entry["methods"])
+        for method, data in entry["methods"].items():
+            lines += [f"### {method}", ""] + _table(_detail_header(bench), _detail_rows(bench, data))
+        if bench == RESTBENCH:
+            lines += ["Path rate: the gold API path (normalised) appears in order among the executed calls. "
+                      "Δ len: extra calls over the gold path on successful queries.", ""]
+    if report["win_rates"]:
+        lines += ["## Win rates (SoWR)", "", "Ties are counted apart; \"judged\" is the number of round comparisons "
+                  "the judge decided (the rest were decided by the pass-rate labels).", ""]
+        rows = []
+        for pair, by_bench in report["win_rates"].items():
+            for bench, result in by_bench.items():
+                for group, w in result["groups"].items():
+                    rows.append([pair, bench, group, w["n"], _pct(w["win"]), _pct(w["tie"]), _pct(w["lose"]),
+                                 w["judged_pairs"]])
+                avg = result["average"]
+                rows.append([pair, bench, "**average**", "", _pct(avg["win"]), _pct(avg["tie"]), _pct(avg["lose"]), ""])
+        lines += _table(["candidate vs reference", "benchmark", "group", "n", "win %", "tie %", "lose %", "judged"],
+                        rows)
+    if report["files"].get("plots"):
+        lines += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in report["files"]["plots"]] + [""]
+    return "\n".join(lines)
+
+
+def write_plots(report: dict[str, Any], runs: list, out_dir: Path) -> list[Path]:
+    """``bars_<benchmark>.png`` per benchmark, ``steps.png`` and ``rewards.png``; returns the paths."""
+    written = []
+    for bench, entry in report["benchmarks"].items():
+        panels: dict[str, dict] = {}
+        errors: dict[str, dict] = {}
+        main = "success" if bench == RESTBENCH else "SoPR"
+        for method, data in entry["methods"].items():
+            items = list(data["groups"].items()) + ([("average", data["overall"])] if len(data["groups"]) > 1 else [])
+            for group, s in items:
+                if s["pass_rate"] is not None:
+                    panels.setdefault(main, {}).setdefault(method, {})[group] = 100 * s["pass_rate"]["mean"]
+                    errors.setdefault(main, {}).setdefault(method, {})[group] = 100 * s["pass_rate"]["std"]
+                if bench == RESTBENCH:
+                    p = s.get("path") or {}
+                    value = 100 * p["correct_path_rate"] if p.get("n") else None
+                    panels.setdefault("correct path", {}).setdefault(method, {})[group] = value
+                else:
+                    done = s["metrics"]["finish_types"].get("finish", 0) / max(1, s["n"])
+                    panels.setdefault("finished", {}).setdefault(method, {})[group] = 100 * done
+        safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in bench)
+        written.append(plots.group_bars(panels, out_dir / f"bars_{safe}.png", title=f"{bench}: per group",
+                                        errors=errors))
+    written.append(plots.steps_distribution({r.method: [len(t.steps) for t in r.trajectories] for r in runs},
+                                            out_dir / "steps.png"))
+    written.append(plots.chosen_vs_rejected({r.method: candidate_rewards(r.trajectories) for r in runs},
+                                            out_dir / "rewards.png"))
+    return written

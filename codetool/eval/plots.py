@@ -1,0 +1,127 @@
+"""PNG plots of an evaluation report (matplotlib, Agg backend: no display needed).
+
+Three kinds: per-group bars for each method (one panel per metric, error bars where a metric has
+a spread over judge rounds), the distribution of steps per query for each method, and the
+selection score of chosen vs rejected candidates for each method. Every function writes one file
+and returns its path; none of them shows a window or keeps a figure open.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def group_bars(panels: Mapping[str, Mapping[str, Mapping[str, float | None]]], path: str | Path, *,
+               title: str, errors: Mapping[str, Mapping[str, Mapping[str, float]]] | None = None) -> Path:
+    """Grouped bars: one panel per metric, groups on the x axis, one bar per method.
+
+    Args:
+        panels (`Mapping`): ``metric -> method -> group -> value in percent`` (``None``: no bar).
+        path (`str` or `Path`): the PNG to write.
+        title (`str`): the figure title.
+        errors (`Mapping`, *optional*): ``metric -> method -> group -> std`` for error bars.
+    """
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(max(6.0, 5.5 * len(panels)), 4.2), squeeze=False)
+    for ax, (metric, by_method) in zip(axes[0], panels.items()):
+        methods = list(by_method)
+        groups = list(dict.fromkeys(g for m in methods for g in by_method[m]))
+        width = 0.8 / max(1, len(methods))
+        for k, method in enumerate(methods):
+            xs = [i + (k - (len(methods) - 1) / 2) * width for i in range(len(groups))]
+            values = [by_method[method].get(g) for g in groups]
+            err = [(errors or {}).get(metric, {}).get(method, {}).get(g, 0.0) for g in groups]
+            bars = ax.bar(xs, [v or 0.0 for v in values], width, label=method, color=COLORS[k % len(COLORS)],
+                          yerr=err if any(err) else None, capsize=3)
+            for bar, value in zip(bars, values):
+                label = "n/a" if value is None else f"{value:.0f}"
+                ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
+                            va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
+        ax.set_xticks(range(len(groups)))
+        ax.set_xticklabels(groups, rotation=30 if len(groups) > 3 else 0, ha="right" if len(groups) > 3 else "center",
+                           fontsize=8)
+        ax.set_ylim(0, 125)  # the band above 100 holds the legend, clear of the bars
+        ax.set_yticks(range(0, 101, 20))
+        ax.set_ylabel(f"{metric} (%)")
+        ax.set_title(metric, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper center", ncol=min(4, max(1, len(methods))), frameon=False)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def steps_distribution(steps: Mapping[str, Sequence[int]], path: str | Path) -> Path:
+    """Share of queries by number of steps, one bar per method at each step count."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.0))
+    counts = sorted({s for values in steps.values() for s in values}) or [0]
+    width = 0.8 / max(1, len(steps))
+    for k, (method, values) in enumerate(steps.items()):
+        total = max(1, len(values))
+        shares = [100.0 * sum(1 for v in values if v == c) / total for c in counts]
+        ax.bar([c + (k - (len(steps) - 1) / 2) * width for c in counts], shares, width, label=method,
+               color=COLORS[k % len(COLORS)])
+    ax.set_xticks(counts)
+    ax.set_ylim(0, 120)  # the band above 100 holds the legend
+    ax.set_yticks(range(0, 101, 20))
+    ax.set_xlabel("steps per query")
+    ax.set_ylabel("queries (%)")
+    ax.set_title("Distribution of steps per query", fontsize=11)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper center", ncol=min(4, max(1, len(steps))), frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def chosen_vs_rejected(rewards: Mapping[str, tuple[Sequence[float], Sequence[float]]], path: str | Path, *,
+                       label: str = "selection score") -> Path:
+    """Box plots of the reward of chosen vs rejected candidates, a pair of boxes per method."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(6.5, 2.2 * len(rewards) + 2), 4.0))
+    data, positions, colors, ticks = [], [], [], []
+    for k, (method, (chosen, rejected)) in enumerate(rewards.items()):
+        for offset, values, color in ((-0.2, chosen, "#55A868"), (0.2, rejected, "#C44E52")):
+            if values:
+                data.append(list(values))
+                positions.append(k + offset)
+                colors.append(color)
+        ticks.append(f"{method}\n(chosen {len(chosen)}, rejected {len(rejected)})")
+    if data:
+        boxes = ax.boxplot(data, positions=positions, widths=0.35, patch_artist=True, showmeans=True)
+        for patch, color in zip(boxes["boxes"], colors):
+            patch.set_facecolor(color)
+            patch.set_alpha(0.6)
+        rng = np.random.default_rng(0)  # jittered points show the data when the boxes collapse
+        for values, x, color in zip(data, positions, colors):
+            ax.scatter(x + rng.uniform(-0.08, 0.08, len(values)), values, s=8, color=color, alpha=0.7, zorder=3)
+    else:
+        ax.text(0.5, 0.5, "no step had more than one candidate", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xticks(range(len(ticks)))
+    ax.set_xticklabels(ticks, fontsize=8)
+    ax.set_xlim(-0.7, max(0, len(ticks) - 1) + 0.7)
+    ax.set_ylabel(label)
+    ax.set_title("Chosen (green) vs rejected (red) candidates", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)

@@ -1,0 +1,328 @@
+"""StableToolBench solvable pass rate (SoPR) and solvable win rate (SoWR), bookkept as its evaluator.
+
+Pass rate (StableToolBench ``toolbench/tooleval/eval_pass_rate.py`` and the ``check_is_solved`` of
+its ``ReinforceToolLearningEvaluator``), per query and round:
+
+- no ``finish`` call, an empty final answer, or a give-up is **Unsolved** without a judge call;
+- otherwise the judge labels the final answer Solved / Unsure / Unsolved, and an **Unsure** answer
+  is judged again with the whole trajectory (the second label stands);
+- scores are Solved 1, Unsure 0.5, Unsolved 0. The pass rate of round ``r`` is the sum of scores
+  over the group's queries divided by their number (a query without a verdict in round ``r``
+  scores 0); the reported rate is the mean over rounds and the spread their population standard
+  deviation (``numpy.std``). The average over groups (the papers' "Avg." column) is the mean of
+  the group rates, round by round.
+
+Win rate (``eval_preference.py`` and ``normalized_openai_completions``), candidate vs reference,
+per query and round: a query missing from one run is won by the other; if one run's majority label
+over the rounds is Solved and the other's Unsolved, the solved one wins without a judge call;
+otherwise, within the round, the only Solved answer wins, else the only Unsure one, else two
+identical answers tie, else the judge compares (a tie counts for neither). A query is won by the
+run with more round wins; equal counts are a tie. Win rate = wins / queries, ties reported apart.
+
+Deviations from the upstream scripts, each deliberate: the Solved-vs-Unsolved shortcut really
+fires (upstream reads the per-round labels back from a CSV as the text of a dict, so its majority
+vote never matches and the shortcut never runs; it would have given the same verdicts); a tie
+among majority labels counts as Unsure; identical answers tie instead of a random pick; and the
+two answers swap places (A/B) on odd rounds, against position bias. None of these changes the
+golden example (``StableToolBench/data_example``), which the tests replay exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from codetool import CodetoolError
+from codetool.eval.judges import (
+    LABEL_SCORES,
+    LABELS,
+    AnswerRequest,
+    CompareRequest,
+    Judge,
+    Verdict,
+    clip,
+)
+from codetool.search.records import Trajectory
+from codetool.secrets import redact
+
+logger = logging.getLogger(__name__)
+
+GIVE_UP_MARK = "give_up_and_restart"  # ToolBench's give-up return type, also inside answer texts
+
+
+def rule_verdict(traj: Trajectory) -> Verdict | None:
+    """Unsolved without a judge call (no finish, empty answer, give-up), else ``None``."""
+    if traj.finish_type != "finish":
+        return Verdict("Unsolved", f"no finish call (episode ended with {traj.finish_type})", "rule")
+    answer = (traj.final_answer or "").strip()
+    if not answer:
+        return Verdict("Unsolved", "empty final answer", "rule")
+    if GIVE_UP_MARK in answer:
+        return Verdict("Unsolved", "the answer gives up", "rule")
+    return None
+
+
+def render_trajectory(traj: Trajectory, max_chars: int = 6000) -> str:
+    """The chosen path of ``traj`` as text for the judge: per step the code (or thought), each tool
+    call with its status and (cut) response, what it printed, and how the episode ended."""
+    lines = []
+    for step in traj.steps:
+        cand = step.chosen_candidate
+        lines.append(f"Step {step.index + 1}:")
+        if cand.code:
+            lines.append("code:\n" + clip(cand.code, 1500))
+        elif cand.text:
+            lines.append("thought: " + clip(cand.text, 1000))
+        for call in cand.result.get("tool_calls", []):
+            args = call.get("arguments")
+            args = call.get("arguments_text", "") if args is None else json.dumps(args, ensure_ascii=False)
+            body = call.get("response", call.get("content", call.get("error", "")))
+            body = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
+            lines.append(f"call {call.get('name', '?')}({clip(args, 300)}) -> {call.get('status', '?')}: "
+                         f"{clip(body, 600)}")
+        printed = cand.result.get("stdout") or step.observation
+        if printed:
+            lines.append("printed: " + clip(printed, 800))
+        if cand.result.get("error_type"):
+            lines.append(f"error: {cand.result['error_type']}: {clip(cand.result.get('error_message', ''), 300)}")
+    lines.append(f"Episode ended with: {traj.finish_type}")
+    return redact(clip("\n".join(lines), max_chars))
+
+
+def judge_pass(trajs: Sequence[Trajectory], judge: Judge | None, rounds: int = 3, *,
+               max_trajectory_chars: int = 6000) -> list[list[Verdict]]:
+    """Pass-rate verdicts: ``(len(trajs), rounds)``, one :class:`Verdict` per trajectory and round.
+
+    The rule (:func:`rule_verdict`) decides without the judge where it can; the rest go to the
+    judge in one batch per stage (final answers, then the Unsure ones with their trajectory).
+
+    Raises:
+        CodetoolError: a trajectory needs a judge but ``judge`` is ``None``.
+    """
+    out: list[list[Verdict | None]] = [[None] * rounds for _ in trajs]
+    todo = []
+    for i, traj in enumerate(trajs):
+        rule = rule_verdict(traj)
+        for r in range(rounds):
+            if rule is not None:
+                out[i][r] = rule
+            else:
+                todo.append((i, r))
+    if todo and judge is None:
+        raise CodetoolError(f"{len(todo)} answers need a judge for the pass rate, but none is configured; "
+                            f"set --judge.model (a local model or an http(s):// server).")
+    first = judge.judge_answers([AnswerRequest(trajs[i].query, trajs[i].final_answer or "", None, r)
+                                 for i, r in todo]) if todo else []
+    unsure = []
+    for (i, r), verdict in zip(todo, first):
+        out[i][r] = verdict
+        if verdict.label == "Unsure":
+            unsure.append((i, r))
+    if unsure:
+        texts = {i: render_trajectory(trajs[i], max_trajectory_chars) for i, _ in unsure}
+        second = judge.judge_answers([AnswerRequest(trajs[i].query, trajs[i].final_answer or "", texts[i], r)
+                                      for i, r in unsure])
+        for (i, r), verdict in zip(unsure, second):
+            verdict.source = "trajectory"
+            out[i][r] = verdict
+    return out  # type: ignore[return-value]
+
+
+@dataclass
+class PassRate:
+    """A pass rate over rounds.
+
+    Args:
+        mean (`float`): mean over rounds, in [0, 1].
+        std (`float`): population standard deviation of the per-round rates.
+        per_round (`list[float]`): (rounds,) the rate of each round.
+        n (`int`): number of queries.
+        counts (`dict[str, int]`): labels over all queries and rounds.
+    """
+
+    mean: float
+    std: float
+    per_round: list[float]
+    n: int
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def pass_rate(labels: Sequence[Mapping[int, str] | Sequence[str]], rounds: int) -> PassRate:
+    """StableToolBench's pass-rate formula over ``labels`` (one entry per query: its label per
+    round, as a list or a ``{round: label}`` mapping; a missing round scores 0).
+
+    Raises:
+        CodetoolError: a label outside Solved / Unsure / Unsolved.
+    """
+    per_query = [dict(enumerate(q)) if not isinstance(q, Mapping) else {int(k): v for k, v in q.items()}
+                 for q in labels]
+    counts: Counter = Counter()
+    per_round = []
+    for r in range(rounds):
+        total = 0.0
+        for q in per_query:
+            if r in q:
+                if q[r] not in LABEL_SCORES:
+                    raise CodetoolError(f"pass-rate label must be one of {LABELS}, got {q[r]!r}.")
+                total += LABEL_SCORES[q[r]]
+                counts[q[r]] += 1
+        per_round.append(total / len(per_query) if per_query else 0.0)
+    return PassRate(float(np.mean(per_round)), float(np.std(per_round)), per_round, len(per_query),
+                    {label: counts.get(label, 0) for label in LABELS})
+
+
+def average_pass_rate(groups: Sequence[PassRate]) -> PassRate:
+    """The mean of group pass rates, round by round (the papers' average over groups)."""
+    if not groups:
+        return PassRate(0.0, 0.0, [], 0)
+    per_round = [float(np.mean(r)) for r in zip(*(g.per_round for g in groups))]
+    counts = Counter()
+    for g in groups:
+        counts.update(g.counts)
+    return PassRate(float(np.mean(per_round)), float(np.std(per_round)), per_round,
+                    sum(g.n for g in groups), dict(counts))
+
+
+def majority_label(labels: Sequence[str]) -> str:
+    """The most frequent label; a tie between labels (or no label) is ``Unsure``."""
+    top = Counter(labels).most_common()
+    if not top or (len(top) > 1 and top[0][1] == top[1][1]):
+        return "Unsure"
+    return top[0][0]
+
+
+def load_pass_results(path: str | Path) -> dict[str, list[str]]:
+    """Labels per query (in round order) from a StableToolBench ``pass_rate_results`` JSON file
+    (``{query_id: {"is_solved": {"0": "AnswerStatus.Solved", ...}, ...}}``)."""
+    data = json.loads(Path(path).read_text())
+    out = {}
+    for qid, entry in data.items():
+        rounds = {int(k): str(v).split(".")[-1] for k, v in entry.get("is_solved", {}).items()}
+        out[str(qid)] = [rounds[r] for r in sorted(rounds)]
+    return out
+
+
+@dataclass
+class PairCount:
+    """Round wins of one query in a candidate-vs-reference comparison.
+
+    Args:
+        candidate, reference (`int`): rounds won by each run.
+        judged (`int`): rounds that needed a judge call.
+    """
+
+    candidate: int = 0
+    reference: int = 0
+    judged: int = 0
+
+    @property
+    def outcome(self) -> str:
+        """``win`` (for the candidate), ``lose`` or ``tie``."""
+        if self.candidate > self.reference:
+            return "win"
+        return "lose" if self.reference > self.candidate else "tie"
+
+
+@dataclass
+class WinRate:
+    """Candidate-vs-reference win rate: ``win + lose + tie == 1`` over ``n`` queries."""
+
+    win: float
+    lose: float
+    tie: float
+    n: int
+    per_query: dict[str, PairCount] = field(default_factory=dict)
+
+
+def win_rate_from_counts(counts: Mapping[str, PairCount]) -> WinRate:
+    """Win / lose / tie shares from per-query round wins."""
+    outcomes = Counter(c.outcome for c in counts.values())
+    n = len(counts)
+    share = (lambda k: outcomes[k] / n) if n else (lambda k: 0.0)
+    return WinRate(share("win"), share("lose"), share("tie"), n, dict(counts))
+
+
+def load_preference_results(path: str | Path, reference: str, candidate: str) -> dict[str, PairCount]:
+    """Round wins per query from a StableToolBench ``preference_results`` JSON file
+    (``{query_id: {<reference>: wins, <candidate>: wins, "round_0": "complete", ...}}``)."""
+    data = json.loads(Path(path).read_text())
+    return {str(qid): PairCount(int(e.get(candidate, 0)), int(e.get(reference, 0))) for qid, e in data.items()}
+
+
+def _round_pick(ref: str, cand: str) -> str | None:
+    """``reference`` / ``candidate`` when the round's labels decide, else ``None``."""
+    for wanted in ("Solved", "Unsure"):
+        hits = [who for who, label in (("reference", ref), ("candidate", cand)) if label == wanted]
+        if len(hits) == 1:
+            return hits[0]
+        if len(hits) == 2:
+            return None
+    return None
+
+
+def compare_runs(candidate: Mapping[str, Trajectory], reference: Mapping[str, Trajectory],
+                 candidate_labels: Mapping[str, Sequence[str]], reference_labels: Mapping[str, Sequence[str]],
+                 judge: Judge | None, rounds: int = 3, *, query_ids: Sequence[str] | None = None) -> WinRate:
+    """SoWR of ``candidate`` against ``reference`` (both keyed by query id), given each run's
+    pass-rate labels per round (see :func:`judge_pass`).
+
+    Args:
+        query_ids (`Sequence[str]`, *optional*): the test ids (default: every id of either run).
+
+    Raises:
+        CodetoolError: a pair needs a comparison but ``judge`` is ``None``.
+    """
+    ids = list(query_ids) if query_ids is not None else sorted(set(candidate) | set(reference), key=str)
+    counts = {qid: PairCount() for qid in ids}
+    asks = []  # (qid, round, candidate_is_a)
+    for qid in ids:
+        if qid not in reference or qid not in candidate:
+            winner = "candidate" if qid not in reference else "reference"
+            setattr(counts[qid], winner, rounds)
+            continue
+        ref_labels, cand_labels = list(reference_labels[qid]), list(candidate_labels[qid])
+        shortcut = {("Solved", "Unsolved"): "reference", ("Unsolved", "Solved"): "candidate"}.get(
+            (majority_label(ref_labels), majority_label(cand_labels)))
+        for r in range(rounds):
+            pick = shortcut or _round_pick(ref_labels[r % len(ref_labels)], cand_labels[r % len(cand_labels)])
+            if pick is None and _same_answer(reference[qid], candidate[qid]):
+                continue  # identical answers: a tie for this round
+            if pick is None:
+                asks.append((qid, r, r % 2 == 1))
+            else:
+                setattr(counts[qid], pick, getattr(counts[qid], pick) + 1)
+    if asks and judge is None:
+        raise CodetoolError(f"{len(asks)} answer pairs need a judge for the win rate, but none is configured.")
+    requests = []
+    for qid, r, cand_is_a in asks:
+        a, b = (candidate[qid], reference[qid]) if cand_is_a else (reference[qid], candidate[qid])
+        requests.append(CompareRequest(reference[qid].query, a.final_answer or "", b.final_answer or "", r))
+    prefs = judge.compare_many(requests) if requests else []
+    for (qid, _, cand_is_a), pref in zip(asks, prefs):
+        counts[qid].judged += 1
+        if pref.winner == "tie":
+            continue
+        winner = "candidate" if (pref.winner == "a") == cand_is_a else "reference"
+        setattr(counts[qid], winner, getattr(counts[qid], winner) + 1)
+    return win_rate_from_counts(counts)
+
+
+def _same_answer(a: Trajectory, b: Trajectory) -> bool:
+    return ((a.final_answer or "").strip() == (b.final_answer or "").strip()
+            and render_trajectory(a) == render_trajectory(b))
+
+
+def pass_rates_by_group(trajs: Sequence[Trajectory], verdicts: Sequence[Sequence[Verdict]],
+                        rounds: int) -> tuple[dict[str, PassRate], PassRate]:
+    """Per-group pass rates (groups in first-seen order; no group is ``all``) and their average."""
+    groups: dict[str, list[list[str]]] = {}
+    for traj, row in zip(trajs, verdicts):
+        groups.setdefault(traj.group or "all", []).append([v.label for v in row])
+    rates = {g: pass_rate(labels, rounds) for g, labels in groups.items()}
+    return rates, average_pass_rate(list(rates.values()))

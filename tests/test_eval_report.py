@@ -1,0 +1,133 @@
+"""``codetool eval`` end to end on hand-made runs: report files, tables, plots, comparison, secrets."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from codetool.config import ConfigError
+from codetool.eval.judges import JudgeConfig, ScriptedJudge
+from codetool.eval.report import EvalConfig, load_runs, run_eval
+from codetool.jsonl import write_jsonl
+from codetool.search.records import Candidate, Step, Trajectory
+
+TMDB = [{"name": "search_movie", "tool": "tmdb", "api": "search", "method": "GET", "path": "/search/movie"},
+        {"name": "movie_credits", "tool": "tmdb", "api": "credits", "method": "GET", "path": "/movie/{movie_id}/credits"}]
+
+
+def _step(i, calls, ok=True, k=2, score=1.0):
+    cands = [Candidate(0, "c", f"step_{i}()", {"ok": ok, "stdout": "out", "tool_calls": [
+        {"name": n, "arguments": {}, "status": "ok", "response": "{}"} for n in calls]}, r_spot=float(ok),
+        r_latent=0.7, score=score, chosen=True)]
+    cands += [Candidate(j, "c", "broken(", {"ok": False, "tool_calls": []}, score=score - 0.8) for j in range(1, k)]
+    return Step(i, cands, 0)
+
+
+def make_run(method, answers, secret=""):
+    trajs = []
+    for q, (group, answer) in enumerate(answers):
+        finish = "finish" if answer else "max_steps"
+        trajs.append(Trajectory(str(q), f"question {q}", "stabletoolbench", group, method,
+                                steps=[_step(0, ["search_movie"]), _step(1, [])], final_answer=answer,
+                                finish_type=finish, prompt_tokens=300, completion_tokens=40, wall_time_s=2.0,
+                                tool_cost=1.5, phase_seconds={"generation": 1.5, "execution": 0.5},
+                                extra={"note": secret} if secret else {}))
+    gold = ["GET /search/movie ", "GET /movie/{id}/credits"]
+    for q, calls in enumerate([["search_movie", "movie_credits"], ["movie_credits"]]):
+        trajs.append(Trajectory(f"t{q}", f"who directed film {q}?", "restbench-tmdb", None, method,
+                                steps=[_step(0, calls)], final_answer=f"director {q}", finish_type="finish",
+                                available_tools=TMDB, extra={"gold_path": gold}))
+    return trajs
+
+
+def label(req):
+    return "Solved" if "good" in req.answer else ("Unsure" if req.trajectory is None else "Unsolved")
+
+
+def test_report_end_to_end(tmp_path, canary_env):
+    base = tmp_path / "base.jsonl"
+    ours = tmp_path / "ours.jsonl"
+    write_jsonl(base, [t.to_dict() for t in make_run("greedy", [("G1", "good"), ("G1", "meh"), ("G2", None)])])
+    write_jsonl(ours, [t.to_dict() for t in make_run("spot+latent", [("G1", "good"), ("G1", "good"), ("G2", "good")],
+                                                     secret=canary_env)])
+    judge = ScriptedJudge(label, winner="b", name="scripted-test")
+    cfg = EvalConfig(trajectories=[str(ours)], compare=[str(base)], out=str(tmp_path / "out"),
+                     judge=JudgeConfig(rounds=2), export_stabletoolbench=str(tmp_path / "stb"))
+    report = run_eval(cfg, judge)
+    out = tmp_path / "out"
+    assert report["methods"] == ["greedy", "spot+latent"] and report["reference"] == "greedy"
+    stb = report["benchmarks"]["stabletoolbench"]["methods"]
+    # greedy: G1 = (1 + 0) / 2 = 0.5, G2 = 0 (no finish) -> average 0.25
+    assert stb["greedy"]["groups"]["G1"]["pass_rate"]["mean"] == 0.5
+    assert stb["greedy"]["overall"]["pass_rate"]["mean"] == 0.25
+    assert stb["spot+latent"]["overall"]["pass_rate"]["mean"] == 1.0
+    assert stb["greedy"]["overall"]["metrics"]["scep"] == pytest.approx(1 / 2)
+    rest = report["benchmarks"]["restbench-tmdb"]["methods"]["greedy"]["overall"]
+    assert rest["path"]["correct_path_rate"] == 0.5 and rest["pass_rate"]["mean"] == 0.0  # "director" is Unsolved
+    assert rest["path"]["success_basis"] == "judge" and rest["path"]["delta_solution_len"] is None
+    win = report["win_rates"]["spot+latent vs greedy"]
+    # G1: q0 both solved -> judge says "b" ... swapped on odd rounds; q1 only ours solved; G2 ours solved
+    assert win["stabletoolbench"]["groups"]["G2"]["win"] == 1.0 and "restbench-tmdb" not in win
+    assert win["stabletoolbench"]["groups"]["G1"]["n"] == 2
+    for name in ("report.json", "report.md", "verdicts.jsonl", "bars_stabletoolbench.png",
+                 "bars_restbench-tmdb.png", "steps.png", "rewards.png"):
+        assert (out / name).is_file(), name
+    assert all((out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in ("steps.png", "rewards.png"))
+    md = (out / "report.md").read_text()
+    assert "scripted-test" in md and "## stabletoolbench" in md and "### Side by side" in md
+    assert "| G1 | 2 | 50.0 ± 0.0 |" in md and "## Win rates (SoWR)" in md and "path rate %" in md
+    for path in [*out.iterdir(), *(tmp_path / "stb").rglob("*.json")]:
+        assert canary_env not in path.read_text(errors="replace"), path
+    assert (tmp_path / "stb" / "spot+latent" / "G1.json").is_file()
+    assert not (tmp_path / "stb" / "greedy" / "all.json").exists()  # RestBench is not exported
+
+
+def test_judge_free_report_and_weak_flag(tmp_path):
+    path = tmp_path / "run.jsonl"
+    write_jsonl(path, [t.to_dict() for t in make_run("m", [("G1", "good")])])
+    report = run_eval(EvalConfig(trajectories=[str(path)], out=str(tmp_path / "a"), plots=False), None)
+    md = (tmp_path / "a" / "report.md").read_text()
+    assert report["judge"]["name"] == "none" and "n/a" in md and not (tmp_path / "a" / "steps.png").exists()
+    assert report["benchmarks"]["restbench-tmdb"]["methods"]["m"]["overall"]["path"]["success_basis"] == "correct_path"
+    weak = ScriptedJudge("Solved", name="local:default", weak=True)
+    run_eval(EvalConfig(trajectories=[str(path)], out=str(tmp_path / "b"), plots=False), weak)
+    assert "Warning: weak judge" in (tmp_path / "b" / "report.md").read_text()
+
+
+def test_compare_by_method_name_and_errors(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    trajs = make_run("a", [("G1", "good")]) + make_run("b", [("G1", "meh")]) + make_run("c", [("G1", "good")])
+    write_jsonl(path, [t.to_dict() for t in trajs])
+    runs = load_runs([str(path)])
+    assert [r.method for r in runs] == ["a", "b", "c"]
+    report = run_eval(EvalConfig(trajectories=[str(path)], compare=["c", "a"], out=str(tmp_path / "o"),
+                                 plots=False), ScriptedJudge(label, winner="tie"))
+    assert report["methods"] == ["c", "a"] and list(report["win_rates"]) == ["a vs c"]
+    with pytest.raises(ConfigError, match="names no loaded method"):
+        run_eval(EvalConfig(trajectories=[str(path)], compare=["zzz"], out=str(tmp_path / "o")), None)
+    with pytest.raises(ConfigError, match="no trajectory files"):
+        EvalConfig()
+
+
+def test_stabletoolbench_results_are_scored_too(shared_data, tmp_path):
+    folder = shared_data / "StableToolBench" / "data_example" / "model_predictions_converted"
+    report = run_eval(EvalConfig(trajectories=[str(folder / "virtual_chatgpt_cot"), str(folder / "virtual_chatgpt_dfs")],
+                                 out=str(tmp_path), judge=JudgeConfig(rounds=3), plots=False),
+                      ScriptedJudge("Solved"))
+    methods = report["benchmarks"]["stabletoolbench"]["methods"]
+    assert methods["virtual_chatgpt_cot"]["overall"]["pass_rate"]["mean"] == pytest.approx(2 / 3)
+    assert any("SCEP is n/a" in w for w in report["warnings"])
+
+
+def test_cli_runs_eval(tmp_path, capsys):
+    from codetool.cli import main
+
+    path = tmp_path / "run.jsonl"
+    write_jsonl(path, [t.to_dict() for t in make_run("m", [("G1", "good")])])
+    other = tmp_path / "other.jsonl"
+    write_jsonl(other, [t.to_dict() for t in make_run("n", [("G1", "meh")])])
+    status = main(["eval", "--judge.model", "none", "--out", str(tmp_path / "o"), "--compare", str(path), str(other)])
+    assert status == 0
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert report["methods"] == ["m", "n"] and (tmp_path / "o" / "bars_stabletoolbench.png").is_file()
