@@ -10,7 +10,6 @@ from codetool.config import load_config
 from codetool.executor import Executor, ExecutorConfig
 from codetool.jsonl import read_jsonl
 from codetool.models.backends import ScriptedBackend
-from codetool.rewards import ConstantScorer
 from codetool.search.records import Candidate, Trajectory
 from codetool.search.run import RunConfig, run_command
 from codetool.search.search import SearchConfig, SearchTask, StepwiseSearch, select

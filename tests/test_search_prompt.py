@@ -55,3 +55,12 @@ def test_policy_messages_alternate_and_never_carry_a_secret(canary_env):
     assert "def f(): ..." in msgs[0]["content"] and "```python\nprint(1)\n```" == msgs[2]["content"]
     assert msgs[4]["content"] == "no code here"
     assert all(canary_env not in m["content"] for m in msgs)
+
+
+def test_a_block_of_only_comments_is_no_step():
+    from codetool.search.prompt import EMPTY_CODE_MESSAGE
+
+    parsed = parse_candidate("```python\n# Your code here\n\n```")
+    assert parsed.code is None and parsed.error == EMPTY_CODE_MESSAGE
+    # broken code is still code: it runs and fails with its own error
+    assert parse_candidate("```python\nprint('x\n```").code == "print('x"

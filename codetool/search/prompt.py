@@ -10,6 +10,7 @@ A reply with no code block is not an error of the search: :func:`parse_candidate
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -20,6 +21,8 @@ from codetool.secrets import redact
 CODE_PREFIX = "```python\n"  # the opening fence every reply starts with (SearchConfig.code_prefix)
 NO_CODE_MESSAGE = ("Your reply had no Python code block. Reply with exactly one block that starts "
                    "with ```python and ends with ```.")
+EMPTY_CODE_MESSAGE = ("Your code block held only comments, so nothing ran. Write statements that call the "
+                      "functions and print their results.")
 STATE_LOST_NOTE = ("Note: the Python session was restarted, so variables, functions and imports "
                    "from earlier steps are gone; define again what you need.")
 
@@ -49,13 +52,24 @@ def parse_candidate(text: str) -> ParsedCandidate:
         text (`str`): the raw model output.
     Returns:
         ParsedCandidate: the code (stripped of surrounding blank lines), or ``code=None`` and
-        :data:`NO_CODE_MESSAGE` when no block with any code is found.
+        :data:`NO_CODE_MESSAGE` when no block with any code is found (:data:`EMPTY_CODE_MESSAGE`
+        when the block holds only comments: a step that runs nothing is no step).
     """
     for match in _FENCE.finditer(text or ""):
         code = match.group(1).strip("\n")
         if code.strip():
+            if _only_comments(code):
+                return ParsedCandidate(code=None, error=EMPTY_CODE_MESSAGE)
             return ParsedCandidate(code=code)
     return ParsedCandidate(code=None, error=NO_CODE_MESSAGE)
+
+
+def _only_comments(code: str) -> bool:
+    """True when ``code`` parses to no statement at all (blank lines and comments only)."""
+    try:
+        return not ast.parse(code).body
+    except (SyntaxError, ValueError):
+        return False  # broken code runs, fails and gets its own error message
 
 
 def truncate_middle(text: str, max_chars: int) -> str:

@@ -1,0 +1,274 @@
+"""``codetool pipeline``: the whole CodeTool method, end to end, resumable stage by stage.
+
+    codetool pipeline --config configs/pipeline/quickstart.yaml        # what `make demo` runs
+    codetool pipeline --config configs/pipeline/quickstart.yaml --force search
+
+Stages, each writing under ``runs/<name>/``:
+
+1. ``trees``: DFS action trees on the training queries and the PRM dataset (``codetool.tree``);
+2. ``train``: the PRM trained on that dataset (``codetool.prm.train``), or a given checkpoint;
+3. ``search``: the stepwise search on every evaluation set for every method (e.g. one sample
+   per step, spot only, spot + latent with the trained PRM);
+4. ``eval``: SoPR, path rates, SCEP, tokens, cost and the report (``report.md``, ``report.json``,
+   plots) in ``runs/<name>/``.
+
+Every stage records the hash of what determines its output (its settings and the hashes of the
+stages it reads) in ``<stage>/stage.json``. A stage whose record matches is skipped; one that
+crashed resumes (each stage's command resumes by itself); one whose settings changed is redone
+from scratch, and so are the stages after it. ``--force STAGE`` reruns one stage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from codetool import CodetoolError
+from codetool.config import ConfigError, config_hash, option
+from codetool.eval.judges import JudgeConfig
+from codetool.executor import ExecutorConfig
+from codetool.prm.train import TrainConfig
+from codetool.search.search import SearchConfig
+from codetool.tree.build import TreeConfig
+
+logger = logging.getLogger(__name__)
+
+STAGES = ("trees", "train", "search", "eval")
+
+
+@dataclass
+class MethodConfig:
+    """One method of the comparison: how candidates are sampled and chosen."""
+
+    name: str = option("spot+latent", "name in trajectories and reports")
+    k: int = option(2, "candidates per step (1: no search)")
+    w_spot: float = option(1.0, "weight of the on-the-spot reward")
+    w_latent: float = option(1.0, "weight of the latent reward")
+    w_cost: float = option(0.0, "weight of the LIT tool cost")
+    latent: str = option("prm", "latent reward source", choices=["prm", "none", "rollout"])
+    temperature: float | None = option(None, "sampling temperature (default: the pipeline's search setting)")
+
+
+@dataclass
+class EvalSetConfig:
+    """One evaluation set."""
+
+    benchmark: str = option("stabletoolbench", "benchmark", choices=["stabletoolbench", "restbench-tmdb"])
+    group: str = option("G1_instruction", "StableToolBench group")
+    subset: str = option("codetool", "stabletoolbench: codetool or full; restbench-tmdb: restgpt or codetool")
+    offset: int = option(0, "skip this many queries")
+    limit: int | None = option(10, "queries to run")
+    tools_backend: str = option("auto", "tool backend (auto: simulator; TMDB mock for RestBench)")
+
+    @property
+    def slug(self) -> str:
+        return self.group if self.benchmark == "stabletoolbench" else "restbench-tmdb"
+
+
+def _default_methods() -> list[MethodConfig]:
+    return [MethodConfig(name="single-sample", k=1, w_latent=0.0, latent="none", temperature=0.0),
+            MethodConfig(name="spot-only", k=2, w_latent=0.0, latent="none"),
+            MethodConfig(name="spot+latent", k=2, latent="prm")]
+
+
+@dataclass
+class PipelineConfig:
+    """Settings of ``codetool pipeline`` (see the recipes in ``configs/pipeline/``)."""
+
+    name: str = option("quickstart", "run name: everything goes to <runs_dir>/<name>/")
+    runs_dir: str = option("runs", "parent folder of runs")
+    policy: str = option("default", "policy for trees and search: default, a path, Hub id, http(s) URL, vllm:<model>")
+    policy_max_batch_size: int = option(16, "sequences decoded together (local policy)")
+    remote_model: str | None = option(None, "model name sent to an http(s) policy server")
+    tool_doc: str = option("full", "tool docs in prompts: full or compact", choices=["full", "compact"])
+    prm_checkpoint: str | None = option(None, "use this PRM (dir or serve-prm URL) and skip the train stage")
+    stages: list[str] = option(default_factory=lambda: list(STAGES), help="stages to run, in order")
+    force: list[str] = option(default_factory=list, help="stages to rerun even if their outputs are current")
+    trees: TreeConfig = field(default_factory=TreeConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    methods: list[MethodConfig] = field(default_factory=_default_methods)
+    evals: list[EvalSetConfig] = field(default_factory=lambda: [EvalSetConfig()])
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+
+    def __post_init__(self):
+        for name in [*self.stages, *self.force]:
+            if name not in STAGES:
+                raise ConfigError(f"unknown pipeline stage {name!r}; stages are {list(STAGES)}.")
+        names = [m.name for m in self.methods]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"method names must be unique, got {names}.")
+        if not self.methods or not self.evals:
+            raise ConfigError("a pipeline needs at least one method and one evaluation set.")
+
+    @property
+    def root(self) -> Path:
+        return Path(self.runs_dir) / self.name
+
+
+class Stage:
+    """Bookkeeping of one stage folder: its record, whether it is current, and resets."""
+
+    def __init__(self, root: Path, name: str, digest: str):
+        self.dir, self.name, self.digest = root / name, name, digest
+        self.record_path = self.dir / "stage.json"
+
+    def record(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.record_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return {}
+
+    def prepare(self, force: bool) -> bool:
+        """True when the stage must run. Clears the folder when its settings changed or ``force``."""
+        rec = self.record()
+        if rec.get("hash") == self.digest and rec.get("status") == "done" and not force:
+            logger.info("stage %s: up to date (hash %s), skipped", self.name, self.digest)
+            return False
+        if self.dir.exists() and (force or rec.get("hash") != self.digest):
+            logger.info("stage %s: %s, starting afresh", self.name, "forced" if force else "settings changed")
+            shutil.rmtree(self.dir)
+        elif rec.get("status") == "running":
+            logger.info("stage %s: resuming an interrupted run", self.name)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._write({"hash": self.digest, "status": "running", "started": time.time()})
+        return True
+
+    def done(self, seconds: float, **info) -> None:
+        self._write({"hash": self.digest, "status": "done", "seconds": round(seconds, 1), **info})
+
+    def _write(self, data: dict[str, Any]) -> None:
+        tmp = self.record_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2, default=str))
+        tmp.replace(self.record_path)
+
+
+def _hash(*parts: Any) -> str:
+    return config_hash([dataclasses.asdict(p) if dataclasses.is_dataclass(p) else p for p in parts])
+
+
+def _tree_cfg(cfg: PipelineConfig) -> TreeConfig:
+    return dataclasses.replace(cfg.trees, policy=cfg.policy, tool_doc=cfg.tool_doc, executor=cfg.executor,
+                               output=str(cfg.root / "trees" / "trees.jsonl"),
+                               dataset_dir=str(cfg.root / "trees" / "prm_dataset"), shard=None, merge=False)
+
+
+def _train_cfg(cfg: PipelineConfig) -> TrainConfig:
+    data = cfg.root / "trees" / "prm_dataset"
+    return dataclasses.replace(cfg.train, dataset=[str(data / "train.jsonl")],
+                               eval_dataset=[str(data / "validation.jsonl")], output_dir=str(cfg.root / "train" / "prm"))
+
+
+def _run_cfgs(cfg: PipelineConfig, prm: str) -> list:
+    """One ``RunConfig`` per (method, evaluation set)."""
+    from codetool.search.run import RunConfig
+
+    runs = []
+    for method in cfg.methods:
+        search = dataclasses.replace(cfg.search, method=method.name, k=method.k, w_spot=method.w_spot,
+                                     w_latent=method.w_latent, w_cost=method.w_cost, latent=method.latent,
+                                     temperature=cfg.search.temperature if method.temperature is None
+                                     else method.temperature)
+        for ev in cfg.evals:
+            runs.append(RunConfig(benchmark=ev.benchmark, group=ev.group, subset=ev.subset, offset=ev.offset,
+                                  limit=ev.limit, tools_backend=ev.tools_backend, policy=cfg.policy,
+                                  policy_max_batch_size=cfg.policy_max_batch_size, remote_model=cfg.remote_model,
+                                  tool_doc=cfg.tool_doc, prm=prm if method.latent == "prm" else method.latent,
+                                  search=search, executor=cfg.executor,
+                                  output=str(cfg.root / "search" / method.name / f"{ev.slug}.jsonl")))
+    return runs
+
+
+def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
+    """Run the stages of ``cfg`` in order; returns ``{stage: "ran" | "skipped"}``."""
+    root = cfg.root
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "pipeline.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
+    tree_cfg, train_cfg = _tree_cfg(cfg), _train_cfg(cfg)
+    h_trees = _hash(tree_cfg)
+    h_train = _hash(cfg.prm_checkpoint) if cfg.prm_checkpoint else _hash(train_cfg, h_trees)
+    prm = cfg.prm_checkpoint or train_cfg.output_dir
+    run_cfgs = _run_cfgs(cfg, prm)
+    needs_prm = any(m.latent == "prm" for m in cfg.methods)
+    h_search = _hash([dataclasses.replace(r, output="") for r in run_cfgs], h_train if needs_prm else "")
+    h_eval = _hash(cfg.judge, h_search)
+    plan = {"trees": h_trees, "train": h_train, "search": h_search, "eval": h_eval}
+    status: dict[str, Any] = {}
+    changed = False  # once a stage reruns, every later stage reruns too
+    for name in STAGES:
+        if name not in cfg.stages or (name == "train" and cfg.prm_checkpoint) or (
+                name in ("trees", "train") and not needs_prm and not cfg.prm_checkpoint and name not in cfg.force):
+            status[name] = "not run"
+            continue
+        stage = Stage(root, name, plan[name])
+        if not stage.prepare(force=name in cfg.force or changed):
+            status[name] = "skipped"
+            continue
+        changed = True
+        start = time.perf_counter()
+        info = STAGE_FUNCTIONS[name](cfg, tree_cfg=tree_cfg, train_cfg=train_cfg, run_cfgs=run_cfgs, prm=prm)
+        stage.done(time.perf_counter() - start, **(info or {}))
+        status[name] = "ran"
+        logger.info("stage %s finished in %.1f s", name, time.perf_counter() - start)
+    return status
+
+
+def _stage_trees(cfg: PipelineConfig, *, tree_cfg: TreeConfig, **_) -> dict:
+    from codetool.tree.build import build_trees_command
+
+    build_trees_command(tree_cfg)
+    data = Path(tree_cfg.dataset_dir) / "train.jsonl"
+    if not data.exists():
+        raise CodetoolError(f"the trees gave no PRM training rows ({data} is missing). Use a deeper tree "
+                            "(trees.max_depth), more queries, or a stronger policy.")
+    return {"trees": tree_cfg.output, "dataset": tree_cfg.dataset_dir}
+
+
+def _stage_train(cfg: PipelineConfig, *, train_cfg: TrainConfig, **_) -> dict:
+    from codetool.prm.train import train_command
+
+    if not Path(train_cfg.eval_dataset[0]).exists() or not Path(train_cfg.eval_dataset[0]).read_text().strip():
+        train_cfg = dataclasses.replace(train_cfg, eval_dataset=[])  # too few queries to hold any out
+    train_command(train_cfg)
+    return {"prm": train_cfg.output_dir}
+
+
+def _stage_search(cfg: PipelineConfig, *, run_cfgs: list, prm: str, **_) -> dict:
+    from codetool.search.run import execute_run, make_policy, make_scorer
+
+    policy = make_policy(cfg.policy, max_batch_size=cfg.policy_max_batch_size, remote_model=cfg.remote_model)
+    scorer = make_scorer(prm) if any(r.prm not in ("none", "rollout") for r in run_cfgs) else None
+    files = []
+    for run_cfg in run_cfgs:
+        files.append(str(execute_run(run_cfg, policy=policy, scorer=scorer if run_cfg.prm == prm else None,
+                                     show_summary=False)))
+    return {"trajectories": files}
+
+
+def _stage_eval(cfg: PipelineConfig, *, run_cfgs: list, **_) -> dict:
+    from codetool.eval.report import EvalConfig, eval_command
+
+    eval_cfg = EvalConfig(trajectories=[r.output for r in run_cfgs], out=str(cfg.root), judge=cfg.judge,
+                          compare=[m.name for m in cfg.methods])
+    eval_command(eval_cfg)
+    return {"report": str(cfg.root / "report.md")}
+
+
+STAGE_FUNCTIONS = {"trees": _stage_trees, "train": _stage_train, "search": _stage_search, "eval": _stage_eval}
+
+
+def pipeline_command(cfg: PipelineConfig) -> int:
+    """``codetool pipeline``: see the module docstring."""
+    start = time.perf_counter()
+    status = run_pipeline(cfg)
+    logger.info("pipeline %s: %s in %.1f min; report: %s", cfg.name,
+                ", ".join(f"{k} {v}" for k, v in status.items()), (time.perf_counter() - start) / 60,
+                cfg.root / "report.md")
+    return 0

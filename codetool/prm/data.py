@@ -1,0 +1,165 @@
+"""PRM datasets: rows in, pre-tokenised training rows out, and the batch collator.
+
+A training row is ``input_ids = prefix + suffix + [label]`` with ``labels`` equal to -100
+everywhere except the last position, which holds the label token id: exactly one supervised
+token per row (TRL's convention for completion-only SFT, without the EOS that prompt/completion
+rows would add; DESIGN.md §6). Rows never lose their label to truncation: the prompt is cut
+instead (``codetool.prm.format``) and the number of cut rows is logged.
+
+Splits are by ``query_id`` (all candidates of one query land on the same side), by a hash, so
+``codetool eval-prm`` can rebuild the held-out part from the checkpoint's settings. Siblings (the
+candidates of one step) are the rows that share query and history; they form the pairs of the
+pairwise accuracy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from codetool import CodetoolError
+from codetool.jsonl import read_jsonl
+from codetool.prm.format import PromptEncoder, item_from_row
+
+logger = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+
+
+def read_rows(paths: str | list[str]) -> list[dict]:
+    """The PRM example rows of one or more JSONL files (DESIGN.md §3), validated.
+
+    Raises:
+        CodetoolError: if a file is missing or empty, or a row lacks ``query``/``label`` or has a
+            label other than 0/1.
+    """
+    rows = []
+    for path in [paths] if isinstance(paths, str) else paths:
+        if not Path(path).is_file():
+            raise CodetoolError(f"PRM dataset not found: {path}. Build one with 'codetool build-trees' "
+                                "or write PRM example rows (DESIGN.md §3) to a JSONL file.")
+        for number, row in enumerate(read_jsonl(path), 1):
+            label = row.get("label")
+            if isinstance(label, bool):
+                label = int(label)
+            if label not in (0, 1):
+                raise CodetoolError(f"{path}:{number}: 'label' must be 0 or 1, got {row.get('label')!r}.")
+            item_from_row(row)  # raises on a missing query or a malformed history
+            rows.append({**row, "label": label})
+    if not rows:
+        raise CodetoolError(f"no PRM rows in {paths}; the file is empty.")
+    return rows
+
+
+def query_key(row: dict) -> str:
+    """The split unit: ``query_id`` when present, else the query text."""
+    return str(row.get("query_id", row.get("query", "")))
+
+
+def is_heldout(query_id: str, fraction: float, seed: int = 0) -> bool:
+    """Whether a query belongs to the held-out split (stable across runs and machines)."""
+    digest = hashlib.sha256(f"{seed}:{query_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+def split_rows(rows: list[dict], fraction: float, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """``(train, heldout)`` by query (see :func:`is_heldout`)."""
+    train, heldout = [], []
+    for row in rows:
+        (heldout if is_heldout(query_key(row), fraction, seed) else train).append(row)
+    return train, heldout
+
+
+def sibling_key(row: dict) -> str:
+    """Rows with the same key are candidates of the same step (same query and history)."""
+    return json.dumps([query_key(row), row.get("history") or []], sort_keys=True, default=str)
+
+
+@dataclass
+class TokenStats:
+    """Counts from :func:`tokenize_rows`: rows, rows cut to fit, history steps dropped, tokens."""
+
+    rows: int = 0
+    truncated: int = 0
+    dropped_steps: int = 0
+    tokens: int = 0
+
+
+def tokenize_rows(rows: list[dict], encoder: PromptEncoder) -> tuple[list[dict], TokenStats]:
+    """Pre-tokenise rows for training and evaluation.
+
+    Returns:
+        A list of dicts with ``input_ids`` (list[int], prompt then label token), ``labels``
+        (-100 except the last position), ``group`` (int, sibling group index) and ``label``
+        (0/1), plus :class:`TokenStats`. Truncated rows are logged, never dropped.
+    """
+    pos_id, neg_id = encoder.label_ids
+    groups: dict[str, int] = {}
+    out, stats = [], TokenStats()
+    for row in rows:
+        enc = encoder.encode(item_from_row(row))
+        label_id = pos_id if row["label"] == 1 else neg_id
+        ids = enc.input_ids + [label_id]
+        out.append({"input_ids": ids, "labels": [IGNORE_INDEX] * (len(ids) - 1) + [label_id],
+                    "group": groups.setdefault(sibling_key(row), len(groups)), "label": int(row["label"])})
+        stats.rows += 1
+        stats.tokens += len(ids)
+        stats.truncated += int(enc.truncated)
+        stats.dropped_steps += enc.dropped_steps
+    if stats.truncated:
+        logger.warning("%d of %d PRM rows were cut to fit max_length %d (%d history steps left out); "
+                       "their labels are kept", stats.truncated, stats.rows, encoder.fmt.max_length,
+                       stats.dropped_steps)
+    return out, stats
+
+
+class PRMCollator:
+    """Batch pre-tokenised rows for :class:`codetool.prm.modeling.PRMModel`.
+
+    Args:
+        label_ids (`tuple[int, int]`): positive and negative label token ids.
+        pad_id (`int`): id used for right padding (never attended to by real tokens).
+
+    Returns (per call) a dict of tensors: ``input_ids`` (batch, longest - 1) without the label
+    token, ``last_index`` (batch,) the position that predicts the label, ``target`` (batch,)
+    0 for the positive label and 1 for the negative (the index among the two label logits),
+    ``group`` (batch,) sibling group ids.
+
+    Raises:
+        CodetoolError: if a row does not have exactly one supervised token, at its end, holding a
+            label id (e.g. rows built with another tokenizer or with a mask cast to bool). A batch
+            without supervision is therefore impossible, never a silent 0.0 or NaN loss.
+    """
+
+    def __init__(self, label_ids: tuple[int, int], pad_id: int):
+        self.label_ids = tuple(label_ids)
+        self.pad_id = int(pad_id)
+
+    def _check(self, feature: dict) -> int:
+        labels = [int(x) for x in feature["labels"]]
+        supervised = [i for i, x in enumerate(labels) if x != IGNORE_INDEX]
+        if supervised != [len(labels) - 1] or labels[-1] not in self.label_ids:
+            raise CodetoolError(
+                f"a PRM training row must supervise exactly one token, the last, holding a label id "
+                f"{self.label_ids}; got {len(supervised)} supervised positions {supervised[:5]} with "
+                f"values {[labels[i] for i in supervised[:5]]}. Rebuild the rows with codetool.prm.data.tokenize_rows.")
+        return self.label_ids.index(labels[-1])
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        if not features:
+            raise CodetoolError("an empty batch reached the PRM collator; check the dataset size.")
+        targets = [self._check(f) for f in features]
+        prompts = [list(f["input_ids"][:-1]) for f in features]
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            input_ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+        return {"input_ids": input_ids,
+                "last_index": torch.tensor([len(p) - 1 for p in prompts], dtype=torch.long),
+                "target": torch.tensor(targets, dtype=torch.long),
+                "group": torch.tensor([int(f.get("group", -1)) for f in features], dtype=torch.long)}

@@ -1,0 +1,203 @@
+"""Evaluation of the PRM itself on held-out pairs: ``codetool eval-prm``.
+
+Metrics, over rows with a binary ``label`` (1 = the more promising sibling) and a PRM score:
+
+- **pairwise accuracy**: over every (positive, negative) pair of siblings (candidates of the same
+  step: same query and history), the share where the positive scores higher; ties count 1/2.
+  This is what the search uses the PRM for: ranking the candidates of a step.
+- **AUC**: ROC area over all rows (Mann-Whitney U with average ranks for ties).
+- **accuracy@0.5**, **Brier score**, and **ECE** with a reliability diagram (PNG) over 10 bins.
+
+The held-out split is rebuilt from the checkpoint's ``prm_config.json`` (``split``): the same
+query ids that ``codetool train-prm`` kept out of training.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from codetool import CodetoolError
+from codetool.config import option
+
+logger = logging.getLogger(__name__)
+
+
+def pairwise_accuracy(scores, labels, groups) -> tuple[float, int]:
+    """``(accuracy, pairs)``: share of sibling (positive, negative) pairs ranked right.
+
+    Args:
+        scores: (n,) float in [0, 1]; labels: (n,) 0/1; groups: (n,) sibling group ids.
+    Returns:
+        The accuracy in [0, 1] (NaN when no group holds both labels) and the number of pairs.
+    """
+    by_group: dict = defaultdict(lambda: ([], []))
+    for s, y, g in zip(scores, labels, groups):
+        by_group[g][0 if int(y) == 1 else 1].append(float(s))
+    wins, pairs = 0.0, 0
+    for pos, neg in by_group.values():
+        for p in pos:
+            for q in neg:
+                wins += 1.0 if p > q else 0.5 if p == q else 0.0
+                pairs += 1
+    return (wins / pairs if pairs else float("nan")), pairs
+
+
+def roc_auc(scores, labels) -> float:
+    """ROC AUC of ``scores`` for binary ``labels`` (NaN when only one class is present)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    labels = np.asarray(labels).astype(int)
+    n_pos, n_neg = int(labels.sum()), int((1 - labels).sum())
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    order = np.argsort(scores, kind="mergesort")
+    ranks = np.empty(len(scores), dtype=np.float64)
+    sorted_scores = scores[order]
+    i = 0
+    while i < len(scores):  # average ranks over ties
+        j = i
+        while j + 1 < len(scores) and sorted_scores[j + 1] == sorted_scores[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    return float((ranks[labels == 1].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def calibration_bins(scores, labels, bins: int = 10) -> list[dict]:
+    """Reliability table: per equal-width score bin, ``count``, ``mean_score``, ``positive_rate``."""
+    scores = np.asarray(scores, dtype=np.float64)
+    labels = np.asarray(labels, dtype=np.float64)
+    index = np.minimum((scores * bins).astype(int), bins - 1)
+    table = []
+    for b in range(bins):
+        mask = index == b
+        n = int(mask.sum())
+        table.append({"low": b / bins, "high": (b + 1) / bins, "count": n,
+                      "mean_score": float(scores[mask].mean()) if n else None,
+                      "positive_rate": float(labels[mask].mean()) if n else None})
+    return table
+
+
+def prm_metrics(scores, labels, groups) -> dict[str, float]:
+    """All scalar metrics of the module docstring, as a flat dict (for logs and JSON)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    labels = np.asarray(labels).astype(int)
+    pair_acc, pairs = pairwise_accuracy(scores, labels, groups)
+    table = calibration_bins(scores, labels)
+    ece = sum(b["count"] * abs(b["mean_score"] - b["positive_rate"]) for b in table if b["count"]) / max(len(scores), 1)
+    return {"pairwise_accuracy": pair_acc, "pairs": pairs, "auc": roc_auc(scores, labels),
+            "accuracy": float(((scores > 0.5).astype(int) == labels).mean()) if len(scores) else float("nan"),
+            "brier": float(((scores - labels) ** 2).mean()) if len(scores) else float("nan"),
+            "ece": float(ece), "rows": int(len(scores))}
+
+
+def plot_calibration(scores, labels, path: str | Path, title: str = "PRM calibration") -> Path:
+    """Write a reliability diagram (PNG) with a histogram of scores; returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = calibration_bins(scores, labels)
+    filled = [b for b in table if b["count"]]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(5, 6), height_ratios=[3, 1], sharex=True)
+    top.plot([0, 1], [0, 1], "--", color="grey", label="perfect")
+    top.plot([b["mean_score"] for b in filled], [b["positive_rate"] for b in filled], "o-", label="PRM")
+    top.set_ylabel("share of positive labels")
+    top.set_title(title)
+    top.legend(loc="upper left")
+    bottom.hist(np.asarray(scores, dtype=float), bins=20, range=(0, 1), color="tab:blue")
+    bottom.set_xlabel("PRM score")
+    bottom.set_ylabel("rows")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+@dataclass
+class EvalPRMConfig:
+    """Settings of ``codetool eval-prm``."""
+
+    prm: str = option("checkpoints/prm/quickstart", "PRM checkpoint folder or http(s) URL of a PRM server")
+    dataset: list[str] = option(default_factory=lambda: ["data/prm/prm_examples.jsonl"],
+                                help="PRM example JSONL file(s)")
+    split: str = option("heldout", "rows to score: the checkpoint's held-out queries, or all rows",
+                        choices=("heldout", "all"))
+    eval_fraction: float = option(-1.0, "held-out share of queries; -1 reads it from the checkpoint")
+    split_seed: int = option(-1, "split seed; -1 reads it from the checkpoint")
+    output_dir: str = option("reports/prm", "where metrics.json, scores.jsonl and calibration.png go")
+    batch_size: int = option(64, "rows sent to the scorer at a time")
+    device: str = option("auto", "auto, cpu or cuda")
+
+    def __post_init__(self):
+        if self.batch_size < 1:
+            raise CodetoolError(f"batch_size must be >= 1, got {self.batch_size}.")
+
+
+def _split_settings(cfg: EvalPRMConfig) -> tuple[float, int]:
+    fraction, seed = cfg.eval_fraction, cfg.split_seed
+    if fraction < 0 or seed < 0:
+        if cfg.prm.startswith(("http://", "https://")):
+            raise CodetoolError("with a PRM server, pass --eval_fraction and --split_seed (or --split all).")
+        from codetool.prm.modeling import read_prm_config
+
+        split = read_prm_config(cfg.prm).get("split", {})
+        if split.get("eval_dataset"):
+            raise CodetoolError(f"{cfg.prm} was trained with a separate eval set {split['eval_dataset']}; "
+                                "pass those files with --dataset and --split all.")
+        fraction = split.get("eval_fraction", 0.1) if fraction < 0 else fraction
+        seed = split.get("seed", 0) if seed < 0 else seed
+    return float(fraction), int(seed)
+
+
+def eval_prm_command(cfg: EvalPRMConfig) -> int:
+    """Score the held-out rows with the PRM and write metrics, scores and a calibration plot."""
+    from codetool.jsonl import write_jsonl
+    from codetool.prm.data import read_rows, sibling_key, split_rows
+    from codetool.prm.format import item_from_row
+    from codetool.prm.scorer import load_scorer
+
+    rows = read_rows(cfg.dataset)
+    if cfg.split == "heldout":
+        fraction, seed = _split_settings(cfg)
+        rows = split_rows(rows, fraction, seed)[1]
+        if not rows:
+            raise CodetoolError(f"no held-out rows in {cfg.dataset} (eval_fraction {fraction}, seed {seed}); "
+                                "pass --split all to score every row.")
+    scorer = load_scorer(cfg.prm, device=cfg.device)
+    if scorer is None:
+        raise CodetoolError("eval-prm needs a PRM: pass --prm with a checkpoint folder or a server URL.")
+    from tqdm import tqdm
+
+    scores: list[float] = []
+    for start in tqdm(range(0, len(rows), cfg.batch_size), desc="scoring", unit="batch"):
+        scores += scorer.score([item_from_row(r) for r in rows[start:start + cfg.batch_size]])
+    labels = [r["label"] for r in rows]
+    metrics = prm_metrics(scores, labels, [sibling_key(r) for r in rows])
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps({"prm": cfg.prm, "split": cfg.split, **metrics}, indent=2))
+    write_jsonl(out / "scores.jsonl", ({"source": r.get("source"), "query_id": r.get("query_id"),
+                                        "label": r["label"], "score": s} for r, s in zip(rows, scores)))
+    plot_calibration(scores, labels, out / "calibration.png")
+    logger.info("eval-prm on %d rows (%d pairs): pairwise accuracy %.3f, AUC %.3f, ECE %.3f; wrote %s",
+                metrics["rows"], metrics["pairs"], metrics["pairwise_accuracy"], metrics["auc"],
+                metrics["ece"], out)
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"PRM on {cfg.split} rows")
+    for key in ("rows", "pairs", "pairwise_accuracy", "auc", "accuracy", "brier", "ece"):
+        table.add_column(key)
+    table.add_row(*[f"{metrics[k]:.4f}" if isinstance(metrics[k], float) else str(metrics[k])
+                    for k in ("rows", "pairs", "pairwise_accuracy", "auc", "accuracy", "brier", "ece")])
+    Console().print(table)
+    return 0

@@ -1,0 +1,272 @@
+"""The PRM prompt: one renderer, used by training and scoring alike (DESIGN.md §3, §6).
+
+A PRM example (query, tools, history, candidate step, candidate output) becomes two token runs:
+
+- the **prefix**: chat-template head + query + tools + history. Every candidate of one search
+  step has the same prefix, token for token, so the scorer computes it once and reuses its KV
+  cache for all candidates;
+- the **suffix**: candidate code + candidate output + the question + chat-template tail. The
+  label token follows the suffix: the PRM's score is read at the suffix's last position.
+
+The two runs are tokenised separately and concatenated, in training and in scoring, so both
+paths see identical ids (``PromptEncoder.encode`` is the only way to get them).
+
+Length: the prefix gets at most ``max_length - max_suffix_length - 1`` tokens and the suffix at
+most ``max_suffix_length``, so a row never exceeds ``max_length`` and the prefix budget does not
+depend on the candidate. Tool docs and outputs are first clipped to character limits; if the
+prefix is still too long, the oldest history steps go first, then the tool docs shrink, then the
+query; a long suffix loses output, then code. The end of the suffix (the label position) always
+survives. Every budget-driven cut sets ``EncodedPrompt.truncated`` so callers can count them.
+
+Text from the query, tools, code and outputs is tokenised with ``split_special_tokens=True``: a
+tool output that contains ``<|im_end|>`` or a label token string cannot forge either. Secrets of
+the environment (``codetool.secrets.redact``) are replaced before tokenising, so no API key
+reaches a PRM prompt, in training or in scoring.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+
+from codetool.config import ConfigError, option
+from codetool.rewards import PRMItem
+from codetool.secrets import redact
+
+_SPLIT = "\x00PRM-SPLIT\x00"
+_PLAIN_TAIL = "\nLabel: "
+_MIN_CHARS = 200
+
+
+@dataclass
+class PRMFormat:
+    """How PRM examples become token ids; saved with every checkpoint so scoring matches training.
+
+    Args:
+        max_length (`int`, *optional*, defaults to 2048): tokens per row, label token included.
+        max_suffix_length (`int`, *optional*, defaults to 512): tokens for the candidate part.
+        max_tools_chars (`int`, *optional*, defaults to 6000): tool docs are clipped to this first.
+        max_output_chars (`int`, *optional*, defaults to 1500): each step output is clipped to this.
+        chat_template (`bool`, *optional*, defaults to `True`): wrap the prompt in the tokenizer's
+            chat template (a user turn, then the assistant turn opens); plain text otherwise.
+        label_tokens (`list[str]`, *optional*): the positive ("more promising") and negative label.
+        label_mode (`str`, *optional*, defaults to `"special"`): ``special`` adds the two strings
+            as new special tokens (the paper's design); ``existing`` uses two strings that are
+            already single tokens of the vocabulary (e.g. ``["+", "-"]``).
+    """
+
+    max_length: int = option(2048, "tokens per PRM row, label token included")
+    max_suffix_length: int = option(512, "token budget of the candidate part (code, output, question)")
+    max_tools_chars: int = option(6000, "tool docs are clipped to this many characters")
+    max_output_chars: int = option(1500, "each step's output is clipped to this many characters")
+    chat_template: bool = option(True, "wrap the prompt in the tokenizer's chat template")
+    label_tokens: list[str] = option(default_factory=lambda: ["<|prm_pos|>", "<|prm_neg|>"],
+                                     help="positive and negative label token")
+    label_mode: str = option("special", "add the labels as new special tokens, or use existing ones",
+                             choices=("special", "existing"))
+
+    def __post_init__(self):
+        if len(self.label_tokens) != 2 or self.label_tokens[0] == self.label_tokens[1]:
+            raise ConfigError(f"format.label_tokens: need two different strings, got {self.label_tokens!r}.")
+        if self.max_suffix_length < 32 or self.max_length - self.max_suffix_length < 64:
+            raise ConfigError(
+                f"format: max_length {self.max_length} and max_suffix_length {self.max_suffix_length} "
+                "leave no room; keep max_suffix_length >= 32 and max_length >= max_suffix_length + 64.")
+
+    @property
+    def prefix_budget(self) -> int:
+        """Tokens the prefix may use: ``max_length - max_suffix_length - 1`` (1 for the label)."""
+        return self.max_length - self.max_suffix_length - 1
+
+
+@dataclass
+class EncodedPrompt:
+    """Token ids of one example: ``prefix_ids + suffix_ids`` is the model input; the label token
+    is predicted at its last position.
+
+    Args:
+        prefix_ids (`list[int]`): shared by every candidate of a step.
+        suffix_ids (`list[int]`): this candidate's part; never empty.
+        truncated (`bool`): whether anything was cut to fit the token budgets.
+        dropped_steps (`int`): history steps left out (oldest first).
+    """
+
+    prefix_ids: list[int]
+    suffix_ids: list[int]
+    truncated: bool = False
+    dropped_steps: int = 0
+
+    @property
+    def input_ids(self) -> list[int]:
+        return self.prefix_ids + self.suffix_ids
+
+
+def clip_text(text: str, limit: int) -> str:
+    """Keep the head and tail of ``text`` within ``limit`` characters, marking the cut."""
+    text = text or ""
+    if len(text) <= limit:
+        return text
+    half = max(limit // 2, 1)
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
+
+
+def _template(name: str) -> str:
+    return resources.files("codetool.prompts").joinpath(name).read_text(encoding="utf-8").rstrip("\n")
+
+
+def render_history(history: list[dict], output_chars: int, dropped: int = 0) -> str:
+    """The earlier chosen steps as text, oldest first; ``dropped`` leading steps are summarised."""
+    parts = [f"[{dropped} earlier steps left out]"] if dropped else []
+    for i, step in enumerate(history[dropped:], start=dropped + 1):
+        parts.append(f"Step {i}:\n```python\n{step.get('code', '')}\n```\n"
+                     f"Output:\n{clip_text(str(step.get('output', '')), output_chars)}")
+    return "\n\n".join(parts) if parts else "(none yet)"
+
+
+class PromptEncoder:
+    """Render and tokenise PRM examples with one tokenizer and one :class:`PRMFormat`.
+
+    Args:
+        tokenizer (`PreTrainedTokenizerBase`): must already contain the label tokens
+            (see ``codetool.prm.modeling.add_label_tokens``).
+        fmt (`PRMFormat`): lengths, template choice and label tokens.
+
+    Raises:
+        CodetoolError: if a label token is not one token of ``tokenizer``.
+    """
+
+    def __init__(self, tokenizer, fmt: PRMFormat):
+        self.tokenizer = tokenizer
+        self.fmt = fmt
+        self.prefix_template = _template("prm_prefix.txt")
+        self.suffix_template = _template("prm_suffix.txt")
+        self.head, self.tail = self._wrapper()
+        self.head_ids = self._special(self.head)
+        self.tail_ids = self._special(self.tail)
+        self.label_ids = label_token_ids(tokenizer, fmt)
+        self._prefix_cache: dict[str, tuple[list[int], bool, int]] = {}
+
+    def _wrapper(self) -> tuple[str, str]:
+        if self.fmt.chat_template and getattr(self.tokenizer, "chat_template", None):
+            wrapped = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": _SPLIT}], tokenize=False, add_generation_prompt=True)
+            if isinstance(wrapped, str) and wrapped.count(_SPLIT) == 1:
+                head, tail = wrapped.split(_SPLIT)
+                return head, tail
+            raise ConfigError("format.chat_template: the tokenizer's chat template does not insert the "
+                              "user message verbatim; set format.chat_template false.")
+        return "", _PLAIN_TAIL
+
+    def _special(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False) if text else []
+
+    def _text(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+
+    # -- prefix ---------------------------------------------------------------------------
+    def encode_prefix(self, item: PRMItem) -> tuple[list[int], bool, int]:
+        """``(prefix_ids, truncated, dropped_steps)`` for the item's query, tools and history."""
+        key = json.dumps([item.query, item.tools, item.history], ensure_ascii=False, default=str)
+        hit = self._prefix_cache.get(key)
+        if hit is None:
+            hit = self._build_prefix(item)
+            if len(self._prefix_cache) > 256:
+                self._prefix_cache.clear()
+            self._prefix_cache[key] = hit
+        return list(hit[0]), hit[1], hit[2]
+
+    def _render_prefix(self, item: PRMItem, dropped: int, tools_chars: int, query_chars: int) -> list[int]:
+        body = self.prefix_template.format(
+            query=clip_text(item.query, query_chars),
+            tools=clip_text(item.tools, tools_chars),
+            history=render_history(item.history, self.fmt.max_output_chars, dropped))
+        return self.head_ids + self._text(redact(body) + "\n")
+
+    def _build_prefix(self, item: PRMItem) -> tuple[list[int], bool, int]:
+        budget = self.fmt.prefix_budget
+        tools_chars, query_chars = self.fmt.max_tools_chars, max(len(item.query), 1)
+        ids = self._render_prefix(item, 0, tools_chars, query_chars)
+        if len(ids) <= budget:
+            return ids, False, 0
+        dropped = 0
+        while len(ids) > budget and dropped < len(item.history):  # oldest steps first
+            dropped += 1
+            ids = self._render_prefix(item, dropped, tools_chars, query_chars)
+        while len(ids) > budget and tools_chars > _MIN_CHARS:  # then the tool docs
+            tools_chars //= 2
+            ids = self._render_prefix(item, dropped, tools_chars, query_chars)
+        while len(ids) > budget and query_chars > _MIN_CHARS:  # then the query
+            query_chars //= 2
+            ids = self._render_prefix(item, dropped, tools_chars, query_chars)
+        if len(ids) > budget:  # last resort: keep the end, next to the candidate
+            ids = ids[-budget:]
+        return ids, True, dropped
+
+    # -- suffix ---------------------------------------------------------------------------
+    def _render_suffix(self, item: PRMItem, code_chars: int, output_chars: int) -> list[int]:
+        body = self.suffix_template.format(candidate=clip_text(item.candidate, code_chars),
+                                           candidate_output=clip_text(item.candidate_output, output_chars))
+        return self._text(redact(body)) + self.tail_ids
+
+    def encode_suffix(self, item: PRMItem) -> tuple[list[int], bool]:
+        """``(suffix_ids, truncated)``: the candidate part, ending where the label goes."""
+        budget = self.fmt.max_suffix_length
+        code_chars = max(len(item.candidate or ""), 1)
+        output_chars = self.fmt.max_output_chars
+        ids = self._render_suffix(item, code_chars, output_chars)
+        if len(ids) <= budget:
+            return ids, False
+        while len(ids) > budget and output_chars > 100:  # the output goes first
+            output_chars //= 2
+            ids = self._render_suffix(item, code_chars, output_chars)
+        while len(ids) > budget and code_chars > 100:  # then the code
+            code_chars //= 2
+            ids = self._render_suffix(item, code_chars, output_chars)
+        if len(ids) > budget:  # keep the end: the question and the label position
+            ids = ids[-budget:]
+        return ids, True
+
+    def encode(self, item: PRMItem) -> EncodedPrompt:
+        """The token ids of one example (see the module docstring for the budgets)."""
+        prefix, p_cut, dropped = self.encode_prefix(item)
+        suffix, s_cut = self.encode_suffix(item)
+        return EncodedPrompt(prefix, suffix, truncated=p_cut or s_cut, dropped_steps=dropped)
+
+    def render_text(self, item: PRMItem) -> str:
+        """The prompt as text (for logs, the SFT baseline and debugging); the label follows it."""
+        enc = self.encode(item)
+        return self.tokenizer.decode(enc.input_ids, skip_special_tokens=False)
+
+
+def label_token_ids(tokenizer, fmt: PRMFormat) -> tuple[int, int]:
+    """``(positive_id, negative_id)`` of the label tokens in ``tokenizer``.
+
+    Raises:
+        ConfigError: if a label string is not exactly one token (for ``label_mode: special``,
+            run ``add_label_tokens`` first; for ``existing``, choose single-token strings).
+    """
+    ids = []
+    for text in fmt.label_tokens:
+        encoded = tokenizer.encode(text, add_special_tokens=False)
+        if len(encoded) != 1:
+            fix = ("add them with codetool.prm.modeling.add_label_tokens" if fmt.label_mode == "special"
+                   else "choose strings that are single tokens, or use label_mode: special")
+            raise ConfigError(f"label token {text!r} is {len(encoded)} tokens {encoded} in this tokenizer; {fix}.")
+        ids.append(encoded[0])
+    return ids[0], ids[1]
+
+
+def item_from_row(row: dict) -> PRMItem:
+    """A :class:`PRMItem` from a PRM example row (DESIGN.md §3); missing text fields are empty.
+
+    Raises:
+        ConfigError: if ``query`` is missing or ``history`` is not a list of code/output dicts.
+    """
+    if not isinstance(row, dict) or not isinstance(row.get("query"), str):
+        raise ConfigError(f"a PRM row needs a text 'query' field; got keys {sorted(row) if isinstance(row, dict) else type(row).__name__}.")
+    history = row.get("history") or []
+    if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
+        raise ConfigError(f"PRM row 'history' must be a list of {{'code', 'output'}} dicts, got {type(history).__name__}.")
+    return PRMItem(query=row["query"], tools=str(row.get("tools") or ""), history=history,
+                   candidate=str(row.get("candidate") or ""), candidate_output=str(row.get("candidate_output") or ""))

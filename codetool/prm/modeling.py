@@ -1,0 +1,272 @@
+"""The PRM model: a causal LM, two label tokens, and their two output rows (the label head).
+
+The generative PRM emits one of two label tokens after the prompt (CodeTool, Lu et al. 2025);
+its score is ``softmax([logit_pos, logit_neg])[0]`` at the label position (DESIGN.md §4). Only
+those two logits matter, so :class:`PRMModel` runs the decoder, takes the hidden state at the
+label position and projects it onto the two label rows of the output embedding, kept here as a
+small trainable ``label_head`` of shape (2, hidden). This is the same number the full LM head
+would give for those two tokens, without computing the other ~50k-150k logits, and it lets LoRA
+training update the label rows without training (or saving) the whole embedding matrix.
+
+Checkpoint layout (one folder, loadable by path): ``prm_config.json`` (base model, prompt format,
+label ids, seed), the tokenizer with the label tokens, either a PEFT adapter
+(``adapter_config.json``) or a full model (whose LM head rows hold the trained label rows, so
+vLLM and plain ``generate`` see the same scores), and ``label_head.safetensors``.
+
+Label tokens (``PRMFormat.label_mode: special``) are added as special tokens; the embedding
+matrix only grows (a tokenizer smaller than the matrix, like Qwen2.5's spare rows, never shrinks
+it) and the label rows are set deterministically: mean of the existing rows plus seeded noise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from codetool import CodetoolError
+from codetool.models.loading import load_model
+from codetool.prm.format import PRMFormat, label_token_ids
+
+logger = logging.getLogger(__name__)
+
+PRM_CONFIG = "prm_config.json"
+LABEL_HEAD = "label_head.safetensors"
+_NOISE_SCALE = 0.02
+
+
+def _zero3() -> bool:
+    try:
+        from transformers.integrations import is_deepspeed_zero3_enabled
+    except ImportError:
+        return False
+    return is_deepspeed_zero3_enabled()
+
+
+def gathered(params: list[nn.Parameter], modify: bool = False):
+    """Context in which ZeRO-3-partitioned ``params`` are whole (a no-op without ZeRO-3)."""
+    if not _zero3():
+        return contextlib.nullcontext()
+    import deepspeed  # GPU path: only reached under DeepSpeed ZeRO-3
+
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=0 if modify else None)
+
+
+def is_tied(lm) -> bool:
+    """Whether the LM head shares its weight with the input embedding (SmolLM2: yes)."""
+    out = lm.get_output_embeddings()
+    return out is None or out.weight is lm.get_input_embeddings().weight
+
+
+@torch.no_grad()
+def add_label_tokens(model, tokenizer, fmt: PRMFormat, *, seed: int = 0, init_rows: bool = True) -> tuple[int, int]:
+    """Make the two label tokens exist in ``tokenizer`` and ``model``; returns their ids.
+
+    Args:
+        model (`PreTrainedModel` or `None`): its embedding matrix grows if the new ids do not fit;
+            it never shrinks (spare rows are kept). `None` changes the tokenizer only.
+        tokenizer (`PreTrainedTokenizerBase`): gets the label tokens as special tokens
+            (``label_mode: special``); left unchanged for ``label_mode: existing``.
+        fmt (`PRMFormat`): which tokens and how.
+        seed (`int`, *optional*, defaults to 0): seed of the noise added to the new rows.
+        init_rows (`bool`, *optional*, defaults to `True`): set the label rows (input, and output
+            when untied) to ``mean(existing rows) + 0.02 * std * N(0, 1)``; ``False`` keeps trained rows.
+    Returns:
+        ``(positive_id, negative_id)``.
+    """
+    if fmt.label_mode == "existing":
+        return label_token_ids(tokenizer, fmt)
+    from transformers import AddedToken
+
+    vocab = tokenizer.get_vocab()
+    new = [t for t in fmt.label_tokens if t not in vocab]
+    if new:
+        tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in new], special_tokens=True)
+    ids = label_token_ids(tokenizer, fmt)
+    if model is None:
+        return ids
+    embeddings = model.get_input_embeddings()
+    with gathered([embeddings.weight]):
+        rows = embeddings.weight.shape[0]
+    if max(ids) >= rows:
+        model.resize_token_embeddings(max(ids) + 1, mean_resizing=False)
+        logger.info("embedding matrix grown from %d to %d rows for the label tokens", rows, max(ids) + 1)
+    if init_rows:
+        weights = [model.get_input_embeddings().weight]
+        if not is_tied(model):
+            weights.append(model.get_output_embeddings().weight)
+        generator = torch.Generator().manual_seed(seed)
+        with gathered(weights, modify=True):
+            for weight in weights:
+                old = weight[: min(ids)].float()
+                noise = torch.randn(2, weight.shape[1], generator=generator) * old.std() * _NOISE_SCALE
+                weight[list(ids)] = (old.mean(0, keepdim=True) + noise).to(weight.dtype).to(weight.device)
+    return ids
+
+
+class PRMModel(nn.Module):
+    """A causal LM (plain or PEFT-wrapped) plus its two label rows.
+
+    Args:
+        lm (`PreTrainedModel` or `PeftModel`): the language model, label tokens already added.
+        label_ids (`tuple[int, int]`): positive and negative label token ids.
+        label_head (`torch.Tensor`, *optional*): (2, hidden) rows; copied from the LM's output
+            embedding at ``label_ids`` when not given.
+
+    ``forward(input_ids, last_index)`` returns the two label logits (batch, 2), float32, read at
+    ``last_index`` (batch,), the position right before the label token. Inputs are right-padded
+    and need no attention mask: with causal attention, pads after a row's last real token cannot
+    change that token's hidden state.
+    """
+
+    def __init__(self, lm, label_ids: tuple[int, int], label_head: torch.Tensor | None = None):
+        super().__init__()
+        self.lm = lm
+        self.label_ids = tuple(int(i) for i in label_ids)
+        if label_head is None:
+            out = lm.get_output_embeddings()
+            out = lm.get_input_embeddings() if out is None else out
+            with gathered([out.weight]):
+                label_head = out.weight[list(self.label_ids)].detach().clone()
+        self.label_head = nn.Parameter(label_head.float().clone())
+        self.config = lm.config  # DeepSpeed "auto" sizes and FSDP read it
+        self._no_split_modules = getattr(lm, "_no_split_modules", None)
+
+    def decoder(self) -> nn.Module:
+        """The transformer body (LoRA layers included) that returns ``last_hidden_state``."""
+        base = self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
+        return base.get_decoder()
+
+    def activation_checkpointing_enable(self, activation_checkpointing_kwargs=None, **kwargs):
+        """Recompute the decoder's activations in the backward pass (less memory, ~30% slower)."""
+        kwargs_ = activation_checkpointing_kwargs or {"use_reentrant": False}
+        self.lm.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs_, **kwargs)
+
+    def label_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(n, hidden) states -> (n, 2) float32 logits of [positive, negative]."""
+        return (hidden.to(self.label_head.dtype) @ self.label_head.T).float()
+
+    def forward(self, input_ids: torch.Tensor, last_index: torch.Tensor) -> torch.Tensor:
+        hidden = self.decoder()(input_ids=input_ids, use_cache=False).last_hidden_state
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        return self.label_logits(hidden[rows, last_index.to(hidden.device)])
+
+
+def new_prm(name: str, fmt: PRMFormat, *, dtype: str = "auto", device: str = "auto", seed: int = 0):
+    """An untrained PRM from a base model (label tokens added): ``(PRMModel, tokenizer)``, eval mode.
+
+    Its scores are those of the base model's label rows; use it for benchmarks and tests.
+    """
+    lm, tokenizer = load_model(name, dtype=dtype, device=device)
+    label_ids = add_label_tokens(lm, tokenizer, fmt, seed=seed)
+    model = PRMModel(lm, label_ids)
+    model.to(next(lm.parameters()).device)
+    return model.eval(), tokenizer
+
+
+def _output_keys(lm, state: dict) -> list[str]:
+    """State-dict keys of the output rows (both embedding keys when tied)."""
+    out = lm.get_output_embeddings()
+    keys = [n for n, p in lm.named_parameters(remove_duplicate=False) if out is not None and p is out.weight]
+    keys = [k for k in keys if k in state] or [k for k in ("lm_head.weight",) if k in state]
+    return keys
+
+
+def save_prm(out_dir: str | Path, model: PRMModel, tokenizer, meta: dict, state_dict: dict | None = None) -> None:
+    """Write a PRM checkpoint folder (see the module docstring for the layout).
+
+    Args:
+        out_dir (`str` or `Path`): created if needed.
+        model (`PRMModel`): the unwrapped model.
+        tokenizer: saved alongside (it carries the label tokens).
+        meta (`dict`): ``base_model``, ``format``, ``seed`` and anything else for ``prm_config.json``.
+        state_dict (`dict`, *optional*): a consolidated state dict (DeepSpeed/FSDP); defaults to
+            ``model.state_dict()``. Keys are ``lm.*`` and ``label_head``.
+    """
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = dict(state_dict if state_dict is not None else model.state_dict())
+    head = state.pop("label_head").detach().float().cpu().contiguous()
+    lm_state = {k[len("lm."):]: v for k, v in state.items() if k.startswith("lm.")}
+    adapter = hasattr(model.lm, "peft_config")
+    if adapter:
+        model.lm.save_pretrained(out_dir, state_dict=lm_state, save_embedding_layers=False)
+    else:
+        for key in _output_keys(model.lm, lm_state):  # label rows into the LM head: plain generate agrees
+            weight = lm_state[key].clone()
+            weight[list(model.label_ids)] = head.to(weight.dtype)
+            lm_state[key] = weight
+        model.lm.save_pretrained(out_dir, state_dict=lm_state)
+    save_file({"weight": head}, str(out_dir / LABEL_HEAD))
+    tokenizer.save_pretrained(out_dir)
+    config = {**meta, "label_ids": list(model.label_ids), "adapter": adapter}
+    (out_dir / PRM_CONFIG).write_text(json.dumps(config, indent=2, default=str))
+
+
+def read_prm_config(path: str | Path) -> dict:
+    """The ``prm_config.json`` of a checkpoint folder.
+
+    Raises:
+        CodetoolError: if ``path`` is not a PRM checkpoint written by ``codetool train-prm``.
+    """
+    file = Path(path) / PRM_CONFIG
+    if not file.is_file():
+        raise CodetoolError(f"{path} is not a PRM checkpoint (no {PRM_CONFIG}); pass the output_dir of "
+                            "'codetool train-prm' (or one of its checkpoint-N folders).")
+    return json.loads(file.read_text())
+
+
+def load_prm(path: str | Path, *, device: str = "auto", dtype: str = "auto", merge: bool = True):
+    """Load a PRM checkpoint folder for scoring.
+
+    Args:
+        path (`str` or `Path`): a folder written by :func:`save_prm`.
+        device, dtype (`str`, *optional*, default `"auto"`): see ``codetool.models.loading.load_model``.
+        merge (`bool`, *optional*, defaults to `True`): merge a LoRA adapter into the weights
+            (faster scoring); ``False`` keeps it as a separate PEFT module.
+    Returns:
+        ``(PRMModel, tokenizer, PRMFormat, meta)``, the model in eval mode.
+    Raises:
+        CodetoolError: if the folder is not a PRM checkpoint.
+    """
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    meta = read_prm_config(path)
+    fmt = PRMFormat(**meta["format"])
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if meta.get("adapter"):
+        from peft import PeftModel
+
+        base, _ = load_model(meta["base_model"], dtype=dtype, device=device)
+        add_label_tokens(base, tokenizer, fmt, seed=int(meta.get("seed", 0)), init_rows=True)
+        lm = PeftModel.from_pretrained(base, str(path))
+        if merge:
+            lm = lm.merge_and_unload()
+    else:
+        lm, _ = load_model(str(path), dtype=dtype, device=device)
+    label_ids = label_token_ids(tokenizer, fmt)
+    head = load_file(str(path / LABEL_HEAD))["weight"] if (path / LABEL_HEAD).is_file() else None
+    model = PRMModel(lm, label_ids, head)
+    with torch.no_grad():  # the LM head agrees with the label head: plain generate scores the same
+        out = lm.get_output_embeddings()
+        out.weight[list(label_ids)] = model.label_head.to(out.weight.dtype)
+    model.to(next(lm.parameters()).device)
+    return model.eval(), tokenizer, fmt, meta
+
+
+def export_merged(path: str | Path, out_dir: str | Path) -> Path:
+    """Write a plain full-model copy of a (LoRA) PRM checkpoint, label rows in the LM head.
+
+    This is what the vLLM scorer loads. Returns ``out_dir``.
+    """
+    model, tokenizer, _, meta = load_prm(path, device="cpu", dtype="float32", merge=True)
+    save_prm(out_dir, model, tokenizer, {k: v for k, v in meta.items() if k not in ("adapter", "label_ids")})
+    return Path(out_dir)

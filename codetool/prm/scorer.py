@@ -1,0 +1,244 @@
+"""Scoring with a PRM: ``PRMScorer.score(items) -> list[float]`` and ``codetool score``.
+
+The score of a candidate step is ``softmax([logit_pos, logit_neg])[0]`` at the label position
+(DESIGN.md §4; never a ratio of raw logits), a float in [0, 1]. :class:`LocalPRMScorer` computes
+it fast on one machine:
+
+- items are encoded with the one prompt renderer (``codetool.prm.format``); candidates whose
+  prefix ids are equal (the K candidates of one search step) form a group;
+- per group the prefix runs once and its KV cache is shared: the suffixes run as one
+  right-padded batch on top of the repeated cache, and only each suffix's last real hidden state
+  is projected onto the two label rows. For 16 candidates of ~100 tokens after a 1,500-token
+  prefix this computes ~3,100 token positions instead of ~25,600;
+- lone items (no sibling in the call) run as right-padded full prompts, batched by token count.
+
+The result equals an unbatched float32 forward of each full prompt to within float rounding
+(tested at 1e-4). :func:`load_scorer` turns the search's ``--prm`` value into a scorer: a
+checkpoint folder, an ``http(s)://`` PRM server, ``vllm:FOLDER`` on a GPU, or ``none``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from codetool import CodetoolError
+from codetool.config import option
+from codetool.rewards import PRMItem
+
+logger = logging.getLogger(__name__)
+
+
+class LocalPRMScorer:
+    """A :class:`codetool.rewards.PRMScorer` running a :class:`PRMModel` in this process.
+
+    Args:
+        model (`PRMModel`): in eval mode, on its device.
+        tokenizer: the checkpoint's tokenizer (with the label tokens).
+        fmt (`PRMFormat`): the prompt format the model was trained with.
+        max_batch_tokens (`int`, *optional*, defaults to 16384): bound on batch rows x (cached +
+            new) tokens per forward; larger groups are split.
+        share_prefix (`bool`, *optional*, defaults to `True`): compute a shared prefix once.
+
+    ``score(items)`` returns one float in [0, 1] per item, in order; ``stats`` counts calls,
+    items, prefix groups and truncated prompts.
+    """
+
+    def __init__(self, model, tokenizer, fmt, *, max_batch_tokens: int = 16384, share_prefix: bool = True):
+        from codetool.prm.format import PromptEncoder
+
+        self.model = model.eval()
+        self.encoder = PromptEncoder(tokenizer, fmt)
+        self.max_batch_tokens = max(int(max_batch_tokens), 1)
+        self.share_prefix = share_prefix
+        self.device = next(model.parameters()).device
+        self.stats = {"calls": 0, "items": 0, "groups": 0, "truncated": 0}
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, *, device: str = "auto", dtype: str = "auto",
+                        merge: bool = True, **kwargs) -> LocalPRMScorer:
+        """Load a ``codetool train-prm`` output folder (see ``codetool.prm.modeling.load_prm``)."""
+        from codetool.prm.modeling import load_prm
+
+        model, tokenizer, fmt, _ = load_prm(path, device=device, dtype=dtype, merge=merge)
+        return cls(model, tokenizer, fmt, **kwargs)
+
+    def score(self, items: list[PRMItem]) -> list[float]:
+        import torch
+
+        if not items:
+            return []
+        encoded = [self.encoder.encode(item) for item in items]
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, enc in enumerate(encoded):
+            groups.setdefault(tuple(enc.prefix_ids), []).append(i)
+        scores: list[float] = [0.0] * len(items)
+        lone: list[int] = []
+        with torch.inference_mode():
+            for prefix, members in groups.items():
+                if self.share_prefix and len(members) > 1:
+                    values = self._score_group(list(prefix), [encoded[i].suffix_ids for i in members])
+                    for i, v in zip(members, values):
+                        scores[i] = v
+                else:
+                    lone.extend(members)
+            if lone:
+                for i, v in zip(lone, self._score_full([encoded[i].input_ids for i in lone])):
+                    scores[i] = v
+        self.stats["calls"] += 1
+        self.stats["items"] += len(items)
+        self.stats["groups"] += len(groups)
+        cut = sum(e.truncated for e in encoded)
+        self.stats["truncated"] += cut
+        if cut:
+            logger.debug("%d of %d PRM prompts were cut to fit max_length %d", cut, len(items),
+                         self.encoder.fmt.max_length)
+        return scores
+
+    def _probabilities(self, hidden) -> list[float]:
+        import torch
+
+        logits = self.model.label_logits(hidden)  # (n, 2) float32
+        return torch.softmax(logits, dim=-1)[:, 0].tolist()
+
+    def _batches(self, lengths: list[int], cached: int = 0) -> list[list[int]]:
+        """Index batches, longest first, each within ``max_batch_tokens`` (rows x width)."""
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        batches, current = [], []
+        for i in order:
+            width = cached + lengths[current[0] if current else i]  # the batch's first row is its longest
+            if current and (len(current) + 1) * width > self.max_batch_tokens:
+                batches.append(current)
+                current = []
+            current.append(i)
+        return batches + [current] if current else batches
+
+    def _right_padded(self, rows: list[list[int]]):
+        import torch
+
+        width = max(len(r) for r in rows)
+        ids = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        last = torch.tensor([len(r) - 1 for r in rows])
+        return ids.to(self.device), last.to(self.device)
+
+    def _score_full(self, prompts: list[list[int]]) -> list[float]:
+        """Right-padded full prompts (no mask needed: pads come after every real token)."""
+        import torch
+
+        decoder = self.model.decoder()
+        out = [0.0] * len(prompts)
+        for batch in self._batches([len(p) for p in prompts]):
+            ids, last = self._right_padded([prompts[i] for i in batch])
+            hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state
+            values = self._probabilities(hidden[torch.arange(len(batch), device=ids.device), last])
+            for i, v in zip(batch, values):
+                out[i] = v
+        return out
+
+    def _score_group(self, prefix: list[int], suffixes: list[list[int]]) -> list[float]:
+        """One prefix pass, then the suffixes on top of its KV cache, in bounded batches."""
+        import torch
+        from transformers import DynamicCache
+
+        decoder = self.model.decoder()
+        prefix_ids = torch.tensor([prefix], dtype=torch.long, device=self.device)
+        cache = decoder(input_ids=prefix_ids, use_cache=True).cache
+        layers = [(layer.keys, layer.values) for layer in cache.layers]
+        out = [0.0] * len(suffixes)
+        for batch in self._batches([len(s) for s in suffixes], cached=len(prefix)):
+            n = len(batch)
+            shared = DynamicCache(ddp_cache_data=[(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1))
+                                                  for k, v in layers], config=self.model.config)
+            ids, last = self._right_padded([suffixes[i] for i in batch])
+            hidden = decoder(input_ids=ids, cache=shared, use_cache=True).last_hidden_state
+            values = self._probabilities(hidden[torch.arange(n, device=ids.device), last])
+            for i, v in zip(batch, values):
+                out[i] = v
+        return out
+
+
+def reference_scores(model, encoder, items: list[PRMItem]) -> list[float]:
+    """The plain way, for tests and benchmarks: one full forward of the whole causal LM per item,
+    logits at the last position only (``logits_to_keep=1``), softmax over the two label ids."""
+    import torch
+
+    pos, neg = encoder.label_ids
+    out = []
+    with torch.inference_mode():
+        for item in items:
+            ids = torch.tensor([encoder.encode(item).input_ids], device=next(model.parameters()).device)
+            logits = model.lm(input_ids=ids, logits_to_keep=1).logits[0, -1]
+            out.append(torch.softmax(logits[[pos, neg]].float(), dim=-1)[0].item())
+    return out
+
+
+def load_scorer(spec: str, *, device: str = "auto", dtype: str = "auto", **kwargs):
+    """The PRM scorer named by ``spec`` (the search's ``--prm`` value).
+
+    Args:
+        spec (`str`): ``none`` (or empty): no PRM, returns `None`; ``http://...``/``https://...``:
+            a ``codetool serve-prm`` server (:class:`codetool.prm.client.HTTPScorer`);
+            ``vllm:FOLDER``: a merged checkpoint served by vLLM in-process (GPU);
+            otherwise a checkpoint folder written by ``codetool train-prm``.
+        device, dtype (`str`, *optional*): for local checkpoints (see ``codetool.models.loading.load_model``).
+    Returns:
+        An object with ``score(items) -> list[float]``, or `None` for ``none``.
+    Raises:
+        CodetoolError: if the folder is not a PRM checkpoint.
+    """
+    spec = (spec or "").strip()
+    if spec.lower() in ("", "none"):
+        return None
+    if spec.startswith(("http://", "https://")):
+        from codetool.prm.client import HTTPScorer
+
+        return HTTPScorer(spec, **kwargs)
+    if spec.startswith("vllm:"):
+        from codetool.prm.vllm_backend import VLLMScorer
+
+        return VLLMScorer(spec[len("vllm:"):], **kwargs)
+    if not Path(spec).is_dir():
+        raise CodetoolError(f"--prm {spec!r}: not a folder, URL or 'none'. Pass the output_dir of "
+                            "'codetool train-prm', http(s)://host:port of 'codetool serve-prm', or none.")
+    return LocalPRMScorer.from_checkpoint(spec, device=device, dtype=dtype, **kwargs)
+
+
+@dataclass
+class ScoreConfig:
+    """Settings of ``codetool score``: add a ``score`` field to every row of a JSONL file."""
+
+    input: str = option("data/prm/prm_examples.jsonl", "JSONL file of PRM example rows", positional=True)
+    prm: str = option("checkpoints/prm/quickstart", "PRM checkpoint folder, server URL, or vllm:FOLDER")
+    output: str = option("", "output JSONL (default: <input stem>.scored.jsonl)")
+    batch_size: int = option(64, "rows per scorer call (siblings in one call share their prefix)")
+    device: str = option("auto", "auto, cpu or cuda")
+
+    def __post_init__(self):
+        if self.batch_size < 1:
+            raise CodetoolError(f"batch_size must be >= 1, got {self.batch_size}.")
+
+
+def score_command(cfg: ScoreConfig) -> int:
+    """Score every row of ``cfg.input``; rows keep their fields and gain ``score``."""
+    from tqdm import tqdm
+
+    from codetool.jsonl import read_jsonl, write_jsonl
+    from codetool.prm.format import item_from_row
+
+    if not Path(cfg.input).is_file():
+        raise CodetoolError(f"input file not found: {cfg.input}.")
+    rows = list(read_jsonl(cfg.input))
+    scorer = load_scorer(cfg.prm, device=cfg.device)
+    if scorer is None:
+        raise CodetoolError("codetool score needs a PRM: pass --prm with a checkpoint folder or a server URL.")
+    for start in tqdm(range(0, len(rows), cfg.batch_size), desc="scoring", unit="batch"):
+        chunk = rows[start:start + cfg.batch_size]
+        for row, value in zip(chunk, scorer.score([item_from_row(r) for r in chunk])):
+            row["score"] = value
+    output = cfg.output or str(Path(cfg.input).with_suffix("")) + ".scored.jsonl"
+    write_jsonl(output, rows)
+    logger.info("scored %d rows with %s; wrote %s", len(rows), cfg.prm, output)
+    return 0

@@ -1,0 +1,140 @@
+"""The PRM server and its HTTP client (codetool.prm.server, codetool.prm.client)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from codetool import CodetoolError
+from codetool.prm.client import HTTPScorer
+from codetool.prm.server import ServePRMConfig, create_app, serve_in_thread, serve_prm
+from codetool.rewards import PRMItem
+
+ITEM = {"query": "weather in Paris?", "tools": "def f(): ...", "history": [{"code": "x = 1", "output": ""}],
+        "candidate": "print(f())", "candidate_output": "{}"}
+
+
+class RecordingScorer:
+    """Scores by candidate length; records the size of every call (to see the batching)."""
+
+    def __init__(self, delay_s: float = 0.0):
+        self.calls: list[int] = []
+        self.delay_s = delay_s
+
+    def score(self, items):
+        self.calls.append(len(items))
+        time.sleep(self.delay_s)
+        return [min(len(item.candidate) / 100.0, 1.0) for item in items]
+
+
+def _client(scorer, **kwargs):
+    from fastapi.testclient import TestClient
+
+    return TestClient(create_app(scorer, **kwargs))
+
+
+def test_score_and_health():
+    with _client(RecordingScorer()) as client:
+        assert client.get("/health").json()["status"] == "ok"
+        response = client.post("/score", json={"items": [ITEM, {**ITEM, "candidate": "x" * 50}]})
+        assert response.status_code == 200
+        assert response.json() == {"scores": [0.1, 0.5]}
+
+
+@pytest.mark.parametrize("body, status, reason", [
+    (b"not json", 400, "not valid JSON"),
+    (json.dumps([1, 2]).encode(), 400, "'items' list"),
+    (json.dumps({"items": [{"candidate": "x"}]}).encode(), 400, "items[0]"),
+    (json.dumps({"items": [{**ITEM, "history": "nope"}]}).encode(), 400, "history"),
+    (json.dumps({"items": [{**ITEM, "tools": 5}]}).encode(), 400, "items[0].tools"),
+    (json.dumps({"items": [ITEM] * 5}).encode(), 413, "limit is 4"),
+    (b"x" * 3000, 413, "limit is 2000"),
+])
+def test_bad_requests_get_one_line_4xx(body, status, reason):
+    with _client(RecordingScorer(), max_items=4, max_body_bytes=2000) as client:
+        response = client.post("/score", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert reason in error and "\n" not in error and "Traceback" not in response.text
+
+
+def test_bearer_key_is_checked_on_every_request():
+    with _client(RecordingScorer(), api_key="s3cret-key-123") as client:
+        assert client.get("/health").status_code == 401
+        assert client.post("/score", json={"items": [ITEM]},
+                           headers={"Authorization": "Bearer wrong"}).status_code == 401
+        ok = client.post("/score", json={"items": [ITEM]}, headers={"Authorization": "Bearer s3cret-key-123"})
+        assert ok.status_code == 200
+
+
+def test_scorer_failures_and_timeouts_are_one_line_errors():
+    class Broken:
+        def score(self, items):
+            raise RuntimeError("boom\nwith a second line")
+
+    with _client(Broken()) as client:
+        response = client.post("/score", json={"items": [ITEM]})
+    assert response.status_code == 500 and response.json()["error"] == "scoring failed (RuntimeError); see the server log"
+    with _client(RecordingScorer(delay_s=0.5), request_timeout_s=0.1) as client:
+        response = client.post("/score", json={"items": [ITEM]})
+    assert response.status_code == 504 and "not scored within" in response.json()["error"]
+
+
+def test_concurrent_requests_are_batched_and_the_client_works():
+    scorer = RecordingScorer(delay_s=0.05)
+    app = create_app(scorer, batch_wait_ms=100, max_batch_items=64)
+    with serve_in_thread(app) as url:
+        assert url.startswith("http://127.0.0.1:")
+        client = HTTPScorer(url)
+        results = [None] * 6
+
+        def call(i):
+            results[i] = client.score([PRMItem(**{**ITEM, "candidate": "y" * (10 * i)})])
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert [r[0] for r in results] == pytest.approx([0.1 * i for i in range(6)])
+        assert max(scorer.calls) > 1 and sum(scorer.calls) == 6  # several requests shared a call
+        many = client.score([PRMItem(**ITEM)] * 300)  # split into requests of <= 256 items
+        assert len(many) == 300
+        # chunked upload without Content-Length is refused
+        response = httpx.post(f"{url}/score", content=iter([b'{"items": []}']))
+        assert response.status_code == 411
+    with pytest.raises(CodetoolError, match="unreachable"):
+        HTTPScorer(url, timeout_s=2).score([PRMItem(**ITEM)])
+
+
+def test_client_reports_server_errors(monkeypatch):
+    monkeypatch.setenv("CODETOOL_PRM_API_KEY", "k-123456")
+    with serve_in_thread(create_app(RecordingScorer(), api_key="other-key")) as url:
+        with pytest.raises(CodetoolError, match="401: missing or wrong bearer token"):
+            HTTPScorer(url).score([PRMItem(**ITEM)])
+
+
+def test_refuses_public_bind_without_key(monkeypatch):
+    monkeypatch.delenv("CODETOOL_PRM_API_KEY", raising=False)
+    with pytest.raises(CodetoolError, match="needs an API key"):
+        serve_prm(ServePRMConfig(host="0.0.0.0"))
+    with pytest.raises(CodetoolError, match="checkpoint folder"):
+        serve_prm(ServePRMConfig(prm="http://elsewhere:1"))
+
+
+def test_real_prm_over_http_matches_local_scores(tiny_model_dir):
+    from codetool.prm.format import PRMFormat
+    from codetool.prm.modeling import new_prm
+    from codetool.prm.scorer import LocalPRMScorer
+
+    fmt = PRMFormat(max_length=512, max_suffix_length=128)
+    scorer = LocalPRMScorer(*new_prm(str(tiny_model_dir), fmt, dtype="float32", device="cpu"), fmt)
+    items = [PRMItem(**ITEM), PRMItem(**{**ITEM, "candidate": "print(2)"})]
+    local = scorer.score(items)
+    with serve_in_thread(create_app(scorer)) as url:
+        remote = HTTPScorer(url).score(items)
+    assert remote == pytest.approx(local, abs=1e-6)
