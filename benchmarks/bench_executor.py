@@ -23,6 +23,8 @@ import socket
 import time
 from pathlib import Path
 
+from _result import emit  # benchmarks/_result.py
+
 from codetool.executor import Executor, ExecutorConfig, bwrap_problem
 from codetool.secrets import sandbox_environment
 
@@ -178,6 +180,7 @@ def main() -> None:
         t = bench_trajectory(mode, args.tool_latency)
         for name, key in (("fork (ours)", "ours"), ("re-execution baseline", "baseline")):
             print(f"{mode:<10} {name:<22} {t[key]['calls']:>10} {t[key]['seconds']:>8.2f}")
+    fork_ms = sorted(o["total"])[len(o["total"]) // 2] * 1e3
 
     print("\n3. isolation layers that work here (each probed by code it must stop)")
     layers = {mode: bench_layers(mode) for mode in available}
@@ -186,6 +189,9 @@ def main() -> None:
         print(f"{layer:<34} " + " ".join(f"{layers[m][layer]:>9}" for m in available))
     with Executor(ExecutorConfig(isolation=available[-1])) as ex:
         print(f"\nactive isolation ({available[-1]}): {ex.isolation}")
+    emit(mode=available[-1], fork_run_close_ms=fork_ms, tool_calls=t["ours"]["calls"],
+         baseline_tool_calls=t["baseline"]["calls"], seconds=t["ours"]["seconds"],
+         baseline_seconds=t["baseline"]["seconds"])
 
 
 if __name__ == "__main__":

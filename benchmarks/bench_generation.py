@@ -22,6 +22,7 @@ import argparse
 import time
 
 import torch
+from _result import emit  # benchmarks/_result.py
 
 from codetool.models.backends import TransformersBackend
 
@@ -87,6 +88,8 @@ def main() -> None:
         print(f"{name:<46} {tokens:>7} {seconds:>8.2f} {tokens / seconds:>9.1f}", flush=True)
     print(f"speed-up n=4 one call vs 4 calls: {speed[0][0] / speed[1][0]:.2f}x; 8 prompts batched vs 8 calls: "
           f"{speed[2][0] / speed[3][0]:.2f}x; shared prefill (wall time): {speed[5][1] / speed[4][1]:.2f}x")
+    emit(n4_tokens_per_s=speed[0][0], n4_baseline_tokens_per_s=speed[1][0], n4_speedup=speed[0][0] / speed[1][0],
+         batch_speedup=speed[2][0] / speed[3][0], prefill_speedup=speed[5][1] / speed[4][1])
 
 
 if __name__ == "__main__":

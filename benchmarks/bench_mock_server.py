@@ -24,6 +24,7 @@ import threading
 import time
 
 import httpx
+from _result import emit  # benchmarks/_result.py
 
 from codetool.tools import load_restbench, load_stabletoolbench
 from codetool.tools.mock_servers import ServeMockConfig, build_mock_app, serve_in_background
@@ -100,6 +101,7 @@ def main() -> None:
     args = parser.parse_args()
 
     print("| server | clients | requests | failed | req/s | p50 ms | p99 ms |\n|---|---:|---:|---:|---:|---:|---:|")
+    rps: dict[str, float] = {}
     for kind, requests in (("tmdb", tmdb_requests()), ("stabletoolbench", stabletoolbench_requests())):
         cfg = ServeMockConfig(kind=kind)
         with serve_in_background(build_mock_app(cfg)) as url:
@@ -107,6 +109,8 @@ def main() -> None:
                 r = load(url, requests, args.requests, concurrency, args.max_seconds)
                 print(f"| {kind} | {concurrency} | {r['requests']} | {r['failed']} | {r['rps']:,.0f} | "
                       f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} |")
+                rps[f"{kind}_c{concurrency}"] = r["rps"]
+    emit(**{f"{k}_rps": v for k, v in rps.items()})
 
 
 if __name__ == "__main__":

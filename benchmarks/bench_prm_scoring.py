@@ -26,6 +26,7 @@ import argparse
 import time
 
 import torch
+from _result import emit  # benchmarks/_result.py
 
 from codetool.prm.format import PRMFormat, PromptEncoder
 from codetool.prm.modeling import new_prm
@@ -138,6 +139,8 @@ def main() -> None:
     print(f"\n{'method':<26}{'seconds':>9}{'speed-up':>10}{'max |score - ref|':>20}")
     for name, seconds, diff in rows:
         print(f"{name:<26}{seconds:>9.2f}{base / seconds:>9.2f}x{diff:>20.2e}")
+    emit(seconds=rows[-1][1], baseline_seconds=base, speedup=base / rows[-1][1], max_abs_diff=rows[-1][2],
+         token_bound=bound, candidates=args.candidates, prefix_tokens=prefix)
 
 
 if __name__ == "__main__":

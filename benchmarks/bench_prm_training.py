@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _result import emit  # benchmarks/_result.py
+
 
 class _Timer:
     """Trainer callback: seconds of each optimizer step."""
@@ -181,6 +183,9 @@ def main() -> None:
         r = results[which]
         print(f"{name:<24}{r['tokens_per_s']:>9.1f}{r['tokens_per_s'] / base:>9.2f}x{r['step_s']:>8.1f}"
               f"{r['tokens_per_step']:>12.0f}{r['trainable']:>12,}{r['peak_rss_mb']:>12.0f}{r['train_mb']:>14.0f}")
+    emit(tokens_per_s=results["ours"]["tokens_per_s"], baseline_tokens_per_s=base,
+         speedup=results["ours"]["tokens_per_s"] / base, peak_rss_mb=results["ours"]["peak_rss_mb"],
+         baseline_peak_rss_mb=results["sft"]["peak_rss_mb"])
 
 
 if __name__ == "__main__":

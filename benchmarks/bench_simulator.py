@@ -17,6 +17,8 @@ import argparse
 import statistics
 import time
 
+from _result import emit  # benchmarks/_result.py
+
 from codetool.tools import (
     STABLETOOLBENCH_GROUPS,
     SimulatorBackend,
@@ -82,6 +84,7 @@ def main() -> None:
     for label, times in (("SimulatorBackend.call", direct), ("ToolEnvironment function", through_env)):
         print(f"| {label} | {len(times)} | {len(times) / sum(times):,.0f} | "
               f"{statistics.median(times) * 1e3:.3f} | {_percentile(times, 0.99) * 1e3:.3f} |")
+    emit(calls_per_s=len(direct) / sum(direct), env_calls_per_s=len(through_env) / sum(through_env))
 
 
 if __name__ == "__main__":

@@ -65,6 +65,8 @@ class EvalSetConfig:
     offset: int = option(0, "skip this many queries")
     limit: int | None = option(10, "queries to run")
     tools_backend: str = option("auto", "tool backend (auto: simulator; TMDB mock for RestBench)")
+    tool_server_url: str | None = option(None, "StableToolBench server URL (tools_backend server/stabletoolbench)")
+    tool_cache_dir: str | None = option(None, "StableToolBench response cache folder")
 
     @property
     def slug(self) -> str:
@@ -178,7 +180,8 @@ def _run_cfgs(cfg: PipelineConfig, prm: str) -> list:
                                      else method.temperature)
         for ev in cfg.evals:
             runs.append(RunConfig(benchmark=ev.benchmark, group=ev.group, subset=ev.subset, offset=ev.offset,
-                                  limit=ev.limit, tools_backend=ev.tools_backend, policy=cfg.policy,
+                                  limit=ev.limit, tools_backend=ev.tools_backend, tool_server_url=ev.tool_server_url,
+                                  tool_cache_dir=ev.tool_cache_dir, policy=cfg.policy,
                                   policy_max_batch_size=cfg.policy_max_batch_size, remote_model=cfg.remote_model,
                                   tool_doc=cfg.tool_doc, prm=prm if method.latent == "prm" else method.latent,
                                   search=search, executor=cfg.executor,

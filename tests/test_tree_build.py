@@ -57,6 +57,23 @@ def test_builder_expands_labels_and_pairs(task):
     json.dumps(record)  # JSON-able
 
 
+def test_trees_grown_together_share_each_levels_generate_call(shared_data):
+    from codetool.tools.loaders import load_toolbench_queries
+
+    queries = load_toolbench_queries(shared_data / "ToolBench" / "data_example" / "instruction" / "G1_query.json")[:3]
+    tasks = [SearchTask(query_id=f"G1_query/{q.query_id}", query=q.query,
+                        env=ToolEnvironment.from_query(q, make_tool_backend("simulator"))) for q in queries]
+    policy = ScriptedBackend(lambda prompt: block("print('step')") if len(prompt) <= 3 else block("finish('done')"))
+    records = TreeBuilder(policy, TreeConfig(branching=2, max_depth=3),
+                          lambda t: Executor(EXEC, tools=t.env.functions())).build_many(tasks)
+    assert [r["query_id"] for r in records] == [t.query_id for t in tasks]
+    assert len(policy.calls) == 2  # one call per level, for all three trees
+    assert [len(prompts) for prompts, _ in policy.calls] == [3, 6]
+    for r in records:
+        assert sorted(r["nodes"]) == ["1", "1-1", "1-2", "2", "2-1", "2-2"]
+        assert r["summary"]["successful_leaves"] == 4 and r["summary"]["seconds"] > 0
+
+
 def test_failure_policy_stop_and_success_executed(task):
     cfg = TreeConfig(branching=2, max_depth=3, failure_policy="stop", success="executed")
     record = TreeBuilder(depth_policy(), cfg, lambda t: Executor(EXEC, tools=t.env.functions())).build(task)
@@ -82,7 +99,7 @@ def test_tree_seed_depends_only_on_query_and_base():
 def test_shards_merge_to_the_single_run(tiny_model_dir, shared_data, tmp_path):
     base = {"queries": str(shared_data / "ToolBench" / "data_example" / "instruction" / "G1_query.json"),
             "policy": str(tiny_model_dir), "max_depth": 2, "limit": 3, "search.max_new_tokens": 6,
-            "executor.isolation": "fallback", "val_fraction": 0.34}
+            "executor.isolation": "fallback", "val_fraction": 0.34, "batch_trees": 1}
     single = tmp_path / "single" / "trees.jsonl"
     sharded = tmp_path / "sharded" / "trees.jsonl"
     assert build_trees_command(load_config(TreeConfig, overrides={**base, "output": str(single)})) == 0

@@ -138,16 +138,27 @@ def tool_backend(cfg: RunConfig):
             logger.info("TMDB mock serving on %s", url)
             yield make_tool_backend("mock-tmdb", port=port)
         return
+    yield make_tool_backend(kind, **tool_backend_options(kind, cfg.tool_server_url, cfg.tool_cache_dir))
+
+
+def tool_backend_options(kind: str, server_url: str | None, cache_dir: str | None) -> dict[str, Any]:
+    """Keyword options of ``make_tool_backend(kind)`` from the two settings runs and trees share.
+
+    Raises:
+        ConfigError: ``cache`` without a cache folder, or ``server`` without a URL.
+    """
     options: dict[str, Any] = {}
-    if kind in ("server", "stabletoolbench") and cfg.tool_server_url:
-        options["url"] = cfg.tool_server_url
+    if kind in ("server", "stabletoolbench") and server_url:
+        options["url"] = server_url
+    elif kind == "server":
+        raise ConfigError("tools_backend server needs --tool_server_url (e.g. http://127.0.0.1:8080/virtual).")
     if kind == "cache":
-        if not cfg.tool_cache_dir:
+        if not cache_dir:
             raise ConfigError("tools_backend cache needs --tool_cache_dir (a StableToolBench response cache).")
-        options["root"] = cfg.tool_cache_dir
-    elif kind == "stabletoolbench" and cfg.tool_cache_dir:
-        options["cache_dir"] = cfg.tool_cache_dir
-    yield make_tool_backend(kind, **options)
+        options["root"] = cache_dir
+    elif kind == "stabletoolbench" and cache_dir:
+        options["cache_dir"] = cache_dir
+    return options
 
 
 def make_task(query, backend, *, max_response_chars: int = 20000, tool_doc: str = "full") -> SearchTask:

@@ -42,6 +42,8 @@ class TreeConfig:
     dataset_dir: str = option("data/prm", "where the PRM dataset goes (prm_examples.jsonl, train/validation splits)")
     policy: str = option("default", "policy model: default, a path, a Hub id, an http(s) URL or vllm:<model>")
     tools_backend: str = option("simulator", "tool backend: simulator, cache, server, stabletoolbench")
+    tool_server_url: str | None = option(None, "StableToolBench server URL (tools_backend server/stabletoolbench)")
+    tool_cache_dir: str | None = option(None, "StableToolBench response cache folder (cache/stabletoolbench)")
     tool_doc: str = option("full", "tool docs in the prompt: full, or compact one-liners (small models)",
                            choices=["full", "compact"])
     branching: int = option(2, "candidates sampled per node")
@@ -59,10 +61,14 @@ class TreeConfig:
     merge: bool = option(False, "join the shard files of --output, then export the dataset")
     limit: int | None = option(None, "build at most this many trees")
     seed: int = option(0, "base seed; each tree's seed mixes in its query id")
+    batch_trees: int = option(8, "trees grown together, level by level, so their samples share forward passes "
+                                 "(1: each tree's samples depend on its query id alone, whatever the sharding)")
     search: SearchConfig = field(default_factory=lambda: SearchConfig(method="tree", max_new_tokens=192))
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
 
     def __post_init__(self):
+        if self.batch_trees < 1:
+            raise ConfigError(f"batch_trees must be >= 1, got {self.batch_trees}.")
         if self.branching < 1 or self.max_depth < 1:
             raise ConfigError(f"branching and max_depth must be >= 1, got {self.branching} and {self.max_depth}.")
         if not 0.0 <= self.val_fraction < 1.0:
@@ -122,20 +128,33 @@ class TreeBuilder:
 
     def build(self, task: SearchTask) -> dict[str, Any]:
         """Build, label and summarise the tree of one query; returns its JSON-able record."""
+        return self.build_many([task])[0]
+
+    def build_many(self, tasks: list[SearchTask]) -> list[dict[str, Any]]:
+        """Grow the trees of ``tasks`` together, one level at a time.
+
+        Every level of every tree is sampled in one batched ``expand`` call, so a local policy
+        decodes all frontier nodes in the same forward passes and a server sees them concurrently.
+        The sampling seed of a level is the first tree's seed plus the nodes built so far: with one
+        task it is the tree's own seed sequence.
+
+        Returns:
+            One JSON-able record per task, in order.
+        """
         cfg, start = self.cfg, time.perf_counter()
-        seed = tree_seed(cfg.seed, task.query_id)
-        tree: dict[str, dict] = {}
-        root = self.make_executor(task)
-        frontier = [(None, root, [], 0)]  # (node id, executor, history, depth)
+        seed = tree_seed(cfg.seed, tasks[0].query_id)
+        trees: list[dict[str, dict]] = [{} for _ in tasks]
+        # (tree index, node id, executor, history, depth)
+        frontier = [(t, None, self.make_executor(task), [], 0) for t, task in enumerate(tasks)]
         try:
             while frontier:
-                rows = expand(self.policy, [(st, hist, task) for _, st, hist, _ in frontier],
-                              cfg.branching, self.sample_cfg, seed=seed + len(tree))
+                rows = expand(self.policy, [(st, hist, tasks[t]) for t, _, st, hist, _ in frontier],
+                              cfg.branching, self.sample_cfg, seed=seed + sum(map(len, trees)))
                 next_frontier = []
-                for (parent, state, history, depth), row in zip(frontier, rows):
+                for (t, parent, state, history, depth), row in zip(frontier, rows):
                     for i, e in enumerate(row, 1):
                         node_id = f"{parent}-{i}" if parent else str(i)
-                        node = tree[node_id] = _node_record(node_id, parent, depth + 1, e)
+                        node = trees[t][node_id] = _node_record(node_id, parent, depth + 1, e)
                         stop = cfg.failure_policy == "stop" and not node["ok"]
                         if e.ended or depth + 1 >= cfg.max_depth or stop:
                             node["leaf"] = True
@@ -144,12 +163,17 @@ class TreeBuilder:
                             continue
                         child = e.state if e.state is not None else state.fork()
                         step = {"code": e.candidate.code, "text": e.candidate.text, "observation": e.observation}
-                        next_frontier.append((node_id, child, history + [step], depth + 1))
+                        next_frontier.append((t, node_id, child, history + [step], depth + 1))
                     state.close()
                 frontier = next_frontier
         finally:
-            for _, state, _, _ in frontier:
+            for _, _, state, _, _ in frontier:
                 state.close()
+        seconds = (time.perf_counter() - start) / len(tasks)  # the batch's time, shared evenly
+        return [self._record(task, tree, seconds) for task, tree in zip(tasks, trees)]
+
+    def _record(self, task: SearchTask, tree: dict[str, dict], seconds: float) -> dict[str, Any]:
+        cfg = self.cfg
         for node_id, node in tree.items():
             if node["leaf"]:
                 node["success"] = self._success(task, tree, node_id)
@@ -157,13 +181,14 @@ class TreeBuilder:
         pairs, ties = sibling_pairs(tree)
         leaves = [n for n in tree.values() if n["leaf"]]
         return {"query_id": task.query_id, "query": task.query, "tools": task.env.render(),
-                "config_hash": config_hash(cfg, ignore=("output", "dataset_dir", "shard", "merge", "limit")),
+                "config_hash": config_hash(cfg, ignore=("output", "dataset_dir", "shard", "merge", "limit",
+                                                        "batch_trees")),
                 "nodes": tree, "pairs": pairs,
                 "summary": {"nodes": len(tree), "leaves": len(leaves),
                             "successful_leaves": sum(bool(n["success"]) for n in leaves),
                             "pairs": len(pairs), "ties_dropped": ties,
                             "tool_calls": sum(n["tool_calls"] for n in tree.values()),
-                            "seconds": time.perf_counter() - start}}
+                            "seconds": seconds}}
 
     def _success(self, task: SearchTask, tree: dict[str, dict], node_id: str) -> bool:
         node = tree[node_id]
@@ -235,7 +260,7 @@ def build_trees_command(cfg: TreeConfig) -> int:
     from rich.progress import Progress
 
     from codetool.jsonl import append_jsonl, done_ids, read_jsonl, write_jsonl
-    from codetool.search.run import executor_factory, make_policy, make_task
+    from codetool.search.run import executor_factory, make_policy, make_task, tool_backend_options
     from codetool.tools.backends import make_tool_backend
     from codetool.tree.dataset import export_dataset
 
@@ -262,12 +287,15 @@ def build_trees_command(cfg: TreeConfig) -> int:
         if todo:
             policy = make_policy(cfg.policy)
             builder = TreeBuilder(policy, cfg, executor_factory(cfg.executor), judge=_judge_fn(cfg))
-            backend = make_tool_backend(cfg.tools_backend)
+            backend = make_tool_backend(cfg.tools_backend, **tool_backend_options(
+                cfg.tools_backend, cfg.tool_server_url, cfg.tool_cache_dir))
             with Progress() as bar:
                 job = bar.add_task("trees", total=len(todo))
-                for q in todo:
-                    append_jsonl(path, builder.build(make_task(q, backend, tool_doc=cfg.tool_doc)))
-                    bar.update(job, advance=1)
+                for b in range(0, len(todo), cfg.batch_trees):
+                    batch = [make_task(q, backend, tool_doc=cfg.tool_doc) for q in todo[b:b + cfg.batch_trees]]
+                    for record in builder.build_many(batch):  # each batch lands before the next starts
+                        append_jsonl(path, record)
+                    bar.update(job, advance=len(batch))
         records = sorted(read_jsonl(path), key=lambda r: order.get(str(r["query_id"]), len(order)))
         if cfg.shard is not None:
             _print_summary(f"shard {cfg.shard}: {path}", summarize(records))

@@ -1,0 +1,149 @@
+"""``codetool pipeline``: the recipes load, stages skip, resume and rerun by their hashes, and the
+whole method runs end to end on real benchmark queries with a scripted policy and a tiny PRM."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from codetool import CodetoolError
+from codetool.config import ConfigError, load_config
+from codetool.eval.judges import JudgeConfig
+from codetool.executor import ExecutorConfig
+from codetool.jsonl import read_jsonl
+from codetool.models.backends import ScriptedBackend
+from codetool.pipeline import STAGES, EvalSetConfig, MethodConfig, PipelineConfig, run_pipeline
+from codetool.prm.train import TrainConfig
+from codetool.search.search import SearchConfig
+from codetool.tree.build import TreeConfig
+
+RECIPES = sorted((Path(__file__).resolve().parents[1] / "configs" / "pipeline").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=[p.stem for p in RECIPES])
+def test_every_recipe_loads(recipe):
+    cfg = load_config(PipelineConfig, recipe)
+    assert cfg.name == recipe.stem and cfg.methods and cfg.evals
+
+
+def test_bad_stage_and_duplicate_methods_are_config_errors():
+    with pytest.raises(ConfigError, match="unknown pipeline stage 'tree'"):
+        PipelineConfig(stages=["tree"])
+    with pytest.raises(ConfigError, match="unique"):
+        PipelineConfig(methods=[MethodConfig(name="a"), MethodConfig(name="a")])
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """Replaces the stage functions by recorders; a stage listed in ``crash`` raises once."""
+    from codetool import pipeline
+
+    calls: list[str] = []
+    crash: set[str] = set()
+
+    def make(name):
+        def stage(cfg, **_):
+            calls.append(name)
+            if name in crash:
+                crash.discard(name)
+                raise RuntimeError(f"{name} crashed")
+            return {"ran": name}
+        return stage
+
+    monkeypatch.setattr(pipeline, "STAGE_FUNCTIONS", {name: make(name) for name in STAGES})
+    return calls, crash
+
+
+def test_stages_skip_when_current_and_rerun_downstream_of_a_change(recorded, tmp_path):
+    calls, crash = recorded
+    cfg = PipelineConfig(name="p", runs_dir=str(tmp_path))
+    assert run_pipeline(cfg) == dict.fromkeys(STAGES, "ran")
+    assert run_pipeline(cfg) == dict.fromkeys(STAGES, "skipped")
+    record = json.loads((tmp_path / "p" / "train" / "stage.json").read_text())
+    assert record["status"] == "done" and record["ran"] == "train"
+
+    # a search setting changed: trees and train stay, search and eval rerun
+    calls.clear()
+    changed = PipelineConfig(name="p", runs_dir=str(tmp_path), search=SearchConfig(max_steps=2))
+    assert run_pipeline(changed) == {"trees": "skipped", "train": "skipped", "search": "ran", "eval": "ran"}
+    # --force trees reruns everything after it too
+    calls.clear()
+    forced = PipelineConfig(name="p", runs_dir=str(tmp_path), search=SearchConfig(max_steps=2), force=["trees"])
+    assert run_pipeline(forced) == dict.fromkeys(STAGES, "ran") and calls == list(STAGES)
+
+
+def test_a_crashed_stage_resumes_in_place(recorded, tmp_path):
+    calls, crash = recorded
+    cfg = PipelineConfig(name="p", runs_dir=str(tmp_path))
+    crash.add("search")
+    with pytest.raises(RuntimeError, match="search crashed"):
+        run_pipeline(cfg)
+    partial = tmp_path / "p" / "search" / "partial.jsonl"
+    partial.write_text('{"query_id": "q1"}\n')  # what the crashed stage had written
+    assert json.loads((tmp_path / "p" / "search" / "stage.json").read_text())["status"] == "running"
+    calls.clear()
+    assert run_pipeline(cfg) == {"trees": "skipped", "train": "skipped", "search": "ran", "eval": "ran"}
+    assert partial.exists()  # kept: the stage's own command resumes from it
+
+
+def test_a_given_prm_checkpoint_skips_training_and_no_prm_skips_trees(recorded, tmp_path):
+    calls, _ = recorded
+    given = PipelineConfig(name="a", runs_dir=str(tmp_path), prm_checkpoint="http://127.0.0.1:9/prm")
+    assert run_pipeline(given)["train"] == "not run" and "train" not in calls
+    calls.clear()
+    no_prm = PipelineConfig(name="b", runs_dir=str(tmp_path), methods=[MethodConfig(name="s", latent="none")])
+    assert run_pipeline(no_prm) == {"trees": "not run", "train": "not run", "search": "ran", "eval": "ran"}
+
+
+def test_trees_without_rows_stop_with_a_fix(monkeypatch, tmp_path):
+    import codetool.tree.build as build
+
+    monkeypatch.setattr(build, "build_trees_command", lambda cfg: 0)
+    cfg = PipelineConfig(name="p", runs_dir=str(tmp_path), stages=["trees"])
+    with pytest.raises(CodetoolError, match="no PRM training rows.*max_depth"):
+        run_pipeline(cfg)
+
+
+def scripted_policy():
+    """First step: one candidate prints a tool result, its sibling fails; second step: finish."""
+    counter = {"n": 0}
+
+    def reply(prompt):
+        counter["n"] += 1
+        if len(prompt) <= 3:  # system, user, the opening fence: the first step
+            if counter["n"] % 2:
+                return "print('looked it up')\n```"
+            return "raise KeyError('no such field')\n```"
+        return "finish('Here is what I found: 42.')\n```"
+    return ScriptedBackend(reply)
+
+
+def test_pipeline_end_to_end(monkeypatch, tiny_model_dir, shared_data, tmp_path, canary_env):
+    import codetool.search.run as run
+
+    monkeypatch.setattr(run, "make_policy", lambda *a, **k: scripted_policy())
+    cfg = PipelineConfig(
+        name="e2e", runs_dir=str(tmp_path),
+        trees=TreeConfig(branching=2, max_depth=2, limit=4, val_fraction=0.25),
+        train=TrainConfig(model=str(tiny_model_dir), epochs=1, batch_size=4, eval_steps=0, save_steps=100,
+                          logging_steps=1),
+        search=SearchConfig(max_steps=2, max_new_tokens=16, concurrency=4),
+        methods=[MethodConfig(name="single-sample", k=1, w_latent=0.0, latent="none", temperature=0.0),
+                 MethodConfig(name="spot+latent", k=2, latent="prm")],
+        evals=[EvalSetConfig(benchmark="stabletoolbench", limit=2), EvalSetConfig(benchmark="restbench-tmdb", limit=2)],
+        judge=JudgeConfig(model="none"), executor=ExecutorConfig(isolation="fallback", timeout_s=10))
+    assert run_pipeline(cfg) == dict.fromkeys(STAGES, "ran")
+    root = tmp_path / "e2e"
+    assert (root / "train" / "prm").is_dir()
+    latent = list(read_jsonl(root / "search" / "spot+latent" / "G1_instruction.jsonl"))
+    assert len(latent) == 2 and all(t["final_answer"] == "Here is what I found: 42." for t in latent)
+    scores = [c["r_latent"] for t in latent for s in t["steps"] for c in s["candidates"]]
+    assert scores and all(0.0 <= s <= 1.0 for s in scores)  # the trained PRM scored the candidates
+    report = (root / "report.md").read_text()
+    assert "single-sample" in report and "spot+latent" in report and "restbench" in report.lower()
+    assert json.loads((root / "report.json").read_text())
+    everything = "".join(p.read_text(errors="replace") for p in root.rglob("*") if p.suffix in (".json", ".jsonl", ".md"))
+    assert canary_env not in everything
+    assert run_pipeline(cfg) == dict.fromkeys(STAGES, "skipped")
