@@ -67,6 +67,10 @@ class EvalSetConfig:
     tools_backend: str = option("auto", "tool backend (auto: simulator; TMDB mock for RestBench)")
     tool_server_url: str | None = option(None, "StableToolBench server URL (tools_backend server/stabletoolbench)")
     tool_cache_dir: str | None = option(None, "StableToolBench response cache folder")
+    tool_doc: str | None = option(None, "tool docs for this set (default: the pipeline's tool_doc)",
+                                  choices=[None, "full", "compact", "brief"])
+    concurrency: int | None = option(None, "episodes in flight for this set (default: search.concurrency); "
+                                           "lower it for long prompts, whose KV caches take memory")
 
     @property
     def slug(self) -> str:
@@ -88,7 +92,7 @@ class PipelineConfig:
     policy: str = option("default", "policy for trees and search: default, a path, Hub id, http(s) URL, vllm:<model>")
     policy_max_batch_size: int = option(16, "sequences decoded together (local policy)")
     remote_model: str | None = option(None, "model name sent to an http(s) policy server")
-    tool_doc: str = option("full", "tool docs in prompts: full or compact", choices=["full", "compact"])
+    tool_doc: str = option("full", "tool docs in prompts: full, compact or brief (one line each)", choices=["full", "compact", "brief"])
     prm_checkpoint: str | None = option(None, "use this PRM (dir or serve-prm URL) and skip the train stage")
     stages: list[str] = option(default_factory=lambda: list(STAGES), help="stages to run, in order")
     force: list[str] = option(default_factory=list, help="stages to rerun even if their outputs are current")
@@ -157,7 +161,8 @@ def _hash(*parts: Any) -> str:
 
 
 def _tree_cfg(cfg: PipelineConfig) -> TreeConfig:
-    return dataclasses.replace(cfg.trees, policy=cfg.policy, tool_doc=cfg.tool_doc, executor=cfg.executor,
+    return dataclasses.replace(cfg.trees, policy=cfg.policy, policy_max_batch_size=cfg.policy_max_batch_size,
+                               remote_model=cfg.remote_model, tool_doc=cfg.tool_doc, executor=cfg.executor,
                                output=str(cfg.root / "trees" / "trees.jsonl"),
                                dataset_dir=str(cfg.root / "trees" / "prm_dataset"), shard=None, merge=False)
 
@@ -179,12 +184,14 @@ def _run_cfgs(cfg: PipelineConfig, prm: str) -> list:
                                      temperature=cfg.search.temperature if method.temperature is None
                                      else method.temperature)
         for ev in cfg.evals:
+            run_search = search if ev.concurrency is None else dataclasses.replace(search, concurrency=ev.concurrency)
             runs.append(RunConfig(benchmark=ev.benchmark, group=ev.group, subset=ev.subset, offset=ev.offset,
                                   limit=ev.limit, tools_backend=ev.tools_backend, tool_server_url=ev.tool_server_url,
                                   tool_cache_dir=ev.tool_cache_dir, policy=cfg.policy,
                                   policy_max_batch_size=cfg.policy_max_batch_size, remote_model=cfg.remote_model,
-                                  tool_doc=cfg.tool_doc, prm=prm if method.latent == "prm" else method.latent,
-                                  search=search, executor=cfg.executor,
+                                  tool_doc=ev.tool_doc or cfg.tool_doc,
+                                  prm=prm if method.latent == "prm" else method.latent,
+                                  search=run_search, executor=cfg.executor,
                                   output=str(cfg.root / "search" / method.name / f"{ev.slug}.jsonl")))
     return runs
 

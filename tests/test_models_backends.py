@@ -167,6 +167,36 @@ def test_shared_prefill_changes_nothing(backend):
     assert shared == plain
 
 
+@pytest.mark.parametrize("n, temperature", [(1, 0.0), (3, 1.0)])
+def test_a_common_prompt_prefix_is_prefilled_once_and_changes_nothing(backend, monkeypatch, n, temperature):
+    from codetool.models import transformers_backend as tb
+
+    system = "You may call these functions: " + " ".join(f"tool_{i}(x) returns item {i}." for i in range(40))
+    prompts = [[{"role": "system", "content": system}, {"role": "user", "content": q}]
+               for q in ("sort a list", "reverse the words of a long sentence please", "hi")]
+    encoded = [backend.encode(p) for p in prompts]
+    assert tb._common_prefix(encoded) >= tb.MIN_SHARED_PREFIX
+    widths = []
+    forward = backend.model.forward
+    monkeypatch.setattr(backend.model, "forward", lambda *a, **k: widths.append(k["input_ids"].shape) or forward(*a, **k))
+    shared = backend.generate(prompts, n=n, temperature=temperature, max_new_tokens=6, seed=3)
+    assert widths[0][0] == 1  # the prefix, once
+    backend.share_prefill = False
+    try:
+        plain = backend.generate(prompts, n=n, temperature=temperature, max_new_tokens=6, seed=3)
+    finally:
+        backend.share_prefill = True
+    assert texts(shared) == texts(plain)
+    assert [[c.prompt_tokens for c in row] for row in shared] == [[len(e)] * n for e in encoded]
+
+
+def test_common_prefix_leaves_every_row_a_token():
+    from codetool.models.transformers_backend import _common_prefix
+
+    assert _common_prefix([[1, 2, 3], [1, 2, 3, 4]]) == 2
+    assert _common_prefix([[1, 2], [3, 4]]) == 0
+
+
 def test_option_logprobs_sums_option_tokens(backend):
     options = ["def", "import math", "x = 1\n"]
     prompts = ["hello", PROMPTS[2]]

@@ -87,7 +87,7 @@ class DecisionEvalConfig:
     reuse: str = option("", "records.jsonl of an earlier run on the same draw: reuse its decisions and direct "
                         "answers instead of recomputing them")
     tools_backend: str = option("simulator", "tool backend for run_search")
-    tool_doc: str = option("compact", "tool docs in the policy prompt (run_search)", choices=["full", "compact"])
+    tool_doc: str = option("compact", "tool docs in the policy prompt (run_search)", choices=["full", "compact", "brief"])
     thresholds: list[float] = option(default_factory=list, help="thresholds to sweep (default: every recorded confidence)")
     dtype: str = option("auto", "model dtype", choices=["auto", "float32", "bfloat16", "float16"])
     device: str = option("auto", "device: auto, cpu, cuda, ...")

@@ -59,7 +59,7 @@ class RunConfig:
     tool_cache_dir: str | None = option(None, "StableToolBench response cache folder")
     max_response_chars: int = option(20000, "characters of one tool response handed to the code")
     tool_doc: str = option("full", "tool docs in the prompt: full docstrings, or compact one-liners (small models)",
-                           choices=["full", "compact"])
+                           choices=["full", "compact", "brief"])
     prm: str = option("none", "latent reward: a PRM checkpoint dir, a serve-prm URL, rollout, or none")
     prm_device: str = option("auto", "device of a local PRM")
     router: bool = option(False, "decide first (When2Tool): route easy queries past the full search")

@@ -41,11 +41,13 @@ class TreeConfig:
     output: str = option("runs/trees/trees.jsonl", "tree records (JSONL, one line per query)")
     dataset_dir: str = option("data/prm", "where the PRM dataset goes (prm_examples.jsonl, train/validation splits)")
     policy: str = option("default", "policy model: default, a path, a Hub id, an http(s) URL or vllm:<model>")
+    policy_max_batch_size: int = option(32, "sequences decoded together (local policy)")
+    remote_model: str | None = option(None, "model name sent to an http(s) policy server")
     tools_backend: str = option("simulator", "tool backend: simulator, cache, server, stabletoolbench")
     tool_server_url: str | None = option(None, "StableToolBench server URL (tools_backend server/stabletoolbench)")
     tool_cache_dir: str | None = option(None, "StableToolBench response cache folder (cache/stabletoolbench)")
     tool_doc: str = option("full", "tool docs in the prompt: full, or compact one-liners (small models)",
-                           choices=["full", "compact"])
+                           choices=["full", "compact", "brief"])
     branching: int = option(2, "candidates sampled per node")
     max_depth: int = option(5, "depth at which nodes become leaves")
     failure_policy: str = option("continue", "what a failed node does", choices=["continue", "stop"])
@@ -182,7 +184,7 @@ class TreeBuilder:
         leaves = [n for n in tree.values() if n["leaf"]]
         return {"query_id": task.query_id, "query": task.query, "tools": task.env.render(),
                 "config_hash": config_hash(cfg, ignore=("output", "dataset_dir", "shard", "merge", "limit",
-                                                        "batch_trees")),
+                                                        "batch_trees", "policy_max_batch_size")),
                 "nodes": tree, "pairs": pairs,
                 "summary": {"nodes": len(tree), "leaves": len(leaves),
                             "successful_leaves": sum(bool(n["success"]) for n in leaves),
@@ -285,7 +287,7 @@ def build_trees_command(cfg: TreeConfig) -> int:
         if finished:
             logger.info("resuming: %d of %d trees already in %s", len(mine) - len(todo), len(mine), path)
         if todo:
-            policy = make_policy(cfg.policy)
+            policy = make_policy(cfg.policy, max_batch_size=cfg.policy_max_batch_size, remote_model=cfg.remote_model)
             builder = TreeBuilder(policy, cfg, executor_factory(cfg.executor), judge=_judge_fn(cfg))
             backend = make_tool_backend(cfg.tools_backend, **tool_backend_options(
                 cfg.tools_backend, cfg.tool_server_url, cfg.tool_cache_dir))
