@@ -135,3 +135,15 @@ def test_sketch_response():
               "none": "NoneType", "empty": "empty list"}
     assert sketch_response(sketch) == '{"name": str, "items": [{"id": int}, ...], "tags": [str, ...], "none": None, "empty": []}'
     assert len(sketch_response({f"k{i}": "str" for i in range(200)}, limit=50)) == 50
+
+
+def test_compact_and_brief_styles_parse_and_shrink_in_order(shared_data):
+    apis = load_restbench(shared_data)[0].apis  # the 54 TMDB operations
+    full, compact, brief = (render_tools(apis, style) for style in ("full", "compact", "brief"))
+    for text in (full, compact, brief):
+        ast.parse(text)
+    assert len(brief) < len(compact) / 1.5 < len(full) / 1.5
+    lines = [line for line in brief.splitlines() if line.startswith("def ") and "_for_tmdb(" in line]
+    assert len(lines) == 54  # one line per operation
+    assert all(len(line.split("# ", 1)[1]) <= 60 for line in lines)
+    assert "def finish(answer: str)" in brief and "def give_up(reason: str)" in brief
