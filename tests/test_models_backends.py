@@ -179,14 +179,19 @@ def test_a_common_prompt_prefix_is_prefilled_once_and_changes_nothing(backend, m
     widths = []
     forward = backend.model.forward
     monkeypatch.setattr(backend.model, "forward", lambda *a, **k: widths.append(k["input_ids"].shape) or forward(*a, **k))
+    backend._prefixes = []
     shared = backend.generate(prompts, n=n, temperature=temperature, max_new_tokens=6, seed=3)
     assert widths[0][0] == 1  # the prefix, once
+    widths.clear()
+    again = backend.generate(prompts[1:], n=n, temperature=temperature, max_new_tokens=6, seed=3)
+    assert widths[0][0] == 2  # the remembered prefix is not computed again: the tails come first
     backend.share_prefill = False
     try:
         plain = backend.generate(prompts, n=n, temperature=temperature, max_new_tokens=6, seed=3)
+        plain_again = backend.generate(prompts[1:], n=n, temperature=temperature, max_new_tokens=6, seed=3)
     finally:
         backend.share_prefill = True
-    assert texts(shared) == texts(plain)
+    assert texts(shared) == texts(plain) and texts(again) == texts(plain_again)
     assert [[c.prompt_tokens for c in row] for row in shared] == [[len(e)] * n for e in encoded]
 
 

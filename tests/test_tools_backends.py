@@ -9,6 +9,7 @@ import time
 import pytest
 
 from codetool import CodetoolError
+from codetool.serving import serve_in_background
 from codetool.tools import (
     APISpec,
     CacheBackend,
@@ -21,7 +22,6 @@ from codetool.tools import (
     make_tool_backend,
 )
 from codetool.tools.backends import BACKENDS
-from codetool.tools.mock_servers import serve_in_background
 
 HUGE_BYTES = 10 * 1024 * 1024
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 
+from codetool.serving import serve_in_background
 from codetool.tools import (
     APISpec,
     CacheBackend,
@@ -19,7 +20,7 @@ from codetool.tools import (
     load_stabletoolbench,
     load_toolbench_queries,
 )
-from codetool.tools.mock_servers import ServeMockConfig, build_mock_app, serve_in_background
+from codetool.tools.mock_servers import ServeMockConfig, build_mock_app
 
 API = APISpec("Finance", "Stocks", "Quote", description="Latest quote of a symbol.",
               parameters=[Parameter("symbol", required=True), Parameter("from", "integer"),

@@ -6,7 +6,8 @@ left-padded and run in chunks of at most ``max_batch_size`` sequences. The ``n``
 prompt share one prefill: the prompt is run once and its KV cache repeated ``n`` times, so only
 decoding is paid per sample. Prompts of one chunk that begin alike (the same system prompt and tool
 list: every RestBench-TMDB query offers the same 54 functions) prefill that common prefix once; only
-each prompt's own tail is computed per prompt. Greedy decoding (temperature 0) runs each prompt
+each prompt's own tail is computed per prompt. The last two such prefixes keep their KV cache
+across calls, so the next step (or the next method on the same benchmark) does not recompute it. Greedy decoding (temperature 0) runs each prompt
 once and copies the completion ``n`` times.
 
 Guarantees: results come back in prompt order; token counts are exact (prompt tokens without
@@ -29,6 +30,8 @@ logger = logging.getLogger(__name__)
 
 # Prompts of one chunk that share at least this many leading tokens prefill them once.
 MIN_SHARED_PREFIX = 64
+# How many such prefixes (with their KV caches) are remembered across calls.
+PREFIX_CACHE_SIZE = 2
 
 
 def _common_prefix(rows: list[list[int]]) -> int:
@@ -90,6 +93,7 @@ class TransformersBackend:
             self.model, self.tokenizer = load_model(model, dtype=dtype, device=device)
             self.name = f"transformers:{model}"
         self.max_batch_size = max_batch_size
+        self._prefixes: list[tuple[tuple[int, ...], Any]] = []  # (token ids, KV cache), newest last
         eos = self.model.generation_config.eos_token_id
         eos = [eos] if isinstance(eos, int) else list(eos or [])
         if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in eos:
@@ -191,13 +195,16 @@ class TransformersBackend:
         if sampling:
             config.update(temperature=temperature, top_p=top_p, top_k=0)
         kwargs: dict[str, Any] = {}
-        shared = _common_prefix(rows) if self.share_prefill and len(rows) > 1 else 0
-        if shared >= MIN_SHARED_PREFIX:
+        shared = _common_prefix(rows) if self.share_prefill else 0
+        known = self._known_prefix(rows[0], shared)
+        if known is not None:
+            shared = len(known[0])
+        if shared >= MIN_SHARED_PREFIX and (len(rows) > 1 or known is not None):
             # The prompts start alike (same system prompt and tools): that prefix runs once, each
             # prompt's own tail runs on a copy of its KV cache, then the samples share that.
             ids, mask = self._pad_after_prefix(rows, shared)
             width = ids.shape[1]
-            kwargs["cache"] = self._prefill_shared(ids, mask, shared)
+            kwargs["cache"] = self._prefill_shared(ids, mask, shared, known)
             kwargs["cache"].batch_repeat_interleave(samples)
             ids, mask = ids.repeat_interleave(samples, dim=0), mask.repeat_interleave(samples, dim=0)
         elif samples > 1 and self.share_prefill and width > 1:
@@ -227,12 +234,34 @@ class TransformersBackend:
                             dtype=torch.long, device=self.device)
         return ids, mask
 
-    def _prefill_shared(self, ids, mask, shared: int):
-        """KV cache of all but the last token of each row, the first ``shared`` tokens computed once."""
+    def _known_prefix(self, row: list[int], shared: int):
+        """The longest remembered prefix (at least ``MIN_SHARED_PREFIX`` tokens) that starts ``row``
+        and is no longer than ``shared`` (the chunk's common prefix), or ``None``."""
+        best = None
+        for key, cache in self._prefixes:
+            if MIN_SHARED_PREFIX <= len(key) <= shared and tuple(row[:len(key)]) == key:
+                if best is None or len(key) > len(best[0]):
+                    best = (key, cache)
+        return best
+
+    def _prefill_shared(self, ids, mask, shared: int, known=None):
+        """KV cache of all but the last token of each row, the first ``shared`` tokens computed once.
+
+        That prefix's cache is remembered (the last ``PREFIX_CACHE_SIZE``): the next call whose
+        prompts begin alike (the next step of the same queries, another method on the same
+        benchmark) starts from a copy instead of recomputing it.
+        """
+        import copy
+
         from transformers import DynamicCache
 
-        cache = self.model(input_ids=ids[:1, :shared], cache=DynamicCache(config=self.model.config),
-                           use_cache=True, logits_to_keep=1).cache
+        if known is not None:
+            cache = copy.deepcopy(known[1])
+        else:
+            cache = self.model(input_ids=ids[:1, :shared], cache=DynamicCache(config=self.model.config),
+                               use_cache=True, logits_to_keep=1).cache
+            self._prefixes = [*self._prefixes, (tuple(ids[0, :shared].tolist()), copy.deepcopy(cache))
+                              ][-PREFIX_CACHE_SIZE:]
         cache.batch_repeat_interleave(ids.shape[0])
         if ids.shape[1] - 1 > shared:
             positions = (mask.cumsum(-1) - 1).clamp(min=0)

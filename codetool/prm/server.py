@@ -15,7 +15,6 @@ without a Content-Length get 413/411, more than ``max_items`` items 413, malform
 """
 
 import asyncio
-import contextlib
 import hmac
 import json
 import logging
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from codetool import CodetoolError
 from codetool.config import ConfigError, option
 from codetool.rewards import PRMItem
+from codetool.serving import serve_in_background
 
 logger = logging.getLogger(__name__)
 
@@ -194,31 +194,9 @@ def create_app(scorer, *, api_key: str | None = None, name: str = "prm", max_bod
     return app
 
 
-@contextlib.contextmanager
 def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0):
-    """Run ``app`` with uvicorn in a background thread; yields its base URL, stops on exit.
-
-    For tests, benchmarks and in-process use; ``port=0`` picks a free port.
-    """
-    import threading
-    import time
-
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise CodetoolError(f"the PRM server did not start on {host}:{port}.")
-        time.sleep(0.02)
-    bound = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://{host}:{bound}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    """Serve the PRM ``app`` in a background thread; yields its base URL (tests, benchmarks)."""
+    return serve_in_background(app, host, port, name="the PRM server")
 
 
 def serve_prm(cfg: ServePRMConfig) -> int:

@@ -127,8 +127,9 @@ def tool_backend(cfg: RunConfig):
     if kind == "auto":
         kind = "mock-tmdb" if cfg.benchmark == "restbench-tmdb" else "simulator"
     if kind == "mock-tmdb":
+        from codetool.serving import serve_in_background
         from codetool.tools.loaders import data_root
-        from codetool.tools.mock_servers import build_tmdb_app, serve_in_background
+        from codetool.tools.mock_servers import build_tmdb_app
         from codetool.tools.openapi import load_openapi
 
         root = Path(cfg.data_dir) if cfg.data_dir else data_root()
@@ -249,8 +250,7 @@ def execute_run(cfg: RunConfig, *, policy=None, scorer=None, show_summary: bool 
             if cfg.router:
                 from codetool.search.router import route_and_solve
 
-                for traj in route_and_solve(tasks, cfg.routing, search, policy, executor_factory(cfg.executor)):
-                    done(traj)
+                route_and_solve(tasks, cfg.routing, search, policy, executor_factory(cfg.executor), on_done=done)
             else:
                 search.run(tasks, on_done=done)
         logger.info("ran %d queries in %.1f s", len(todo), time.perf_counter() - start)

@@ -25,15 +25,12 @@ an internal error is a one-line 500, never a traceback.
 
 # No "from __future__ import annotations": FastAPI must see the real Request class in handler signatures.
 import asyncio
-import contextlib
 import hmac
 import ipaddress
 import json
 import logging
 import os
 import re
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -318,26 +315,3 @@ def serve_mock(cfg: ServeMockConfig) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def serve_in_background(app, host: str = "127.0.0.1", port: int = 0, start_timeout_s: float = 20.0):
-    """Run ``app`` with uvicorn in a daemon thread; yields its base URL (``port=0``: a free port).
-
-    For tests and benchmarks: loopback only by default, stopped when the ``with`` block ends.
-    """
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
-                                           timeout_keep_alive=5))
-    thread = threading.Thread(target=server.run, name="codetool-mock-server", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + start_timeout_s
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise CodetoolError(f"the mock server did not start on {host}:{port} within {start_timeout_s:g} s.")
-        time.sleep(0.02)
-    bound = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://{host}:{bound}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
