@@ -131,3 +131,16 @@ def test_cli_runs_eval(tmp_path, capsys):
     assert status == 0
     report = json.loads((tmp_path / "o" / "report.json").read_text())
     assert report["methods"] == ["m", "n"] and (tmp_path / "o" / "bars_stabletoolbench.png").is_file()
+
+
+def test_one_method_split_over_files_is_one_run(tmp_path):
+    stb, rest = tmp_path / "G1_instruction.jsonl", tmp_path / "restbench-tmdb.jsonl"
+    trajs = make_run("spot", [("G1", "good")])
+    write_jsonl(stb, [t.to_dict() for t in trajs if t.benchmark == "stabletoolbench"])
+    write_jsonl(rest, [t.to_dict() for t in trajs if t.benchmark != "stabletoolbench"])
+    again = tmp_path / "again.jsonl"
+    write_jsonl(again, [t.to_dict() for t in trajs if t.benchmark == "stabletoolbench"])
+    runs = load_runs([str(stb), str(rest), str(again)])
+    assert [r.method for r in runs] == ["spot", "spot@again"]  # the same query twice: kept apart
+    assert {t.benchmark for t in runs[0].trajectories} == {"stabletoolbench", "restbench-tmdb"}
+    assert runs[0].source == f"{stb}, {rest}"

@@ -207,3 +207,10 @@ def test_golden_data_example_pass_and_win(shared_data):
     # 588: the DFS answer is solved and the CoT one is not, so no comparison was needed.
     assert win.per_query["588"].judged == 0 and len(cmp_judge.compare_calls) == 6
     assert win_rate_from_counts({"x": PairCount(1, 2), "y": PairCount(2, 2)}).lose == 0.5
+
+
+def test_two_runs_without_answers_tie_without_a_judge():
+    a, b = traj("q", answer=None, finish="max_steps"), traj("q", answer="  ", finish="max_steps")
+    b.steps[0].candidates[0].code = "print(2)"  # different trajectories, still nothing to compare
+    win = compare_runs({"q": a}, {"q": b}, {"q": ["Unsolved"]}, {"q": ["Unsolved"]}, None, rounds=1)
+    assert win.per_query["q"].outcome == "tie" and win.per_query["q"].judged == 0

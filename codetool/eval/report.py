@@ -83,8 +83,9 @@ class Run:
 
 
 def load_runs(paths: Sequence[str]) -> list[Run]:
-    """One :class:`Run` per method of each input (a method name seen in two inputs gets
-    ``@<file stem>`` appended). A query repeated in a file (a resumed run) keeps its last record.
+    """One :class:`Run` per method. Inputs of the same method join into one run when their
+    queries differ (one file per benchmark); when they hold the same query, the later input's run
+    is named ``<method>@<file stem>``. A query repeated in a file (a resumed run) keeps its last record.
 
     Raises:
         CodetoolError: a missing input or an unreadable converted-answer file.
@@ -107,7 +108,12 @@ def load_runs(paths: Sequence[str]) -> list[Run]:
             name = traj.method or path.stem
             by_method.setdefault(name, {})[(traj.benchmark, traj.group, traj.query_id)] = traj
         for name, kept in by_method.items():
-            if any(r.method == name for r in runs):
+            same = next((r for r in runs if r.method == name), None)
+            if same is not None and not ({(t.benchmark, t.group, t.query_id) for t in same.trajectories} & set(kept)):
+                same.source = f"{same.source}, {path}"
+                same.trajectories.extend(kept.values())
+                continue
+            if same is not None:
                 name = f"{name}@{path.stem}"
             runs.append(Run(name, str(path), list(kept.values())))
     return runs

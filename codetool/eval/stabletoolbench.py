@@ -16,13 +16,14 @@ Win rate (``eval_preference.py`` and ``normalized_openai_completions``), candida
 per query and round: a query missing from one run is won by the other; if one run's majority label
 over the rounds is Solved and the other's Unsolved, the solved one wins without a judge call;
 otherwise, within the round, the only Solved answer wins, else the only Unsure one, else two
-identical answers tie, else the judge compares (a tie counts for neither). A query is won by the
+identical answers (or two empty ones) tie, else the judge compares (a tie counts for neither). A query is won by the
 run with more round wins; equal counts are a tie. Win rate = wins / queries, ties reported apart.
 
 Deviations from the upstream scripts, each deliberate: the Solved-vs-Unsolved shortcut really
 fires (upstream reads the per-round labels back from a CSV as the text of a dict, so its majority
 vote never matches and the shortcut never runs; it would have given the same verdicts); a tie
-among majority labels counts as Unsure; identical answers tie instead of a random pick; and the
+among majority labels counts as Unsure; identical answers, and two runs that both gave no answer,
+tie instead of a random pick or a judge call on nothing; and the
 two answers swap places (A/B) on odd rounds, against position bias. None of these changes the
 golden example (``StableToolBench/data_example``), which the tests replay exactly.
 """
@@ -291,8 +292,8 @@ def compare_runs(candidate: Mapping[str, Trajectory], reference: Mapping[str, Tr
             (majority_label(ref_labels), majority_label(cand_labels)))
         for r in range(rounds):
             pick = shortcut or _round_pick(ref_labels[r % len(ref_labels)], cand_labels[r % len(cand_labels)])
-            if pick is None and _same_answer(reference[qid], candidate[qid]):
-                continue  # identical answers: a tie for this round
+            if pick is None and (_same_answer(reference[qid], candidate[qid]) or _both_empty(reference[qid], candidate[qid])):
+                continue  # identical answers, or neither answered: a tie for this round
             if pick is None:
                 asks.append((qid, r, r % 2 == 1))
             else:
@@ -311,6 +312,10 @@ def compare_runs(candidate: Mapping[str, Trajectory], reference: Mapping[str, Tr
         winner = "candidate" if (pref.winner == "a") == cand_is_a else "reference"
         setattr(counts[qid], winner, getattr(counts[qid], winner) + 1)
     return win_rate_from_counts(counts)
+
+
+def _both_empty(a: Trajectory, b: Trajectory) -> bool:
+    return not (a.final_answer or "").strip() and not (b.final_answer or "").strip()
 
 
 def _same_answer(a: Trajectory, b: Trajectory) -> bool:
