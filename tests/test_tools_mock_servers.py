@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from codetool import CodetoolError
+from codetool.serving import serve_in_background
 from codetool.tools import (
     APISpec,
     StableToolBenchClient,
@@ -22,7 +23,6 @@ from codetool.tools.mock_servers import (
     ServeMockConfig,
     build_mock_app,
     build_stabletoolbench_app,
-    serve_in_background,
     serve_mock,
 )
 
