@@ -143,9 +143,14 @@ class Stage:
             shutil.rmtree(self.dir)
         elif rec.get("status") == "running":
             logger.info("stage %s: resuming an interrupted run", self.name)
+        elif rec.get("status") == "failed":
+            logger.info("stage %s: running again after it failed (%s)", self.name, rec.get("error", "?"))
         self.dir.mkdir(parents=True, exist_ok=True)
         self._write({"hash": self.digest, "status": "running", "started": time.time()})
         return True
+
+    def failed(self, error: BaseException) -> None:
+        self._write({"hash": self.digest, "status": "failed", "error": f"{type(error).__name__}: {error}"[:500]})
 
     def done(self, seconds: float, **info) -> None:
         self._write({"hash": self.digest, "status": "done", "seconds": round(seconds, 1), **info})
@@ -223,7 +228,11 @@ def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
             continue
         changed = True
         start = time.perf_counter()
-        info = STAGE_FUNCTIONS[name](cfg, tree_cfg=tree_cfg, train_cfg=train_cfg, run_cfgs=run_cfgs, prm=prm)
+        try:
+            info = STAGE_FUNCTIONS[name](cfg, tree_cfg=tree_cfg, train_cfg=train_cfg, run_cfgs=run_cfgs, prm=prm)
+        except BaseException as e:  # recorded, so the next run says why it starts this stage again
+            stage.failed(e)
+            raise
         stage.done(time.perf_counter() - start, **(info or {}))
         status[name] = "ran"
         logger.info("stage %s finished in %.1f s", name, time.perf_counter() - start)

@@ -18,7 +18,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("CODETOOL_SHARED_DATA", REPO.parent / "shared" / "data"))
+# The field cases live in ../shared/cases; tests/cases is a copy so a clone alone still runs them.
 SHARED_CASES = SHARED_DATA.parent / "cases"
+if not SHARED_CASES.is_dir():
+    SHARED_CASES = REPO / "tests" / "cases"
 CANARY_KEY = "sk-canary-7f3a9c2e1b5d4f60a8e2"
 
 CHATML_TEMPLATE = (

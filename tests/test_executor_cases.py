@@ -17,6 +17,8 @@ from codetool.executor import Executor, ExecutorConfig, bwrap_problem
 
 REPO = Path(__file__).resolve().parents[1]
 CASES_FILE = Path(os.environ.get("CODETOOL_SHARED_DATA", REPO.parent / "shared" / "data")).parent / "cases" / "executor.jsonl"
+if not CASES_FILE.is_file():  # tests/cases holds a copy of ../shared/cases
+    CASES_FILE = REPO / "tests" / "cases" / "executor.jsonl"
 CASES = [json.loads(line) for line in CASES_FILE.read_text().splitlines() if line.strip()] if CASES_FILE.is_file() else []
 CONFIG = dict(timeout_s=1.5, grace_s=0.5, memory_mb=512, max_output_chars=2000, max_processes=32)
 MODES = ["fallback", pytest.param("bwrap", marks=pytest.mark.bwrap)]

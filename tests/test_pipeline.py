@@ -82,7 +82,8 @@ def test_a_crashed_stage_resumes_in_place(recorded, tmp_path):
         run_pipeline(cfg)
     partial = tmp_path / "p" / "search" / "partial.jsonl"
     partial.write_text('{"query_id": "q1"}\n')  # what the crashed stage had written
-    assert json.loads((tmp_path / "p" / "search" / "stage.json").read_text())["status"] == "running"
+    record = json.loads((tmp_path / "p" / "search" / "stage.json").read_text())
+    assert record["status"] == "failed" and record["error"] == "RuntimeError: search crashed"
     calls.clear()
     assert run_pipeline(cfg) == {"trees": "skipped", "train": "skipped", "search": "ran", "eval": "ran"}
     assert partial.exists()  # kept: the stage's own command resumes from it

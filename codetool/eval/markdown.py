@@ -61,7 +61,7 @@ def _detail_header(bench: str) -> list[str]:
     head = ["group", "n", _main_name(bench)]
     if bench == RESTBENCH:
         head += ["path rate %", "Δ len"]
-    return head + ["SCEP %", "steps", "calls", "tokens in", "tokens out", "s/query", "tool cost", "finish",
+    return head + ["SCEP %", "steps", "calls", "tokens in", "tokens out", "episode wall s", "tool cost", "finish",
                    "give up", "max steps", "error"]
 
 
@@ -90,7 +90,7 @@ def _comparison(bench: str, methods: dict[str, dict]) -> list[str]:
                             ("tool calls", "mean_tool_calls", lambda x: _num(x, 2)),
                             ("tokens in", "mean_prompt_tokens", lambda x: _num(x, 0)),
                             ("tokens out", "mean_completion_tokens", lambda x: _num(x, 0)),
-                            ("s/query", "mean_seconds", lambda x: _num(x, 1)),
+                            ("episode wall s", "mean_seconds", lambda x: _num(x, 1)),
                             ("tool cost", "mean_tool_cost", lambda x: _num(x, 2))):
         metric_rows.append([label] + [fmt(overall[n][key]) for n in names])
     for kind in ("finish", "give_up", "max_steps", "error"):
@@ -98,7 +98,10 @@ def _comparison(bench: str, methods: dict[str, dict]) -> list[str]:
     phases = list(dict.fromkeys(p for n in names for p in overall[n]["phase_seconds"]))
     for phase in phases:
         metric_rows.append([f"s {phase}"] + [_num(overall[n]["phase_seconds"].get(phase), 2) for n in names])
-    return lines + ["Run metrics (per query):", ""] + _table(["metric"] + names, metric_rows)
+    return lines + ["Run metrics (per query):", ""] + _table(["metric"] + names, metric_rows) + [
+        "", "Episode wall s: start to end of each episode. Episodes run concurrently and share each "
+        "generate call, so these times overlap; `s generation`, `s execution` and `s scoring` split "
+        "each shared call's time among the episodes in it."]
 
 
 def render_markdown(report: dict[str, Any]) -> str:

@@ -293,7 +293,7 @@ def eval_command(cfg: EvalConfig) -> int:
     console = Console()
     table = Table(title=f"judge: {report['judge']['name']}" + (" (weak: smoke test only)" if report["judge"]["weak"]
                                                                 else ""))
-    for column in ("benchmark", "method", "n", "pass / success %", "path rate %", "SCEP %", "steps", "s/query"):
+    for column in ("benchmark", "method", "n", "pass / success %", "path rate %", "SCEP %", "steps", "episode wall s"):
         table.add_column(column)
     for bench, entry in report["benchmarks"].items():
         for method, data in entry["methods"].items():
