@@ -150,7 +150,9 @@ class Stage:
         return True
 
     def failed(self, error: BaseException) -> None:
-        self._write({"hash": self.digest, "status": "failed", "error": f"{type(error).__name__}: {error}"[:500]})
+        from codetool.secrets import redact
+
+        self._write({"hash": self.digest, "status": "failed", "error": redact(f"{type(error).__name__}: {error}")[:500]})
 
     def done(self, seconds: float, **info) -> None:
         self._write({"hash": self.digest, "status": "done", "seconds": round(seconds, 1), **info})
