@@ -21,7 +21,7 @@ from codetool.eval.decision import (
     threshold_row,
 )
 from codetool.models.backends import ScriptedBackend
-from codetool.search.router import NONE
+from codetool.search.decide import NONE
 
 
 def test_packaged_tool_free_queries_are_many_varied_and_well_formed():

@@ -15,16 +15,16 @@ import pytest
 from codetool import CodetoolError
 from codetool.config import ConfigError
 from codetool.models.backends import ScriptedBackend
-from codetool.search.router import (
+from codetool.search.decide import (
     NONE,
     Decision,
     RouterConfig,
     decide,
     option_probabilities,
     parse_choice,
-    route_and_solve,
     route_for,
 )
+from codetool.search.router import route_and_solve
 from codetool.search.search import SearchConfig, SearchTask, StepwiseSearch
 
 WEATHER, NEWS = "current_weather_for_weatherapi", "top_headlines_for_newsapi"

@@ -50,9 +50,10 @@ from typing import Any
 
 from codetool import CodetoolError
 from codetool.config import ConfigError, option, to_dict
+from codetool.eval.decision_report import pct, plot_sweep, render_markdown
 from codetool.executor import ExecutorConfig
 from codetool.jsonl import append_jsonl, write_jsonl
-from codetool.search.router import (
+from codetool.search.decide import (
     NONE,
     Decision,
     RouterConfig,
@@ -375,7 +376,7 @@ def _argmax_choices(records: list[dict], scoring: str) -> list[str | None]:
 
 def _direct_answers(policy, items: list[DecisionItem], cfg: DecisionEvalConfig) -> list[dict]:
     """A direct answer for every item in one batched call: text, tokens, seconds (an even share)."""
-    from codetool.search.router import answer_messages
+    from codetool.search.decide import answer_messages
 
     start = time.perf_counter()
     outputs = policy.generate([answer_messages(it.query) for it in items], n=1, temperature=0.0,
@@ -522,127 +523,6 @@ def build_report(cfg: DecisionEvalConfig, records: list[dict], skipped: dict[str
     }
 
 
-_ROWS = [("decision_accuracy", "decision accuracy (first action right)"),
-         ("necessity_accuracy", "necessity accuracy (tool vs none)"),
-         ("tool_invocation_accuracy", "tool-invocation accuracy"), ("tool_selection_error", "tool-selection error"),
-         ("hallucination_rate", "hallucination rate"), ("deferred_rate", "deferred to search (tool queries)"),
-         ("unnecessary_tool_rate", "unnecessary tool use (tool-free)")]
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}"
-
-
-def _num(x: float | None, digits: int = 1) -> str:
-    return "n/a" if x is None else f"{x:.{digits}f}"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
-        "| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows] + [""]
-
-
-def render_markdown(report: dict) -> str:
-    """``report.md``: tables of the decision, routing vs always-search, the sweep, categories."""
-    c, t = report["counts"], report["thresholds"]
-    lines = ["# Decide-first benchmark", "",
-             f"Model `{report['model']}` (decider `{report['decider']}`), confidence from **{report['method']}**"
-             + (f" (scoring `{report['scoring']}`)" if report["scoring"] else "")
-             + f"; {c['tool']} tool-needing queries ({', '.join(f'{g} {n}' for g, n in c['groups'].items() if g != 'tool_free')}),"
-             f" {c['free']} tool-free; {c['mean_functions_offered']:.1f} functions offered per query on average."
-             + (f" Skipped StableToolBench queries: {report['skipped']}." if report["skipped"] else ""), "",
-             "## Decision (top option, no threshold)", ""]
-    cols = report["decision_by_scoring"] or {"top option": report["decision"]}
-    lines += _table(["metric (%)", *cols], [[label, *(_pct(m[key]) for m in cols.values())] for key, label in _ROWS])
-    cost = report["decision_cost"]
-    lines += [f"Decision cost: {cost['tokens_per_query']:.0f} tokens and {cost['seconds_per_query']:.2f} s per query.", "",
-              f"## Routing at t_none = {t['t_none']}, t_tool = {t['t_tool']}", ""]
-    cols = {"router": report["at_threshold"], "always act (t = 0)": report["always_act"]}
-    if report["always_search"]:
-        cols["always search"] = report["always_search"]
-    rows = [[label, *(_pct(m[key]) for m in cols.values())] for key, label in _ROWS]
-    rows.append(["tokens per query", *(_num(m["tokens_per_query"], 0) for m in cols.values())])
-    rows.append(["seconds per query", *(_num(m["seconds_per_query"], 2) for m in cols.values())])
-    rows.append(["routes direct/fast/search", *("/".join(str(v) for v in m["routes"].values()) if "routes" in m
-                                                else "-" for m in cols.values())])
-    lines += _table(["", *cols], rows)
-    at, saving = report["at_threshold"], report["saving"]
-    if report["always_search"]:
-        lines.append(f"Fast paths that fell back to the search: {at['fast_fallbacks']} of {at['routes']['fast']}.")
-    if saving:
-        lines.append(f"**Saving against always-search: {100 * saving['tokens']:.1f}% of tokens, "
-                     f"{100 * saving['seconds']:.1f}% of seconds per query.**")
-    lines += ["", "## Threshold sweep (t_none = t_tool = t)", "", "![accuracy and tokens against the threshold]"
-              "(decision_sweep.png)", ""]
-    sweep = report["sweep"]
-    shown = sweep if len(sweep) <= 16 else [sweep[round(i * (len(sweep) - 1) / 15)] for i in range(16)]
-    lines += _table(["t", "direct/fast/search", "decision acc %", "tool-invocation %", "hallucination %",
-                     "unnecessary %", "tokens/query", "s/query"],
-                    [[f"{r['t_none']:.3f}", "/".join(str(v) for v in r["routes"].values()), _pct(r["decision_accuracy"]),
-                      _pct(r["tool_invocation_accuracy"]), _pct(r["hallucination_rate"]),
-                      _pct(r["unnecessary_tool_rate"]), _num(r["tokens_per_query"], 0), _num(r["seconds_per_query"], 2)]
-                     for r in shown])
-    lines += ["## Decision accuracy by category", ""]
-    lines += _table(["category", "n", "decision acc %", "necessity acc %"],
-                    [[k, v["n"], _pct(v["decision_accuracy"]), _pct(v["necessity_accuracy"])]
-                     for k, v in report["by_category"].items()])
-    da = report["direct_answers"]
-    lines += [f"Direct answers on tool-free queries with a reference: {da['correct']} of {da['with_reference']} "
-              f"match ({_pct(da['accuracy'])}%).", "", "## Definitions", "",
-              "T = tool-needing queries (gold: StableToolBench `relevant APIs`), F = tool-free queries; the first "
-              "action is NONE (direct answer), a function (fast path: its first executed call when run), or the "
-              "full search (its first executed call when run, else *deferred*).",
-              "- tool-invocation accuracy: share of T whose first action is a gold function;",
-              "- tool-selection error: share of T whose first action is a function that is not gold;",
-              "- hallucination rate: share of T answered directly, without the tool it needed;",
-              "- unnecessary tool use: share of F not answered directly;",
-              "- decision accuracy: right first action over T and F; necessity accuracy: tool-or-not right.", "",
-              "## Notes", "", *(f"- {n}" for n in report["notes"]), ""]
-    return "\n".join(lines)
-
-
-def plot_sweep(report: dict, path: str | Path) -> Path:
-    """``decision_sweep.png``: accuracy metrics (left) and tokens per query (right) against the
-    threshold; without measured route costs, the right panel shows the share of each route."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    sweep = report["sweep"]
-    ts = [r["t_none"] for r in sweep]
-    measured = report["always_search"] is not None
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5.4))
-    for key, label in [_ROWS[0], _ROWS[1], _ROWS[2], _ROWS[4], _ROWS[6]]:
-        if not measured and key in ("decision_accuracy", "tool_invocation_accuracy"):
-            label += " (deferred = not right)"
-        if all(r[key] is not None for r in sweep):
-            left.plot(ts, [100 * r[key] for r in sweep], drawstyle="steps-post", marker=".", label=label)
-    left.set(ylabel="%", ylim=(-3, 103), title="accuracy against the threshold")
-    if all(r["tokens_per_query"] is not None for r in sweep):
-        right.plot(ts, [r["tokens_per_query"] for r in sweep], drawstyle="steps-post", marker=".", label="router")
-        if measured:
-            right.axhline(report["always_search"]["tokens_per_query"], color="C3", ls=":", label="always search")
-        right.set(ylabel="tokens per query", title="tokens per query against the threshold")
-    else:
-        n = max(1, sum(sweep[0]["routes"].values()))
-        for route in ("direct", "fast", "search"):
-            right.plot(ts, [100 * r["routes"][route] / n for r in sweep], drawstyle="steps-post", marker=".", label=route)
-        right.set(ylabel="% of queries", ylim=(-3, 103), title="routes (fast/search costs not measured)")
-    for ax in (left, right):
-        for name, value in report["thresholds"].items():
-            ax.axvline(value, color="gray", ls="--" if name == "t_tool" else ":", lw=1, label=f"chosen {name} = {value}")
-        ax.set_xlabel("threshold t (t_none = t_tool)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
-    fig.suptitle(f"Decide-first: {report['model']}, {report['method']}, "
-                 f"{report['counts']['tool']} tool + {report['counts']['free']} tool-free queries", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
-
-
 def eval_decision_command(cfg: DecisionEvalConfig) -> int:
     """``codetool eval-decision``: decide on the labelled set, optionally run the routes, report."""
     from rich.console import Console
@@ -674,8 +554,8 @@ def eval_decision_command(cfg: DecisionEvalConfig) -> int:
     (out / "report.md").write_text(render_markdown(report))
     plot_sweep(report, out / "decision_sweep.png")
     d, at = report["decision"], report["at_threshold"]
-    Console().print(f"decision ({report['method']}): accuracy {_pct(d['decision_accuracy'])}%, tool-invocation "
-                    f"{_pct(d['tool_invocation_accuracy'])}%, hallucination {_pct(d['hallucination_rate'])}%, "
-                    f"unnecessary {_pct(d['unnecessary_tool_rate'])}%; routes at the threshold {at['routes']}; "
+    Console().print(f"decision ({report['method']}): accuracy {pct(d['decision_accuracy'])}%, tool-invocation "
+                    f"{pct(d['tool_invocation_accuracy'])}%, hallucination {pct(d['hallucination_rate'])}%, "
+                    f"unnecessary {pct(d['unnecessary_tool_rate'])}%; routes at the threshold {at['routes']}; "
                     f"report in {out}/report.md", markup=False, highlight=False)
     return 0

@@ -25,7 +25,7 @@ from codetool import CodetoolError
 from codetool.config import ConfigError, config_hash, option
 from codetool.executor import ExecutorConfig
 from codetool.jsonl import append_jsonl, done_ids
-from codetool.search.router import RouterConfig
+from codetool.search.decide import RouterConfig
 from codetool.search.search import SearchConfig, SearchTask, StepwiseSearch
 
 logger = logging.getLogger(__name__)
