@@ -30,7 +30,7 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
     "mock_server": ("bench_mock_server.py", ["--requests", "200"], ["--requests", "50", "--concurrency", "1", "8"]),
     "generation": ("bench_generation.py", [], ["--max-new-tokens", "16"]),
     "prm_scoring": ("bench_prm_scoring.py", ["--skip-padded"], ["--skip-padded", "--repeats", "1"]),
-    "prm_training": ("bench_prm_training.py", [], ["--steps", "3", "--warmup", "1"]),
+    "prm_training": ("bench_prm_training.py", [], ["--steps", "2", "--warmup", "1"]),
 }
 
 

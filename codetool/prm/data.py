@@ -9,7 +9,9 @@ instead (``codetool.prm.format``) and the number of cut rows is logged.
 Splits are by ``query_id`` (all candidates of one query land on the same side), by a hash, so
 ``codetool eval-prm`` can rebuild the held-out part from the checkpoint's settings. Siblings (the
 candidates of one step) are the rows that share query and history; they form the pairs of the
-pairwise accuracy.
+pairwise accuracy. In training the rows of one query share its prompt and siblings share their
+history: :class:`PrefixGroupSampler` keeps a query's rows in the same batches and
+``PRMModel.forward(..., share_prefix=True)`` computes each shared run of tokens once.
 """
 
 from __future__ import annotations
@@ -95,17 +97,20 @@ def tokenize_rows(rows: list[dict], encoder: PromptEncoder) -> tuple[list[dict],
 
     Returns:
         A list of dicts with ``input_ids`` (list[int], prompt then label token), ``labels``
-        (-100 except the last position), ``group`` (int, sibling group index) and ``label``
+        (-100 except the last position), ``group`` (int, sibling group index), ``query_group``
+        (int, index of the row's query: its rows share the query and tool prompt) and ``label``
         (0/1), plus :class:`TokenStats`. Truncated rows are logged, never dropped.
     """
     pos_id, neg_id = encoder.label_ids
     groups: dict[str, int] = {}
+    queries: dict[str, int] = {}
     out, stats = [], TokenStats()
     for row in rows:
         enc = encoder.encode(item_from_row(row))
         label_id = pos_id if row["label"] == 1 else neg_id
         ids = enc.input_ids + [label_id]
         out.append({"input_ids": ids, "labels": [IGNORE_INDEX] * (len(ids) - 1) + [label_id],
+                    "query_group": queries.setdefault(query_key(row), len(queries)),
                     "group": groups.setdefault(sibling_key(row), len(groups)), "label": int(row["label"])})
         stats.rows += 1
         stats.tokens += len(ids)
@@ -159,7 +164,57 @@ class PRMCollator:
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         for i, p in enumerate(prompts):
             input_ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
-        return {"input_ids": input_ids,
-                "last_index": torch.tensor([len(p) - 1 for p in prompts], dtype=torch.long),
-                "target": torch.tensor(targets, dtype=torch.long),
-                "group": torch.tensor([int(f.get("group", -1)) for f in features], dtype=torch.long)}
+        batch = {"input_ids": input_ids,
+                 "last_index": torch.tensor([len(p) - 1 for p in prompts], dtype=torch.long),
+                 "target": torch.tensor(targets, dtype=torch.long),
+                 "group": torch.tensor([int(f.get("group", -1)) for f in features], dtype=torch.long)}
+        return batch
+
+
+class PrefixGroupSampler(torch.utils.data.Sampler):
+    """Training order that keeps the rows of a group (a query) next to each other, in one batch.
+
+    Each epoch shuffles the groups (seeded by ``seed`` and the epoch), then, within windows of
+    ``50 * batch_size`` rows, orders groups longest first so rows of a batch have similar lengths
+    (less padding, like ``LengthGroupedSampler``). Inside a group rows keep dataset order (siblings
+    are adjacent there). A group larger than a batch, or one straddling a batch boundary, is simply
+    split: sharing is an optimisation, never needed for correctness.
+
+    Args:
+        groups (`list[int]`): group id of each dataset row (``query_group`` of :func:`tokenize_rows`).
+        lengths (`list[int]`): tokens of each row.
+        batch_size (`int`): rows per optimizer micro-batch (times accumulation steps is fine too).
+        seed (`int`, *optional*, defaults to 0): base shuffling seed.
+    """
+
+    def __init__(self, groups: list[int], lengths: list[int], batch_size: int, seed: int = 0):
+        if len(groups) != len(lengths):
+            raise CodetoolError(f"PrefixGroupSampler: {len(groups)} group ids for {len(lengths)} rows.")
+        members: dict[int, list[int]] = {}
+        for i, g in enumerate(groups):
+            members.setdefault(int(g), []).append(i)
+        self.members = list(members.values())
+        self.lengths = [int(n) for n in lengths]
+        self.window = 50 * max(int(batch_size), 1)
+        self.seed, self.epoch = int(seed), 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Called by the Trainer (through accelerate) at the start of each epoch."""
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        order = [self.members[i] for i in torch.randperm(len(self.members), generator=generator).tolist()]
+        out: list[int] = []
+        window: list[list[int]] = []
+        for group in order + [None]:
+            if group is not None:
+                window.append(group)
+            if group is None or sum(map(len, window)) >= self.window:
+                window.sort(key=lambda g: -max(self.lengths[i] for i in g))
+                out.extend(i for g in window for i in g)
+                window = []
+        return iter(out)

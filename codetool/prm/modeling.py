@@ -108,6 +108,9 @@ def add_label_tokens(model, tokenizer, fmt: PRMFormat, *, seed: int = 0, init_ro
     return ids
 
 
+MIN_SHARED_TOKENS = 16  # shorter common runs are recomputed per row (one more pass costs more)
+
+
 class PRMModel(nn.Module):
     """A causal LM (plain or PEFT-wrapped) plus its two label rows.
 
@@ -117,10 +120,16 @@ class PRMModel(nn.Module):
         label_head (`torch.Tensor`, *optional*): (2, hidden) rows; copied from the LM's output
             embedding at ``label_ids`` when not given.
 
-    ``forward(input_ids, last_index)`` returns the two label logits (batch, 2), float32, read at
-    ``last_index`` (batch,), the position right before the label token. Inputs are right-padded
-    and need no attention mask: with causal attention, pads after a row's last real token cannot
-    change that token's hidden state.
+    ``forward(input_ids, last_index, share_prefix=False)`` returns the two label logits (batch, 2),
+    float32, read at ``last_index`` (batch,), the position right before the label token. Inputs
+    are right-padded and need no attention mask: with causal attention, pads after a row's last
+    real token cannot change that token's hidden state. With ``share_prefix``, token runs that rows
+    of the batch have in common (the query and tool prompt of one query, the history of sibling
+    candidates, the opening of their steps) are computed once, as a prefix trie: each shared run
+    of at least ``MIN_SHARED_TOKENS`` tokens is one batch-1 pass whose KV cache the rows below it
+    read, and gradients flow back through the cache. The logits equal the unshared ones to float
+    rounding; ``k`` candidates after a ``P``-token prefix cost ``P + k*S`` positions instead of
+    ``k*(P + S)``. Not for activation checkpointing (it turns the KV cache off) or FSDP.
     """
 
     def __init__(self, lm, label_ids: tuple[int, int], label_head: torch.Tensor | None = None):
@@ -150,10 +159,73 @@ class PRMModel(nn.Module):
         """(n, hidden) states -> (n, 2) float32 logits of [positive, negative]."""
         return (hidden.to(self.label_head.dtype) @ self.label_head.T).float()
 
-    def forward(self, input_ids: torch.Tensor, last_index: torch.Tensor) -> torch.Tensor:
-        hidden = self.decoder()(input_ids=input_ids, use_cache=False).last_hidden_state
-        rows = torch.arange(hidden.shape[0], device=hidden.device)
-        return self.label_logits(hidden[rows, last_index.to(hidden.device)])
+    def forward(self, input_ids: torch.Tensor, last_index: torch.Tensor, share_prefix: bool = False) -> torch.Tensor:
+        last_index = last_index.to(input_ids.device)
+        if not share_prefix or input_ids.shape[0] < 2:
+            return self.label_logits(self._full(input_ids, last_index))
+        ids, ends = input_ids.tolist(), [i + 1 for i in last_index.tolist()]
+        parts: list[torch.Tensor] = []
+        order: list[int] = []
+        self._walk(input_ids, last_index, ids, ends, list(range(len(ids))), None, 0, parts, order)
+        hidden = torch.cat(parts)[torch.argsort(torch.tensor(order, device=input_ids.device))]
+        return self.label_logits(hidden)
+
+    def _full(self, input_ids: torch.Tensor, last_index: torch.Tensor) -> torch.Tensor:
+        """(n, hidden) states at ``last_index`` of right-padded full prompts."""
+        width = int(last_index.max()) + 1
+        hidden = self.decoder()(input_ids=input_ids[:, :width], use_cache=False).last_hidden_state
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last_index]
+
+    def _walk(self, input_ids, last_index, ids, ends, rows, cache, offset, parts, order) -> None:
+        """Depth-first over the prefix trie of ``rows``, which share ``ids[:offset]`` (KV in ``cache``).
+
+        A common run of at least ``MIN_SHARED_TOKENS`` more tokens is computed once (batch 1) and
+        the rows split by the token after it; rows left alone at a node run as one right-padded
+        batch on the node's cache. Every row keeps at least its last token for its own pass.
+        """
+        if len(rows) > 1:
+            limit = min(ends[r] for r in rows) - 1 - offset  # the last token stays in the row's own pass
+            first = ids[rows[0]]
+            common = 0
+            while common < limit and all(ids[r][offset + common] == first[offset + common] for r in rows):
+                common += 1
+            if common >= MIN_SHARED_TOKENS:
+                cache = self._extend(cache, input_ids[rows[0]: rows[0] + 1, offset: offset + common])
+                offset, limit, common = offset + common, limit - common, 0
+            if common < limit:  # the rows differ at offset + common: one branch per token there
+                branches: dict[int, list[int]] = {}
+                for r in rows:
+                    branches.setdefault(ids[r][offset + common], []).append(r)
+                for branch in branches.values():
+                    if len(branch) > 1:
+                        self._walk(input_ids, last_index, ids, ends, branch, cache, offset, parts, order)
+                rows = [b[0] for b in branches.values() if len(b) == 1]
+        if rows:
+            parts.append(self._leaves(input_ids, last_index, rows, cache, offset))
+            order.extend(rows)
+
+    def _extend(self, cache, chunk: torch.Tensor):
+        """KV (per layer ``(keys, values)``, batch 1) of ``chunk`` (1, n) on top of ``cache``."""
+        from transformers import DynamicCache
+
+        past = None if cache is None else DynamicCache(ddp_cache_data=cache, config=self.config)
+        out = self.decoder()(input_ids=chunk, cache=past, use_cache=True)
+        return [(layer.keys, layer.values) for layer in out.cache.layers]
+
+    def _leaves(self, input_ids, last_index, rows: list[int], cache, offset: int) -> torch.Tensor:
+        """(len(rows), hidden) states of ``rows`` from position ``offset`` on, on the shared ``cache``."""
+        from transformers import DynamicCache
+
+        index = torch.tensor(rows, device=input_ids.device)
+        if cache is None:
+            return self._full(input_ids[index], last_index[index])
+        n = len(rows)
+        repeated = DynamicCache(ddp_cache_data=[(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in cache],
+                                config=self.config)
+        width = int(last_index[index].max()) + 1
+        hidden = self.decoder()(input_ids=input_ids[index, offset:width], cache=repeated,
+                                use_cache=True).last_hidden_state
+        return hidden[torch.arange(n, device=hidden.device), last_index[index] - offset]
 
 
 def new_prm(name: str, fmt: PRMFormat, *, dtype: str = "auto", device: str = "auto", seed: int = 0):

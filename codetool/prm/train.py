@@ -65,6 +65,8 @@ class TrainConfig:
     eval_batch_size: int = option(8, "rows per device per eval step")
     gradient_accumulation_steps: int = option(1, "micro-batches per optimizer step")
     gradient_checkpointing: bool = option(False, "recompute activations in backward (less memory)")
+    share_prefix: bool = option(True, "a query's rows share batches and their common prompt tokens run once "
+                                "(off with gradient_checkpointing or FSDP)")
     precision: str = option("auto", "auto: bf16 on GPU, fp32 on CPU", choices=("auto", "bf16", "fp32"))
     model_dtype: str = option("auto", "dtype the base weights are loaded in", choices=("auto", "float32", "bfloat16"))
     logging_steps: int = option(10, "log the loss every N steps")
@@ -93,18 +95,30 @@ def _make_trainer_class():
     import torch.nn.functional as F
     from transformers import Trainer
 
+    from codetool.prm.data import PrefixGroupSampler
     from codetool.prm.modeling import save_prm
 
     class PRMTrainer(Trainer):
         """``Trainer`` with the two-label loss, PRM checkpoints and PRM eval metrics."""
 
-        def __init__(self, *args, prm_tokenizer=None, prm_meta=None, **kwargs):
+        def __init__(self, *args, prm_tokenizer=None, prm_meta=None, share_prefix=False, **kwargs):
             super().__init__(*args, **kwargs)
             self.prm_tokenizer, self.prm_meta = prm_tokenizer, prm_meta or {}
             self.loss_is_scaled_for_ga = False  # a per-batch mean: the Trainer divides by GA steps
+            # FSDP's wrapped layers expect one call per forward; the shared prefix calls them twice
+            self.share_prefix = share_prefix and not self.is_fsdp_enabled
+
+        def _get_train_sampler(self, train_dataset=None):
+            dataset = self.train_dataset if train_dataset is None else train_dataset
+            if not self.share_prefix or "query_group" not in getattr(dataset, "column_names", ()):
+                return super()._get_train_sampler(train_dataset)
+            return PrefixGroupSampler(dataset["query_group"], [len(ids) for ids in dataset["input_ids"]],
+                                       self.args.train_batch_size * self.args.gradient_accumulation_steps,
+                                       seed=self.args.seed)
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            logits = model(input_ids=inputs["input_ids"], last_index=inputs["last_index"])  # (batch, 2)
+            logits = model(input_ids=inputs["input_ids"], last_index=inputs["last_index"],
+                           share_prefix=self.share_prefix)  # (batch, 2)
             loss = F.cross_entropy(logits, inputs["target"].to(logits.device))
             return (loss, logits) if return_outputs else loss
 
@@ -290,6 +304,9 @@ def build_trainer(cfg: TrainConfig):
     if eval_ds is None and args.eval_strategy != "no":
         args.eval_strategy = "no"
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    share_prefix = cfg.share_prefix and not cfg.gradient_checkpointing  # checkpointing turns the KV cache off
+    if cfg.share_prefix and not share_prefix:
+        logger.info("share_prefix is off: gradient_checkpointing recomputes without a KV cache")
     meta = {"base_model": cfg.model, "format": dataclasses.asdict(cfg.format), "seed": cfg.seed,
             "finetune": cfg.finetune, "split": {"eval_fraction": 0.0 if cfg.eval_dataset else cfg.eval_fraction,
                       "seed": cfg.split_seed, "eval_dataset": list(cfg.eval_dataset)},
@@ -297,7 +314,7 @@ def build_trainer(cfg: TrainConfig):
     return _make_trainer_class()(
         model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
         data_collator=PRMCollator(encoder.label_ids, pad_id or 0), compute_metrics=_compute_metrics,
-        prm_tokenizer=tokenizer, prm_meta=meta)
+        prm_tokenizer=tokenizer, prm_meta=meta, share_prefix=share_prefix)
 
 
 def train_command(cfg: TrainConfig) -> int:

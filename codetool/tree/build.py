@@ -150,8 +150,12 @@ class TreeBuilder:
         frontier = [(t, None, self.make_executor(task), [], 0) for t, task in enumerate(tasks)]
         try:
             while frontier:
+                level = time.perf_counter()
                 rows = expand(self.policy, [(st, hist, tasks[t]) for t, _, st, hist, _ in frontier],
                               cfg.branching, self.sample_cfg, seed=seed + sum(map(len, trees)))
+                logger.info("trees %s: depth %d, %d nodes sampled and executed in %.1f s",
+                            ", ".join(str(t.query_id) for t in tasks[:3]) + (", ..." if len(tasks) > 3 else ""),
+                            frontier[0][4] + 1, sum(map(len, rows)), time.perf_counter() - level)
                 next_frontier = []
                 for (t, parent, state, history, depth), row in zip(frontier, rows):
                     for i, e in enumerate(row, 1):
