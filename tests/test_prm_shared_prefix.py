@@ -81,20 +81,23 @@ def test_identical_rows_and_rows_that_are_prefixes_of_others(lora_prm):
         assert model(ids[:1], last[:1], share_prefix=True).shape == (1, 2)
 
 
-def test_prefix_group_sampler_keeps_groups_together_and_covers_every_row():
-    groups = [0, 1, 0, 2, 1, 2, 3, 0]
-    lengths = [10, 30, 10, 20, 30, 20, 5, 10]
-    sampler = PrefixGroupSampler(groups, lengths, batch_size=2, seed=3)
-    first = list(sampler)
-    assert sorted(first) == list(range(8)) and len(sampler) == 8
-    runs = [groups[i] for i in first]
-    for g in set(runs):  # each group is one contiguous run, in dataset order
-        at = [i for i, x in enumerate(runs) if x == g]
-        assert at == list(range(at[0], at[0] + len(at)))
-        assert [i for i in first if groups[i] == g] == sorted(i for i in first if groups[i] == g)
-    assert list(sampler) == first  # same epoch, same order
+def test_prefix_group_sampler_fills_batches_with_one_group_where_it_can():
+    # groups of 8, 4, 2, 2, 3 rows; batch 4
+    groups = [0] * 8 + [1] * 4 + [2] * 2 + [3] * 2 + [4] * 3
+    lengths = list(range(len(groups)))
+    sampler = PrefixGroupSampler(groups, lengths, batch_size=4, seed=3)
+    batches = sampler.batches()
+    assert sorted(i for b in batches for i in b) == list(range(len(groups))) == sorted(sampler)
+    assert len(sampler) == len(groups) and all(len(b) == 4 for b in batches[:-1]) and len(batches[-1]) == 3
+    whole = sorted(tuple(sorted({groups[i] for i in b})) for b in batches)
+    assert whole.count((0,)) == 2 and whole.count((1,)) == 1  # groups of >= 4 rows fill their own batches
+    for b in batches:  # rows of a group keep dataset order inside a batch
+        for g in {groups[i] for i in b}:
+            rows = [i for i in b if groups[i] == g]
+            assert rows == sorted(rows)
+    assert sampler.batches() == batches  # same epoch, same order
     sampler.set_epoch(1)
-    assert sorted(sampler) == list(range(8))
+    assert sorted(sampler) == list(range(len(groups)))
 
 
 def test_rows_of_one_query_share_a_query_group(tiny_model_dir):

@@ -172,18 +172,19 @@ class PRMCollator:
 
 
 class PrefixGroupSampler(torch.utils.data.Sampler):
-    """Training order that keeps the rows of a group (a query) next to each other, in one batch.
+    """Training order in which the rows of a group (a query) fill whole batches together.
 
-    Each epoch shuffles the groups (seeded by ``seed`` and the epoch), then, within windows of
-    ``50 * batch_size`` rows, orders groups longest first so rows of a batch have similar lengths
-    (less padding, like ``LengthGroupedSampler``). Inside a group rows keep dataset order (siblings
-    are adjacent there). A group larger than a batch, or one straddling a batch boundary, is simply
-    split: sharing is an optimisation, never needed for correctness.
+    The data loader cuts this order into consecutive batches of ``batch_size``, so the order is
+    built batch by batch: each group gives as many full batches of its own rows as it can (rows in
+    dataset order, where siblings are adjacent); the remainders (groups smaller than a batch, and
+    what is left of larger ones) are laid out largest first and cut into batches, so few of them
+    are split. The batches are then shuffled (seeded by ``seed`` and the epoch); only the last may
+    be short. Sharing is an optimisation: a split group only shares less.
 
     Args:
         groups (`list[int]`): group id of each dataset row (``query_group`` of :func:`tokenize_rows`).
-        lengths (`list[int]`): tokens of each row.
-        batch_size (`int`): rows per optimizer micro-batch (times accumulation steps is fine too).
+        lengths (`list[int]`): tokens of each row (the remainders' order breaks ties by length).
+        batch_size (`int`): rows per batch of the data loader (per process).
         seed (`int`, *optional*, defaults to 0): base shuffling seed.
     """
 
@@ -195,7 +196,7 @@ class PrefixGroupSampler(torch.utils.data.Sampler):
             members.setdefault(int(g), []).append(i)
         self.members = list(members.values())
         self.lengths = [int(n) for n in lengths]
-        self.window = 50 * max(int(batch_size), 1)
+        self.batch_size = max(int(batch_size), 1)
         self.seed, self.epoch = int(seed), 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -205,16 +206,24 @@ class PrefixGroupSampler(torch.utils.data.Sampler):
     def __len__(self) -> int:
         return len(self.lengths)
 
-    def __iter__(self):
+    def batches(self) -> list[list[int]]:
+        """This epoch's batches of row indices, in order."""
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        order = [self.members[i] for i in torch.randperm(len(self.members), generator=generator).tolist()]
-        out: list[int] = []
-        window: list[list[int]] = []
-        for group in order + [None]:
-            if group is not None:
-                window.append(group)
-            if group is None or sum(map(len, window)) >= self.window:
-                window.sort(key=lambda g: -max(self.lengths[i] for i in g))
-                out.extend(i for g in window for i in g)
-                window = []
-        return iter(out)
+        size = self.batch_size
+        groups = [self.members[i] for i in torch.randperm(len(self.members), generator=generator).tolist()]
+        batches, rest = [], []
+        for group in groups:
+            full = len(group) - len(group) % size
+            batches += [group[i: i + size] for i in range(0, full, size)]
+            if full < len(group):
+                rest.append(group[full:])
+        rest.sort(key=lambda g: (-len(g), -max(self.lengths[i] for i in g)))
+        flat = [i for g in rest for i in g]
+        batches += [flat[i: i + size] for i in range(0, len(flat), size)]
+        short = [b for b in batches if len(b) < size]
+        batches = [b for b in batches if len(b) == size]
+        order = torch.randperm(len(batches), generator=generator).tolist()
+        return [batches[i] for i in order] + short
+
+    def __iter__(self):
+        return iter([i for batch in self.batches() for i in batch])

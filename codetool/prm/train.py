@@ -113,8 +113,7 @@ def _make_trainer_class():
             if not self.share_prefix or "query_group" not in getattr(dataset, "column_names", ()):
                 return super()._get_train_sampler(train_dataset)
             return PrefixGroupSampler(dataset["query_group"], [len(ids) for ids in dataset["input_ids"]],
-                                       self.args.train_batch_size * self.args.gradient_accumulation_steps,
-                                       seed=self.args.seed)
+                                      self.args.train_batch_size, seed=self.args.seed)  # one process's batch
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             logits = model(input_ids=inputs["input_ids"], last_index=inputs["last_index"],
