@@ -184,7 +184,9 @@ def eval_prm_command(cfg: EvalPRMConfig) -> int:
     metrics = prm_metrics(scores, labels, [sibling_key(r) for r in rows])
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.json").write_text(json.dumps({"prm": cfg.prm, "split": cfg.split, **metrics}, indent=2))
+    (out / "metrics.json").write_text(json.dumps({"prm": cfg.prm, "split": cfg.split,  # NaN (no held-out pairs) -> null: strict JSON
+                                                   **{k: None if isinstance(v, float) and v != v else v
+                                                      for k, v in metrics.items()}}, indent=2))
     write_jsonl(out / "scores.jsonl", ({"source": r.get("source"), "query_id": r.get("query_id"),
                                         "label": r["label"], "score": s} for r, s in zip(rows, scores)))
     plot_calibration(scores, labels, out / "calibration.png")

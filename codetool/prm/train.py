@@ -107,6 +107,8 @@ def _make_trainer_class():
             self.loss_is_scaled_for_ga = False  # a per-batch mean: the Trainer divides by GA steps
             # FSDP's wrapped layers expect one call per forward; the shared prefix calls them twice
             self.share_prefix = share_prefix and not self.is_fsdp_enabled
+            if share_prefix and self.is_fsdp_enabled:
+                logger.info("share_prefix is off: FSDP's wrapped layers expect one call per forward")
 
         def _get_train_sampler(self, train_dataset=None):
             dataset = self.train_dataset if train_dataset is None else train_dataset

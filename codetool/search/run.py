@@ -58,7 +58,7 @@ class RunConfig:
     tool_server_url: str | None = option(None, "StableToolBench server URL (tools_backend server/stabletoolbench)")
     tool_cache_dir: str | None = option(None, "StableToolBench response cache folder")
     max_response_chars: int = option(20000, "characters of one tool response handed to the code")
-    tool_doc: str = option("full", "tool docs in the prompt: full docstrings, or compact one-liners (small models)",
+    tool_doc: str = option("full", "tool docs in the prompt: full docstrings, compact one-liners, or brief (names and one short line: small models on CPU)",
                            choices=["full", "compact", "brief"])
     prm: str = option("none", "latent reward: a PRM checkpoint dir, a serve-prm URL, rollout, or none")
     prm_device: str = option("auto", "device of a local PRM")

@@ -46,7 +46,7 @@ class TreeConfig:
     tools_backend: str = option("simulator", "tool backend: simulator, cache, server, stabletoolbench")
     tool_server_url: str | None = option(None, "StableToolBench server URL (tools_backend server/stabletoolbench)")
     tool_cache_dir: str | None = option(None, "StableToolBench response cache folder (cache/stabletoolbench)")
-    tool_doc: str = option("full", "tool docs in the prompt: full, or compact one-liners (small models)",
+    tool_doc: str = option("full", "tool docs in the prompt: full, compact one-liners, or brief (names and one short line: small models on CPU)",
                            choices=["full", "compact", "brief"])
     branching: int = option(2, "candidates sampled per node")
     max_depth: int = option(5, "depth at which nodes become leaves")
