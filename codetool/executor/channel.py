@@ -1,15 +1,19 @@
 """Host end of a sandbox channel: length-prefixed JSON frames over a non-blocking Unix socket.
 
 Everything that comes from the sandbox is untrusted data: frames are parsed with ``json.loads``
-only (never unpickled), must be JSON objects with a string ``op``, and may not exceed
-``max_frame`` bytes; anything else raises :class:`ProtocolError`. Strings are made encodable
-(lone surrogates replaced) by :func:`clean_text` before they leave the executor.
+only (never unpickled), must be JSON objects with a string ``op``, may not exceed ``max_frame``
+bytes, nest deeper than ``MAX_DEPTH`` or hold a non-finite number (``NaN``, ``Infinity``) or an
+integer beyond 64 bits; anything else raises :class:`ProtocolError`, never ``RecursionError`` or
+``OverflowError``. Strings are made encodable (lone surrogates replaced) by :func:`clean_text`
+before they leave the executor, and :func:`log_safe` escapes control characters (ANSI escapes,
+newlines) of anything sandbox-made before it reaches a log line.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import socket
 import struct
@@ -19,6 +23,9 @@ from typing import Any
 
 HEADER = struct.Struct(">I")
 POLL_IN = select.POLLIN | select.POLLHUP | select.POLLERR
+MAX_DEPTH = 32  # nesting of lists/dicts in one frame (tool arguments included)
+MAX_INT = 1 << 63
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 class ProtocolError(Exception):
@@ -34,6 +41,42 @@ def clean_text(value: Any, limit: int | None = None) -> str | None:
     if limit is not None and len(text) > limit:
         text = text[:limit] + "..."
     return text
+
+
+def log_safe(value: Any, limit: int = 200) -> str:
+    """Sandbox-made text for a log line: control characters escaped (``\\x1b``, ``\\n``), cut."""
+    text = clean_text(value, limit) or ""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def _reject_constant(name: str):
+    raise ProtocolError(f"a frame holds the non-finite number {name}")
+
+
+def _check_value(value: Any) -> None:
+    """Raise :class:`ProtocolError` for data too deep or numbers out of range (iterative: a
+    deep structure cannot exhaust the host's stack)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth >= MAX_DEPTH:
+                raise ProtocolError(f"a frame nests deeper than {MAX_DEPTH} levels")
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+        elif isinstance(item, int) and not isinstance(item, bool) and not -MAX_INT <= item < MAX_INT:
+            raise ProtocolError("a frame holds an integer beyond 64 bits")
+
+
+def parse_frame(body: bytes) -> dict:
+    """One frame from the sandbox, validated (see the module docstring)."""
+    try:
+        frame = json.loads(body, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):  # includes integers of more than 4300 digits
+        raise ProtocolError("a frame is not JSON") from None
+    if not isinstance(frame, dict) or not isinstance(frame.get("op"), str):
+        raise ProtocolError("a frame is not an object with an 'op'")
+    _check_value(frame)
+    return frame
 
 
 class Conn:
@@ -53,6 +96,7 @@ class Conn:
         self.out_pos = 0
         self.frames: deque[dict] = deque()
         self.eof = False
+        self.bytes_in = 0  # bytes of whole frames received so far
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -132,13 +176,8 @@ class Conn:
                 break
             body = bytes(self.inbuf[4:4 + size])
             del self.inbuf[:4 + size]
-            try:
-                frame = json.loads(body)
-            except (ValueError, RecursionError):
-                raise ProtocolError("a frame is not JSON") from None
-            if not isinstance(frame, dict) or not isinstance(frame.get("op"), str):
-                raise ProtocolError("a frame is not an object with an 'op'")
-            self.frames.append(frame)
+            self.bytes_in += 4 + size
+            self.frames.append(parse_frame(body))
 
     def wait_frame(self, timeout: float) -> dict:
         """The next frame; raises ``EOFError`` (closed), ``TimeoutError`` or ``ProtocolError``."""

@@ -47,6 +47,13 @@ class ExecutorConfig:
             as a fresh unprivileged uid (needed for ``max_processes`` and for file permissions).
         grace_s (`float`, *optional*, defaults to `0.5`): seconds between the interrupt at
             ``timeout_s`` and the kill.
+        max_tool_calls (`int`, *optional*, defaults to `200`): tool calls one step may make. The
+            call past it is not performed, and the step ends with outcome ``resource_limit``
+            (``ToolLimit``), whatever the code does afterwards.
+        max_step_mb (`int`, *optional*, defaults to `16`): MiB the sandbox may send the host in one
+            step (tool arguments, answers, every frame); past it, as for ``max_tool_calls``. Each
+            recorded call keeps a bounded preview of its arguments plus their SHA-256, so the
+            host's memory per step stays bounded too.
     """
 
     timeout_s: float = option(30.0, "wall-clock seconds per run (tool calls included)")
@@ -64,6 +71,8 @@ class ExecutorConfig:
     python: str = option("auto", "sandbox interpreter (auto: /usr/bin/python3 if present)")
     drop_uid: bool = option(True, "run code as a fresh unprivileged uid when the host is root")
     grace_s: float = option(0.5, "seconds between the timeout interrupt and the kill")
+    max_tool_calls: int = option(200, "tool calls per step; past it the step fails (ToolLimit)")
+    max_step_mb: int = option(16, "MiB the sandbox may send the host per step; past it the step fails")
 
     def __post_init__(self):
         if self.isolation not in ISOLATION_MODES:
@@ -75,7 +84,7 @@ class ExecutorConfig:
         if self.grace_s < 0:
             raise ConfigError(f"executor grace_s: got {self.grace_s!r}; expected seconds >= 0.")
         minimums = {"memory_mb": 128, "max_output_chars": 100, "max_file_mb": 1, "scratch_mb": 1,
-                    "max_open_files": 32, "max_processes": 4}
+                    "max_open_files": 32, "max_processes": 4, "max_tool_calls": 1, "max_step_mb": 2}
         for name, low in minimums.items():
             value = getattr(self, name)
             if not isinstance(value, int) or value < low:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import builtins
 import keyword
 import logging
+import math
+import secrets
 import select
 import signal
 import threading
@@ -19,7 +21,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from codetool.executor.channel import POLL_IN, ProtocolError, clean_text, read_available
+from codetool.executor.channel import POLL_IN, ProtocolError, clean_text, log_safe, read_available
 from codetool.executor.config import ExecutorConfig
 from codetool.executor.proxy import perform_tool_call
 from codetool.executor.result import OUTCOMES, ExecutionResult, ToolCall
@@ -29,6 +31,21 @@ logger = logging.getLogger(__name__)
 
 RESERVED_NAMES = frozenset({"finish", "give_up", "ToolError"})
 MAX_MESSAGE_CHARS = 2000
+MAX_ANSWER_CHARS = 100_000  # of a finish answer or give_up reason, enforced here (not only in the sandbox)
+
+
+class _Step:
+    """Host-side bookkeeping of one run: its nonce, the next frame number, the budget used."""
+
+    def __init__(self, conn, cfg: ExecutorConfig):
+        self.nonce = secrets.token_hex(8)
+        self.seq = 0
+        self.calls: list[ToolCall] = []
+        self.requested = 0  # tool calls asked for, performed or not
+        self.ended: dict[str, str | None] = {}
+        self.limit: str | None = None  # why the step is over its budget
+        self.bytes_start = conn.bytes_in
+        self.max_calls, self.max_bytes = cfg.max_tool_calls, cfg.max_step_mb << 20
 
 
 class _Output:
@@ -251,11 +268,12 @@ class Executor:
         read_available(worker.output_fd)  # output of background processes between runs: dropped
         output = _Output(cfg.max_output_chars)
         conn = worker.conn
-        calls: list[ToolCall] = []
-        ended: dict[str, str | None] = {}
+        step = _Step(conn, cfg)
+        calls, ended = step.calls, step.ended
         done: dict | None = None
         failure: str | None = None
-        conn.queue({"op": "run", "code": code, "timeout": timeout, "reap": worker.reap})
+        conn.queue({"op": "run", "code": code, "timeout": timeout, "reap": worker.reap, "nonce": step.nonce})
+        worker.nonces.append(step.nonce)
         worker.reap = False
         poller = select.poll()
         output_open = True
@@ -281,21 +299,23 @@ class Executor:
                     if events & POLL_IN:
                         conn.read()
                     while conn.frames and done is None:
-                        done = self._handle(conn.frames.popleft(), conn, calls, ended, deadline)
+                        done = self._handle(conn.frames.popleft(), conn, step, worker, deadline)
                     if done is None and conn.eof:
                         failure = "lost"
                 except EOFError:
                     failure = "lost"
                 except ProtocolError as exc:
-                    logger.warning("sandbox protocol violation: %s", exc)
+                    logger.warning("sandbox protocol violation: %s", log_safe(exc))
                     failure = "violation"
         if output_open:
             output.add(read_available(worker.output_fd) or b"")
         if done is not None:
-            return self._finish_result(worker, done, output, calls, ended, start, timeout)
+            return self._finish_result(worker, done, output, step, start, timeout)
         status = self._drop_worker(worker)
         output.add(read_available(worker.output_fd) or b"")
         outcome, error_type, message = _failure(failure, status, timeout)
+        if step.limit and failure != "violation":
+            outcome, error_type, message = "resource_limit", "ToolLimit", f"ToolLimit: {step.limit}"
         stdout, truncated = output.text(0)
         return ExecutionResult(ok=False, stdout=stdout, error_type=error_type,
                                error_message=message, outcome=outcome,
@@ -303,52 +323,90 @@ class Executor:
                                final_answer=ended.get("answer"), give_up_reason=ended.get("reason"),
                                duration_s=round(time.monotonic() - start, 6), isolation=self.isolation)
 
-    def _handle(self, frame: dict, conn, calls: list[ToolCall], ended: dict, deadline: float) -> dict | None:
-        """Act on one frame of a running step; returns the frame when it is ``done``."""
+    def _handle(self, frame: dict, conn, step: _Step, worker: WorkerHandle, deadline: float) -> dict | None:
+        """Act on one frame of a running step; returns the frame when it is ``done``.
+
+        A frame of an earlier run of this worker (its nonce) is dropped; a frame with an unknown
+        nonce or out of sequence was not sent by the worker's own bookkeeping and stops the step
+        (``ProtocolError``). Over the step's budget, tool calls are refused and the step fails."""
         op = frame["op"]
+        if frame.get("nonce") != step.nonce:
+            if frame.get("nonce") in worker.nonces:  # late, from an earlier run: not this step's
+                if op == "tool":
+                    conn.queue({"op": "tool_result", "call": frame.get("call"), "status": "step_ended",
+                                "error": "the step that made this call has ended"})
+                return None
+            raise ProtocolError(f"a {op!r} frame that does not belong to this run")
+        step.seq += 1
+        if frame.get("seq") != step.seq:
+            raise ProtocolError(f"a {op!r} frame out of sequence")
+        used = conn.bytes_in - step.bytes_start
+        if used > step.max_bytes and not step.limit:
+            step.limit = f"the step sent more than {step.max_bytes >> 20} MiB to the host"
         if op == "done":
             return frame
         if op == "tool":
             name, args, kwargs = frame.get("name"), frame.get("args"), frame.get("kwargs")
             if not isinstance(name, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
                 raise ProtocolError("malformed tool call")
+            step.requested += 1
+            if step.requested > step.max_calls and not step.limit:
+                step.limit = f"the step made more than {step.max_calls} tool calls"
+            if step.limit:
+                conn.queue({"op": "tool_result", "call": frame.get("call"), "status": "step_limit",
+                            "error": step.limit})
+                conn.flush()
+                return None
+            func = self.tools.get(name)
+            shown = name if func is not None else log_safe(name, 100)
             remaining = deadline - time.monotonic()
-            call, reply = perform_tool_call(clean_text(name, 200), self.tools.get(name), args, kwargs,
+            call, reply = perform_tool_call(shown, func, args, kwargs,
                                             min(self.config.tool_timeout_s, remaining))
-            calls.append(call)
+            step.calls.append(call)
             conn.queue({"op": "tool_result", "call": frame.get("call"), **reply})
             conn.flush()
         elif op in ("finish", "give_up"):
-            if not ended:  # the first finish/give_up wins, whatever the code does afterwards
+            if not step.ended:  # the first finish/give_up wins, whatever the code does afterwards
                 key = "answer" if op == "finish" else "reason"
-                ended[key] = clean_text(frame.get(key) or "")
+                value = frame.get(key)
+                step.ended[key] = clean_text(value if isinstance(value, str) else "", MAX_ANSWER_CHARS)
         else:
             raise ProtocolError(f"unexpected frame {op!r}")
         return None
 
-    def _finish_result(self, worker: WorkerHandle, done: dict, output: _Output, calls: list[ToolCall],
-                       ended: dict, start: float, timeout: float) -> ExecutionResult:
+    def _finish_result(self, worker: WorkerHandle, done: dict, output: _Output, step: _Step,
+                       start: float, timeout: float) -> ExecutionResult:
+        calls, ended = step.calls, step.ended
         outcome = done.get("outcome")
         if outcome not in OUTCOMES or outcome == "worker_lost":
             outcome = "sandbox_violation"
-        try:
-            worker.cpu_s = float(done.get("cpu_s") or 0.0)
-            dropped = int(done.get("output_dropped") or 0)
-        except (TypeError, ValueError):
-            worker.cpu_s, dropped = 0.0, 0
+        worker.cpu_s = _number(done.get("cpu_s"), 0.0, 1e9)
+        dropped = int(_number(done.get("output_dropped"), 0, 1 << 53))
         if outcome == "timeout":  # the processes the step started die with it
             self._sandbox.kill(worker.pid, keep_root=True)
             worker.reap = True
         stdout, truncated = output.text(dropped)
+        error_type, message = done.get("error_type"), done.get("error_message")
+        if step.limit:  # decided here: the code cannot report its way out of its budget
+            outcome, error_type, message = "resource_limit", "ToolLimit", f"ToolLimit: {step.limit}"
         ok = outcome == "ok"
         return ExecutionResult(ok=ok, stdout=stdout,
-                               error_type=None if ok else clean_text(done.get("error_type") or "Error", 100),
-                               error_message=None if ok else clean_text(done.get("error_message") or "",
-                                                                        MAX_MESSAGE_CHARS),
+                               error_type=None if ok else clean_text(error_type if isinstance(error_type, str)
+                                                                     else "Error", 100),
+                               error_message=None if ok else clean_text(message if isinstance(message, str)
+                                                                        else "", MAX_MESSAGE_CHARS),
                                outcome=outcome, output_truncated=truncated, state_lost=False,
                                tool_calls=calls, final_answer=ended.get("answer"),
                                give_up_reason=ended.get("reason"),
                                duration_s=round(time.monotonic() - start, 6), isolation=self.isolation)
+
+
+def _number(value, low: float, high: float) -> float:
+    """A numeric field of a frame, clamped to ``[low, high]`` (``low`` when not a finite number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return low
+    value = float(value)
+    return min(max(value, low), high) if math.isfinite(value) else low
 
 
 def _failure(kind: str | None, status: dict | None, timeout: float) -> tuple[str, str, str]:

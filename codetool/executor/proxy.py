@@ -12,6 +12,7 @@ and the code gets a ``timeout`` error. Callables should carry their own network 
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import logging
@@ -20,7 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from codetool.executor.result import RESPONSE_PREVIEW_CHARS, ToolCall
+from codetool.executor.channel import log_safe
+from codetool.executor.result import ARGUMENT_PREVIEW_CHARS, RESPONSE_PREVIEW_CHARS, ToolCall
 from codetool.secrets import redact
 from codetool.tools.spec import TOOL_STATUSES, ToolResponse
 
@@ -79,6 +81,30 @@ def bind_arguments(name: str, func: Callable, args: list, kwargs: dict) -> tuple
     return tuple(positional), keywords, recorded
 
 
+def bounded_arguments(arguments: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """``(preview, sha256)`` of a call's arguments (JSON values, already depth-checked).
+
+    The preview is the arguments themselves when their JSON fits ``ARGUMENT_PREVIEW_CHARS``;
+    otherwise each value whose JSON is longer than its share is replaced by the start of that JSON
+    and ``...[cut]``, so a record never holds more than a few KiB whatever the code sent."""
+    text = json.dumps(arguments, sort_keys=True, ensure_ascii=False)
+    digest = hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()
+    if len(text) <= ARGUMENT_PREVIEW_CHARS:
+        return arguments, digest
+    keys = list(arguments)[:20]
+    share = max(40, ARGUMENT_PREVIEW_CHARS // max(1, len(keys)))
+    preview: dict[str, Any] = {}
+    for key in keys:
+        value = arguments[key]
+        encoded = json.dumps(value, ensure_ascii=False)
+        if len(encoded) > share:
+            value = (value if isinstance(value, str) else encoded)[:share] + "...[cut]"
+        preview[str(key)[:100]] = value
+    if len(arguments) > len(keys):
+        preview["...[cut]"] = f"{len(arguments) - len(keys)} more arguments"
+    return preview, digest
+
+
 def _response_fields(value: Any) -> tuple[str, str, str | None]:
     """``(status, content, error)`` of whatever a host callable returned."""
     if isinstance(value, ToolResponse):
@@ -127,9 +153,10 @@ def perform_tool_call(name: str, func: Callable | None, args: list, kwargs: dict
             error = error[:MAX_ERROR_CHARS] + "..."
     content = redact(content)
     preview = content if len(content) <= RESPONSE_PREVIEW_CHARS else content[:RESPONSE_PREVIEW_CHARS] + "...[cut]"
-    call = ToolCall(name=name, arguments=recorded, status=status,
+    arguments, digest = bounded_arguments(recorded)
+    call = ToolCall(name=name, arguments=arguments, status=status,
                     latency_s=round(time.monotonic() - start, 6), error=error,
-                    response=preview if status == "ok" else "")
+                    response=preview if status == "ok" else "", arguments_sha256=digest)
     return call, {"status": status, "content": content if status == "ok" else "", "error": error}
 
 
@@ -149,10 +176,10 @@ def _call_with_timeout(name: str, func: Callable, positional: tuple, keywords: d
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        logger.warning("tool %s did not answer within %.1f s; abandoning its thread", name, timeout_s)
+        logger.warning("tool %s did not answer within %.1f s; abandoning its thread", log_safe(name), timeout_s)
         return "timeout", "", f"{name} did not answer within {timeout_s:.3g} s"
     if "error" in box:
         exc = box["error"]
-        logger.debug("tool %s raised %s", name, type(exc).__name__)
+        logger.debug("tool %s raised %s", log_safe(name), type(exc).__name__)
         return "error", "", f"{type(exc).__name__}: {exc}"
     return _response_fields(box.get("value"))

@@ -17,7 +17,11 @@ class ToolCall:
     Args:
         name (`str`): the Python function name the code called.
         arguments (`dict`): the arguments by parameter name (positionals mapped to names where the
-            host callable has a signature; extra positionals under ``"*args"``).
+            host callable has a signature; extra positionals under ``"*args"``); a bounded preview
+            (``ARGUMENT_PREVIEW_CHARS``): a value whose JSON is longer is kept as the start of
+            that JSON followed by ``...[cut]``.
+        arguments_sha256 (`str`): SHA-256 (hex) of the whole arguments' canonical JSON (sorted
+            keys), so calls stay comparable when their preview is cut.
         status (`str`): ``ok`` or a failure kind of ``codetool.tools.spec.TOOL_STATUSES``.
         latency_s (`float`): host-side seconds the call took.
         error (`str` or `None`): the short reason given to the code when ``status != "ok"``.
@@ -31,9 +35,12 @@ class ToolCall:
     latency_s: float = 0.0
     error: str | None = None
     response: str = ""
+    arguments_sha256: str = ""
 
 
 RESPONSE_PREVIEW_CHARS = 1000
+ARGUMENT_PREVIEW_CHARS = 2000  # JSON characters of a call's arguments kept in its record
+
 
 
 @dataclass

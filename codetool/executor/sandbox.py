@@ -32,11 +32,12 @@ import sys
 import tempfile
 import threading
 import weakref
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from codetool import CodetoolError
-from codetool.executor.channel import Conn, ProtocolError, read_available
+from codetool.executor.channel import Conn, ProtocolError, log_safe, read_available
 from codetool.executor.config import ExecutorConfig
 from codetool.secrets import sandbox_environment
 
@@ -189,6 +190,7 @@ class WorkerHandle:
     cpu_s: float = 0.0
     info: dict = field(default_factory=dict)
     reap: bool = False  # processes of its last step were killed; it must reap them
+    nonces: deque = field(default_factory=lambda: deque(maxlen=8))  # of its recent runs
 
     def dead(self) -> bool:
         """Whether the worker is gone (checked without blocking; stray frames are discarded)."""
@@ -424,7 +426,7 @@ class Sandbox:
         if reply.get("op") != "forked" or not isinstance(reply.get("pid"), int):
             host_end.close()
             os.close(read_fd)
-            raise ExecutorError(f"could not fork the executor: {reply.get('error', reply.get('op'))}")
+            raise ExecutorError(f"could not fork the executor: {log_safe(reply.get('error', reply.get('op')))}")
         os.set_blocking(read_fd, False)
         with self._lock:
             self._workers.add(reply["pid"])
@@ -441,7 +443,7 @@ class Sandbox:
             detail = (read_available(read_fd) or b"").decode("utf-8", "replace").strip()[-500:]
             conn.close()
             os.close(read_fd)
-            raise ExecutorError(f"a sandbox worker did not start: {detail or exc}") from None
+            raise ExecutorError(f"a sandbox worker did not start: {log_safe(detail or exc, 500)}") from None
         with self._lock:
             self._workers.add(hello["pid"])
         return WorkerHandle(conn=conn, output_fd=read_fd, pid=hello["pid"], info=hello)

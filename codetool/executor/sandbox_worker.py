@@ -9,7 +9,11 @@ calls to the host, and forks itself when the host asks for an independent copy o
 copy is reaped by the worker it came from, or by the root once that one is gone).
 
 Host and sandbox talk over Unix stream sockets in frames: a 4-byte big-endian length, then JSON.
-Nothing is ever pickled. The worker's stdout and stderr (Python ``print`` and any process it
+Nothing is ever pickled. Every frame carries the nonce of the run it belongs to (sent by the host
+with the ``run`` frame) and its sequence number in that run, so the host drops the frames of an
+earlier run and rejects injected ones. Tool calls and ``finish`` from a thread that an earlier step
+started, or made between steps, are refused here. Received file descriptors are close-on-exec: a
+program the code starts never holds a channel. The worker's stdout and stderr (Python ``print`` and any process it
 starts) go to a pipe that the host reads and caps.
 """
 
@@ -39,19 +43,26 @@ VIOLATION_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENETUNREACH}
 
 # ---------------------------------------------------------------------------------------- frames
 class Channel:
-    """Blocking frame I/O on a Unix stream socket; file descriptors sent with a frame are queued."""
+    """Blocking frame I/O on a Unix stream socket; file descriptors sent with a frame are queued.
+    Each frame sent is stamped with the current run's ``nonce`` and the next ``seq``."""
 
     def __init__(self, fd):
+        os.set_inheritable(fd, False)
         self.sock = socket.socket(fileno=fd)
         self.buf = bytearray()
         self.fds = []
+        self.nonce = ""
+        self.seq = 0
         self.lock = threading.Lock()  # threads of the code may call tools or finish at once
 
-    def send(self, obj):
-        self.send_raw(json.dumps(obj).encode("ascii"))
-
-    def send_raw(self, data):
+    def begin(self, nonce):
         with self.lock:
+            self.nonce, self.seq = nonce, 0
+
+    def send(self, obj):
+        with self.lock:
+            self.seq += 1
+            data = json.dumps(dict(obj, nonce=self.nonce, seq=self.seq)).encode("ascii")
             self.sock.sendall(HEADER.pack(len(data)) + data)
 
     def recv(self):
@@ -63,6 +74,8 @@ class Channel:
                     del self.buf[:4 + size]
                     return json.loads(frame)
             data, fds, _, _ = socket.recv_fds(self.sock, 1 << 18, 4)
+            for fd in fds:
+                os.set_inheritable(fd, False)
             self.fds.extend(fds)
             if not data:
                 raise EOFError
@@ -185,6 +198,10 @@ class _CpuLimit(BaseException):
     pass
 
 
+class _StepLimit(BaseException):
+    """The host refused a tool call: the step is over its calls or bytes budget."""
+
+
 class Worker:
     """One state: the namespace, the host channel, and the step counter."""
 
@@ -197,6 +214,7 @@ class Worker:
         self.in_step = False
         self.answered = False
         self.copies = set()
+        self.old_threads = set()  # threads alive when the current step started
         self.call_lock = threading.Lock()  # one tool call in flight at a time
         signal.signal(signal.SIGCHLD, self._reap_copies)
         module = types.ModuleType("__main__")
@@ -221,7 +239,13 @@ class Worker:
 
         return {"finish": finish, "give_up": give_up, "ToolError": ToolError}
 
+    def _current(self):
+        """Whether the calling thread belongs to the running step (not to an earlier one)."""
+        return self.in_step and threading.get_ident() not in self.old_threads
+
     def end(self, op, key, text):
+        if not self._current():
+            raise _EndStep()
         if not self.answered:
             self.answered = True
             self.chan.send({"op": op, key: text[:MAX_ANSWER_CHARS]})
@@ -238,22 +262,27 @@ class Worker:
         return proxy
 
     def call_tool(self, name, args, kwargs):
+        if not self._current():
+            raise ToolError(name, "step_ended", "tools can only be called while a step runs; this "
+                                                "thread was started by an earlier step")
         call = next(self.call_ids)  # atomic, so threads of the code get distinct ids
+        frame = {"op": "tool", "call": call, "name": name, "args": list(args), "kwargs": kwargs}
         try:
-            payload = json.dumps({"op": "tool", "call": call, "name": name, "args": list(args),
-                                  "kwargs": kwargs}).encode("ascii")
-        except (TypeError, ValueError) as exc:
+            payload = json.dumps(frame).encode("ascii")
+        except (TypeError, ValueError, RecursionError) as exc:
             raise TypeError(f"{name}(): every argument must be a JSON value (str, int, float, bool, None, "
                             f"list or dict); {_bad_argument(args, kwargs) or exc}") from None
         if len(payload) > MAX_TOOL_PAYLOAD:
             raise ValueError(f"{name}(): the arguments are {len(payload)} bytes of JSON; at most "
                              f"{MAX_TOOL_PAYLOAD} can be sent to a tool")
         with self.call_lock:
-            self.chan.send_raw(payload)
+            self.chan.send(frame)
             while True:
                 reply = self.chan.recv()
                 if reply.get("op") == "tool_result" and reply.get("call") == call:
                     break
+        if reply["status"] == "step_limit":
+            raise _StepLimit(reply.get("error") or "the step is over its tool budget")
         if reply["status"] != "ok":
             raise ToolError(name, reply["status"], reply.get("error") or reply["status"])
         content = reply.get("content") or ""
@@ -271,6 +300,10 @@ class Worker:
         code = msg["code"]
         self.sources[filename] = code
         self.answered = False
+        chan = self.chan
+        chan.begin(str(msg.get("nonce") or ""))
+        main = threading.get_ident()
+        self.old_threads = {t.ident for t in threading.enumerate()} - {main}
         out = Output(self.config["max_output_chars"])
         saved = sys.stdout, sys.stderr
         sys.stdout = sys.stderr = out
@@ -295,6 +328,9 @@ class Worker:
         except _CpuLimit as exc:
             outcome, error_type = "resource_limit", "CPULimit"
             error_message = self.describe(exc, "CPULimit: the step used more CPU time than allowed")
+        except _StepLimit as exc:
+            outcome, error_type = "resource_limit", "ToolLimit"
+            error_message = self.describe(exc, f"ToolLimit: {exc}")
         except BaseException as exc:  # noqa: B036 - model code may raise anything, SystemExit included
             outcome, error_type = classify(exc), type(exc).__name__
             error_message = self.describe(exc)
@@ -353,26 +389,30 @@ class Worker:
         return source[frame.lineno - 1].strip()[:200] if frame.lineno <= len(source) else ""
 
     # -- fork: the copy becomes a new worker with the channel and output pipe the host sent
-    def fork(self):
+    def fork(self, chan):
         """A single ``os.fork``: this worker is the zygote of its copies and reaps them; when it
-        dies first, the root (a child subreaper) adopts them."""
-        fds, self.chan.fds = self.chan.fds[:2], self.chan.fds[2:]
+        dies first, the root (a child subreaper) adopts them. Returns the channel to serve next
+        (the copy's own one in the copy)."""
+        fds, chan.fds = chan.fds[:2], chan.fds[2:]
         if len(fds) != 2:
-            return self.chan.send({"op": "fork_failed", "error": "no channel was passed"})
+            chan.send({"op": "fork_failed", "error": "no channel was passed"})
+            return chan
         try:
             pid = os.fork()
         except OSError as exc:
             for fd in fds:
                 _close(fd)
-            return self.chan.send({"op": "fork_failed", "error": str(exc)})
+            chan.send({"op": "fork_failed", "error": str(exc)})
+            return chan
         if pid == 0:
             self.copies = set()
-            self._become_copy(fds)
-            return
+            chan.sock.close()
+            return self._become_copy(fds)
         for fd in fds:
             _close(fd)
         self.copies.add(pid)
-        self.chan.send({"op": "forked", "pid": pid})
+        chan.send({"op": "forked", "pid": pid})
+        return chan
 
     def _reap_all(self):
         while True:
@@ -396,16 +436,20 @@ class Worker:
 
     def _become_copy(self, fds):
         os.setsid()
-        self.chan.sock.close()
         self.chan = Channel(fds[0])
         os.dup2(fds[1], 1)
         os.dup2(fds[1], 2)
         _close(fds[1])
+        return self.chan
 
     def serve(self):
+        # Bound once, before any model code runs: replacing ``Worker.run`` or the worker's methods
+        # from a step does not change what later steps report (frame tricks still could: see the
+        # executor's documentation of what remains forgeable).
+        chan, run, fork = self.chan, self.run, self.fork
         while True:
             try:
-                msg = self.chan.recv()
+                msg = chan.recv()
             except (EOFError, OSError, ValueError):
                 # The host closed this executor and asked the root to kill the whole tree: wait for
                 # it, since exiting first would orphan the code's processes out of that tree.
@@ -413,9 +457,9 @@ class Worker:
                 os._exit(0)
             op = msg.get("op")
             if op == "run":
-                self.chan.send(self.run(msg))
+                chan.send(run(msg))
             elif op == "fork":
-                self.fork()
+                chan = fork(chan)
             elif op == "exit":
                 os._exit(0)
             # anything else (a stale tool_result after a timeout) is ignored
