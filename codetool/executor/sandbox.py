@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import os
+import platform
 import secrets
 import shutil
 import signal
@@ -39,6 +40,7 @@ from pathlib import Path
 from codetool import CodetoolError
 from codetool.executor.channel import Conn, ProtocolError, log_safe, read_available
 from codetool.executor.config import ExecutorConfig
+from codetool.executor.seccomp import filter_program, syscall_numbers
 from codetool.secrets import sandbox_environment
 
 logger = logging.getLogger(__name__)
@@ -270,8 +272,11 @@ class Sandbox:
 
     def _start(self) -> None:
         as_root = os.geteuid() == 0
+        program = filter_program()
         settings = {"uid": self.uid, "limits": self._limits(),
-                    "unshare_net": self.mode == "fallback" and as_root}
+                    "unshare_net": self.mode == "fallback" and as_root,
+                    "seccomp": program.hex() if program else "",
+                    "keyctl_nr": syscall_numbers(platform.machine())["keyctl"] if program else None}
         cwd, extra, prefix = "/", {}, []
         if self.mode == "bwrap":
             prefix = _bwrap_argv(shutil.which("bwrap") or "bwrap", self.info, self.config.scratch_mb, as_root)
@@ -314,6 +319,11 @@ class Sandbox:
             layers.append("uid")
         if hello.get("limits"):
             layers.append(f"rlimits({','.join(hello['limits'])})")
+        if self._ready.get("seccomp"):
+            layers.append("seccomp")
+        if self._ready.get("keyring"):
+            layers.append("keyring")
+        layers.append("no-cgroup")  # see the package docstring: no per-candidate cgroup limits yet
         return "+".join(layers)
 
     @property

@@ -21,7 +21,8 @@ try:
 except ImportError:  # imported on the host (documentation tools): the package's copy
     from codetool.executor.sandbox_worker import Channel, Worker, _close
 
-PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 36, 38
+PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_SET_DUMPABLE, PR_SET_SECCOMP = 36, 38, 4, 22
+SECCOMP_MODE_FILTER, KEYCTL_JOIN_SESSION_KEYRING = 2, 1
 CLONE_NEWNET = 0x40000000
 # Imported once here, so that every worker (a fork of the root) has them already.
 PREIMPORTS = ("json", "math", "re", "datetime", "time", "collections", "itertools", "functools",
@@ -38,6 +39,36 @@ def _prctl(option, value):
         return False
 
 
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def install_seccomp(program):
+    """Install a seccomp filter (``struct sock_filter[]`` bytes, built by the host's
+    ``codetool.executor.seccomp``) on this process and everything it will start."""
+    if not program or len(program) % 8:
+        return False
+    buf = ctypes.create_string_buffer(program, len(program))
+    fprog = _SockFprog(len(program) // 8, ctypes.addressof(buf))
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def new_session_keyring(keyctl_nr):
+    """Join a fresh anonymous session keyring, so no key of the host's session is in reach."""
+    if keyctl_nr is None:
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(ctypes.c_long(keyctl_nr), ctypes.c_long(KEYCTL_JOIN_SESSION_KEYRING),
+                            ctypes.c_void_p(None)) >= 0
+    except (OSError, AttributeError):
+        return False
+
+
 class Root:
     """The family's first process: spawns workers, kills process trees, reaps every orphan."""
 
@@ -45,6 +76,7 @@ class Root:
         self.config = config
         self.chan = Channel(config["control_fd"])
         self.statuses = {}
+        self.workers = set()  # pids of the workers it spawned and has not been asked to kill
         null = os.open(os.devnull, os.O_RDONLY)  # stdin held the sources; the code gets nothing
         os.dup2(null, 0)
         os.close(null)
@@ -58,6 +90,9 @@ class Root:
                 netns = ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNET) == 0
             except (OSError, AttributeError):
                 netns = False
+        keyring = new_session_keyring(self.config.get("keyctl_nr"))
+        _prctl(PR_SET_DUMPABLE, 0)
+        seccomp = install_seccomp(bytes.fromhex(self.config.get("seccomp") or ""))
         signal.signal(signal.SIGCHLD, self._reap)
         for name in PREIMPORTS:
             try:
@@ -65,7 +100,7 @@ class Root:
             except ImportError:
                 pass
         self.chan.send({"op": "ready", "pid": os.getpid(), "subreaper": subreaper, "netns": netns,
-                        "python": list(sys.version_info[:3])})
+                        "seccomp": seccomp, "keyring": keyring, "python": list(sys.version_info[:3])})
 
     def _reap(self, signum=None, frame=None):
         while True:
@@ -131,6 +166,7 @@ class Root:
             os._exit(0)
         for fd in fds:
             _close(fd)
+        self.workers.add(pid)
         self.chan.send({"op": "spawned", "pid": pid})
 
     def _become_worker(self, fds, msg):
@@ -157,6 +193,7 @@ class Root:
             os.setresuid(uid, uid, uid)
             if os.getuid() != uid or os.geteuid() != uid:
                 raise RuntimeError(f"could not drop to uid {uid}")
+        _prctl(PR_SET_DUMPABLE, 0)  # no /proc/<pid>/fd, mem or environ access by a sibling
         worker = Worker(Channel(fds[0]), config)
         sys.argv = ["<sandbox>"]
         worker.chan.send({"op": "hello", "pid": os.getpid(), "uid": os.getuid(), "limits": applied})
@@ -169,7 +206,12 @@ class Root:
 
         SIGCHLD is blocked meanwhile, so no process of the tree can be reaped (its pid freed and
         reused) between being found and being killed. The pid comes from a frame a worker sent, so
-        only a descendant of the root is touched: never the root itself or a host process."""
+        only a descendant of the root is touched: never the root itself or a host process.
+
+        Every kill also sweeps the processes that left their worker's tree (a double fork makes
+        them the root's children): whatever is the root's child but neither a worker it spawned
+        nor a live worker in ``spare`` is killed with its tree, so a detached process cannot
+        outlive the next close or timeout of its family, nor hold its process slots."""
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
         try:
             ours = pid in self.statuses or _ppid(pid) == os.getpid()
@@ -178,6 +220,12 @@ class Root:
                 _kill_tree(pid, keep_root, set(spare), me)
             elif ours and not keep_root:  # it died already: kill what it left in its process group
                 _kill_group(pid, set(spare), me)
+            if not keep_root:
+                self.workers.discard(pid)
+            keep = self.workers | set(spare) | ({pid} if keep_root else set())
+            for orphan in _children(me):
+                if orphan not in keep:
+                    _kill_tree(orphan, False, set(spare), me)
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         if keep_root or not ours:
