@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from codetool.config import ConfigError, option
+from codetool.executor.channel import log_safe
 from codetool.rewards import (
     PRMItem,
     PRMScorer,
@@ -35,6 +36,7 @@ from codetool.rewards import (
 )
 from codetool.search.prompt import CODE_PREFIX, format_observation, parse_candidate, policy_messages
 from codetool.search.records import Candidate, Step, Trajectory
+from codetool.secrets import redact
 
 logger = logging.getLogger(__name__)
 
@@ -163,8 +165,7 @@ def expand(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: Search
                 cand.result = {"ok": False, "outcome": "no_code", "error_type": "NoCodeBlock",
                                "error_message": parsed.error, "tool_calls": [], "stdout": ""}
             else:
-                child = state.fork()
-                cand.result = child.run(parsed.code).to_dict()
+                child, cand.result = _execute(state, parsed.code)
             cand.r_spot = on_the_spot(cand.result, tool_error_is_failure=cfg.tool_error_is_failure)
             called = [task.env.api_for(c["name"]) for c in cand.result.get("tool_calls", [])]
             cand.cost = step_cost(parsed.code or "", [a for a in called if a is not None], _cost_table(cfg))
@@ -259,24 +260,38 @@ class StepwiseSearch:
                           group=task.group, method=self.cfg.method, config_hash=self.config_hash,
                           available_tools=task.env.describe(), extra=dict(task.extra),
                           phase_seconds={"generation": 0.0, "execution": 0.0, "scoring": 0.0})
-        return _Episode(task, self.make_executor(task), traj, history=list(task.history))
+        ep = _Episode(task, None, traj, history=list(task.history))
+        try:
+            ep.state = self.make_executor(task)
+        except Exception as exc:  # noqa: BLE001 - this episode ends as an error, the run goes on
+            self._fail(ep, exc)
+        return ep
 
     def _round(self, active: list[_Episode], round_index: int) -> list[_Episode]:
-        """One step for every active episode; returns the episodes that ended."""
+        """One step for every active episode; returns the episodes that ended (an exception
+        inside one episode ends it as ``finish_type='error'``; one of the whole batch, e.g. the
+        policy's, ends the batch's episodes so)."""
+        failed = [ep for ep in active if ep.traj.finish_type == "error"]
+        active = [ep for ep in active if ep not in failed]
+        if not active:
+            return failed
         timings: dict[str, float] = {}
         seed = None if self.cfg.seed is None else self.cfg.seed + round_index
-        expansions = expand(self.policy, [(ep.state, ep.history, ep.task) for ep in active],
-                            self.cfg.k, self.cfg, seed=seed, timings=timings)
+        try:
+            expansions = expand(self.policy, [(ep.state, ep.history, ep.task) for ep in active],
+                                self.cfg.k, self.cfg, seed=seed, timings=timings)
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            return failed + [self._fail(ep, exc) for ep in active]
         t0 = time.perf_counter()
-        self._latent(active, expansions)
+        self._guarded_latent(active, expansions)
         timings["scoring"] = time.perf_counter() - t0
         ended = []
         for ep, row in zip(active, expansions):
             for phase, seconds in timings.items():  # a shared round's time is split evenly
                 ep.traj.phase_seconds[phase] += seconds / len(active)
-            if self._advance(ep, row):
+            if self._guarded_advance(ep, row):
                 ended.append(ep)
-        return ended
+        return failed + ended
 
     def _latent(self, active: list[_Episode], expansions: list[list[Expanded]]) -> None:
         if self.cfg.latent == "none" or not self.cfg.w_latent:
@@ -359,9 +374,47 @@ class StepwiseSearch:
         return True
 
     def _finish(self, ep: _Episode) -> Trajectory:
-        ep.state.close()
+        if ep.state is not None:
+            ep.state.close()
         ep.traj.wall_time_s = time.perf_counter() - ep.started
         return ep.traj
+
+    # -- episode isolation: a failure inside one episode ends that episode, not the run
+    def _guarded_latent(self, active: list[_Episode], expansions: list[list[Expanded]]) -> None:
+        """``_latent`` for the round; if it raises (a PRM scorer failure), each episode is scored
+        on its own and the ones that still fail are marked as errors."""
+        try:
+            self._latent(active, expansions)
+        except Exception:  # noqa: BLE001 - retried per episode below
+            for ep, row in zip(active, expansions):
+                try:
+                    self._latent([ep], [row])
+                except Exception as exc:  # noqa: BLE001 - this episode ends as an error
+                    self._fail(ep, exc)
+
+    def _guarded_advance(self, ep: _Episode, row: list[Expanded]) -> bool:
+        """``_advance``, unless the episode failed this round (executor fault, scorer failure)
+        or advancing raises: then its candidates' forks are closed and it ends as an error."""
+        fault = next((e.candidate.result.get("host_error") for e in row
+                      if e.candidate.result.get("host_error")), None)
+        if fault and ep.traj.finish_type != "error":
+            self._fail(ep, fault)
+        if ep.traj.finish_type != "error":
+            try:
+                return self._advance(ep, row)
+            except Exception as exc:  # noqa: BLE001 - this episode ends as an error
+                self._fail(ep, exc)
+        for e in row:
+            if e.state is not None and e.state is not ep.state:
+                e.state.close()
+        return True
+
+    def _fail(self, ep: _Episode, error: Exception | str) -> _Episode:
+        """End ``ep`` as ``finish_type='error'`` with the error's message (secrets redacted)."""
+        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        ep.traj.finish_type, ep.traj.error = "error", redact(text)[:2000]
+        logger.warning("episode %s ended with an error: %s", ep.task.query_id, log_safe(ep.traj.error, 500))
+        return ep
 
 
 def _answered(result: dict) -> bool:
@@ -374,3 +427,22 @@ def _answered(result: dict) -> bool:
 def _answered_traj(traj: Trajectory) -> bool:
     return bool(traj.final_answer and traj.final_answer.strip()) and all(
         c.get("status") == "ok" for c in traj.executed_calls())
+
+
+def _execute(state, code: str) -> tuple[Any, dict]:
+    """Run ``code`` in a fork of ``state``: ``(fork, result dict)``. A fault of the executor itself
+    (it raised instead of reporting) gives ``(None, a failed result with 'host_error')``, which
+    ends the episode as an error (``StepwiseSearch``) or the tree (``TreeBuilder``)."""
+    child = None
+    try:
+        child = state.fork()
+        return child, child.run(code).to_dict()
+    except Exception as exc:  # noqa: BLE001 - recorded on the episode, the run goes on
+        if child is not None:
+            try:
+                child.close()
+            except Exception:  # noqa: BLE001 - already failing
+                logger.debug("could not close a failed fork", exc_info=True)
+        message = redact(f"{type(exc).__name__}: {exc}")[:2000]
+        return None, {"ok": False, "outcome": "host_error", "error_type": type(exc).__name__,
+                      "error_message": message, "host_error": message, "tool_calls": [], "stdout": ""}

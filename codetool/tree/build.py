@@ -27,7 +27,9 @@ from typing import Any
 from codetool import CodetoolError
 from codetool.config import ConfigError, config_hash, option
 from codetool.executor import ExecutorConfig
+from codetool.executor.channel import log_safe
 from codetool.search.search import SearchConfig, SearchTask, expand
+from codetool.secrets import redact
 from codetool.tree.labels import label_tree, path_to, sibling_pairs
 
 logger = logging.getLogger(__name__)
@@ -141,23 +143,33 @@ class TreeBuilder:
         task it is the tree's own seed sequence.
 
         Returns:
-            One JSON-able record per task, in order.
+            One JSON-able record per task, in order. A tree whose building failed (its executor
+            could not start or faulted, the policy or the judge raised) is recorded with its
+            ``error`` and no nodes or pairs; the other trees go on.
         """
         cfg, start = self.cfg, time.perf_counter()
         seed = tree_seed(cfg.seed, tasks[0].query_id)
         trees: list[dict[str, dict]] = [{} for _ in tasks]
+        errors: dict[int, str] = {}  # tree index -> why it failed
         # (tree index, node id, executor, history, depth)
-        frontier = [(t, None, self.make_executor(task), [], 0) for t, task in enumerate(tasks)]
+        frontier = [(t, None, st, [], 0) for t, task in enumerate(tasks)
+                    if (st := _guard(errors, t, self.make_executor, task)) is not None]
         try:
             while frontier:
                 level = time.perf_counter()
-                rows = expand(self.policy, [(st, hist, tasks[t]) for t, _, st, hist, _ in frontier],
+                rows = _guard(errors, [t for t, *_ in frontier], expand, self.policy,
+                              [(st, hist, tasks[t]) for t, _, st, hist, _ in frontier],
                               cfg.branching, self.sample_cfg, seed=seed + sum(map(len, trees)))
+                if rows is None:
+                    break
                 logger.info("trees %s: depth %d, %d nodes sampled and executed in %.1f s",
                             ", ".join(str(t.query_id) for t in tasks[:3]) + (", ..." if len(tasks) > 3 else ""),
                             frontier[0][4] + 1, sum(map(len, rows)), time.perf_counter() - level)
                 next_frontier = []
                 for (t, parent, state, history, depth), row in zip(frontier, rows):
+                    if _faulted(errors, t, row):
+                        state.close()
+                        continue
                     for i, e in enumerate(row, 1):
                         node_id = f"{parent}-{i}" if parent else str(i)
                         node = trees[t][node_id] = _node_record(node_id, parent, depth + 1, e)
@@ -171,12 +183,15 @@ class TreeBuilder:
                         step = {"code": e.candidate.code, "text": e.candidate.text, "observation": e.observation}
                         next_frontier.append((t, node_id, child, history + [step], depth + 1))
                     state.close()
-                frontier = next_frontier
+                frontier = _drop_failed(next_frontier, errors)
         finally:
             for _, _, state, _, _ in frontier:
                 state.close()
         seconds = (time.perf_counter() - start) / len(tasks)  # the batch's time, shared evenly
-        return [self._record(task, tree, seconds) for task, tree in zip(tasks, trees)]
+        records = [_guard(errors, t, self._record, task, tree, seconds) if t not in errors else None
+                   for t, (task, tree) in enumerate(zip(tasks, trees))]
+        return [_error_record(task, errors[t], seconds) if t in errors else record
+                for t, (task, record) in enumerate(zip(tasks, records))]
 
     def _record(self, task: SearchTask, tree: dict[str, dict], seconds: float) -> dict[str, Any]:
         cfg = self.cfg
@@ -208,6 +223,52 @@ class TreeBuilder:
         return answered and bool(self.judge(task.query, str(node["final_answer"])))
 
 
+def _guard(errors: dict[int, str], trees: int | list[int], func, *args, **kwargs):
+    """``func(*args, **kwargs)``, or ``None`` with the exception recorded in ``errors`` for each
+    tree index in ``trees`` (a failure ends those trees, not the run)."""
+    try:
+        return func(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - recorded on the tree(s), the run goes on
+        message = redact(f"{type(exc).__name__}: {exc}")[:2000]
+        for t in [trees] if isinstance(trees, int) else trees:
+            errors.setdefault(t, message)
+        logger.warning("tree building failed (%s trees): %s", len(errors), log_safe(message, 500))
+        return None
+
+
+def _faulted(errors: dict[int, str], t: int, row: list) -> bool:
+    """Whether tree ``t`` failed before or in this row (an executor fault: ``host_error``); the
+    row's forks are then closed."""
+    fault = next((e.candidate.result["host_error"] for e in row if e.candidate.result.get("host_error")), None)
+    if fault:
+        errors.setdefault(t, fault)
+    if t not in errors:
+        return False
+    for e in row:
+        if e.state is not None:
+            e.state.close()
+    return True
+
+
+def _drop_failed(frontier: list[tuple], errors: dict[int, str]) -> list[tuple]:
+    """The frontier nodes of trees that have not failed; the others' executors are closed."""
+    kept = []
+    for node in frontier:
+        if node[0] in errors:
+            node[2].close()
+        else:
+            kept.append(node)
+    return kept
+
+
+def _error_record(task: SearchTask, error: str, seconds: float) -> dict[str, Any]:
+    """The record of a tree whose building failed: its error, no nodes, no pairs."""
+    return {"query_id": task.query_id, "query": task.query, "tools": task.env.render(), "nodes": {},
+            "pairs": [], "error": error,
+            "summary": {"nodes": 0, "leaves": 0, "successful_leaves": 0, "pairs": 0, "ties_dropped": 0,
+                        "tool_calls": 0, "seconds": seconds, "error": True}}
+
+
 def load_training_queries(cfg: TreeConfig) -> list:
     """The training queries of ``cfg``, with ids made unique as ``<file stem>/<query_id>`` (ToolBench
     files reuse ids across groups). Queries that offer no API are skipped with a warning."""
@@ -235,7 +296,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     total = {k: sum(x[k] for x in s) for k in ("nodes", "leaves", "successful_leaves", "pairs", "ties_dropped",
                                                "tool_calls", "seconds")}
     seconds_per_tree = total["seconds"] / len(records) if records else 0.0
-    return {"trees": len(records), **{k: v for k, v in total.items() if k != "seconds"},
+    return {"trees": len(records), "errors": sum(bool(r.get("error")) for r in records),
+            **{k: v for k, v in total.items() if k != "seconds"},
             "leaf_success_rate": total["successful_leaves"] / total["leaves"] if total["leaves"] else 0.0,
             "seconds_per_tree": seconds_per_tree,
             "trees_per_hour": 3600.0 / seconds_per_tree if seconds_per_tree else 0.0}
