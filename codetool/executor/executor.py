@@ -204,6 +204,10 @@ class Executor:
             worker = self._ensure_worker()
             try:
                 return Executor._adopt(self, self._sandbox.fork_worker(worker))
+            except ExecutorError:  # detached processes may hold the process slots: free them, retry
+                self._sandbox.sweep()
+            try:
+                return Executor._adopt(self, self._sandbox.fork_worker(self._ensure_worker()))
             except ExecutorError as exc:
                 logger.warning("%s; the forked executor starts from a fresh state", exc)
                 child = Executor._adopt(self, self._sandbox.spawn())

@@ -458,6 +458,15 @@ class Sandbox:
             self._workers.add(hello["pid"])
         return WorkerHandle(conn=conn, output_fd=read_fd, pid=hello["pid"], info=hello)
 
+    def sweep(self) -> None:
+        """Kill the processes that left their workers' trees and wait until they are reaped."""
+        with self._lock:
+            frame = {"op": "sweep", "spare": sorted(self._workers)}
+        try:
+            self._request(frame)
+        except ExecutorError:
+            pass
+
     def kill(self, pid: int, keep_root: bool = False, wait: bool = True) -> dict | None:
         """Kill worker ``pid`` (in the sandbox's pid namespace) with its whole process tree, or only
         its descendants when ``keep_root``; the workers forked from it (live executors) are spared.

@@ -136,6 +136,13 @@ class Root:
                                    [int(p) for p in msg.get("spare", ())])
                 if msg.get("reply", True):
                     self.chan.send({"op": "killed", "pid": msg["pid"], "status": status})
+            elif op == "sweep":  # before a retried fork: free the slots of detached processes
+                self.kill(-1, keep_root=True, spare=[int(p) for p in msg.get("spare", ())])
+                end = time.monotonic() + 0.5
+                while any(_state(c) == "Z" for c in _children(os.getpid())) and time.monotonic() < end:
+                    self._reap()
+                    time.sleep(0.002)
+                self.chan.send({"op": "swept"})
             elif op == "exit":
                 self.kill(os.getpid(), keep_root=True, everything=True)
                 self._wait_all(2.0)
@@ -214,9 +221,11 @@ class Root:
         outlive the next close or timeout of its family, nor hold its process slots."""
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
         try:
-            ours = pid in self.statuses or _ppid(pid) == os.getpid()
+            ours = pid > 0 and (pid in self.statuses or _ppid(pid) == os.getpid())
             me = os.getpid()
-            if _descends_from(pid, me) or (pid == me and everything):
+            if pid <= 0:  # a sweep only
+                pass
+            elif _descends_from(pid, me) or (pid == me and everything):
                 _kill_tree(pid, keep_root, set(spare), me)
             elif ours and not keep_root:  # it died already: kill what it left in its process group
                 _kill_group(pid, set(spare), me)

@@ -36,6 +36,7 @@ import types
 HEADER = struct.Struct(">I")
 MAX_TOOL_PAYLOAD = 1 << 20  # bytes of JSON arguments one tool call may send to the host
 MAX_ANSWER_CHARS = 100_000
+MAX_ARGUMENT_DEPTH = 28  # nesting of tool arguments (the host refuses frames nested past 32)
 LINGER_S = 30.0  # how long a worker whose host end closed waits to be killed
 RESOURCE_ERRNOS = {errno.EFBIG, errno.ENOSPC, errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.EDQUOT}
 VIOLATION_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENETUNREACH}
@@ -53,14 +54,19 @@ class Channel:
         self.fds = []
         self.nonce = ""
         self.seq = 0
+        self.old_threads = set()  # threads of earlier steps: their frames carry no valid nonce
         self.lock = threading.Lock()  # threads of the code may call tools or finish at once
 
-    def begin(self, nonce):
+    def begin(self, nonce, old_threads=()):
         with self.lock:
-            self.nonce, self.seq = nonce, 0
+            self.nonce, self.seq, self.old_threads = nonce, 0, set(old_threads)
 
     def send(self, obj):
         with self.lock:
+            if threading.get_ident() in self.old_threads:  # the host rejects it (and the step)
+                data = json.dumps(dict(obj, nonce="stale", seq=0)).encode("ascii")
+                self.sock.sendall(HEADER.pack(len(data)) + data)
+                return
             self.seq += 1
             data = json.dumps(dict(obj, nonce=self.nonce, seq=self.seq)).encode("ascii")
             self.sock.sendall(HEADER.pack(len(data)) + data)
@@ -272,6 +278,8 @@ class Worker:
         except (TypeError, ValueError, RecursionError) as exc:
             raise TypeError(f"{name}(): every argument must be a JSON value (str, int, float, bool, None, "
                             f"list or dict); {_bad_argument(args, kwargs) or exc}") from None
+        if _too_deep(frame["args"]) or _too_deep(kwargs):
+            raise ValueError(f"{name}(): the arguments nest deeper than {MAX_ARGUMENT_DEPTH} levels")
         if len(payload) > MAX_TOOL_PAYLOAD:
             raise ValueError(f"{name}(): the arguments are {len(payload)} bytes of JSON; at most "
                              f"{MAX_TOOL_PAYLOAD} can be sent to a tool")
@@ -300,10 +308,8 @@ class Worker:
         code = msg["code"]
         self.sources[filename] = code
         self.answered = False
-        chan = self.chan
-        chan.begin(str(msg.get("nonce") or ""))
-        main = threading.get_ident()
-        self.old_threads = {t.ident for t in threading.enumerate()} - {main}
+        self.old_threads = {t.ident for t in threading.enumerate()} - {threading.get_ident()}
+        self.chan.begin(str(msg.get("nonce") or ""), self.old_threads)
         out = Output(self.config["max_output_chars"])
         saved = sys.stdout, sys.stderr
         sys.stdout = sys.stderr = out
@@ -477,11 +483,22 @@ def classify(exc):
     return "runtime_error"
 
 
+def _too_deep(value):
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list, tuple)):
+            if depth > MAX_ARGUMENT_DEPTH:
+                return True
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
 def _bad_argument(args, kwargs):
     named = [(f"argument {i + 1}", v) for i, v in enumerate(args)] + list(kwargs.items())
     for label, value in named:
         try:
             json.dumps(value)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             return f"'{label}' is a {type(value).__name__} ({exc})"
     return None

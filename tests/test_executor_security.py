@@ -1,0 +1,282 @@
+"""The findings of the executor security review (issue 17), one test each: reports that the code
+tries to forge, host-side caps and validation, and the kernel-level limits (seccomp, orphans).
+
+The code here plays the attacker: it finds the worker object with ``gc`` and writes frames on its
+channel, or starts threads and detached processes that outlive its step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import pytest
+
+from codetool.executor import Executor, ExecutorConfig, bwrap_problem
+from codetool.executor.channel import ProtocolError, log_safe, parse_frame
+from codetool.executor.proxy import bounded_arguments
+from codetool.executor.result import ARGUMENT_PREVIEW_CHARS
+
+MODES = ["fallback", pytest.param("bwrap", marks=pytest.mark.bwrap)]
+CONFIG = dict(timeout_s=3.0, grace_s=0.5, memory_mb=512, max_processes=24, max_output_chars=5000,
+              scratch_mb=32, max_step_mb=4, max_tool_calls=50)
+
+# Sandbox-side helpers the attacks use: the worker object, and a raw frame writer.
+GRAB = """import gc, json, struct
+w = next(o for o in gc.get_objects() if type(o).__name__ == 'Worker')
+def raw(obj):
+    data = json.dumps(obj).encode()
+    w.chan.sock.sendall(struct.pack('>I', len(data)) + data)
+"""
+DONE_OK = {"op": "done", "outcome": "ok", "error_type": None, "error_message": None,
+           "output_dropped": 0, "cpu_s": 0.0}
+
+
+def lookup(city: str = ""):
+    return {"city": city[:10], "temp": 20}
+
+
+@pytest.fixture(scope="module", params=MODES)
+def mode(request):
+    if request.param == "bwrap" and bwrap_problem():
+        pytest.skip(f"bubblewrap cannot run here: {bwrap_problem()}")
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def root(mode):
+    ex = Executor(ExecutorConfig(isolation=mode, **CONFIG), tools={"lookup": lookup})
+    yield ex
+    ex.close()
+
+
+@pytest.fixture
+def ex(root):
+    child = root.fork()
+    yield child
+    child.close()
+
+
+def need(ex: Executor, layer: str) -> None:
+    if layer not in ex.isolation:
+        pytest.skip(f"needs the '{layer}' isolation layer; active: {ex.isolation}")
+
+
+# ------------------------------------------------------------------ reports the code cannot forge
+def test_a_done_frame_sent_by_the_code_does_not_shift_later_results(ex):
+    r = ex.run(GRAB + f"w.chan.send({DONE_OK!r})\nraise ValueError('real')")
+    assert r.outcome in ("ok", "runtime_error")  # the step's own report is the code's (documented)
+    r = ex.run("raise KeyError('second')")
+    assert not r.ok and r.error_type == "KeyError"
+    r = ex.run("print('third')")
+    assert r.ok and r.stdout == "third\n"
+
+
+def test_a_frame_without_the_runs_nonce_is_rejected(ex):
+    r = ex.run(GRAB + f"raw({DONE_OK!r})\nraise ValueError('real')")
+    assert not r.ok and r.outcome == "sandbox_violation" and r.state_lost
+    assert ex.run("print(1)").stdout == "1\n"  # a fresh worker serves the next step
+
+
+def test_replacing_the_workers_run_method_changes_no_later_report(ex):
+    forged = {**DONE_OK, "op": "done"}
+    r = ex.run(GRAB + f"type(w).run = lambda self, msg: {forged!r}\nw.run = lambda msg: {forged!r}")
+    assert r.ok
+    r = ex.run("raise ValueError('the real code ran')")
+    assert not r.ok and r.error_type == "ValueError" and "the real code ran" in r.error_message
+    child = ex.fork()  # a fork of the tampered state reports honestly too
+    try:
+        assert child.run("1/0").error_type == "ZeroDivisionError"
+    finally:
+        child.close()
+
+
+def test_a_thread_left_by_a_step_cannot_answer_for_the_next(ex):
+    code = GRAB + ("import threading, time\n"
+                   "def serve():\n"
+                   "    while True:\n"
+                   "        time.sleep(0.05)\n"
+                   f"        w.chan.send({DONE_OK!r})\n"
+                   "threading.Thread(target=serve, daemon=True).start()")
+    assert ex.run(code).outcome in ("ok", "sandbox_violation")
+    r = ex.run("import time\ntime.sleep(0.3)\nraise ValueError('real')")
+    assert not r.ok
+
+
+def test_a_background_threads_tool_call_is_not_recorded_on_the_next_step(ex):
+    ex.run("import threading, time\nseen = []\n"
+           "def later():\n"
+           "    time.sleep(0.2)\n"
+           "    try:\n        lookup(city='late')\n"
+           "    except ToolError as e:\n        seen.append(e.status)\n"
+           "threading.Thread(target=later).start()")
+    r = ex.run("import time\ntime.sleep(0.5)\nprint(seen)")
+    assert r.ok and r.tool_calls == [] and r.stdout == "['step_ended']\n"
+
+
+# --------------------------------------------------------------------- host-side caps and checks
+def test_a_tool_call_flood_is_capped_in_calls_bytes_and_memory(ex):
+    r = ex.run("while True:\n    lookup(city='y' * 1_000_000)")
+    assert not r.ok and r.outcome == "resource_limit" and r.error_type == "ToolLimit"
+    assert "MiB" in r.error_message and 1 <= len(r.tool_calls) <= 4  # max_step_mb=4
+    call = r.tool_calls[0]
+    assert len(json.dumps(call.arguments)) < ARGUMENT_PREVIEW_CHARS + 100 and len(call.arguments_sha256) == 64
+    assert len(json.dumps(r.to_dict())) < 50_000
+    r = ex.run("for i in range(200):\n    try:\n        lookup(city='x')\n    except BaseException:\n"
+               "        pass\nfinish('done anyway')")
+    assert r.outcome == "resource_limit" and "more than 50 tool calls" in r.error_message
+    assert len(r.tool_calls) == 50 and not r.ok
+
+
+def test_non_finite_and_oversized_numbers_never_raise_in_the_host(ex):
+    r = ex.run(GRAB + "w.chan.send({'op': 'done', 'outcome': 'ok', 'cpu_s': float('inf'), "
+                      "'output_dropped': float('inf')})")
+    assert r.outcome == "sandbox_violation"
+    r = ex.run(GRAB + "w.chan.send({'op': 'done', 'outcome': 'ok', 'cpu_s': 10**30, 'output_dropped': -5})")
+    assert r.outcome == "sandbox_violation"  # an integer beyond 64 bits
+    r = ex.run(GRAB + "w.chan.send({'op': 'done', 'outcome': 'ok', 'cpu_s': 1e308, 'output_dropped': 1e300})")
+    assert r.ok  # finite but absurd: clamped, nothing raises
+
+
+def test_deeply_nested_tool_arguments_never_reach_the_record(ex):
+    r = ex.run("x = []\nfor _ in range(600):\n    x = [x]\nlookup(city=x)")
+    assert r.error_type == "ValueError" and "nest deeper" in r.error_message
+    r = ex.run(GRAB + "x = []\nfor _ in range(600):\n    x = [x]\n"
+                      "w.chan.send({'op': 'tool', 'call': 1, 'name': 'lookup', 'args': [], 'kwargs': {'city': x}})")
+    assert r.outcome == "sandbox_violation"
+    json.dumps(r.to_dict())
+
+
+def test_the_answer_cap_is_enforced_by_the_host(ex):
+    r = ex.run(GRAB + "w.chan.send({'op': 'finish', 'answer': 'a' * 3_000_000})\nraise SystemExit")
+    assert r.final_answer is not None and len(r.final_answer) <= 100_003
+
+
+def test_control_characters_from_the_sandbox_never_reach_a_log_line(ex, caplog):
+    with caplog.at_level(logging.WARNING, logger="codetool.executor"):
+        r = ex.run(GRAB + "w.chan.send({'op': '\\x1b[31mX\\nFAKE LOG LINE'})")
+    assert r.outcome == "sandbox_violation"
+    messages = [rec.getMessage() for rec in caplog.records]
+    assert messages and not any("\x1b" in m or "\n" in m for m in messages)
+    assert log_safe("a\x1b[2Jb\nc\u2028") == "a\\x1b[2Jb\\nc\\u2028"
+
+
+def test_frame_validation_on_the_host():
+    with pytest.raises(ProtocolError, match="non-finite"):
+        parse_frame(b'{"op": "done", "cpu_s": Infinity}')
+    with pytest.raises(ProtocolError, match="non-finite"):
+        parse_frame(b'{"op": "done", "cpu_s": NaN}')
+    with pytest.raises(ProtocolError, match="deeper"):
+        parse_frame(b'{"op": "tool", "args": ' + b"[" * 40 + b"]" * 40 + b"}")
+    with pytest.raises(ProtocolError, match="not JSON"):
+        parse_frame(b"[" * 100_000)
+    with pytest.raises(ProtocolError, match="64 bits"):
+        parse_frame(b'{"op": "done", "cpu_s": 123456789012345678901234567890}')
+    assert parse_frame(b'{"op": "done", "cpu_s": 1.5}') == {"op": "done", "cpu_s": 1.5}
+
+
+def test_recorded_arguments_are_a_bounded_preview_plus_a_hash():
+    small = {"city": "Paris"}
+    assert bounded_arguments(small) == (small, bounded_arguments({"city": "Paris"})[1])
+    preview, digest = bounded_arguments({"city": "y" * 1_000_000, "n": 3})
+    assert preview["n"] == 3 and preview["city"].endswith("...[cut]") and len(preview["city"]) < 1100
+    assert digest != bounded_arguments({"city": "y" * 999_999, "n": 3})[1]
+
+
+# ------------------------------------------------------------------ siblings and kernel limits
+SYSCALL = """import ctypes, os, platform
+libc = ctypes.CDLL(None, use_errno=True)
+NR = {'x86_64': {'keyctl': 250, 'shmget': 29, 'ptrace': 101},
+      'aarch64': {'keyctl': 219, 'shmget': 194, 'ptrace': 117}}[platform.machine()]
+def call(nr, *args):
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    return r if r >= 0 else -ctypes.get_errno()
+"""
+
+
+def test_no_sibling_channel_can_be_duplicated_or_traced(ex, root):
+    need(ex, "seccomp")
+    sibling = root.fork()
+    try:
+        sibling.run("import subprocess\np = subprocess.Popen(['sleep', '5'])")  # an exec'd child
+        r = ex.run(SYSCALL + "got, errors = 0, set()\n"
+                   "for pid in [int(p) for p in os.listdir('/proc') if p.isdigit()]:\n"
+                   "    pfd = call(434, pid, 0)\n"  # pidfd_open
+                   "    if pfd < 0:\n        continue\n"
+                   "    for fd in range(16):\n"
+                   "        r = call(438, pfd, fd, 0)\n"  # pidfd_getfd
+                   "        if r >= 0:\n            got += 1\n            os.close(r)\n"
+                   "        else:\n            errors.add(-r)\n"
+                   "    os.close(pfd)\n"
+                   "print(got, sorted(errors), call(NR['ptrace'], 16, os.getppid(), 0, 0))")
+        assert r.ok and r.stdout == "0 [1] -1\n", r.stdout  # EPERM everywhere
+    finally:
+        sibling.close()
+
+
+def test_exec_d_programs_hold_no_channel(ex):
+    r = ex.run("import subprocess, sys\n"
+               "print(subprocess.run([sys.executable, '-c', 'import os; print(sorted(os.listdir(\"/proc/self/fd\")))'],"
+               " capture_output=True, text=True).stdout, end='')")
+    assert r.ok and r.stdout == "['0', '1', '2', '3']\n"
+
+
+def test_seccomp_denies_what_rlimits_cannot_hold(ex):
+    need(ex, "seccomp")
+    r = ex.run(SYSCALL + "import socket\n"
+               "try:\n    socket.socket(40, socket.SOCK_STREAM)\nexcept OSError as e:\n    print('vsock', e.errno)\n"
+               "try:\n    os.memfd_create('x')\nexcept OSError as e:\n    print('memfd', e.errno)\n"
+               "print('shmget', call(NR['shmget'], 0, 512 << 20, 0o1600))\n"
+               "print('keyctl', call(NR['keyctl'], 0, -3, 0))\n"  # KEYCTL_GET_KEYRING_ID, session
+               "print('unshare', libc.unshare(0x10000000), ctypes.get_errno())\n"
+               "print('io_uring', call(425, 8, 0))\n"
+               "import threading, subprocess\nt = threading.Thread(target=print, args=('thread',))\n"
+               "t.start()\nt.join()\nprint(subprocess.run(['true']).returncode)")
+    assert r.ok, r.error_message
+    assert r.stdout.splitlines() == ["vsock 97", "memfd 1", "shmget -1", "keyctl -1", "unshare -1 1",
+                                     "io_uring -1", "thread", "0"]
+
+
+DETACH = ("import os, time\n"
+          "if os.fork() == 0:\n"
+          "    if os.fork() == 0:\n"
+          "        os.setsid()\n"
+          "        open('detached-{tag}.pid', 'w').write(str(os.getpid()))\n"
+          "        while True:\n            time.sleep(0.05)\n"
+          "    os._exit(0)\n"
+          "time.sleep(0.3)\n")
+ALIVE = ("import os\npid = int(open('detached-{tag}.pid').read())\n"
+         "try:\n    state = open(f'/proc/{{pid}}/stat').read().rsplit(')', 1)[1].split()[0]\n"
+         "except OSError:\n    state = 'gone'\n"
+         "print(state in ('gone', 'Z', 'X'))")
+
+
+def test_a_detached_process_dies_at_close_and_at_the_timeout_kill(ex, root):
+    first = root.fork()
+    assert first.run(DETACH.format(tag="close")).ok
+    first.close()
+    time.sleep(0.2)
+    assert ex.run(ALIVE.format(tag="close")).stdout == "True\n"
+    second = root.fork()
+    try:
+        r = second.run(DETACH.format(tag="timeout") + "while True:\n    pass", timeout_s=1.0)
+        assert r.timed_out
+        time.sleep(0.2)
+        assert ex.run(ALIVE.format(tag="timeout")).stdout == "True\n"
+    finally:
+        second.close()
+
+
+def test_detached_processes_cannot_hold_the_process_limit(ex, root, mode):
+    need(ex, "uid")  # RLIMIT_NPROC only holds for the family's own uid
+    hog = root.fork()
+    hog.run("import os, time\nfor _ in range(40):\n    try:\n        pid = os.fork()\n    except OSError:\n"
+            "        break\n    if pid == 0:\n        os.setsid()\n        time.sleep(60)\n        os._exit(0)")
+    hog.close()
+    child = root.fork()
+    try:
+        r = child.run("print('state kept')")
+        assert r.ok and not r.state_lost and r.stdout == "state kept\n"
+    finally:
+        child.close()
