@@ -1,0 +1,94 @@
+"""Episode isolation (issue 17): an exception inside one episode (executor fault, executor that
+cannot start, PRM scorer failure) or one tree ends that episode or tree as an error with its
+message; the others, run in the same batch, finish normally."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from codetool.executor import Executor, ExecutorConfig, ExecutorError
+from codetool.models.backends import ScriptedBackend
+from codetool.search.search import SearchConfig, SearchTask, StepwiseSearch
+from codetool.tools.backends import make_tool_backend
+from codetool.tools.environment import ToolEnvironment
+from codetool.tools.loaders import load_stabletoolbench
+from codetool.tree.build import TreeBuilder, TreeConfig, summarize
+
+EXEC = ExecutorConfig(isolation="fallback", timeout_s=10)
+
+
+def block(code: str) -> str:
+    return f"{code}\n```"  # continues the opening fence the search puts in
+
+
+class Faulty:
+    """An executor whose runs raise in the host, as the review's ``inf`` frame made them."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def fork(self):
+        return Faulty(self.inner.fork())
+
+    def run(self, code):
+        raise OverflowError("cannot convert float infinity to integer")
+
+    def close(self):
+        self.inner.close()
+
+
+@pytest.fixture(scope="module")
+def tasks(shared_data):
+    query = load_stabletoolbench("G1_instruction", shared_data)[0]
+    env = ToolEnvironment.from_query(query, make_tool_backend("simulator"))
+    base = SearchTask(query_id="good", query=query.query, env=env, benchmark="stabletoolbench")
+    return base, replace(base, query_id="bad", query="bad " + query.query)
+
+
+def factory(bad: str):
+    def make(task):
+        if task.query_id == "bad" and bad == "start":
+            raise ExecutorError("the sandbox did not start")
+        ex = Executor(EXEC, tools=task.env.functions())
+        return Faulty(ex) if task.query_id == "bad" and bad == "run" else ex
+    return make
+
+
+def policy():
+    return ScriptedBackend(lambda prompt: block("print('step')\nfinish('the answer')"))
+
+
+@pytest.mark.parametrize("bad", ["run", "start"])
+def test_an_executor_fault_ends_only_its_episode(tasks, bad):
+    search = StepwiseSearch(policy(), SearchConfig(latent="none", k=2, max_steps=2, concurrency=2), factory(bad))
+    trajs = {t.query_id: t for t in search.run(list(tasks))}
+    assert trajs["good"].finish_type == "finish" and trajs["good"].final_answer == "the answer"
+    assert trajs["bad"].finish_type == "error"
+    assert ("OverflowError" if bad == "run" else "the sandbox did not start") in trajs["bad"].error
+
+
+class Scorer:
+    """A PRM stand-in that fails on any batch holding the bad query."""
+
+    def score(self, items):
+        if any(it.query.startswith("bad") for it in items):
+            raise RuntimeError("scorer crashed")
+        return [0.5] * len(items)
+
+
+def test_a_scorer_failure_ends_only_the_episode_it_fails_on(tasks):
+    search = StepwiseSearch(policy(), SearchConfig(latent="prm", k=2, max_steps=2, concurrency=2),
+                            factory("none"), scorer=Scorer())
+    trajs = {t.query_id: t for t in search.run(list(tasks))}
+    assert trajs["good"].finish_type == "finish"
+    assert trajs["bad"].finish_type == "error" and "scorer crashed" in trajs["bad"].error
+
+
+def test_a_fault_ends_only_its_tree(tasks):
+    builder = TreeBuilder(policy(), TreeConfig(branching=2, max_depth=2), factory("run"))
+    records = builder.build_many([tasks[1], tasks[0]])
+    assert "OverflowError" in records[0]["error"] and records[0]["nodes"] == {} and records[0]["pairs"] == []
+    assert "error" not in records[1] and sorted(records[1]["nodes"]) == ["1", "2"]
+    assert summarize(records)["errors"] == 1 and summarize(records)["trees"] == 2
