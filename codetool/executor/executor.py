@@ -4,6 +4,12 @@
 independent executor holding a copy of the state (``os.fork`` of the warm worker, so no earlier
 step and no earlier tool call is repeated); ``close`` kills the worker and everything it started.
 See the package docstring for the isolation layers and their limits.
+
+What the result reports is checked here, not trusted: frames are validated (``channel``), stamped
+with the run's nonce and numbered, tool calls and bytes are budgeted per step, answers capped.
+Residual risk: ``outcome``, ``error_*`` and ``final_answer`` still come from the interpreter that
+ran the step, so the step's own code can forge them (and, with deliberate effort, those of later
+steps of the same state); a sibling candidate cannot.
 """
 
 from __future__ import annotations
