@@ -1,0 +1,72 @@
+"""The seccomp program (codetool.executor.seccomp): its syscall table against libseccomp's, and
+its decisions, read by a small classic-BPF interpreter, for both architectures."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import struct
+
+import pytest
+
+from codetool.executor.seccomp import (
+    AUDIT_ARCH,
+    DENIED,
+    RET_ALLOW,
+    RET_KILL_PROCESS,
+    SYSCALLS,
+    filter_program,
+    syscall_numbers,
+)
+
+ERRNO = 0x00050000
+
+
+def decide(program: bytes, nr: int, arch: int, arg0: int = 0) -> int:
+    """What the filter returns for one syscall (``struct seccomp_data``, little endian)."""
+    data = struct.pack("<iIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)
+    code = [struct.unpack_from("=HBBI", program, 8 * i) for i in range(len(program) // 8)]
+    pc, acc = 0, 0
+    while True:
+        op, jt, jf, k = code[pc]
+        pc += 1
+        if op == 0x20:
+            acc = struct.unpack_from("<I", data, k)[0]
+        elif op == 0x06:
+            return k
+        else:
+            taken = {0x15: acc == k, 0x35: acc >= k, 0x45: bool(acc & k)}[op]
+            pc += jt if taken else jf
+
+
+@pytest.mark.parametrize("machine", sorted(SYSCALLS))
+def test_the_filter_decides_as_documented(machine):
+    program, arch, nr = filter_program(machine), AUDIT_ARCH[machine], syscall_numbers(machine)
+    assert len(program) % 8 == 0 and len(program) // 8 < 100
+    for name in DENIED:
+        assert decide(program, nr[name], arch) == ERRNO | errno.EPERM, name
+    assert decide(program, nr["clone3"], arch) == ERRNO | errno.ENOSYS
+    assert decide(program, nr["socket"], arch, 40) == ERRNO | errno.EAFNOSUPPORT  # AF_VSOCK
+    for family in (1, 2, 10, 16):
+        assert decide(program, nr["socket"], arch, family) == RET_ALLOW
+        assert decide(program, nr["socketpair"], arch, family) == RET_ALLOW
+    assert decide(program, nr["clone"], arch, 0x01200011) == RET_ALLOW  # fork(): SIGCHLD|SETTID...
+    assert decide(program, nr["clone"], arch, 0x10000000 | 17) == ERRNO | errno.EPERM  # CLONE_NEWUSER
+    assert decide(program, 0, arch) == RET_ALLOW and decide(program, 1, arch) == RET_ALLOW
+    assert decide(program, 1, 0x40000003) == RET_KILL_PROCESS  # i386 calls on an x86-64 kernel
+    if machine == "x86_64":
+        assert decide(program, 0x40000000 | 1, arch) == ERRNO | errno.EPERM  # the x32 ABI
+    assert filter_program("sparc") is None
+
+
+def test_the_syscall_table_matches_libseccomp():
+    path = ctypes.util.find_library("seccomp")
+    if not path:
+        pytest.skip("libseccomp is not installed here")
+    lib = ctypes.CDLL(path)
+    lib.seccomp_syscall_resolve_name_arch.argtypes = [ctypes.c_uint32, ctypes.c_char_p]
+    for machine in SYSCALLS:
+        for name, number in syscall_numbers(machine).items():
+            assert lib.seccomp_syscall_resolve_name_arch(AUDIT_ARCH[machine], name.encode()) == number, \
+                (machine, name)
