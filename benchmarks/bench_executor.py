@@ -140,6 +140,19 @@ PROBES = [
     ("wall-clock kill", {"timeout_s": 1}, "while True:\n    try:\n        pass\n    except BaseException:\n        pass",
      lambda r: r.timed_out),
     ("output cap", {"max_output_chars": 1000}, "print('x' * 10**6)", lambda r: r.output_truncated),
+    ("seccomp: pidfd_getfd denied", {},
+     "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\npfd = os.pidfd_open(os.getpid())\n"
+     "print(libc.syscall(438, pfd, 0, 0), ctypes.get_errno())", lambda r: r.stdout == "-1 1\n"),
+    ("seccomp: AF_VSOCK denied", {}, "import socket\nsocket.socket(40, socket.SOCK_STREAM)",
+     lambda r: not r.ok and "97" in (r.error_message or "")),
+    ("seccomp: SysV shm and memfd denied", {}, "import os\nos.memfd_create('x')",
+     lambda r: r.outcome == "sandbox_violation"),
+    ("tool-call budget (max_tool_calls)", {"max_tool_calls": 5},
+     "while True:\n    search(query='x')", lambda r: r.error_type == "ToolLimit"),
+    ("forged frame rejected (nonce)", {},
+     "import gc, struct\nw = next(o for o in gc.get_objects() if type(o).__name__ == 'Worker')\n"
+     "d = b'{\"op\": \"done\", \"outcome\": \"ok\"}'\nw.chan.sock.sendall(struct.pack('>I', len(d)) + d)\n"
+     "raise ValueError", lambda r: r.outcome == "sandbox_violation"),
 ]
 
 
@@ -150,7 +163,7 @@ def bench_layers(mode: str) -> dict[str, str]:
     try:
         for layer, overrides, code, works in PROBES:
             cfg = ExecutorConfig(isolation=mode, **{"timeout_s": 5, **overrides})
-            with Executor(cfg) as ex:
+            with Executor(cfg, tools={"search": Api(0.0)}) as ex:
                 r = ex.run(code.replace("{port}", str(port)).replace("{host_pid}", str(os.getpid())))
                 found[layer] = "yes" if works(r) else "no"
     finally:
