@@ -191,7 +191,7 @@ def test_cpu_limit_keeps_state(mode):
     with Executor(ExecutorConfig(isolation=mode, cpu_time_s=1, timeout_s=5)) as ex:
         ex.run("kept = 7")
         r = ex.run("while True:\n    pass")
-        assert r.outcome == "resource_limit" and r.error_type == "CPULimit" and r.duration_s < 3, r
+        assert r.outcome == "resource_limit" and r.error_type == "CPULimit" and r.duration_s < 5, r  # before the timeout
         after = ex.run("print(kept)")  # the worker was refreshed by a fork: counters at zero
         assert after.ok and after.stdout == "7\n" and not after.state_lost
 

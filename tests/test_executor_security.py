@@ -280,3 +280,18 @@ def test_detached_processes_cannot_hold_the_process_limit(ex, root, mode):
         assert r.ok and not r.state_lost and r.stdout == "state kept\n"
     finally:
         child.close()
+
+
+def test_the_sweep_spares_live_workers_whose_zygote_closed(root):
+    a = root.fork()
+    a.run("kept = 'b state'")
+    b = a.fork()  # b's process is a child of a's worker
+    a.close()  # b is now an orphan of the family's root, but a live worker
+    c = root.fork()
+    c.run("pass")
+    c.close()  # this kill sweeps the orphans
+    try:
+        r = b.run("print(kept)")
+        assert r.ok and not r.state_lost and r.stdout == "b state\n"
+    finally:
+        b.close()

@@ -11,10 +11,10 @@ copy is reaped by the worker it came from, or by the root once that one is gone)
 Host and sandbox talk over Unix stream sockets in frames: a 4-byte big-endian length, then JSON.
 Nothing is ever pickled. Every frame carries the nonce of the run it belongs to (sent by the host
 with the ``run`` frame) and its sequence number in that run, so the host drops the frames of an
-earlier run and rejects injected ones. Tool calls and ``finish`` from a thread that an earlier step
-started, or made between steps, are refused here. Received file descriptors are close-on-exec: a
-program the code starts never holds a channel. The worker's stdout and stderr (Python ``print`` and any process it
-starts) go to a pipe that the host reads and caps.
+earlier run and rejects injected ones. Tool calls and ``finish`` from a thread that an earlier
+step started, or made between steps, are refused here. Received file descriptors are
+close-on-exec: a program the code starts never holds a channel. The worker's stdout and stderr
+(Python ``print`` and any process it starts) go to a pipe that the host reads and caps.
 """
 
 import builtins
