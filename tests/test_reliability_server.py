@@ -43,7 +43,7 @@ def _client(scorer, **kwargs):
 
 
 def test_lone_surrogate_is_cleaned_and_scored():
-    body = '{"items": [{"query": "q", "candidate": "ab\\ud800c"}]}'.encode()
+    body = b'{"items": [{"query": "q", "candidate": "ab\\ud800c"}]}'
     with _client(PickyScorer()) as client:
         response = client.post("/score", content=body, headers={"content-type": "application/json"})
     assert response.status_code == 200
