@@ -327,6 +327,8 @@ def _run_queries(cfg: RunConfig, todo: list, out: Path, chash: str, policy, scor
         tasks = []
         for q in todo:
             try:
+                if q.extra.get("load_error"):
+                    raise CodetoolError(q.extra["load_error"])
                 tasks.append(make_task(q, backend, max_response_chars=cfg.max_response_chars, tool_doc=cfg.tool_doc))
             except Exception as e:  # a malformed query entry fails that query only
                 q.benchmark = "restbench-tmdb" if q.benchmark == "restbench" else q.benchmark
