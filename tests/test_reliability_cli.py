@@ -48,7 +48,7 @@ CASES = [
     ("score {t}/dir --prm {t}/dir", "not found"),
     ("train-prm --dataset {t}/torn.jsonl --output_dir {t}/out", "not JSON objects"),
     ("serve-prm --request_timeout_s nan", "request_timeout_s must be > 0"),
-    ("serve-prm --max_json_depth 0", "max_json_depth must be >= 1"),
+    ("serve-prm --max_history_steps 0", "max_history_steps must be >= 1"),
 ]
 
 

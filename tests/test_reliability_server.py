@@ -12,7 +12,7 @@ import pytest
 
 from codetool import CodetoolError
 from codetool.prm.client import HTTPScorer
-from codetool.prm.server import create_app, json_depth_exceeds, serve_in_thread
+from codetool.prm.server import create_app, serve_in_thread
 from codetool.rewards import PRMItem
 from codetool.secrets import REDACTED, key_from_env, redact
 
@@ -72,18 +72,20 @@ def test_one_bad_request_does_not_fail_its_batch_companions():
     assert max(scorer.calls) > 2  # they were batched together at first
 
 
-@pytest.mark.parametrize("body, deep", [(b"[" * 40 + b"]" * 40, True), (b'{"a": "[[[[[[[[["}', False),
-                                        (b"[" * 10 + b"]" * 10, False), (b'"\\"[[[[[[["', False)])
-def test_json_depth_scanner(body, deep):
-    assert json_depth_exceeds(body, 32) is deep
-
-
 def test_deep_json_is_a_400_not_a_500():
     body = b"[" * 100_000 + b"]" * 100_000
     with _client(PickyScorer(), max_body_bytes=1_000_000) as client:
         response = client.post("/score", content=body, headers={"content-type": "application/json"})
     assert response.status_code == 400
-    assert "nested deeper" in response.json()["error"]
+    assert "nested too deeply" in response.json()["error"]
+
+
+def test_history_longer_than_the_budget_is_a_413():
+    item = {**ITEM, "history": [{"code": "x = 1", "output": "ok"}] * 20_000}
+    with _client(PickyScorer(), max_history_steps=1000) as client:
+        response = client.post("/score", json={"items": [ITEM, item]})
+    assert response.status_code == 413
+    assert response.json()["error"] == "items[1].history has 20000 steps; the limit is 1000"
 
 
 def test_timed_out_request_gets_504_and_its_work_is_skipped():

@@ -16,7 +16,8 @@ without a Content-Length get 413/411, more than ``max_items`` items 413, malform
 Robustness (issue 19): one client cannot stall the others.
 
 - Text is cleaned on arrival (lone surrogates such as ``"\ud800"`` become U+FFFD), so no item
-  can make the tokenizer raise; JSON nested deeper than ``max_json_depth`` is a 400.
+  can make the tokenizer raise; JSON nested too deeply to parse is a 400; an item with more than
+  ``max_history_steps`` history steps is a 413 (a work budget: a 20,000-step history is abuse).
 - The body must arrive within ``read_timeout_s`` (408), and request heads within the guard of
   ``codetool.serving`` (slow-loris connections are closed).
 - Each request has a work budget (``request_timeout_s``): when it runs out the client gets 504
@@ -61,14 +62,14 @@ class ServePRMConfig:
     batch_wait_ms: float = option(5.0, "how long a request waits for others to batch with")
     request_timeout_s: float = option(120.0, "a request not scored by then gets 504 (and its work stops)")
     read_timeout_s: float = option(30.0, "a request body not received by then gets 408")
-    max_json_depth: int = option(32, "deeper JSON nesting in a body gets 400")
+    max_history_steps: int = option(1000, "an item with a longer history gets 413 (a work budget)")
     heavy_body_bytes: int = option(262_144, "bodies larger than this are scored in their own lane")
     device: str = option("auto", "auto, cpu or cuda")
 
     def __post_init__(self):
         if not 0 < self.port < 65536:
             raise ConfigError(f"port must be in 1..65535, got {self.port}.")
-        for name in ("max_body_bytes", "max_items", "max_batch_items", "max_json_depth", "heavy_body_bytes"):
+        for name in ("max_body_bytes", "max_items", "max_batch_items", "max_history_steps", "heavy_body_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}.")
         for name in ("request_timeout_s", "read_timeout_s"):
@@ -82,37 +83,15 @@ class _Reject(Exception):
         self.status, self.reason = status, reason
 
 
-def json_depth_exceeds(body: bytes, limit: int) -> bool:
-    """Whether ``body`` nests ``[``/``{`` deeper than ``limit`` (brackets inside strings ignored);
-    linear time, checked before ``json.loads`` so a 100,000-deep array is a 400, not a crash."""
-    depth, in_string, escaped = 0, False, False
-    for byte in body:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:  # backslash
-                escaped = True
-            elif byte == 0x22:  # quote
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in (0x5B, 0x7B):
-            depth += 1
-            if depth > limit:
-                return True
-        elif byte in (0x5D, 0x7D):
-            depth -= 1
-    return False
-
-
-def parse_items(body: bytes, max_items: int, max_depth: int = 32) -> list[PRMItem]:
+def parse_items(body: bytes, max_items: int, max_history_steps: int = 1000) -> list[PRMItem]:
     """Validate a ``/score`` body; raises ``_Reject`` with a 4xx status and a one-line reason.
-    Text fields come back cleaned (``codetool.jsonl.clean_text``)."""
-    if json_depth_exceeds(body, max_depth):
-        raise _Reject(400, f"JSON nested deeper than {max_depth} levels")
+    Text fields come back cleaned (``codetool.jsonl.clean_text``). JSON nested too deeply for the
+    parser (e.g. a 100,000-deep array; a valid body nests 5 levels) is a 400."""
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+    except RecursionError:
+        raise _Reject(400, "JSON nested too deeply; a /score body nests at most 5 levels") from None
+    except (ValueError, UnicodeDecodeError):
         raise _Reject(400, "body is not valid JSON; send {\"items\": [...]}") from None
     if not isinstance(data, dict) or not isinstance(data.get("items"), list):
         raise _Reject(400, "body must be a JSON object with an 'items' list")
@@ -126,6 +105,8 @@ def parse_items(body: bytes, max_items: int, max_depth: int = 32) -> list[PRMIte
             if not isinstance(raw.get(name, ""), str):
                 raise _Reject(400, f"items[{i}].{name} must be text")
         history = raw.get("history", [])
+        if isinstance(history, list) and len(history) > max_history_steps:  # a work budget per item
+            raise _Reject(413, f"items[{i}].history has {len(history)} steps; the limit is {max_history_steps}")
         if not isinstance(history, list) or not all(
                 isinstance(h, dict) and all(isinstance(h.get(k, ""), str) for k in ("code", "output"))
                 for h in history):
@@ -257,7 +238,7 @@ class _Batcher:
 
 def create_app(scorer, *, api_key: str | None = None, name: str = "prm", max_body_bytes: int = 4_000_000,
                max_items: int = 256, max_batch_items: int = 64, batch_wait_ms: float = 5.0,
-               request_timeout_s: float = 120.0, read_timeout_s: float = 30.0, max_json_depth: int = 32,
+               request_timeout_s: float = 120.0, read_timeout_s: float = 30.0, max_history_steps: int = 1000,
                heavy_body_bytes: int = 262_144):
     """The FastAPI app around ``scorer`` (any object with ``score(items)``); see the module docstring."""
     from contextlib import asynccontextmanager
@@ -312,7 +293,10 @@ def create_app(scorer, *, api_key: str | None = None, name: str = "prm", max_bod
         if len(body) > max_body_bytes:
             return error(413, f"body over {max_body_bytes} bytes")
         try:
-            items = parse_items(body, max_items, max_json_depth)
+            if len(body) > 65_536:  # parse big bodies off the event loop, so other requests keep flowing
+                items = await asyncio.to_thread(parse_items, body, max_items, max_history_steps)
+            else:
+                items = parse_items(body, max_items, max_history_steps)
         except _Reject as e:
             return error(e.status, e.reason)
         lane = heavy if len(body) > heavy_body_bytes else batcher
@@ -348,7 +332,7 @@ def serve_prm(cfg: ServePRMConfig) -> int:
     app = create_app(scorer, api_key=api_key, name=cfg.prm, max_body_bytes=cfg.max_body_bytes,
                      max_items=cfg.max_items, max_batch_items=cfg.max_batch_items,
                      batch_wait_ms=cfg.batch_wait_ms, request_timeout_s=cfg.request_timeout_s,
-                     read_timeout_s=cfg.read_timeout_s, max_json_depth=cfg.max_json_depth,
+                     read_timeout_s=cfg.read_timeout_s, max_history_steps=cfg.max_history_steps,
                      heavy_body_bytes=cfg.heavy_body_bytes)
     logger.info("serving PRM %s on http://%s:%d (auth %s)", cfg.prm, cfg.host, cfg.port,
                 "on" if api_key else "off")
