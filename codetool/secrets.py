@@ -122,11 +122,14 @@ def sandbox_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 class RedactingFilter(logging.Filter):
-    """A logging filter that redacts secrets from every record's final message."""
+    """A logging filter that redacts secrets from every record's final message and replaces lone
+    surrogates (which a UTF-8 stream cannot encode)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        from codetool.jsonl import clean_text  # lone surrogates would make the handler fail
+
         message = record.getMessage()
-        cleaned = redact(message)
+        cleaned = clean_text(redact(message))
         if cleaned != message:
             record.msg, record.args = cleaned, None
         return True

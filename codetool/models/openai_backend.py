@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from codetool import CodetoolError
+from codetool.jsonl import clean_obj
 from codetool.models.completion import Completion, Prompt, check_sampling, to_messages
 from codetool.secrets import key_from_env, redact
 
@@ -115,7 +116,7 @@ class OpenAIBackend:
         for attempt in range(self.retries + 1):
             wait = self.backoff_s * 2 ** attempt
             try:
-                response = self._client.request(method, url, json=payload, headers=self._headers())
+                response = self._client.request(method, url, json=clean_obj(payload), headers=self._headers())
             except httpx.TimeoutException:
                 problem = f"no answer within {self.timeout:g} s"
                 fix = "raise the timeout, or check that the server is not overloaded"

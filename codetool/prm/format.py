@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from codetool.config import ConfigError, option
+from codetool.jsonl import clean_text
 from codetool.rewards import PRMItem
 from codetool.secrets import redact
 
@@ -162,7 +163,8 @@ class PromptEncoder:
         return self.tokenizer.encode(text, add_special_tokens=False) if text else []
 
     def _text(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+        # clean_text: a lone surrogate from a tool or model makes the tokenizer raise (issue 19)
+        return self.tokenizer.encode(clean_text(text), add_special_tokens=False, split_special_tokens=True)
 
     # -- prefix ---------------------------------------------------------------------------
     def encode_prefix(self, item: PRMItem) -> tuple[list[int], bool, int]:
