@@ -9,6 +9,9 @@ tree). This module holds what both need to make that safe (issue 19):
   ``plan_resume`` refuses and says how to start a new output or force;
 - **one writer**: ``OutputLock`` holds an exclusive ``fcntl.flock`` on ``<output>.lock`` while a
   run writes, so a second run on the same ``--output`` stops at once instead of duplicating work;
+- **seeds**: ``unit_seed`` derives a sampling seed from (seed, unit identity, step), so a resumed
+  run samples what an uninterrupted one did (exactly so when units are not batched together:
+  ``search.concurrency 1``; batched units share one seed per generate call);
 - **isolation**: ``run_isolated`` runs units in batches and, when a batch raises, reruns its
   unfinished units one at a time; a unit that still raises is handed to ``on_error`` (which
   records ``finish_type: error`` with a one-line message) and the job goes on.
@@ -21,6 +24,8 @@ Limits: the lock is advisory and local (``flock`` on NFS may not be shared acros
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import json
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -36,6 +41,14 @@ logger = logging.getLogger(__name__)
 
 class FatalError(CodetoolError):
     """An error that must stop the whole job, not one unit (e.g. the output disk is full)."""
+
+
+def unit_seed(seed: int, units: list) -> int:
+    """A sampling seed from the base ``seed`` and the identities and step numbers of the units
+    sampled together (e.g. ``[(benchmark, group, query_id, step)]``), so a resumed run draws what
+    an uninterrupted one drew for the same units; 31 bits."""
+    blob = json.dumps([seed, [list(map(str, u)) for u in units]]).encode()
+    return int.from_bytes(hashlib.sha256(blob).digest()[:4], "big") & 0x7FFFFFFF
 
 
 def unit_key(benchmark: str | None, group: str | None, query_id: Any) -> str:

@@ -129,3 +129,21 @@ def test_full_disk_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(builtins, "open", full)
     with pytest.raises(CodetoolError, match="No space left on device"):
         append_jsonl(tmp_path / "x.jsonl", {"a": 1})
+
+
+def test_resumed_run_samples_with_the_seeds_of_an_uninterrupted_one(monkeypatch, toolbench, tmp_path):
+    def seeds(policy) -> list:
+        return [kwargs["seed"] for _, kwargs in policy.calls]
+
+    reply = lambda p: block("print(1)")  # noqa: E731 - two steps per query
+    whole = _policy(monkeypatch, reply)
+    execute_run(_cfg(toolbench, tmp_path / "a.jsonl", **{"search.max_steps": 2, "search.concurrency": 1}),
+                show_summary=False)
+    first = _policy(monkeypatch, reply)
+    execute_run(_cfg(toolbench, tmp_path / "b.jsonl", limit=2, **{"search.max_steps": 2, "search.concurrency": 1}),
+                show_summary=False)
+    rest = _policy(monkeypatch, reply)
+    execute_run(_cfg(toolbench, tmp_path / "b.jsonl", **{"search.max_steps": 2, "search.concurrency": 1}),
+                show_summary=False)
+    assert len(seeds(whole)) == 12 and len(set(seeds(whole))) == 12
+    assert seeds(first) + seeds(rest) == seeds(whole)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from codetool.config import ConfigError, option
+from codetool.resume import unit_seed
 from codetool.rewards import (
     PRMItem,
     PRMScorer,
@@ -264,7 +265,9 @@ class StepwiseSearch:
     def _round(self, active: list[_Episode], round_index: int) -> list[_Episode]:
         """One step for every active episode; returns the episodes that ended."""
         timings: dict[str, float] = {}
-        seed = None if self.cfg.seed is None else self.cfg.seed + round_index
+        # From the units and their steps, not a round counter that restarts with the process (issue 19).
+        seed = None if self.cfg.seed is None else unit_seed(
+            self.cfg.seed, [(ep.task.benchmark, ep.task.group, ep.task.query_id, len(ep.traj.steps)) for ep in active])
         expansions = expand(self.policy, [(ep.state, ep.history, ep.task) for ep in active],
                             self.cfg.k, self.cfg, seed=seed, timings=timings)
         t0 = time.perf_counter()
