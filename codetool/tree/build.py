@@ -12,7 +12,10 @@ Leaf success (``success``): ``executed`` (the public code's notion: the leaf ran
 ``judged`` (a judge from ``codetool.eval`` says the answer solves the query).
 
 Output: one JSON line per finished tree (``kill -9`` loses at most the tree in progress; a rerun
-skips finished query ids), then :mod:`codetool.tree.dataset` turns trees into PRM examples.
+skips finished query ids, refuses an output written with other settings unless ``--force_resume``,
+and holds a lock on the output), then :mod:`codetool.tree.dataset` turns trees into PRM examples.
+A tree whose build raises is recorded as ``finish_type: error`` and left out of the dataset; the
+exit status is 1 and ``--retry_failed`` rebuilds only those (``codetool.resume``).
 """
 
 from __future__ import annotations
