@@ -2,8 +2,9 @@
 
 Each command is one config dataclass plus one function, listed in ``COMMANDS`` below (the only
 place that knows them). Modules are imported only when their command runs, so ``codetool --help``
-is instant. Errors meant for users (:class:`codetool.CodetoolError`) print one line; anything else
-is a bug and prints a traceback. ``--debug`` shows tracebacks for both.
+is instant. Errors meant for users (:class:`codetool.CodetoolError`) and file-system refusals
+(``OSError``: a folder given for a file, a full disk) print one line and exit 2; anything else is a
+bug and prints a traceback. ``--debug`` shows tracebacks for all of them.
 """
 
 from __future__ import annotations
@@ -129,6 +130,12 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         print(f"codetool {name}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # the file system said no (a folder given for a file, a full disk, permissions)
+        if debug:
+            raise
+        where = f": {e.filename}" if getattr(e, "filename", None) else ""
+        print(f"codetool {name}: error: {e.strerror or e}{where}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"codetool {name}: interrupted; finished work is saved and a rerun resumes.", file=sys.stderr)

@@ -222,9 +222,11 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {path}. Pass --config with a path to a YAML recipe "
                           f"(see the configs/ folder of the repository).")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({e}).") from None
+    except (UnicodeDecodeError, ValueError) as e:  # a binary file, or one yaml cannot read
+        raise ConfigError(f"{path}: not a YAML text file ({type(e).__name__}).") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a recipe must be a mapping of settings, got {type(data).__name__}.")
     return data

@@ -3,7 +3,11 @@
 Long jobs (runs, tree building, judging) write one line per finished unit and flush it to disk,
 so ``kill -9`` loses at most the unit in progress. A partially written last line (the process
 died mid-write) is skipped on read with a warning, and the next append starts on a new line.
-Every record passes through ``codetool.secrets.redact_obj`` before it is written.
+Every record passes through ``codetool.secrets.redact_obj`` and ``clean_obj`` before it is
+written: lone surrogates (``"\ud800"``, which models and tools can emit and which UTF-8 cannot
+encode) become U+FFFD, so writing never raises ``UnicodeEncodeError``. A full disk or another OS
+error is a one-line :class:`codetool.CodetoolError`; the partial line it may leave is terminated
+by the next append and skipped (and counted) by readers.
 """
 
 from __future__ import annotations
@@ -15,57 +19,112 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from codetool import CodetoolError
 from codetool.secrets import redact_obj
 
 logger = logging.getLogger(__name__)
+
+
+def clean_text(text: str) -> str:
+    """``text`` with lone surrogates replaced by U+FFFD (a valid surrogate pair becomes its
+    character), so it can be encoded as UTF-8, tokenised, logged and written."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def clean_obj(obj):
+    """Recursively apply :func:`clean_text` to the strings (keys too) of a JSON-like object."""
+    if isinstance(obj, str):
+        return clean_text(obj)
+    if isinstance(obj, dict):
+        return {clean_obj(k): clean_obj(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean_obj(v) for v in obj]
+    return obj
+
+
+def _dumps(record) -> str:
+    return json.dumps(clean_obj(redact_obj(record)), ensure_ascii=False, default=str)
 
 
 def append_jsonl(path: str | os.PathLike, record: dict[str, Any]) -> None:
     """Append ``record`` as one line to ``path`` (created with its parent folders), flushed and
     fsynced so the line survives a crash of this process right after the call."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(redact_obj(record), ensure_ascii=False, default=str)
-    with open(path, "a+b") as f:
-        # If a previous writer died mid-line, terminate that fragment so ours stays parseable.
-        f.seek(0, os.SEEK_END)
-        if f.tell() > 0:
-            f.seek(-1, os.SEEK_END)
-            if f.read(1) != b"\n":
-                f.write(b"\n")
-        f.write(line.encode("utf-8") + b"\n")
-        f.flush()
-        os.fsync(f.fileno())
+    data = (_dumps(record) + "\n").encode("utf-8")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a+b") as f:
+            # If a previous writer died mid-line, terminate that fragment so ours stays parseable.
+            f.seek(0, os.SEEK_END)
+            if f.tell() > 0:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")
+            # One write call: the line goes down whole or (full disk, crash) as one fragment.
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise CodetoolError(f"cannot write {path}: {e.strerror or e} (free space or fix permissions, then "
+                            "rerun: finished records are kept and the run resumes).") from None
 
 
-def read_jsonl(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
-    """Yield the records of ``path``; lines that do not parse (a torn write) are skipped with a
-    warning. A missing file yields nothing."""
+def read_jsonl(path: str | os.PathLike, skipped: list[int] | None = None) -> Iterator[dict[str, Any]]:
+    """Yield the records (JSON objects) of ``path``; lines that do not parse (a torn write) or
+    are not objects are skipped with a warning, and their line numbers appended to ``skipped``
+    when given (callers that must not drop rows silently count them). A missing file yields
+    nothing.
+
+    Raises:
+        CodetoolError: ``path`` is a folder or cannot be read.
+    """
     path = Path(path)
     if not path.exists():
         return
-    with open(path, encoding="utf-8", errors="replace") as f:
+    if path.is_dir():
+        raise CodetoolError(f"{path} is a folder; expected a JSONL file.")
+    try:
+        f = open(path, encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise CodetoolError(f"cannot read {path}: {e.strerror or e}.") from None
+    with f:
         for number, line in enumerate(f, 1):
             line = line.strip()
             if not line:
                 continue
             try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
-                logger.warning("%s:%d: skipping a line that is not valid JSON (torn write?)", path, number)
+                record = json.loads(line)
+            except (json.JSONDecodeError, RecursionError):
+                record = None
+            if isinstance(record, dict):
+                yield record
+                continue
+            logger.warning("%s:%d: skipping a line that is not a JSON object (torn write?)", path, number)
+            if skipped is not None:
+                skipped.append(number)
 
 
 def write_jsonl(path: str | os.PathLike, records) -> int:
     """Write ``records`` to ``path`` atomically (temporary file + rename); returns the count."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     count = 0
-    with open(tmp, "w", encoding="utf-8") as f:
-        for record in records:
-            f.write(json.dumps(redact_obj(record), ensure_ascii=False, default=str) + "\n")
-            count += 1
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+            for record in records:
+                f.write(_dumps(record) + "\n")
+                count += 1
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise CodetoolError(f"cannot write {path}: {e.strerror or e} (free space or fix permissions).") from None
     return count
 
 

@@ -27,11 +27,50 @@ def is_secret_name(name: str) -> bool:
     return bool(_SECRET_NAME.search(name))
 
 
+# Secrets known by value, whatever their variable's name (``--api_key_env VLLM_BEARER``) or where
+# they came from (an Authorization header): filled by ``key_from_env`` and ``register_secret``.
+_KEY_NAMES: set[str] = set()
+_KEY_VALUES: set[str] = set()
+
+
+def register_secret(value: str | None) -> None:
+    """Redact ``value`` everywhere from now on (e.g. a bearer key read from any variable)."""
+    for v in (value, (value or "").strip()):
+        if v and len(v) >= _MIN_SECRET_LEN:
+            _KEY_VALUES.add(v)
+
+
+def key_from_env(name: str) -> str | None:
+    """The API key in the environment variable ``name`` (stripped), or `None` when it is unset.
+
+    The variable is remembered as a secret whatever its name, so its value is redacted from
+    records and logs even when a server echoes it back.
+
+    Raises:
+        CodetoolError: the variable is set but empty or only whitespace (a server would otherwise
+            start with "auth on" and a key nobody can send).
+    """
+    from codetool import CodetoolError
+
+    _KEY_NAMES.add(name)
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    if not value.strip():
+        raise CodetoolError(f"the environment variable {name} is set but empty or whitespace; "
+                            f"set it to the API key, or unset it (unset {name}).")
+    register_secret(value)
+    return value.strip()
+
+
 def secret_values(environ: dict[str, str] | None = None) -> list[str]:
-    """Values of the credential-like variables of ``environ`` (defaults to ``os.environ``),
-    longest first so that a secret containing another is replaced whole."""
+    """Values of the credential-like variables of ``environ`` (defaults to ``os.environ``), plus,
+    for ``os.environ``, every key variable and value registered by ``key_from_env`` or
+    ``register_secret``; longest first so that a secret containing another is replaced whole."""
     env = os.environ if environ is None else environ
-    values = {v for k, v in env.items() if is_secret_name(k) and len(v) >= _MIN_SECRET_LEN}
+    values = {v for k, v in env.items() if (is_secret_name(k) or k in _KEY_NAMES) and len(v) >= _MIN_SECRET_LEN}
+    if environ is None:
+        values |= _KEY_VALUES
     return sorted(values, key=len, reverse=True)
 
 
@@ -83,11 +122,14 @@ def sandbox_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 class RedactingFilter(logging.Filter):
-    """A logging filter that redacts secrets from every record's final message."""
+    """A logging filter that redacts secrets from every record's final message and replaces lone
+    surrogates (which a UTF-8 stream cannot encode)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        from codetool.jsonl import clean_text  # lone surrogates would make the handler fail
+
         message = record.getMessage()
-        cleaned = redact(message)
+        cleaned = clean_text(redact(message))
         if cleaned != message:
             record.msg, record.args = cleaned, None
         return True

@@ -108,7 +108,7 @@ def test_concurrent_requests_are_batched_and_the_client_works():
         response = httpx.post(f"{url}/score", content=iter([b'{"items": []}']))
         assert response.status_code == 411
     with pytest.raises(CodetoolError, match="unreachable"):
-        HTTPScorer(url, timeout_s=2).score([PRMItem(**ITEM)])
+        HTTPScorer(url, timeout_s=2, retries=1, backoff_s=0.01).score([PRMItem(**ITEM)])
 
 
 def test_client_reports_server_errors(monkeypatch):

@@ -91,4 +91,19 @@ def test_a_fault_ends_only_its_tree(tasks):
     records = builder.build_many([tasks[1], tasks[0]])
     assert "OverflowError" in records[0]["error"] and records[0]["nodes"] == {} and records[0]["pairs"] == []
     assert "error" not in records[1] and sorted(records[1]["nodes"]) == ["1", "2"]
-    assert summarize(records)["errors"] == 1 and summarize(records)["trees"] == 2
+    assert summarize(records)["errors"] == 1 and summarize(records)["trees"] == 1
+
+
+def test_a_policy_failure_for_one_prompt_ends_only_its_episode(tasks):
+    """The batched policy call raises (e.g. one prompt exceeds the context): each episode is
+    retried on its own, so only the one whose prompt fails ends as an error."""
+    def reply(prompt):
+        if "bad " in str(prompt):
+            raise RuntimeError("context length exceeded")
+        return block("print('step')\nfinish('the answer')")
+
+    search = StepwiseSearch(ScriptedBackend(reply), SearchConfig(latent="none", k=2, max_steps=2, concurrency=2),
+                            factory("none"))
+    trajs = {t.query_id: t for t in search.run(list(tasks))}
+    assert trajs["good"].finish_type == "finish" and trajs["good"].final_answer == "the answer"
+    assert trajs["bad"].finish_type == "error" and "context length exceeded" in trajs["bad"].error

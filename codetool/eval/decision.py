@@ -400,9 +400,9 @@ def _reuse(path: str, items: list[DecisionItem]) -> tuple[list[Decision], list[d
 
     if not Path(path).is_file():
         raise CodetoolError(f"reuse: {path} not found; point it at the records.jsonl of an earlier run.")
-    by_id = {r["id"]: r for r in read_jsonl(path)}
+    by_id = {r["id"]: r for r in read_jsonl(path) if "id" in r}
     missing = [it.item_id for it in items if it.item_id not in by_id
-               or by_id[it.item_id]["options"] != [NONE, *(n for n, _ in api_candidates(it.apis))]]
+               or by_id[it.item_id].get("options") != [NONE, *(n for n, _ in api_candidates(it.apis))]]
     if missing:
         raise CodetoolError(f"reuse: {path} has no record of {missing[:3]} ({len(missing)} in all) with the same "
                             f"functions offered; use the same groups, seed and free_queries as that run, and "

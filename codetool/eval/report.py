@@ -100,7 +100,11 @@ def load_runs(paths: Sequence[str]) -> list[Run]:
         if path.suffix == ".jsonl":
             if not path.is_file():
                 raise ConfigError(f"trajectory file not found: {path}.")
-            trajs = [Trajectory.from_dict(r) for r in read_jsonl(path)]
+            try:
+                trajs = [Trajectory.from_dict(r) for r in read_jsonl(path)]
+            except (KeyError, TypeError, ValueError) as e:  # e.g. a PRM dataset passed by mistake
+                raise ConfigError(f"{path}: not a trajectory file of 'codetool run' ({type(e).__name__}: "
+                                  f"{str(e)[:100]}).") from None
         else:
             trajs = import_converted(path)
         by_method: dict[str, dict[tuple, Trajectory]] = {}

@@ -26,8 +26,9 @@ from typing import Any
 from urllib.parse import urlparse
 
 from codetool import CodetoolError
+from codetool.jsonl import clean_obj
 from codetool.models.completion import Completion, Prompt, check_sampling, to_messages
-from codetool.secrets import redact
+from codetool.secrets import key_from_env, redact
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ class OpenAIBackend:
         self.base_url = base_url.rstrip("/") + ("/v1" if parsed.path in ("", "/") else "")
         self.model = model
         self.api_key_env = api_key_env
+        key_from_env(api_key_env)  # refuse a blank key now; redact this variable's value by value
         self.timeout, self.retries, self.backoff_s = timeout, retries, backoff_s
         self.max_concurrency = max(1, max_concurrency)
         self.name = f"openai:{self.base_url}" + (f"#{model}" if model else "")
@@ -91,7 +93,7 @@ class OpenAIBackend:
         self._client.close()
 
     def _headers(self) -> dict[str, str]:
-        key = os.environ.get(self.api_key_env, "")
+        key = key_from_env(self.api_key_env)  # registered for redaction by value, whatever its name
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     def _clean(self, text: str) -> str:
@@ -114,7 +116,7 @@ class OpenAIBackend:
         for attempt in range(self.retries + 1):
             wait = self.backoff_s * 2 ** attempt
             try:
-                response = self._client.request(method, url, json=payload, headers=self._headers())
+                response = self._client.request(method, url, json=clean_obj(payload), headers=self._headers())
             except httpx.TimeoutException:
                 problem = f"no answer within {self.timeout:g} s"
                 fix = "raise the timeout, or check that the server is not overloaded"

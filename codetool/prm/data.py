@@ -45,7 +45,8 @@ def read_rows(paths: str | list[str]) -> list[dict]:
         if not Path(path).is_file():
             raise CodetoolError(f"PRM dataset not found: {path}. Build one with 'codetool build-trees' "
                                 "or write PRM example rows (DESIGN.md §3) to a JSONL file.")
-        for number, row in enumerate(read_jsonl(path), 1):
+        skipped: list[int] = []
+        for number, row in enumerate(read_jsonl(path, skipped), 1):
             label = row.get("label")
             if isinstance(label, bool):
                 label = int(label)
@@ -53,6 +54,9 @@ def read_rows(paths: str | list[str]) -> list[dict]:
                 raise CodetoolError(f"{path}:{number}: 'label' must be 0 or 1, got {row.get('label')!r}.")
             item_from_row(row)  # raises on a missing query or a malformed history
             rows.append({**row, "label": label})
+        if skipped:  # never train on a silently shortened file (issue 19)
+            raise CodetoolError(f"{path}: {len(skipped)} lines are not JSON objects (lines "
+                                f"{', '.join(map(str, skipped[:5]))}); fix or delete them, then rerun.")
     if not rows:
         raise CodetoolError(f"no PRM rows in {paths}; the file is empty.")
     return rows

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from codetool.config import ConfigError, option
+from codetool.jsonl import clean_text
 from codetool.rewards import PRMItem
 from codetool.secrets import redact
 
@@ -162,7 +163,8 @@ class PromptEncoder:
         return self.tokenizer.encode(text, add_special_tokens=False) if text else []
 
     def _text(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+        # clean_text: a lone surrogate from a tool or model makes the tokenizer raise (issue 19)
+        return self.tokenizer.encode(clean_text(text), add_special_tokens=False, split_special_tokens=True)
 
     # -- prefix ---------------------------------------------------------------------------
     def encode_prefix(self, item: PRMItem) -> tuple[list[int], bool, int]:
@@ -189,10 +191,7 @@ class PromptEncoder:
         ids = self._render_prefix(item, 0, tools_chars, query_chars)
         if len(ids) <= budget:
             return ids, False, 0
-        dropped = 0
-        while len(ids) > budget and dropped < len(item.history):  # oldest steps first
-            dropped += 1
-            ids = self._render_prefix(item, dropped, tools_chars, query_chars)
+        dropped, ids = fewest_dropped_steps(self, item, budget, tools_chars, query_chars, ids)  # oldest first
         while len(ids) > budget and tools_chars > _MIN_CHARS:  # then the tool docs
             tools_chars //= 2
             ids = self._render_prefix(item, dropped, tools_chars, query_chars)
@@ -237,6 +236,74 @@ class PromptEncoder:
         """The prompt as text (for logs, the SFT baseline and debugging); the label follows it."""
         enc = self.encode(item)
         return self.tokenizer.decode(enc.input_ids, skip_special_tokens=False)
+
+
+def fewest_dropped_steps(encoder: PromptEncoder, item: PRMItem, budget: int, tools_chars: int,
+                         query_chars: int, full_ids: list[int]) -> tuple[int, list[int]]:
+    """The fewest oldest history steps to leave out so the prefix fits ``budget``, in linear time.
+
+    Dropping steps one at a time and re-tokenising the whole prefix each time is quadratic in the
+    history length (a 20,000-step history stalled ``serve-prm`` for minutes). Instead: every step
+    renders to at least a few tokens, so steps beyond ``budget`` of them are dropped outright; the
+    remaining steps are tokenised once each (in one batch) and the count is estimated by
+    subtracting their token counts; a gallop then a binary search around the estimate settles the
+    exact answer with a handful of renders (fitting is monotone in the number dropped). The result
+    is the same ``dropped`` the one-at-a-time loop finds.
+
+    Args:
+        encoder (`PromptEncoder`): renders and tokenises the prefix.
+        full_ids (`list[int]`): the prefix with nothing dropped (already over ``budget``).
+
+    Returns:
+        ``(dropped, prefix_ids)``; ``dropped == len(item.history)`` when no number of drops fits.
+    """
+    n = len(item.history)
+    if n == 0:
+        return 0, full_ids
+    cache: dict[int, list[int]] = {0: full_ids}
+
+    def ids_for(d: int) -> list[int]:
+        if d not in cache:
+            cache[d] = encoder._render_prefix(item, d, tools_chars, query_chars)
+        return cache[d]
+
+    def fits(d: int) -> bool:
+        return len(ids_for(d)) <= budget
+
+    # Each kept step costs >= 1 token, so at most `budget` steps can survive.
+    low = max(0, n - budget)
+    rendered = [render_history([step], encoder.fmt.max_output_chars) for step in item.history[low:]]
+    counts = [len(x) for x in encoder.tokenizer(rendered, add_special_tokens=False,
+                                                   split_special_tokens=True)["input_ids"]]
+    excess = len(ids_for(low)) - budget if low else len(full_ids) - budget
+    guess = low
+    for c in counts:
+        if excess <= 0 or guess >= n:
+            break
+        excess -= c
+        guess += 1
+    guess = min(max(guess, low), n)
+    # Bracket [lo, hi] with fits(hi) true (or hi == n) and fits(lo - 1) false, then bisect.
+    if fits(guess):
+        hi, step = guess, 1
+        lo = guess - 1
+        while lo >= low and fits(lo):
+            hi, lo = lo, lo - step
+            step *= 2
+        lo = max(lo + 1, low)
+    else:
+        lo, step = guess + 1, 1
+        hi = min(guess + step, n)
+        while hi < n and not fits(hi):
+            lo, step = hi + 1, step * 2
+            hi = min(hi + step, n)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi, ids_for(hi)
 
 
 def label_token_ids(tokenizer, fmt: PRMFormat) -> tuple[int, int]:

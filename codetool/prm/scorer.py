@@ -230,7 +230,11 @@ def score_command(cfg: ScoreConfig) -> int:
 
     if not Path(cfg.input).is_file():
         raise CodetoolError(f"input file not found: {cfg.input}.")
-    rows = list(read_jsonl(cfg.input))
+    skipped: list[int] = []
+    rows = list(read_jsonl(cfg.input, skipped))
+    if skipped:  # never write a silently shortened output (issue 19)
+        raise CodetoolError(f"{cfg.input}: {len(skipped)} lines are not JSON objects (lines "
+                            f"{', '.join(map(str, skipped[:5]))}); fix or delete them, then rerun.")
     scorer = load_scorer(cfg.prm, device=cfg.device)
     if scorer is None:
         raise CodetoolError("codetool score needs a PRM: pass --prm with a checkpoint folder or a server URL.")

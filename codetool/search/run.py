@@ -5,7 +5,12 @@
     codetool run --benchmark restbench-tmdb --limit 10 --prm checkpoints/prm/quickstart
 
 Trajectories go to ``--output`` as JSON Lines, appended one query at a time; a rerun skips the
-query ids already there, so a killed run resumes where it stopped. The end of the run prints a
+queries already there (by benchmark, group and query id), so a killed run resumes where it
+stopped. A rerun with changed settings refuses to mix records (``--force_resume`` overrides); the
+output is locked while a run writes it; a query whose run raises (a policy 4xx/5xx after retries,
+unencodable text, a malformed API entry) is recorded as ``finish_type: error`` and the run goes
+on; the exit status is 1 when any query failed, and ``--retry_failed`` reruns only those
+(``codetool.resume``). The end of the run prints a
 one-screen summary (finished, gave up, SCEP, mean steps, tokens, seconds per query and per phase,
 mean tool cost). ``--prm`` picks the latent reward: a PRM checkpoint directory, the URL of a
 ``codetool serve-prm`` server, ``rollout`` (Monte Carlo rollouts with the policy) or ``none``.
@@ -16,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +30,15 @@ from typing import Any
 from codetool import CodetoolError
 from codetool.config import ConfigError, config_hash, option
 from codetool.executor import ExecutorConfig
-from codetool.jsonl import append_jsonl, done_ids
+from codetool.jsonl import append_jsonl
+from codetool.resume import (
+    FatalError,
+    OutputLock,
+    error_message,
+    plan_resume,
+    run_isolated,
+    unit_key,
+)
 from codetool.search.decide import RouterConfig
 from codetool.search.search import SearchConfig, SearchTask, StepwiseSearch
 
@@ -66,8 +80,19 @@ class RunConfig:
     search: SearchConfig = field(default_factory=SearchConfig)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     routing: RouterConfig = field(default_factory=RouterConfig)
+    retry_failed: bool = option(False, "rerun the queries recorded as finish_type error (and only those)")
+    force_resume: bool = option(False, "resume even though the output was written with other settings")
 
     def __post_init__(self):
+        if self.offset < 0 or (self.limit is not None and self.limit < 1):
+            raise ConfigError(f"--offset must be >= 0 and --limit >= 1, got offset {self.offset}, limit {self.limit}.")
+        subsets = {"stabletoolbench": ("codetool", "full"), "restbench-tmdb": ("restgpt", "codetool")}
+        if self.benchmark in subsets and self.subset not in subsets[self.benchmark]:
+            raise ConfigError(f"--subset {self.subset!r} is not one of {subsets[self.benchmark]} for {self.benchmark}.")
+        for name in ("temperature", "top_p"):
+            value = getattr(self.search, name, 0.0)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"--search.{name} must be a finite number, got {value}.")
         if (self.query is None) == (self.benchmark is None):
             raise ConfigError("give either --query (with --tools) or --benchmark "
                               f"({', '.join(BENCHMARKS)}), not both and not neither.")
@@ -89,6 +114,9 @@ def load_benchmark(cfg: RunConfig) -> list:
     else:
         queries = load_toolbench_queries(Path(cfg.queries))
     end = None if cfg.limit is None else cfg.offset + cfg.limit
+    if cfg.offset >= len(queries):
+        raise CodetoolError(f"--offset {cfg.offset} skips all {len(queries)} queries of {cfg.benchmark}"
+                            + (f" ({cfg.queries})" if cfg.queries else "") + ".")
     return queries[cfg.offset:end]
 
 
@@ -101,9 +129,9 @@ def single_query(cfg: RunConfig):
     if not path.is_file():
         raise CodetoolError(f"--tools file not found: {path}.")
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise CodetoolError(f"--tools {path}: not valid JSON ({e}).") from None
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise CodetoolError(f"--tools {path}: not valid JSON ({type(e).__name__}).") from None
     if isinstance(data, dict) and ("openapi" in data or "paths" in data or "endpoints" in data):
         apis = load_openapi(path)
     else:
@@ -113,7 +141,12 @@ def single_query(cfg: RunConfig):
         if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
             raise CodetoolError(f"--tools {path}: expected an OpenAPI spec, a ToolBench query, or a list of "
                                 "api_list entries (category_name, tool_name, api_name, ...).")
-        apis = [api_from_toolbench(e) for e in entries]
+        apis = []
+        for i, entry in enumerate(entries):
+            try:
+                apis.append(api_from_toolbench(entry))
+            except Exception as e:
+                raise CodetoolError(f"--tools {path}: api_list entry {i} is malformed ({error_message(e)}).") from None
     return BenchmarkQuery(query_id="query", query=cfg.query, apis=apis, benchmark="custom")
 
 
@@ -207,7 +240,20 @@ def executor_factory(executor_cfg: ExecutorConfig):
 
 def run_hash(cfg: RunConfig) -> str:
     """The config hash stored in trajectories (what changes results; not paths or limits)."""
-    return config_hash(cfg, ignore=("output", "offset", "limit", "data_dir", "prm_device"))
+    return config_hash(cfg, ignore=("output", "offset", "limit", "data_dir", "prm_device", "retry_failed",
+                                    "force_resume"))
+
+
+def _query_key(q) -> str:
+    return unit_key("restbench-tmdb" if q.benchmark == "restbench" else q.benchmark, q.group, q.query_id)
+
+
+def _record_key(r: dict) -> str:
+    return unit_key(r.get("benchmark"), r.get("group"), r.get("query_id"))
+
+
+def _unit_key(x) -> str:  # a SearchTask or a Trajectory
+    return unit_key(x.benchmark, x.group, x.query_id)
 
 
 def execute_run(cfg: RunConfig, *, policy=None, scorer=None, show_summary: bool = True) -> Path:
@@ -218,52 +264,99 @@ def execute_run(cfg: RunConfig, *, policy=None, scorer=None, show_summary: bool 
         scorer (`PRMScorer`, *optional*): a loaded PRM to reuse (default: built from ``cfg.prm``).
     Returns:
         The trajectory file.
+    Raises:
+        CodetoolError: the output is a folder, is locked by another run, or holds records written
+            with other settings; no queries were selected; the output cannot be written.
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     cfg.search.latent = {"none": "none", "rollout": "rollout"}.get(cfg.prm, "prm")
     queries = [single_query(cfg)] if cfg.query is not None else load_benchmark(cfg)
+    if not queries:
+        raise CodetoolError(f"no queries to run in {cfg.queries or cfg.benchmark}; check --queries, --group, --offset.")
     out = Path(cfg.output)
-    finished = done_ids(out)
-    todo = [q for q in queries if q.query_id not in finished]
-    if finished:
-        logger.info("resuming: %d of %d queries already in %s", len(queries) - len(todo), len(queries), out)
-    if todo:
-        policy = policy or make_policy(cfg.policy, dtype=cfg.policy_dtype, max_batch_size=cfg.policy_max_batch_size,
-                                       remote_model=cfg.remote_model, api_key_env=cfg.api_key_env)
-        if scorer is None:
-            scorer = make_scorer(cfg.prm, cfg.prm_device)
-        search = StepwiseSearch(policy, cfg.search, executor_factory(cfg.executor), scorer=scorer,
-                                config_hash=run_hash(cfg))
-        start = time.perf_counter()
-        with tool_backend(cfg) as backend, Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                TextColumn("{task.fields[last]}")) as bar:
-            job = bar.add_task(f"{cfg.search.method} on {cfg.benchmark or 'query'}", total=len(todo), last="")
-
-            def done(traj) -> None:
-                append_jsonl(out, traj.to_dict())
-                bar.update(job, advance=1, last=f"{traj.query_id}: {traj.finish_type}, {len(traj.steps)} steps")
-
-            tasks = [make_task(q, backend, max_response_chars=cfg.max_response_chars, tool_doc=cfg.tool_doc)
-                     for q in todo]
-            if cfg.router:
-                from codetool.search.router import route_and_solve
-
-                route_and_solve(tasks, cfg.routing, search, policy, executor_factory(cfg.executor), on_done=done)
-            else:
-                search.run(tasks, on_done=done)
-        logger.info("ran %d queries in %.1f s", len(todo), time.perf_counter() - start)
-    else:
-        logger.info("nothing to do: all %d queries are in %s", len(queries), out)
+    if out.is_dir():
+        raise CodetoolError(f"--output {out} is a folder; pass a file path such as {out / 'trajectories.jsonl'}.")
+    chash = run_hash(cfg)
+    with OutputLock(out):
+        plan = plan_resume(out, [_query_key(q) for q in queries], _record_key, chash,
+                           retry_failed=cfg.retry_failed, force=cfg.force_resume)
+        todo = [q for q in queries if _query_key(q) not in plan.done]
+        if plan.done:
+            logger.info("resuming: %d of %d queries already in %s", len(queries) - len(todo), len(queries), out)
+        if todo:
+            _run_queries(cfg, todo, out, chash, policy, scorer)
+        else:
+            logger.info("nothing to do: all %d queries are in %s", len(queries), out)
     if show_summary:
         print_summary(out, [q.query_id for q in queries])
     return out
 
 
+def _run_queries(cfg: RunConfig, todo: list, out: Path, chash: str, policy, scorer) -> int:
+    """Search every query of ``todo``, one error record per failing query; returns the failures."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from codetool.search.records import Trajectory
+
+    policy = policy or make_policy(cfg.policy, dtype=cfg.policy_dtype, max_batch_size=cfg.policy_max_batch_size,
+                                   remote_model=cfg.remote_model, api_key_env=cfg.api_key_env)
+    if scorer is None:
+        scorer = make_scorer(cfg.prm, cfg.prm_device)
+    search = StepwiseSearch(policy, cfg.search, executor_factory(cfg.executor), scorer=scorer, config_hash=chash)
+    start, failed = time.perf_counter(), 0
+    with tool_backend(cfg) as backend, Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.fields[last]}")) as bar:
+        job = bar.add_task(f"{cfg.search.method} on {cfg.benchmark or 'query'}", total=len(todo), last="")
+
+        def write(record: dict) -> None:
+            try:
+                append_jsonl(out, record)
+            except CodetoolError as e:  # a full disk stops the run; it is not one query's fault
+                raise FatalError(str(e)) from None
+
+        def done(traj) -> None:
+            write(traj.to_dict())
+            bar.update(job, advance=1, last=f"{traj.query_id}: {traj.finish_type}, {len(traj.steps)} steps")
+
+        def failed_unit(unit, error: BaseException) -> None:
+            write(Trajectory(query_id=unit.query_id, query=unit.query, benchmark=unit.benchmark, group=unit.group,
+                             method=cfg.search.method, config_hash=chash, finish_type="error",
+                             error=error_message(error)).to_dict())
+            bar.update(job, advance=1, last=f"{unit.query_id}: error")
+
+        tasks = []
+        for q in todo:
+            try:
+                if q.extra.get("load_error"):
+                    raise CodetoolError(q.extra["load_error"])
+                tasks.append(make_task(q, backend, max_response_chars=cfg.max_response_chars, tool_doc=cfg.tool_doc))
+            except Exception as e:  # a malformed query entry fails that query only
+                q.benchmark = "restbench-tmdb" if q.benchmark == "restbench" else q.benchmark
+                failed_unit(q, e)
+                failed += 1
+
+        def run_batch(batch, on_done) -> None:
+            if cfg.router:
+                from codetool.search.router import route_and_solve
+
+                route_and_solve(batch, cfg.routing, search, policy, executor_factory(cfg.executor), on_done=on_done)
+            else:
+                search.run(batch, on_done=on_done)
+
+        failed += run_isolated(tasks, run_batch, _unit_key, done, failed_unit)
+    logger.info("ran %d queries in %.1f s (%d failed)", len(todo), time.perf_counter() - start, failed)
+    return failed
+
+
 def run_command(cfg: RunConfig) -> int:
-    """``codetool run``; see the module docstring."""
-    execute_run(cfg)
+    """``codetool run``; see the module docstring. Exit status 1 when any selected query failed."""
+    from codetool.jsonl import read_jsonl
+
+    out = execute_run(cfg)
+    failed = sum(1 for r in read_jsonl(out) if r.get("finish_type") == "error" and r.get("config_hash") == run_hash(cfg))
+    if failed:
+        logger.warning("%d queries in %s ended with an error; rerun with --retry_failed to run only those", failed, out)
+        return 1
     return 0
 
 

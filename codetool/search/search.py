@@ -26,6 +26,7 @@ from typing import Any
 
 from codetool.config import ConfigError, option
 from codetool.executor.channel import log_safe
+from codetool.resume import unit_seed
 from codetool.rewards import (
     PRMItem,
     PRMScorer,
@@ -122,6 +123,30 @@ class Expanded:
         if result.get("give_up_reason") is not None:
             return "give_up"
         return None
+
+
+def expand_each(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: SearchConfig, *,
+                seed: int | None = None, timings: dict[str, float] | None = None,
+                ) -> list[list[Expanded] | Exception]:
+    """:func:`expand`, isolating failures per node: if the batched call raises (a policy error
+    for one prompt, e.g. its context is too long), each node is expanded on its own, so only the
+    nodes that still fail get their exception back in place of their row.
+
+    Returns:
+        Per node, its row of :class:`Expanded` or the exception that expanding it raised.
+    """
+    try:
+        return expand(policy, nodes, n, cfg, seed=seed, timings=timings)
+    except Exception as exc:  # noqa: BLE001 - retried node by node below
+        if len(nodes) == 1:
+            return [exc]
+    rows: list[list[Expanded] | Exception] = []
+    for node in nodes:
+        try:
+            rows.extend(expand(policy, [node], n, cfg, seed=seed, timings=timings))
+        except Exception as exc:  # noqa: BLE001 - recorded on this node by the caller
+            rows.append(exc)
+    return rows
 
 
 def expand(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: SearchConfig, *,
@@ -269,19 +294,24 @@ class StepwiseSearch:
 
     def _round(self, active: list[_Episode], round_index: int) -> list[_Episode]:
         """One step for every active episode; returns the episodes that ended (an exception
-        inside one episode ends it as ``finish_type='error'``; one of the whole batch, e.g. the
-        policy's, ends the batch's episodes so)."""
+        inside one episode ends it as ``finish_type='error'``; a failure of the batched policy
+        call is retried episode by episode, so only the episodes that still fail end so)."""
         failed = [ep for ep in active if ep.traj.finish_type == "error"]
         active = [ep for ep in active if ep not in failed]
         if not active:
             return failed
         timings: dict[str, float] = {}
-        seed = None if self.cfg.seed is None else self.cfg.seed + round_index
-        try:
-            expansions = expand(self.policy, [(ep.state, ep.history, ep.task) for ep in active],
-                                self.cfg.k, self.cfg, seed=seed, timings=timings)
-        except Exception as exc:  # noqa: BLE001 - see the docstring
-            return failed + [self._fail(ep, exc) for ep in active]
+        # From the units and their steps, not a round counter that restarts with the process (issue 19).
+        seed = None if self.cfg.seed is None else unit_seed(
+            self.cfg.seed, [(ep.task.benchmark, ep.task.group, ep.task.query_id, len(ep.traj.steps))
+                            for ep in active])
+        rows = expand_each(self.policy, [(ep.state, ep.history, ep.task) for ep in active],
+                           self.cfg.k, self.cfg, seed=seed, timings=timings)
+        failed += [self._fail(ep, row) for ep, row in zip(active, rows) if isinstance(row, Exception)]
+        active, expansions = ([ep for ep, row in zip(active, rows) if not isinstance(row, Exception)],
+                              [row for row in rows if not isinstance(row, Exception)])
+        if not active:
+            return failed
         t0 = time.perf_counter()
         self._guarded_latent(active, expansions)
         timings["scoring"] = time.perf_counter() - t0

@@ -178,8 +178,17 @@ def load_toolbench_queries(path: Path, tools_dir: Path | None = None, *, benchma
         if not isinstance(data, list):
             raise CodetoolError(f"{file}: expected a JSON list of queries, got {type(data).__name__}.")
         for raw in data:
-            queries.append(_query_from_toolbench(raw, benchmark=benchmark, group=group or file.stem,
-                                                 tools_dir=tools_dir, tool_cache=tool_cache))
+            try:
+                queries.append(_query_from_toolbench(raw, benchmark=benchmark, group=group or file.stem,
+                                                     tools_dir=tools_dir, tool_cache=tool_cache))
+            except Exception as e:  # one malformed entry fails its own query, not the load (issue 19)
+                qid = raw.get("query_id", len(queries)) if isinstance(raw, dict) else len(queries)
+                text = raw.get("query", "") if isinstance(raw, dict) else ""
+                logger.warning("%s: query %s is malformed (%s: %s); it will be recorded as an error",
+                               file, qid, type(e).__name__, e)
+                queries.append(BenchmarkQuery(query_id=str(qid), query=str(text), apis=[], benchmark=benchmark,
+                                              group=group or file.stem,
+                                              extra={"load_error": f"malformed query entry: {type(e).__name__}: {e}"}))
     report = missing_report(queries)
     if report["queries_with_missing_apis"]:
         logger.warning("%s: %d of %d queries reference %d APIs without documentation (kept; see "

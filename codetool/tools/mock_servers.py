@@ -29,7 +29,6 @@ import hmac
 import ipaddress
 import json
 import logging
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +86,9 @@ async def _reply(send, status: int, detail: str, extra: dict | None = None) -> N
     await send({"type": "http.response.body", "body": body})
 
 
+BODY_READ_TIMEOUT_S = 30.0
+
+
 class RequestGuard:
     """ASGI wrapper: API key, body size limit, time limit, one-line errors."""
 
@@ -109,17 +111,31 @@ class RequestGuard:
             return await _reply(send, 400, "invalid Content-Length header")
         if int(length) > self.max_body_bytes:
             return await _reply(send, 413, f"request body over {self.max_body_bytes} bytes")
-        # Read the (small) body here, so the limit holds for chunked uploads too.
-        chunks, size, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.max_body_bytes:
-                return await _reply(send, 413, f"request body over {self.max_body_bytes} bytes")
-            more = message.get("more_body", False)
+        # Read the (small) body here, so the limit holds for chunked uploads too, within a deadline
+        # so a client that trickles its body cannot hold a connection (issue 19).
+        chunks: list[bytes] = []
+
+        async def read_all() -> int:
+            size, more = 0, True
+            while more:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return -1
+                chunks.append(message.get("body", b""))
+                size += len(chunks[-1])
+                if size > self.max_body_bytes:
+                    return size
+                more = message.get("more_body", False)
+            return size
+
+        try:
+            size = await asyncio.wait_for(read_all(), min(self.timeout_s, BODY_READ_TIMEOUT_S))
+        except asyncio.TimeoutError:
+            return await _reply(send, 408, "request body not received in time")
+        if size < 0:
+            return
+        if size > self.max_body_bytes:
+            return await _reply(send, 413, f"request body over {self.max_body_bytes} bytes")
         body, replayed = b"".join(chunks), False
 
         async def replay():
@@ -300,9 +316,10 @@ def build_mock_app(cfg: ServeMockConfig, api_key: str | None = None):
 
 def serve_mock(cfg: ServeMockConfig) -> int:
     """``codetool serve-mock tmdb|stabletoolbench [--port N] [--host H]``: serve until interrupted."""
-    import uvicorn
+    from codetool.secrets import key_from_env
+    from codetool.serving import serve_forever
 
-    api_key = os.environ.get(cfg.api_key_env) or None
+    api_key = key_from_env(cfg.api_key_env)
     if not is_loopback(cfg.host) and not api_key:
         raise CodetoolError(f"--host {cfg.host} would expose the mock beyond this machine; set {cfg.api_key_env} "
                             f"to an API key (clients send 'Authorization: Bearer <key>'), or bind 127.0.0.1.")
@@ -310,8 +327,7 @@ def serve_mock(cfg: ServeMockConfig) -> int:
     path = "/virtual" if cfg.kind == "stabletoolbench" else "/"
     logger.info("serving the %s mock on http://%s:%d%s%s", cfg.kind, cfg.host, cfg.port, path,
                 " (API key required)" if api_key else "")
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", timeout_keep_alive=5,
-                timeout_graceful_shutdown=5)
+    serve_forever(app, cfg.host, cfg.port)
     return 0
 
 

@@ -12,7 +12,10 @@ Leaf success (``success``): ``executed`` (the public code's notion: the leaf ran
 ``judged`` (a judge from ``codetool.eval`` says the answer solves the query).
 
 Output: one JSON line per finished tree (``kill -9`` loses at most the tree in progress; a rerun
-skips finished query ids), then :mod:`codetool.tree.dataset` turns trees into PRM examples.
+skips finished query ids, refuses an output written with other settings unless ``--force_resume``,
+and holds a lock on the output), then :mod:`codetool.tree.dataset` turns trees into PRM examples.
+A tree whose build raises is recorded as ``finish_type: error`` and left out of the dataset; the
+exit status is 1 and ``--retry_failed`` rebuilds only those (``codetool.resume``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from codetool import CodetoolError
 from codetool.config import ConfigError, config_hash, option
 from codetool.executor import ExecutorConfig
 from codetool.executor.channel import log_safe
-from codetool.search.search import SearchConfig, SearchTask, expand
+from codetool.search.search import SearchConfig, SearchTask, expand_each
 from codetool.secrets import redact
 from codetool.tree.labels import label_tree, path_to, sibling_pairs
 
@@ -69,8 +72,12 @@ class TreeConfig:
                                  "(1: each tree's samples depend on its query id alone, whatever the sharding)")
     search: SearchConfig = field(default_factory=lambda: SearchConfig(method="tree", max_new_tokens=192))
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    retry_failed: bool = option(False, "rebuild the trees recorded as finish_type error (and only those)")
+    force_resume: bool = option(False, "resume even though the output was written with other settings")
 
     def __post_init__(self):
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"--limit must be >= 1, got {self.limit}.")
         if self.batch_trees < 1:
             raise ConfigError(f"batch_trees must be >= 1, got {self.batch_trees}.")
         if self.branching < 1 or self.max_depth < 1:
@@ -98,6 +105,12 @@ class TreeConfig:
             return out
         i, n = self.shard_index()
         return out.with_name(f"{out.stem}.shard-{i}-of-{n}{out.suffix}")
+
+
+def tree_hash(cfg: TreeConfig) -> str:
+    """The config hash stored in tree records and checked on resume (not paths, sharding or speed)."""
+    return config_hash(cfg, ignore=("output", "dataset_dir", "shard", "merge", "limit", "batch_trees",
+                                    "policy_max_batch_size", "retry_failed", "force_resume"))
 
 
 def tree_seed(base: int, query_id: str) -> int:
@@ -157,11 +170,12 @@ class TreeBuilder:
         try:
             while frontier:
                 level = time.perf_counter()
-                rows = _guard(errors, [t for t, *_ in frontier], expand, self.policy,
-                              [(st, hist, tasks[t]) for t, _, st, hist, _ in frontier],
-                              cfg.branching, self.sample_cfg, seed=seed + sum(map(len, trees)))
-                if rows is None:
-                    break
+                rows = expand_each(self.policy, [(st, hist, tasks[t]) for t, _, st, hist, _ in frontier],
+                                   cfg.branching, self.sample_cfg, seed=seed + sum(map(len, trees)))
+                for (t, *_), row in zip(frontier, rows):
+                    if isinstance(row, Exception):  # this tree's policy call failed: it ends
+                        _record_error(errors, t, row)
+                rows = [[] if isinstance(row, Exception) else row for row in rows]
                 logger.info("trees %s: depth %d, %d nodes sampled and executed in %.1f s",
                             ", ".join(str(t.query_id) for t in tasks[:3]) + (", ..." if len(tasks) > 3 else ""),
                             frontier[0][4] + 1, sum(map(len, rows)), time.perf_counter() - level)
@@ -190,7 +204,7 @@ class TreeBuilder:
         seconds = (time.perf_counter() - start) / len(tasks)  # the batch's time, shared evenly
         records = [_guard(errors, t, self._record, task, tree, seconds) if t not in errors else None
                    for t, (task, tree) in enumerate(zip(tasks, trees))]
-        return [_error_record(task, errors[t], seconds) if t in errors else record
+        return [_error_record(task, errors[t], seconds, tree_hash(cfg)) if t in errors else record
                 for t, (task, record) in enumerate(zip(tasks, records))]
 
     def _record(self, task: SearchTask, tree: dict[str, dict], seconds: float) -> dict[str, Any]:
@@ -202,8 +216,7 @@ class TreeBuilder:
         pairs, ties = sibling_pairs(tree)
         leaves = [n for n in tree.values() if n["leaf"]]
         return {"query_id": task.query_id, "query": task.query, "tools": task.env.render(),
-                "config_hash": config_hash(cfg, ignore=("output", "dataset_dir", "shard", "merge", "limit",
-                                                        "batch_trees", "policy_max_batch_size")),
+                "config_hash": tree_hash(cfg),
                 "nodes": tree, "pairs": pairs,
                 "summary": {"nodes": len(tree), "leaves": len(leaves),
                             "successful_leaves": sum(bool(n["success"]) for n in leaves),
@@ -229,11 +242,16 @@ def _guard(errors: dict[int, str], trees: int | list[int], func, *args, **kwargs
     try:
         return func(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - recorded on the tree(s), the run goes on
-        message = redact(f"{type(exc).__name__}: {exc}")[:2000]
-        for t in [trees] if isinstance(trees, int) else trees:
-            errors.setdefault(t, message)
-        logger.warning("tree building failed (%s trees): %s", len(errors), log_safe(message, 500))
+        _record_error(errors, trees, exc)
         return None
+
+
+def _record_error(errors: dict[int, str], trees: int | list[int], exc: BaseException) -> None:
+    """Record ``exc`` (redacted, cut to 2,000 characters) as the failure of each tree in ``trees``."""
+    message = redact(f"{type(exc).__name__}: {exc}")[:2000]
+    for t in [trees] if isinstance(trees, int) else trees:
+        errors.setdefault(t, message)
+    logger.warning("tree building failed (%s trees): %s", len(errors), log_safe(message, 500))
 
 
 def _faulted(errors: dict[int, str], t: int, row: list) -> bool:
@@ -261,10 +279,11 @@ def _drop_failed(frontier: list[tuple], errors: dict[int, str]) -> list[tuple]:
     return kept
 
 
-def _error_record(task: SearchTask, error: str, seconds: float) -> dict[str, Any]:
+def _error_record(task: SearchTask, error: str, seconds: float, config_hash: str) -> dict[str, Any]:
     """The record of a tree whose building failed: its error, no nodes, no pairs."""
-    return {"query_id": task.query_id, "query": task.query, "tools": task.env.render(), "nodes": {},
-            "pairs": [], "error": error,
+    return {"query_id": task.query_id, "query": task.query, "tools": task.env.render(),
+            "config_hash": config_hash, "nodes": {},
+            "pairs": [], "error": error, "finish_type": "error",
             "summary": {"nodes": 0, "leaves": 0, "successful_leaves": 0, "pairs": 0, "ties_dropped": 0,
                         "tool_calls": 0, "seconds": seconds, "error": True}}
 
@@ -290,14 +309,14 @@ def load_training_queries(cfg: TreeConfig) -> list:
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Totals over tree records: trees, nodes, leaves, leaf success rate, pairs, dropped ties, tool
-    calls, seconds per tree and trees per hour."""
-    s = [r["summary"] for r in records]
+    """Totals over tree records: trees (built), errors (trees whose build failed: left out of every
+    other total), nodes, leaves, leaf success rate, pairs, dropped ties, tool calls, seconds per
+    tree and trees per hour."""
+    s = [r["summary"] for r in records if r.get("finish_type") != "error"]
     total = {k: sum(x[k] for x in s) for k in ("nodes", "leaves", "successful_leaves", "pairs", "ties_dropped",
                                                "tool_calls", "seconds")}
-    seconds_per_tree = total["seconds"] / len(records) if records else 0.0
-    return {"trees": len(records), "errors": sum(bool(r.get("error")) for r in records),
-            **{k: v for k, v in total.items() if k != "seconds"},
+    seconds_per_tree = total["seconds"] / len(s) if s else 0.0
+    return {"trees": len(s), "errors": len(records) - len(s), **{k: v for k, v in total.items() if k != "seconds"},
             "leaf_success_rate": total["successful_leaves"] / total["leaves"] if total["leaves"] else 0.0,
             "seconds_per_tree": seconds_per_tree,
             "trees_per_hour": 3600.0 / seconds_per_tree if seconds_per_tree else 0.0}
@@ -325,11 +344,8 @@ def _judge_fn(cfg: TreeConfig):
 def build_trees_command(cfg: TreeConfig) -> int:
     """``codetool build-trees``: build (a shard of) the trees, or ``--merge`` shards; then export the
     PRM dataset and print the summary."""
-    from rich.progress import Progress
-
-    from codetool.jsonl import append_jsonl, done_ids, read_jsonl, write_jsonl
-    from codetool.search.run import executor_factory, make_policy, make_task, tool_backend_options
-    from codetool.tools.backends import make_tool_backend
+    from codetool.jsonl import append_jsonl, read_jsonl, write_jsonl
+    from codetool.resume import OutputLock
     from codetool.tree.dataset import export_dataset
 
     out = Path(cfg.output)
@@ -348,32 +364,77 @@ def build_trees_command(cfg: TreeConfig) -> int:
         index, count = cfg.shard_index()
         mine = [q for i, q in enumerate(queries) if i % count == index]
         path = cfg.shard_path()
-        finished = done_ids(path)
-        todo = [q for q in mine if q.query_id not in finished]
-        if finished:
-            logger.info("resuming: %d of %d trees already in %s", len(mine) - len(todo), len(mine), path)
-        if todo:
-            policy = make_policy(cfg.policy, max_batch_size=cfg.policy_max_batch_size, remote_model=cfg.remote_model)
-            builder = TreeBuilder(policy, cfg, executor_factory(cfg.executor), judge=_judge_fn(cfg))
-            backend = make_tool_backend(cfg.tools_backend, **tool_backend_options(
-                cfg.tools_backend, cfg.tool_server_url, cfg.tool_cache_dir))
-            with Progress() as bar:
-                job = bar.add_task("trees", total=len(todo))
-                for b in range(0, len(todo), cfg.batch_trees):
-                    batch = [make_task(q, backend, tool_doc=cfg.tool_doc) for q in todo[b:b + cfg.batch_trees]]
-                    for record in builder.build_many(batch):  # each batch lands before the next starts
-                        append_jsonl(path, record)
-                    bar.update(job, advance=len(batch))
+        if path.is_dir():
+            raise CodetoolError(f"--output {path} is a folder; pass a file path such as {path / 'trees.jsonl'}.")
+        with OutputLock(path):
+            _build_missing(cfg, mine, path, append_jsonl)
         records = sorted(read_jsonl(path), key=lambda r: order.get(str(r["query_id"]), len(order)))
         if cfg.shard is not None:
             _print_summary(f"shard {cfg.shard}: {path}", summarize(records))
             logger.info("shard done; run again with --merge once every shard has finished")
             return 0
-    summary = summarize(records)
+    failed = [r for r in records if r.get("finish_type") == "error"]
+    summary = summarize(records)  # "errors" counts the failed trees
+    records = [r for r in records if r.get("finish_type") != "error"]
     try:
         stats = export_dataset(records, dataset_dir, emit=cfg.emit, val_fraction=cfg.val_fraction, seed=cfg.seed)
         summary.update({f"dataset_{k}": v for k, v in stats.items() if k != "val_query_ids"})
     except CodetoolError as e:  # the trees are saved and valid; only the dataset is empty
         logger.warning("no PRM dataset written: %s", e)
     _print_summary(f"trees: {out}", summary)
+    if failed:
+        logger.warning("%d trees ended with an error (e.g. %s: %s); rerun with --retry_failed to rebuild only those",
+                       len(failed), failed[0].get("query_id"), failed[0].get("error"))
+        return 1
     return 0
+
+
+def _build_missing(cfg: TreeConfig, mine: list, path: Path, append_jsonl) -> int:
+    """Build the trees of ``mine`` not yet in ``path`` (resume keyed by the unique query id and
+    guarded by ``tree_hash``); a tree whose build raises is recorded as ``finish_type: error`` and
+    the others go on (``codetool.resume``). Returns the number that failed."""
+    from rich.progress import Progress
+
+    from codetool.resume import FatalError, error_message, plan_resume, run_isolated
+    from codetool.search.run import executor_factory, make_policy, make_task, tool_backend_options
+    from codetool.tools.backends import make_tool_backend
+
+    chash = tree_hash(cfg)
+    plan = plan_resume(path, [str(q.query_id) for q in mine], lambda r: str(r.get("query_id")), chash,
+                       retry_failed=cfg.retry_failed, force=cfg.force_resume)
+    todo = [q for q in mine if str(q.query_id) not in plan.done]
+    if plan.done:
+        logger.info("resuming: %d of %d trees already in %s", len(mine) - len(todo), len(mine), path)
+    if not todo:
+        return 0
+    policy = make_policy(cfg.policy, max_batch_size=cfg.policy_max_batch_size, remote_model=cfg.remote_model)
+    builder = TreeBuilder(policy, cfg, executor_factory(cfg.executor), judge=_judge_fn(cfg))
+    backend = make_tool_backend(cfg.tools_backend, **tool_backend_options(
+        cfg.tools_backend, cfg.tool_server_url, cfg.tool_cache_dir))
+
+    def write(record: dict) -> None:
+        try:
+            append_jsonl(path, record)
+        except CodetoolError as e:  # a full disk stops the job; it is not one tree's fault
+            raise FatalError(str(e)) from None
+
+    def failed_unit(q, error: BaseException) -> None:
+        write({"query_id": q.query_id, "query": q.query, "config_hash": chash, "finish_type": "error",
+               "error": error_message(error), "nodes": {}, "pairs": []})
+
+    def build_batch(batch: list, on_done) -> None:
+        tasks = [make_task(q, backend, tool_doc=cfg.tool_doc) for q in batch]
+        for record in builder.build_many(tasks):  # each batch lands before the next starts
+            on_done(record)
+
+    def key(x) -> str:
+        return str(x["query_id"] if isinstance(x, dict) else x.query_id)
+
+    failed = 0
+    with Progress() as bar:
+        job = bar.add_task("trees", total=len(todo))
+        for b in range(0, len(todo), cfg.batch_trees):
+            batch = todo[b:b + cfg.batch_trees]
+            failed += run_isolated(batch, build_batch, key, write, failed_unit)
+            bar.update(job, advance=len(batch))
+    return failed

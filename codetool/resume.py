@@ -1,0 +1,179 @@
+"""Resumable, isolated long jobs: which units are done, one writer per output, one unit per error.
+
+``run`` and ``build-trees`` write one JSONL record per finished unit (a query's trajectory, a
+tree). This module holds what both need to make that safe (issue 19):
+
+- **identity**: a unit is known by ``unit_key(benchmark, group, query_id)``, not by its query id
+  alone (ToolBench reuses ids across G1/G2/G3 files);
+- **settings guard**: a record written with another config hash is never mixed with new ones:
+  ``plan_resume`` refuses and says how to start a new output or force;
+- **one writer**: ``OutputLock`` holds an exclusive ``fcntl.flock`` on ``<output>.lock`` while a
+  run writes, so a second run on the same ``--output`` stops at once instead of duplicating work;
+- **seeds**: ``unit_seed`` derives a sampling seed from (seed, unit identity, step), so a resumed
+  run samples what an uninterrupted one did (exactly so when units are not batched together:
+  ``search.concurrency 1``; batched units share one seed per generate call);
+- **isolation**: ``run_isolated`` runs units in batches and, when a batch raises, reruns its
+  unfinished units one at a time; a unit that still raises is handed to ``on_error`` (which
+  records ``finish_type: error`` with a one-line message) and the job goes on.
+  ``--retry_failed`` drops the error records and reruns only those units.
+
+Limits: the lock is advisory and local (``flock`` on NFS may not be shared across machines; use
+``--shard`` there). A unit that crashes the interpreter (not an exception) is not isolated.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from codetool import CodetoolError
+from codetool.jsonl import clean_text, read_jsonl, write_jsonl
+
+logger = logging.getLogger(__name__)
+
+
+class FatalError(CodetoolError):
+    """An error that must stop the whole job, not one unit (e.g. the output disk is full)."""
+
+
+def unit_seed(seed: int, units: list) -> int:
+    """A sampling seed from the base ``seed`` and the identities and step numbers of the units
+    sampled together (e.g. ``[(benchmark, group, query_id, step)]``), so a resumed run draws what
+    an uninterrupted one drew for the same units; 31 bits."""
+    blob = json.dumps([seed, [list(map(str, u)) for u in units]]).encode()
+    return int.from_bytes(hashlib.sha256(blob).digest()[:4], "big") & 0x7FFFFFFF
+
+
+def unit_key(benchmark: str | None, group: str | None, query_id: Any) -> str:
+    """The identity of one unit of a long job: ``benchmark/group/query_id`` (empty parts kept)."""
+    return f"{benchmark or ''}/{group or ''}/{query_id}"
+
+
+def error_message(error: BaseException) -> str:
+    """One line for a record: the exception type and its message, no traceback, text cleaned."""
+    text = " ".join(str(error).split())[:500]
+    return clean_text(f"{type(error).__name__}: {text}" if text else type(error).__name__)
+
+
+class OutputLock:
+    """Exclusive lock on ``<path>.lock`` for the duration of a ``with`` block.
+
+    Raises:
+        CodetoolError: another process holds the lock (a second run on the same output).
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(str(path) + ".lock")
+        self._fd: int | None = None
+
+    def __enter__(self) -> OutputLock:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise CodetoolError(f"cannot create the lock file {self.path}: {e.strerror or e}.") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise CodetoolError(f"another run is writing {str(self.path)[:-5]} (it holds {self.path}); wait for it "
+                                "to finish, or pass a different --output.") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+@dataclass
+class ResumePlan:
+    """What a rerun must do: ``done`` keys are kept; everything else in the job is to run."""
+
+    done: set[str] = field(default_factory=set)
+    failed: set[str] = field(default_factory=set)
+    dropped: int = 0
+
+
+def plan_resume(path: str | os.PathLike, keys: Iterable[str], key_of: Callable[[dict], str], config_hash: str, *,
+                retry_failed: bool = False, force: bool = False) -> ResumePlan:
+    """Read ``path`` and decide which of ``keys`` are finished.
+
+    Args:
+        key_of (`Callable`): a record's unit key (see ``unit_key``).
+        config_hash (`str`): the hash of the current settings; records of the job's units written
+            with another hash make this raise unless ``force``.
+        retry_failed (`bool`): rewrite ``path`` without the job's ``finish_type: error`` records, so
+            those units run again (and the file holds one record per unit).
+        force (`bool`): resume even across changed settings (the file then mixes hashes).
+
+    Raises:
+        CodetoolError: the file was written with other settings (and not ``force``).
+    """
+    wanted = set(keys)
+    records = list(read_jsonl(path))
+    mine = [r for r in records if key_of(r) in wanted]
+    other = sorted({str(r.get("config_hash")) for r in mine if r.get("config_hash") != config_hash})
+    if other and not force:
+        raise CodetoolError(
+            f"{path} holds records of these units written with other settings (config hash {', '.join(other)}; "
+            f"now {config_hash}); resuming would mix them. Pass a new --output to start afresh, or "
+            "--force_resume to keep the old records and run only the missing units.")
+    plan = ResumePlan()
+    for r in mine:
+        (plan.failed if r.get("finish_type") == "error" else plan.done).add(key_of(r))
+    plan.failed -= plan.done
+    if retry_failed and plan.failed:
+        kept = [r for r in records if not (key_of(r) in plan.failed and r.get("finish_type") == "error")]
+        plan.dropped = len(records) - len(kept)
+        write_jsonl(path, kept)
+        logger.info("retrying %d failed units (their error records were removed from %s)", len(plan.failed), path)
+    else:
+        plan.done |= plan.failed
+    return plan
+
+
+def run_isolated(units: list, run_batch: Callable[[list, Callable[[Any], None]], None], key: Callable[[Any], str],
+                 on_done: Callable[[Any], None], on_error: Callable[[Any, BaseException], None]) -> int:
+    """Run ``units`` with ``run_batch(units, on_done)``; isolate a unit whose error stops its batch.
+
+    ``run_batch`` calls its callback with each finished result; ``key`` maps a unit *and* a result to
+    the same identity. When a batch raises, its units without a result run again one by one; a unit
+    that raises alone goes to ``on_error`` (KeyboardInterrupt and SystemExit are not caught).
+
+    Returns:
+        The number of units that failed.
+    """
+    seen: set[str] = set()
+
+    def done(result) -> None:
+        seen.add(key(result))
+        on_done(result)
+
+    try:
+        run_batch(units, done)
+        return 0
+    except FatalError:
+        raise
+    except Exception as e:  # isolated below
+        left = [u for u in units if key(u) not in seen]
+        if len(units) == 1 or len(left) == 1:
+            logger.warning("unit %s failed: %s", key(left[0]) if left else "?", error_message(e))
+            logger.debug("traceback", exc_info=True)
+            for u in left:
+                on_error(u, e)
+            return len(left)
+        logger.warning("a batch of %d units failed (%s); running its %d unfinished units one by one",
+                       len(units), error_message(e), len(left))
+    return sum(run_isolated([u], run_batch, key, on_done, on_error) for u in left)

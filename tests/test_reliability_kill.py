@@ -1,0 +1,132 @@
+"""`kill -9` after the first record, then rerun (issue 19): nothing lost, nothing duplicated, no
+half line. Each job runs in a subprocess with a scripted policy that is slow on the first pass."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+DRIVER = '''
+import sys, time
+import codetool.search.run as run
+from codetool.models.backends import ScriptedBackend
+
+delay, mode = float(sys.argv[1]), sys.argv[2]
+count = [0]
+
+def reply(prompt):
+    time.sleep(delay)
+    count[0] += 1
+    if mode == "pairs" and len(prompt) <= 3:  # first step: one sibling works, the other fails
+        return "print('looked it up')\\n```" if count[0] % 2 else "raise KeyError('no such field')\\n```"
+    return "finish('ok')\\n```"
+
+run.make_policy = lambda *a, **k: ScriptedBackend(reply)
+from codetool.cli import main
+sys.exit(main(sys.argv[3:]))
+'''
+
+
+def _queries(folder: Path) -> Path:
+    folder.mkdir()
+    api = {"category_name": "Data", "tool_name": "weather", "api_name": "forecast", "api_description": "forecast",
+           "required_parameters": [{"name": "city", "type": "STRING", "description": "city"}],
+           "optional_parameters": [], "method": "GET"}
+    for group in ("G1", "G2"):
+        queries = [{"query_id": i, "query": f"{group} weather {i}?", "api_list": [api]} for i in (1, 2, 3)]
+        (folder / f"{group}.json").write_text(json.dumps(queries))
+    return folder
+
+
+def _start(tmp_path: Path, delay: float, args: list[str], mode: str = "finish") -> subprocess.Popen:
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.Popen([sys.executable, str(driver), str(delay), mode, *args], env=env, cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _kill_after_first_record(proc: subprocess.Popen, path: Path, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_bytes().count(b"\n") >= 1:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"the job ended before writing a record: {proc.stderr.read().decode()[-2000:]}")
+        time.sleep(0.05)
+    proc.kill()
+    pytest.fail("no record within the time limit")
+
+
+def _check_clean(path: Path, key) -> list[dict]:
+    raw = path.read_bytes()
+    assert raw.endswith(b"\n")
+    records = [json.loads(line) for line in raw.splitlines()]  # every line parses: no half line
+    keys = [key(r) for r in records]
+    assert len(keys) == len(set(keys)), "duplicated records"
+    return records
+
+
+def test_run_survives_sigkill(tmp_path):
+    queries = _queries(tmp_path / "queries")
+    out = tmp_path / "traj.jsonl"
+    args = ["run", "--benchmark", "toolbench", "--queries", str(queries), "--output", str(out), "--prm", "none",
+            "--search.k", "1", "--search.max_steps", "1", "--search.concurrency", "1",
+            "--executor.isolation", "fallback"]
+    _kill_after_first_record(_start(tmp_path, 0.5, args), out)
+    assert len(_check_clean(out, lambda r: (r["group"], r["query_id"]))) < 6
+    proc = _start(tmp_path, 0.0, args)
+    assert proc.wait(timeout=120) == 0, proc.stderr.read().decode()[-2000:]
+    records = _check_clean(out, lambda r: (r["group"], r["query_id"]))
+    assert sorted((r["group"], r["query_id"]) for r in records) == [(g, str(i)) for g in ("G1", "G2") for i in (1, 2, 3)]
+    assert all(r["finish_type"] == "finish" for r in records)
+
+
+def test_build_trees_survives_sigkill(tmp_path):
+    queries = _queries(tmp_path / "queries")
+    out = tmp_path / "trees.jsonl"
+    args = ["build-trees", "--queries", str(queries), "--output", str(out), "--dataset_dir", str(tmp_path / "prm"),
+            "--branching", "2", "--max_depth", "1", "--batch_trees", "1", "--executor.isolation", "fallback"]
+    _kill_after_first_record(_start(tmp_path, 0.3, args), out)
+    proc = _start(tmp_path, 0.0, args)
+    assert proc.wait(timeout=120) == 0, proc.stderr.read().decode()[-2000:]
+    records = _check_clean(out, lambda r: r["query_id"])
+    assert sorted(r["query_id"] for r in records) == [f"{g}/{i}" for g in ("G1", "G2") for i in (1, 2, 3)]
+
+
+PIPELINE_YAML = """
+name: killed
+runs_dir: {runs}
+trees: {{branching: 2, max_depth: 2, limit: 4, batch_trees: 1, val_fraction: 0.25, queries: {queries}}}
+train: {{model: {model}, epochs: 1, batch_size: 4, eval_steps: 0, save_steps: 100, logging_steps: 1}}
+search: {{max_steps: 2, max_new_tokens: 16, concurrency: 1}}
+methods:
+  - {{name: single-sample, k: 1, w_latent: 0.0, latent: none, temperature: 0.0}}
+  - {{name: spot+latent, k: 2, latent: prm}}
+evals:
+  - {{benchmark: stabletoolbench, limit: 2}}
+judge: {{model: none}}
+executor: {{isolation: fallback, timeout_s: 10}}
+"""
+
+
+def test_pipeline_survives_sigkill(tmp_path, tiny_model_dir, shared_data):
+    queries = _queries(tmp_path / "queries")
+    config = tmp_path / "p.yaml"
+    config.write_text(PIPELINE_YAML.format(runs=tmp_path / "runs", queries=queries, model=tiny_model_dir))
+    trees = tmp_path / "runs" / "killed" / "trees" / "trees.jsonl"
+    _kill_after_first_record(_start(tmp_path, 0.3, ["pipeline", "--config", str(config)], "pairs"), trees)
+    proc = _start(tmp_path, 0.0, ["pipeline", "--config", str(config)], "pairs")
+    assert proc.wait(timeout=300) == 0, proc.stderr.read().decode()[-2000:]
+    assert len(_check_clean(trees, lambda r: r["query_id"])) == 4
+    runs = list((tmp_path / "runs" / "killed" / "search").rglob("*.jsonl"))
+    assert runs and all(len(_check_clean(p, lambda r: (r["group"], r["query_id"]))) == 2 for p in runs)

@@ -1,0 +1,149 @@
+"""`codetool run` as a long job (issue 19): isolation, resume identity, settings guard, lock."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import codetool.search.run as run
+from codetool import CodetoolError
+from codetool.jsonl import append_jsonl, read_jsonl
+from codetool.models.backends import ScriptedBackend
+from codetool.resume import OutputLock
+from codetool.search.run import RunConfig, execute_run, run_command
+
+
+def block(code: str) -> str:
+    return f"Step.\n```python\n{code}\n```"
+
+
+def api(name: str) -> dict:
+    return {"category_name": "Data", "tool_name": "weather", "api_name": name, "api_description": "forecast",
+            "required_parameters": [{"name": "city", "type": "STRING", "description": "city"}],
+            "optional_parameters": [], "method": "GET"}
+
+
+@pytest.fixture
+def toolbench(tmp_path):
+    """Two ToolBench files whose query ids repeat (1, 2, 3 in G1 and in G2)."""
+    folder = tmp_path / "queries"
+    folder.mkdir()
+    for group in ("G1", "G2"):
+        queries = [{"query_id": i, "query": f"{group} question {i}?", "api_list": [api("forecast")]} for i in (1, 2, 3)]
+        (folder / f"{group}.json").write_text(json.dumps(queries))
+    return folder
+
+
+def _cfg(toolbench, out, **over) -> RunConfig:
+    from codetool.config import load_config
+
+    base = {"benchmark": "toolbench", "queries": str(toolbench), "output": str(out), "search.max_steps": 1,
+            "search.k": 1, "search.concurrency": 4, "executor.isolation": "fallback", "prm": "none"}
+    return load_config(RunConfig, overrides={**base, **over})
+
+
+def _policy(monkeypatch, reply):
+    policy = ScriptedBackend(reply)
+    monkeypatch.setattr(run, "make_policy", lambda *a, **k: policy)
+    return policy
+
+
+def _prompt_text(prompt) -> str:
+    return json.dumps(prompt, default=str)
+
+
+def test_resume_keys_on_group_and_query_id(monkeypatch, toolbench, tmp_path):
+    out = tmp_path / "t.jsonl"
+    _policy(monkeypatch, lambda p: block("finish('ok')"))
+    assert run_command(_cfg(toolbench, out, limit=4)) == 0  # G1: 1 2 3, G2: 1
+    assert run_command(_cfg(toolbench, out)) == 0
+    keys = [(r["group"], r["query_id"]) for r in read_jsonl(out)]
+    assert sorted(keys) == sorted((g, str(i)) for g in ("G1", "G2") for i in (1, 2, 3))
+
+
+def test_one_failing_query_is_recorded_and_the_run_goes_on(monkeypatch, toolbench, tmp_path):
+    out = tmp_path / "t.jsonl"
+
+    def reply(prompt):
+        if "G1 question 2?" in _prompt_text(prompt):
+            raise CodetoolError("http://policy/v1 answered HTTP 400: context length exceeded")
+        return block("print('caf\\ud800e')\nfinish('ok')")  # a lone surrogate in the tool output
+
+    _policy(monkeypatch, reply)
+    assert run_command(_cfg(toolbench, out)) == 1
+    records = list(read_jsonl(out))
+    assert len(records) == 6
+    bad = [r for r in records if r["finish_type"] == "error"]
+    assert [(r["group"], r["query_id"]) for r in bad] == [("G1", "2")]
+    assert "context length exceeded" in bad[0]["error"] and "Traceback" not in bad[0]["error"]
+    # a plain rerun keeps the failure; --retry_failed reruns only that query, leaving one record each
+    assert run_command(_cfg(toolbench, out)) == 1
+    policy = _policy(monkeypatch, lambda p: block("finish('fixed')"))
+    assert run_command(_cfg(toolbench, out, retry_failed=True)) == 0
+    records = list(read_jsonl(out))
+    assert len(records) == 6 and not [r for r in records if r["finish_type"] == "error"]
+    assert len(policy.calls) == 1
+
+
+def test_changed_settings_refuse_to_mix_records(monkeypatch, toolbench, tmp_path):
+    out = tmp_path / "t.jsonl"
+    _policy(monkeypatch, lambda p: block("finish('ok')"))
+    assert run_command(_cfg(toolbench, out, limit=2)) == 0
+    with pytest.raises(CodetoolError, match="other settings.*--force_resume"):
+        execute_run(_cfg(toolbench, out, **{"search.k": 3}), show_summary=False)
+    execute_run(_cfg(toolbench, out, limit=3, force_resume=True, **{"search.k": 3}), show_summary=False)
+    assert len(list(read_jsonl(out))) == 3
+
+
+def test_a_second_writer_is_refused(monkeypatch, toolbench, tmp_path):
+    out = tmp_path / "t.jsonl"
+    _policy(monkeypatch, lambda p: block("finish('ok')"))
+    with OutputLock(out):
+        with pytest.raises(CodetoolError, match="another run is writing"):
+            execute_run(_cfg(toolbench, out), show_summary=False)
+    execute_run(_cfg(toolbench, out, limit=1), show_summary=False)  # free again
+
+
+def test_half_line_is_skipped_and_terminated(tmp_path):
+    out = tmp_path / "t.jsonl"
+    append_jsonl(out, {"a": 1})
+    with open(out, "ab") as f:
+        f.write(b'{"a": 2, "b"')  # a crash mid-write
+    append_jsonl(out, {"a": "x\ud800"})  # and a lone surrogate: never UnicodeEncodeError
+    skipped: list[int] = []
+    assert [r["a"] for r in read_jsonl(out, skipped)] == [1, "x\ufffd"]
+    assert skipped == [2]
+
+
+def test_full_disk_is_one_line(tmp_path, monkeypatch):
+    import builtins
+
+    real_open = builtins.open
+
+    def full(path, mode="r", *a, **k):
+        if "a" in mode:
+            raise OSError(28, "No space left on device")
+        return real_open(path, mode, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", full)
+    with pytest.raises(CodetoolError, match="No space left on device"):
+        append_jsonl(tmp_path / "x.jsonl", {"a": 1})
+
+
+def test_resumed_run_samples_with_the_seeds_of_an_uninterrupted_one(monkeypatch, toolbench, tmp_path):
+    def seeds(policy) -> list:
+        return [kwargs["seed"] for _, kwargs in policy.calls]
+
+    reply = lambda p: block("print(1)")  # noqa: E731 - two steps per query
+    whole = _policy(monkeypatch, reply)
+    execute_run(_cfg(toolbench, tmp_path / "a.jsonl", **{"search.max_steps": 2, "search.concurrency": 1}),
+                show_summary=False)
+    first = _policy(monkeypatch, reply)
+    execute_run(_cfg(toolbench, tmp_path / "b.jsonl", limit=2, **{"search.max_steps": 2, "search.concurrency": 1}),
+                show_summary=False)
+    rest = _policy(monkeypatch, reply)
+    execute_run(_cfg(toolbench, tmp_path / "b.jsonl", **{"search.max_steps": 2, "search.concurrency": 1}),
+                show_summary=False)
+    assert len(seeds(whole)) == 12 and len(set(seeds(whole))) == 12
+    assert seeds(first) + seeds(rest) == seeds(whole)
