@@ -62,7 +62,8 @@ def test_report_end_to_end(tmp_path, canary_env):
     assert stb["greedy"]["groups"]["G1"]["pass_rate"]["mean"] == 0.5
     assert stb["greedy"]["overall"]["pass_rate"]["mean"] == 0.25
     assert stb["spot+latent"]["overall"]["pass_rate"]["mean"] == 1.0
-    assert stb["greedy"]["overall"]["metrics"]["scep"] == pytest.approx(1 / 2)
+    assert stb["greedy"]["overall"]["metrics"]["scep"] == 1.0   # chosen steps all ran
+    assert stb["greedy"]["overall"]["metrics"]["scep_all_candidates"] == pytest.approx(1 / 2)
     rest = report["benchmarks"]["restbench-tmdb"]["methods"]["greedy"]["overall"]
     assert rest["path"]["correct_path_rate"] == 0.5 and rest["pass_rate"]["mean"] == 0.0  # "director" is Unsolved
     assert rest["path"]["success_basis"] == "judge" and rest["path"]["delta_solution_len"] is None
