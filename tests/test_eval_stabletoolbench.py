@@ -14,8 +14,8 @@ from codetool.eval.convert import import_converted
 from codetool.eval.judges import Preference, ScriptedJudge, Verdict
 from codetool.eval.stabletoolbench import (
     PairCount,
-    average_pass_rate,
     answer_details,
+    average_pass_rate,
     coin_flip,
     compare_runs,
     judge_pass,
