@@ -29,8 +29,8 @@ from typing import Any
 
 from codetool.config import ConfigError, config_hash, option, to_dict
 from codetool.eval import metrics as run_metrics_mod
-from codetool.eval.convert import export_converted, import_converted
 from codetool.eval.comparability import comparability_block
+from codetool.eval.convert import export_converted, import_converted
 from codetool.eval.judges import Judge, JudgeConfig, make_judge
 from codetool.eval.restbench import load_gold_paths, path_metrics
 from codetool.eval.stabletoolbench import (
