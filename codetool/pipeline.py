@@ -102,6 +102,8 @@ class PipelineConfig:
     methods: list[MethodConfig] = field(default_factory=_default_methods)
     evals: list[EvalSetConfig] = field(default_factory=lambda: [EvalSetConfig()])
     judge: JudgeConfig = field(default_factory=JudgeConfig)
+    reference: str = option("", "SoWR reference: a method name or a StableToolBench converted-answer file or "
+                            "folder (the field's: ChatGPT CoT); default: the first method")
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
 
     def __post_init__(self):
@@ -215,7 +217,7 @@ def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
     run_cfgs = _run_cfgs(cfg, prm)
     needs_prm = any(m.latent == "prm" for m in cfg.methods)
     h_search = _hash([dataclasses.replace(r, output="") for r in run_cfgs], h_train if needs_prm else "")
-    h_eval = _hash(cfg.judge, h_search)
+    h_eval = _hash(cfg.judge, cfg.reference, h_search) if cfg.reference else _hash(cfg.judge, h_search)
     plan = {"trees": h_trees, "train": h_train, "search": h_search, "eval": h_eval}
     status: dict[str, Any] = {}
     changed = False  # once a stage reruns, every later stage reruns too
@@ -277,7 +279,7 @@ def _stage_eval(cfg: PipelineConfig, *, run_cfgs: list, **_) -> dict:
     from codetool.eval.report import EvalConfig, eval_command
 
     eval_cfg = EvalConfig(trajectories=[r.output for r in run_cfgs], out=str(cfg.root), judge=cfg.judge,
-                          compare=[m.name for m in cfg.methods])
+                          compare=[m.name for m in cfg.methods], reference=cfg.reference)
     eval_command(eval_cfg)
     return {"report": str(cfg.root / "report.md")}
 

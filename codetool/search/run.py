@@ -25,6 +25,7 @@ from codetool import CodetoolError
 from codetool.config import ConfigError, config_hash, option
 from codetool.executor import ExecutorConfig
 from codetool.jsonl import append_jsonl, done_ids
+from codetool.search.answer import AnswerConfig, write_final_answer
 from codetool.search.decide import RouterConfig
 from codetool.search.search import SearchConfig, SearchTask, StepwiseSearch
 
@@ -66,6 +67,7 @@ class RunConfig:
     search: SearchConfig = field(default_factory=SearchConfig)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     routing: RouterConfig = field(default_factory=RouterConfig)
+    answer: AnswerConfig = field(default_factory=AnswerConfig)
 
     def __post_init__(self):
         if (self.query is None) == (self.benchmark is None):
@@ -241,7 +243,11 @@ def execute_run(cfg: RunConfig, *, policy=None, scorer=None, show_summary: bool 
                 TextColumn("{task.fields[last]}")) as bar:
             job = bar.add_task(f"{cfg.search.method} on {cfg.benchmark or 'query'}", total=len(todo), last="")
 
+            answers = cfg.answer.enabled(cfg.benchmark)
+
             def done(traj) -> None:
+                if answers:  # CodeTool: every trajectory gets a final answer (from its execution log)
+                    write_final_answer(traj, policy, cfg.answer)
                 append_jsonl(out, traj.to_dict())
                 bar.update(job, advance=1, last=f"{traj.query_id}: {traj.finish_type}, {len(traj.steps)} steps")
 
