@@ -34,6 +34,7 @@ from codetool.config import ConfigError, config_hash, option
 from codetool.eval.judges import JudgeConfig
 from codetool.executor import ExecutorConfig
 from codetool.prm.train import TrainConfig
+from codetool.search.answer import AnswerConfig
 from codetool.search.search import SearchConfig
 from codetool.tree.build import TreeConfig
 
@@ -102,6 +103,7 @@ class PipelineConfig:
     methods: list[MethodConfig] = field(default_factory=_default_methods)
     evals: list[EvalSetConfig] = field(default_factory=lambda: [EvalSetConfig()])
     judge: JudgeConfig = field(default_factory=JudgeConfig)
+    answer: AnswerConfig = field(default_factory=AnswerConfig)
     reference: str = option("", "SoWR reference: a method name or a StableToolBench converted-answer file or "
                             "folder (the field's: ChatGPT CoT); default: the first method")
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
@@ -200,7 +202,7 @@ def _run_cfgs(cfg: PipelineConfig, prm: str) -> list:
                                   policy_max_batch_size=cfg.policy_max_batch_size, remote_model=cfg.remote_model,
                                   tool_doc=ev.tool_doc or cfg.tool_doc,
                                   prm=prm if method.latent == "prm" else method.latent,
-                                  search=run_search, executor=cfg.executor,
+                                  search=run_search, executor=cfg.executor, answer=cfg.answer,
                                   output=str(cfg.root / "search" / method.name / f"{ev.slug}.jsonl")))
     return runs
 

@@ -288,7 +288,10 @@ def print_summary(path: Path, query_ids: list[str] | None = None) -> dict[str, A
     table = Table(title=f"{path} ({m.n} queries)", show_header=False)
     rows = [("finished", m.finish_types.get("finish", 0)), ("gave up", m.finish_types.get("give_up", 0)),
             ("hit max steps", m.finish_types.get("max_steps", 0)), ("errors", m.finish_types.get("error", 0)),
-            ("SCEP (executed candidates that ran)", "n/a" if m.scep is None else f"{100 * m.scep:.1f}%"),
+            ("SCEP (chosen steps whose code ran)", "n/a" if m.scep is None else f"{100 * m.scep:.1f}%"),
+            ("  over all sampled candidates", "n/a" if m.scep_all_candidates is None
+             else f"{100 * m.scep_all_candidates:.1f}%"),
+            ("answers written after the search", m.answer_sources.get("generated", 0)),
             ("mean steps", f"{m.mean_steps:.2f}"),
             ("tokens in / out per query", f"{m.mean_prompt_tokens:.0f} / {m.mean_completion_tokens:.0f}"),
             ("seconds per query", f"{m.mean_seconds:.1f}"),
