@@ -172,7 +172,7 @@ def test_run_command_writes_and_resumes(tiny_model_dir, shared_data, tmp_path):
     out = tmp_path / "traj.jsonl"
     base = {"benchmark": "stabletoolbench", "group": "G1_instruction", "data_dir": str(shared_data),
             "policy": str(tiny_model_dir), "output": str(out), "search.max_new_tokens": 8,
-            "search.max_steps": 1, "executor.isolation": "fallback"}
+            "search.max_steps": 1, "executor.isolation": "fallback", "answer.max_new_tokens": 8}
     assert run_command(load_config(RunConfig, overrides={**base, "limit": 2})) == 0
     assert [r["query_id"] for r in read_jsonl(out)] == [q.query_id for q in load_stabletoolbench(
         "G1_instruction", shared_data, subset="codetool")[:2]]
@@ -181,3 +181,6 @@ def test_run_command_writes_and_resumes(tiny_model_dir, shared_data, tmp_path):
     records = list(read_jsonl(out))
     assert len(records) == 3 and len({r["query_id"] for r in records}) == 3
     assert all(r["method"] == "spot+latent" and r["config_hash"] for r in records)
+    # episodes that ran out of steps were sent for a final answer (the tiny model may write none)
+    unfinished = [r for r in records if r["finish_type"] == "max_steps" and r["steps"]]
+    assert all(r["extra"].get("answer_source", "generated") == "generated" for r in unfinished)

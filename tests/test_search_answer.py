@@ -62,3 +62,32 @@ def test_config_and_long_logs():
     log = execution_log(traj, max_chars=1000)
     assert log.startswith("[") and "earlier characters left out" in log and len(log) < 1100
     assert "{log}" not in answer_messages(traj)[0]["content"]
+
+
+def test_a_stabletoolbench_run_writes_the_missing_answers_in_one_batch(shared_data, tmp_path):
+    from codetool.config import load_config
+    from codetool.jsonl import read_jsonl
+    from codetool.search.run import RunConfig, execute_run
+
+    def reply(prompt):
+        if "## Execution log" in prompt[-1]["content"]:
+            return "The answer from the log."
+        return "x = 1\nprint(x)\n```"
+    policy = ScriptedBackend(reply)
+    base = {"benchmark": "stabletoolbench", "group": "G1_instruction", "data_dir": str(shared_data), "limit": 3,
+            "search.k": 1, "search.max_steps": 1, "search.concurrency": 3, "executor.isolation": "fallback"}
+    out = execute_run(load_config(RunConfig, overrides={**base, "output": str(tmp_path / "a.jsonl")}),
+                      policy=policy, show_summary=False)
+    records = list(read_jsonl(out))
+    assert len(records) == 3 and all(r["finish_type"] == "max_steps" for r in records)
+    assert all(r["final_answer"] == "The answer from the log." and r["extra"]["answer_source"] == "generated"
+               for r in records)
+    answer_calls = [c for c in policy.calls if "## Execution log" in c[0][0][-1]["content"]]
+    assert len(answer_calls) == 1 and len(answer_calls[0][0]) == 3   # one batch of three
+    # off by option, and off by default outside StableToolBench
+    policy.calls.clear()
+    out = execute_run(load_config(RunConfig, overrides={**base, "answer.final_answer": "off",
+                                                        "output": str(tmp_path / "b.jsonl")}),
+                      policy=policy, show_summary=False)
+    assert all(r["final_answer"] is None for r in read_jsonl(out))
+    assert not any("## Execution log" in c[0][0][-1]["content"] for c in policy.calls)

@@ -89,23 +89,34 @@ def answer_messages(traj: Trajectory, max_log_chars: int = 8000) -> list[dict[st
     return [{"role": "user", "content": redact(text)}]
 
 
-def write_final_answer(traj: Trajectory, backend, cfg: AnswerConfig | None = None) -> bool:
-    """Write ``traj``'s final answer with ``backend`` when :func:`needs_answer`; returns whether
-    one was written. A failed or empty generation leaves the trajectory as it was (logged)."""
+def write_final_answers(trajs: list[Trajectory], backend, cfg: AnswerConfig | None = None) -> int:
+    """Write the final answer of every trajectory in ``trajs`` that :func:`needs_answer`, in one
+    ``generate`` call (temperature 0); returns how many were written. A failed call or an empty
+    reply leaves its trajectories as they were (logged)."""
     cfg = cfg or AnswerConfig()
-    if not needs_answer(traj):
-        return False
+    todo = [t for t in trajs if needs_answer(t)]
+    if not todo:
+        return 0
     try:
-        [[completion]] = backend.generate([answer_messages(traj, cfg.max_log_chars)], n=1, temperature=0.0,
-                                          top_p=1.0, max_new_tokens=cfg.max_new_tokens)
-    except Exception as e:  # the search result stands without an answer; the report shows the count
-        logger.warning("query %s: writing the final answer failed (%s: %s)", traj.query_id, type(e).__name__, e)
-        return False
-    answer = redact(completion.text.strip())
-    if not answer:
-        return False
-    traj.final_answer = answer
-    traj.extra["answer_source"] = "generated"
-    traj.prompt_tokens += completion.prompt_tokens
-    traj.completion_tokens += completion.completion_tokens
-    return True
+        batch = backend.generate([answer_messages(t, cfg.max_log_chars) for t in todo], n=1, temperature=0.0,
+                                 top_p=1.0, max_new_tokens=cfg.max_new_tokens)
+    except Exception as e:  # the search results stand without answers; the report shows the count
+        logger.warning("writing %d final answers failed (%s: %s)", len(todo), type(e).__name__, e)
+        return 0
+    written = 0
+    for traj, [completion] in zip(todo, batch):
+        answer = redact(completion.text.strip())
+        if not answer:
+            logger.warning("query %s: the model wrote an empty final answer", traj.query_id)
+            continue
+        traj.final_answer = answer
+        traj.extra["answer_source"] = "generated"
+        traj.prompt_tokens += completion.prompt_tokens
+        traj.completion_tokens += completion.completion_tokens
+        written += 1
+    return written
+
+
+def write_final_answer(traj: Trajectory, backend, cfg: AnswerConfig | None = None) -> bool:
+    """:func:`write_final_answers` for one trajectory; returns whether an answer was written."""
+    return write_final_answers([traj], backend, cfg) == 1

@@ -25,7 +25,7 @@ from codetool import CodetoolError
 from codetool.config import ConfigError, config_hash, option
 from codetool.executor import ExecutorConfig
 from codetool.jsonl import append_jsonl, done_ids
-from codetool.search.answer import AnswerConfig, write_final_answer
+from codetool.search.answer import AnswerConfig, needs_answer, write_final_answers
 from codetool.search.decide import RouterConfig
 from codetool.search.search import SearchConfig, SearchTask, StepwiseSearch
 
@@ -244,12 +244,25 @@ def execute_run(cfg: RunConfig, *, policy=None, scorer=None, show_summary: bool 
             job = bar.add_task(f"{cfg.search.method} on {cfg.benchmark or 'query'}", total=len(todo), last="")
 
             answers = cfg.answer.enabled(cfg.benchmark)
+            waiting: list = []  # episodes that await their final answer (written in batches)
 
-            def done(traj) -> None:
-                if answers:  # CodeTool: every trajectory gets a final answer (from its execution log)
-                    write_final_answer(traj, policy, cfg.answer)
+            def write(traj) -> None:
                 append_jsonl(out, traj.to_dict())
                 bar.update(job, advance=1, last=f"{traj.query_id}: {traj.finish_type}, {len(traj.steps)} steps")
+
+            def flush() -> None:
+                write_final_answers(waiting, policy, cfg.answer)
+                for traj in waiting:
+                    write(traj)
+                waiting.clear()
+
+            def done(traj) -> None:
+                if answers and needs_answer(traj):  # CodeTool: every trajectory gets a final answer
+                    waiting.append(traj)
+                    if len(waiting) >= cfg.search.concurrency:
+                        flush()
+                else:
+                    write(traj)
 
             tasks = [make_task(q, backend, max_response_chars=cfg.max_response_chars, tool_doc=cfg.tool_doc)
                      for q in todo]
@@ -259,6 +272,7 @@ def execute_run(cfg: RunConfig, *, policy=None, scorer=None, show_summary: bool 
                 route_and_solve(tasks, cfg.routing, search, policy, executor_factory(cfg.executor), on_done=done)
             else:
                 search.run(tasks, on_done=done)
+            flush()
         logger.info("ran %d queries in %.1f s", len(todo), time.perf_counter() - start)
     else:
         logger.info("nothing to do: all %d queries are in %s", len(queries), out)
