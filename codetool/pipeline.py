@@ -34,6 +34,7 @@ from codetool.config import ConfigError, config_hash, option
 from codetool.eval.judges import JudgeConfig
 from codetool.executor import ExecutorConfig
 from codetool.prm.train import TrainConfig
+from codetool.search.answer import AnswerConfig
 from codetool.search.search import SearchConfig
 from codetool.tree.build import TreeConfig
 
@@ -102,6 +103,9 @@ class PipelineConfig:
     methods: list[MethodConfig] = field(default_factory=_default_methods)
     evals: list[EvalSetConfig] = field(default_factory=lambda: [EvalSetConfig()])
     judge: JudgeConfig = field(default_factory=JudgeConfig)
+    answer: AnswerConfig = field(default_factory=AnswerConfig)
+    reference: str = option("", "SoWR reference: a method name or a StableToolBench converted-answer file or "
+                            "folder (the field's: ChatGPT CoT); default: the first method")
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
 
     def __post_init__(self):
@@ -198,7 +202,7 @@ def _run_cfgs(cfg: PipelineConfig, prm: str) -> list:
                                   policy_max_batch_size=cfg.policy_max_batch_size, remote_model=cfg.remote_model,
                                   tool_doc=ev.tool_doc or cfg.tool_doc,
                                   prm=prm if method.latent == "prm" else method.latent,
-                                  search=run_search, executor=cfg.executor,
+                                  search=run_search, executor=cfg.executor, answer=cfg.answer,
                                   output=str(cfg.root / "search" / method.name / f"{ev.slug}.jsonl")))
     return runs
 
@@ -215,7 +219,7 @@ def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
     run_cfgs = _run_cfgs(cfg, prm)
     needs_prm = any(m.latent == "prm" for m in cfg.methods)
     h_search = _hash([dataclasses.replace(r, output="") for r in run_cfgs], h_train if needs_prm else "")
-    h_eval = _hash(cfg.judge, h_search)
+    h_eval = _hash(cfg.judge, cfg.reference, h_search) if cfg.reference else _hash(cfg.judge, h_search)
     plan = {"trees": h_trees, "train": h_train, "search": h_search, "eval": h_eval}
     status: dict[str, Any] = {}
     changed = False  # once a stage reruns, every later stage reruns too
@@ -277,7 +281,7 @@ def _stage_eval(cfg: PipelineConfig, *, run_cfgs: list, **_) -> dict:
     from codetool.eval.report import EvalConfig, eval_command
 
     eval_cfg = EvalConfig(trajectories=[r.output for r in run_cfgs], out=str(cfg.root), judge=cfg.judge,
-                          compare=[m.name for m in cfg.methods])
+                          compare=[m.name for m in cfg.methods], reference=cfg.reference)
     eval_command(eval_cfg)
     return {"report": str(cfg.root / "report.md")}
 

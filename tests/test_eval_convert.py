@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 
 import pytest
@@ -130,3 +131,50 @@ def test_export_redacts_and_bad_input_errors(canary_env, tmp_path):
         converted_to_trajectory("1", {"query": "q"})
     with pytest.raises(CodetoolError, match="no converted-answer files"):
         import_converted(tmp_path / "missing")
+
+
+def _stabletoolbench_reads(entry: dict) -> tuple[bool, list[dict]]:
+    """StableToolBench's own rules on a converted answer: its step parser (walk answer_details[0]
+    through each node's "next", one node at a time; a tool node's message is a dict with name,
+    arguments and response, the arguments a JSON object; their own files hold it as the cut text
+    of such a dict) and its Finish check (a non-empty final answer and a Finish call among the
+    tool nodes, else Unsolved without a judge call)."""
+    answer = entry["answer"]
+    steps, node = [], answer["answer_details"][0]
+    while node is not None:
+        assert node["role"] in ("system", "user", "assistant", "tool") and "message" in node
+        assert len(node["next"]) <= 1
+        message = node["message"]
+        if node["role"] == "tool" and isinstance(message, str):  # their files
+            steps.append({"name": re.search(r"'name': '([^']*)'", message).group(1)})
+        elif node["role"] == "tool":
+            assert isinstance(message, dict) and {"name", "arguments", "response"} <= set(message)
+            assert all(isinstance(message[k], str) for k in ("name", "arguments", "response"))
+            assert isinstance(json.loads(message["arguments"]), dict)
+            assert "'name': 'Finish'" in str(message) or message["name"] != "Finish"
+            steps.append(message)
+        node = node["next"][0] if node["next"] else None
+    finished = bool(answer["final_answer"]) and any(s["name"] == "Finish" for s in steps)
+    return finished, steps
+
+
+def test_exports_pass_stabletoolbench_finish_check_and_step_parser(shared_data):
+    entry = trajectory_to_converted(_ours())
+    assert all(isinstance(n["message"], dict) for n in _chain(entry) if n["role"] == "tool")
+    finished, steps = _stabletoolbench_reads(entry)
+    assert finished and [s["name"] for s in steps] == ["city_for_geo", "weather_for_geo", "Finish"]
+    # an answer generated after the search is exported as a Finish call with that answer
+    t = _ours()
+    t.finish_type, t.final_answer = "max_steps", "Paris has about 2.1 million people."
+    t.extra["answer_source"] = "generated"
+    entry = trajectory_to_converted(t)
+    finished, steps = _stabletoolbench_reads(entry)
+    assert finished and json.loads(steps[-1]["arguments"])["final_answer"] == "Paris has about 2.1 million people."
+    # no answer at all: their Finish check fails, as our rule says (Unsolved without a judge call)
+    t.final_answer, t.extra = None, {}
+    assert _stabletoolbench_reads(trajectory_to_converted(t))[0] is False
+    # the same reader accepts their own files (the ChatGPT CoT answers), so it is not too strict
+    data = json.loads((_cot_dir(shared_data) / "G1_instruction.json").read_text())
+    read = [_stabletoolbench_reads(e) for e in list(data.values())[:20]]
+    assert [f for f, _ in read] == [bool(e["answer"]["final_answer"]) for e in list(data.values())[:20]]
+    assert any(f for f, _ in read) and not all(f for f, _ in read)

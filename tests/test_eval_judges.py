@@ -6,8 +6,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from codetool.config import ConfigError
 from codetool.eval.judges import (
     AnswerRequest,
+    CompareRequest,
     JudgeConfig,
     LLMJudge,
     ScriptedJudge,
@@ -206,9 +208,13 @@ def test_http_judge_sends_no_key_in_the_prompt(canary_env, tmp_path):
         url = f"http://127.0.0.1:{server.server_address[1]}/v1"
         cfg = JudgeConfig(model=url, cache=str(tmp_path / "cache.jsonl"))
         judge = make_judge(cfg)
-        assert judge.name == f"openai:judge-model@{url}" and judge.mode == "json" and not judge.weak
+        assert judge.name == f"openai:judge-model@{url}" and judge.mode == "tools" and not judge.weak
         v = judge.judge_answer("q", f"the key is {canary_env}")
         assert v.label == "Solved" and len(bodies) == 1
+        sent = json.loads(bodies[0])  # a forced function call at the protocol's temperature
+        assert sent["tool_choice"]["function"]["name"] == "record_answer_status" and sent["temperature"] == 0.2
+        assert sent["tools"][0]["function"]["parameters"]["properties"]["answer_status"]["enum"] == \
+            ["Solved", "Unsure", "Unsolved"]
         assert canary_env not in bodies[0] and "[REDACTED]" in bodies[0]
         again = make_judge(JudgeConfig(model=url, remote_model="judge-model", cache=str(tmp_path / "cache.jsonl")))
         assert again.judge_answer("q", f"the key is {canary_env}").cached and len(bodies) == 1
@@ -228,3 +234,72 @@ def test_default_local_judge(tmp_path):
     assert judge.name == "local:default" and judge.weak and judge.mode == "options"
     v = judge.judge_answer("How many people live in Paris?", "About 2.1 million people live in Paris.")
     assert v.label in ("Solved", "Unsure", "Unsolved") and v.reason.startswith("option log-probs")
+
+
+def _fake_server(handle):
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _send(self, data, status=200):
+            raw = json.dumps(data).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def do_GET(self):
+            self._send({"data": [{"id": "judge-model"}]})
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])).decode())
+            self._send(*handle(body))
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/v1"
+
+
+def test_forced_function_call_replies_and_json_fallback(tmp_path):
+    import json
+
+    def tool_reply(body):
+        compare = body["tool_choice"]["function"]["name"] == "record_preference"
+        assert '"tie"' not in json.dumps(body["tools"])  # StableToolBench's comparison has no tie
+        args = json.dumps({"preferred": "B"} if compare else {"answer_status": "Unsure"})
+        call = {"id": "c0", "type": "function", "function": {"name": "x", "arguments": args}}
+        return ({"choices": [{"index": 0, "message": {"content": None, "tool_calls": [call]}}]}, 200)
+    server, url = _fake_server(tool_reply)
+    try:
+        judge = make_judge(JudgeConfig(model=url, cache=str(tmp_path / "a.jsonl")))
+        assert judge.judge_answer("q", "a").label == "Unsure" and judge.tool_fallbacks == 0
+        pref = judge.compare_many([CompareRequest("q", "a", "b", details_a="{}", details_b="{}", allow_tie=False)])
+        assert pref[0].winner == "b"
+    finally:
+        server.shutdown()
+
+    def refuse_tools(body):
+        if "tools" in body:
+            return {"error": {"message": "tools are not supported"}}, 400
+        reply = '{"answer_status": "Solved", "reason": "ok"}'
+        return {"choices": [{"index": 0, "message": {"content": reply}, "finish_reason": "stop"}]}, 200
+    server, url = _fake_server(refuse_tools)
+    try:
+        judge = make_judge(JudgeConfig(model=url, cache=str(tmp_path / "b.jsonl")))
+        assert judge.judge_answer("q", "a").label == "Solved"
+        assert judge.mode == "json" and judge.tool_fallbacks == 1 and judge.describe()["tool_fallbacks"] == 1
+    finally:
+        server.shutdown()
+
+
+def test_protocol_defaults():
+    stb, paper = JudgeConfig(), JudgeConfig(protocol="codetool")
+    assert (stb.rounds, stb.temperature, paper.rounds, paper.temperature) == (3, 0.2, 1, 0.0)
+    assert JudgeConfig(protocol="codetool", rounds=3).rounds == 3
+    with pytest.raises(ConfigError, match="protocol"):
+        JudgeConfig(protocol="mine")

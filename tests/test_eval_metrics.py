@@ -25,8 +25,10 @@ def test_run_metrics_by_hand():
         phase_seconds={"generation": 1.0})
     m = run_metrics([a, b])
     assert m.n == 2 and m.executed_candidates == 5
-    assert m.scep == pytest.approx(3 / 5)          # ran: a0c0, a1c1, b0c1
-    assert m.scep_chosen == pytest.approx(3 / 3)   # chosen: a0c0, a1c1, b0c1
+    assert m.scep == pytest.approx(3 / 3)          # the paper's SCEP, chosen steps: a0c0, a1c1, b0c1 all ran
+    assert m.scep_chosen == m.scep and m.executed_chosen == 3
+    assert m.scep_all_candidates == pytest.approx(3 / 5)   # every candidate with code: ran a0c0, a1c1, b0c1
+    assert m.answer_sources == {"finish": 1, "none": 1}
     assert m.mean_steps == 1.5 and m.mean_tool_calls == 1.5
     assert (m.mean_prompt_tokens, m.mean_completion_tokens, m.mean_seconds, m.mean_tool_cost) == (75, 15, 2.0, 1.5)
     assert m.finish_types == {"finish": 1, "give_up": 0, "max_steps": 1, "error": 0}

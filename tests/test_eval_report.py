@@ -9,7 +9,7 @@ import pytest
 from codetool.config import ConfigError
 from codetool.eval.judges import JudgeConfig, ScriptedJudge
 from codetool.eval.report import EvalConfig, load_runs, run_eval
-from codetool.jsonl import write_jsonl
+from codetool.jsonl import read_jsonl, write_jsonl
 from codetool.search.records import Candidate, Step, Trajectory
 
 TMDB = [{"name": "search_movie", "tool": "tmdb", "api": "search", "method": "GET", "path": "/search/movie"},
@@ -62,7 +62,8 @@ def test_report_end_to_end(tmp_path, canary_env):
     assert stb["greedy"]["groups"]["G1"]["pass_rate"]["mean"] == 0.5
     assert stb["greedy"]["overall"]["pass_rate"]["mean"] == 0.25
     assert stb["spot+latent"]["overall"]["pass_rate"]["mean"] == 1.0
-    assert stb["greedy"]["overall"]["metrics"]["scep"] == pytest.approx(1 / 2)
+    assert stb["greedy"]["overall"]["metrics"]["scep"] == 1.0   # chosen steps all ran
+    assert stb["greedy"]["overall"]["metrics"]["scep_all_candidates"] == pytest.approx(1 / 2)
     rest = report["benchmarks"]["restbench-tmdb"]["methods"]["greedy"]["overall"]
     assert rest["path"]["correct_path_rate"] == 0.5 and rest["pass_rate"]["mean"] == 0.0  # "director" is Unsolved
     assert rest["path"]["success_basis"] == "judge" and rest["path"]["delta_solution_len"] is None
@@ -76,7 +77,20 @@ def test_report_end_to_end(tmp_path, canary_env):
     assert all((out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in ("steps.png", "rewards.png"))
     md = (out / "report.md").read_text()
     assert "scripted-test" in md and "## stabletoolbench" in md and "### Side by side" in md
-    assert "| G1 | 2 | 50.0 ± 0.0 |" in md and "## Win rates (SoWR)" in md and "path rate %" in md
+    assert "| G1 | 2 | 50.0 ± 0.0 |" in md and "## Win rates (SoWR)" in md and "correct path % (0/1)" in md
+    assert "path score % (frac.)" in md and "SCEP all cand. %" in md
+    # the comparability block: judge, protocol, rounds, subset, answer sources, reference, deviations
+    block = report["comparability"]
+    assert (block["protocol"], block["rounds"], block["judge_model"]) == ("stabletoolbench", 2, "scripted-test")
+    assert block["sowr_reference"]["method"] == "greedy" and not block["sowr_reference"]["field_reference"]
+    assert block["answer_sources"]["greedy"] == {"finish": 4, "none": 1}
+    assert block["subset"]["stabletoolbench"]["groups"] == {"G1": 2, "G2": 1}
+    devs = " ".join(block["deviations"])
+    assert "not the papers' gpt-4-turbo-2024-04-09" in devs and "2 judge rounds, not 3" in devs
+    assert "not ChatGPT CoT" in devs and "RestGPT's binary rate" in devs and "not a full group" in devs
+    assert "## Comparability" in md and "Deviations from the official protocols" in md
+    split = stb["greedy"]["overall"]["pass_rate_by_answer_source"]
+    assert split["finish"]["mean"] == 0.5 and split["none"]["mean"] == 0.0
     for path in [*out.iterdir(), *(tmp_path / "stb").rglob("*.json")]:
         assert canary_env not in path.read_text(errors="replace"), path
     assert (tmp_path / "stb" / "spot+latent" / "G1.json").is_file()
@@ -144,3 +158,42 @@ def test_one_method_split_over_files_is_one_run(tmp_path):
     assert [r.method for r in runs] == ["spot", "spot@again"]  # the same query twice: kept apart
     assert {t.benchmark for t in runs[0].trajectories} == {"stabletoolbench", "restbench-tmdb"}
     assert runs[0].source == f"{stb}, {rest}"
+
+
+def test_scep_counts_chosen_steps_only(tmp_path):
+    # step 0: the chosen candidate fails, the unchosen one runs; step 1: chosen runs, unchosen fails
+    def cand(i, ok, chosen):
+        return Candidate(i, "c", f"x = {i}", {"ok": ok, "tool_calls": []}, r_spot=float(ok), chosen=chosen)
+    traj = Trajectory("1", "q", "stabletoolbench", "G1", "m", steps=[
+        Step(0, [cand(0, False, True), cand(1, True, False)], 0),
+        Step(1, [cand(0, True, True), cand(1, False, False), cand(2, False, False)], 0)],
+        final_answer="a", finish_type="finish")
+    path = tmp_path / "run.jsonl"
+    write_jsonl(path, [traj.to_dict()])
+    report = run_eval(EvalConfig(trajectories=[str(path)], out=str(tmp_path / "o"), plots=False), None)
+    metrics = report["benchmarks"]["stabletoolbench"]["methods"]["m"]["overall"]["metrics"]
+    assert metrics["scep"] == 0.5                   # chosen: failed, ran
+    assert metrics["scep_all_candidates"] == 0.4    # all five: 2 ran
+    assert "| **overall** | 1 | n/a | 50.0 | 40.0 |" in (tmp_path / "o" / "report.md").read_text()
+
+
+def test_chatgpt_cot_converted_answers_as_the_sowr_reference(shared_data, tmp_path):
+    cot = (shared_data / "StableToolBench" / "toolbench" / "tooleval" / "results" / "default_evalset"
+           / "gpt-3.5-turbo_CoT")
+    ref = load_runs([str(cot / "G1_instruction.json")])[0]
+    ours = []
+    for t in ref.trajectories[:3]:  # our run on three of the same queries, solved by a finish call
+        ours.append(Trajectory(t.query_id, t.query, "stabletoolbench", "G1_instruction", "ours", steps=[_step(0, [])],
+                               final_answer=f"our answer {t.query_id}", finish_type="finish"))
+    path = tmp_path / "ours.jsonl"
+    write_jsonl(path, [t.to_dict() for t in ours])
+    judge = ScriptedJudge(lambda req: "Solved" if req.answer.startswith("our") else "Unsolved", winner="a")
+    report = run_eval(EvalConfig(trajectories=[str(path)], reference=str(cot / "G1_instruction.json"),
+                                 out=str(tmp_path / "o"), plots=False, judge=JudgeConfig(rounds=3)), judge)
+    pair = report["win_rates"][f"ours vs {ref.method}"]["stabletoolbench"]["groups"]["G1_instruction"]
+    assert pair["n"] == 3 and pair["win"] == 1.0 and pair["tie"] == 0.0 and pair["judged_pairs"] == 0
+    assert report["comparability"]["sowr_reference"]["field_reference"]
+    assert not any("not ChatGPT CoT" in d for d in report["comparability"]["deviations"])
+    # only the reference's queries that our run has are judged
+    ref_rows = [r for r in read_jsonl(tmp_path / "o" / "verdicts.jsonl") if r["method"] == ref.method]
+    assert len(ref_rows) == 3

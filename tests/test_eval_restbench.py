@@ -12,6 +12,7 @@ from codetool.eval.restbench import (
     gold_path,
     is_subsequence,
     load_gold_paths,
+    matched_in_order,
     normalize_api,
     path_metrics,
 )
@@ -49,6 +50,12 @@ def test_normalize_field_cases():
     assert normalize_api("/tv/popular") == "GET /tv/popular" and normalize_api("  ") == ""
 
 
+def test_matched_in_order_is_the_longest_common_subsequence():
+    assert matched_in_order(["a", "b", "c"], ["b", "x", "c", "a"]) == 2
+    assert matched_in_order(["a", "a"], ["a"]) == 1
+    assert matched_in_order([], ["a"]) == 0 and matched_in_order(["a"], []) == 0
+
+
 def test_subsequence():
     assert is_subsequence(["a", "c"], ["a", "b", "c"])
     assert not is_subsequence(["c", "a"], ["a", "b", "c"])
@@ -76,6 +83,9 @@ def test_path_rate_and_delta_by_hand():
     assert m.n == 5 and m.missing_gold == 1 and m.unmapped_calls == 1
     assert m.correct_path_rate == pytest.approx(3 / 5)
     assert [m.per_query[q]["correct"] for q in "12345"] == [True, False, True, False, True]
+    # fractional: the wrong order matches one gold call in order (1/2), the missing call 1/2 -> 4/5
+    assert [m.per_query[q]["fraction"] for q in "12345"] == [1.0, 0.5, 1.0, 0.5, 1.0]
+    assert m.path_fraction_score == pytest.approx(4 / 5)
     # delta on successful (= correct-path) queries: (3-2) + (2-2) + (3-2) -> mean 2/3
     assert m.success_basis == "correct_path" and m.successful == 3
     assert m.delta_solution_len == pytest.approx(2 / 3)

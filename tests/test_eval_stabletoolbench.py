@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import csv
+import json
 
 import numpy as np
 import pytest
@@ -13,7 +14,9 @@ from codetool.eval.convert import import_converted
 from codetool.eval.judges import Preference, ScriptedJudge, Verdict
 from codetool.eval.stabletoolbench import (
     PairCount,
+    answer_details,
     average_pass_rate,
+    coin_flip,
     compare_runs,
     judge_pass,
     load_pass_results,
@@ -60,6 +63,40 @@ def test_unsure_is_rejudged_with_the_trajectory():
     assert len(detailed) == 2 and "city_for_geo" in detailed[0].trajectory and "print(1)" in detailed[0].trajectory
 
 
+def test_stage_two_sees_the_whole_answer_as_the_evaluator_reads_it():
+    judge = ScriptedJudge(lambda req: "Unsure")
+    [row] = judge_pass([traj("1")], judge, rounds=1)
+    assert [c.trajectory is None for c in judge.answer_calls] == [True, False]  # Unsure -> stage two
+    details = json.loads(judge.answer_calls[1].trajectory)
+    # the converted layout: final_answer holds the Finish call's arguments, as in their files
+    assert json.loads(details["final_answer"])["final_answer"] == "Paris has 2.1 million people."
+    chain, roles = details["answer_details"], []
+    while chain:
+        roles.append(chain[0]["role"])
+        chain = chain[0]["next"]
+    assert roles == ["system", "user", "assistant", "tool", "tool"]  # step, its call, Finish
+    assert row[0].label == "Unsure" and row[0].source == "trajectory"
+
+
+def test_codetool_protocol_is_a_single_pass():
+    judge = ScriptedJudge(lambda req: "Unsure")
+    [row] = judge_pass([traj("1")], judge, rounds=1, protocol="codetool")
+    assert len(judge.answer_calls) == 1 and row[0].label == "Unsure" and row[0].source == "answer"
+    assert pass_rate([[v.label for v in row]], 1).mean == 0.5
+
+
+def test_generated_answers_are_judged_and_give_ups_cost_nothing():
+    generated = traj("1", finish="max_steps", answer="Paris has 2.1 million people.")
+    generated.extra["answer_source"] = "generated"
+    gave_up = traj("2", finish="give_up", answer="I could not do it")
+    gave_up.extra["answer_source"] = "generated"
+    judge = ScriptedJudge("Solved")
+    verdicts = judge_pass([generated, gave_up, traj("3", finish="max_steps", answer=None)], judge, rounds=2)
+    assert [row[0].label for row in verdicts] == ["Solved", "Unsolved", "Unsolved"]
+    assert [r.answer for r in judge.answer_calls] == ["Paris has 2.1 million people."] * 2
+    assert json.loads(answer_details(generated))["final_answer"] == "Paris has 2.1 million people."
+
+
 def test_missing_judge_is_an_error_only_when_needed():
     assert judge_pass([traj("1", finish="max_steps")], None, rounds=2)[0][0].label == "Unsolved"
     with pytest.raises(CodetoolError, match="judge"):
@@ -99,35 +136,45 @@ def test_majority_label_ties_are_unsure():
 def test_win_rate_cases():
     cand = {q: traj(q, answer=f"candidate {q}") for q in "abcdef"}
     ref = {q: traj(q, answer=f"reference {q}") for q in "abcdeg"}
-    ref["e"] = traj("e", answer="candidate e")  # identical answers -> tie without a judge call
+    ref["e"] = traj("e", answer="candidate e")  # identical whole answers -> a coin flip, no judge call
     cand_labels = {"a": ["Solved"] * 3, "b": ["Unsolved"] * 3, "c": ["Solved", "Unsolved", "Unsure"],
                    "d": ["Solved"] * 3, "e": ["Solved"] * 3, "f": ["Solved"] * 3}
     ref_labels = {"a": ["Unsolved"] * 3, "b": ["Solved"] * 3, "c": ["Unsolved", "Solved", "Unsolved"],
                   "d": ["Solved"] * 3, "e": ["Solved"] * 3, "g": ["Solved"] * 3}
 
     def winner(req):  # the judge always prefers the candidate's answer
+        assert req.details_a is not None and not req.allow_tie
         return "a" if req.answer_a.startswith("candidate") else "b"
     judge = ScriptedJudge(winner=winner)
     win = compare_runs(cand, ref, cand_labels, ref_labels, judge, rounds=3)
     pq = win.per_query
-    assert (pq["a"].candidate, pq["a"].reference, pq["a"].judged) == (3, 0, 0)  # majority shortcut
+    assert (pq["a"].candidate, pq["a"].reference, pq["a"].judged) == (3, 0, 0)  # solved vs not, each round
     assert (pq["b"].candidate, pq["b"].reference) == (0, 3)
-    assert (pq["c"].candidate, pq["c"].reference) == (2, 1)  # per round: only solved, only solved, only unsure
+    # per round: only the candidate solved, only the reference solved, neither solved -> judged
+    assert (pq["c"].candidate, pq["c"].reference, pq["c"].judged) == (2, 1, 1)
     assert (pq["d"].candidate, pq["d"].judged) == (3, 3)
-    assert (pq["e"].candidate, pq["e"].reference, pq["e"].judged) == (0, 0, 0)
+    flips = [coin_flip(0, "e", r) for r in range(3)]
+    assert (pq["e"].candidate, pq["e"].reference, pq["e"].judged) == (flips.count("candidate"),
+                                                                       flips.count("reference"), 0)
+    assert win.coin_flips == 3
     assert (pq["f"].candidate, pq["g"].reference) == (3, 3)  # missing in the other run
-    assert len(judge.compare_calls) == 3
-    # the answers swap places on odd rounds
-    assert [c.answer_a.startswith("candidate") for c in judge.compare_calls] == [False, True, False]
-    assert win.n == 7 and win.win == pytest.approx(4 / 7) and win.lose == pytest.approx(2 / 7)
-    assert win.tie == pytest.approx(1 / 7)
+    assert len(judge.compare_calls) == 4
+    # the whole answers with their details are compared; they swap places on odd rounds
+    assert [c.answer_a.startswith("candidate") for c in judge.compare_calls] == [False, False, True, False]
+    assert '"answer_details"' in judge.compare_calls[0].details_a and "city_for_geo" in judge.compare_calls[0].details_a
+    e_won = pq["e"].outcome == "win"
+    assert win.n == 7 and win.tie == 0.0 and win.win == pytest.approx((4 + e_won) / 7)
 
 
-def test_judge_ties_count_for_neither():
+def test_undecided_comparisons_are_seeded_coin_flips_never_ties():
     cand, ref = {"q": traj("q", answer="x")}, {"q": traj("q", answer="y")}
     judge = ScriptedJudge(winner=lambda req: Preference("tie", "same"))
-    win = compare_runs(cand, ref, {"q": ["Solved"] * 2}, {"q": ["Solved"] * 2}, judge, rounds=2)
-    assert win.per_query["q"].outcome == "tie" and win.tie == 1.0
+    win = compare_runs(cand, ref, {"q": ["Solved"] * 3}, {"q": ["Solved"] * 3}, judge, rounds=3, seed=5)
+    flips = [coin_flip(5, "q", r) for r in range(3)]
+    assert win.per_query["q"].candidate == flips.count("candidate") and win.tie == 0.0 and win.coin_flips == 3
+    again = compare_runs(cand, ref, {"q": ["Solved"] * 3}, {"q": ["Solved"] * 3}, judge, rounds=3, seed=5)
+    assert again.per_query["q"] == win.per_query["q"]
+    assert {coin_flip(s, "q", 0) for s in range(20)} == {"candidate", "reference"}
     with pytest.raises(CodetoolError, match="judge"):
         compare_runs(cand, ref, {"q": ["Solved"] * 2}, {"q": ["Solved"] * 2}, None, rounds=2)
 
@@ -209,8 +256,8 @@ def test_golden_data_example_pass_and_win(shared_data):
     assert win_rate_from_counts({"x": PairCount(1, 2), "y": PairCount(2, 2)}).lose == 0.5
 
 
-def test_two_runs_without_answers_tie_without_a_judge():
+def test_two_runs_without_answers_flip_a_coin_without_a_judge():
     a, b = traj("q", answer=None, finish="max_steps"), traj("q", answer="  ", finish="max_steps")
     b.steps[0].candidates[0].code = "print(2)"  # different trajectories, still nothing to compare
     win = compare_runs({"q": a}, {"q": b}, {"q": ["Unsolved"]}, {"q": ["Unsolved"]}, None, rounds=1)
-    assert win.per_query["q"].outcome == "tie" and win.per_query["q"].judged == 0
+    assert win.tie == 0.0 and win.per_query["q"].judged == 0 and win.coin_flips == 1

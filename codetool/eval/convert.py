@@ -106,13 +106,17 @@ def trajectory_to_converted(traj: Trajectory) -> dict[str, Any]:
         for call in cand.result.get("tool_calls", []):
             nodes.append({"role": "tool", "message": _tool_message(call)})
     final_answer = meta.get("final_answer_raw")
+    # an answer written after the search (CodeTool's practice) is exported as a Finish call, so
+    # StableToolBench's evaluator judges it as ours does
+    ended = traj.finish_type in ("finish", "give_up") or (
+        traj.extra.get("answer_source") == "generated" and bool((traj.final_answer or "").strip()))
     if "finish_message" in meta:
         nodes.append({"role": "tool", "message": meta["finish_message"]})
-    elif traj.finish_type in ("finish", "give_up") and meta.get("has_finish", True):
+    elif ended and meta.get("has_finish", True):
         arguments = final_answer if final_answer is not None else _finish_arguments(traj)
         nodes.append({"role": "tool", "message": {"name": "Finish", "arguments": arguments, "response": ""}})
     if final_answer is None:
-        final_answer = _finish_arguments(traj) if traj.finish_type in ("finish", "give_up") else ""
+        final_answer = _finish_arguments(traj) if ended else ""
     chain: list[dict[str, Any]] = []
     for node in reversed(nodes):
         node["next"] = chain

@@ -46,6 +46,13 @@ LABELS = ("Solved", "Unsure", "Unsolved")
 LABEL_SCORES = {"Solved": 1.0, "Unsure": 0.5, "Unsolved": 0.0}
 WINNERS = ("a", "b", "tie")
 _FIELDS = re.compile(r"\{(query|answer|trajectory|answer_a|answer_b)\}")
+PROTOCOLS = ("stabletoolbench", "codetool")
+PAPER_JUDGE = "gpt-4-turbo-2024-04-09"  # the judge of CodeTool's and StableToolBench's tables
+# Forced function calls (OpenAI ``tools`` + ``tool_choice``), as StableToolBench's evaluator asks.
+_FUNCTIONS = {
+    "answer_status": ("record_answer_status", "Record the label of the answer."),
+    "preferred": ("record_preference", "Record which answer is better."),
+}
 
 
 @dataclass
@@ -100,12 +107,20 @@ class AnswerRequest:
 
 @dataclass
 class CompareRequest:
-    """Two final answers to the same query, shown as A and B."""
+    """Two final answers to the same query, shown as A and B.
+
+    ``details_a`` / ``details_b`` (the whole answers with their steps and tool calls, as
+    :func:`codetool.eval.stabletoolbench.answer_details` lays them out) ask for StableToolBench's
+    comparison of whole answers; ``allow_tie`` False leaves the judge A or B only.
+    """
 
     query: str
     answer_a: str
     answer_b: str
     round: int = 0
+    details_a: str | None = None
+    details_b: str | None = None
+    allow_tie: bool = True
 
 
 class Judge:
@@ -268,8 +283,10 @@ class LLMJudge(Judge):
         weak (`bool`, *optional*, defaults to `False`): flag the judge as weak in reports.
         cache_path (`str`, *optional*): JSONL file of cached verdicts (``None``: memory only).
         mode (`str`, *optional*, defaults to `"auto"`): ``json`` (the model writes a JSON object),
-            ``options`` (score the labels with ``option_logprobs``), or ``auto`` (``options`` for a
-            local backend that supports it, else ``json``).
+            ``tools`` (a forced function call: OpenAI ``tools`` + ``tool_choice``; a server that
+            refuses it falls back to ``json``, counted in ``tool_fallbacks``), ``options`` (score
+            the labels with ``option_logprobs``), or ``auto`` (``options`` for a local backend
+            that supports it, else ``json``).
         temperature (`float`, *optional*, defaults to 0.2): sampling temperature (StableToolBench's
             evaluator uses 0.2); rounds differ through the seed. 0 makes every round identical.
         max_new_tokens (`int`, *optional*, defaults to 256): reply length in ``json`` mode.
@@ -284,8 +301,8 @@ class LLMJudge(Judge):
                  cache_path: str | None = None, mode: str = "auto", temperature: float = 0.2,
                  max_new_tokens: int = 256, retries: int = 2, batch_size: int = 8,
                  max_answer_chars: int = 2000, max_trajectory_chars: int = 6000):
-        if mode not in ("auto", "json", "options"):
-            raise CodetoolError(f"judge mode must be auto, json or options, got {mode!r}.")
+        if mode not in ("auto", "json", "options", "tools"):
+            raise CodetoolError(f"judge mode must be auto, json, tools or options, got {mode!r}.")
         lazy = callable(backend) and not hasattr(backend, "generate")
         if mode == "auto":
             logprobs = True if lazy else getattr(backend, "supports_logprobs", False)
@@ -298,8 +315,10 @@ class LLMJudge(Judge):
         self.max_answer_chars, self.max_trajectory_chars = max_answer_chars, max_trajectory_chars
         self.cache = JudgeCache(cache_path)
         self.calls = 0  # prompts sent to the backend (not counting cache hits)
+        self.tool_fallbacks = 0  # tools mode: prompts answered as JSON text instead
         self._logps: dict[tuple[str, str], list[float]] = {}  # options mode: (prompt, field) -> log-probs
-        self.templates = {name: load_prompt(f"judge_{name}") for name in ("answer", "trajectory", "compare")}
+        self.templates = {name: load_prompt(f"judge_{name}")
+                          for name in ("answer", "trajectory", "compare", "compare_details")}
 
     @property
     def backend(self):
@@ -310,7 +329,7 @@ class LLMJudge(Judge):
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()
-        info.update(mode=self.mode, temperature=self.temperature)
+        info.update(mode=self.mode, temperature=self.temperature, tool_fallbacks=self.tool_fallbacks)
         return info
 
     def _key(self, task: str, prompt: str, round: int) -> str:
@@ -338,14 +357,29 @@ class LLMJudge(Judge):
                 for r, task in zip(records, tasks)]
 
     def compare_many(self, requests: list[CompareRequest]) -> list[Preference]:
-        """Pick the better answer of each pair (``a``, ``b`` or ``tie``)."""
-        prompts = [render_prompt(self.templates["compare"], query=clip(r.query, self.max_answer_chars),
-                                 answer_a=clip(r.answer_a, self.max_answer_chars),
-                                 answer_b=clip(r.answer_b, self.max_answer_chars)) for r in requests]
-        records = self._run(prompts, ["compare"] * len(prompts), [r.round for r in requests],
-                            "preferred", ("A", "B", "tie"))
-        return [Preference(r["value"].lower() if r["value"] else "tie", r["reason"], "judge",
-                           cached=r["cached"], parse_failed=r["value"] is None) for r in records]
+        """Pick the better answer of each pair (``a``, ``b`` or ``tie``; requests with details compare
+        the whole answers, requests with ``allow_tie`` False get A or B only). Requests are judged
+        in groups of the same kind, in order."""
+        out: list[Preference | None] = [None] * len(requests)
+        kinds: dict[tuple[bool, bool], list[int]] = {}
+        for i, r in enumerate(requests):
+            kinds.setdefault((r.details_a is not None, r.allow_tie), []).append(i)
+        for (details, tie), idx in kinds.items():
+            prompts = []
+            for i in idx:
+                r = requests[i]
+                a, b = (r.details_a, r.details_b) if details else (r.answer_a, r.answer_b)
+                limit = self.max_trajectory_chars if details else self.max_answer_chars
+                prompts.append(render_prompt(self.templates["compare_details" if details else "compare"],
+                                             query=clip(r.query, self.max_answer_chars),
+                                             answer_a=clip(a, limit), answer_b=clip(b or "", limit)))
+            task = "compare_details" if details else "compare"
+            records = self._run(prompts, [task] * len(prompts), [requests[i].round for i in idx], "preferred",
+                                ("A", "B", "tie") if tie else ("A", "B"))
+            for i, r in zip(idx, records):
+                out[i] = Preference(r["value"].lower() if r["value"] else "tie", r["reason"], "judge",
+                                    cached=r["cached"], parse_failed=r["value"] is None)
+        return out  # type: ignore[return-value]
 
     def _run(self, prompts: list[str], tasks: list[str], rounds: list[int], field: str,
              allowed: tuple[str, ...]) -> list[dict]:
@@ -359,7 +393,7 @@ class LLMJudge(Judge):
         starts = range(0, len(missing), self.batch_size)
         for start in tqdm(starts, desc=f"judge {self.name}", unit="batch", disable=len(starts) < 2):
             chunk = missing[start:start + self.batch_size]
-            ask = self._ask_options if self.mode == "options" else self._ask_json
+            ask = {"options": self._ask_options, "tools": self._ask_tools}.get(self.mode, self._ask_json)
             values = ask([prompts[i] for i in chunk], [keys[i] for i in chunk], field, allowed)
             for i, (value, reason, raw) in zip(chunk, values):
                 record = {"key": keys[i], "task": tasks[i], "round": rounds[i], "judge": self.name,
@@ -396,6 +430,59 @@ class LLMJudge(Judge):
             pending = still
         return results
 
+    def _ask_tools(self, prompts: list[str], keys: list[str], field: str,
+                   allowed: tuple[str, ...]) -> list[tuple[str | None, str, str]]:
+        """Forced function calls (``tools`` + ``tool_choice``); replies that do not parse, and
+        servers that refuse tools, go through :meth:`_ask_json` instead."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        backend = self.backend
+        chat = getattr(backend, "_chat", None)  # OpenAIBackend's one chat-completions request
+        if chat is None:
+            self.tool_fallbacks += len(prompts)
+            return self._ask_json(prompts, keys, field, allowed)
+        name, description = _FUNCTIONS[field]
+        schema = {"type": "function", "function": {
+            "name": name, "description": description,
+            "parameters": {"type": "object", "required": ["reason", field], "properties": {
+                "reason": {"type": "string", "description": "one short sentence"},
+                field: {"type": "string", "enum": list(allowed)}}}}}
+        note = f"\n\nGive your reply by calling the function {name}."
+
+        def one(j: int) -> tuple[str | None, str, str]:
+            body = chat([{"role": "user", "content": prompts[j] + note}], tools=[schema],
+                        tool_choice={"type": "function", "function": {"name": name}},
+                        temperature=self.temperature, max_tokens=self.max_new_tokens,
+                        seed=int(keys[j][:8], 16))
+            message = ((body.get("choices") or [{}])[0].get("message") or {})
+            calls = message.get("tool_calls") or []
+            raw = calls[0].get("function", {}).get("arguments", "") if calls else (message.get("content") or "")
+            parsed = parse_choice(raw if isinstance(raw, str) else json.dumps(raw), field, allowed)
+            return (parsed[0], parsed[1], str(raw)) if parsed else (None, "", str(raw))
+
+        from codetool.models.openai_backend import EndpointError
+
+        try:
+            with ThreadPoolExecutor(max_workers=max(1, min(getattr(backend, "max_concurrency", 8),
+                                                           len(prompts)))) as pool:
+                results = list(pool.map(one, range(len(prompts))))
+        except EndpointError as e:
+            if e.status not in (400, 404, 422):
+                raise
+            logger.warning("judge %s: the server refused forced function calls (%s); using JSON text replies",
+                           self.name, e)
+            self.mode = "json"
+            self.tool_fallbacks += len(prompts)
+            return self._ask_json(prompts, keys, field, allowed)
+        self.calls += len(prompts)
+        failed = [j for j, r in enumerate(results) if r[0] is None]
+        if failed:
+            self.tool_fallbacks += len(failed)
+            retried = self._ask_json([prompts[j] for j in failed], [keys[j] for j in failed], field, allowed)
+            for j, r in zip(failed, retried):
+                results[j] = r
+        return results
+
     def _ask_options(self, prompts: list[str], keys: list[str], field: str,
                      allowed: tuple[str, ...]) -> list[tuple[str | None, str, str]]:
         # The reply starts like the JSON the prompt asks for; only the value differs between options.
@@ -422,18 +509,32 @@ class LLMJudge(Judge):
 
 @dataclass
 class JudgeConfig:
-    """Which judge scores answers (``codetool eval --judge.model ...``)."""
+    """Which judge scores answers, and by which procedure (``codetool eval --judge.model ...``).
+
+    ``protocol`` picks the procedure (see :mod:`codetool.eval.stabletoolbench`):
+    ``stabletoolbench`` (its evaluator: two stages, an Unsure answer decided again from the whole
+    answer with its details; forced function calls where the server supports them; temperature
+    0.2; 3 rounds) or ``codetool`` (the CodeTool paper's single pass on the query and final answer
+    at temperature 0, one round). ``rounds`` and ``temperature`` left empty take the protocol's.
+    """
 
     model: str = option("default", "'none' (judge-free metrics only), 'default' (the embedded local "
                         "model: a weak smoke-test judge), a local model directory or Hub id, or the "
                         "http(s):// base URL of an OpenAI-compatible server")
-    remote_model: str = option("", "model name sent to an http(s) judge (default: the server's first model)")
+    remote_model: str = option("", "model name sent to an http(s) judge (default: the server's first model); "
+                               f"the papers' judge is {PAPER_JUDGE}")
     api_key_env: str = option("OPENAI_API_KEY", "environment variable that holds the judge's API key")
-    rounds: int = option(3, "judge rounds per answer; the pass rate is their mean, with their spread")
-    mode: str = option("auto", "json: the judge writes JSON; options: score the labels by log-probs "
-                       "(local models); auto: options for local models, json for servers",
-                       choices=["auto", "json", "options"])
-    temperature: float = option(0.2, "judge sampling temperature (StableToolBench's evaluator uses 0.2)")
+    protocol: str = option("stabletoolbench", "judging procedure: stabletoolbench (two-stage, 3 rounds at 0.2) "
+                           "or codetool (single pass on query + final answer at temperature 0)",
+                           choices=list(PROTOCOLS))
+    rounds: int | None = option(None, "judge rounds per answer; the pass rate is their mean, with their spread "
+                                "(default: 3 for stabletoolbench, 1 for codetool)")
+    mode: str = option("auto", "json: the judge writes JSON; tools: a forced function call (OpenAI tools + "
+                       "tool_choice, JSON text where refused); options: score the labels by log-probs (local "
+                       "models); auto: options for local models, tools for servers under the stabletoolbench "
+                       "protocol, else json", choices=["auto", "json", "tools", "options"])
+    temperature: float | None = option(None, "judge sampling temperature (default: 0.2 for stabletoolbench, "
+                                       "as its evaluator; 0 for codetool)")
     max_new_tokens: int = option(256, "most tokens of a judge reply (json mode)")
     retries: int = option(2, "extra attempts when a judge reply does not parse")
     batch_size: int = option(8, "prompts per judge call; verdicts are cached after each batch")
@@ -442,9 +543,18 @@ class JudgeConfig:
     dtype: str = option("auto", "dtype of a local judge", choices=["auto", "float32", "bfloat16", "float16"])
     device: str = option("auto", "device of a local judge: auto, cpu, cuda, ...")
     max_answer_chars: int = option(2000, "answers shown to the judge are cut to this many characters")
-    max_trajectory_chars: int = option(6000, "trajectories shown to the judge are cut to this many characters")
+    max_trajectory_chars: int = option(0, "the answer details (steps and tool calls) shown to the judge are cut "
+                                       "to this many characters; 0: never cut (StableToolBench's evaluator "
+                                       "shows them whole; a cut is reported as a deviation)")
+    seed: int = option(0, "seed of the win rate's coin flips (identical answers, undecided comparisons)")
 
     def __post_init__(self):
+        if self.protocol not in PROTOCOLS:
+            raise ConfigError(f"judge.protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}.")
+        if self.rounds is None:
+            self.rounds = 3 if self.protocol == "stabletoolbench" else 1
+        if self.temperature is None:
+            self.temperature = 0.2 if self.protocol == "stabletoolbench" else 0.0
         if self.rounds < 1:
             raise ConfigError(f"judge.rounds must be >= 1, got {self.rounds}.")
         if self.temperature < 0:
@@ -452,6 +562,8 @@ class JudgeConfig:
         if self.retries < 0 or self.batch_size < 1:
             raise ConfigError(f"need judge.retries >= 0 and judge.batch_size >= 1, got {self.retries}, "
                               f"{self.batch_size}.")
+        if self.max_trajectory_chars < 0:
+            raise ConfigError(f"judge.max_trajectory_chars must be >= 0 (0: no cut), got {self.max_trajectory_chars}.")
 
     @property
     def enabled(self) -> bool:
@@ -484,7 +596,11 @@ def make_judge(cfg: JudgeConfig, cache_path: str | None = None) -> Judge | None:
         backend = lambda: make_backend(cfg.model, dtype=cfg.dtype, device=cfg.device)  # noqa: E731
         name = f"local:{cfg.model}"
     weak = (not remote) if cfg.weak is None else cfg.weak
+    mode = cfg.mode
+    if mode == "auto" and remote:
+        mode = "tools" if cfg.protocol == "stabletoolbench" else "json"
     return LLMJudge(backend, name=name, kind="openai" if remote else "local", weak=weak,
-                    cache_path=cfg.cache or cache_path, mode=cfg.mode, temperature=cfg.temperature,
+                    cache_path=cfg.cache or cache_path, mode=mode, temperature=cfg.temperature,
                     max_new_tokens=cfg.max_new_tokens, retries=cfg.retries, batch_size=cfg.batch_size,
-                    max_answer_chars=cfg.max_answer_chars, max_trajectory_chars=cfg.max_trajectory_chars)
+                    max_answer_chars=cfg.max_answer_chars,
+                    max_trajectory_chars=cfg.max_trajectory_chars or 10**9)

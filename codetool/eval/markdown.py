@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from codetool.eval import plots
+from codetool.eval.comparability import render_block
 from codetool.eval.metrics import candidate_rewards
 
 RESTBENCH = "restbench-tmdb"
@@ -48,8 +49,9 @@ def _detail_rows(bench: str, data: dict) -> list[list[str]]:
         row = [name, s["n"], _rate(s["pass_rate"])]
         if bench == RESTBENCH:
             p = s.get("path") or {}
-            row += [_pct(p.get("correct_path_rate")) if p.get("n") else "n/a", _num(p.get("delta_solution_len"), 2)]
-        row += [_pct(m["scep"]), _num(m["mean_steps"], 2), _num(m["mean_tool_calls"], 2),
+            row += [_pct(p.get("correct_path_rate")) if p.get("n") else "n/a",
+                    _pct(p.get("path_fraction_score")) if p.get("n") else "n/a", _num(p.get("delta_solution_len"), 2)]
+        row += [_pct(m["scep"]), _pct(m.get("scep_all_candidates")), _num(m["mean_steps"], 2), _num(m["mean_tool_calls"], 2),
                 _num(m["mean_prompt_tokens"], 0), _num(m["mean_completion_tokens"], 0), _num(m["mean_seconds"], 1),
                 _num(m["mean_tool_cost"], 2), f.get("finish", 0), f.get("give_up", 0), f.get("max_steps", 0),
                 f.get("error", 0)]
@@ -60,8 +62,8 @@ def _detail_rows(bench: str, data: dict) -> list[list[str]]:
 def _detail_header(bench: str) -> list[str]:
     head = ["group", "n", _main_name(bench)]
     if bench == RESTBENCH:
-        head += ["path rate %", "Δ len"]
-    return head + ["SCEP %", "steps", "calls", "tokens in", "tokens out", "episode wall s", "tool cost", "finish",
+        head += ["correct path % (0/1)", "path score % (frac.)", "Δ len"]
+    return head + ["SCEP %", "SCEP all cand. %", "steps", "calls", "tokens in", "tokens out", "episode wall s", "tool cost", "finish",
                    "give up", "max steps", "error"]
 
 
@@ -79,20 +81,22 @@ def _comparison(bench: str, methods: dict[str, dict]) -> list[str]:
             cell = _rate(s["pass_rate"])
             if bench == RESTBENCH:
                 p = s.get("path") or {}
-                cell += f" / {_pct(p.get('correct_path_rate')) if p.get('n') else 'n/a'}"
+                cell += (f" / {_pct(p.get('correct_path_rate'))} / {_pct(p.get('path_fraction_score'))}"
+                         if p.get("n") else " / n/a / n/a")
             row.append(cell)
         rows.append(row)
-    title = _main_name(bench) + (" / path rate %" if bench == RESTBENCH else "")
+    title = _main_name(bench) + (" / correct path % (0/1) / path score % (frac.)" if bench == RESTBENCH else "")
     lines = [f"### Side by side: {title}", ""] + _table(["group"] + names, rows)
     metric_rows = []
     overall = {n: methods[n]["overall"]["metrics"] for n in names}
-    for label, key, fmt in (("SCEP %", "scep", _pct), ("steps", "mean_steps", lambda x: _num(x, 2)),
+    for label, key, fmt in (("SCEP %", "scep", _pct), ("SCEP all cand. %", "scep_all_candidates", _pct),
+                            ("steps", "mean_steps", lambda x: _num(x, 2)),
                             ("tool calls", "mean_tool_calls", lambda x: _num(x, 2)),
                             ("tokens in", "mean_prompt_tokens", lambda x: _num(x, 0)),
                             ("tokens out", "mean_completion_tokens", lambda x: _num(x, 0)),
                             ("episode wall s", "mean_seconds", lambda x: _num(x, 1)),
                             ("tool cost", "mean_tool_cost", lambda x: _num(x, 2))):
-        metric_rows.append([label] + [fmt(overall[n][key]) for n in names])
+        metric_rows.append([label] + [fmt(overall[n].get(key)) for n in names])
     for kind in ("finish", "give_up", "max_steps", "error"):
         metric_rows.append([kind] + [str(overall[n]["finish_types"].get(kind, 0)) for n in names])
     phases = list(dict.fromkeys(p for n in names for p in overall[n]["phase_seconds"]))
@@ -128,6 +132,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                                                       f"{cfg['judge']['mode']}"],
                 ["RestBench gold file", cfg["restbench_gold"] or "trajectories' extra.gold_path"]]
     lines += _table(["setting", "value"], settings)
+    if report.get("comparability"):
+        lines += render_block(report["comparability"])
     if report["warnings"]:
         lines += ["## Warnings", ""] + [f"- {w}" for w in report["warnings"]] + [""]
     for bench, entry in report["benchmarks"].items():
@@ -136,21 +142,31 @@ def render_markdown(report: dict[str, Any]) -> str:
             lines += _comparison(bench, entry["methods"])
         for method, data in entry["methods"].items():
             lines += [f"### {method}", ""] + _table(_detail_header(bench), _detail_rows(bench, data))
+            split = data["overall"].get("pass_rate_by_answer_source")
+            if split and len(split) > 1:
+                lines += [f"{_main_name(bench)} by answer source: " + ", ".join(
+                    f"{src} {_rate(pr)} (n={pr['n']})" for src, pr in split.items()), ""]
         if bench == RESTBENCH:
-            lines += ["Path rate: the gold API path (normalised) appears in order among the executed calls. "
-                      "Δ len: extra calls over the gold path on successful queries.", ""]
+            lines += ["Correct path % (0/1, RestGPT's): queries whose whole gold API path (normalised) appears in "
+                      "order among the executed calls. Path score % (frac., the kind CodeTool reported): the share "
+                      "of each gold path matched in order, averaged. Δ len: extra calls over the gold path on "
+                      "successful queries.", ""]
     if report["win_rates"]:
-        lines += ["## Win rates (SoWR)", "", "Ties are counted apart; \"judged\" is the number of round comparisons "
-                  "the judge decided (the rest were decided by the pass-rate labels).", ""]
+        lines += ["## Win rates (SoWR)", "", "StableToolBench's procedure: per round, a solved answer beats an "
+                  "unsolved one; otherwise the judge compares the whole answers; identical or absent answers "
+                  "get a seeded coin flip. \"judged\": round comparisons the judge decided; \"flips\": rounds "
+                  "decided by the coin. A query ties only when an even number of rounds splits evenly.", ""]
         rows = []
         for pair, by_bench in report["win_rates"].items():
             for bench, result in by_bench.items():
                 for group, w in result["groups"].items():
                     rows.append([pair, bench, group, w["n"], _pct(w["win"]), _pct(w["tie"]), _pct(w["lose"]),
-                                 w["judged_pairs"]])
+                                 w["judged_pairs"], w.get("coin_flips", 0)])
                 avg = result["average"]
-                rows.append([pair, bench, "**average**", "", _pct(avg["win"]), _pct(avg["tie"]), _pct(avg["lose"]), ""])
-        lines += _table(["candidate vs reference", "benchmark", "group", "n", "win %", "tie %", "lose %", "judged"],
+                rows.append([pair, bench, "**average**", "", _pct(avg["win"]), _pct(avg["tie"]), _pct(avg["lose"]), "",
+                             ""])
+        lines += _table(["candidate vs reference", "benchmark", "group", "n", "win %", "tie %", "lose %", "judged",
+                         "flips"],
                         rows)
     if report["files"].get("plots"):
         lines += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in report["files"]["plots"]] + [""]

@@ -1,10 +1,13 @@
 """Judge-free metrics of a run, computed on every trajectory file.
 
-- **SCEP** (successful code execution percentage, CodeTool paper): among all executed candidate
-  steps (every candidate with a code block, chosen or not), the share whose code ran without an
-  error (``result["ok"]``). ``scep_chosen`` is the same over chosen steps only. Candidates without
-  code (no code block, or runs imported from StableToolBench) are not executed steps; SCEP is
-  ``None`` when there are none.
+- **SCEP** (successful code execution percentage, CodeTool paper §4): among the *chosen*
+  (recorded) steps that carried code, the share whose code ran without an error
+  (``result["ok"]``). This is the paper's measure: it sees what the selection rule did (the
+  paper's ablation without the on-the-spot reward loses 17.4 points of it).
+  ``scep_all_candidates`` is the same share over every sampled candidate with code, chosen or not
+  (it mostly measures the policy's sampling, not the selection); ``scep_chosen`` is kept as an
+  alias of ``scep`` for older readers. Candidates without code (no code block, or runs imported
+  from StableToolBench) are not executed steps; each share is ``None`` when there are none.
 - Mean steps per query; tokens in / out per query (``prompt_tokens`` / ``completion_tokens``, all
   generations of the episode); seconds per query (``wall_time_s``) and per phase
   (``phase_seconds``, where present); mean tool cost per query (``tool_cost``, LIT); counts of how
@@ -32,9 +35,11 @@ class RunMetrics:
 
     Args:
         n (`int`): trajectories.
-        scep (`float` or `None`): share in [0, 1] of executed candidates whose code ran.
-        scep_chosen (`float` or `None`): the same over chosen candidates.
-        executed_candidates (`int`): candidates with code (SCEP's denominator).
+        scep (`float` or `None`): share in [0, 1] of chosen steps with code whose code ran (the paper's).
+        scep_chosen (`float` or `None`): the same number as ``scep`` (older name).
+        executed_candidates (`int`): every candidate with code (``scep_all_candidates``' denominator).
+        scep_all_candidates (`float` or `None`): share of every candidate with code that ran.
+        executed_chosen (`int`): chosen steps with code (SCEP's denominator).
         mean_steps (`float`): steps per query.
         mean_prompt_tokens, mean_completion_tokens (`float`): tokens in / out per query.
         mean_seconds (`float`): wall seconds per query.
@@ -56,6 +61,9 @@ class RunMetrics:
     finish_types: dict[str, int] = field(default_factory=dict)
     phase_seconds: dict[str, float] = field(default_factory=dict)
     mean_tool_calls: float = 0.0
+    scep_all_candidates: float | None = None
+    executed_chosen: int = 0
+    answer_sources: dict[str, int] = field(default_factory=dict)
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -82,7 +90,7 @@ def run_metrics(trajs: Sequence[Trajectory]) -> RunMetrics:
     finish = Counter(t.finish_type for t in trajs)
     return RunMetrics(
         n=len(trajs),
-        scep=ran / executed if executed else None,
+        scep=ran_chosen / executed_chosen if executed_chosen else None,
         scep_chosen=ran_chosen / executed_chosen if executed_chosen else None,
         executed_candidates=executed,
         mean_steps=_mean([len(t.steps) for t in trajs]),
@@ -93,7 +101,20 @@ def run_metrics(trajs: Sequence[Trajectory]) -> RunMetrics:
         finish_types={k: finish.get(k, 0) for k in FINISH_TYPES},
         phase_seconds={k: _mean(v) for k, v in phases.items()},
         mean_tool_calls=_mean([len(t.executed_calls()) for t in trajs]),
+        scep_all_candidates=ran / executed if executed else None,
+        executed_chosen=executed_chosen,
+        answer_sources=dict(Counter(answer_source(t) for t in trajs)),
     )
+
+
+def answer_source(traj: Trajectory) -> str:
+    """Where ``traj``'s final answer came from: ``finish`` (the policy's ``finish()`` call),
+    ``generated`` (written after the search from the execution log, see
+    :mod:`codetool.search.answer`) or ``none`` (no answer)."""
+    source = (traj.extra or {}).get("answer_source")
+    if source:
+        return str(source)
+    return "finish" if traj.finish_type == "finish" and (traj.final_answer or "").strip() else "none"
 
 
 def candidate_rewards(trajs: Sequence[Trajectory], key: str = "score") -> tuple[list[float], list[float]]:

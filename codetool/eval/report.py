@@ -29,6 +29,7 @@ from typing import Any
 
 from codetool.config import ConfigError, config_hash, option, to_dict
 from codetool.eval import metrics as run_metrics_mod
+from codetool.eval.comparability import comparability_block
 from codetool.eval.convert import export_converted, import_converted
 from codetool.eval.judges import Judge, JudgeConfig, make_judge
 from codetool.eval.restbench import load_gold_paths, path_metrics
@@ -135,6 +136,12 @@ def _summary(bench: str, trajs: list[Trajectory], labels: list[list[str]] | None
     out: dict[str, Any] = {"n": len(trajs),
                            "metrics": dataclasses.asdict(run_metrics_mod.run_metrics(trajs))}
     out["pass_rate"] = dataclasses.asdict(pass_rate(labels, rounds)) if labels is not None else None
+    if labels is not None:  # split by where the final answer came from (finish / generated / none)
+        sources: dict[str, list[int]] = {}
+        for i, traj in enumerate(trajs):
+            sources.setdefault(run_metrics_mod.answer_source(traj), []).append(i)
+        out["pass_rate_by_answer_source"] = {src: dataclasses.asdict(pass_rate([labels[i] for i in idx], rounds))
+                                             for src, idx in sorted(sources.items())}
     if bench == RESTBENCH:
         solved = [majority_label(x) == "Solved" for x in labels] if labels is not None else None
         path = dataclasses.asdict(path_metrics(trajs, solved, fallback=gold))
@@ -156,7 +163,12 @@ def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
 
     out_dir = Path(cfg.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    runs = load_runs(list(cfg.trajectories) + [c for c in cfg.compare if Path(c).exists()])
+    ref_file = cfg.reference if cfg.reference and Path(cfg.reference).exists() else ""
+    runs = load_runs(list(cfg.trajectories) + [c for c in cfg.compare if Path(c).exists()] + [ref_file] * bool(ref_file))
+    if ref_file and len(runs) > 1:  # an imported reference (e.g. ChatGPT CoT): only the queries the others ran
+        ref_run = _pick(runs, ref_file)
+        wanted = {(t.benchmark, t.group, t.query_id) for r in runs if r is not ref_run for t in r.trajectories}
+        ref_run.trajectories = [t for t in ref_run.trajectories if (t.benchmark, t.group, t.query_id) in wanted]
     if not runs:
         raise ConfigError(f"the inputs hold no trajectories: {', '.join(cfg.trajectories)}.")
     # --compare A B C reaches us as compare=[A], trajectories=[B, C] (argparse): when the compared
@@ -186,14 +198,15 @@ def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
     parse_failures = 0
     for run in judged:
         report["inputs"].append({"method": run.method, "source": run.source, "trajectories": len(run.trajectories)})
-        verdicts = judge_pass(run.trajectories, judge, rounds, max_trajectory_chars=cfg.judge.max_trajectory_chars
-                              ) if judge else None
+        verdicts = judge_pass(run.trajectories, judge, rounds, max_trajectory_chars=cfg.judge.max_trajectory_chars,
+                              protocol=cfg.judge.protocol) if judge else None
         labels[run.method] = [[v.label for v in row] for row in verdicts] if verdicts else None
         for i, traj in enumerate(run.trajectories):
             row = verdicts[i] if verdicts else []
             parse_failures += sum(v.parse_failed for v in row)
             verdict_rows.append({"method": run.method, "benchmark": traj.benchmark, "group": traj.group,
                                  "query_id": traj.query_id, "finish_type": traj.finish_type,
+                                 "answer_source": run_metrics_mod.answer_source(traj),
                                  "labels": [v.label for v in row], "sources": [v.source for v in row],
                                  "reasons": [v.reason for v in row]})
     for run in shown_runs:
@@ -214,8 +227,10 @@ def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
             entry["methods"][run.method] = {"groups": groups, "overall": overall}
             _path_warnings(report["warnings"], run.method, overall.get("path"))
     if reference is not None:
-        _win_rates(report, shown_runs, reference, labels, judge, rounds)
+        _win_rates(report, shown_runs, reference, labels, judge, rounds, cfg.judge)
     _warnings(report, shown_runs, parse_failures)
+    report["comparability"] = comparability_block(report, cfg.judge, shown_runs, reference,
+                                                  judge.describe() if judge else None)
     write_jsonl(out_dir / "verdicts.jsonl", verdict_rows)
     if cfg.plots:
         from codetool.eval.markdown import write_plots
@@ -233,7 +248,7 @@ def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
 
 
 def _win_rates(report: dict, shown: list[Run], reference: Run, labels: dict[str, Any], judge: Judge | None,
-               rounds: int) -> None:
+               rounds: int, judge_cfg: JudgeConfig) -> None:
     """SoWR of each shown run against ``reference``, per StableToolBench-style benchmark and group."""
     if judge is None:
         report["warnings"].append("win rates (SoWR) need a judge; none was configured.")
@@ -254,9 +269,11 @@ def _win_rates(report: dict, shown: list[Run], reference: Run, labels: dict[str,
                 (cand, cand_lab), (ref, ref_lab) = pick(run, bench, group), pick(reference, bench, group)
                 if not ref:
                     continue
-                win = compare_runs(cand, ref, cand_lab, ref_lab, judge, rounds)
+                win = compare_runs(cand, ref, cand_lab, ref_lab, judge, rounds, seed=judge_cfg.seed,
+                                   max_details_chars=judge_cfg.max_trajectory_chars)
                 groups[group] = {"win": win.win, "lose": win.lose, "tie": win.tie, "n": win.n,
-                                 "judged_pairs": sum(c.judged for c in win.per_query.values())}
+                                 "judged_pairs": sum(c.judged for c in win.per_query.values()),
+                                 "coin_flips": win.coin_flips}
             if groups:
                 average = {k: sum(g[k] for g in groups.values()) / len(groups) for k in ("win", "lose", "tie")}
                 result[bench] = {"groups": groups, "average": average}
@@ -297,7 +314,8 @@ def eval_command(cfg: EvalConfig) -> int:
     console = Console()
     table = Table(title=f"judge: {report['judge']['name']}" + (" (weak: smoke test only)" if report["judge"]["weak"]
                                                                 else ""))
-    for column in ("benchmark", "method", "n", "pass / success %", "path rate %", "SCEP %", "steps", "episode wall s"):
+    for column in ("benchmark", "method", "n", "pass / success %", "correct path % (0/1)", "path score % (frac.)",
+                   "SCEP %", "steps", "episode wall s"):
         table.add_column(column)
     for bench, entry in report["benchmarks"].items():
         for method, data in entry["methods"].items():
@@ -306,11 +324,14 @@ def eval_command(cfg: EvalConfig) -> int:
             table.add_row(bench, method, str(s["n"]),
                           f"{100 * pr['mean']:.1f} ± {100 * pr['std']:.1f}" if pr else "n/a",
                           f"{100 * path['correct_path_rate']:.1f}" if path.get("n") else "",
+                          f"{100 * path['path_fraction_score']:.1f}" if path.get("n") else "",
                           f"{100 * m['scep']:.1f}" if m["scep"] is not None else "n/a",
                           f"{m['mean_steps']:.2f}", f"{m['mean_seconds']:.1f}")
     console.print(table)
     for warning in report["warnings"]:
         console.print(f"warning: {warning}", markup=False, highlight=False)
+    for deviation in report["comparability"]["deviations"]:
+        console.print(f"not comparable: {deviation}", markup=False, highlight=False)
     console.print(f"report: {Path(cfg.out) / 'report.md'}, report.json, {len(report['files'].get('plots', []))} plots",
                   markup=False, highlight=False)
     return 0

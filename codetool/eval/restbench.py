@@ -3,6 +3,13 @@
 - **Correct path rate**: the share of queries whose gold API path (a list such as
   ``["GET /search/person", "GET /person/{person_id}/movie_credits"]``), normalised, appears *in
   order* (as a subsequence, other calls may come between) within the API calls the run executed.
+- **Fractional path score** (``path_fraction_score``): per query, the share of the gold path
+  matched in order, i.e. the longest common subsequence of the gold path and the executed calls
+  divided by the gold path's length, averaged over queries. A query with the whole gold path in
+  order scores 1 (as in the binary rate), one that made the first of two gold calls scores 0.5.
+  CodeTool's reported 91.15% cannot be a 0/1 share of RestBench-TMDB's 100 queries, so the paper
+  reported a fractional measure of this kind; RestGPT's is the binary ``correct_path_rate``. Both
+  are in every report, under these names.
 - **Solution-length delta** (Δ solution length): on successful queries, the mean of
   ``len(executed calls) - len(gold path)``. A query is successful when the judge's majority label
   is Solved; without a judge, when its path is correct (the report says which).
@@ -72,6 +79,18 @@ def is_subsequence(gold: Sequence[str], executed: Sequence[str]) -> bool:
     return all(any(g == e for e in remaining) for g in gold)
 
 
+def matched_in_order(gold: Sequence[str], executed: Sequence[str]) -> int:
+    """How many gold calls ``executed`` matches in order: the length of their longest common
+    subsequence (0 for an empty side)."""
+    prev = [0] * (len(executed) + 1)
+    for g in gold:
+        row = [0]
+        for j, e in enumerate(executed):
+            row.append(prev[j] + 1 if g == e else max(prev[j + 1], row[j]))
+        prev = row
+    return prev[-1]
+
+
 def executed_path(traj: Trajectory) -> tuple[list[str], int]:
     """The normalised ``"METHOD /path"`` of each executed call, and how many could not be mapped."""
     by_name = {}
@@ -120,7 +139,10 @@ class PathMetrics:
 
     Args:
         n (`int`): queries with a gold path.
-        correct_path_rate (`float`): share of those whose gold path lies in order in the calls.
+        correct_path_rate (`float`): share of those whose gold path lies in order in the calls
+            (binary per query; RestGPT's "correct path rate").
+        path_fraction_score (`float`): mean over those of the share of the gold path matched in
+            order (fractional per query; the kind of number CodeTool reported).
         delta_solution_len (`float` or `None`): mean extra calls on successful queries.
         successful (`int`): queries the delta is computed on.
         success_basis (`str`): ``judge`` or ``correct_path``.
@@ -140,6 +162,7 @@ class PathMetrics:
     missing_gold: int = 0
     gold_first: int = 0
     per_query: dict[str, dict] = field(default_factory=dict)
+    path_fraction_score: float = 0.0
 
 
 def _gold_first(traj: Trajectory, gold: list[str]) -> bool:
@@ -170,7 +193,8 @@ def path_metrics(trajs: Sequence[Trajectory], solved: Sequence[bool] | None = No
         unmapped += lost
         first += _gold_first(traj, gold)
         correct = is_subsequence(gold, executed)
-        per_query[traj.query_id] = {"correct": correct, "calls": len(executed) + lost, "gold": len(gold)}
+        per_query[traj.query_id] = {"correct": correct, "calls": len(executed) + lost, "gold": len(gold),
+                                    "fraction": matched_in_order(gold, executed) / len(gold)}
         if (solved[i] if solved is not None else correct):
             deltas.append(len(executed) + lost - len(gold))
     if missing:
@@ -178,4 +202,5 @@ def path_metrics(trajs: Sequence[Trajectory], solved: Sequence[bool] | None = No
     n = len(per_query)
     return PathMetrics(n, sum(q["correct"] for q in per_query.values()) / n if n else 0.0,
                        sum(deltas) / len(deltas) if deltas else None, len(deltas),
-                       "judge" if solved is not None else "correct_path", unmapped, missing, first, per_query)
+                       "judge" if solved is not None else "correct_path", unmapped, missing, first, per_query,
+                       sum(q["fraction"] for q in per_query.values()) / n if n else 0.0)

@@ -1,35 +1,41 @@
 """StableToolBench solvable pass rate (SoPR) and solvable win rate (SoWR), bookkept as its evaluator.
 
 Pass rate (StableToolBench ``toolbench/tooleval/eval_pass_rate.py`` and the ``check_is_solved`` of
-its ``ReinforceToolLearningEvaluator``), per query and round:
+its evaluator), per query and round, under ``judge.protocol: stabletoolbench`` (the default):
 
-- no ``finish`` call, an empty final answer, or a give-up is **Unsolved** without a judge call;
-- otherwise the judge labels the final answer Solved / Unsure / Unsolved, and an **Unsure** answer
-  is judged again with the whole trajectory (the second label stands);
+- a give-up, an empty final answer, or no answer at all is **Unsolved** without a judge call (an
+  episode that ended without ``finish`` but got an answer written after the search,
+  ``extra["answer_source"] == "generated"``, is judged like a finished one);
+- otherwise the judge labels the query and final answer Solved / Unsure / Unsolved, and an
+  **Unsure** answer is judged again from the whole answer with its details (:func:`answer_details`:
+  the final answer and the ``answer_details`` chain of steps and tool calls, laid out as the
+  evaluator reads them); the second label stands;
 - scores are Solved 1, Unsure 0.5, Unsolved 0. The pass rate of round ``r`` is the sum of scores
   over the group's queries divided by their number (a query without a verdict in round ``r``
   scores 0); the reported rate is the mean over rounds and the spread their population standard
   deviation (``numpy.std``). The average over groups (the papers' "Avg." column) is the mean of
   the group rates, round by round.
 
-Win rate (``eval_preference.py`` and ``normalized_openai_completions``), candidate vs reference,
-per query and round: a query missing from one run is won by the other; if one run's majority label
-over the rounds is Solved and the other's Unsolved, the solved one wins without a judge call;
-otherwise, within the round, the only Solved answer wins, else the only Unsure one, else two
-identical answers (or two empty ones) tie, else the judge compares (a tie counts for neither). A query is won by the
-run with more round wins; equal counts are a tie. Win rate = wins / queries, ties reported apart.
+``judge.protocol: codetool`` is the CodeTool paper's single pass: the query and final answer only,
+no second stage (rounds and temperature come from the config: 1 and 0 by default).
 
-Deviations from the upstream scripts, each deliberate: the Solved-vs-Unsolved shortcut really
-fires (upstream reads the per-round labels back from a CSV as the text of a dict, so its majority
-vote never matches and the shortcut never runs; it would have given the same verdicts); a tie
-among majority labels counts as Unsure; identical answers, and two runs that both gave no answer,
-tie instead of a random pick or a judge call on nothing; and the
-two answers swap places (A/B) on odd rounds, against position bias. None of these changes the
-golden example (``StableToolBench/data_example``), which the tests replay exactly.
+Win rate (``eval_preference.py``), candidate vs reference, per query and round: a query missing
+from one run is won by the other; each round uses that round's fresh solved status of both
+answers; if exactly one is Solved it wins; otherwise the judge compares the two whole answers with
+their details and must pick one; identical answers (same final answer and details), two runs that
+both gave no answer, and a comparison the judge leaves undecided go to a seeded coin flip. No
+round is a tie. A query is won by the run with more round wins (only an even number of rounds can
+leave a query tied). Win rate = wins / queries.
+
+Deviations from the upstream scripts, each deliberate and listed in every report's comparability
+block: the two answers swap places (A/B) on odd rounds, against position bias; two runs without
+any answer get a coin flip without a judge call (there is nothing to compare). None of these
+changes the golden example (``StableToolBench/data_example``), which the tests replay exactly.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections import Counter
@@ -58,8 +64,12 @@ GIVE_UP_MARK = "give_up_and_restart"  # ToolBench's give-up return type, also in
 
 
 def rule_verdict(traj: Trajectory) -> Verdict | None:
-    """Unsolved without a judge call (no finish, empty answer, give-up), else ``None``."""
-    if traj.finish_type != "finish":
+    """Unsolved without a judge call (give-up, no answer, empty answer), else ``None``. An episode
+    without ``finish`` is judged only when an answer was generated for it after the search."""
+    generated = (traj.extra or {}).get("answer_source") == "generated"
+    if traj.finish_type == "give_up":
+        return Verdict("Unsolved", "the episode gave up", "rule")
+    if traj.finish_type != "finish" and not generated:
         return Verdict("Unsolved", f"no finish call (episode ended with {traj.finish_type})", "rule")
     answer = (traj.final_answer or "").strip()
     if not answer:
@@ -96,12 +106,31 @@ def render_trajectory(traj: Trajectory, max_chars: int = 6000) -> str:
     return redact(clip("\n".join(lines), max_chars))
 
 
+def answer_details(traj: Trajectory) -> str:
+    """The whole answer of ``traj`` as StableToolBench's evaluator reads it: JSON of
+    ``{"final_answer": ..., "answer_details": [...]}`` (the converted-answer chain of messages:
+    system, user, each step, each tool call and its response, the Finish call), secrets redacted."""
+    from codetool.eval.convert import trajectory_to_converted
+
+    answer = trajectory_to_converted(traj)["answer"]
+    if (traj.extra or {}).get("answer_source") == "generated":
+        answer["final_answer"] = traj.final_answer or ""
+    return redact(json.dumps({"final_answer": answer["final_answer"], "answer_details": answer["answer_details"]},
+                             ensure_ascii=False))
+
+
 def judge_pass(trajs: Sequence[Trajectory], judge: Judge | None, rounds: int = 3, *,
-               max_trajectory_chars: int = 6000) -> list[list[Verdict]]:
+               max_trajectory_chars: int = 0, protocol: str = "stabletoolbench") -> list[list[Verdict]]:
     """Pass-rate verdicts: ``(len(trajs), rounds)``, one :class:`Verdict` per trajectory and round.
 
     The rule (:func:`rule_verdict`) decides without the judge where it can; the rest go to the
-    judge in one batch per stage (final answers, then the Unsure ones with their trajectory).
+    judge in one batch per stage (final answers, then, under the ``stabletoolbench`` protocol, the
+    Unsure ones with their whole answer and details, :func:`answer_details`). The ``codetool``
+    protocol stops after the first stage.
+
+    Args:
+        max_trajectory_chars (`int`, *optional*, defaults to 0): cut the details to this many
+            characters (0: never).
 
     Raises:
         CodetoolError: a trajectory needs a judge but ``judge`` is ``None``.
@@ -125,8 +154,10 @@ def judge_pass(trajs: Sequence[Trajectory], judge: Judge | None, rounds: int = 3
         out[i][r] = verdict
         if verdict.label == "Unsure":
             unsure.append((i, r))
-    if unsure:
-        texts = {i: render_trajectory(trajs[i], max_trajectory_chars) for i, _ in unsure}
+    if unsure and protocol == "stabletoolbench":
+        texts = {i: answer_details(trajs[i]) for i, _ in unsure}
+        if max_trajectory_chars:
+            texts = {i: clip(t, max_trajectory_chars) for i, t in texts.items()}
         second = judge.judge_answers([AnswerRequest(trajs[i].query, trajs[i].final_answer or "", texts[i], r)
                                       for i, r in unsure])
         for (i, r), verdict in zip(unsure, second):
@@ -239,6 +270,7 @@ class WinRate:
     tie: float
     n: int
     per_query: dict[str, PairCount] = field(default_factory=dict)
+    coin_flips: int = 0
 
 
 def win_rate_from_counts(counts: Mapping[str, PairCount]) -> WinRate:
@@ -256,62 +288,80 @@ def load_preference_results(path: str | Path, reference: str, candidate: str) ->
     return {str(qid): PairCount(int(e.get(candidate, 0)), int(e.get(reference, 0))) for qid, e in data.items()}
 
 
-def _round_pick(ref: str, cand: str) -> str | None:
-    """``reference`` / ``candidate`` when the round's labels decide, else ``None``."""
-    for wanted in ("Solved", "Unsure"):
-        hits = [who for who, label in (("reference", ref), ("candidate", cand)) if label == wanted]
-        if len(hits) == 1:
-            return hits[0]
-        if len(hits) == 2:
-            return None
-    return None
+def coin_flip(seed: int, qid: str, round: int) -> str:
+    """``candidate`` or ``reference``, seeded by ``seed``, the query id and the round."""
+    digest = hashlib.sha256(f"{seed}|{qid}|{round}".encode()).hexdigest()
+    return "candidate" if int(digest[:8], 16) % 2 else "reference"
 
 
 def compare_runs(candidate: Mapping[str, Trajectory], reference: Mapping[str, Trajectory],
                  candidate_labels: Mapping[str, Sequence[str]], reference_labels: Mapping[str, Sequence[str]],
-                 judge: Judge | None, rounds: int = 3, *, query_ids: Sequence[str] | None = None) -> WinRate:
+                 judge: Judge | None, rounds: int = 3, *, query_ids: Sequence[str] | None = None,
+                 seed: int = 0, max_details_chars: int = 0) -> WinRate:
     """SoWR of ``candidate`` against ``reference`` (both keyed by query id), given each run's
-    pass-rate labels per round (see :func:`judge_pass`).
+    pass-rate labels per round (see :func:`judge_pass`: a fresh solved status every round).
 
     Args:
         query_ids (`Sequence[str]`, *optional*): the test ids (default: every id of either run).
+        seed (`int`, *optional*, defaults to 0): seed of the coin flips.
+        max_details_chars (`int`, *optional*, defaults to 0): cut each whole answer shown to the
+            judge to this many characters (0: never).
 
     Raises:
         CodetoolError: a pair needs a comparison but ``judge`` is ``None``.
     """
     ids = list(query_ids) if query_ids is not None else sorted(set(candidate) | set(reference), key=str)
     counts = {qid: PairCount() for qid in ids}
+    flips: dict[str, int] = {}
     asks = []  # (qid, round, candidate_is_a)
+
+    def win(qid: str, who: str) -> None:
+        setattr(counts[qid], who, getattr(counts[qid], who) + 1)
+
     for qid in ids:
         if qid not in reference or qid not in candidate:
             winner = "candidate" if qid not in reference else "reference"
             setattr(counts[qid], winner, rounds)
             continue
         ref_labels, cand_labels = list(reference_labels[qid]), list(candidate_labels[qid])
-        shortcut = {("Solved", "Unsolved"): "reference", ("Unsolved", "Solved"): "candidate"}.get(
-            (majority_label(ref_labels), majority_label(cand_labels)))
         for r in range(rounds):
-            pick = shortcut or _round_pick(ref_labels[r % len(ref_labels)], cand_labels[r % len(cand_labels)])
-            if pick is None and (_same_answer(reference[qid], candidate[qid]) or _both_empty(reference[qid], candidate[qid])):
-                continue  # identical answers, or neither answered: a tie for this round
-            if pick is None:
-                asks.append((qid, r, r % 2 == 1))
+            ref_solved = ref_labels[r % len(ref_labels)] == "Solved"
+            cand_solved = cand_labels[r % len(cand_labels)] == "Solved"
+            if ref_solved != cand_solved:
+                win(qid, "candidate" if cand_solved else "reference")
+            elif _same_answer(reference[qid], candidate[qid]) or _both_empty(reference[qid], candidate[qid]):
+                win(qid, coin_flip(seed, qid, r))
+                flips[qid] = flips.get(qid, 0) + 1
             else:
-                setattr(counts[qid], pick, getattr(counts[qid], pick) + 1)
+                asks.append((qid, r, r % 2 == 1))
     if asks and judge is None:
         raise CodetoolError(f"{len(asks)} answer pairs need a judge for the win rate, but none is configured.")
+    details: dict[tuple[str, str], str] = {}
+
+    def detail(who: str, qid: str, traj: Trajectory) -> str:
+        if (who, qid) not in details:
+            text = answer_details(traj)
+            details[(who, qid)] = clip(text, max_details_chars) if max_details_chars else text
+        return details[(who, qid)]
+
     requests = []
     for qid, r, cand_is_a in asks:
-        a, b = (candidate[qid], reference[qid]) if cand_is_a else (reference[qid], candidate[qid])
-        requests.append(CompareRequest(reference[qid].query, a.final_answer or "", b.final_answer or "", r))
+        pair = [("candidate", candidate[qid]), ("reference", reference[qid])]
+        (wa, a), (wb, b) = pair if cand_is_a else pair[::-1]
+        requests.append(CompareRequest(reference[qid].query, a.final_answer or "", b.final_answer or "", r,
+                                       details_a=detail(wa, qid, a), details_b=detail(wb, qid, b),
+                                       allow_tie=False))
     prefs = judge.compare_many(requests) if requests else []
-    for (qid, _, cand_is_a), pref in zip(asks, prefs):
+    for (qid, r, cand_is_a), pref in zip(asks, prefs):
         counts[qid].judged += 1
-        if pref.winner == "tie":
+        if pref.winner not in ("a", "b"):  # undecided or unreadable: no ties, a coin decides
+            win(qid, coin_flip(seed, qid, r))
+            flips[qid] = flips.get(qid, 0) + 1
             continue
-        winner = "candidate" if (pref.winner == "a") == cand_is_a else "reference"
-        setattr(counts[qid], winner, getattr(counts[qid], winner) + 1)
-    return win_rate_from_counts(counts)
+        win(qid, "candidate" if (pref.winner == "a") == cand_is_a else "reference")
+    result = win_rate_from_counts(counts)
+    result.coin_flips = sum(flips.values())
+    return result
 
 
 def _both_empty(a: Trajectory, b: Trajectory) -> bool:
@@ -320,7 +370,7 @@ def _both_empty(a: Trajectory, b: Trajectory) -> bool:
 
 def _same_answer(a: Trajectory, b: Trajectory) -> bool:
     return ((a.final_answer or "").strip() == (b.final_answer or "").strip()
-            and render_trajectory(a) == render_trajectory(b))
+            and answer_details(a) == answer_details(b))
 
 
 def pass_rates_by_group(trajs: Sequence[Trajectory], verdicts: Sequence[Sequence[Verdict]],

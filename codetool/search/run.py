@@ -39,6 +39,7 @@ from codetool.resume import (
     run_isolated,
     unit_key,
 )
+from codetool.search.answer import AnswerConfig, needs_answer, write_final_answers
 from codetool.search.decide import RouterConfig
 from codetool.search.search import SearchConfig, SearchTask, StepwiseSearch
 
@@ -80,6 +81,7 @@ class RunConfig:
     search: SearchConfig = field(default_factory=SearchConfig)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     routing: RouterConfig = field(default_factory=RouterConfig)
+    answer: AnswerConfig = field(default_factory=AnswerConfig)
     retry_failed: bool = option(False, "rerun the queries recorded as finish_type error (and only those)")
     force_resume: bool = option(False, "resume even though the output was written with other settings")
 
@@ -314,9 +316,26 @@ def _run_queries(cfg: RunConfig, todo: list, out: Path, chash: str, policy, scor
             except CodetoolError as e:  # a full disk stops the run; it is not one query's fault
                 raise FatalError(str(e)) from None
 
-        def done(traj) -> None:
+        answers = cfg.answer.enabled(cfg.benchmark)
+        waiting: list = []  # trajectories that await their final answer (written in batches)
+
+        def land(traj) -> None:
             write(traj.to_dict())
             bar.update(job, advance=1, last=f"{traj.query_id}: {traj.finish_type}, {len(traj.steps)} steps")
+
+        def flush() -> None:
+            write_final_answers(waiting, policy, cfg.answer)
+            for traj in waiting:
+                land(traj)
+            waiting.clear()
+
+        def done(traj) -> None:
+            if answers and needs_answer(traj):  # CodeTool: every trajectory gets a final answer
+                waiting.append(traj)
+                if len(waiting) >= cfg.search.concurrency:
+                    flush()
+            else:
+                land(traj)
 
         def failed_unit(unit, error: BaseException) -> None:
             write(Trajectory(query_id=unit.query_id, query=unit.query, benchmark=unit.benchmark, group=unit.group,
@@ -344,6 +363,7 @@ def _run_queries(cfg: RunConfig, todo: list, out: Path, chash: str, policy, scor
                 search.run(batch, on_done=on_done)
 
         failed += run_isolated(tasks, run_batch, _unit_key, done, failed_unit)
+        flush()
     logger.info("ran %d queries in %.1f s (%d failed)", len(todo), time.perf_counter() - start, failed)
     return failed
 
@@ -375,7 +395,10 @@ def print_summary(path: Path, query_ids: list[str] | None = None) -> dict[str, A
     table = Table(title=f"{path} ({m.n} queries)", show_header=False)
     rows = [("finished", m.finish_types.get("finish", 0)), ("gave up", m.finish_types.get("give_up", 0)),
             ("hit max steps", m.finish_types.get("max_steps", 0)), ("errors", m.finish_types.get("error", 0)),
-            ("SCEP (executed candidates that ran)", "n/a" if m.scep is None else f"{100 * m.scep:.1f}%"),
+            ("SCEP (chosen steps whose code ran)", "n/a" if m.scep is None else f"{100 * m.scep:.1f}%"),
+            ("  over all sampled candidates", "n/a" if m.scep_all_candidates is None
+             else f"{100 * m.scep_all_candidates:.1f}%"),
+            ("answers written after the search", m.answer_sources.get("generated", 0)),
             ("mean steps", f"{m.mean_steps:.2f}"),
             ("tokens in / out per query", f"{m.mean_prompt_tokens:.0f} / {m.mean_completion_tokens:.0f}"),
             ("seconds per query", f"{m.mean_seconds:.1f}"),

@@ -4,8 +4,10 @@ Per step, the policy samples K candidate snippets (one ``generate`` call with ``
 in a ``fork()`` of the episode's executor, so no earlier step or tool call is repeated; each gets
 the on-the-spot reward, a latent reward (PRM, rollouts, or none) and a LIT tool cost; the
 candidate with the best ``w_spot*R_spot + w_latent*R_latent - w_cost*cost`` becomes the new state
-and the other forks are closed. Ties go to the higher R_spot, then the lower cost, then the
-earlier sample, so a run is deterministic given the samples.
+and the other forks are closed. Fair selection (see :func:`select`): the cost term never overturns
+an on-the-spot difference; with ``w_cost > 0`` equally good candidates go to the cheapest (LIT's
+cheapest correct plan); remaining ties go to a seeded random pick (the reference ablation), so a
+run is deterministic given the samples and the seed.
 
 Throughput: batch-1 decoding leaves a CPU or GPU idle, so :class:`StepwiseSearch` keeps
 ``concurrency`` episodes in flight and sends the prompts of all of them to the policy in one
@@ -18,7 +20,9 @@ an exception inside one episode ends that episode as ``finish_type='error'``, no
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -70,6 +74,9 @@ class SearchConfig:
     tool_error_is_failure: bool = option(True, "a failed tool call makes R_spot 0 even if caught")
     cost_table: str | None = option(None, "YAML of tool costs (default: the packaged table)")
     seed: int | None = option(0, "sampling seed (none = nondeterministic)")
+    tie_break: str = option("random", "equal selection scores: random (a pick seeded by search.seed, the query "
+                            "and the step; the reference ablation) or first (the earlier sample)",
+                            choices=["random", "first"])
 
     def __post_init__(self):
         if self.k < 1:
@@ -210,17 +217,49 @@ def _cost_table(cfg: SearchConfig) -> ToolCostTable:
     return _COST_TABLES[cfg.cost_table]
 
 
-def select(candidates: list[Candidate], cfg: SearchConfig) -> int:
-    """Score every candidate and return the index of the best (see module docstring).
+def select(candidates: list[Candidate], cfg: SearchConfig, *, tie_key: str = "") -> int:
+    """Score every candidate and return the index of the one to keep.
 
-    Sets ``score`` on each candidate: ``w_spot*r_spot + w_latent*r_latent - w_cost*cost``, with a
-    missing latent reward counting as 0.
+    Sets ``score`` on each candidate: ``w_spot*r_spot + w_latent*r_latent - w_cost*cost`` (a
+    missing latent reward counts as 0). The pick, in order:
+
+    1. with ``w_cost > 0``, only candidates whose R_spot is at least that of the best candidate
+       *without* the cost term stay in: a cheaper candidate can never win by failing on the spot
+       (LIT taxes each API call, yet picks the cheapest among the plans that work);
+    2. the highest ``score`` (equal up to 1e-9, so 0.9 and 0.8999999999999999 tie);
+    3. with ``w_cost > 0``, the lowest cost among equally scored candidates; with ``w_cost == 0``
+       cost plays no part (a tool-free ``finish`` does not beat an equally good tool call);
+    4. ``tie_break='random'``: a pick seeded by ``cfg.seed`` and ``tie_key`` (e.g. query id and
+       step), like the reference ablation's random choice among equal candidates; ``first``: the
+       earlier sample.
+
+    Args:
+        candidates (`list[Candidate]`): the step's executed candidates (``index`` = sample order).
+        cfg (`SearchConfig`): weights, ``tie_break`` and ``seed``.
+        tie_key (`str`, *optional*): what makes this step's random pick differ from other steps'.
+    Returns:
+        The ``index`` of the chosen candidate.
     """
     for c in candidates:
         c.score = cfg.w_spot * c.r_spot + cfg.w_latent * (c.r_latent or 0.0) - cfg.w_cost * c.cost
-    # Scores equal up to float noise (0.9 vs 0.8999999999999999) count as ties.
-    best = min(candidates, key=lambda c: (-round(c.score, 9), -c.r_spot, round(c.cost, 9), c.index))
-    return best.index
+    pool = list(candidates)
+    if cfg.w_cost > 0:
+        quality = {c.index: cfg.w_spot * c.r_spot + cfg.w_latent * (c.r_latent or 0.0) for c in pool}
+        top = max(quality.values())
+        floor = max(c.r_spot for c in pool if quality[c.index] >= top - 1e-9)
+        pool = [c for c in pool if c.r_spot >= floor]
+    best = max(round(c.score, 9) for c in pool)
+    pool = [c for c in pool if round(c.score, 9) == best]
+    if cfg.w_cost > 0:
+        cheapest = min(round(c.cost, 9) for c in pool)
+        pool = [c for c in pool if round(c.cost, 9) == cheapest]
+    pool.sort(key=lambda c: c.index)
+    if len(pool) == 1 or cfg.tie_break == "first":
+        return pool[0].index
+    if cfg.seed is None:
+        return random.choice(pool).index
+    digest = hashlib.sha256(f"{cfg.seed}|{tie_key}".encode()).hexdigest()
+    return random.Random(int(digest[:16], 16)).choice(pool).index
 
 
 @dataclass
@@ -375,7 +414,7 @@ class StepwiseSearch:
     def _advance(self, ep: _Episode, row: list[Expanded]) -> bool:
         """Record the step, keep the chosen fork, close the rest; True when the episode ended."""
         cands = [e.candidate for e in row]
-        chosen = select(cands, self.cfg)
+        chosen = select(cands, self.cfg, tie_key=f"{ep.task.query_id}|{len(ep.traj.steps)}")
         cands[chosen].chosen = True
         pick = row[chosen]
         for e in row:
