@@ -2,7 +2,7 @@
 #   make test   set-up + the test suite (offline, CPU, < 15 min on 2 cores)
 #   make demo   set-up + the whole method end to end on the embedded default model
 #   make ci     what CI should run: make test, then lint and the slow tests within a budget
-#               (scripts/ci_extra.sh; CI_SLOW_BUDGET_S seconds, default 2400)
+#               (scripts/ci_extra.sh; CI_SLOW_BUDGET_S seconds, default 1200)
 # Set-up is idempotent: a virtualenv in .venv, the package and its dependencies, bubblewrap
 # (if apt-get can install it), and the embedded default model cached under checkpoints/.
 # On a GPU machine pass the torch you want: make setup TORCH_SPEC="torch==2.9.1"
