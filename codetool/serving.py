@@ -78,7 +78,8 @@ def check_bind(host: str, api_key: str | None, *, what: str = "the server", api_
     """
     if is_loopback(host) or (api_key is not None and api_key.strip()):
         return
-    where = f"set the environment variable {api_key_env} to an API key" if api_key_env else "give it an API key"
+    where = (f"set the environment variable {api_key_env} to an API key" if api_key_env
+             else "wrap the app in a ServerGuard with an api_key")
     raise CodetoolError(f"{what} on {host} needs an API key: {where} (clients send 'Authorization: Bearer <key>'), "
                         "or bind 127.0.0.1.")
 
