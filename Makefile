@@ -1,6 +1,8 @@
 # codetool: two commands do everything on a fresh machine.
 #   make test   set-up + the test suite (offline, CPU, < 15 min on 2 cores)
 #   make demo   set-up + the whole method end to end on the embedded default model
+#   make ci     what CI should run: make test, then lint and the slow tests within a budget
+#               (scripts/ci_extra.sh; CI_SLOW_BUDGET_S seconds, default 1200)
 # Set-up is idempotent: a virtualenv in .venv, the package and its dependencies, bubblewrap
 # (if apt-get can install it), and the embedded default model cached under checkpoints/.
 # On a GPU machine pass the torch you want: make setup TORCH_SPEC="torch==2.9.1"
@@ -14,7 +16,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.codetool-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup install test test-slow demo bench lint clean
+.PHONY: setup install test test-slow ci demo bench lint clean
 
 $(STAMP): pyproject.toml
 	@bash scripts/install_system_deps.sh
@@ -33,6 +35,9 @@ test: setup
 
 test-slow: setup
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+
+ci: test
+	VENV="$(VENV)" bash scripts/ci_extra.sh
 
 demo: setup
 	$(CODETOOL) pipeline --config configs/pipeline/quickstart.yaml

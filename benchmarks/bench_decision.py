@@ -1,4 +1,4 @@
-"""How good and how cheap is the decide-first stage with the default model? (codetool.search.router)
+"""How good and how cheap is the decide-first stage with the default model? (codetool.decide.router)
 
 Runs ``codetool eval-decision`` with the embedded default model (SmolLM2-135M-Instruct, CPU) on
 ``--n_tool`` StableToolBench G1_instruction queries and ``--n_free`` of our tool-free queries, then
@@ -25,7 +25,7 @@ import logging
 from pathlib import Path
 
 from codetool.config import load_config
-from codetool.eval.decision import DecisionEvalConfig, eval_decision_command
+from codetool.decide.benchmark import DecisionEvalConfig, eval_decision_command
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 ROWS = [("decision_accuracy", "decision acc"), ("necessity_accuracy", "necessity acc"),

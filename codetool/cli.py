@@ -45,7 +45,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
                   "serve a PRM over HTTP (batches concurrent requests)"),
     "eval": ("codetool.eval.report", "EvalConfig", "eval_command",
              "evaluate trajectory files: SoPR, SoWR, path rate, SCEP, cost; writes a report"),
-    "eval-decision": ("codetool.eval.decision", "DecisionEvalConfig", "eval_decision_command",
+    "eval-decision": ("codetool.decide.benchmark", "DecisionEvalConfig", "eval_decision_command",
                       "benchmark the decide-first stage (When2Tool metrics)"),
     "pipeline": ("codetool.pipeline", "PipelineConfig", "pipeline_command",
                  "trees -> PRM -> guided search -> evaluation, resumable by stage"),

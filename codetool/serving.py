@@ -1,27 +1,230 @@
-"""Run an ASGI app (FastAPI) with uvicorn, hardened against slow and abusive clients.
+"""Serve an ASGI app (FastAPI) with uvicorn, behind one guard against abusive clients.
 
 Used by ``serve-prm``, ``serve-mock``, the search (the TMDB mock of RestBench runs), tests and
-benchmarks. Loopback by default; ``serve_in_background`` stops the server when its ``with`` block
-ends.
+benchmarks. Every codetool server is wrapped in :class:`ServerGuard` and started with
+:func:`serve_forever` or :func:`serve_in_background`, so they all behave alike (DESIGN.md §5b):
 
-Guards (``uvicorn_config``): a connection must finish its request line and headers within
-``header_timeout_s`` (a slow-loris client that trickles headers, or opens sockets and sends
-nothing, is closed; uvicorn alone only times out idle *kept-alive* connections), headers are
-capped at 64 KB, and at most ``limit_concurrency`` connections/requests are served at once (the
-rest get 503). Reading the body within a deadline is the app's job (``read_body``).
+- **Bind.** Loopback by default; any address that is not loopback (``localhost``, 127.0.0.0/8,
+  ``::1``, ``::ffff:127.x.y.z``) needs a non-blank API key (:func:`check_bind`); the server
+  functions refuse to start otherwise.
+- **Auth.** With a key, every request (``/health`` too, on loopback too) must send
+  ``Authorization: Bearer <key>`` (or the app's extra key header, e.g. StableToolBench's
+  ``toolbench_key``); else 401. Compared in constant time.
+- **Body.** A ``Content-Length`` over ``max_body_bytes`` is a 413 before anything is read; a body
+  without one (chunked) is a 411; a non-numeric one a 400. The body is read by the guard within
+  ``read_timeout_s`` (408 otherwise: a client trickling its body cannot hold a connection) and
+  handed to the app; JSON nested deeper than ``max_json_depth`` is a 400 (the parser would
+  otherwise recurse until it fails).
+- **Time.** An answer not started within ``request_timeout_s`` is a 504, and the app's work on
+  the request is cancelled. Request heads must arrive within ``header_timeout_s``
+  (:func:`uvicorn_config`: a slow-loris client that trickles headers, or opens sockets and sends
+  nothing, is closed; uvicorn alone only times out idle *kept-alive* connections), headers are
+  capped at 64 KB, and at most ``limit_concurrency`` connections/requests are served at once (the
+  rest get 503).
+- **Errors.** Every refusal is a JSON body ``{<error_field>: "<one line>"}`` (``error`` for the
+  PRM server, ``detail`` for the FastAPI-style mocks); an exception in the app is a one-line 500,
+  never a traceback (:func:`json_internal_errors` for FastAPI routes).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
+import ipaddress
+import json
+import logging
+import re
 import threading
 import time
 
 from codetool import CodetoolError
 
+logger = logging.getLogger(__name__)
+
 HEADER_TIMEOUT_S = 10.0
 MAX_HEADER_BYTES = 65_536
+READ_TIMEOUT_S = 30.0
+MAX_JSON_DEPTH = 100
+_THREAD_BODY_BYTES = 65_536  # bodies larger than this are checked off the event loop
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a server bound to ``host`` is reachable from this machine only.
+
+    ``localhost``, every address of 127.0.0.0/8 (``127.0.0.2`` too), ``::1`` (also ``[::1]``) and
+    IPv4-mapped loopback (``::ffff:127.0.0.1``) are loopback; ``0.0.0.0``, ``::``, any other
+    address and any other name are not.
+    """
+    host = host.strip()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host.lower() == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def check_bind(host: str, api_key: str | None, *, what: str = "the server", api_key_env: str | None = None) -> None:
+    """Refuse to expose a server beyond this machine without an API key.
+
+    Raises:
+        CodetoolError: ``host`` is not loopback (:func:`is_loopback`) and ``api_key`` is missing
+            or blank; the message names ``api_key_env`` when given.
+    """
+    if is_loopback(host) or (api_key is not None and api_key.strip()):
+        return
+    where = (f"set the environment variable {api_key_env} to an API key" if api_key_env
+             else "wrap the app in a ServerGuard with an api_key")
+    raise CodetoolError(f"{what} on {host} needs an API key: {where} (clients send 'Authorization: Bearer <key>'), "
+                        "or bind 127.0.0.1.")
+
+
+_JSON_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
+
+
+def json_depth_exceeds(body: bytes, limit: int) -> bool:
+    """Whether ``body`` opens more than ``limit`` nested JSON arrays/objects (brackets inside
+    strings do not count). Linear in the body; invalid JSON is judged by its brackets only."""
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return False
+    depth = 0
+    for match in _JSON_TOKENS.finditer(body):
+        char = match.group()[:1]
+        if char in (b"[", b"{"):
+            depth += 1
+            if depth > limit:
+                return True
+        elif char in (b"]", b"}"):
+            depth -= 1
+    return False
+
+
+class ServerGuard:
+    """ASGI middleware in front of every codetool server (see the module docstring).
+
+    Args:
+        app: the ASGI app (a FastAPI app, or any ASGI callable).
+        api_key (`str`, *optional*): the bearer key every request must send; `None` for no auth.
+        max_body_bytes (`int`, *optional*, defaults to 1,000,000): largest request body (413 above).
+        read_timeout_s (`float`, *optional*, defaults to 30): the whole body must arrive by then (408).
+        request_timeout_s (`float`, *optional*, defaults to 120): the answer must start by then (504).
+        max_json_depth (`int`, *optional*, defaults to 100): deepest JSON nesting accepted (400).
+        error_field (`str`, *optional*, defaults to `"error"`): the key of the one-line error text.
+        key_header (`str`, *optional*): a header that may carry the key instead of ``Authorization``.
+    Raises:
+        CodetoolError: ``api_key`` is blank, or a limit is not positive.
+    """
+
+    def __init__(self, app, *, api_key: str | None = None, max_body_bytes: int = 1_000_000,
+                 read_timeout_s: float = READ_TIMEOUT_S, request_timeout_s: float = 120.0,
+                 max_json_depth: int = MAX_JSON_DEPTH, error_field: str = "error", key_header: str | None = None):
+        if api_key is not None and not api_key.strip():
+            raise CodetoolError("the server's API key is blank; set a real key, or none on loopback.")
+        if not (max_body_bytes > 0 and read_timeout_s > 0 and request_timeout_s > 0 and max_json_depth > 0):
+            raise CodetoolError(f"server limits must be positive, got max_body_bytes={max_body_bytes}, "
+                                f"read_timeout_s={read_timeout_s}, request_timeout_s={request_timeout_s}, "
+                                f"max_json_depth={max_json_depth}.")
+        self.app, self.api_key = app, None if api_key is None else api_key.strip()
+        self.max_body_bytes, self.read_timeout_s = max_body_bytes, read_timeout_s
+        self.request_timeout_s, self.max_json_depth = request_timeout_s, max_json_depth
+        self.error_field, self.key_header = error_field, key_header.lower() if key_header else None
+
+    def _authorised(self, headers: dict[str, str]) -> bool:
+        given = headers.get("authorization", "")
+        token = given[7:].strip() if given[:7].lower() == "bearer " else ""
+        if not token and self.key_header:
+            token = headers.get(self.key_header, "").strip()
+        return bool(token) and hmac.compare_digest(token.encode(), self.api_key.encode())
+
+    async def _reply(self, send, status: int, text: str) -> None:
+        body = json.dumps({self.error_field: text}).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _read_body(self, receive) -> bytes | int | None:
+        """The body; its size so far when it passes the limit; `None` when the client left."""
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body_bytes:
+                return size
+            more = message.get("more_body", False)
+        return b"".join(chunks)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":  # lifespan events go straight to the app
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        if self.api_key is not None and not self._authorised(headers):
+            return await self._reply(send, 401, "missing or wrong bearer token: send 'Authorization: Bearer <key>'")
+        length = headers.get("content-length")
+        if length is None and "transfer-encoding" in headers:
+            return await self._reply(send, 411, "a Content-Length header is required (no chunked bodies)")
+        if length is not None and not length.strip().isdigit():
+            return await self._reply(send, 400, "invalid Content-Length header")
+        if length is not None and int(length) > self.max_body_bytes:
+            return await self._reply(send, 413, f"body of {int(length)} bytes; the limit is {self.max_body_bytes}")
+        try:
+            body = await asyncio.wait_for(self._read_body(receive), self.read_timeout_s)
+        except asyncio.TimeoutError:
+            return await self._reply(send, 408, f"request body not received within {self.read_timeout_s:g} s")
+        if body is None:
+            return None
+        if isinstance(body, int):
+            return await self._reply(send, 413, f"body of over {self.max_body_bytes} bytes; "
+                                                f"the limit is {self.max_body_bytes}")
+        deep = (await asyncio.to_thread(json_depth_exceeds, body, self.max_json_depth)
+                if len(body) > _THREAD_BODY_BYTES else json_depth_exceeds(body, self.max_json_depth))
+        if deep:
+            return await self._reply(send, 400, f"JSON nested too deeply; the limit is {self.max_json_depth} levels")
+        return await self._call_app(scope, body, receive, send)
+
+    async def _call_app(self, scope, body: bytes, receive, send) -> None:
+        replayed, started = False, False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        async def tracked_send(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await asyncio.wait_for(self.app(scope, replay, tracked_send), self.request_timeout_s)
+        except asyncio.TimeoutError:
+            if not started:
+                await self._reply(send, 504, f"request took longer than {self.request_timeout_s:g} s")
+        except Exception as e:  # a bug must not leak a traceback to the client
+            logger.error("server error: %s on %s %s", type(e).__name__, scope.get("method"), scope.get("path"))
+            if not started:
+                await self._reply(send, 500, f"internal error ({type(e).__name__}); see the server log")
+
+
+def json_internal_errors(app, error_field: str = "error") -> None:
+    """Make a FastAPI ``app`` answer an exception in a route with a one-line JSON 500 (Starlette
+    would send plain text); the exception still reaches :class:`ServerGuard`, which logs it."""
+    from fastapi.responses import JSONResponse
+
+    async def internal(request, exc):
+        return JSONResponse({error_field: f"internal error ({type(exc).__name__}); see the server log"},
+                            status_code=500)
+
+    app.add_exception_handler(Exception, internal)
 
 
 def _guarded_h11_protocol(header_timeout_s: float):
@@ -49,15 +252,16 @@ def uvicorn_config(app, host: str = "127.0.0.1", port: int = 0, *, lifespan: str
 
 
 def serve_forever(app, host: str, port: int, **kwargs) -> None:
-    """Serve ``app`` in this thread until interrupted (the CLI servers)."""
+    """Serve ``app`` in this thread until interrupted (the CLI servers).
+
+    Raises:
+        CodetoolError: ``host`` is not loopback and ``app`` is not a :class:`ServerGuard` with a key.
+    """
     import uvicorn
 
+    check_bind(host, getattr(app, "api_key", None))
+
     uvicorn.Server(uvicorn_config(app, host, port, **kwargs)).run()
-
-
-async def read_body(request, timeout_s: float) -> bytes:
-    """The request body, or ``TimeoutError`` if the client has not sent it all within ``timeout_s``."""
-    return await asyncio.wait_for(request.body(), timeout_s)
 
 
 @contextlib.contextmanager
@@ -74,9 +278,12 @@ def serve_in_background(app, host: str = "127.0.0.1", port: int = 0, *, start_ti
         header_timeout_s (`float`, *optional*, defaults to 10): close connections whose request head
             has not arrived by then.
     Raises:
-        CodetoolError: the server did not start in time (the port is taken, or the app failed).
+        CodetoolError: the server did not start in time (the port is taken, or the app failed), or
+            ``host`` is not loopback and ``app`` is not a :class:`ServerGuard` with a key.
     """
     import uvicorn
+
+    check_bind(host, getattr(app, "api_key", None), what=name)
 
     server = uvicorn.Server(uvicorn_config(app, host, port, lifespan=lifespan, header_timeout_s=header_timeout_s))
     thread = threading.Thread(target=server.run, name=name, daemon=True)

@@ -19,10 +19,10 @@ from codetool.tools import (
     make_tool_backend,
 )
 from codetool.tools.mock_servers import (
-    RequestGuard,
     ServeMockConfig,
     build_mock_app,
     build_stabletoolbench_app,
+    guard,
     serve_mock,
 )
 
@@ -155,12 +155,12 @@ def test_stabletoolbench_server_replays_the_cache_first(stb_apis, tmp_path):
 
 
 def test_stabletoolbench_server_rejects_malformed_requests(stb_apis):
-    app = RequestGuard(build_stabletoolbench_app(stb_apis), api_key=None, max_body_bytes=10_000, timeout_s=5)
+    app = build_stabletoolbench_app(stb_apis, api_key=None, max_body_bytes=10_000, timeout_s=5)
     cases = {
         "bad json": (_post(app, "/virtual", content=b"{nope"), 400, "request body is not valid JSON"),
         "not object": (_post(app, "/virtual", json=[1]), 400, "request body must be a JSON object"),
         "no tool": (_post(app, "/virtual", json={"api_name": "x"}), 422, "field 'tool_name' is required (text)"),
-        "too big": (_post(app, "/virtual", content=b"x" * 20_000), 413, "request body over 10000 bytes"),
+        "too big": (_post(app, "/virtual", content=b"x" * 20_000), 413, "body of 20000 bytes; the limit is 10000"),
         "wrong method": (_get_all(app, [("/virtual", {})])[0], 405, None),
     }
     for name, (response, status, detail) in cases.items():
@@ -174,14 +174,14 @@ def test_stabletoolbench_server_rejects_malformed_requests(stb_apis):
 
 def test_stabletoolbench_client_against_the_served_mock(stb_apis):
     """A real loopback round trip: our client, our server, the simulator behind it."""
-    with serve_in_background(RequestGuard(build_stabletoolbench_app(stb_apis), api_key=None,
+    with serve_in_background(build_stabletoolbench_app(stb_apis, api_key=None,
                                           max_body_bytes=100_000, timeout_s=10)) as url:
         response = StableToolBenchClient(url + "/virtual").call(stb_apis[0], {"id_conc": "x"})
     assert response.ok and response.simulated and json.loads(response.content)["line_up"]
 
 
 def test_guard_requires_the_key_when_set(stb_apis):
-    app = RequestGuard(build_stabletoolbench_app(stb_apis), api_key="mock-key-123456", max_body_bytes=10_000,
+    app = build_stabletoolbench_app(stb_apis, api_key="mock-key-123456", max_body_bytes=10_000,
                        timeout_s=5)
     assert _get_all(app, [("/health", {})])[0].status_code == 401
     assert _get_all(app, [("/health", {})], headers={"Authorization": "Bearer wrong"})[0].status_code == 401
@@ -196,10 +196,10 @@ def test_guard_time_limit_and_internal_errors():
     async def broken_app(scope, receive, send):
         raise RuntimeError("secret internals")
 
-    slow = _get_all(RequestGuard(slow_app, api_key=None, max_body_bytes=100, timeout_s=0.2), [("/", {})])[0]
+    slow = _get_all(guard(slow_app, api_key=None, max_body_bytes=100, timeout_s=0.2), [("/", {})])[0]
     assert slow.status_code == 504 and slow.json() == {"detail": "request took longer than 0.2 s"}
-    broken = _get_all(RequestGuard(broken_app, api_key=None, max_body_bytes=100, timeout_s=1), [("/", {})])[0]
-    assert broken.status_code == 500 and broken.json() == {"detail": "internal error"}
+    broken = _get_all(guard(broken_app, api_key=None, max_body_bytes=100, timeout_s=1), [("/", {})])[0]
+    assert broken.status_code == 500 and broken.json() == {"detail": "internal error (RuntimeError); see the server log"}
 
 
 def test_serve_mock_needs_a_key_off_loopback(monkeypatch):

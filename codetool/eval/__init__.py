@@ -6,5 +6,4 @@
 - ``restbench``: correct path rate and solution-length delta on RestBench-TMDB.
 - ``metrics``: SCEP, steps, tokens, seconds, tool cost, how episodes ended.
 - ``report`` (``codetool eval``), ``markdown`` and ``plots``: report.json, report.md, PNGs.
-- ``decision``: When2Tool metrics of the decide-first stage (``codetool eval-decision``).
 """

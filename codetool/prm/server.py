@@ -6,20 +6,23 @@ answers ``{"status": "ok", "prm": ...}``. Concurrent requests are queued and sco
 to ``max_batch_items`` items, waiting at most ``batch_wait_ms`` for company), so candidates from
 several searches share one forward pass and siblings still share their prefix.
 
-Safety: binds 127.0.0.1 by default; on any other address it refuses to start unless the
+Safety: the app is wrapped in ``codetool.serving.ServerGuard``, the guard of every codetool
+server: binds 127.0.0.1 by default; on any other address it refuses to start unless the
 environment variable ``api_key_env`` holds a key, then checks ``Authorization: Bearer <key>`` on
 every request (also on loopback when the variable is set). Bodies over ``max_body_bytes`` or
-without a Content-Length get 413/411, more than ``max_items`` items 413, malformed JSON or items
-400, a request not scored within ``request_timeout_s`` 504; every error body is
+chunked get 413/411, JSON nested too deeply 400, a body not received within ``read_timeout_s``
+408 (all from the guard); more than ``max_items`` items 413, malformed JSON or items 400, a
+request not scored within ``request_timeout_s`` 504; every error body is
 ``{"error": "<one line>"}``, never a traceback.
 
 Robustness (issue 19): one client cannot stall the others.
 
 - Text is cleaned on arrival (lone surrogates such as ``"\ud800"`` become U+FFFD), so no item
-  can make the tokenizer raise; JSON nested too deeply to parse is a 400; an item with more than
+  can make the tokenizer raise; JSON nested too deeply is a 400 (the guard's depth limit, and the
+  parser's own as a backstop); an item with more than
   ``max_history_steps`` history steps is a 413 (a work budget: a 20,000-step history is abuse).
-- The body must arrive within ``read_timeout_s`` (408), and request heads within the guard of
-  ``codetool.serving`` (slow-loris connections are closed).
+- The body must arrive within ``read_timeout_s`` (408), and request heads within the header
+  deadline of ``codetool.serving`` (slow-loris connections are closed).
 - Each request has a work budget (``request_timeout_s``): when it runs out the client gets 504
   and the server stops working on it (its items are skipped at the next check, between items).
 - Requests whose body exceeds ``heavy_body_bytes`` are scored in their own lane (a second worker),
@@ -29,7 +32,6 @@ Robustness (issue 19): one client cannot stall the others.
 """
 
 import asyncio
-import hmac
 import json
 import logging
 import time
@@ -40,12 +42,18 @@ from codetool.config import ConfigError, option
 from codetool.jsonl import clean_text
 from codetool.rewards import PRMItem
 from codetool.secrets import key_from_env
-from codetool.serving import read_body, serve_forever, serve_in_background
+from codetool.serving import (
+    ServerGuard,
+    check_bind,
+    json_internal_errors,
+    serve_forever,
+    serve_in_background,
+)
 
 logger = logging.getLogger(__name__)
 
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _TEXT_FIELDS = ("query", "tools", "candidate", "candidate_output")
+GUARD_GRACE_S = 5.0  # the guard's deadline is the scoring budget plus this (see create_app)
 
 
 @dataclass
@@ -240,7 +248,13 @@ def create_app(scorer, *, api_key: str | None = None, name: str = "prm", max_bod
                max_items: int = 256, max_batch_items: int = 64, batch_wait_ms: float = 5.0,
                request_timeout_s: float = 120.0, read_timeout_s: float = 30.0, max_history_steps: int = 1000,
                heavy_body_bytes: int = 262_144):
-    """The FastAPI app around ``scorer`` (any object with ``score(items)``); see the module docstring."""
+    """The guarded app around ``scorer`` (any object with ``score(items)``); see the module docstring.
+
+    Returns:
+        A :class:`codetool.serving.ServerGuard` around the FastAPI app. Its own request deadline
+        is ``request_timeout_s`` plus a grace of ``GUARD_GRACE_S``: a backstop, so the scorer's
+        budget answers first with its precise 504 (and stops the work).
+    """
     from contextlib import asynccontextmanager
 
     # FastAPI reads these annotations at definition time, hence no `from __future__ import annotations`.
@@ -262,23 +276,7 @@ def create_app(scorer, *, api_key: str | None = None, name: str = "prm", max_bod
     def error(status: int, reason: str) -> JSONResponse:
         return JSONResponse({"error": reason}, status_code=status)
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        if api_key is not None:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                return error(401, "missing or wrong bearer token (Authorization: Bearer <key>)")
-        if request.method == "POST":
-            length = request.headers.get("content-length")
-            if length is None or not length.isdigit():
-                return error(411, "a Content-Length header is required")
-            if int(length) > max_body_bytes:
-                return error(413, f"body of {length} bytes; the limit is {max_body_bytes}")
-        try:
-            return await call_next(request)
-        except Exception as e:  # a bug must not leak a traceback to the client
-            logger.exception("PRM server error")
-            return error(500, f"internal error ({type(e).__name__}); see the server log")
+    json_internal_errors(app, "error")
 
     @app.get("/health")
     async def health():
@@ -286,12 +284,7 @@ def create_app(scorer, *, api_key: str | None = None, name: str = "prm", max_bod
 
     @app.post("/score")
     async def score(request: Request):
-        try:
-            body = await read_body(request, read_timeout_s)
-        except asyncio.TimeoutError:
-            return error(408, f"request body not received within {read_timeout_s:g} s")
-        if len(body) > max_body_bytes:
-            return error(413, f"body over {max_body_bytes} bytes")
+        body = await request.body()  # already read (within read_timeout_s) and size-checked by the guard
         try:
             if len(body) > 65_536:  # parse big bodies off the event loop, so other requests keep flowing
                 items = await asyncio.to_thread(parse_items, body, max_items, max_history_steps)
@@ -310,7 +303,8 @@ def create_app(scorer, *, api_key: str | None = None, name: str = "prm", max_bod
             return error(500, f"scoring failed ({type(e).__name__}); see the server log")
         return {"scores": scores}
 
-    return app
+    return ServerGuard(app, api_key=api_key, max_body_bytes=max_body_bytes, read_timeout_s=read_timeout_s,
+                       request_timeout_s=request_timeout_s + GUARD_GRACE_S, error_field="error")
 
 
 def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0):
@@ -323,9 +317,7 @@ def serve_prm(cfg: ServePRMConfig) -> int:
     from codetool.prm.scorer import load_scorer
 
     api_key = key_from_env(cfg.api_key_env)
-    if cfg.host not in _LOOPBACK and api_key is None:
-        raise CodetoolError(f"serve-prm on {cfg.host} needs an API key: set the environment variable "
-                            f"{cfg.api_key_env} (clients send it as a bearer token), or bind 127.0.0.1.")
+    check_bind(cfg.host, api_key, what="serve-prm", api_key_env=cfg.api_key_env)
     if cfg.prm.startswith(("http://", "https://")) or cfg.prm.lower() in ("", "none"):
         raise CodetoolError(f"serve-prm needs a checkpoint folder, got --prm {cfg.prm!r}.")
     scorer = load_scorer(cfg.prm, device=cfg.device)

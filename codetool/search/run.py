@@ -29,6 +29,7 @@ from typing import Any
 
 from codetool import CodetoolError
 from codetool.config import ConfigError, config_hash, option
+from codetool.decide.stage import RouterConfig
 from codetool.executor import ExecutorConfig
 from codetool.jsonl import append_jsonl
 from codetool.resume import (
@@ -40,7 +41,6 @@ from codetool.resume import (
     unit_key,
 )
 from codetool.search.answer import AnswerConfig, needs_answer, write_final_answers
-from codetool.search.decide import RouterConfig
 from codetool.search.search import SearchConfig, SearchTask, StepwiseSearch
 
 logger = logging.getLogger(__name__)
@@ -356,7 +356,7 @@ def _run_queries(cfg: RunConfig, todo: list, out: Path, chash: str, policy, scor
 
         def run_batch(batch, on_done) -> None:
             if cfg.router:
-                from codetool.search.router import route_and_solve
+                from codetool.decide.router import route_and_solve
 
                 route_and_solve(batch, cfg.routing, search, policy, executor_factory(cfg.executor), on_done=on_done)
             else:

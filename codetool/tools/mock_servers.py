@@ -16,17 +16,17 @@ or StableToolBench's own scripts (``--service_url http://127.0.0.1:8080/virtual`
   ``source`` fields, which StableToolBench's clients ignore). APIs are documented by the query
   files' ``api_list`` entries (default: the six StableToolBench test groups).
 
-Safety (DESIGN.md §5b): binds 127.0.0.1 by default; any other address needs an API key in an
-environment variable, checked on every request as ``Authorization: Bearer <key>`` (or a
-``toolbench_key`` header, for StableToolBench's scripts). Request bodies over ``max_body_bytes``
-get 413, requests over ``timeout_s`` get 504, malformed requests a 4xx with a one-line reason;
-an internal error is a one-line 500, never a traceback.
+Safety (DESIGN.md §5b): both apps come wrapped in ``codetool.serving.ServerGuard``, the guard
+of every codetool server (:func:`guard`): binds 127.0.0.1 by default; any other address needs an
+API key in an environment variable, checked on every request as ``Authorization: Bearer <key>``
+(or a ``toolbench_key`` header, for StableToolBench's scripts). Request bodies over
+``max_body_bytes`` get 413, chunked bodies 411, bodies not received in time 408, JSON nested too
+deeply 400, requests over ``timeout_s`` 504, malformed requests a 4xx with a one-line reason; an
+internal error is a one-line 500, never a traceback.
 """
 
 # No "from __future__ import annotations": FastAPI must see the real Request class in handler signatures.
 import asyncio
-import hmac
-import ipaddress
 import json
 import logging
 import re
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from codetool import CodetoolError
 from codetool.config import ConfigError, option
+from codetool.serving import READ_TIMEOUT_S, ServerGuard, check_bind, json_internal_errors
 from codetool.tools.backends import CacheBackend, FallbackBackend
 from codetool.tools.names import change_name, standardize
 from codetool.tools.simulator import SimulatorBackend
@@ -70,97 +70,13 @@ class ServeMockConfig:
             raise ConfigError("max_body_bytes and timeout_s must be positive.")
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-async def _reply(send, status: int, detail: str, extra: dict | None = None) -> None:
-    body = json.dumps(dict(extra or {}, detail=detail)).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
-
-
-BODY_READ_TIMEOUT_S = 30.0
-
-
-class RequestGuard:
-    """ASGI wrapper: API key, body size limit, time limit, one-line errors."""
-
-    def __init__(self, app, *, api_key: str | None, max_body_bytes: int, timeout_s: float):
-        self.app, self.api_key, self.max_body_bytes, self.timeout_s = app, api_key, max_body_bytes, timeout_s
-
-    def _authorised(self, headers: dict[str, str]) -> bool:
-        given = headers.get("authorization", "")
-        token = given[7:] if given.lower().startswith("bearer ") else headers.get("toolbench_key", "")
-        return bool(token) and hmac.compare_digest(token.encode(), self.api_key.encode())
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        if self.api_key and not self._authorised(headers):
-            return await _reply(send, 401, "missing or wrong API key: send 'Authorization: Bearer <key>'")
-        length = headers.get("content-length", "0")
-        if not length.isdigit():
-            return await _reply(send, 400, "invalid Content-Length header")
-        if int(length) > self.max_body_bytes:
-            return await _reply(send, 413, f"request body over {self.max_body_bytes} bytes")
-        # Read the (small) body here, so the limit holds for chunked uploads too, within a deadline
-        # so a client that trickles its body cannot hold a connection (issue 19).
-        chunks: list[bytes] = []
-
-        async def read_all() -> int:
-            size, more = 0, True
-            while more:
-                message = await receive()
-                if message["type"] != "http.request":
-                    return -1
-                chunks.append(message.get("body", b""))
-                size += len(chunks[-1])
-                if size > self.max_body_bytes:
-                    return size
-                more = message.get("more_body", False)
-            return size
-
-        try:
-            size = await asyncio.wait_for(read_all(), min(self.timeout_s, BODY_READ_TIMEOUT_S))
-        except asyncio.TimeoutError:
-            return await _reply(send, 408, "request body not received in time")
-        if size < 0:
-            return
-        if size > self.max_body_bytes:
-            return await _reply(send, 413, f"request body over {self.max_body_bytes} bytes")
-        body, replayed = b"".join(chunks), False
-
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        started = False
-
-        async def tracked_send(message):
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await asyncio.wait_for(self.app(scope, replay, tracked_send), self.timeout_s)
-        except asyncio.TimeoutError:
-            if not started:
-                await _reply(send, 504, f"request took longer than {self.timeout_s:g} s")
-        except Exception as e:
-            logger.error("mock server: %s on %s %s", type(e).__name__, scope.get("method"), scope.get("path"))
-            if not started:
-                await _reply(send, 500, "internal error")
+def guard(app, *, api_key: str | None = None, max_body_bytes: int = 1_000_000, timeout_s: float = 30.0):
+    """``app`` behind the guard of every codetool server (``codetool.serving.ServerGuard``): the key
+    may also come as a ``toolbench_key`` header (StableToolBench's scripts send it), errors are
+    ``{"detail": ...}`` as FastAPI's own, and the body must arrive within ``min(timeout_s, 30)`` s."""
+    return ServerGuard(app, api_key=api_key, max_body_bytes=max_body_bytes,
+                       read_timeout_s=min(timeout_s, READ_TIMEOUT_S), request_timeout_s=timeout_s,
+                       error_field="detail", key_header="toolbench_key")
 
 
 def _fastapi_app(title: str):
@@ -169,6 +85,7 @@ def _fastapi_app(title: str):
     from fastapi.responses import JSONResponse
 
     app = FastAPI(title=title, docs_url=None, redoc_url=None, openapi_url=None)
+    json_internal_errors(app, "detail")
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc):  # one line instead of FastAPI's list of dicts
@@ -204,8 +121,9 @@ def _tmdb_body(api: APISpec, values: dict[str, str], simulator: SimulatorBackend
     return body
 
 
-def build_tmdb_app(apis: list[APISpec]):
-    """A FastAPI app serving the given OpenAPI operations (see the module docstring)."""
+def build_tmdb_app(apis: list[APISpec], **limits):
+    """The guarded app serving the given OpenAPI operations (see the module docstring); ``limits``
+    (``api_key``, ``max_body_bytes``, ``timeout_s``) go to :func:`guard`."""
     from fastapi import Request
     from fastapi.responses import JSONResponse
 
@@ -232,7 +150,7 @@ def build_tmdb_app(apis: list[APISpec]):
             return JSONResponse(_tmdb_body(api, match.groupdict(), simulator))
         return JSONResponse(TMDB_NOT_FOUND, status_code=404)
 
-    return app
+    return guard(app, **limits)
 
 
 def _tool_input(value: Any) -> dict | str:
@@ -248,8 +166,9 @@ def _tool_input(value: Any) -> dict | str:
     return parsed if isinstance(parsed, dict) else "Tool input parse error: expected a JSON object"
 
 
-def build_stabletoolbench_app(apis: list[APISpec], *, cache_dir: str | Path | None = None, seed: int = 0):
-    """A FastAPI app answering StableToolBench's ``POST /virtual`` from the cache, then the simulator."""
+def build_stabletoolbench_app(apis: list[APISpec], *, cache_dir: str | Path | None = None, seed: int = 0, **limits):
+    """The guarded app answering StableToolBench's ``POST /virtual`` from the cache, then the
+    simulator; ``limits`` (``api_key``, ``max_body_bytes``, ``timeout_s``) go to :func:`guard`."""
     from fastapi import Request
     from fastapi.responses import JSONResponse
 
@@ -286,18 +205,19 @@ def build_stabletoolbench_app(apis: list[APISpec], *, cache_dir: str | Path | No
         return {"error": "" if response.ok else (response.error or response.status), "response": response.content,
                 "simulated": response.simulated, "source": response.source}
 
-    return app
+    return guard(app, **limits)
 
 
 def build_mock_app(cfg: ServeMockConfig, api_key: str | None = None):
     """The guarded ASGI app for ``cfg`` (what ``serve-mock`` runs; tests call it directly)."""
     from codetool.tools.data import data_root
 
+    limits = {"api_key": api_key, "max_body_bytes": cfg.max_body_bytes, "timeout_s": cfg.timeout_s}
     if cfg.kind == "tmdb":
         from codetool.tools.openapi import load_openapi
 
         spec = Path(cfg.spec) if cfg.spec else data_root() / "RestGPT" / "specs" / "tmdb_oas.json"
-        app = build_tmdb_app(load_openapi(spec, tool="tmdb"))
+        return build_tmdb_app(load_openapi(spec, tool="tmdb"), **limits)
     else:
         from codetool.tools.loaders import (
             STABLETOOLBENCH_GROUPS,
@@ -309,9 +229,8 @@ def build_mock_app(cfg: ServeMockConfig, api_key: str | None = None):
             queries = [q for path in cfg.queries for q in load_toolbench_queries(Path(path))]
         else:
             queries = [q for g in STABLETOOLBENCH_GROUPS for q in load_stabletoolbench(g)]
-        app = build_stabletoolbench_app([api for q in queries for api in q.apis], cache_dir=cfg.cache_dir,
-                                         seed=cfg.seed)
-    return RequestGuard(app, api_key=api_key, max_body_bytes=cfg.max_body_bytes, timeout_s=cfg.timeout_s)
+    return build_stabletoolbench_app([api for q in queries for api in q.apis], cache_dir=cfg.cache_dir,
+                                     seed=cfg.seed, **limits)
 
 
 def serve_mock(cfg: ServeMockConfig) -> int:
@@ -320,9 +239,7 @@ def serve_mock(cfg: ServeMockConfig) -> int:
     from codetool.serving import serve_forever
 
     api_key = key_from_env(cfg.api_key_env)
-    if not is_loopback(cfg.host) and not api_key:
-        raise CodetoolError(f"--host {cfg.host} would expose the mock beyond this machine; set {cfg.api_key_env} "
-                            f"to an API key (clients send 'Authorization: Bearer <key>'), or bind 127.0.0.1.")
+    check_bind(cfg.host, api_key, what=f"serve-mock {cfg.kind}", api_key_env=cfg.api_key_env)
     app = build_mock_app(cfg, api_key)
     path = "/virtual" if cfg.kind == "stabletoolbench" else "/"
     logger.info("serving the %s mock on http://%s:%d%s%s", cfg.kind, cfg.host, cfg.port, path,

@@ -14,8 +14,8 @@ import pytest
 
 from codetool import CodetoolError
 from codetool.config import ConfigError
-from codetool.models.backends import ScriptedBackend
-from codetool.search.decide import (
+from codetool.decide.router import route_and_solve
+from codetool.decide.stage import (
     NONE,
     Decision,
     RouterConfig,
@@ -24,7 +24,7 @@ from codetool.search.decide import (
     parse_choice,
     route_for,
 )
-from codetool.search.router import route_and_solve
+from codetool.models.backends import ScriptedBackend
 from codetool.search.search import SearchConfig, SearchTask, StepwiseSearch
 
 WEATHER, NEWS = "current_weather_for_weatherapi", "top_headlines_for_newsapi"

@@ -1,7 +1,7 @@
 """Decide first, then route: answer directly, take a one-step fast path, or run the full search.
 
 Many queries need one obvious function, or none; only uncertain ones should pay for the full
-search. :func:`codetool.search.decide.decide` names the first function (or ``NONE``) with a
+search. :func:`codetool.decide.stage.decide` names the first function (or ``NONE``) with a
 confidence taken from the model itself (see that module); :class:`Router` acts on it.
 
 **Routes** (thresholds in :class:`RouterConfig`): ``NONE`` with confidence >= ``t_none`` ->
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from codetool import CodetoolError
-from codetool.search.decide import (
+from codetool.decide.stage import (
     Decision,
     RouterConfig,
     answer_messages,

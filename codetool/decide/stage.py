@@ -1,7 +1,7 @@
 """Decide first, the decision stage: which function a query needs first, or none, and how sure.
 
 One short call per query (batched across queries) asks a model to name the function to call
-first, or ``NONE``. :func:`decide` returns a :class:`Decision`; :mod:`codetool.search.router`
+first, or ``NONE``. :func:`decide` returns a :class:`Decision`; :mod:`codetool.decide.router`
 turns decisions into routes (direct answer, one-step fast path, full search). Source: the
 When2Tool idea of deciding whether a tool is needed before planning with tools.
 

@@ -1,12 +1,29 @@
-"""The pages of ``codetool eval-decision``: ``report.md`` tables and the ``decision_sweep.png`` plot.
+"""The report of ``codetool eval-decision``: ``report.json`` (:func:`build_report`), the ``report.md``
+tables and the ``decision_sweep.png`` plot.
 
-Both read only the ``report.json`` dictionary built by :func:`codetool.eval.decision.build_report`,
-so a saved report can be re-rendered without rerunning anything.
+The page and the plot read only the ``report.json`` dictionary, so a saved report can be
+re-rendered without rerunning anything.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from codetool.config import to_dict
+from codetool.decide.metrics import (
+    SCORINGS,
+    action_metrics,
+    argmax_choices,
+    baseline_row,
+    route_at,
+    sweep_thresholds,
+    threshold_row,
+)
+
+if TYPE_CHECKING:
+    from codetool.decide.benchmark import DecisionEvalConfig
 
 _ROWS = [("decision_accuracy", "decision accuracy (first action right)"),
          ("necessity_accuracy", "necessity accuracy (tool vs none)"),
@@ -27,6 +44,54 @@ def _num(x: float | None, digits: int = 1) -> str:
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
         "| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows] + [""]
+
+
+def build_report(cfg: DecisionEvalConfig, records: list[dict], skipped: dict[str, int], seconds: float) -> dict:
+    """``report.json``: counts, the decision layer, routing at the configured thresholds, the
+    always-search baseline and saving, the sweep, per-category accuracy, direct-answer accuracy."""
+    method = records[0]["method"] if records else None
+    at = threshold_row(records, cfg.router.t_none, cfg.router.t_tool)
+    at["fast_fallbacks"] = sum(1 for r in records if route_at(r, cfg.router.t_none, cfg.router.t_tool) == "fast"
+                               and r["fast_fallback"])
+    base = baseline_row(records)
+    saving = None
+    if base and at["tokens_per_query"] is not None:
+        saving = {"tokens": 1 - at["tokens_per_query"] / max(base["tokens_per_query"], 1e-9),
+                  "seconds": 1 - at["seconds_per_query"] / max(base["seconds_per_query"], 1e-9)}
+    by_category = {}
+    for cat in sorted({r["category"] for r in records}):
+        rows = [r for r in records if r["category"] == cat]
+        by_category[cat] = {"n": len(rows), **{k: v for k, v in action_metrics(rows, [r["choice"] for r in rows]).items()
+                                                if k in ("decision_accuracy", "necessity_accuracy")}}
+    judged = [r for r in records if r["answer_correct"] is not None]
+    notes = ["Each tool-free query is offered the tool list of a sampled tool-needing query (tools_from).",
+             "Direct-answer accuracy is a lenient string match against the reference, not a judge."]
+    if not cfg.run_search:
+        notes.append("run_search was off: the fast and search routes were not run, so their first tool is "
+                     "unknown ('deferred') and tokens/seconds against always-search are not available.")
+    n = max(1, len(records))
+    return {
+        "benchmark": "decision", "model": cfg.model, "decider": cfg.decider or cfg.model, "method": method,
+        "scoring": (("pmi-" if cfg.router.calibrate else "") + cfg.router.length_norm) if method == "logprobs" else None,
+        "thresholds": {"t_none": cfg.router.t_none, "t_tool": cfg.router.t_tool},
+        "counts": {"tool": sum(r["needs_tool"] for r in records), "free": sum(not r["needs_tool"] for r in records),
+                   "groups": dict(Counter(r["group"] for r in records)),
+                   "categories": dict(Counter(r["category"] for r in records)),
+                   "mean_functions_offered": sum(r["n_functions"] for r in records) / n},
+        "skipped": skipped,
+        "decision": action_metrics(records, [r["choice"] for r in records]),
+        "decision_by_scoring": {k: action_metrics(records, argmax_choices(records, k)) for k in SCORINGS
+                                if not k.startswith("pmi-") or all(r["null_logprobs"] for r in records)}
+        if method == "logprobs" else None,
+        "decision_cost": {"tokens_per_query": sum(r["costs"]["decision"]["tokens"] for r in records) / n,
+                          "seconds_per_query": sum(r["costs"]["decision"]["seconds"] for r in records) / n},
+        "at_threshold": at, "always_act": threshold_row(records, 0.0, 0.0), "always_search": base, "saving": saving,
+        "sweep": sweep_thresholds(records, cfg.thresholds or None), "by_category": by_category,
+        "direct_answers": {"with_reference": len(judged), "correct": sum(r["answer_correct"] for r in judged),
+                           "accuracy": sum(r["answer_correct"] for r in judged) / len(judged) if judged else None},
+        "seconds_total": seconds, "notes": notes, "config": to_dict(cfg),
+    }
+
 
 
 def render_markdown(report: dict) -> str:

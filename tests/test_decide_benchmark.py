@@ -7,21 +7,20 @@ import math
 
 import pytest
 
-from codetool.eval import decision as ed
-from codetool.eval.decision import (
+from codetool.decide import benchmark as ed
+from codetool.decide.benchmark import DecisionEvalConfig
+from codetool.decide.labelled import build_items, load_tool_free
+from codetool.decide.metrics import (
     SEARCH,
-    DecisionEvalConfig,
     action_metrics,
     answer_matches,
     baseline_row,
-    build_items,
     first_action,
-    load_tool_free,
     sweep_thresholds,
     threshold_row,
 )
+from codetool.decide.stage import NONE
 from codetool.models.backends import ScriptedBackend
-from codetool.search.decide import NONE
 
 
 def test_packaged_tool_free_queries_are_many_varied_and_well_formed():

@@ -1,0 +1,131 @@
+"""The labelled set of the decide-first benchmark (``codetool eval-decision``).
+
+Tool-needing queries come from the StableToolBench test groups (the gold functions are the
+query's ``relevant APIs``); tool-free queries from ``codetool/resources/tool_free_queries.jsonl``
+(general knowledge, arithmetic, unit conversion, writing, definitions, reasoning, code, language,
+advice, maths). A tool-free query is offered the tool list of one of the sampled tool-needing
+queries, so both kinds see the same tool lists. Queries whose gold APIs are not among their
+offered APIs are skipped and counted, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections import Counter
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from codetool import CodetoolError
+
+if TYPE_CHECKING:
+    from codetool.decide.benchmark import DecisionEvalConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DecisionItem:
+    """One labelled query.
+
+    Args:
+        item_id (`str`): ``stb-<group>-<query_id>`` or the tool-free id.
+        query (`str`): the request.
+        needs_tool (`bool`): whether answering needs a tool.
+        gold (`list[str]`): function names that are a right first call (empty when tool-free).
+        apis (`list[APISpec]`): the APIs offered, with function names assigned.
+        group (`str`): the StableToolBench group, or ``tool_free``.
+        category (`str`): the tool-free category, or the group.
+        answer (`str` or `None`): the reference answer of a tool-free query, when there is one.
+        tools_from (`str` or `None`): the StableToolBench query whose tools a tool-free query is offered.
+    """
+
+    item_id: str
+    query: str
+    needs_tool: bool
+    gold: list[str]
+    apis: list
+    group: str
+    category: str
+    answer: str | None = None
+    tools_from: str | None = None
+
+
+def load_tool_free(path: str | Path | None = None) -> list[dict]:
+    """The tool-free queries (``id``, ``query``, ``category``, optional ``answer``), packaged by default.
+
+    Raises:
+        CodetoolError: a missing file or a row without ``id``/``query``/``category``.
+    """
+    if path:
+        if not Path(path).is_file():
+            raise CodetoolError(f"free_queries: {path} not found; leave it empty to use the packaged set.")
+        text = Path(path).read_text(encoding="utf-8")
+    else:
+        text = resources.files("codetool").joinpath("resources/tool_free_queries.jsonl").read_text(encoding="utf-8")
+    rows = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise CodetoolError(f"{path or 'tool_free_queries.jsonl'} line {i}: not valid JSON ({e}).") from None
+        if not isinstance(row, dict) or not all(row.get(k) for k in ("id", "query", "category")):
+            raise CodetoolError(f"{path or 'tool_free_queries.jsonl'} line {i}: needs id, query and category, "
+                                f"got {row!r:.120}.")
+        rows.append(row)
+    return rows
+
+
+def build_items(cfg: DecisionEvalConfig) -> tuple[list[DecisionItem], dict[str, int]]:
+    """Draw the labelled set: ``n_tool`` StableToolBench queries and ``n_free`` tool-free ones.
+
+    Returns:
+        The items (tool-needing first, then tool-free; each part in draw order) and the counts of
+        skipped StableToolBench queries by reason (``no_apis``, ``gold_not_offered``).
+    """
+    from codetool.tools import assign_function_names, load_stabletoolbench
+
+    root = Path(cfg.data) if cfg.data else None
+    pool = [q for group in cfg.groups for q in load_stabletoolbench(group, root)]
+    rng = random.Random(cfg.seed)
+    rng.shuffle(pool)
+    skipped: Counter = Counter()
+    usable = []
+    for q in pool:
+        if not q.apis:
+            skipped["no_apis"] += 1
+            continue
+        if not all(a.name for a in q.apis) or len({a.name for a in q.apis}) != len(q.apis):
+            assign_function_names(q.apis)
+        usable.append(q)
+    items = []
+    for q in usable:
+        if len(items) >= cfg.n_tool:
+            break
+        by_key = {a.key: a.name for a in q.apis}
+        gold = sorted({by_key[tuple(p)] for p in q.relevant_apis if tuple(p) in by_key})
+        if not gold:
+            skipped["gold_not_offered"] += 1
+            continue
+        items.append(DecisionItem(f"stb-{q.group}-{q.query_id}", q.query, True, gold, q.apis, q.group, q.group))
+    if len(items) < cfg.n_tool:
+        logger.warning("only %d usable tool-needing queries in %s (asked for %d)", len(items), cfg.groups, cfg.n_tool)
+    free = load_tool_free(cfg.free_queries or None)
+    rng.shuffle(free)
+    if len(free) < cfg.n_free:
+        logger.warning("only %d tool-free queries available (asked for %d)", len(free), cfg.n_free)
+    if free[:cfg.n_free] and not usable:
+        raise CodetoolError(f"no StableToolBench query with APIs in {cfg.groups}: tool-free queries need a tool list.")
+    # each tool-free query is offered the tool list of a sampled tool-needing query (a matched pair
+    # that shares the content-free calibration pass), or of any usable query when none is sampled
+    donors = [q for q in usable if f"stb-{q.group}-{q.query_id}" in {i.item_id for i in items}] or usable
+    for k, row in enumerate(free[:cfg.n_free]):
+        donor = donors[k % len(donors)]
+        items.append(DecisionItem(str(row["id"]), row["query"], False, [], donor.apis, "tool_free", row["category"],
+                                  answer=row.get("answer"), tools_from=f"{donor.group}-{donor.query_id}"))
+    return items, dict(skipped)

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# CI's second stage (issue 18): what the README promises beyond `make test`.
+#   1. `make lint`  (ruff over codetool, tests, benchmarks, scripts)
+#   2. the slow tests (`pytest -m slow`): the 2-process DDP training job, shard/merge equivalence
+#      of trees, the real default model end to end, ... within a wall-clock budget.
+# Run after `make test` (set-up done, default model cached). Exit status: lint's or pytest's;
+# 124 when the slow tests ran past the budget (they are then interrupted, and the tests that had
+# finished are reported).
+# Budget: CI_SLOW_BUDGET_S seconds (default 1200). Measured on the shared 2-core dev machine
+# (load ~6): the 6 slow tests take ~200 s wall (~85 s CPU); see NOTES-issue-18.md. Extra pytest
+# options: CI_SLOW_PYTEST_ARGS (e.g. "-x").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+BUDGET_S=${CI_SLOW_BUDGET_S:-1200}
+
+start=$(date +%s)
+make lint VENV="$VENV"
+echo "ci_extra: lint passed in $(( $(date +%s) - start )) s"
+
+start=$(date +%s)
+status=0
+# SIGINT first, so pytest prints its summary of what ran; killed 60 s later if it does not stop.
+timeout --signal=INT --kill-after=60 "$BUDGET_S" \
+    "$VENV/bin/python" -m pytest -m slow -q --durations=10 ${CI_SLOW_PYTEST_ARGS:-} || status=$?
+elapsed=$(( $(date +%s) - start ))
+if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
+    echo "ci_extra: the slow tests ran past their budget of ${BUDGET_S} s (raise CI_SLOW_BUDGET_S or mark fewer tests slow)" >&2
+    exit 124
+fi
+echo "ci_extra: slow tests finished in ${elapsed} s (status ${status}, budget ${BUDGET_S} s)"
+exit "$status"
