@@ -27,7 +27,7 @@ def test_paper_recipe_reproduces_the_reference_settings():
         assert (search.step_format, search.code_prefix) == ("step_text", False)
         assert (search.observation_history, search.max_observation_chars) == ("last", 500)
         assert (search.temperature, search.top_p) == (0.9, 0.95)
-    assert (cfg.search.alpha, cfg.search.beta, cfg.search.max_len) == (0.9, 0.95, 20.0)
+    assert (cfg.search.alpha, cfg.search.beta, cfg.search.max_len, cfg.search.max_steps) == (0.9, 0.95, 20.0, 5)
     assert {m.k for m in cfg.methods if m.name != "single-sample"} == {2}
     tmdb = [e for e in cfg.evals if e.benchmark == "restbench-tmdb"]
     assert tmdb and all(e.max_observation_chars == 1500 for e in tmdb)
