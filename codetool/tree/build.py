@@ -31,7 +31,15 @@ from codetool import CodetoolError
 from codetool.config import ConfigError, config_hash, option
 from codetool.executor import ExecutorConfig
 from codetool.search.search import SearchConfig, SearchTask, expand
-from codetool.tree.labels import LABEL_RULES, SUCCESS_MODES, add_counts, label_tree, leaf_success, pair_counts, sibling_pairs
+from codetool.tree.labels import (
+    LABEL_RULES,
+    SUCCESS_MODES,
+    add_counts,
+    label_tree,
+    leaf_success,
+    pair_counts,
+    sibling_pairs,
+)
 
 logger = logging.getLogger(__name__)
 
