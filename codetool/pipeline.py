@@ -72,6 +72,8 @@ class EvalSetConfig:
                                   choices=[None, "full", "compact", "brief"])
     concurrency: int | None = option(None, "episodes in flight for this set (default: search.concurrency); "
                                            "lower it for long prompts, whose KV caches take memory")
+    max_observation_chars: int | None = option(None, "output shown to the policy per step for this set (default: "
+                                                     "search.max_observation_chars; the public code uses 1,500 for TMDB)")
 
     @property
     def slug(self) -> str:
@@ -196,6 +198,8 @@ def _run_cfgs(cfg: PipelineConfig, prm: str) -> list:
                                      else method.temperature)
         for ev in cfg.evals:
             run_search = search if ev.concurrency is None else dataclasses.replace(search, concurrency=ev.concurrency)
+            if ev.max_observation_chars is not None:
+                run_search = dataclasses.replace(run_search, max_observation_chars=ev.max_observation_chars)
             runs.append(RunConfig(benchmark=ev.benchmark, group=ev.group, subset=ev.subset, offset=ev.offset,
                                   limit=ev.limit, tools_backend=ev.tools_backend, tool_server_url=ev.tool_server_url,
                                   tool_cache_dir=ev.tool_cache_dir, policy=cfg.policy,

@@ -5,8 +5,12 @@
   message) counts as a failure by default, even when the code caught the exception.
 - **Latent reward** ``R_latent = alpha^(1 - LR) * beta^(tau / L)`` where LR is the share of
   successful leaves below the step and tau the mean number of steps from it to its leaves
-  (DESIGN.md §4; defaults alpha 0.9, beta 0.95, L 20). It comes from a :class:`PRMScorer`
-  (the trained PRM) or from rollouts (Monte Carlo estimate, see ``codetool.search``).
+  (DESIGN.md §4; defaults alpha 0.9, beta 0.95, L 20; the public code sums the leaf depths,
+  ``trees.tau_mode: sum``). Leaf success is ``codetool.tree.labels.leaf_success`` (default
+  ``grounded``: a finish after a successful tool call). It comes from a :class:`PRMScorer`
+  (the trained PRM) or from rollouts (Monte Carlo estimate, see ``codetool.search``). The PRM's
+  training labels follow the public code's rule by default (``codetool.tree.labels``): tau never
+  decides which sibling is more promising.
 - **Tool cost** (LIT): P + D + C per API from a YAML table, plus a dynamic cost of the code.
 
 Only the formulas and the scorer interface live here; the PRM itself is ``codetool.prm``.

@@ -64,3 +64,61 @@ def test_a_block_of_only_comments_is_no_step():
     assert parsed.code is None and parsed.error == EMPTY_CODE_MESSAGE
     # broken code is still code: it runs and fails with its own error
     assert parse_candidate("```python\nprint('x\n```").code == "print('x"
+
+
+def test_step_formats_and_observation_history():
+    from codetool.search.prompt import shown_observations, visible_history
+
+    history = [{"code": "a = f()", "text": "Get a.\n```python\na = f()\n```", "observation": "Output:\nA"},
+               {"code": "print(a)", "text": "Show a.\n```python\nprint(a)\n```", "observation": "Output:\nB"}]
+    code_only = policy_messages("q", "def f(): ...", history)
+    step_text = policy_messages("q", "def f(): ...", history, step_format="step_text", observation_history="last")
+    assert "single fenced block of Python, like" in code_only[0]["content"]
+    assert "one short line that says in words" in step_text[0]["content"]
+    assert "{step_format}" not in code_only[0]["content"] + step_text[0]["content"]
+    assert code_only[2]["content"] == "```python\na = f()\n```" and step_text[2]["content"].startswith("Get a.")
+    # all: every output; last: only the latest, earlier ones replaced by a note
+    assert "Output:\nA" in code_only[3]["content"] and "Output:\nB" in code_only[5]["content"]
+    assert "Output:\nA" not in step_text[3]["content"] and "not repeated" in step_text[3]["content"]
+    assert "Output:\nB" in step_text[5]["content"]
+    # the PRM sees what the policy saw
+    assert shown_observations(history, "last") == [None, "Output:\nB"]
+    assert visible_history(history, "last") == [{"code": "a = f()", "output": None},
+                                                 {"code": "print(a)", "output": "Output:\nB"}]
+    assert visible_history(history)[0]["output"] == "Output:\nA"
+    assert shown_observations([], "last") == []
+    for bad in ({"step_format": "prose"}, {"observation_history": "first"}):
+        try:
+            policy_messages("q", "", history, **bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"{bad} was accepted")
+
+
+def test_step_text_replies_get_no_code_prefix():
+    from codetool.models.backends import ScriptedBackend
+    from codetool.search.search import SearchConfig, expand
+
+    class Env:
+        def render(self):
+            return "def f(): ..."
+
+        def api_for(self, name):
+            return None
+
+    class State:
+        def fork(self):
+            return self
+
+        def run(self, code):
+            class R:
+                def to_dict(self):
+                    return {"ok": True, "stdout": "1\n", "tool_calls": []}
+            return R()
+
+    task = type("T", (), {"query": "q", "env": Env()})()
+    policy = ScriptedBackend(lambda prompt: "Print one.\n```python\nprint(1)\n```")
+    row = expand(policy, [(State(), [], task)], 1, SearchConfig(step_format="step_text"))[0]
+    prompt = policy.calls[0][0][0]
+    assert prompt[-1]["role"] == "user"  # no opening fence put in the assistant's mouth
+    assert row[0].candidate.code == "print(1)" and row[0].candidate.text.startswith("Print one.")

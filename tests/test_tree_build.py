@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from codetool.config import load_config
+from codetool.config import ConfigError, load_config
 from codetool.executor import Executor, ExecutorConfig
 from codetool.jsonl import read_jsonl
 from codetool.models.backends import ScriptedBackend
@@ -31,14 +31,15 @@ def task(shared_data):
 
 
 def depth_policy():
-    """Depth 1: candidate 1 prints, candidate 2 fails. Depth 2: finish with an answer / give up."""
+    """Depth 1: candidate 1 calls a listed tool, candidate 2 fails. Depth 2: finish with an answer /
+    give up."""
     counter = {"n": 0}
 
     def reply(prompt):
         depth = (len(prompt) - 3) // 2  # system + user + the opening fence, then 2 messages per step
         counter["n"] += 1
         if depth == 0:
-            return block("print('hello')") if counter["n"] % 2 else block("raise KeyError('k')")
+            return block("print(checkhealth_for_squake())") if counter["n"] % 2 else block("raise KeyError('k')")
         return block("finish('the answer')") if counter["n"] % 2 else block("give_up('stuck')")
     return ScriptedBackend(reply)
 
@@ -52,8 +53,14 @@ def test_builder_expands_labels_and_pairs(task):
     assert nodes["1-1"]["leaf"] and nodes["1-1"]["ended"] == "finish" and nodes["1-1"]["success"] is True
     assert nodes["1-2"]["ended"] == "give_up" and nodes["1-2"]["success"] is False
     assert nodes["1"]["lr_soft"] == 0.5 and nodes["1"]["tau"] == 1.0
-    assert record["summary"]["leaves"] == 4 and record["summary"]["pairs"] == 3
+    # below the failed node 2 no path calls a tool: 2-1's finish is no success, (2-1, 2-2) is dropped
+    assert nodes["2-1"]["ended"] == "finish" and nodes["2-1"]["success"] is False
+    assert record["summary"]["leaves"] == 4 and record["summary"]["pairs"] == 2
     assert ["1", "2"] in [list(p) for p in record["pairs"]]  # executability decides
+    assert record["summary"]["pair_counts"] == {
+        "decided": {"executability": 1, "success_share": 1, "latent_reward": 0},
+        "dropped": {"no_success_difference": 1, "both_failed": 0, "tie": 0}}
+    assert record["tool_names"] == ["checkhealth_for_squake", "projects_for_squake"]
     json.dumps(record)  # JSON-able
 
 
@@ -63,7 +70,8 @@ def test_trees_grown_together_share_each_levels_generate_call(shared_data):
     queries = load_toolbench_queries(shared_data / "ToolBench" / "data_example" / "instruction" / "G1_query.json")[:3]
     tasks = [SearchTask(query_id=f"G1_query/{q.query_id}", query=q.query,
                         env=ToolEnvironment.from_query(q, make_tool_backend("simulator"))) for q in queries]
-    policy = ScriptedBackend(lambda prompt: block("print('step')") if len(prompt) <= 3 else block("finish('done')"))
+    policy = ScriptedBackend(lambda prompt: block("print(checkhealth_for_squake())") if len(prompt) <= 3
+                             else block("finish('done')"))
     records = TreeBuilder(policy, TreeConfig(branching=2, max_depth=3),
                           lambda t: Executor(EXEC, tools=t.env.functions())).build_many(tasks)
     assert [r["query_id"] for r in records] == [t.query_id for t in tasks]
@@ -83,12 +91,43 @@ def test_failure_policy_stop_and_success_executed(task):
 
 
 def test_judged_success_needs_a_judge(task):
-    with pytest.raises(Exception, match="needs a judge"):
+    with pytest.raises(ConfigError, match="needs a judge"):
         TreeBuilder(depth_policy(), TreeConfig(success="judged"), None)
+    with pytest.raises(ConfigError, match="trees.judge"):  # was an AttributeError
+        TreeConfig(success="judged", judge="none")
     cfg = TreeConfig(branching=2, max_depth=3, success="judged")
     builder = TreeBuilder(depth_policy(), cfg, lambda t: Executor(EXEC, tools=t.env.functions()),
                           judge=lambda query, answer: False)
     assert all(not n["success"] for n in builder.build(task)["nodes"].values() if n["leaf"])
+
+
+def test_judged_success_is_grounded_first(task):
+    # a judge that says Solved to everything still cannot make a tool-free finish a success
+    policy = ScriptedBackend(lambda prompt: block("finish('made up')") if len(prompt) <= 3 else block("x"))
+    asked = []
+    builder = TreeBuilder(policy, TreeConfig(branching=2, max_depth=2, success="judged"),
+                          lambda t: Executor(EXEC, tools=t.env.functions()),
+                          judge=lambda query, answer: asked.append(answer) or True)
+    record = builder.build(task)
+    assert record["summary"]["successful_leaves"] == 0 and asked == []
+    assert record["summary"]["pair_counts"]["dropped"]["no_success_difference"] == 1
+
+
+def test_relabel_prints_pair_counts_by_reason(task, tmp_path, capsys):
+    record = TreeBuilder(depth_policy(), TreeConfig(branching=2, max_depth=3),
+                         lambda t: Executor(EXEC, tools=t.env.functions())).build(task)
+    out = tmp_path / "trees.jsonl"
+    out.write_text(json.dumps(record) + "\n")
+    cfg = load_config(TreeConfig, overrides={"output": str(out), "dataset_dir": str(tmp_path / "ds"),
+                                             "relabel": True, "success": "executed", "val_fraction": 0.0})
+    assert build_trees_command(cfg) == 0
+    printed = capsys.readouterr().out
+    assert "pairs by executability" in printed and "dropped no success difference" in printed
+    # executed: give_up (1-2) succeeds as well as the finish, so only executability decides
+    relabelled = next(iter(read_jsonl(out)))
+    assert relabelled["success_mode"] == "executed" and relabelled["pairs"] == [["1", "2"]]
+    summary = json.loads((tmp_path / "ds" / "summary.json").read_text())
+    assert summary["pair_counts"]["decided"]["executability"] == 1 and summary["train"] == 2
 
 
 def test_tree_seed_depends_only_on_query_and_base():

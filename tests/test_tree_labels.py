@@ -59,24 +59,39 @@ def test_tau_definition_field_case():
         label_tree(tree, tau_mode="median")
 
 
-def test_sibling_pairs_executability_first_then_reward_and_ties():
+def test_sibling_pairs_executability_first_then_success_under_both_rules():
     tree = label_tree(_tree())
-    pairs, ties = sibling_pairs(tree)
-    # (1 vs 2): 2 failed to execute -> 1 wins; (1-1 vs 1-2): 1.0 > r(1-2) -> 1-1 wins;
-    # (1-2-1 vs 1-2-2): 1-2-1 has LR 0.5 > 0 -> wins; (1-2-1-1 vs 1-2-1-2): success wins.
-    assert set(pairs) == {("1", "2"), ("1-1", "1-2"), ("1-2-1", "1-2-2"), ("1-2-1-2", "1-2-1-1")}
-    assert ties == 0
-    # executability decides even against a higher latent reward
-    tree["2"]["latent_reward"] = 1.0
-    assert ("1", "2") in sibling_pairs(tree)[0]
+    # (1 vs 2): 2 failed to execute -> 1 wins; (1-1 vs 1-2): soft LR 1 > 1/3 -> 1-1 wins;
+    # (1-2-1 vs 1-2-2): hard LR 1 > 0 -> 1-2-1 wins; (1-2-1-1 vs 1-2-1-2): success wins.
+    expected = {("1", "2"), ("1-1", "1-2"), ("1-2-1", "1-2-2"), ("1-2-1-2", "1-2-1-1")}
+    pairs, counts = sibling_pairs(tree)
+    assert set(pairs) == expected
+    assert counts["decided"] == {"executability": 1, "success_share": 3, "latent_reward": 0}
+    assert sum(counts["dropped"].values()) == 0
+    pairs, counts = sibling_pairs(tree, "latent")
+    assert set(pairs) == expected
+    assert counts["decided"] == {"executability": 1, "success_share": 0, "latent_reward": 3}
+    # executability decides even against a higher latent reward and LR
+    tree["2"].update(latent_reward=1.0, lr_soft=1.0, lr_hard=1.0)
+    assert ("1", "2") in sibling_pairs(tree)[0] and ("1", "2") in sibling_pairs(tree, "latent")[0]
+    with pytest.raises(ValueError, match="label rule"):
+        sibling_pairs(tree, "tau")
 
 
-def test_exact_ties_are_dropped_and_counted():
+def test_siblings_without_success_difference_are_dropped_and_counted():
     tree = label_tree({
         "1": {"parent": None, "ok": True, "leaf": True, "success": False},
         "2": {"parent": None, "ok": True, "leaf": True, "success": False},
     })
-    assert sibling_pairs(tree) == ([], 1)
+    pairs, counts = sibling_pairs(tree)
+    assert pairs == [] and counts["dropped"]["no_success_difference"] == 1
+    pairs, counts = sibling_pairs(tree, "latent")
+    assert pairs == [] and counts["dropped"]["both_failed"] == 1
+    # both successful leaves: an exact latent tie
+    for n in tree.values():
+        n["success"] = True
+    pairs, counts = sibling_pairs(label_tree(tree), "latent")
+    assert pairs == [] and counts["dropped"]["tie"] == 1
 
 
 def test_latent_reward_formula_and_errors():
@@ -95,7 +110,7 @@ def test_paths_children_and_rows():
     for node_id, node in tree.items():
         node.update(code=f"step_{node_id.replace('-', '_')}()", observation=f"out {node_id}")
     record = {"query_id": "q7", "query": "Q?", "tools": "def f(): ...", "nodes": tree,
-              "pairs": sibling_pairs(tree)[0]}
+              "pairs": sibling_pairs(tree)[0]}  # observation_history absent: "all"
     rows, skipped = tree_rows(record)
     assert skipped == 0 and len(rows) == 8 and sum(r["label"] for r in rows) == 4
     row = next(r for r in rows if r["source"] == "q7:1-2-1-2")

@@ -4,9 +4,18 @@ A PRM example (query, tools, history, candidate step, candidate output) becomes 
 
 - the **prefix**: chat-template head + query + tools + history. Every candidate of one search
   step has the same prefix, token for token, so the scorer computes it once and reuses its KV
-  cache for all candidates;
-- the **suffix**: candidate code + candidate output + the question + chat-template tail. The
-  label token follows the suffix: the PRM's score is read at the suffix's last position.
+  cache for all candidates. The history shows what the policy saw: a step whose output the
+  policy was not shown (``search.observation_history: last``) has ``output: None`` and renders
+  without it;
+- the **suffix**: candidate code (+ the candidate's own output when ``candidate_output: show``)
+  + the question + chat-template tail. The label token follows the suffix: the PRM's score is
+  read at the suffix's last position.
+
+``candidate_output``: the paper's PRM judges a step from the history (earlier steps and the
+parent's output), before the step's own result is known; with its output in view the latent
+reward largely repeats the on-the-spot reward. ``hide`` (default and the paper recipe) leaves
+it out; ``show`` is the earlier behaviour. Checkpoints saved before the option existed load with
+``show`` (:meth:`PRMFormat.from_saved`), so they score as they were trained.
 
 The two runs are tokenised separately and concatenated, in training and in scoring, so both
 paths see identical ids (``PromptEncoder.encode`` is the only way to get them).
@@ -55,6 +64,8 @@ class PRMFormat:
         label_mode (`str`, *optional*, defaults to `"special"`): ``special`` adds the two strings
             as new special tokens (the paper's design); ``existing`` uses two strings that are
             already single tokens of the vocabulary (e.g. ``["+", "-"]``).
+        candidate_output (`str`, *optional*, defaults to `"hide"`): ``show`` puts the candidate's
+            own execution output in the suffix; ``hide`` leaves it out (the paper's PRM input).
     """
 
     max_length: int = option(2048, "tokens per PRM row, label token included")
@@ -66,6 +77,14 @@ class PRMFormat:
                                      help="positive and negative label token")
     label_mode: str = option("special", "add the labels as new special tokens, or use existing ones",
                              choices=("special", "existing"))
+    candidate_output: str = option("hide", "show the candidate's own execution output to the PRM, or hide it "
+                                   "(the paper: the PRM judges the step from the history)", choices=("show", "hide"))
+
+    @classmethod
+    def from_saved(cls, saved: dict) -> PRMFormat:
+        """The format stored with a checkpoint; one saved before ``candidate_output`` existed was
+        trained with the candidate's output shown, so it loads with ``show``."""
+        return cls(**{"candidate_output": "show", **saved})
 
     def __post_init__(self):
         if len(self.label_tokens) != 2 or self.label_tokens[0] == self.label_tokens[1]:
@@ -117,11 +136,14 @@ def _template(name: str) -> str:
 
 
 def render_history(history: list[dict], output_chars: int, dropped: int = 0) -> str:
-    """The earlier chosen steps as text, oldest first; ``dropped`` leading steps are summarised."""
+    """The earlier chosen steps as text, oldest first; ``dropped`` leading steps are summarised. A
+    step whose ``output`` is ``None`` (the policy was not shown it) renders its code alone."""
     parts = [f"[{dropped} earlier steps left out]"] if dropped else []
     for i, step in enumerate(history[dropped:], start=dropped + 1):
-        parts.append(f"Step {i}:\n```python\n{step.get('code', '')}\n```\n"
-                     f"Output:\n{clip_text(str(step.get('output', '')), output_chars)}")
+        text = f"Step {i}:\n```python\n{step.get('code', '')}\n```"
+        if step.get("output") is not None:
+            text += f"\nOutput:\n{clip_text(str(step['output']), output_chars)}"
+        parts.append(text)
     return "\n\n".join(parts) if parts else "(none yet)"
 
 
@@ -141,7 +163,8 @@ class PromptEncoder:
         self.tokenizer = tokenizer
         self.fmt = fmt
         self.prefix_template = _template("prm_prefix.txt")
-        self.suffix_template = _template("prm_suffix.txt")
+        self.suffix_template = _template("prm_suffix.txt" if fmt.candidate_output == "show"
+                                         else "prm_suffix_hidden.txt")
         self.head, self.tail = self._wrapper()
         self.head_ids = self._special(self.head)
         self.tail_ids = self._special(self.tail)
@@ -205,7 +228,8 @@ class PromptEncoder:
     # -- suffix ---------------------------------------------------------------------------
     def _render_suffix(self, item: PRMItem, code_chars: int, output_chars: int) -> list[int]:
         body = self.suffix_template.format(candidate=clip_text(item.candidate, code_chars),
-                                           candidate_output=clip_text(item.candidate_output, output_chars))
+                                           candidate_output=clip_text(item.candidate_output, output_chars)
+                                           if self.fmt.candidate_output == "show" else "")
         return self._text(redact(body)) + self.tail_ids
 
     def encode_suffix(self, item: PRMItem) -> tuple[list[int], bool]:

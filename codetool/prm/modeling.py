@@ -312,7 +312,7 @@ def load_prm(path: str | Path, *, device: str = "auto", dtype: str = "auto", mer
 
     path = Path(path)
     meta = read_prm_config(path)
-    fmt = PRMFormat(**meta["format"])
+    fmt = PRMFormat.from_saved(meta["format"])
     tokenizer = AutoTokenizer.from_pretrained(path)
     if meta.get("adapter"):
         from peft import PeftModel

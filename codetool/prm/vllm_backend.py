@@ -54,7 +54,7 @@ class VLLMScorer:
                 logger.info("merging the LoRA adapter of %s into %s for vLLM", path, model_dir)
                 export_merged(path, model_dir)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        fmt = PRMFormat(**meta["format"])
+        fmt = PRMFormat.from_saved(meta["format"])
         self.encoder = PromptEncoder(tokenizer, fmt)
         self.llm = LLM(model=str(model_dir), tokenizer=str(model_dir), enable_prefix_caching=True,
                        logprobs_mode="processed_logprobs", max_model_len=fmt.max_length,

@@ -1,8 +1,17 @@
 """The policy's prompt and the parsing of its replies.
 
 The policy sees a system message (how to work, the rendered tool functions), the query, and the
-history of chosen steps as alternating assistant (the step's code) / user (its observation)
-messages. It replies with one fenced Python block. Prompt texts live in ``codetool/prompts/``.
+history of chosen steps as alternating assistant (the step) / user (its observation) messages.
+Prompt texts live in ``codetool/prompts/``. Two settings shape it (``SearchConfig``):
+
+- ``step_format``: ``step_text`` (the public CodeTool code: a one-line plan in words, then one
+  fenced Python block) or ``code_only`` (one fenced block, nothing else; for small models, and
+  the only format ``code_prefix`` applies to);
+- ``observation_history``: ``last`` (the public code: only the latest step's output is shown,
+  earlier steps show their code alone) or ``all`` (every step's output). Each shown output is
+  cut to ``max_observation_chars`` (the public code: 500; 1,500 for TMDB).
+
+:func:`visible_history` gives the PRM the same view of the history as the policy.
 
 A reply with no code block is not an error of the search: :func:`parse_candidate` returns
 ``code=None`` and a short message that the next observation shows to the model.
@@ -110,24 +119,66 @@ def format_observation(result: dict, *, max_chars: int = 1500, parse_error: str 
     return redact("\n".join(parts))
 
 
-def policy_messages(query: str, tools_text: str, history: list[dict]) -> list[dict[str, str]]:
+STEP_FORMATS = ("step_text", "code_only")
+OBSERVATION_HISTORIES = ("last", "all")
+
+
+def shown_observations(history: list[dict], observation_history: str = "all") -> list[str | None]:
+    """The observation the policy sees for each history step; ``None`` where it sees none.
+
+    Args:
+        history (`list[dict]`): steps with an ``observation`` each.
+        observation_history (`str`, *optional*, defaults to ``"all"``): ``all`` shows every
+            observation; ``last`` only the latest step's (the public CodeTool code).
+    Raises:
+        ValueError: on an unknown ``observation_history``.
+    """
+    if observation_history not in OBSERVATION_HISTORIES:
+        raise ValueError(f"observation_history must be one of {OBSERVATION_HISTORIES}, got {observation_history!r}.")
+    shown = [str(step.get("observation") or "") for step in history]
+    if observation_history == "last":
+        shown = [None] * (len(shown) - 1) + shown[-1:]
+    return shown
+
+
+def visible_history(history: list[dict], observation_history: str = "all") -> list[dict]:
+    """The PRM's history: ``{"code", "output"}`` per step, ``output`` being what the policy saw
+    (``None`` for an output the policy was not shown, see :func:`shown_observations`)."""
+    return [{"code": step.get("code") or "", "output": obs}
+            for step, obs in zip(history, shown_observations(history, observation_history))]
+
+
+def policy_messages(query: str, tools_text: str, history: list[dict], *, step_format: str = "code_only",
+                    observation_history: str = "all") -> list[dict[str, str]]:
     """Chat messages for the next step.
 
     Args:
         query (`str`): the user request.
         tools_text (`str`): rendered tool functions (``ToolEnvironment.render()``).
-        history (`list[dict]`): chosen steps so far, each ``{"code": str, "observation": str}``;
-            a step with ``code=None`` shows the raw reply that had no code.
+        history (`list[dict]`): chosen steps so far, each ``{"code": str, "observation": str}``
+            (and ``text``, the raw reply); a step with ``code=None`` shows the raw reply that had
+            no code; with ``step_format='step_text'`` a step shows its raw reply (plan and code).
+        step_format (`str`, *optional*, defaults to ``"code_only"``): ``step_text`` or ``code_only``.
+        observation_history (`str`, *optional*, defaults to ``"all"``): ``last`` or ``all``.
     Returns:
         ``[{"role": ..., "content": ...}, ...]`` ending with a user message.
+    Raises:
+        ValueError: on an unknown ``step_format`` or ``observation_history``.
     """
-    system = prompt_text("policy_system").replace("{tools}", tools_text)
+    if step_format not in STEP_FORMATS:
+        raise ValueError(f"step_format must be one of {STEP_FORMATS}, got {step_format!r}.")
+    system = (prompt_text("policy_system").replace("{step_format}", prompt_text(f"policy_format_{step_format}").rstrip())
+              .replace("{tools}", tools_text))
     messages = [{"role": "system", "content": system},
                 {"role": "user", "content": prompt_text("policy_user").replace("{query}", query)}]
-    for step in history:
+    hidden = prompt_text("policy_observation_hidden").rstrip()
+    for step, obs in zip(history, shown_observations(history, observation_history)):
         code = step.get("code")
-        reply = f"```python\n{code}\n```" if code is not None else (step.get("text") or "")
+        if code is None or (step_format == "step_text" and step.get("text")):
+            reply = step.get("text") or ""
+        else:
+            reply = f"```python\n{code}\n```"
         messages.append({"role": "assistant", "content": reply})
         messages.append({"role": "user", "content": prompt_text("policy_observation")
-                        .replace("{observation}", step.get("observation", ""))})
+                        .replace("{observation}", hidden if obs is None else obs)})
     return [{"role": m["role"], "content": redact(m["content"])} for m in messages]

@@ -39,7 +39,15 @@ from codetool.rewards import (
     on_the_spot,
     step_cost,
 )
-from codetool.search.prompt import CODE_PREFIX, format_observation, parse_candidate, policy_messages
+from codetool.search.prompt import (
+    CODE_PREFIX,
+    OBSERVATION_HISTORIES,
+    STEP_FORMATS,
+    format_observation,
+    parse_candidate,
+    policy_messages,
+    visible_history,
+)
 from codetool.search.records import Candidate, Step, Trajectory
 from codetool.secrets import redact
 
@@ -67,10 +75,14 @@ class SearchConfig:
     beta: float = option(0.95, "latent reward: beta^(tau/L)")
     max_len: float = option(20.0, "latent reward: L, the path-length normaliser")
     concurrency: int = option(4, "episodes in flight; their generations share forward passes")
-    max_observation_chars: int = option(1500, "output shown to the policy per step")
+    max_observation_chars: int = option(1500, "output shown to the policy per step (public code: 500; 1,500 for TMDB)")
+    observation_history: str = option("all", "past outputs the policy (and the PRM) sees: all, or only the last "
+                                      "(public code)", choices=list(OBSERVATION_HISTORIES))
+    step_format: str = option("code_only", "policy reply: code_only (one code block; small models) or step_text "
+                              "(public code: a one-line plan in words, then the code block)", choices=list(STEP_FORMATS))
     code_prefix: bool = option(True, "start each reply with an opening ```python fence and stop at the closing "
                                "one (small models then write code; needs a backend that continues a final "
-                               "assistant message: transformers, vLLM, SGLang)")
+                               "assistant message: transformers, vLLM, SGLang); step_format code_only only")
     tool_error_is_failure: bool = option(True, "a failed tool call makes R_spot 0 even if caught")
     cost_table: str | None = option(None, "YAML of tool costs (default: the packaged table)")
     seed: int | None = option(0, "sampling seed (none = nondeterministic)")
@@ -171,9 +183,11 @@ def expand(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: Search
         One list of ``n`` :class:`Expanded` per node, in sampling order.
     """
     timings = timings if timings is not None else {}
-    prompts = [policy_messages(task.query, task.env.render(), history) for _, history, task in nodes]
+    prompts = [policy_messages(task.query, task.env.render(), history, step_format=cfg.step_format,
+                               observation_history=cfg.observation_history) for _, history, task in nodes]
     stop = None
-    if cfg.code_prefix:
+    prefixed = cfg.code_prefix and cfg.step_format == "code_only"
+    if prefixed:
         prompts = [p + [{"role": "assistant", "content": CODE_PREFIX}] for p in prompts]
         stop = ["```"]
     t0 = time.perf_counter()
@@ -186,7 +200,7 @@ def expand(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: Search
         row = []
         for i, completion in enumerate(completions):
             text = completion.text
-            if cfg.code_prefix and not text.lstrip().startswith("```"):
+            if prefixed and not text.lstrip().startswith("```"):
                 text = f"{CODE_PREFIX}{text}\n```"
             parsed = parse_candidate(text)
             cand = Candidate(index=i, text=text, code=parsed.code,
@@ -377,8 +391,7 @@ class StepwiseSearch:
                     e.candidate.r_latent = 0.0
                     continue
                 items.append(PRMItem(query=ep.task.query, tools=ep.task.env.render(),
-                                     history=[{"code": h["code"] or "", "output": h["observation"]}
-                                              for h in ep.history],
+                                     history=visible_history(ep.history, self.cfg.observation_history),
                                      candidate=e.candidate.code, candidate_output=e.observation))
                 slots.append(e.candidate)
         if items:

@@ -7,9 +7,12 @@ leaf: the code called ``finish``/``give_up``, the depth reached ``max_depth``, o
 ``generate`` call; that yields the same tree as a depth-first walk and keeps the CPU busy. Each
 tree is seeded by its query id, so ``--shard i/n`` runs and a single run give the same trees.
 
-Leaf success (``success``): ``executed`` (the public code's notion: the leaf ran without error),
-``answered`` (finished with a non-empty answer and no failed tool call on the path; default), or
-``judged`` (a judge from ``codetool.eval`` says the answer solves the query).
+Leaf success (``success``, see :func:`codetool.tree.labels.leaf_success`): ``executed`` (the
+public code's notion: every step on the path ran without an exception or a tool error),
+``grounded`` (default: ``finish`` with a non-empty answer after at least one successful call of a
+listed tool; a tool-free finish never succeeds), or ``judged`` (grounded, and a judge from
+``codetool.eval`` says Solved). Sibling labels follow ``label_rule`` (``reference`` or ``latent``);
+every tree's summary counts its pairs by what decided them and its drops by reason.
 
 Output: one JSON line per finished tree (``kill -9`` loses at most the tree in progress; a rerun
 skips finished query ids, refuses an output written with other settings unless ``--force_resume``,
@@ -33,7 +36,15 @@ from codetool.executor import ExecutorConfig
 from codetool.executor.channel import log_safe
 from codetool.search.search import SearchConfig, SearchTask, expand_each
 from codetool.secrets import redact
-from codetool.tree.labels import label_tree, path_to, sibling_pairs
+from codetool.tree.labels import (
+    LABEL_RULES,
+    SUCCESS_MODES,
+    add_counts,
+    label_tree,
+    leaf_success,
+    pair_counts,
+    sibling_pairs,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -56,16 +67,25 @@ class TreeConfig:
     branching: int = option(2, "candidates sampled per node")
     max_depth: int = option(5, "depth at which nodes become leaves")
     failure_policy: str = option("continue", "what a failed node does", choices=["continue", "stop"])
-    success: str = option("answered", "leaf success", choices=["executed", "answered", "judged"])
-    judge: str = option("default", "judge model for success=judged")
+    success: str = option("grounded", "leaf success: executed (public code: the path ran cleanly), grounded (finish "
+                          "with an answer after a successful tool call), judged (grounded + a judge says Solved)",
+                          choices=list(SUCCESS_MODES))
+    label_rule: str = option("reference", "sibling labels: reference (public code: executability, then hard/soft LR; "
+                             "tau never decides) or latent (paper wording: compare R_latent; both-LR-0 pairs dropped)",
+                             choices=list(LABEL_RULES))
+    judge: str = option("default", "judge model for success=judged: default (the embedded model), a path, Hub id "
+                        "or http(s) URL")
     alpha: float = option(0.9, "latent reward alpha")
     beta: float = option(0.95, "latent reward beta")
     max_len: float = option(20.0, "latent reward L")
-    tau_mode: str = option("mean", "tau over a node's leaves", choices=["mean", "sum"])
+    tau_mode: str = option("mean", "tau over a node's leaves: mean (paper text) or sum (public code)",
+                           choices=["mean", "sum"])
     emit: str = option("pairs", "PRM rows: sibling pairs, or every node with its soft target", choices=["pairs", "nodes"])
     val_fraction: float = option(0.2, "share of query ids held out for validation")
     shard: str | None = option(None, "i/n: build only the i-th of n shards of the queries")
     merge: bool = option(False, "join the shard files of --output, then export the dataset")
+    relabel: bool = option(False, "recompute leaf success (executed/grounded) and sibling labels of the trees already "
+                           "in --output under the current settings, then export; nothing is sampled")
     limit: int | None = option(None, "build at most this many trees")
     seed: int = option(0, "base seed; each tree's seed mixes in its query id")
     batch_trees: int = option(8, "trees grown together, level by level, so their samples share forward passes "
@@ -84,6 +104,9 @@ class TreeConfig:
             raise ConfigError(f"branching and max_depth must be >= 1, got {self.branching} and {self.max_depth}.")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError(f"val_fraction must lie in [0, 1), got {self.val_fraction}.")
+        if self.success == "judged" and str(self.judge or "none").lower() in ("none", "", "null"):
+            raise ConfigError(f"trees.success is 'judged' but trees.judge is {self.judge!r}: set trees.judge to a "
+                              "judge model (default, a path, a Hub id or an http(s) URL), or use success: grounded.")
         if self.shard is not None:
             self.shard_index()
 
@@ -110,7 +133,7 @@ class TreeConfig:
 def tree_hash(cfg: TreeConfig) -> str:
     """The config hash stored in tree records and checked on resume (not paths, sharding or speed)."""
     return config_hash(cfg, ignore=("output", "dataset_dir", "shard", "merge", "limit", "batch_trees",
-                                    "policy_max_batch_size", "retry_failed", "force_resume"))
+                                    "policy_max_batch_size", "retry_failed", "force_resume", "relabel"))
 
 
 def tree_seed(base: int, query_id: str) -> int:
@@ -139,7 +162,7 @@ class TreeBuilder:
 
     def __init__(self, policy, config: TreeConfig, make_executor, judge=None):
         if config.success == "judged" and judge is None:
-            raise ConfigError("success=judged needs a judge; pass one or use success=answered.")
+            raise ConfigError("success=judged needs a judge; pass one or use success=grounded.")
         self.policy, self.cfg, self.make_executor, self.judge = policy, config, make_executor, judge
         self.sample_cfg = replace(config.search, k=config.branching)
 
@@ -209,31 +232,50 @@ class TreeBuilder:
 
     def _record(self, task: SearchTask, tree: dict[str, dict], seconds: float) -> dict[str, Any]:
         cfg = self.cfg
+        tool_names = sorted(api.name for api in task.env.apis)
+        mode = "grounded" if cfg.success == "judged" else cfg.success
         for node_id, node in tree.items():
             if node["leaf"]:
-                node["success"] = self._success(task, tree, node_id)
-        label_tree(tree, alpha=cfg.alpha, beta=cfg.beta, max_len=cfg.max_len, tau_mode=cfg.tau_mode)
-        pairs, ties = sibling_pairs(tree)
-        leaves = [n for n in tree.values() if n["leaf"]]
-        return {"query_id": task.query_id, "query": task.query, "tools": task.env.render(),
-                "config_hash": tree_hash(cfg),
-                "nodes": tree, "pairs": pairs,
-                "summary": {"nodes": len(tree), "leaves": len(leaves),
-                            "successful_leaves": sum(bool(n["success"]) for n in leaves),
-                            "pairs": len(pairs), "ties_dropped": ties,
-                            "tool_calls": sum(n["tool_calls"] for n in tree.values()),
-                            "seconds": seconds}}
+                ok = leaf_success(tree, node_id, mode, tool_names=tool_names)
+                if ok and cfg.success == "judged":
+                    ok = bool(self.judge(task.query, str(node["final_answer"])))
+                node["success"] = ok
+        record = {"query_id": task.query_id, "query": task.query, "tools": task.env.render(),
+                  "tool_names": tool_names, "observation_history": cfg.search.observation_history,
+                  "config_hash": tree_hash(cfg),
+                  "nodes": tree, "summary": {"seconds": seconds}}
+        return label_record(record, cfg)
 
-    def _success(self, task: SearchTask, tree: dict[str, dict], node_id: str) -> bool:
-        node = tree[node_id]
-        if self.cfg.success == "executed":
-            return node["ok"]
-        answered = node["ended"] == "finish" and bool(str(node["final_answer"] or "").strip())
-        if self.cfg.success == "answered":
-            path_calls_ok = all(c.get("status") == "ok" for nid in path_to(tree, node_id)
-                                for c in tree[nid]["result"].get("tool_calls", []))
-            return answered and path_calls_ok
-        return answered and bool(self.judge(task.query, str(node["final_answer"])))
+
+def label_record(record: dict[str, Any], cfg: TreeConfig, *, recompute_success: bool = False) -> dict[str, Any]:
+    """Label a tree record in place: LR, tau and latent reward per node, sibling ``pairs`` under
+    ``cfg.label_rule``, and the ``summary`` (pairs by what decided them, drops by reason).
+
+    Args:
+        record (`dict`): a tree record (``nodes``; ``tool_names`` when present).
+        cfg (`TreeConfig`): alpha, beta, L, tau_mode, label_rule (and success when recomputing).
+        recompute_success (`bool`, *optional*): derive each leaf's success again under
+            ``cfg.success`` (``executed`` or ``grounded``; ``judged`` keeps the stored verdicts).
+    Returns:
+        The same record.
+    """
+    tree = record["nodes"]
+    if recompute_success and cfg.success != "judged":
+        names = record.get("tool_names")
+        for node_id, node in tree.items():
+            if node["leaf"]:
+                node["success"] = leaf_success(tree, node_id, cfg.success, tool_names=names)
+    label_tree(tree, alpha=cfg.alpha, beta=cfg.beta, max_len=cfg.max_len, tau_mode=cfg.tau_mode)
+    pairs, counts = sibling_pairs(tree, cfg.label_rule)
+    leaves = [n for n in tree.values() if n["leaf"]]
+    record["pairs"] = pairs
+    record["label_rule"], record["success_mode"] = cfg.label_rule, cfg.success
+    record["summary"] = {"nodes": len(tree), "leaves": len(leaves),
+                         "successful_leaves": sum(bool(n["success"]) for n in leaves),
+                         "pairs": len(pairs), "pair_counts": counts,
+                         "tool_calls": sum(n["tool_calls"] for n in tree.values()),
+                         "seconds": record.get("summary", {}).get("seconds", 0.0)}
+    return record
 
 
 def _guard(errors: dict[int, str], trees: int | list[int], func, *args, **kwargs):
@@ -284,7 +326,7 @@ def _error_record(task: SearchTask, error: str, seconds: float, config_hash: str
     return {"query_id": task.query_id, "query": task.query, "tools": task.env.render(),
             "config_hash": config_hash, "nodes": {},
             "pairs": [], "error": error, "finish_type": "error",
-            "summary": {"nodes": 0, "leaves": 0, "successful_leaves": 0, "pairs": 0, "ties_dropped": 0,
+            "summary": {"nodes": 0, "leaves": 0, "successful_leaves": 0, "pairs": 0,
                         "tool_calls": 0, "seconds": seconds, "error": True}}
 
 
@@ -310,13 +352,18 @@ def load_training_queries(cfg: TreeConfig) -> list:
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Totals over tree records: trees (built), errors (trees whose build failed: left out of every
-    other total), nodes, leaves, leaf success rate, pairs, dropped ties, tool calls, seconds per
-    tree and trees per hour."""
+    other total), nodes, leaves, leaf success rate, pairs (``pairs_by_<reason>`` for what decided
+    them, ``dropped_<reason>`` for drops), tool calls, seconds per tree and trees per hour."""
     s = [r["summary"] for r in records if r.get("finish_type") != "error"]
-    total = {k: sum(x[k] for x in s) for k in ("nodes", "leaves", "successful_leaves", "pairs", "ties_dropped",
-                                               "tool_calls", "seconds")}
+    total = {k: sum(x.get(k, 0) for x in s) for k in ("nodes", "leaves", "successful_leaves", "pairs",
+                                                      "tool_calls", "seconds")}
+    counts = pair_counts()
+    for x in s:
+        add_counts(counts, x.get("pair_counts", {}))
     seconds_per_tree = total["seconds"] / len(s) if s else 0.0
     return {"trees": len(s), "errors": len(records) - len(s), **{k: v for k, v in total.items() if k != "seconds"},
+            **{f"pairs_by_{k}": v for k, v in counts["decided"].items()},
+            **{f"dropped_{k}": v for k, v in counts["dropped"].items()},
             "leaf_success_rate": total["successful_leaves"] / total["leaves"] if total["leaves"] else 0.0,
             "seconds_per_tree": seconds_per_tree,
             "trees_per_hour": 3600.0 / seconds_per_tree if seconds_per_tree else 0.0}
@@ -338,6 +385,9 @@ def _judge_fn(cfg: TreeConfig):
     from codetool.eval.judges import JudgeConfig, make_judge
 
     judge = make_judge(JudgeConfig(model=cfg.judge))
+    if judge is None:
+        raise ConfigError(f"trees.success is 'judged' but trees.judge {cfg.judge!r} configures no judge; set "
+                          "trees.judge to a judge model, or use success: grounded.")
     return lambda query, answer: judge.judge_answer(query, answer).label == "Solved"
 
 
@@ -352,7 +402,17 @@ def build_trees_command(cfg: TreeConfig) -> int:
     dataset_dir = Path(cfg.dataset_dir)
     queries = load_training_queries(cfg)
     order = {q.query_id: i for i, q in enumerate(queries)}
-    if cfg.merge:
+    if cfg.relabel:
+        if not out.is_file():
+            raise ConfigError(f"--relabel needs the tree records of --output; {out} does not exist.")
+        records = [r if r.get("finish_type") == "error" else label_record(r, cfg, recompute_success=True)
+                   for r in read_jsonl(out)]
+        for r in records:  # the records now hold this run's settings: resume and --retry_failed accept them
+            r["config_hash"] = tree_hash(cfg)
+        write_jsonl(out, records)
+        logger.info("relabelled %d trees in %s (success %s, label rule %s)", len(records), out,
+                    cfg.success, cfg.label_rule)
+    elif cfg.merge:
         shards = sorted(out.parent.glob(f"{out.stem}.shard-*-of-*{out.suffix}"))
         if not shards:
             raise ConfigError(f"--merge found no shard files {out.stem}.shard-I-of-N{out.suffix} in {out.parent}.")
@@ -378,7 +438,7 @@ def build_trees_command(cfg: TreeConfig) -> int:
     records = [r for r in records if r.get("finish_type") != "error"]
     try:
         stats = export_dataset(records, dataset_dir, emit=cfg.emit, val_fraction=cfg.val_fraction, seed=cfg.seed)
-        summary.update({f"dataset_{k}": v for k, v in stats.items() if k != "val_query_ids"})
+        summary.update({f"dataset_{k}": v for k, v in stats.items() if k not in ("val_query_ids", "pair_counts")})
     except CodetoolError as e:  # the trees are saved and valid; only the dataset is empty
         logger.warning("no PRM dataset written: %s", e)
     _print_summary(f"trees: {out}", summary)

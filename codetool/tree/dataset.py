@@ -2,6 +2,9 @@
 
 Each sibling pair of a tree gives two rows that share their prefix (query, tools, the path of
 steps above them): the "more promising" sibling with ``label=1`` and the other with ``label=0``.
+The history shows what the policy saw when it wrote the step: with the tree's
+``observation_history: last`` only the parent's output (earlier outputs are ``None``).
+Every row keeps its candidate's own output; the PRM format decides whether the PRM sees it.
 With ``emit='nodes'`` every node becomes a row with its soft target (``latent_reward``) and
 ``label = 1 if lr_soft >= 0.5``. Candidates whose reply had no code block are left out: the search
 never asks the PRM about them (they get latent reward 0), so they would only waste training.
@@ -11,6 +14,7 @@ The train/validation split is by query id, never by row, so no query leaks acros
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from pathlib import Path
@@ -18,7 +22,8 @@ from typing import Any
 
 from codetool import CodetoolError
 from codetool.jsonl import write_jsonl
-from codetool.tree.labels import path_to
+from codetool.search.prompt import visible_history
+from codetool.tree.labels import add_counts, pair_counts, path_to
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +34,8 @@ PRM_FIELDS = ("query_id", "query", "tools", "history", "candidate", "candidate_o
 def _row(record: dict[str, Any], node_id: str, label: int) -> dict[str, Any]:
     nodes = record["nodes"]
     node = nodes[node_id]
-    history = [{"code": nodes[n]["code"] or "", "output": nodes[n]["observation"]}
-               for n in path_to(nodes, node_id)[:-1]]
+    history = visible_history([nodes[n] for n in path_to(nodes, node_id)[:-1]],
+                              record.get("observation_history", "all"))
     return {"query_id": str(record["query_id"]), "query": record["query"], "tools": record["tools"],
             "history": history, "candidate": node["code"], "candidate_output": node["observation"],
             "label": int(label), "latent_reward": float(node["latent_reward"]),
@@ -75,22 +80,31 @@ def export_dataset(records: list[dict[str, Any]], out_dir: str | Path, *, emit: 
     ``codetool train-prm`` reads by default), ``train.jsonl`` and ``validation.jsonl`` (split by
     query id), and ``hf/`` (a ``datasets.DatasetDict`` saved with ``save_to_disk``).
 
+    Also writes ``summary.json``: the row counts and the trees' pair counts (pairs by what
+    decided them, drops by reason; see ``codetool.tree.labels.sibling_pairs``).
+
     Returns:
-        ``{"train": n_rows, "validation": n_rows, "skipped_no_code": n, "val_query_ids": [...]}``.
+        ``{"train": n_rows, "validation": n_rows, "skipped_no_code": n, "val_query_ids": [...],
+        "pair_counts": {"decided": {...}, "dropped": {...}}}``.
     Raises:
-        CodetoolError: when the trees hold no usable row (e.g. every pair tied).
+        CodetoolError: when the trees hold no usable row (e.g. every pair dropped).
     """
     from datasets import Dataset, DatasetDict
 
     out_dir = Path(out_dir)
-    rows, skipped = [], 0
+    rows, skipped, counts = [], 0, pair_counts()
     for record in records:
         r, s = tree_rows(record, emit)
         rows.extend(r)
         skipped += s
+        add_counts(counts, record.get("summary", {}).get("pair_counts", {}))
+    logger.info("sibling pairs by what decided them: %s; dropped: %s",
+                ", ".join(f"{k} {v}" for k, v in counts["decided"].items()),
+                ", ".join(f"{k} {v}" for k, v in counts["dropped"].items()))
     if not rows:
-        raise CodetoolError(f"the {len(records)} trees gave no PRM rows (all pairs tied or without code). "
-                            "Build more or deeper trees (--max-depth, --branching), or use --emit nodes.")
+        raise CodetoolError(f"the {len(records)} trees gave no PRM rows (every sibling pair was dropped, see the "
+                            "pair counts, or had no code). Build more or deeper trees (--max-depth, --branching), "
+                            "use a policy that reaches successful leaves, or use --emit nodes.")
     val_ids = split_query_ids([r["query_id"] for r in rows], val_fraction, seed)
     splits = {"train": [r for r in rows if r["query_id"] not in val_ids],
               "validation": [r for r in rows if r["query_id"] in val_ids]}
@@ -101,7 +115,8 @@ def export_dataset(records: list[dict[str, Any]], out_dir: str | Path, *, emit: 
     DatasetDict({name: Dataset.from_list(split_rows) if split_rows else Dataset.from_dict({k: [] for k in PRM_FIELDS})
                  for name, split_rows in splits.items()}).save_to_disk(str(out_dir / "hf"))
     stats = {"train": len(splits["train"]), "validation": len(splits["validation"]),
-             "skipped_no_code": skipped, "val_query_ids": sorted(val_ids)}
+             "skipped_no_code": skipped, "val_query_ids": sorted(val_ids), "pair_counts": counts}
+    (out_dir / "summary.json").write_text(json.dumps(stats, indent=2) + "\n")
     logger.info("PRM dataset: %d train rows, %d validation rows (%d held-out queries) -> %s",
                 stats["train"], stats["validation"], len(val_ids), out_dir)
     return stats

@@ -11,9 +11,12 @@ query are ``1..b``; ``1-2`` is the second child of ``1``). A node record holds a
   (the public CodeTool code used the sum; field case tau-definition);
 - ``latent_reward``: ``alpha^(1 - lr_soft) * beta^(tau / L)``.
 
-:func:`sibling_pairs` turns siblings into PRM labels: the executed sibling beats a failed one;
-otherwise the higher latent reward is "more promising" (label 1) and the other "less
-promising" (0); exact ties are dropped and counted.
+:func:`leaf_success` decides whether a leaf succeeded (``trees.success``) and
+:func:`sibling_pairs` turns siblings into PRM labels (``trees.label_rule``): under both rules the
+sibling whose code ran beats one whose code failed; then ``reference`` (the public CodeTool code,
+our default) compares success only (hard, then soft LR) and ``latent`` (the paper's wording)
+compares the latent reward. Pairs are counted by what decided them, drops by reason
+(docs/FIDELITY.md).
 """
 
 from __future__ import annotations
@@ -74,26 +77,109 @@ def label_tree(tree: dict[str, dict], *, alpha: float = 0.9, beta: float = 0.95,
     return tree
 
 
-def sibling_pairs(tree: dict[str, dict]) -> tuple[list[tuple[str, str]], int]:
+LABEL_RULES = ("reference", "latent")
+SUCCESS_MODES = ("executed", "grounded", "judged")
+DECIDED_BY = ("executability", "success_share", "latent_reward")
+DROPPED_FOR = ("no_success_difference", "both_failed", "tie")
+
+
+def pair_counts() -> dict[str, dict[str, int]]:
+    """Empty counters: ``{"decided": {reason: 0, ...}, "dropped": {reason: 0, ...}}``."""
+    return {"decided": dict.fromkeys(DECIDED_BY, 0), "dropped": dict.fromkeys(DROPPED_FOR, 0)}
+
+
+def sibling_pairs(tree: dict[str, dict], rule: str = "reference") -> tuple[list[tuple[str, str]], dict]:
     """Ordered ``(more promising, less promising)`` node-id pairs over all sibling groups.
 
-    Executability decides first (a node whose code ran beats one whose code failed); otherwise the
-    higher ``latent_reward`` wins. Returns the pairs and the number of exact ties dropped.
-    Requires :func:`label_tree` to have run.
+    Both rules look at executability first: a sibling whose own code ran (``ok``) beats one whose
+    code failed. Then:
+
+    - ``reference`` (the public CodeTool code): the sibling with the strictly greater hard LR, or
+      else the strictly greater soft LR, wins ("success share"). A pair with no success
+      difference is dropped (``no_success_difference``): tau never decides a label.
+    - ``latent`` (the paper's wording): the higher ``latent_reward`` wins, with one guard: two
+      siblings that both have LR 0 (and ran alike) are dropped (``both_failed``), since tau alone
+      says nothing about promise. Exact ties are dropped (``tie``).
+
+    Args:
+        tree (`dict[str, dict]`): nodes labelled by :func:`label_tree`.
+        rule (`str`, *optional*, defaults to ``"reference"``): ``reference`` or ``latent``.
+    Returns:
+        ``(pairs, counts)``; ``counts`` as from :func:`pair_counts`: pairs by what decided them
+        (``executability``, ``success_share``, ``latent_reward``) and drops by reason.
+    Raises:
+        ValueError: on an unknown rule.
     """
-    pairs, ties = [], 0
+    if rule not in LABEL_RULES:
+        raise ValueError(f"label rule must be one of {LABEL_RULES}, got {rule!r}.")
+    pairs, counts = [], pair_counts()
     for siblings in children_of(tree).values():
         for a, b in combinations(siblings, 2):
-            na, nb = tree[a], tree[b]
-            if bool(na.get("ok")) != bool(nb.get("ok")):
-                pairs.append((a, b) if na.get("ok") else (b, a))
-            elif na["latent_reward"] > nb["latent_reward"]:
-                pairs.append((a, b))
-            elif nb["latent_reward"] > na["latent_reward"]:
-                pairs.append((b, a))
-            else:
-                ties += 1
-    return pairs, ties
+            winner, reason = _compare(tree[a], tree[b], rule)
+            if winner is None:
+                counts["dropped"][reason] += 1
+                continue
+            pairs.append((a, b) if winner == 0 else (b, a))
+            counts["decided"][reason] += 1
+    return pairs, counts
+
+
+def _compare(na: dict, nb: dict, rule: str) -> tuple[int | None, str]:
+    """``(0 or 1, reason)`` for the winning sibling, or ``(None, drop reason)``."""
+    if bool(na.get("ok")) != bool(nb.get("ok")):
+        return (0 if na.get("ok") else 1), "executability"
+    if rule == "reference":
+        for key in ("lr_hard", "lr_soft"):
+            if na[key] != nb[key]:
+                return (0 if na[key] > nb[key] else 1), "success_share"
+        return None, "no_success_difference"
+    if na["lr_soft"] == 0.0 and nb["lr_soft"] == 0.0:
+        return None, "both_failed"
+    if na["latent_reward"] == nb["latent_reward"]:
+        return None, "tie"
+    return (0 if na["latent_reward"] > nb["latent_reward"] else 1), "latent_reward"
+
+
+def add_counts(total: dict, counts: dict) -> dict:
+    """Add the pair ``counts`` of one tree into ``total`` (both as from :func:`pair_counts`)."""
+    for part in ("decided", "dropped"):
+        for reason, n in counts.get(part, {}).items():
+            total[part][reason] = total[part].get(reason, 0) + n
+    return total
+
+
+def leaf_success(tree: dict[str, dict], node_id: str, mode: str, *, tool_names=None) -> bool:
+    """Whether the leaf ``node_id`` succeeded, for the modes ``executed`` and ``grounded``.
+
+    - ``executed`` (the public CodeTool code): every step on the path ran without an exception or
+      a tool error (each node's ``ok``).
+    - ``grounded`` (our default): the leaf ended in ``finish`` with a non-empty answer, and some
+      step on the path made at least one successful call of a listed tool. A finish without a
+      tool call is never a success on a query that offers tools; on a query without tools a
+      non-empty finish suffices.
+    - ``judged`` is ``grounded`` plus a judge's verdict; the caller adds the verdict.
+
+    Args:
+        tree (`dict[str, dict]`): nodes with ``ok``, ``ended``, ``final_answer`` and ``result``
+            (its ``tool_calls``, each with ``name`` and ``status``).
+        tool_names (`Collection[str]`, *optional*): the functions the query offers; ``None``
+            counts any recorded call as listed (the executor records only tool functions).
+    Raises:
+        ValueError: on an unknown mode.
+    """
+    if mode not in SUCCESS_MODES:
+        raise ValueError(f"success mode must be one of {SUCCESS_MODES}, got {mode!r}.")
+    path = path_to(tree, node_id)
+    if mode == "executed":
+        return all(bool(tree[n].get("ok")) for n in path)
+    node = tree[node_id]
+    answered = node.get("ended") == "finish" and bool(str(node.get("final_answer") or "").strip())
+    if not answered:
+        return False
+    if tool_names is not None and not tool_names:
+        return True
+    return any(c.get("status") == "ok" and (tool_names is None or c.get("name") in tool_names)
+               for n in path for c in (tree[n].get("result") or {}).get("tool_calls", []))
 
 
 def path_to(tree: dict[str, dict], node_id: str) -> list[str]:

@@ -1,0 +1,68 @@
+"""The paper recipe pins the reference settings; the improved recipe differs only where it says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from codetool.config import load_config
+from codetool.pipeline import PipelineConfig
+from codetool.prm.train import TrainConfig
+
+REPO = Path(__file__).resolve().parents[1]
+PAPER = REPO / "configs" / "pipeline" / "paper-qwen2.5-7b.yaml"
+IMPROVED = REPO / "configs" / "pipeline" / "codetool-improved-qwen2.5-7b.yaml"
+TRAIN = REPO / "configs" / "train" / "qwen2.5-7b.yaml"
+
+
+def test_paper_recipe_reproduces_the_reference_settings():
+    cfg = load_config(PipelineConfig, PAPER)
+    t = cfg.trees
+    assert (t.branching, t.success, t.label_rule, t.tau_mode, t.emit, t.val_fraction) == (
+        2, "executed", "reference", "sum", "pairs", 0.1)
+    assert (t.alpha, t.beta, t.max_len) == (0.9, 0.95, 20.0)
+    for search in (t.search, cfg.search):
+        assert (search.step_format, search.code_prefix) == ("step_text", False)
+        assert (search.observation_history, search.max_observation_chars) == ("last", 500)
+        assert (search.temperature, search.top_p) == (0.9, 0.95)
+    assert (cfg.search.alpha, cfg.search.beta, cfg.search.max_len, cfg.search.max_steps) == (0.9, 0.95, 20.0, 5)
+    assert {m.k for m in cfg.methods if m.name != "single-sample"} == {2}
+    tmdb = [e for e in cfg.evals if e.benchmark == "restbench-tmdb"]
+    assert tmdb and all(e.max_observation_chars == 1500 for e in tmdb)
+    assert all(e.max_observation_chars is None for e in cfg.evals if e.benchmark != "restbench-tmdb")
+
+
+def test_paper_prm_training_recipe():
+    cfg = load_config(TrainConfig, TRAIN)
+    assert (cfg.finetune, cfg.learning_rate, cfg.epochs, cfg.lr_scheduler, cfg.warmup) == (
+        "full", 1e-6, 2.0, "cosine", 0.1)
+    launch = yaml.safe_load((REPO / "configs" / "accelerate" / "deepspeed_zero3.yaml").read_text())
+    assert cfg.batch_size * cfg.gradient_accumulation_steps * launch["num_processes"] == 16
+    assert (cfg.batch_size, cfg.gradient_accumulation_steps) == (1, 2)
+    assert cfg.format.max_length == 8192 and cfg.format.candidate_output == "hide"
+    assert cfg.eval_fraction == 0.1
+
+
+def test_improved_recipe_differs_only_where_it_says():
+    paper, improved = load_config(PipelineConfig, PAPER), load_config(PipelineConfig, IMPROVED)
+    assert improved.name == "codetool-improved-qwen2.5-7b"
+    assert (improved.trees.success, improved.trees.tau_mode) == ("grounded", "mean")
+    assert (improved.search.observation_history, improved.search.max_observation_chars) == ("all", 1500)
+    # everything else is the paper recipe's
+    changed = {"success", "tau_mode", "search"}
+    for name in vars(paper.trees):
+        if name not in changed:
+            assert getattr(improved.trees, name) == getattr(paper.trees, name), name
+    for name in vars(paper.search):
+        if name not in ("observation_history", "max_observation_chars"):
+            assert getattr(improved.search, name) == getattr(paper.search, name), name
+    assert improved.methods == paper.methods and improved.evals == paper.evals
+    assert improved.prm_checkpoint != paper.prm_checkpoint
+
+
+@pytest.mark.parametrize("recipe", [PAPER, IMPROVED], ids=lambda p: p.stem)
+def test_every_changed_line_of_the_improved_recipe_is_marked(recipe):
+    text = recipe.read_text()
+    assert ("CHANGED" in text) == (recipe == IMPROVED)
