@@ -6,8 +6,9 @@ token per row (TRL's convention for completion-only SFT, without the EOS that pr
 rows would add; DESIGN.md §6). Rows never lose their label to truncation: the prompt is cut
 instead (``codetool.prm.format``) and the number of cut rows is logged.
 
-Splits are by ``query_id`` (all candidates of one query land on the same side), by a hash, so
-``codetool eval-prm`` can rebuild the held-out part from the checkpoint's settings. Siblings (the
+Splits are by ``query_id`` (all candidates of one query land on the same side), by
+:func:`codetool.split.heldout_query_ids` (the split tree export uses too), so ``codetool eval-prm``
+can rebuild the held-out part from the checkpoint's settings. Siblings (the
 candidates of one step) are the rows that share query and history; they form the pairs of the
 pairwise accuracy. In training the rows of one query share its prompt and siblings share their
 history: :class:`PrefixGroupSampler` keeps a query's rows in the same batches and
@@ -16,7 +17,6 @@ history: :class:`PrefixGroupSampler` keeps a query's rows in the same batches an
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -27,6 +27,7 @@ import torch
 from codetool import CodetoolError
 from codetool.jsonl import read_jsonl
 from codetool.prm.format import PromptEncoder, item_from_row
+from codetool.split import heldout_query_ids
 
 logger = logging.getLogger(__name__)
 
@@ -67,17 +68,13 @@ def query_key(row: dict) -> str:
     return str(row.get("query_id", row.get("query", "")))
 
 
-def is_heldout(query_id: str, fraction: float, seed: int = 0) -> bool:
-    """Whether a query belongs to the held-out split (stable across runs and machines)."""
-    digest = hashlib.sha256(f"{seed}:{query_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
-
-
 def split_rows(rows: list[dict], fraction: float, seed: int = 0) -> tuple[list[dict], list[dict]]:
-    """``(train, heldout)`` by query (see :func:`is_heldout`)."""
+    """``(train, heldout)`` by query (:func:`codetool.split.heldout_query_ids` over the rows'
+    :func:`query_key`: the split that tree export writes as ``validation.jsonl``)."""
+    held = heldout_query_ids((query_key(row) for row in rows), fraction, seed)
     train, heldout = [], []
     for row in rows:
-        (heldout if is_heldout(query_key(row), fraction, seed) else train).append(row)
+        (heldout if query_key(row) in held else train).append(row)
     return train, heldout
 
 

@@ -9,20 +9,21 @@ With ``emit='nodes'`` every node becomes a row with its soft target (``latent_re
 ``label = 1 if lr_soft >= 0.5``. Candidates whose reply had no code block are left out: the search
 never asks the PRM about them (they get latent reward 0), so they would only waste training.
 
-The train/validation split is by query id, never by row, so no query leaks across the split.
+The train/validation split is by query id, never by row, so no query leaks across the split; it is
+:func:`codetool.split.heldout_query_ids`, the split ``train-prm`` and ``eval-prm`` use.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import random
 from pathlib import Path
 from typing import Any
 
 from codetool import CodetoolError
 from codetool.jsonl import write_jsonl
 from codetool.search.prompt import visible_history
+from codetool.split import heldout_query_ids
 from codetool.tree.labels import add_counts, pair_counts, path_to
 
 logger = logging.getLogger(__name__)
@@ -63,15 +64,9 @@ def tree_rows(record: dict[str, Any], emit: str = "pairs") -> tuple[list[dict[st
 
 
 def split_query_ids(query_ids: list[str], val_fraction: float, seed: int = 0) -> set[str]:
-    """The query ids held out for validation: ``round(n * val_fraction)`` of them (at least one when
-    ``val_fraction > 0`` and there are two or more queries), chosen by a seeded shuffle."""
-    ids = sorted(set(query_ids))
-    n_val = round(len(ids) * val_fraction)
-    if val_fraction > 0 and len(ids) >= 2:
-        n_val = max(1, min(n_val, len(ids) - 1))
-    rng = random.Random(seed)
-    rng.shuffle(ids)
-    return set(ids[:n_val])
+    """The query ids held out for validation (:func:`codetool.split.heldout_query_ids`: the same
+    split that ``train-prm`` and ``eval-prm`` use with the same fraction and seed)."""
+    return heldout_query_ids(query_ids, val_fraction, seed)
 
 
 def export_dataset(records: list[dict[str, Any]], out_dir: str | Path, *, emit: str = "pairs",
