@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
              "fetch benchmark files into data/ (download, or copy with --from DIR)"),
     "serve-mock": ("codetool.tools.mock_servers", "ServeMockConfig", "serve_mock",
                    "serve a mock TMDB or StableToolBench-compatible API on loopback"),
-    "run": ("codetool.search.run", "RunConfig", "run_command",
+    "run": ("codetool.run", "RunConfig", "run_command",
             "run the stepwise code search on one query or a benchmark"),
     "build-trees": ("codetool.tree.build", "TreeConfig", "build_trees_command",
                     "build DFS action trees and export the PRM dataset"),

@@ -16,6 +16,11 @@ Every stage records the hash of what determines its output (its settings and the
 stages it reads) in ``<stage>/stage.json``. A stage whose record matches is skipped; one that
 crashed resumes (each stage's command resumes by itself); one whose settings changed is redone
 from scratch, and so are the stages after it. ``--force STAGE`` reruns one stage.
+
+One policy per pipeline: the top-level ``policy``, ``remote_model``, ``policy_max_batch_size`` and
+``tool_doc`` are given to the trees and the search; a recipe that sets one of them under
+``trees:`` to another value is refused (``ConfigError``) instead of being silently replaced. The
+parts are built by :mod:`codetool.assemble`.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from codetool import CodetoolError
 from codetool.config import ConfigError, config_hash, option
 from codetool.eval.judges import JudgeConfig
 from codetool.executor import ExecutorConfig
+from codetool.models.spec import ModelSpec
 from codetool.prm.train import TrainConfig
 from codetool.search.answer import AnswerConfig
 from codetool.search.search import SearchConfig
@@ -86,6 +92,10 @@ def _default_methods() -> list[MethodConfig]:
             MethodConfig(name="spot+latent", k=2, latent="prm")]
 
 
+# Settings the pipeline passes down to its trees stage (the top-level value wins; see __post_init__).
+PIPELINE_WIDE = ("policy", "remote_model", "policy_max_batch_size", "tool_doc")
+
+
 @dataclass
 class PipelineConfig:
     """Settings of ``codetool pipeline`` (see the recipes in ``configs/pipeline/``)."""
@@ -119,6 +129,16 @@ class PipelineConfig:
             raise ConfigError(f"method names must be unique, got {names}.")
         if not self.methods or not self.evals:
             raise ConfigError("a pipeline needs at least one method and one evaluation set.")
+        # One policy per pipeline: the top-level settings are given to the trees; a different value
+        # under trees: would be replaced silently, so it is refused (issue 18).
+        tree_defaults = {f.name: f.default for f in dataclasses.fields(TreeConfig)}
+        for name in PIPELINE_WIDE:
+            value, top = getattr(self.trees, name), getattr(self, name)
+            if value != tree_defaults[name] and value != top:
+                raise ConfigError(f"trees.{name} is {value!r} but the pipeline's {name} is {top!r}: the pipeline "
+                                  f"gives its own {name} to the trees and the search; set {name} at the top level "
+                                  f"(or give trees.{name} the same value).")
+        ModelSpec.parse(self.policy, role="policy", remote_model=self.remote_model)  # remote_model needs a URL
 
     @property
     def root(self) -> Path:
@@ -188,7 +208,7 @@ def _train_cfg(cfg: PipelineConfig) -> TrainConfig:
 
 def _run_cfgs(cfg: PipelineConfig, prm: str) -> list:
     """One ``RunConfig`` per (method, evaluation set)."""
-    from codetool.search.run import RunConfig
+    from codetool.run import RunConfig
 
     runs = []
     for method in cfg.methods:
@@ -270,7 +290,8 @@ def _stage_train(cfg: PipelineConfig, *, train_cfg: TrainConfig, **_) -> dict:
 
 
 def _stage_search(cfg: PipelineConfig, *, run_cfgs: list, prm: str, **_) -> dict:
-    from codetool.search.run import execute_run, make_policy, make_scorer
+    from codetool.assemble import make_policy, make_scorer
+    from codetool.run import execute_run
 
     policy = make_policy(cfg.policy, max_batch_size=cfg.policy_max_batch_size, remote_model=cfg.remote_model)
     scorer = make_scorer(prm) if any(r.prm not in ("none", "rollout") for r in run_cfgs) else None

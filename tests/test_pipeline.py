@@ -122,9 +122,9 @@ def scripted_policy():
 
 
 def test_pipeline_end_to_end(monkeypatch, tiny_model_dir, shared_data, tmp_path, canary_env):
-    import codetool.search.run as run
+    import codetool.assemble as assemble
 
-    monkeypatch.setattr(run, "make_policy", lambda *a, **k: scripted_policy())
+    monkeypatch.setattr(assemble, "make_policy", lambda *a, **k: scripted_policy())
     cfg = PipelineConfig(
         name="e2e", runs_dir=str(tmp_path),
         trees=TreeConfig(branching=2, max_depth=2, limit=4, val_fraction=0.25),

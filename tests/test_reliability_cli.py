@@ -69,10 +69,10 @@ def test_whitespace_key_refused_by_serve_prm(files, capsys, monkeypatch):
 
 
 def test_malformed_api_entry_fails_only_its_query(files, capsys, monkeypatch):
-    import codetool.search.run as run
+    import codetool.assemble as assemble
     from codetool.models.backends import ScriptedBackend
 
-    monkeypatch.setattr(run, "make_policy", lambda *a, **k: ScriptedBackend(lambda p: "finish('ok')\n```"))
+    monkeypatch.setattr(assemble, "make_policy", lambda *a, **k: ScriptedBackend(lambda p: "finish('ok')\n```"))
     bad = [{"query_id": 1, "query": "q1", "api_list": [API, "oops"]}, {"query_id": 2, "query": "q2", "api_list": [API]}]
     (files / "bad.json").write_text(json.dumps(bad))
     out = files / "o.jsonl"

@@ -15,7 +15,7 @@ import pytest
 
 DRIVER = '''
 import sys, time
-import codetool.search.run as run
+import codetool.assemble as assemble
 from codetool.models.backends import ScriptedBackend
 
 delay, mode = float(sys.argv[1]), sys.argv[2]
@@ -28,7 +28,7 @@ def reply(prompt):
         return "print('looked it up')\\n```" if count[0] % 2 else "raise KeyError('no such field')\\n```"
     return "finish('ok')\\n```"
 
-run.make_policy = lambda *a, **k: ScriptedBackend(reply)
+assemble.make_policy = lambda *a, **k: ScriptedBackend(reply)
 from codetool.cli import main
 sys.exit(main(sys.argv[3:]))
 '''

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-import codetool.search.run as run
+import codetool.assemble as assemble
 from codetool import CodetoolError
 from codetool.jsonl import append_jsonl, read_jsonl
 from codetool.models.backends import ScriptedBackend
 from codetool.resume import OutputLock
-from codetool.search.run import RunConfig, execute_run, run_command
+from codetool.run import RunConfig, execute_run, run_command
 
 
 def block(code: str) -> str:
@@ -45,7 +45,7 @@ def _cfg(toolbench, out, **over) -> RunConfig:
 
 def _policy(monkeypatch, reply):
     policy = ScriptedBackend(reply)
-    monkeypatch.setattr(run, "make_policy", lambda *a, **k: policy)
+    monkeypatch.setattr(assemble, "make_policy", lambda *a, **k: policy)
     return policy
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-import codetool.search.run as run
+import codetool.assemble as assemble
 from codetool import CodetoolError
 from codetool.jsonl import read_jsonl
 from codetool.models.backends import ScriptedBackend
@@ -37,7 +37,7 @@ def test_failing_tree_is_recorded_and_retried(monkeypatch, queries, tmp_path):
             raise CodetoolError("policy answered HTTP 500 after 4 attempts")
         return "finish('ok')\n```"
 
-    monkeypatch.setattr(run, "make_policy", lambda *a, **k: ScriptedBackend(reply))
+    monkeypatch.setattr(assemble, "make_policy", lambda *a, **k: ScriptedBackend(reply))
     assert build_trees_command(_cfg(queries, tmp_path)) == 1
     records = {r["query_id"]: r for r in read_jsonl(tmp_path / "trees.jsonl")}
     assert sorted(records) == ["G1/1", "G1/2", "G1/3"]
@@ -47,7 +47,7 @@ def test_failing_tree_is_recorded_and_retried(monkeypatch, queries, tmp_path):
     with pytest.raises(CodetoolError, match="other settings"):
         build_trees_command(_cfg(queries, tmp_path, max_depth=2))
     policy = ScriptedBackend(lambda p: "finish('ok')\n```")
-    monkeypatch.setattr(run, "make_policy", lambda *a, **k: policy)
+    monkeypatch.setattr(assemble, "make_policy", lambda *a, **k: policy)
     assert build_trees_command(_cfg(queries, tmp_path, retry_failed=True)) == 0
     records = list(read_jsonl(tmp_path / "trees.jsonl"))
     assert sorted(r["query_id"] for r in records) == ["G1/1", "G1/2", "G1/3"]

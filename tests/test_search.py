@@ -10,8 +10,8 @@ from codetool.config import load_config
 from codetool.executor import Executor, ExecutorConfig
 from codetool.jsonl import read_jsonl
 from codetool.models.backends import ScriptedBackend
+from codetool.run import RunConfig, run_command
 from codetool.search.records import Candidate, Trajectory
-from codetool.search.run import RunConfig, run_command
 from codetool.search.search import SearchConfig, SearchTask, StepwiseSearch, select
 from codetool.tools.backends import make_tool_backend
 from codetool.tools.environment import ToolEnvironment

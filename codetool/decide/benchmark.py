@@ -145,9 +145,9 @@ def _run_search(cfg: DecisionEvalConfig, items: list[DecisionItem], decisions: l
                 out: Path) -> tuple[dict[str, dict], dict[str, dict]]:
     """Every item's fast path (items whose top option is a function, with fallback) and the
     always-search baseline on every item; returns trajectory records by item id."""
+    from codetool.assemble import executor_factory
     from codetool.config import config_hash
     from codetool.decide.router import route_and_solve
-    from codetool.executor import Executor
     from codetool.search.search import SearchTask, StepwiseSearch
     from codetool.tools import ToolEnvironment, make_tool_backend
 
@@ -158,10 +158,7 @@ def _run_search(cfg: DecisionEvalConfig, items: list[DecisionItem], decisions: l
                            else "tool_free", group=it.group, extra={"gold": it.gold},
                            env=ToolEnvironment(it.apis, backend, render_style=cfg.tool_doc)) for it in subset]
 
-    def make_executor(task):
-        return Executor(cfg.executor, tools=task.env.functions())
-
-    search = StepwiseSearch(policy, cfg.search, make_executor, config_hash=config_hash(cfg.search))
+    search = StepwiseSearch(policy, cfg.search, executor_factory(cfg.executor), config_hash=config_hash(cfg.search))
     paths = {"fast": out / "trajectories_fast.jsonl", "search": out / "trajectories_search.jsonl"}
     for path in paths.values():
         path.unlink(missing_ok=True)
@@ -202,17 +199,16 @@ def eval_decision_command(cfg: DecisionEvalConfig) -> int:
     """``codetool eval-decision``: decide on the labelled set, optionally run the routes, report."""
     from rich.console import Console
 
-    from codetool.models.backends import make_backend
+    from codetool.assemble import make_policy
+    from codetool.models.spec import ModelSpec
     from codetool.secrets import redact_obj
 
     start = time.perf_counter()
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
     items, skipped = build_items(cfg)
-    kwargs = {} if cfg.model.startswith(("http://", "https://")) else {"dtype": cfg.dtype, **(
-        {} if cfg.model.startswith("vllm:") else {"device": cfg.device})}
-    policy = make_backend(cfg.model, **kwargs)
-    decider = make_backend(cfg.decider, **kwargs) if cfg.decider else policy
+    policy = make_policy(ModelSpec.parse(cfg.model, dtype=cfg.dtype, device=cfg.device))
+    decider = make_policy(ModelSpec.parse(cfg.decider, dtype=cfg.dtype, device=cfg.device)) if cfg.decider else policy
     logger.info("deciding on %d queries (%d tool-needing, %d tool-free)", len(items),
                 sum(i.needs_tool for i in items), sum(not i.needs_tool for i in items))
     if cfg.reuse:

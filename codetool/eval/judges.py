@@ -581,11 +581,13 @@ def make_judge(cfg: JudgeConfig, cache_path: str | None = None) -> Judge | None:
     """
     if not cfg.enabled:
         return None
-    from codetool.models.backends import make_backend
+    from codetool.models.spec import ModelSpec
 
-    remote = cfg.model.startswith(("http://", "https://"))
+    spec = ModelSpec.parse(cfg.model, role="judge", remote_model=cfg.remote_model, api_key_env=cfg.api_key_env,
+                           dtype=cfg.dtype, device=cfg.device)
+    remote = spec.remote
     if remote:
-        backend = make_backend(cfg.model, model=cfg.remote_model or None, api_key_env=cfg.api_key_env)
+        backend = spec.build()
         # The model's name is part of every cache key: ask the server once when it was not given.
         served = cfg.remote_model or (backend.resolved_model() if hasattr(backend, "resolved_model") else "")
         name = f"openai:{served or 'server-default'}@{cfg.model}"
@@ -593,7 +595,7 @@ def make_judge(cfg: JudgeConfig, cache_path: str | None = None) -> Judge | None:
         from codetool.models.loading import resolve_model
 
         resolve_model(cfg.model)  # a missing model fails now, with its fix; loading waits for a cache miss
-        backend = lambda: make_backend(cfg.model, dtype=cfg.dtype, device=cfg.device)  # noqa: E731
+        backend = spec.build  # loaded on the first verdict that is not cached
         name = f"local:{cfg.model}"
     weak = (not remote) if cfg.weak is None else cfg.weak
     mode = cfg.mode

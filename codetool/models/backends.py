@@ -129,15 +129,14 @@ def make_backend(spec: str, **kwargs) -> LLMBackend:
     Raises:
         CodetoolError: an empty spec, or what the chosen backend raises.
     """
-    spec = str(spec).strip()
-    if not spec:
-        raise CodetoolError("no model given; pass 'default', a model path, a Hub id, an http(s):// URL "
-                            "of an OpenAI-compatible server, or vllm:<model>.")
-    if spec.startswith(("http://", "https://")):
-        return BACKENDS["openai"](base_url=spec, **kwargs)
-    if spec.startswith("vllm:"):
-        return BACKENDS["vllm"](spec[len("vllm:"):] or "default", **kwargs)
-    return BACKENDS["transformers"](spec, **kwargs)
+    from codetool.models.spec import ModelSpec
+
+    parsed = ModelSpec.parse(spec)  # the one place that reads a spec's form
+    if parsed.kind == "openai":
+        return BACKENDS["openai"](base_url=parsed.location, **kwargs)
+    if parsed.kind == "vllm":
+        return BACKENDS["vllm"](parsed.location, **kwargs)
+    return BACKENDS["transformers"](parsed.location, **kwargs)
 
 
 @dataclass
@@ -172,14 +171,12 @@ def generate_command(cfg: GenerateConfig) -> int:
     """``codetool generate``: print the completions of one prompt and the decoding speed."""
     from rich.console import Console
 
-    if cfg.model.startswith(("http://", "https://")):
-        kwargs = {"model": cfg.remote_model or None, "api_key_env": cfg.api_key_env}
-    elif cfg.model.startswith("vllm:"):
-        kwargs = {"dtype": cfg.dtype}
-    else:
-        kwargs = {"dtype": cfg.dtype, "device": cfg.device}
+    from codetool.models.spec import ModelSpec
+
+    spec = ModelSpec.parse(cfg.model, remote_model=cfg.remote_model, api_key_env=cfg.api_key_env, dtype=cfg.dtype,
+                           device=cfg.device)
     start = time.perf_counter()
-    backend = make_backend(cfg.model, **kwargs)
+    backend = make_backend(cfg.model, **spec.backend_kwargs())
     loaded = time.perf_counter()
     messages = ([{"role": "system", "content": cfg.system}] if cfg.system else []) + [
         {"role": "user", "content": cfg.prompt}]

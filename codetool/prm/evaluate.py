@@ -145,7 +145,9 @@ class EvalPRMConfig:
 def _split_settings(cfg: EvalPRMConfig) -> tuple[float, int]:
     fraction, seed = cfg.eval_fraction, cfg.split_seed
     if fraction < 0 or seed < 0:
-        if cfg.prm.startswith(("http://", "https://")):
+        from codetool.models.spec import ModelSpec
+
+        if ModelSpec.parse(cfg.prm, role="prm").remote:
             raise CodetoolError("with a PRM server, pass --eval_fraction and --split_seed (or --split all).")
         from codetool.prm.modeling import read_prm_config
 

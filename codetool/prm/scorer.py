@@ -189,14 +189,17 @@ def load_scorer(spec: str, *, device: str = "auto", dtype: str = "auto", **kwarg
     Raises:
         CodetoolError: if the folder is not a PRM checkpoint.
     """
-    spec = (spec or "").strip()
-    if spec.lower() in ("", "none"):
+    from codetool.models.spec import ModelSpec
+
+    parsed = ModelSpec.parse(spec, role="prm")
+    spec = parsed.text
+    if parsed.kind == "none":
         return None
-    if spec.startswith(("http://", "https://")):
+    if parsed.kind == "server":
         from codetool.prm.client import HTTPScorer
 
         return HTTPScorer(spec, **kwargs)
-    if spec.startswith("vllm:"):
+    if parsed.kind == "vllm":
         from codetool.prm.vllm_backend import VLLMScorer
 
         return VLLMScorer(spec[len("vllm:"):], **kwargs)

@@ -318,7 +318,9 @@ def serve_prm(cfg: ServePRMConfig) -> int:
 
     api_key = key_from_env(cfg.api_key_env)
     check_bind(cfg.host, api_key, what="serve-prm", api_key_env=cfg.api_key_env)
-    if cfg.prm.startswith(("http://", "https://")) or cfg.prm.lower() in ("", "none"):
+    from codetool.models.spec import ModelSpec
+
+    if ModelSpec.parse(cfg.prm, role="prm").kind in ("server", "none"):
         raise CodetoolError(f"serve-prm needs a checkpoint folder, got --prm {cfg.prm!r}.")
     scorer = load_scorer(cfg.prm, device=cfg.device)
     app = create_app(scorer, api_key=api_key, name=cfg.prm, max_body_bytes=cfg.max_body_bytes,

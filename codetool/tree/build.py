@@ -455,9 +455,8 @@ def _build_missing(cfg: TreeConfig, mine: list, path: Path, append_jsonl) -> int
     the others go on (``codetool.resume``). Returns the number that failed."""
     from rich.progress import Progress
 
+    from codetool.assemble import executor_factory, make_policy, make_task, tool_backend
     from codetool.resume import FatalError, error_message, plan_resume, run_isolated
-    from codetool.search.run import executor_factory, make_policy, make_task, tool_backend_options
-    from codetool.tools.backends import make_tool_backend
 
     chash = tree_hash(cfg)
     plan = plan_resume(path, [str(q.query_id) for q in mine], lambda r: str(r.get("query_id")), chash,
@@ -469,8 +468,7 @@ def _build_missing(cfg: TreeConfig, mine: list, path: Path, append_jsonl) -> int
         return 0
     policy = make_policy(cfg.policy, max_batch_size=cfg.policy_max_batch_size, remote_model=cfg.remote_model)
     builder = TreeBuilder(policy, cfg, executor_factory(cfg.executor), judge=_judge_fn(cfg))
-    backend = make_tool_backend(cfg.tools_backend, **tool_backend_options(
-        cfg.tools_backend, cfg.tool_server_url, cfg.tool_cache_dir))
+    tools = tool_backend(cfg.tools_backend, server_url=cfg.tool_server_url, cache_dir=cfg.tool_cache_dir)
 
     def write(record: dict) -> None:
         try:
@@ -491,7 +489,7 @@ def _build_missing(cfg: TreeConfig, mine: list, path: Path, append_jsonl) -> int
         return str(x["query_id"] if isinstance(x, dict) else x.query_id)
 
     failed = 0
-    with Progress() as bar:
+    with tools as backend, Progress() as bar:
         job = bar.add_task("trees", total=len(todo))
         for b in range(0, len(todo), cfg.batch_trees):
             batch = todo[b:b + cfg.batch_trees]

@@ -13,12 +13,13 @@ on; the exit status is 1 when any query failed, and ``--retry_failed`` reruns on
 (``codetool.resume``). The end of the run prints a
 one-screen summary (finished, gave up, SCEP, mean steps, tokens, seconds per query and per phase,
 mean tool cost). ``--prm`` picks the latent reward: a PRM checkpoint directory, the URL of a
-``codetool serve-prm`` server, ``rollout`` (Monte Carlo rollouts with the policy) or ``none``.
+``codetool serve-prm`` server, ``rollout`` (Monte Carlo rollouts with the policy) or ``none``;
+``--search.latent`` may be left at its default (``prm``: follow ``--prm``) or agree with it, else
+the config is refused. The parts are composed by :mod:`codetool.assemble`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -28,10 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from codetool import CodetoolError
+from codetool.assemble import executor_factory, make_scorer, make_task, tool_backend
 from codetool.config import ConfigError, config_hash, option
 from codetool.decide.stage import RouterConfig
 from codetool.executor import ExecutorConfig
 from codetool.jsonl import append_jsonl
+from codetool.models.spec import ModelSpec
 from codetool.resume import (
     FatalError,
     OutputLock,
@@ -41,7 +44,7 @@ from codetool.resume import (
     unit_key,
 )
 from codetool.search.answer import AnswerConfig, needs_answer, write_final_answers
-from codetool.search.search import SearchConfig, SearchTask, StepwiseSearch
+from codetool.search.search import SearchConfig, StepwiseSearch
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +105,18 @@ class RunConfig:
             raise ConfigError("--query needs --tools FILE: a JSON api_list, a ToolBench query file or an OpenAPI spec.")
         if self.benchmark == "toolbench" and not self.queries:
             raise ConfigError("--benchmark toolbench needs --queries FILE_OR_FOLDER (ToolBench format).")
+        policy_spec(self)  # a remote_model without a server URL is an error now, not at load time
+        latent = ModelSpec.parse(self.prm, role="prm").latent
+        if getattr(self.search, "latent", "prm") not in ("prm", latent):
+            raise ConfigError(f"--search.latent {self.search.latent} disagrees with --prm {self.prm!r} (which means "
+                              f"latent {latent}); --prm decides the latent reward: pass --prm {self.search.latent} "
+                              "or leave --search.latent at its default.")
+
+
+def policy_spec(cfg: RunConfig) -> ModelSpec:
+    """The run's policy, parsed once from ``policy`` and the options beside it."""
+    return ModelSpec.parse(cfg.policy, role="policy", remote_model=cfg.remote_model, api_key_env=cfg.api_key_env,
+                           dtype=cfg.policy_dtype, max_batch_size=cfg.policy_max_batch_size)
 
 
 def load_benchmark(cfg: RunConfig) -> list:
@@ -152,94 +167,6 @@ def single_query(cfg: RunConfig):
     return BenchmarkQuery(query_id="query", query=cfg.query, apis=apis, benchmark="custom")
 
 
-@contextlib.contextmanager
-def tool_backend(cfg: RunConfig):
-    """The tool backend of a run; ``auto`` on RestBench starts our TMDB mock on a free loopback port
-    for the duration of the run."""
-    from codetool.tools.backends import make_tool_backend
-
-    kind = cfg.tools_backend
-    if kind == "auto":
-        kind = "mock-tmdb" if cfg.benchmark == "restbench-tmdb" else "simulator"
-    if kind == "mock-tmdb":
-        from codetool.serving import serve_in_background
-        from codetool.tools.loaders import data_root
-        from codetool.tools.mock_servers import build_tmdb_app
-        from codetool.tools.openapi import load_openapi
-
-        root = Path(cfg.data_dir) if cfg.data_dir else data_root()
-        app = build_tmdb_app(load_openapi(root / "RestGPT" / "specs" / "tmdb_oas.json", tool="tmdb"))
-        with serve_in_background(app) as url:
-            port = int(url.rsplit(":", 1)[1])
-            logger.info("TMDB mock serving on %s", url)
-            yield make_tool_backend("mock-tmdb", port=port)
-        return
-    yield make_tool_backend(kind, **tool_backend_options(kind, cfg.tool_server_url, cfg.tool_cache_dir))
-
-
-def tool_backend_options(kind: str, server_url: str | None, cache_dir: str | None) -> dict[str, Any]:
-    """Keyword options of ``make_tool_backend(kind)`` from the two settings runs and trees share.
-
-    Raises:
-        ConfigError: ``cache`` without a cache folder, or ``server`` without a URL.
-    """
-    options: dict[str, Any] = {}
-    if kind in ("server", "stabletoolbench") and server_url:
-        options["url"] = server_url
-    elif kind == "server":
-        raise ConfigError("tools_backend server needs --tool_server_url (e.g. http://127.0.0.1:8080/virtual).")
-    if kind == "cache":
-        if not cache_dir:
-            raise ConfigError("tools_backend cache needs --tool_cache_dir (a StableToolBench response cache).")
-        options["root"] = cache_dir
-    elif kind == "stabletoolbench" and cache_dir:
-        options["cache_dir"] = cache_dir
-    return options
-
-
-def make_task(query, backend, *, max_response_chars: int = 20000, tool_doc: str = "full") -> SearchTask:
-    """A :class:`SearchTask` from a ``BenchmarkQuery`` and a tool backend."""
-    from codetool.tools.environment import ToolEnvironment
-
-    env = ToolEnvironment.from_query(query, backend, max_response_chars=max_response_chars, render_style=tool_doc)
-    extra = {"relevant_apis": [list(p) for p in query.relevant_apis]}
-    if query.gold_path is not None:
-        extra["gold_path"] = list(query.gold_path)
-    if query.extra.get("missing_apis"):
-        extra["missing_apis"] = [list(p) for p in query.extra["missing_apis"]]
-    benchmark = "restbench-tmdb" if query.benchmark == "restbench" else query.benchmark
-    return SearchTask(query_id=query.query_id, query=query.query, env=env, benchmark=benchmark,
-                      group=query.group, extra=extra)
-
-
-def make_policy(spec: str, *, dtype: str = "auto", max_batch_size: int = 16, remote_model: str | None = None,
-                api_key_env: str = "OPENAI_API_KEY"):
-    """The policy backend for a model spec (see ``codetool.models.backends.make_backend``)."""
-    from codetool.models.backends import make_backend
-
-    if spec.startswith(("http://", "https://")):
-        return make_backend(spec, model=remote_model, api_key_env=api_key_env)
-    if spec.startswith("vllm:"):
-        return make_backend(spec, dtype=dtype)
-    return make_backend(spec, dtype=dtype, max_batch_size=max_batch_size)
-
-
-def make_scorer(spec: str, device: str = "auto"):
-    """``None`` for ``none``/``rollout``, else a PRM scorer (checkpoint dir or server URL)."""
-    if spec in ("none", "rollout"):
-        return None
-    from codetool.prm.scorer import load_scorer
-
-    return load_scorer(spec, device=device)
-
-
-def executor_factory(executor_cfg: ExecutorConfig):
-    """``task -> Executor`` with the task's tool functions."""
-    from codetool.executor import Executor
-
-    return lambda task: Executor(executor_cfg, tools=task.env.functions())
-
-
 def run_hash(cfg: RunConfig) -> str:
     """The config hash stored in trajectories (what changes results; not paths or limits)."""
     return config_hash(cfg, ignore=("output", "offset", "limit", "data_dir", "prm_device", "retry_failed",
@@ -270,7 +197,7 @@ def execute_run(cfg: RunConfig, *, policy=None, scorer=None, show_summary: bool 
         CodetoolError: the output is a folder, is locked by another run, or holds records written
             with other settings; no queries were selected; the output cannot be written.
     """
-    cfg.search.latent = {"none": "none", "rollout": "rollout"}.get(cfg.prm, "prm")
+    cfg.search.latent = ModelSpec.parse(cfg.prm, role="prm").latent  # --prm decides (checked in RunConfig)
     queries = [single_query(cfg)] if cfg.query is not None else load_benchmark(cfg)
     if not queries:
         raise CodetoolError(f"no queries to run in {cfg.queries or cfg.benchmark}; check --queries, --group, --offset.")
@@ -297,15 +224,16 @@ def _run_queries(cfg: RunConfig, todo: list, out: Path, chash: str, policy, scor
     """Search every query of ``todo``, one error record per failing query; returns the failures."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    import codetool.assemble as assemble  # read at call time: tests substitute a scripted policy
     from codetool.search.records import Trajectory
 
-    policy = policy or make_policy(cfg.policy, dtype=cfg.policy_dtype, max_batch_size=cfg.policy_max_batch_size,
-                                   remote_model=cfg.remote_model, api_key_env=cfg.api_key_env)
+    policy = policy or assemble.make_policy(policy_spec(cfg))
     if scorer is None:
         scorer = make_scorer(cfg.prm, cfg.prm_device)
     search = StepwiseSearch(policy, cfg.search, executor_factory(cfg.executor), scorer=scorer, config_hash=chash)
     start, failed = time.perf_counter(), 0
-    with tool_backend(cfg) as backend, Progress(
+    with tool_backend(cfg.tools_backend, benchmark=cfg.benchmark, data_dir=cfg.data_dir, server_url=cfg.tool_server_url,
+                      cache_dir=cfg.tool_cache_dir) as backend, Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TextColumn("{task.fields[last]}")) as bar:
         job = bar.add_task(f"{cfg.search.method} on {cfg.benchmark or 'query'}", total=len(todo), last="")

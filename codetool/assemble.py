@@ -1,0 +1,128 @@
+"""Composition: turn settings into the parts a search or a tree build runs with.
+
+The commands (``codetool run``, ``build-trees``, ``eval-decision``, ``pipeline``) read their
+configs and ask this module for a policy (:func:`make_policy`), a PRM scorer
+(:func:`make_scorer`), a tool backend and the local mock server it may need, for the duration of
+a ``with`` block (:func:`tool_backend`), an executor per task (:func:`executor_factory`) and the
+tasks themselves (:func:`make_task`). Model specs are parsed once, by
+:class:`codetool.models.spec.ModelSpec`.
+
+Layering (``tests/test_layering.py``): this module sits above the stages it composes (``models``,
+``prm``, ``tools``, ``executor``, ``search``) and below the commands; it imports nothing from
+``tree``, ``eval``, ``decide``, ``pipeline``, ``run`` or ``cli``, and none of the stages imports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from codetool.config import ConfigError
+from codetool.executor import ExecutorConfig
+from codetool.models.spec import ModelSpec
+from codetool.search.search import SearchTask
+
+logger = logging.getLogger(__name__)
+
+
+def make_policy(spec: str | ModelSpec, *, dtype: str = "auto", max_batch_size: int = 16,
+                remote_model: str | None = None, api_key_env: str = "OPENAI_API_KEY"):
+    """The policy backend for a model spec (see :class:`~codetool.models.spec.ModelSpec`).
+
+    Args:
+        spec (`str` or `ModelSpec`): ``default``, a path, a Hub id, an http(s) URL or ``vllm:<model>``;
+            a parsed :class:`ModelSpec` is used as it is (the keyword options are then ignored).
+    Raises:
+        ConfigError: ``remote_model`` with a spec that is not a server URL.
+        CodetoolError: what the backend raises (a missing model, a missing API key variable).
+    """
+    if not isinstance(spec, ModelSpec):
+        spec = ModelSpec.parse(spec, role="policy", remote_model=remote_model, api_key_env=api_key_env,
+                               dtype=dtype, max_batch_size=max_batch_size)
+    return spec.build()
+
+
+def make_scorer(spec: str, device: str = "auto"):
+    """``None`` for ``none``/``rollout``, else a PRM scorer (checkpoint folder, server URL, ``vllm:``)."""
+    if ModelSpec.parse(spec, role="prm").kind in ("none", "rollout"):
+        return None
+    from codetool.prm.scorer import load_scorer
+
+    return load_scorer(spec, device=device)
+
+
+def executor_factory(executor_cfg: ExecutorConfig) -> Callable[[SearchTask], Any]:
+    """``task -> Executor`` with the task's tool functions."""
+    from codetool.executor import Executor
+
+    return lambda task: Executor(executor_cfg, tools=task.env.functions())
+
+
+def make_task(query, backend, *, max_response_chars: int = 20000, tool_doc: str = "full") -> SearchTask:
+    """A :class:`SearchTask` from a ``BenchmarkQuery`` and a tool backend."""
+    from codetool.tools.environment import ToolEnvironment
+
+    env = ToolEnvironment.from_query(query, backend, max_response_chars=max_response_chars, render_style=tool_doc)
+    extra = {"relevant_apis": [list(p) for p in query.relevant_apis]}
+    if query.gold_path is not None:
+        extra["gold_path"] = list(query.gold_path)
+    if query.extra.get("missing_apis"):
+        extra["missing_apis"] = [list(p) for p in query.extra["missing_apis"]]
+    benchmark = "restbench-tmdb" if query.benchmark == "restbench" else query.benchmark
+    return SearchTask(query_id=query.query_id, query=query.query, env=env, benchmark=benchmark,
+                      group=query.group, extra=extra)
+
+
+def tool_backend_options(kind: str, server_url: str | None, cache_dir: str | None) -> dict[str, Any]:
+    """Keyword options of ``make_tool_backend(kind)`` from the two settings runs and trees share.
+
+    Raises:
+        ConfigError: ``cache`` without a cache folder, or ``server`` without a URL.
+    """
+    options: dict[str, Any] = {}
+    if kind in ("server", "stabletoolbench") and server_url:
+        options["url"] = server_url
+    elif kind == "server":
+        raise ConfigError("tools_backend server needs --tool_server_url (e.g. http://127.0.0.1:8080/virtual).")
+    if kind == "cache":
+        if not cache_dir:
+            raise ConfigError("tools_backend cache needs --tool_cache_dir (a StableToolBench response cache).")
+        options["root"] = cache_dir
+    elif kind == "stabletoolbench" and cache_dir:
+        options["cache_dir"] = cache_dir
+    return options
+
+
+@contextlib.contextmanager
+def tool_backend(kind: str, *, benchmark: str | None = None, data_dir: str | None = None,
+                 server_url: str | None = None, cache_dir: str | None = None) -> Iterator[Any]:
+    """The tool backend of a run, for the duration of the ``with`` block.
+
+    ``auto`` is our TMDB mock on RestBench (``benchmark == "restbench-tmdb"``) and the simulator
+    otherwise; ``mock-tmdb`` starts the mock (a guarded app, ``codetool.serving``) on a free
+    loopback port and stops it when the block ends.
+
+    Raises:
+        ConfigError: see :func:`tool_backend_options`.
+    """
+    from codetool.tools.backends import make_tool_backend
+
+    if kind == "auto":
+        kind = "mock-tmdb" if benchmark == "restbench-tmdb" else "simulator"
+    if kind == "mock-tmdb":
+        from codetool.serving import serve_in_background
+        from codetool.tools.loaders import data_root
+        from codetool.tools.mock_servers import build_tmdb_app
+        from codetool.tools.openapi import load_openapi
+
+        root = Path(data_dir) if data_dir else data_root()
+        app = build_tmdb_app(load_openapi(root / "RestGPT" / "specs" / "tmdb_oas.json", tool="tmdb"))
+        with serve_in_background(app) as url:
+            port = int(url.rsplit(":", 1)[1])
+            logger.info("TMDB mock serving on %s", url)
+            yield make_tool_backend("mock-tmdb", port=port)
+        return
+    yield make_tool_backend(kind, **tool_backend_options(kind, server_url, cache_dir))

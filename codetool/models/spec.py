@@ -1,0 +1,112 @@
+"""One parser for model specs: what a ``--policy``, ``--model``, ``judge.model`` or ``--prm`` value means.
+
+A spec string is parsed once into a :class:`ModelSpec` (its kind, where the model is, and the
+options that kind takes); every place that builds a policy, a judge or a PRM scorer asks the
+spec instead of testing the string's prefix again (issue 18). The forms:
+
+| spec | kind (policy, judge) | kind (PRM) | options used |
+|---|---|---|---|
+| ``http://...``, ``https://...`` | ``openai`` (OpenAI-compatible server) | ``server`` (``codetool serve-prm``) | ``remote_model``, ``api_key_env`` |
+| ``vllm:<model>`` | ``vllm`` (in-process, GPU) | ``vllm`` | ``dtype`` |
+| ``default``, a folder, a ``.gguf``, a Hub id | ``local`` (transformers) | ``local`` (a train-prm folder) | ``dtype``, ``device``, ``max_batch_size`` |
+| ``none`` / empty | (error) | ``none`` | |
+| ``rollout`` | (a local model of that name) | ``rollout`` (Monte Carlo rollouts with the policy) | |
+
+Settings that cannot apply to the kind are an error, not silently dropped: a ``remote_model``
+with a local or ``vllm:`` model raises :class:`~codetool.config.ConfigError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from codetool import CodetoolError
+from codetool.config import ConfigError
+
+POLICY_KINDS = ("local", "openai", "vllm")
+PRM_KINDS = ("none", "rollout", "server", "vllm", "local")
+ROLES = ("policy", "judge", "prm")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A parsed model spec.
+
+    Args:
+        text (`str`): the spec as given (stripped), e.g. ``"default"`` or ``"http://127.0.0.1:8001/v1"``.
+        kind (`str`): one of :data:`POLICY_KINDS` (policies, judges) or :data:`PRM_KINDS` (PRMs).
+        location (`str`): the model without its scheme: a folder, Hub id, base URL or vLLM model.
+        role (`str`): ``policy``, ``judge`` or ``prm`` (names the setting in error messages).
+        remote_model, api_key_env, dtype, device, max_batch_size: the options of the kind (see
+            :meth:`backend_kwargs`); ``None`` leaves the backend's default.
+    """
+
+    text: str
+    kind: str
+    location: str
+    role: str = "policy"
+    remote_model: str | None = None
+    api_key_env: str | None = None
+    dtype: str | None = None
+    device: str | None = None
+    max_batch_size: int | None = None
+
+    @classmethod
+    def parse(cls, spec: str | None, *, role: str = "policy", remote_model: str | None = None,
+              api_key_env: str | None = None, dtype: str | None = None, device: str | None = None,
+              max_batch_size: int | None = None) -> ModelSpec:
+        """Parse ``spec`` for ``role`` with the options given alongside it.
+
+        Raises:
+            CodetoolError: an empty policy or judge spec.
+            ConfigError: ``remote_model`` with a spec that is not an http(s) URL.
+        """
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        text = str(spec or "").strip()
+        if text.startswith(("http://", "https://")):
+            kind, location = ("server" if role == "prm" else "openai"), text
+        elif text.startswith("vllm:"):
+            kind, location = "vllm", text[len("vllm:"):] or "default"
+        elif role == "prm" and text.lower() in ("", "none"):
+            kind, location = "none", ""
+        elif role == "prm" and text == "rollout":
+            kind, location = "rollout", ""
+        elif not text:
+            raise CodetoolError(f"no model given for the {role}; pass 'default', a model path, a Hub id, an http(s):// "
+                                "URL of an OpenAI-compatible server, or vllm:<model>.")
+        else:
+            kind, location = "local", text
+        if remote_model and kind not in ("openai", "server"):
+            raise ConfigError(f"remote_model {remote_model!r} names a model on an http(s) server, but the {role} "
+                              f"{text!r} is not a server URL; drop remote_model or pass the server's http(s):// URL.")
+        return cls(text=text, kind=kind, location=location, role=role, remote_model=remote_model or None,
+                   api_key_env=api_key_env, dtype=dtype, device=device, max_batch_size=max_batch_size)
+
+    @property
+    def remote(self) -> bool:
+        """Whether the model answers over HTTP (an OpenAI-compatible or ``serve-prm`` server)."""
+        return self.kind in ("openai", "server")
+
+    @property
+    def latent(self) -> str:
+        """The search's ``latent`` source this PRM spec implies: ``none``, ``rollout`` or ``prm``."""
+        return self.kind if self.kind in ("none", "rollout") else "prm"
+
+    def backend_kwargs(self) -> dict:
+        """Keyword options of the backend of this kind (``make_backend``): servers take
+        ``model``/``api_key_env``, ``vllm:`` takes ``dtype``, local models ``dtype``/``device``/
+        ``max_batch_size``; options left ``None`` are not passed."""
+        if self.remote:
+            options = {"model": self.remote_model, "api_key_env": self.api_key_env}
+            return {k: v for k, v in options.items() if v is not None or k == "model"}
+        names = ("dtype",) if self.kind == "vllm" else ("dtype", "device", "max_batch_size")
+        return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
+
+    def build(self):
+        """The ``LLMBackend`` of a policy or judge spec (``codetool.models.backends.make_backend``)."""
+        from codetool.models.backends import make_backend
+
+        if self.kind not in POLICY_KINDS:
+            raise ConfigError(f"{self.role} {self.text!r} is a {self.kind} PRM spec, not a language model.")
+        return make_backend(self.text, **self.backend_kwargs())

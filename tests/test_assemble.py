@@ -1,0 +1,92 @@
+"""The composition module (codetool.assemble) and the settings it refuses to mix (issue 18)."""
+
+from __future__ import annotations
+
+import pytest
+
+import codetool.assemble as assemble
+from codetool.config import ConfigError
+from codetool.models.backends import ScriptedBackend
+from codetool.pipeline import PipelineConfig
+from codetool.run import RunConfig
+from codetool.search.search import SearchConfig
+from codetool.tree.build import TreeConfig
+
+
+def test_make_policy_parses_the_spec_once(monkeypatch):
+    seen = []
+    monkeypatch.setattr("codetool.models.backends.make_backend", lambda spec, **kw: seen.append((spec, kw)) or "B")
+    assert assemble.make_policy("default", max_batch_size=4) == "B"
+    assemble.make_policy("http://h/v1", remote_model="policy")
+    assemble.make_policy("vllm:m", dtype="bfloat16")
+    assert seen == [("default", {"dtype": "auto", "max_batch_size": 4}),
+                    ("http://h/v1", {"model": "policy", "api_key_env": "OPENAI_API_KEY"}),
+                    ("vllm:m", {"dtype": "bfloat16"})]
+    with pytest.raises(ConfigError, match="remote_model"):
+        assemble.make_policy("default", remote_model="policy")
+
+
+def test_make_scorer_none_and_rollout_need_no_prm():
+    assert assemble.make_scorer("none") is None and assemble.make_scorer("rollout") is None
+    assert assemble.make_scorer("") is None
+
+
+def test_tool_backend_options_and_lifetime():
+    assert assemble.tool_backend_options("stabletoolbench", "http://h", "c") == {"url": "http://h", "cache_dir": "c"}
+    assert assemble.tool_backend_options("cache", None, "c") == {"root": "c"}
+    with pytest.raises(ConfigError, match="tool_server_url"):
+        assemble.tool_backend_options("server", None, None)
+    with assemble.tool_backend("auto", benchmark="stabletoolbench") as backend:
+        assert type(backend).__name__ == "SimulatorBackend"
+
+
+def test_prm_decides_the_latent_reward_and_a_contrary_latent_is_refused():
+    assert RunConfig(query="q", tools="t.json", prm="rollout", search=SearchConfig(latent="rollout")).prm == "rollout"
+    RunConfig(query="q", tools="t.json", prm="ckpt")  # latent left at its default: follows --prm
+    with pytest.raises(ConfigError, match="--search.latent none disagrees with --prm 'ckpt'"):
+        RunConfig(query="q", tools="t.json", prm="ckpt", search=SearchConfig(latent="none"))
+    with pytest.raises(ConfigError, match="--search.latent rollout disagrees with --prm 'none'"):
+        RunConfig(query="q", tools="t.json", search=SearchConfig(latent="rollout"))
+    with pytest.raises(ConfigError, match="remote_model"):
+        RunConfig(query="q", tools="t.json", remote_model="policy")
+
+
+def test_pipeline_refuses_a_trees_policy_it_would_replace():
+    assert PipelineConfig(policy="http://h/v1", remote_model="p", trees=TreeConfig(policy="http://h/v1")).trees
+    with pytest.raises(ConfigError, match="trees.policy is 'other' but the pipeline's policy is 'default'"):
+        PipelineConfig(trees=TreeConfig(policy="other"))
+    with pytest.raises(ConfigError, match="trees.tool_doc"):
+        PipelineConfig(trees=TreeConfig(tool_doc="brief"))
+    with pytest.raises(ConfigError, match="remote_model"):
+        PipelineConfig(remote_model="p")
+
+
+def test_run_takes_its_policy_from_the_composition_module(monkeypatch, tmp_path):
+    import json
+
+    from codetool.run import execute_run
+
+    tools = tmp_path / "apis.json"
+    tools.write_text(json.dumps([{"category_name": "Data", "tool_name": "weather", "api_name": "forecast",
+                                  "api_description": "forecast", "required_parameters": [], "optional_parameters": []}]))
+    monkeypatch.setattr(assemble, "make_policy", lambda *a, **k: ScriptedBackend(lambda p: "finish('sunny')\n```"))
+    out = execute_run(RunConfig(query="Weather?", tools=str(tools), output=str(tmp_path / "t.jsonl"),
+                                search=SearchConfig(k=1, max_steps=2), executor=_executor()), show_summary=False)
+    record = json.loads(out.read_text().splitlines()[0])
+    assert record["finish_type"] == "finish" and record["query_id"] == "query"
+
+
+def _executor():
+    from codetool.executor import ExecutorConfig
+
+    return ExecutorConfig(isolation="fallback", timeout_s=10)
+
+
+def test_the_mock_tmdb_server_lives_as_long_as_the_block(shared_data):
+    import socket
+
+    with assemble.tool_backend("auto", benchmark="restbench-tmdb", data_dir=str(shared_data)) as backend:
+        host, port = backend.base_url.removeprefix("http://").rsplit(":", 1)
+        socket.create_connection((host, int(port)), timeout=5).close()  # serving
+    with pytest.raises(OSError):
+        socket.create_connection((host, int(port)), timeout=5).close()
