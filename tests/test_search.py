@@ -184,3 +184,15 @@ def test_run_command_writes_and_resumes(tiny_model_dir, shared_data, tmp_path):
     # episodes that ran out of steps were sent for a final answer (the tiny model may write none)
     unfinished = [r for r in records if r["finish_type"] == "max_steps" and r["steps"]]
     assert all(r["extra"].get("answer_source", "generated") == "generated" for r in unfinished)
+
+
+def test_a_reply_without_code_gets_the_defined_no_code_result(query):
+    from codetool.executor.result import NO_CODE, OUTCOMES, ExecutionResult
+
+    policy = ScriptedBackend(["I would look it up first."])
+    search = StepwiseSearch(policy, SearchConfig(latent="none", code_prefix=False, max_steps=1, k=1),
+                            lambda t: Executor(EXEC, tools=t.env.functions()))
+    cand = search.solve(make_task(query)).steps[0].candidates[0]
+    assert NO_CODE in OUTCOMES and cand.code is None and cand.r_spot == 0.0
+    result = ExecutionResult.from_dict(cand.result)  # a well-formed ExecutionResult, not a hand-built dict
+    assert (result.ok, result.outcome, result.error_type, result.tool_calls) == (False, "no_code", "NoCodeBlock", [])

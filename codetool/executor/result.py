@@ -7,7 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # ExecutionResult.outcome values; only "ok" counts as a successful execution (R_spot = 1).
-OUTCOMES = ("ok", "runtime_error", "sandbox_violation", "timeout", "resource_limit", "worker_lost")
+# NO_CODE: the reply held no code block, so nothing ran; set by the search (no_code_result), never
+# by the executor (a worker that reports it is treated as a sandbox violation).
+NO_CODE = "no_code"
+OUTCOMES = ("ok", "runtime_error", "sandbox_violation", "timeout", "resource_limit", "worker_lost", NO_CODE)
 
 
 @dataclass
@@ -57,7 +60,7 @@ class ExecutionResult:
             line of the step (with the calling line when it failed inside an earlier step's
             function).
         outcome (`str`): one of ``OUTCOMES``: ``ok``, ``runtime_error``, ``sandbox_violation``,
-            ``timeout``, ``resource_limit``, ``worker_lost``.
+            ``timeout``, ``resource_limit``, ``worker_lost``, or ``no_code`` (:func:`no_code_result`).
         output_truncated (`bool`): output beyond ``max_output_chars`` was dropped.
         state_lost (`bool`): the worker was replaced during this run (timeout kill, crash,
             ``os._exit``) or had died before it: variables, functions and imports of earlier steps
@@ -112,3 +115,12 @@ class ExecutionResult:
         values["tool_calls"] = [c if isinstance(c, ToolCall) else ToolCall(**c)
                                 for c in values.get("tool_calls", [])]
         return cls(**values)
+
+
+def no_code_result(reason: str | None) -> ExecutionResult:
+    """The result of a candidate whose reply had no code block: nothing ran, ``R_spot = 0``.
+
+    Args:
+        reason (`str` or `None`): why no code was found (``codetool.search.prompt.parse_candidate``).
+    """
+    return ExecutionResult(ok=False, outcome=NO_CODE, error_type="NoCodeBlock", error_message=reason)

@@ -208,8 +208,9 @@ def expand(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: Search
                              completion_tokens=completion.completion_tokens)
             child = None
             if parsed.code is None:
-                cand.result = {"ok": False, "outcome": "no_code", "error_type": "NoCodeBlock",
-                               "error_message": parsed.error, "tool_calls": [], "stdout": ""}
+                from codetool.executor.result import no_code_result
+
+                cand.result = no_code_result(parsed.error).to_dict()
             else:
                 child, cand.result = _execute(state, parsed.code)
             cand.r_spot = on_the_spot(cand.result, tool_error_is_failure=cfg.tool_error_is_failure)
