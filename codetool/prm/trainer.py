@@ -84,8 +84,8 @@ class PRMConfig(SFTConfig):
     train_label_head: bool = option(True, "train the two label rows of the output embedding")
     share_prefix: str = option(
         "auto", "prefix sharing in a batch: auto (time each mode on the first batch, keep the fastest), "
-        "packed (one forward, block mask), trie (KV-cache trie; not with checkpointing/FSDP), none",
-        choices=("auto", "packed", "trie", "none"))
+        "packed (one forward, block mask), trie (KV-cache trie; not with checkpointing/FSDP), none; "
+        "true means auto, false none")
     max_packed_tokens: int = option(4096, "width bound of a packed row (share_prefix packed)")
     precision: str = option("auto", "auto: bf16 on a bf16 GPU, fp32 otherwise (sets bf16 unless given)",
                             choices=("auto", "bf16", "fp32"))
@@ -127,8 +127,11 @@ class PRMConfig(SFTConfig):
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}.")
         if self.learning_rate <= 0:
             raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate}.")
-        if isinstance(self.share_prefix, bool) or self.share_prefix in ("True", "False", "true", "false"):
-            self.share_prefix = "auto" if str(self.share_prefix).lower() == "true" else "none"
+        mode = str(self.share_prefix).lower()
+        self.share_prefix = {"true": "auto", "yes": "auto", "on": "auto", "false": "none", "no": "none",
+                             "off": "none"}.get(mode, mode)
+        if self.share_prefix not in ("auto", "packed", "trie", "none"):
+            raise ConfigError(f"share_prefix: got {mode!r}; choose one of auto, packed, trie, none.")
         if self.report_to is None:  # "none" read as null by the YAML/CLI loader
             self.report_to = "none"
         if self.bf16 is None:
