@@ -1,6 +1,8 @@
 # codetool: two commands do everything on a fresh machine.
 #   make test   set-up + the test suite (offline, CPU, < 15 min on 2 cores)
 #   make demo   set-up + the whole method end to end on the embedded default model
+#   make gpu-check  PRM scoring/training/checkpoints/generation on the GPU, one JSON (< 8 min);
+#               make gpu-check GPU_CHECK_ARGS="--device cpu --tiny" runs the same paths on CPU (CI)
 # Set-up is idempotent: a virtualenv in .venv, the package and its dependencies, bubblewrap
 # (if apt-get can install it), and the embedded default model cached under checkpoints/.
 # On a GPU machine pass the torch you want: make setup TORCH_SPEC="torch==2.9.1"
@@ -13,8 +15,9 @@ CODETOOL := $(VENV)/bin/codetool
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.codetool-installed
 PYTEST_ARGS ?=
+GPU_CHECK_ARGS ?=
 
-.PHONY: setup install test test-slow demo bench lint clean
+.PHONY: setup install test test-slow demo bench gpu-check lint clean
 
 $(STAMP): pyproject.toml
 	@bash scripts/install_system_deps.sh
@@ -39,6 +42,9 @@ demo: setup
 
 bench: setup
 	$(PY) benchmarks/run_all.py
+
+gpu-check: setup
+	$(PY) benchmarks/gpu_check.py --out reports/gpu_check $(GPU_CHECK_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check codetool tests benchmarks scripts

@@ -165,9 +165,9 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @cuda
 @pytest.mark.parametrize("finetune", ["full", "lora"])
 def test_new_save_load_and_score_on_cuda(tiny_model_dir, tmp_path, finetune):
+    from codetool.prm.format import item_from_row
     from codetool.prm.scorer import LocalPRMScorer
     from codetool.prm.synthetic import synthetic_rows
-    from codetool.prm.format import item_from_row
 
     fmt = PRMFormat(max_length=512, max_suffix_length=192)
     model, tok = new_prm(str(tiny_model_dir), fmt, dtype="bfloat16", device="cuda")
