@@ -186,3 +186,29 @@ def test_plan_groups_shares_where_it_saves_positions():
     row, pos = packed.gather[0].tolist()
     assert packed.position_ids[0, pos] == len(rows[0]) - 1
     assert int(mask[pos].sum()) == len(rows[0])  # the prefix and its own suffix, not its siblings
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_packed_scores_match_per_row_scores_in_bf16_on_cuda():
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from codetool.prm.modeling import PRMModel
+
+    config = Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa")
+    with torch.device("cuda"):
+        lm = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model = PRMModel(lm, (126, 127)).cuda().eval()
+    prefix = list(range(3, 103))
+    rows = [prefix + [5 + i] * (3 + i) for i in range(8)]
+    with torch.inference_mode():
+        packed = torch.softmax(model.logits_of_rows(rows, "packed"), -1)[:, 0]
+        single = torch.cat([torch.softmax(model.logits_of_rows([r], "none"), -1)[:, 0] for r in rows])
+    assert float((packed - single).abs().max()) < 1e-2  # bf16 rounding
+    assert model.pick_share_mode(*_pad(rows, "cuda")) in ("packed", "trie", "none")
+
+
+def _pad(rows, device):
+    width = max(map(len, rows))
+    return (torch.tensor([r + [0] * (width - len(r)) for r in rows], device=device),
+            torch.tensor([len(r) - 1 for r in rows], device=device))

@@ -76,6 +76,26 @@ def test_an_sft_option_not_named_in_our_code_takes_effect_from_yaml_and_cli(tiny
     assert isinstance(build_trainer(cfg).create_optimizer(), Adafactor)
 
 
+@pytest.mark.parametrize("recipe", sorted((REPO / "configs" / "train").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_train_recipe_loads_as_a_prm_config(recipe):
+    cfg = load_config(PRMConfig, recipe)
+    assert cfg.output_dir.startswith("checkpoints/prm/") and cfg.max_length == cfg.format.max_length
+
+
+def test_the_cli_entry_point_passes_trl_options_through(tiny_model_dir, data, tmp_path):
+    """The real ``codetool train-prm``: --optim reaches the saved TrainingArguments; the CLI's own
+    --log-level does not leak into SFTConfig's log_level field."""
+    from codetool.cli import main
+
+    out = tmp_path / "cli"
+    assert main(["train-prm", "--model", str(tiny_model_dir), "--dataset", str(data), "--output_dir", str(out),
+                 "--max_steps", "1", "--eval_fraction", "0", "--resume", "none", "--format.max_length", "384",
+                 "--format.max_suffix_length", "128", "--optim", "sgd", "--log-level", "WARNING"]) == 0
+    args = torch.load(out / "training_args.bin", weights_only=False)
+    assert str(getattr(args.optim, "value", args.optim)) == "sgd" and args.log_level == "passive"
+    assert (out / "README.md").is_file()
+
+
 def test_train_prm_help_lists_the_trl_options():
     out = subprocess.run([sys.executable, "-m", "codetool.cli", "train-prm", "--help"], capture_output=True,
                          text=True, cwd=REPO, timeout=300)
