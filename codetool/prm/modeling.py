@@ -138,13 +138,24 @@ class PRMModel(nn.Module):
     ``forward(input_ids, last_index, share_prefix=False)`` returns the two label logits (batch, 2),
     float32, read at ``last_index`` (batch,), the position right before the label token. Inputs
     are right-padded and need no attention mask: with causal attention, pads after a row's last
-    real token cannot change that token's hidden state. With ``share_prefix``, token runs that rows
-    of the batch have in common (the query and tool prompt of one query, the history of sibling
-    candidates, the opening of their steps) are computed once, as a prefix trie: each shared run
-    of at least ``MIN_SHARED_TOKENS`` tokens is one batch-1 pass whose KV cache the rows below it
-    read, and gradients flow back through the cache. The logits equal the unshared ones to float
-    rounding; ``k`` candidates after a ``P``-token prefix cost ``P + k*S`` positions instead of
-    ``k*(P + S)``. Not for activation checkpointing (it turns the KV cache off) or FSDP.
+    real token cannot change that token's hidden state. ``share_prefix`` computes the token runs
+    that rows have in common (a query's prompt, siblings' history) once, in one of three ways that
+    all equal the unshared logits and gradients to float rounding (tested in fp32):
+
+    - ``"packed"`` (or `True`): one forward over packed rows, each shared prefix once and its
+      suffixes after it, with a block attention mask and position ids continuing from the prefix
+      (``codetool.prm.packing``). One call: what pays on a GPU, and fine with activation
+      checkpointing and FSDP. Needs ``sdpa`` or ``eager`` attention (else falls back to the trie).
+    - ``"trie"``: a prefix trie of batch-1 passes whose KV cache the rows below read, gradients
+      through the cache; each shared run of at least ``MIN_SHARED_TOKENS`` tokens is one call.
+      Many small calls: good on a compute-bound CPU, launch-bound on a GPU (8x slower than no
+      sharing there, issue 20). Not with activation checkpointing (no cache) or FSDP.
+    - ``"none"`` (or `False`): one right-padded causal forward.
+    - ``"auto"``: :meth:`pick_share_mode` times the three on the first batch and keeps the
+      fastest in ``share_mode``. It is the default of training and scoring on every device; on
+      the 2-core CPU it picks packed or trie, on a GPU packed is expected (one launch).
+
+    ``k`` candidates after a ``P``-token prefix cost ``P + k*S`` positions instead of ``k*(P + S)``.
     """
 
     def __init__(self, lm, label_ids: tuple[int, int], label_head: torch.Tensor | None = None):
@@ -196,8 +207,8 @@ class PRMModel(nn.Module):
         """
         last_index = last_index.to(input_ids.device)
         mode = self.resolve_share_mode(share_prefix)
-        if mode == "auto":
-            mode = self.pick_share_mode(input_ids, last_index)
+        if mode == "auto":  # one row has nothing to share: nothing to measure either
+            mode = self.pick_share_mode(input_ids, last_index) if input_ids.shape[0] > 1 else "none"
         if mode == "none" or input_ids.shape[0] < 2:
             return self.label_logits(self._full(input_ids, last_index))
         ids, ends = input_ids.tolist(), [i + 1 for i in last_index.tolist()]
