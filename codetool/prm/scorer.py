@@ -38,8 +38,9 @@ class LocalPRMScorer:
         model (`PRMModel`): in eval mode, on its device.
         tokenizer: the checkpoint's tokenizer (with the label tokens).
         fmt (`PRMFormat`): the prompt format the model was trained with.
-        max_batch_tokens (`int`, *optional*, defaults to 16384): bound on the prompt tokens of one
-            forward (one packed row is further bounded by ``model.max_packed_tokens``).
+        max_batch_tokens (`int`, *optional*, defaults to 16384): bound on the token positions of
+            one forward, a shared prefix counted once (a packed row is further bounded by
+            ``model.max_packed_tokens``).
         share_prefix (`bool` or `str`, *optional*, defaults to ``"auto"``): the same modes as
             training (``PRMModel.forward``): ``packed`` (one forward, block mask), ``trie``,
             ``none`` (`False`), or ``auto``: timed on the first call with something to share,
@@ -78,9 +79,12 @@ class LocalPRMScorer:
         for i, enc in enumerate(encoded):
             groups.setdefault(tuple(enc.prefix_ids), []).append(i)
         order = [i for members in groups.values() for i in members]  # siblings side by side
+        first = {members[0] for members in groups.values()}
+        cost = [len(encoded[i].input_ids) if i in first or self.share_prefix == "none" else len(encoded[i].suffix_ids)
+                for i in order]  # positions computed: a group's prefix once
         scores: list[float] = [0.0] * len(items)
         with torch.inference_mode():
-            for batch in self._batches([len(encoded[i].input_ids) for i in order]):
+            for batch in self._batches(cost):
                 rows = [encoded[order[k]].input_ids for k in batch]
                 logits = self.model.logits_of_rows(rows, share_prefix=self.share_prefix)  # (n, 2) float32
                 for k, value in zip(batch, torch.softmax(logits, dim=-1)[:, 0].tolist()):
@@ -96,7 +100,7 @@ class LocalPRMScorer:
         return scores
 
     def _batches(self, lengths: list[int]) -> list[list[int]]:
-        """Consecutive index runs of at most ``max_batch_tokens`` prompt tokens (at least one row each)."""
+        """Consecutive index runs of at most ``max_batch_tokens`` positions (at least one row each)."""
         batches, current, total = [], [], 0
         for i, n in enumerate(lengths):
             if current and total + n > self.max_batch_tokens:
