@@ -115,34 +115,30 @@ def pack_rows(rows: list[list[int]], *, min_shared: int = 16, max_tokens: int = 
         packed[-1].extend((i, shared, len(rows[i])) for i in members)
         widths[-1] += size
     width = max(widths)
-    ids = torch.full((len(packed), width), pad_id, dtype=torch.long)
-    pos = torch.zeros((len(packed), width), dtype=torch.long)
-    group = torch.full((len(packed), width), -1, dtype=torch.long)
-    segment = torch.full((len(packed), width), -2, dtype=torch.long)
-    gather = torch.zeros((len(rows), 2), dtype=torch.long)
+    ids, pos, group, segment = ([[fill] * width for _ in packed] for fill in (pad_id, 0, -1, -2))
+    gather = [[0, 0] for _ in rows]
     for b, pieces in enumerate(packed):
         at, g = 0, -1
         for k, (i, start, end) in enumerate(pieces):
             if i == -1:  # group header: lay the prefix out once (from the next piece's row)
                 g += 1
-                source = pieces[k + 1][0]
-                ids[b, at: at + start] = torch.tensor(rows[source][:start], dtype=torch.long)
-                pos[b, at: at + start] = torch.arange(start)
-                group[b, at: at + start], segment[b, at: at + start] = g, -1
-                at += start
-                continue
+                i, start, end, k = pieces[k + 1][0], 0, start, -1
             n = end - start
-            ids[b, at: at + n] = torch.tensor(rows[i][start:end], dtype=torch.long)
-            pos[b, at: at + n] = torch.arange(start, end)
-            group[b, at: at + n], segment[b, at: at + n] = g, k
-            gather[i] = torch.tensor([b, at + n - 1])
+            ids[b][at: at + n] = rows[i][start:end]
+            pos[b][at: at + n] = range(start, end)
+            group[b][at: at + n], segment[b][at: at + n] = [g] * n, [k] * n
+            if k >= 0:
+                gather[i] = [b, at + n - 1]
             at += n
-        pos[b, at:] = torch.arange(width - at)
-    index = torch.arange(width)
-    allowed = ((group[:, :, None] == group[:, None, :]) & (index[None, None, :] <= index[None, :, None])
-               & ((segment[:, None, :] == -1) | (segment[:, None, :] == segment[:, :, None])))
-    allowed |= torch.eye(width, dtype=torch.bool)[None]  # padding sees itself: no fully masked row
+        pos[b][at:] = range(width - at)
+    group_t = torch.tensor(group, device=device)  # the (batch, width, width) mask is built on the device
+    segment_t = torch.tensor(segment, device=device)
+    index = torch.arange(width, device=device)
+    allowed = ((group_t[:, :, None] == group_t[:, None, :]) & (index[None, None, :] <= index[None, :, None])
+               & ((segment_t[:, None, :] == -1) | (segment_t[:, None, :] == segment_t[:, :, None])))
+    allowed |= (index[:, None] == index[None, :])[None]  # padding sees itself: no fully masked row
     mask = allowed[:, None]
     if mask_dtype is not None:
-        mask = torch.zeros(mask.shape, dtype=mask_dtype).masked_fill(~mask, torch.finfo(mask_dtype).min)
-    return PackedBatch(ids.to(device), pos.to(device), mask.to(device), gather.to(device))
+        mask = torch.zeros(mask.shape, dtype=mask_dtype, device=device).masked_fill(~mask, torch.finfo(mask_dtype).min)
+    return PackedBatch(torch.tensor(ids, device=device), torch.tensor(pos, device=device), mask,
+                       torch.tensor(gather, device=device))
