@@ -20,7 +20,9 @@ each timed and recorded even when it fails:
 4. ``train_lora``: a 7B-shaped PRM, LoRA r=16 with gradient checkpointing, ``share_prefix: auto``,
    through ``train-prm``; saved, loaded (adapter merged) and scored on the device.
 5. ``generate``: the transformers backend generates on the device from the 0.5B checkpoint.
-6. ``fsdp`` (``--fsdp``, or on a GPU when time is left): ``accelerate launch`` with FSDP, one process.
+6. ``fsdp`` (on a GPU when 90 s are left, or ``--fsdp yes``): ``accelerate launch`` with FSDP and
+   one process, full fine-tuning with ``share_prefix: packed``. Accelerate's FSDP needs an
+   accelerator: on CPU it fails ("no available devices"), so the CPU dry run skips it.
 
 ``--tiny`` swaps every shape for a 2-layer one (and short prompts). The check stops starting
 sections after ``--budget-s`` and writes ``gpu_check.json`` in ``--out``; exit status 1 if a
@@ -304,14 +306,16 @@ def section_fsdp(args, ctx) -> dict:
     command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--use_fsdp",
                "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP", "--mixed_precision",
                "bf16" if args.device.startswith("cuda") else "no", "-m", "codetool.cli", "train-prm",
-               "--model", ctx["base_small"], "--dataset", str(ctx["data"]), "--output_dir", str(out),
+               "--model", ctx.get("base_small") or saved_model("tiny" if args.tiny else "0.5b", ctx["tok"], ctx["work"], _fp32()), "--dataset", str(ctx["data"]), "--output_dir", str(out),
                "--finetune", "full", "--max_steps", "2", "--batch_size", "4", "--eval_fraction", "0",
-               "--resume", "none", "--format.max_length", str(ctx["max_length"]), "--share_prefix", "packed"]
+               "--resume", "none", "--format.max_length", str(ctx["max_length"]), "--format.max_suffix_length", "128",
+               "--share_prefix", "packed"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
     start = time.perf_counter()
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=max(ctx["left"](), 30))
     if done.returncode != 0:
-        raise RuntimeError(f"accelerate launch exited {done.returncode}: {done.stderr[-1500:]}")
+        errors = [line for line in done.stderr.splitlines() if "error" in line.lower()][:6]
+        raise RuntimeError(f"accelerate launch exited {done.returncode}: " + " | ".join(errors))
     return {"seconds": round(time.perf_counter() - start, 1), "saved": (out / "prm_config.json").is_file()}
 
 
@@ -361,7 +365,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if name == "fsdp" and (args.fsdp == "no" or (args.fsdp == "auto" and (
                     not args.device.startswith("cuda") or ctx["left"]() < 90))):
-                report["sections"][name] = {"ok": None, "skipped": "fsdp off (--fsdp yes to run it)"}
+                report["sections"][name] = {"ok": None, "skipped": "FSDP needs a GPU (accelerate finds no CPU "
+                                            "device for it) and 90 s left; --fsdp yes forces it"}
                 continue
             if ctx["left"]() <= 0:
                 report["sections"][name] = {"ok": None, "skipped": "time budget spent"}
@@ -383,6 +388,12 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({k: v for k, v in report.items() if k != "sections"}
                      | {"sections": {k: v.get("ok") for k, v in report["sections"].items()}}))
     return 0 if report["ok"] else 1
+
+
+def _fp32():
+    import torch
+
+    return torch.float32
 
 
 def _with_labels(tok, work: Path):
