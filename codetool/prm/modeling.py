@@ -242,19 +242,21 @@ class PRMModel(nn.Module):
         return getattr(self.config, "_attn_implementation", "sdpa") in ("sdpa", "eager", None)
 
     @torch.no_grad()
-    def pick_share_mode(self, input_ids: torch.Tensor, last_index: torch.Tensor, repeats: int = 2) -> str:
+    def pick_share_mode(self, input_ids: torch.Tensor, last_index: torch.Tensor, repeats: int = 1) -> str:
         """Time each sharing mode on this batch (forward only) and keep the fastest in ``share_mode``.
 
         The measurement is what ``share_prefix: auto`` means: on the 2-core CPU the trie or
         the packed forward wins (the fewest positions), on a GPU the packed forward (one call);
-        a batch with nothing to share picks ``none``. Returns the mode.
+        a batch with nothing to share picks ``none``. It costs ``repeats`` forwards per mode (plus
+        one warm-up on a GPU), once. Returns the mode.
         """
         candidates = ["none", "packed", "trie"] if self.packing_supported() else ["none", "trie"]
         if self.activation_checkpointing or self.no_trie:
             candidates = [c for c in candidates if c != "trie"]
         timings = {}
+        warm = int(input_ids.device.type != "cpu")  # a GPU's first call warms up kernels and the allocator
         for mode in candidates:
-            for i in range(repeats + 1):  # the first call warms up (kernels, allocator)
+            for i in range(1 - warm, repeats + 1):
                 _sync(input_ids.device)
                 start = time.perf_counter()
                 self.forward(input_ids, last_index, share_prefix=mode)
