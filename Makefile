@@ -1,8 +1,10 @@
 # codetool: two commands do everything on a fresh machine.
 #   make test   set-up + the test suite (offline, CPU, < 15 min on 2 cores)
 #   make demo   set-up + the whole method end to end on the embedded default model
-#   make ci     what CI should run: make test, then lint and the slow tests within a budget
-#               (scripts/ci_extra.sh; CI_SLOW_BUDGET_S seconds, default 1200)
+#   make ci     what CI runs (.ci/run): make test, the GPU check's CPU dry run, then lint and the
+#               slow tests within a budget (scripts/ci_extra.sh; CI_SLOW_BUDGET_S, default 1200 s)
+#   make gpu-check  PRM scoring/training/checkpoints/generation on the GPU, one JSON (< 8 min);
+#               make gpu-check GPU_CHECK_ARGS="--device cpu --tiny" runs the same paths on CPU (CI)
 # Set-up is idempotent: a virtualenv in .venv, the package and its dependencies, bubblewrap
 # (if apt-get can install it), and the embedded default model cached under checkpoints/.
 # On a GPU machine pass the torch you want: make setup TORCH_SPEC="torch==2.9.1"
@@ -15,8 +17,9 @@ CODETOOL := $(VENV)/bin/codetool
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.codetool-installed
 PYTEST_ARGS ?=
+GPU_CHECK_ARGS ?=
 
-.PHONY: setup install test test-slow ci demo bench lint clean
+.PHONY: setup install test test-slow ci demo bench gpu-check lint clean
 
 $(STAMP): pyproject.toml
 	@bash scripts/install_system_deps.sh
@@ -37,6 +40,7 @@ test-slow: setup
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)
 
 ci: test
+	$(MAKE) gpu-check GPU_CHECK_ARGS="--device cpu --tiny"
 	VENV="$(VENV)" bash scripts/ci_extra.sh
 
 demo: setup
@@ -44,6 +48,9 @@ demo: setup
 
 bench: setup
 	$(PY) benchmarks/run_all.py
+
+gpu-check: setup
+	$(PY) benchmarks/gpu_check.py --out reports/gpu_check $(GPU_CHECK_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check codetool tests benchmarks scripts

@@ -12,7 +12,10 @@ float32 on CPU. Methods:
   original also made one HTTP request per candidate; that hop is skipped here (it only makes the
   baseline slower).
 - ``padded batch``: the 16 full prompts in one left-padded forward, ``logits_to_keep=1``.
-- ``shared prefix`` (ours, ``LocalPRMScorer``): the prefix once, the 16 suffixes on its KV cache.
+- ``shared prefix`` (ours, ``LocalPRMScorer``) in each sharing mode of ``PRMModel``: ``packed``
+  (the prefix once and the 16 suffixes after it in one forward, block attention mask), ``trie``
+  (the prefix once, the suffixes on its KV cache), and ``auto`` (the default: times the modes on
+  the first call and keeps the fastest; that first call is not in the timing).
 
 Every method's scores are checked against an unbatched float32 forward of each full prompt
 (``reference_scores``); the table reports the largest difference. Token bound for this shape:
@@ -129,16 +132,20 @@ def main() -> None:
     methods = [("generate x16 (baseline)", lambda: generate_scores(model, scorer.encoder, items))]
     if not args.skip_padded:
         methods.append(("padded batch", lambda: padded_scores(model, scorer.encoder, items)))
-    methods.append(("shared prefix (ours)", lambda: scorer.score(items)))
+    for mode in ("packed", "trie"):
+        methods.append((f"shared prefix, {mode}", lambda m=mode: LocalPRMScorer(model, tokenizer, fmt,
+                                                                                share_prefix=m).score(items)))
+    scorer.score(items)  # auto: the measurement happens on this first call
+    methods.append((f"shared prefix (ours, auto: {model.share_mode})", lambda: scorer.score(items)))
     rows = []
     for name, fn in methods:
         seconds, scores = best_time(fn, args.repeats)
         rows.append((name, seconds, max(abs(a - b) for a, b in zip(scores, reference))))
         print(f"  {name}: {seconds:.2f} s", flush=True)
     base = rows[0][1]
-    print(f"\n{'method':<26}{'seconds':>9}{'speed-up':>10}{'max |score - ref|':>20}")
+    print(f"\n{'method':<40}{'seconds':>9}{'speed-up':>10}{'max |score - ref|':>20}")
     for name, seconds, diff in rows:
-        print(f"{name:<26}{seconds:>9.2f}{base / seconds:>9.2f}x{diff:>20.2e}")
+        print(f"{name:<40}{seconds:>9.2f}{base / seconds:>9.2f}x{diff:>20.2e}")
     emit(seconds=rows[-1][1], baseline_seconds=base, speedup=base / rows[-1][1], max_abs_diff=rows[-1][2],
          token_bound=bound, candidates=args.candidates, prefix_tokens=prefix)
 

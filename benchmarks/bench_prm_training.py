@@ -18,7 +18,8 @@ batch size (4 rows):
 - ``PRMTrainer`` (ours, ``codetool train-prm``): the hidden state of the label position only,
   projected on the two label rows (a trainable (2, hidden) head), cross-entropy over two logits;
   siblings (the candidates of one step) are batched together and run their shared prefix once
-  (``share_prefix``). Also measured without that sharing, to show what each part gives.
+  (``share_prefix``: ``auto``, the default, times the modes on the first batch and keeps the
+  fastest). Also measured with each mode forced (none, packed, trie), to show what each gives.
 
 Each runs in its own process (so peak memory is its own). Throughput = prompt tokens per second
 of optimizer steps after ``--warmup`` steps (median step time); peak memory = the process's
@@ -95,21 +96,23 @@ def _rows(model: str, n_queries: int, data: str | None = None):
     return rows, fmt, encoder, [item_from_row(r) for r in rows]
 
 
-def run_ours(args, out: Path, share_prefix: bool = True) -> dict:
+def run_ours(args, out: Path, share_prefix: str = "auto") -> dict:
     from codetool.config import load_config
     from codetool.jsonl import write_jsonl
-    from codetool.prm.train import TrainConfig, build_trainer
+    from codetool.prm.trainer import PRMConfig, build_trainer
 
     rows, fmt, _, _ = _rows(args.model, args.queries, args.data)
     write_jsonl(out / "rows.jsonl", rows)
-    cfg = load_config(TrainConfig, None, {
+    cfg = load_config(PRMConfig, None, {
         "model": args.model, "dataset": [str(out / "rows.jsonl")], "output_dir": str(out / "ours"),
         "format.max_length": fmt.max_length, "format.max_suffix_length": fmt.max_suffix_length,
         "eval_fraction": 0.0, "max_steps": _max_steps(args), "epochs": 1.0, "batch_size": args.batch_size,
         "save_steps": 10_000, "logging_steps": 1000, "lora_r": 8, "resume": "none", "precision": "fp32",
         "share_prefix": share_prefix})
     trainer = build_trainer(cfg)
-    return _measure(trainer, args)
+    result = _measure(trainer, args)
+    result["share_mode"] = trainer.model.share_mode or trainer.share_prefix
+    return result
 
 
 def run_sft(args, out: Path) -> dict:
@@ -141,8 +144,10 @@ def run_sft(args, out: Path) -> dict:
 
 
 RUNS = {"sft": ("SFTTrainer (baseline)", run_sft),
-        "ours-unshared": ("PRMTrainer, no sharing", lambda args, out: run_ours(args, out, share_prefix=False)),
-        "ours": ("PRMTrainer (ours)", run_ours)}
+        "ours-unshared": ("PRMTrainer, no sharing", lambda args, out: run_ours(args, out, share_prefix="none")),
+        "ours-packed": ("PRMTrainer, packed", lambda args, out: run_ours(args, out, share_prefix="packed")),
+        "ours-trie": ("PRMTrainer, trie", lambda args, out: run_ours(args, out, share_prefix="trie")),
+        "ours": ("PRMTrainer (auto)", run_ours)}
 
 
 def _max_steps(args) -> int:
@@ -191,6 +196,8 @@ def main() -> None:
     parser.add_argument("--sft-defaults", action="store_true",
                         help="keep SFTConfig's defaults: bf16 autocast (very slow on CPUs without bf16 "
                              "matmul) and gradient checkpointing")
+    parser.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS),
+                        help="which trainers to measure (sft is the baseline and always runs)")
     parser.add_argument("--only", choices=list(RUNS), help=argparse.SUPPRESS)  # one child process
     args = parser.parse_args()
     if args.only:
@@ -204,9 +211,9 @@ def main() -> None:
         print("RESULT " + json.dumps(result))
         return
     results = {}
-    for which in RUNS:
-        command = [sys.executable, __file__, "--only", which] + [
-            a for a in sys.argv[1:] if a not in ("--only", which)]
+    runs = ["sft"] + [r for r in args.runs if r != "sft"]
+    for which in runs:
+        command = [sys.executable, __file__, "--only", which] + [a for a in _without_runs(sys.argv[1:])]
         print(f"running {which} ...", file=sys.stderr, flush=True)
         done = subprocess.run(command, stdout=subprocess.PIPE, text=True)  # its stderr shows the steps
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
@@ -219,13 +226,28 @@ def main() -> None:
           f", ours fp32, no checkpointing")
     print(f"\n{'trainer':<24}{'tokens/s':>9}{'speed-up':>10}{'s/step':>8}{'tokens/step':>12}"
           f"{'trainable':>12}{'peak RSS MB':>12}{'+ in training':>14}")
-    for which, (name, _) in RUNS.items():
-        r = results[which]
+    for which in runs:
+        name, r = RUNS[which][0], results[which]
+        name = f"{name} [{r['share_mode']}]" if which == "ours" else name
         print(f"{name:<24}{r['tokens_per_s']:>9.1f}{r['tokens_per_s'] / base:>9.2f}x{r['step_s']:>8.1f}"
               f"{r['tokens_per_step']:>12.0f}{r['trainable']:>12,}{r['peak_rss_mb']:>12.0f}{r['train_mb']:>14.0f}")
-    emit(tokens_per_s=results["ours"]["tokens_per_s"], baseline_tokens_per_s=base,
-         speedup=results["ours"]["tokens_per_s"] / base, peak_rss_mb=results["ours"]["peak_rss_mb"],
-         baseline_peak_rss_mb=results["sft"]["peak_rss_mb"])
+    ours = results.get("ours") or results[runs[-1]]
+    emit(tokens_per_s=ours["tokens_per_s"], baseline_tokens_per_s=base, speedup=ours["tokens_per_s"] / base,
+         peak_rss_mb=ours["peak_rss_mb"], baseline_peak_rss_mb=results["sft"]["peak_rss_mb"])
+
+
+def _without_runs(argv: list[str]) -> list[str]:
+    """The parent's arguments minus ``--runs ...`` (a child measures one trainer)."""
+    out, skipping = [], False
+    for a in argv:
+        if a == "--runs":
+            skipping = True
+            continue
+        if skipping and not a.startswith("--"):
+            continue
+        skipping = False
+        out.append(a)
+    return out
 
 
 if __name__ == "__main__":

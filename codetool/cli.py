@@ -35,8 +35,8 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
             "run the stepwise code search on one query or a benchmark"),
     "build-trees": ("codetool.tree.build", "TreeConfig", "build_trees_command",
                     "build DFS action trees and export the PRM dataset"),
-    "train-prm": ("codetool.prm.train", "TrainConfig", "train_command",
-                  "train the process reward model (TRL; works under accelerate launch)"),
+    "train-prm": ("codetool.prm.trainer", "PRMConfig", "train_command",
+                  "train the process reward model (TRL SFTTrainer; works under accelerate launch)"),
     "eval-prm": ("codetool.prm.evaluate", "EvalPRMConfig", "eval_prm_command",
                  "pairwise accuracy, AUC and calibration of a PRM on held-out pairs"),
     "score": ("codetool.prm.scorer", "ScoreConfig", "score_command",
@@ -107,9 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         config_cls, func = _load(name)
         parser = argparse.ArgumentParser(prog=f"codetool {name}", description=COMMANDS[name][3],
                                          allow_abbrev=False)
-        parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+        # dests that no config field has (TRL's SFTConfig has log_level and debug fields)
+        parser.add_argument("--debug", action="store_true", dest="cli_debug", help="show tracebacks and debug logs")
         parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                            help="log level of codetool's messages [default: INFO]")
+                            dest="cli_log_level", help="log level of codetool's messages [default: INFO]")
         add_arguments(parser, config_cls)
         args, unknown = parser.parse_known_intermixed_args(rest)
         if unknown:
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"unknown option '{bad}' for 'codetool {name}'."
                               + (f" Did you mean '--{hint[0]}'?" if hint else "")
                               + f" Run 'codetool {name} --help' for the options.")
-        _configure_logging("DEBUG" if debug else args.log_level)
+        _configure_logging("DEBUG" if debug else args.cli_log_level)
         cfg = config_from_args(config_cls, args)
         start = time.time()
         status = func(cfg)

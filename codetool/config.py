@@ -145,20 +145,32 @@ def from_dict(cls: type[T], data: dict[str, Any], *, where: str = "") -> T:
     if not isinstance(data, dict):
         raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {type(data).__name__}.")
     hints = _hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls) if _exposed(f)}
+    aliases = getattr(cls, "config_aliases", {})
     kwargs = {}
     for key, value in data.items():
         name = str(key).replace("-", "_")
+        name = aliases.get(name, name)
         path = f"{where}.{name}" if where else name
         if name not in fields:
             raise ConfigError(f"unknown config key '{path}'.{_closest(name, fields)} "
                               f"(valid keys: {', '.join(sorted(fields))})")
         coerced = _coerce(value, hints[name], path)
         choices = fields[name].metadata.get("choices")
-        if choices and coerced not in choices:
+        if isinstance(choices, tuple) and coerced not in choices:
             raise ConfigError(f"{path}: got {coerced!r}; choose one of {list(choices)}.")
         kwargs[name] = coerced
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:  # a library dataclass (TRL's SFTConfig) validating itself
+        raise ConfigError(f"{where or cls.__name__}: {e}") from None
+
+
+def _exposed(f: dataclasses.Field) -> bool:
+    """Fields that are settings: initialisable and not private (library dataclasses have both kinds)."""
+    return f.init and not f.name.startswith("_")
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -206,6 +218,8 @@ def _flat_fields(cls: type, prefix: str = "") -> list[tuple[str, dataclasses.Fie
     out = []
     hints = _hints(cls)
     for f in dataclasses.fields(cls):
+        if not _exposed(f):
+            continue
         tp, _ = _unwrap_optional(hints[f.name])
         name = f"{prefix}{f.name}"
         if dataclasses.is_dataclass(tp):
@@ -250,13 +264,16 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     """
     parser.add_argument("--config", metavar="YAML", default=None,
                         help="YAML recipe; command-line options override its values")
+    aliases: dict[str, list[str]] = {}
+    for old, new in getattr(cls, "config_aliases", {}).items():
+        aliases.setdefault(new, []).extend([f"--{old}", f"--{old.replace('_', '-')}"])
     for name, f, tp in _flat_fields(cls):
-        help_text = f.metadata.get("help", "")
+        help_text = " ".join(str(f.metadata.get("help", "")).split()).replace("%", "%%")
         default = f.default if f.default is not _MISSING else (
             f.default_factory() if f.default_factory is not _MISSING else None)
         choices = f.metadata.get("choices")
         extra = f" (choices: {', '.join(map(str, choices))})" if choices else ""
-        shown = f"{help_text}{extra} [default: {default!r}]"
+        shown = f"{help_text}{extra} [default: {default!r}]".replace("%", "%%").replace("%%%%", "%%")
         if f.metadata.get("positional"):
             base, _ = _unwrap_optional(tp)
             is_list = typing.get_origin(base) is list
@@ -267,6 +284,10 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         if "_" in name:
             flags.append(f"--{name.replace('_', '-')}")
         flags.extend(f.metadata.get("aliases", ()))
+        flags.extend(a for a in dict.fromkeys(aliases.get(name, ())) if a not in flags)
+        flags = [flag for flag in flags if flag not in parser._option_string_actions]  # e.g. the CLI's --debug
+        if not flags:  # still a YAML key
+            continue
         base, _ = _unwrap_optional(tp)
         if base is bool:
             # --flag alone means true; --flag false still works.

@@ -110,3 +110,73 @@ def test_checkpoint_round_trip(adapter, tiny_model_dir, tmp_path):
 def test_load_prm_rejects_a_plain_folder(tmp_path):
     with pytest.raises(CodetoolError, match="not a PRM checkpoint"):
         load_prm(tmp_path)
+
+
+# ---- the device bug class: label rows computed or written on another device / in another dtype
+
+def test_label_rows_follow_a_bfloat16_model(tiny_model_dir):
+    """bf16 weights get the same rows as fp32 ones, rounded (noise made in fp32, cast once)."""
+    rows = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model, tok = _base(tiny_model_dir)
+        model.to(dtype)
+        ids = add_label_tokens(model, tok, PRMFormat(), seed=3)
+        weight = model.get_input_embeddings().weight
+        assert weight.dtype == dtype
+        rows[dtype] = weight[list(ids)].detach().float()
+    torch.testing.assert_close(rows[torch.bfloat16], rows[torch.float32], atol=2e-2, rtol=1e-2)
+
+
+def test_label_rows_on_the_meta_device(tiny_untied_model_dir):
+    """A model on the meta device (no values: FSDP/ZeRO-3 init) stays there; CPU noise does not meet it."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from codetool.prm.modeling import write_label_rows
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_untied_model_dir))
+    tok = AutoTokenizer.from_pretrained(tiny_untied_model_dir)
+    ids = add_label_tokens(model, tok, PRMFormat())
+    assert model.get_input_embeddings().weight.is_meta and model.get_output_embeddings().weight.is_meta
+    write_label_rows(model.get_output_embeddings().weight, ids, torch.ones(2, model.config.hidden_size))
+    prm = PRMModel(model, ids)
+    with pytest.raises(CodetoolError, match="meta device"):
+        save_prm("/nonexistent/never-written", prm, tok, {})
+
+
+def test_save_and_load_a_bfloat16_prm_keep_the_label_rows(tiny_untied_model_dir, tmp_path):
+    """fp32 label head, bf16 model: saved and loaded LM-head rows are the head in bf16."""
+    fmt = PRMFormat()
+    model, tok = new_prm(str(tiny_untied_model_dir), fmt, dtype="bfloat16", device="cpu")
+    with torch.no_grad():
+        model.label_head.copy_(torch.linspace(-1, 1, model.label_head.numel()).view_as(model.label_head))
+    assert model.label_head.dtype == torch.float32 and next(model.lm.parameters()).dtype == torch.bfloat16
+    save_prm(tmp_path / "prm", model, tok, {"base_model": str(tiny_untied_model_dir), "format": {}, "seed": 0})
+    loaded, *_ = load_prm(tmp_path / "prm", device="cpu", dtype="bfloat16")
+    out = loaded.lm.get_output_embeddings().weight
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out[list(loaded.label_ids)], model.label_head.to(torch.bfloat16))
+    torch.testing.assert_close(loaded.label_head, model.label_head)
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@cuda
+@pytest.mark.parametrize("finetune", ["full", "lora"])
+def test_new_save_load_and_score_on_cuda(tiny_model_dir, tmp_path, finetune):
+    from codetool.prm.format import item_from_row
+    from codetool.prm.scorer import LocalPRMScorer
+    from codetool.prm.synthetic import synthetic_rows
+
+    fmt = PRMFormat(max_length=512, max_suffix_length=192)
+    model, tok = new_prm(str(tiny_model_dir), fmt, dtype="bfloat16", device="cuda")
+    assert model.label_head.device.type == "cuda"
+    if finetune == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        model.lm = get_peft_model(model.lm, LoraConfig(r=4, target_modules="all-linear"))
+    save_prm(tmp_path / "p", model, tok, {"base_model": str(tiny_model_dir), "format": fmt.__dict__, "seed": 0})
+    scorer = LocalPRMScorer.from_checkpoint(tmp_path / "p", device="cuda", dtype="bfloat16")
+    scores = scorer.score([item_from_row(r) for r in synthetic_rows(2, steps=1, candidates=3, extra_tools=0)])
+    assert all(0.0 <= s <= 1.0 for s in scores)

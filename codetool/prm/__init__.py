@@ -5,7 +5,11 @@
 - :mod:`codetool.prm.modeling`: label tokens, ``PRMModel`` (LM + two label rows), checkpoints
   (``save_prm``, ``load_prm``, ``export_merged``);
 - :mod:`codetool.prm.data`: PRM example rows -> pre-tokenised rows, splits, the collator;
-- :mod:`codetool.prm.train`: ``codetool train-prm`` (a small ``transformers.Trainer`` subclass);
+- :mod:`codetool.prm.trainer`: ``codetool train-prm``: ``PRMConfig`` (extends TRL's ``SFTConfig``)
+  and ``PRMTrainer`` (an ``SFTTrainer``); :mod:`codetool.prm.train`: the light ``TrainConfig``
+  the pipeline embeds;
+- :mod:`codetool.prm.packing`: prefix-shared packing (block mask, one forward) for training and
+  scoring; :mod:`codetool.prm.stepwise`: export to TRL's stepwise-supervision layout;
 - :mod:`codetool.prm.scorer`: ``LocalPRMScorer`` (shared-prefix KV cache), ``load_scorer``,
   ``codetool score``; :mod:`codetool.prm.client`: ``HTTPScorer``;
   :mod:`codetool.prm.vllm_backend`: ``VLLMScorer`` (GPU);

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 from pathlib import Path
 
 import torch
@@ -99,16 +100,30 @@ def add_label_tokens(model, tokenizer, fmt: PRMFormat, *, seed: int = 0, init_ro
         weights = [model.get_input_embeddings().weight]
         if not is_tied(model):
             weights.append(model.get_output_embeddings().weight)
-        generator = torch.Generator().manual_seed(seed)
+        generator = torch.Generator().manual_seed(seed)  # CPU noise: the same rows on every device
         with gathered(weights, modify=True):
             for weight in weights:
-                old = weight[: min(ids)].float()
-                noise = torch.randn(2, weight.shape[1], generator=generator) * old.std() * _NOISE_SCALE
-                weight[list(ids)] = (old.mean(0, keepdim=True) + noise).to(weight.dtype).to(weight.device)
+                old = weight[: min(ids)].float()  # on the weight's device (cuda, cpu or meta)
+                noise = torch.randn(2, weight.shape[1], generator=generator).to(old.device)
+                rows = old.mean(0, keepdim=True) + noise * old.std() * _NOISE_SCALE
+                weight[list(ids)] = rows.to(device=weight.device, dtype=weight.dtype)
     return ids
 
 
+def write_label_rows(weight: torch.Tensor, label_ids: tuple[int, int], head: torch.Tensor) -> None:
+    """Copy the (2, hidden) ``head`` into rows ``label_ids`` of ``weight``, on the weight's device
+    and in its dtype (a float32 CPU head into a bfloat16 CUDA weight is the usual case)."""
+    with torch.no_grad():
+        weight[list(label_ids)] = head.detach().to(device=weight.device, dtype=weight.dtype)
+
+
 MIN_SHARED_TOKENS = 16  # shorter common runs are recomputed per row (one more pass costs more)
+SHARE_MODES = ("auto", "packed", "trie", "none")
+
+
+def _sync(device) -> None:
+    if getattr(device, "type", str(device)) == "cuda":
+        torch.cuda.synchronize(device)
 
 
 class PRMModel(nn.Module):
@@ -123,13 +138,24 @@ class PRMModel(nn.Module):
     ``forward(input_ids, last_index, share_prefix=False)`` returns the two label logits (batch, 2),
     float32, read at ``last_index`` (batch,), the position right before the label token. Inputs
     are right-padded and need no attention mask: with causal attention, pads after a row's last
-    real token cannot change that token's hidden state. With ``share_prefix``, token runs that rows
-    of the batch have in common (the query and tool prompt of one query, the history of sibling
-    candidates, the opening of their steps) are computed once, as a prefix trie: each shared run
-    of at least ``MIN_SHARED_TOKENS`` tokens is one batch-1 pass whose KV cache the rows below it
-    read, and gradients flow back through the cache. The logits equal the unshared ones to float
-    rounding; ``k`` candidates after a ``P``-token prefix cost ``P + k*S`` positions instead of
-    ``k*(P + S)``. Not for activation checkpointing (it turns the KV cache off) or FSDP.
+    real token cannot change that token's hidden state. ``share_prefix`` computes the token runs
+    that rows have in common (a query's prompt, siblings' history) once, in one of three ways that
+    all equal the unshared logits and gradients to float rounding (tested in fp32):
+
+    - ``"packed"`` (or `True`): one forward over packed rows, each shared prefix once and its
+      suffixes after it, with a block attention mask and position ids continuing from the prefix
+      (``codetool.prm.packing``). One call: what pays on a GPU, and fine with activation
+      checkpointing and FSDP. Needs ``sdpa`` or ``eager`` attention (else falls back to the trie).
+    - ``"trie"``: a prefix trie of batch-1 passes whose KV cache the rows below read, gradients
+      through the cache; each shared run of at least ``MIN_SHARED_TOKENS`` tokens is one call.
+      Many small calls: good on a compute-bound CPU, launch-bound on a GPU (8x slower than no
+      sharing there, issue 20). Not with activation checkpointing (no cache) or FSDP.
+    - ``"none"`` (or `False`): one right-padded causal forward.
+    - ``"auto"``: :meth:`pick_share_mode` times the three on the first batch and keeps the
+      fastest in ``share_mode``. It is the default of training and scoring on every device; on
+      the 2-core CPU it picks packed or trie, on a GPU packed is expected (one launch).
+
+    ``k`` candidates after a ``P``-token prefix cost ``P + k*S`` positions instead of ``k*(P + S)``.
     """
 
     def __init__(self, lm, label_ids: tuple[int, int], label_head: torch.Tensor | None = None):
@@ -143,7 +169,20 @@ class PRMModel(nn.Module):
                 label_head = out.weight[list(self.label_ids)].detach().clone()
         self.label_head = nn.Parameter(label_head.float().clone())
         self.config = lm.config  # DeepSpeed "auto" sizes and FSDP read it
+        self.share_mode: str | None = None  # what share_prefix "auto" picked (pick_share_mode)
+        self.max_packed_tokens = 4096  # packed row width bound (attention is quadratic in it)
+        self.activation_checkpointing = False
+        self.no_trie = False  # set under FSDP: its wrapped layers expect one call per forward
         self._no_split_modules = getattr(lm, "_no_split_modules", None)
+
+    def add_model_tags(self, tags) -> None:
+        """Hub tags for the model card (TRL's trainers call this)."""
+        if hasattr(self.lm, "add_model_tags"):
+            self.lm.add_model_tags(tags)
+
+    @property
+    def model_tags(self):
+        return getattr(self.lm, "model_tags", None)
 
     def decoder(self) -> nn.Module:
         """The transformer body (LoRA layers included) that returns ``last_hidden_state``."""
@@ -153,22 +192,105 @@ class PRMModel(nn.Module):
     def activation_checkpointing_enable(self, activation_checkpointing_kwargs=None, **kwargs):
         """Recompute the decoder's activations in the backward pass (less memory, ~30% slower)."""
         kwargs_ = activation_checkpointing_kwargs or {"use_reentrant": False}
+        self.activation_checkpointing = True
         self.lm.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs_, **kwargs)
 
     def label_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(n, hidden) states -> (n, 2) float32 logits of [positive, negative]."""
         return (hidden.to(self.label_head.dtype) @ self.label_head.T).float()
 
-    def forward(self, input_ids: torch.Tensor, last_index: torch.Tensor, share_prefix: bool = False) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, last_index: torch.Tensor, share_prefix: bool | str = False) -> torch.Tensor:
+        """(batch, 2) float32 label logits of right-padded ``input_ids`` read at ``last_index``.
+
+        ``share_prefix``: ``"packed"`` (or `True`), ``"trie"``, ``"none"`` (or `False`) or
+        ``"auto"`` (see :meth:`pick_share_mode`); see the class docstring.
+        """
         last_index = last_index.to(input_ids.device)
-        if not share_prefix or input_ids.shape[0] < 2:
+        mode = self.resolve_share_mode(share_prefix)
+        if mode == "auto":  # one row has nothing to share: nothing to measure either
+            mode = self.pick_share_mode(input_ids, last_index) if input_ids.shape[0] > 1 else "none"
+        if mode == "none" or input_ids.shape[0] < 2:
             return self.label_logits(self._full(input_ids, last_index))
         ids, ends = input_ids.tolist(), [i + 1 for i in last_index.tolist()]
+        if mode == "packed":
+            return self.label_logits(self._packed([row[:end] for row, end in zip(ids, ends)], input_ids.device))
         parts: list[torch.Tensor] = []
         order: list[int] = []
         self._walk(input_ids, last_index, ids, ends, list(range(len(ids))), None, 0, parts, order)
         hidden = torch.cat(parts)[torch.argsort(torch.tensor(order, device=input_ids.device))]
         return self.label_logits(hidden)
+
+    def resolve_share_mode(self, share_prefix: bool | str) -> str:
+        """Normalise a ``share_prefix`` value to one of :data:`SHARE_MODES` for this model.
+
+        Raises:
+            CodetoolError: on an unknown value.
+        """
+        mode = {True: "packed", False: "none"}.get(share_prefix, share_prefix) if isinstance(share_prefix, bool) \
+            else str(share_prefix).lower()
+        mode = {"true": "packed", "false": "none", "on": "packed", "off": "none"}.get(mode, mode)
+        if mode not in SHARE_MODES:
+            raise CodetoolError(f"share_prefix: got {share_prefix!r}; choose one of {list(SHARE_MODES)}.")
+        if mode == "auto" and self.share_mode is not None:
+            return self.share_mode
+        if mode == "packed" and not self.packing_supported():
+            return "trie"
+        return mode
+
+    def packing_supported(self) -> bool:
+        """Whether the attention takes a 4D block mask (``sdpa`` and ``eager`` do, FlashAttention-2 does not)."""
+        return getattr(self.config, "_attn_implementation", "sdpa") in ("sdpa", "eager", None)
+
+    @torch.no_grad()
+    def pick_share_mode(self, input_ids: torch.Tensor, last_index: torch.Tensor, repeats: int = 1) -> str:
+        """Time each sharing mode on this batch (forward only) and keep the fastest in ``share_mode``.
+
+        The measurement is what ``share_prefix: auto`` means: on the 2-core CPU the trie or
+        the packed forward wins (the fewest positions), on a GPU the packed forward (one call);
+        a batch with nothing to share picks ``none``. It costs ``repeats`` forwards per mode (plus
+        one warm-up on a GPU), once. Returns the mode.
+        """
+        candidates = ["none", "packed", "trie"] if self.packing_supported() else ["none", "trie"]
+        if self.activation_checkpointing or self.no_trie:
+            candidates = [c for c in candidates if c != "trie"]
+        timings = {}
+        warm = int(input_ids.device.type != "cpu")  # a GPU's first call warms up kernels and the allocator
+        for mode in candidates:
+            for i in range(1 - warm, repeats + 1):
+                _sync(input_ids.device)
+                start = time.perf_counter()
+                self.forward(input_ids, last_index, share_prefix=mode)
+                _sync(input_ids.device)
+                if i:
+                    timings[mode] = min(timings.get(mode, float("inf")), time.perf_counter() - start)
+        self.share_mode = min(timings, key=timings.get)
+        logger.info("share_prefix auto: %s (%s)", self.share_mode,
+                    ", ".join(f"{m} {t * 1e3:.1f} ms" for m, t in timings.items()))
+        return self.share_mode
+
+    def logits_of_rows(self, rows: list[list[int]], share_prefix: bool | str = "auto", pad_id: int = 0) -> torch.Tensor:
+        """(len(rows), 2) label logits of unpadded prompts (each up to the position before the label)."""
+        device = self.label_head.device
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        last = torch.tensor([len(r) - 1 for r in rows])
+        return self.forward(ids.to(device), last.to(device), share_prefix=share_prefix)
+
+    def _packed(self, rows: list[list[int]], device) -> torch.Tensor:
+        """(len(rows), hidden) states at each row's last token from one packed forward."""
+        from codetool.prm.packing import pack_rows
+
+        eager = getattr(self.config, "_attn_implementation", "sdpa") == "eager"
+        dtype = self.decoder().get_input_embeddings().weight.dtype
+        if eager and torch.is_autocast_enabled(device.type if hasattr(device, "type") else "cpu"):
+            dtype = torch.float32  # added to float32 or autocast scores: the float32 minimum is safe
+        batch = pack_rows(rows, min_shared=MIN_SHARED_TOKENS, max_tokens=self.max_packed_tokens, device=device,
+                          mask_dtype=dtype if eager else None)
+        hidden = self.decoder()(input_ids=batch.input_ids, position_ids=batch.position_ids,
+                                attention_mask=batch.attention_mask, use_cache=False).last_hidden_state
+        return hidden[batch.gather[:, 0], batch.gather[:, 1]]
 
     def _full(self, input_ids: torch.Tensor, last_index: torch.Tensor) -> torch.Tensor:
         """(n, hidden) states at ``last_index`` of right-padded full prompts."""
@@ -264,6 +386,10 @@ def save_prm(out_dir: str | Path, model: PRMModel, tokenizer, meta: dict, state_
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     state = dict(state_dict if state_dict is not None else model.state_dict())
+    on_meta = [k for k, v in state.items() if isinstance(v, torch.Tensor) and v.is_meta]
+    if on_meta:
+        raise CodetoolError(f"save_prm: {len(on_meta)} weights (e.g. {on_meta[0]}) are on the meta device and hold no "
+                            "values; pass the consolidated state_dict (FSDP/DeepSpeed) or materialise the model first.")
     head = state.pop("label_head").detach().float().cpu().contiguous()
     lm_state = {k[len("lm."):]: v for k, v in state.items() if k.startswith("lm.")}
     adapter = hasattr(model.lm, "peft_config")
@@ -271,8 +397,8 @@ def save_prm(out_dir: str | Path, model: PRMModel, tokenizer, meta: dict, state_
         model.lm.save_pretrained(out_dir, state_dict=lm_state, save_embedding_layers=False)
     else:
         for key in _output_keys(model.lm, lm_state):  # label rows into the LM head: plain generate agrees
-            weight = lm_state[key].clone()
-            weight[list(model.label_ids)] = head.to(weight.dtype)
+            weight = lm_state[key].detach().clone()  # any device and dtype (cuda bf16 after training)
+            write_label_rows(weight, model.label_ids, head)
             lm_state[key] = weight
         model.lm.save_pretrained(out_dir, state_dict=lm_state)
     save_file({"weight": head}, str(out_dir / LABEL_HEAD))
@@ -327,9 +453,8 @@ def load_prm(path: str | Path, *, device: str = "auto", dtype: str = "auto", mer
     label_ids = label_token_ids(tokenizer, fmt)
     head = load_file(str(path / LABEL_HEAD))["weight"] if (path / LABEL_HEAD).is_file() else None
     model = PRMModel(lm, label_ids, head)
-    with torch.no_grad():  # the LM head agrees with the label head: plain generate scores the same
-        out = lm.get_output_embeddings()
-        out.weight[list(label_ids)] = model.label_head.to(out.weight.dtype)
+    out = lm.get_output_embeddings()  # the LM head agrees with the label head: plain generate scores the same
+    write_label_rows((out if out is not None else lm.get_input_embeddings()).weight, label_ids, model.label_head)
     model.to(next(lm.parameters()).device)
     return model.eval(), tokenizer, fmt, meta
 

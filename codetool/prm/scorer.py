@@ -6,11 +6,12 @@ it fast on one machine:
 
 - items are encoded with the one prompt renderer (``codetool.prm.format``); candidates whose
   prefix ids are equal (the K candidates of one search step) form a group;
-- per group the prefix runs once and its KV cache is shared: the suffixes run as one
-  right-padded batch on top of the repeated cache, and only each suffix's last real hidden state
-  is projected onto the two label rows. For 16 candidates of ~100 tokens after a 1,500-token
-  prefix this computes ~3,100 token positions instead of ~25,600;
-- lone items (no sibling in the call) run as right-padded full prompts, batched by token count.
+- the prompts of a call run through ``PRMModel`` with the same prefix sharing as training
+  (``share_prefix``; ``codetool.prm.packing``): packed, each shared prefix once and its
+  suffixes after it in one forward with a block attention mask, and only each prompt's last
+  hidden state is projected onto the two label rows. For 16 candidates of ~100 tokens after a
+  1,500-token prefix this computes ~3,100 token positions instead of ~25,600;
+- lone items (no sibling in the call) run as plain causal rows in the same forward.
 
 The result equals an unbatched float32 forward of each full prompt to within float rounding
 (tested at 1e-4). :func:`load_scorer` turns the search's ``--prm`` value into a scorer: a
@@ -37,21 +38,25 @@ class LocalPRMScorer:
         model (`PRMModel`): in eval mode, on its device.
         tokenizer: the checkpoint's tokenizer (with the label tokens).
         fmt (`PRMFormat`): the prompt format the model was trained with.
-        max_batch_tokens (`int`, *optional*, defaults to 16384): bound on batch rows x (cached +
-            new) tokens per forward; larger groups are split.
-        share_prefix (`bool`, *optional*, defaults to `True`): compute a shared prefix once.
+        max_batch_tokens (`int`, *optional*, defaults to 16384): bound on the token positions of
+            one forward, a shared prefix counted once (a packed row is further bounded by
+            ``model.max_packed_tokens``).
+        share_prefix (`bool` or `str`, *optional*, defaults to ``"auto"``): the same modes as
+            training (``PRMModel.forward``): ``packed`` (one forward, block mask), ``trie``,
+            ``none`` (`False`), or ``auto``: timed on the first call with something to share,
+            then kept (``model.share_mode``).
 
     ``score(items)`` returns one float in [0, 1] per item, in order; ``stats`` counts calls,
     items, prefix groups and truncated prompts.
     """
 
-    def __init__(self, model, tokenizer, fmt, *, max_batch_tokens: int = 16384, share_prefix: bool = True):
+    def __init__(self, model, tokenizer, fmt, *, max_batch_tokens: int = 16384, share_prefix: bool | str = "auto"):
         from codetool.prm.format import PromptEncoder
 
         self.model = model.eval()
         self.encoder = PromptEncoder(tokenizer, fmt)
         self.max_batch_tokens = max(int(max_batch_tokens), 1)
-        self.share_prefix = share_prefix
+        self.share_prefix = model.resolve_share_mode(share_prefix)
         self.device = next(model.parameters()).device
         self.stats = {"calls": 0, "items": 0, "groups": 0, "truncated": 0}
 
@@ -73,19 +78,17 @@ class LocalPRMScorer:
         groups: dict[tuple[int, ...], list[int]] = {}
         for i, enc in enumerate(encoded):
             groups.setdefault(tuple(enc.prefix_ids), []).append(i)
+        order = [i for members in groups.values() for i in members]  # siblings side by side
+        first = {members[0] for members in groups.values()}
+        cost = [len(encoded[i].input_ids) if i in first or self.share_prefix == "none" else len(encoded[i].suffix_ids)
+                for i in order]  # positions computed: a group's prefix once
         scores: list[float] = [0.0] * len(items)
-        lone: list[int] = []
         with torch.inference_mode():
-            for prefix, members in groups.items():
-                if self.share_prefix and len(members) > 1:
-                    values = self._score_group(list(prefix), [encoded[i].suffix_ids for i in members])
-                    for i, v in zip(members, values):
-                        scores[i] = v
-                else:
-                    lone.extend(members)
-            if lone:
-                for i, v in zip(lone, self._score_full([encoded[i].input_ids for i in lone])):
-                    scores[i] = v
+            for batch in self._batches(cost):
+                rows = [encoded[order[k]].input_ids for k in batch]
+                logits = self.model.logits_of_rows(rows, share_prefix=self.share_prefix)  # (n, 2) float32
+                for k, value in zip(batch, torch.softmax(logits, dim=-1)[:, 0].tolist()):
+                    scores[order[k]] = value
         self.stats["calls"] += 1
         self.stats["items"] += len(items)
         self.stats["groups"] += len(groups)
@@ -96,68 +99,16 @@ class LocalPRMScorer:
                          self.encoder.fmt.max_length)
         return scores
 
-    def _probabilities(self, hidden) -> list[float]:
-        import torch
-
-        logits = self.model.label_logits(hidden)  # (n, 2) float32
-        return torch.softmax(logits, dim=-1)[:, 0].tolist()
-
-    def _batches(self, lengths: list[int], cached: int = 0) -> list[list[int]]:
-        """Index batches, longest first, each within ``max_batch_tokens`` (rows x width)."""
-        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-        batches, current = [], []
-        for i in order:
-            width = cached + lengths[current[0] if current else i]  # the batch's first row is its longest
-            if current and (len(current) + 1) * width > self.max_batch_tokens:
+    def _batches(self, lengths: list[int]) -> list[list[int]]:
+        """Consecutive index runs of at most ``max_batch_tokens`` positions (at least one row each)."""
+        batches, current, total = [], [], 0
+        for i, n in enumerate(lengths):
+            if current and total + n > self.max_batch_tokens:
                 batches.append(current)
-                current = []
+                current, total = [], 0
             current.append(i)
+            total += n
         return batches + [current] if current else batches
-
-    def _right_padded(self, rows: list[list[int]]):
-        import torch
-
-        width = max(len(r) for r in rows)
-        ids = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-        last = torch.tensor([len(r) - 1 for r in rows])
-        return ids.to(self.device), last.to(self.device)
-
-    def _score_full(self, prompts: list[list[int]]) -> list[float]:
-        """Right-padded full prompts (no mask needed: pads come after every real token)."""
-        import torch
-
-        decoder = self.model.decoder()
-        out = [0.0] * len(prompts)
-        for batch in self._batches([len(p) for p in prompts]):
-            ids, last = self._right_padded([prompts[i] for i in batch])
-            hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state
-            values = self._probabilities(hidden[torch.arange(len(batch), device=ids.device), last])
-            for i, v in zip(batch, values):
-                out[i] = v
-        return out
-
-    def _score_group(self, prefix: list[int], suffixes: list[list[int]]) -> list[float]:
-        """One prefix pass, then the suffixes on top of its KV cache, in bounded batches."""
-        import torch
-        from transformers import DynamicCache
-
-        decoder = self.model.decoder()
-        prefix_ids = torch.tensor([prefix], dtype=torch.long, device=self.device)
-        cache = decoder(input_ids=prefix_ids, use_cache=True).cache
-        layers = [(layer.keys, layer.values) for layer in cache.layers]
-        out = [0.0] * len(suffixes)
-        for batch in self._batches([len(s) for s in suffixes], cached=len(prefix)):
-            n = len(batch)
-            shared = DynamicCache(ddp_cache_data=[(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1))
-                                                  for k, v in layers], config=self.model.config)
-            ids, last = self._right_padded([suffixes[i] for i in batch])
-            hidden = decoder(input_ids=ids, cache=shared, use_cache=True).last_hidden_state
-            values = self._probabilities(hidden[torch.arange(n, device=ids.device), last])
-            for i, v in zip(batch, values):
-                out[i] = v
-        return out
 
 
 def reference_scores(model, encoder, items: list[PRMItem]) -> list[float]:

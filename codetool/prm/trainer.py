@@ -1,0 +1,405 @@
+"""The PRM trainer on TRL: ``PRMConfig`` (a TRL ``SFTConfig``) and ``PRMTrainer`` (an ``SFTTrainer``).
+
+``codetool train-prm --config configs/train/<recipe>.yaml`` runs :func:`train_command`. The loss
+is the cross-entropy over the two label logits at the label position (the numbers the scorer
+softmaxes), computed from the hidden state of that one position (``PRMModel``): no logits over
+the vocabulary, no loss on EOS, one supervised token per row. DDP, DeepSpeed ZeRO-2/3, FSDP,
+gradient accumulation, bf16, checkpoints, resume, ``report_to`` and ``push_to_hub`` come from
+the Trainer: run it unchanged under ``accelerate launch --config_file configs/accelerate/<x>.yaml``.
+
+Why ``SFTTrainer`` and not TRL's base trainer: the PRM *is* completion-only SFT with one
+supervised token (TRL's convention, DESIGN.md §6), ``SFTConfig`` is the option set users know,
+and the base trainer is private (``trl.trainer.base_trainer._BaseTrainer``). ``PRMTrainer``
+passes its own collator and ``skip_prepare_dataset`` (rows are tokenised by
+``codetool.prm.data``), and overrides ``compute_loss``/``prediction_step``/``_save``; the model
+card (``README.md``) is TRL's, written next to each checkpoint and the final model.
+
+Every ``SFTConfig`` / ``TrainingArguments`` field is a ``PRMConfig`` field, so it is a YAML key
+and a ``--option`` of ``codetool train-prm`` (with its TRL help text). Recipe keys of earlier
+versions still work as aliases (:data:`ALIASES`: ``epochs`` -> ``num_train_epochs``, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from importlib.util import find_spec
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from trl import SFTConfig, SFTTrainer
+
+from codetool import CodetoolError, __version__
+from codetool.config import ConfigError, from_dict, option
+from codetool.prm.format import PRMFormat
+
+logger = logging.getLogger(__name__)
+
+# recipe keys of earlier versions (configs/train/*.yaml, TrainConfig) -> SFTConfig fields
+ALIASES = {"epochs": "num_train_epochs", "batch_size": "per_device_train_batch_size",
+           "eval_batch_size": "per_device_eval_batch_size", "lr_scheduler": "lr_scheduler_type",
+           "warmup": "warmup_steps", "num_workers": "dataloader_num_workers"}
+
+
+def _cuda_bf16() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+
+
+@dataclass
+class PRMConfig(SFTConfig):
+    """Settings of ``codetool train-prm``: every TRL ``SFTConfig`` option plus the PRM's own.
+
+    PRM fields: ``model``, ``dataset``/``eval_dataset``/``eval_fraction``/``split_seed``, ``format``
+    (prompt, label tokens, ``max_length``; ``SFTConfig.max_length`` is set from
+    ``format.max_length``), ``finetune`` and ``lora_*``, ``train_label_head``, ``share_prefix``,
+    ``max_packed_tokens``, ``precision`` (sets ``bf16`` unless given), ``model_dtype``, ``resume``.
+    Defaults that differ from ``SFTConfig``: see the fields redeclared below (``seed`` 0,
+    ``learning_rate`` 2e-4, no gradient checkpointing, evaluation every 50 steps, ...).
+
+    Raises:
+        ConfigError: on a value out of range (the message names the key and the fix).
+    """
+
+    config_aliases = ALIASES  # not a field: read by codetool.config (YAML keys and --flags)
+
+    # ---- the PRM's own options
+    model: str = option("default", "base model: 'default', a local folder or a Hub id")
+    dataset: list[str] = option(default_factory=lambda: ["data/prm/prm_examples.jsonl"],
+                                help="PRM example JSONL file(s) from 'codetool build-trees'")
+    eval_dataset: list[str] = option(default_factory=list, help="held-out JSONL file(s); empty: split by query id")
+    eval_fraction: float = option(0.1, "share of queries held out when eval_dataset is empty")
+    split_seed: int = option(0, "seed of the query-id split")
+    format: PRMFormat = field(default_factory=PRMFormat, metadata={"help": "prompt format and label tokens"})
+    finetune: str = option("lora", "LoRA adapter or full fine-tuning", choices=("lora", "full"))
+    lora_r: int = option(8, "LoRA rank")
+    lora_alpha: int = option(16, "LoRA alpha")
+    lora_dropout: float = option(0.0, "LoRA dropout")
+    lora_target_modules: list[str] = option(default_factory=lambda: ["all-linear"],
+                                            help="modules that get LoRA ('all-linear' or names)")
+    train_label_head: bool = option(True, "train the two label rows of the output embedding")
+    share_prefix: str = option(
+        "auto", "prefix sharing in a batch: auto (time each mode on the first batch, keep the fastest), "
+        "packed (one forward, block mask), trie (KV-cache trie; not with checkpointing/FSDP), none; "
+        "true means auto, false none")
+    max_packed_tokens: int = option(4096, "width bound of a packed row (share_prefix packed)")
+    precision: str = option("auto", "auto: bf16 on a bf16 GPU, fp32 otherwise (sets bf16 unless given)",
+                            choices=("auto", "bf16", "fp32"))
+    model_dtype: str = option("auto", "dtype the base weights are loaded in", choices=("auto", "float32", "bfloat16"))
+    resume: str = option("auto", "auto (last checkpoint in output_dir), none, or a checkpoint folder")
+    # ---- SFTConfig / TrainingArguments fields whose default differs for a PRM
+    output_dir: str = option("checkpoints/prm/quickstart", "checkpoints and the final PRM go here")
+    learning_rate: float = option(2e-4, "peak learning rate")
+    num_train_epochs: float = option(1.0, "passes over the training rows")
+    per_device_train_batch_size: int = option(4, "rows per device per step")
+    per_device_eval_batch_size: int = option(8, "rows per device per eval step")
+    lr_scheduler_type: str = option("cosine", "learning-rate schedule (a transformers SchedulerType)")
+    warmup_steps: float = option(0.03, "warm-up: a share of the steps if < 1, else a number of steps")
+    gradient_checkpointing: bool = option(False, "recompute activations in backward (less memory, ~30% slower)")
+    bf16: bool | None = option(None, "bf16 mixed precision; unset: from precision")
+    logging_steps: float = option(10, "log the loss every N steps")
+    eval_strategy: str = option("steps", "when to evaluate (no, steps, epoch); no without eval data")
+    eval_steps: float | None = option(50, "evaluate every N steps (0: only at the end)")
+    save_steps: float = option(100, "write checkpoint-N every N steps")
+    save_total_limit: int | None = option(2, "keep at most this many checkpoint-N folders")
+    report_to: str | list[str] | None = option("none", "experiment tracker(s): none, wandb, tensorboard, ...")
+    seed: int = option(0, "seed of LoRA init, label rows, shuffling")
+    remove_unused_columns: bool = option(False, "keep the PRM columns (target, group) for the collator")
+    label_names: list[str] | None = option(default_factory=lambda: ["target", "group"],
+                                           help="batch keys the metrics read")
+    train_sampling_strategy: str = option("group_by_length", "row order when share_prefix is none")
+    ddp_find_unused_parameters: bool | None = option(False, "DDP: every trained weight is used")
+    dataset_kwargs: dict | str | None = option(default_factory=lambda: {"skip_prepare_dataset": True},
+                                               help="rows are tokenised by codetool.prm.data")
+
+    def __post_init__(self):
+        if not self.dataset:
+            raise ConfigError("dataset: give at least one PRM example JSONL file.")
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise ConfigError(f"eval_fraction must lie in [0, 1), got {self.eval_fraction}.")
+        for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+                     "lora_r", "logging_steps", "max_packed_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.learning_rate <= 0:
+            raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate}.")
+        mode = str(self.share_prefix).lower()
+        self.share_prefix = {"true": "auto", "yes": "auto", "on": "auto", "false": "none", "no": "none",
+                             "off": "none"}.get(mode, mode)
+        if self.share_prefix not in ("auto", "packed", "trie", "none"):
+            raise ConfigError(f"share_prefix: got {mode!r}; choose one of auto, packed, trie, none.")
+        if self.report_to is None:  # "none" read as null by the YAML/CLI loader
+            self.report_to = "none"
+        if self.bf16 is None:
+            self.bf16 = self.precision == "bf16" or (self.precision == "auto" and _cuda_bf16())
+        if not torch.cuda.is_available():
+            self.use_cpu = True  # a torchrun/accelerate job on CPU is then gloo DDP
+            self.dataloader_pin_memory = False
+        if not self.eval_steps:
+            self.eval_strategy, self.eval_steps = "no", None
+        self.max_length = self.format.max_length
+        self.data_seed = self.seed if self.data_seed is None else self.data_seed
+        try:
+            super().__post_init__()
+        except ValueError as e:
+            if isinstance(e, ConfigError):
+                raise
+            raise ConfigError(f"train-prm: {e}") from None
+
+    def to_dict(self):
+        out = super().to_dict()
+        out["format"] = dataclasses.asdict(self.format)
+        return out
+
+
+def to_prm_config(cfg) -> PRMConfig:
+    """``PRMConfig`` of a ``PRMConfig`` (itself) or of the pipeline's light ``TrainConfig``."""
+    if isinstance(cfg, PRMConfig):
+        return cfg
+    data = dataclasses.asdict(cfg)
+    options = data.pop("trainer_options", None) or {}
+    return from_dict(PRMConfig, {**data, **options}, where="train")
+
+
+class PRMTrainer(SFTTrainer):
+    """TRL ``SFTTrainer`` with the two-label loss, PRM checkpoints, PRM eval metrics and prefix sharing.
+
+    Args:
+        model (`PRMModel`): from :func:`build_model`.
+        args (`PRMConfig`): the settings.
+        prm_meta (`dict`, *optional*): written to each checkpoint's ``prm_config.json``.
+        Other arguments: as ``SFTTrainer`` (``processing_class`` is the tokenizer, saved with the model).
+
+    ``share_prefix`` (from ``args``): ``auto`` times the modes on the first batch
+    (``PRMModel.pick_share_mode``): on the 2-core CPU it picks the trie or packed forward, on a
+    GPU the packed one (one call). The trie is never used with gradient checkpointing (no KV
+    cache) or FSDP (its wrapped layers expect one call per forward).
+    """
+
+    _tag_names = ["trl", "codetool", "prm"]
+    _name = "PRM"
+    loss_is_scaled_for_ga = False  # a per-batch mean: the Trainer divides by GA steps
+
+    def __init__(self, *args, prm_meta: dict | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.prm_meta = prm_meta or {}
+        prm = self.accelerator.unwrap_model(self.model)
+        prm.max_packed_tokens = self.args.max_packed_tokens
+        prm.no_trie = self.is_fsdp_enabled
+        self.share_prefix = self.args.share_prefix
+        if self.share_prefix == "trie" and (self.is_fsdp_enabled or self.args.gradient_checkpointing):
+            logger.info("share_prefix trie needs a KV cache and one call per layer: using packed")
+            self.share_prefix = "packed"
+
+    def _get_train_sampler(self, train_dataset=None):
+        from codetool.prm.data import PrefixGroupSampler
+
+        dataset = self.train_dataset if train_dataset is None else train_dataset
+        if self.share_prefix == "none" or "query_group" not in getattr(dataset, "column_names", ()):
+            return super()._get_train_sampler(train_dataset)
+        return PrefixGroupSampler(dataset["query_group"], [len(ids) for ids in dataset["input_ids"]],
+                                  self.args.train_batch_size, seed=self.args.seed)  # one process's batch
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        logits = model(input_ids=inputs["input_ids"], last_index=inputs["last_index"],
+                       share_prefix=self.share_prefix)  # (batch, 2)
+        loss = F.cross_entropy(logits, inputs["target"].to(logits.device))
+        return (loss, logits) if return_outputs else loss
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            loss, logits = self.compute_loss(model, inputs, return_outputs=True)
+        if prediction_loss_only:
+            return loss.detach(), None, None
+        return loss.detach(), logits.detach(), torch.stack([inputs["target"], inputs["group"]], dim=1)
+
+    def _save(self, output_dir=None, state_dict=None):
+        from codetool.prm.modeling import save_prm
+
+        output_dir = output_dir or self.args.output_dir
+        if not self.args.should_save:
+            return
+        model = self.accelerator.unwrap_model(self.model)
+        save_prm(output_dir, model, self.processing_class, self.prm_meta, state_dict)
+        torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        if self.is_fsdp_enabled:  # FSDP keeps its own sharded model state
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+        load_prm_weights(self.accelerator.unwrap_model(model or self.model), resume_from_checkpoint)
+
+
+def load_prm_weights(model, folder: str | Path) -> None:
+    """Put the trainable weights of a PRM checkpoint folder back into ``model`` (resume)."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    head = folder / "label_head.safetensors"
+    if not head.is_file():
+        raise CodetoolError(f"cannot resume from {folder}: no label_head.safetensors; pass a checkpoint-N "
+                            "folder written by 'codetool train-prm', or --resume none.")
+    model.label_head.data.copy_(load_file(str(head))["weight"].to(model.label_head.dtype))
+    if hasattr(model.lm, "peft_config"):
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model.lm, load_file(str(folder / "adapter_model.safetensors")))
+    else:
+        from transformers.trainer_utils import load_sharded_checkpoint
+
+        if (folder / "model.safetensors").is_file():
+            model.lm.load_state_dict(load_file(str(folder / "model.safetensors")), strict=False)
+        else:
+            load_sharded_checkpoint(model.lm, str(folder), strict=False)
+
+
+def _resume_path(cfg: PRMConfig) -> str | None:
+    if cfg.resume in ("", "none", "None"):
+        return None
+    if cfg.resume == "auto":
+        from transformers.trainer_utils import get_last_checkpoint
+
+        last = get_last_checkpoint(cfg.output_dir) if Path(cfg.output_dir).is_dir() else None
+        if last:
+            logger.info("resuming from %s (pass --resume none to start over)", last)
+        return last
+    if not Path(cfg.resume).is_dir():
+        raise CodetoolError(f"resume: checkpoint folder {cfg.resume} not found; pass auto, none or a checkpoint-N folder.")
+    return cfg.resume
+
+
+def _load_dtype(cfg: PRMConfig, args) -> str:
+    if cfg.model_dtype != "auto":
+        return cfg.model_dtype
+    if not torch.cuda.is_available():
+        return "float32"
+    # LoRA keeps frozen weights in bf16; DeepSpeed keeps fp32 masters itself; AMP needs fp32 weights.
+    return "bfloat16" if cfg.finetune == "lora" or args.deepspeed_plugin is not None else "float32"
+
+
+def build_model(cfg: PRMConfig, dtype: str = "float32"):
+    """``(PRMModel, tokenizer)`` ready to train: label tokens added, LoRA or full, head trainable."""
+    from codetool.models.loading import load_model
+    from codetool.prm.modeling import PRMModel, add_label_tokens, is_tied
+
+    cfg = to_prm_config(cfg)
+    lm, tokenizer = load_model(cfg.model, dtype=dtype, device="cpu", for_training=True)
+    label_ids = add_label_tokens(lm, tokenizer, cfg.format, seed=cfg.seed)
+    if cfg.finetune == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        targets = cfg.lora_target_modules
+        lm = get_peft_model(lm, LoraConfig(
+            r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout, task_type="CAUSAL_LM",
+            target_modules=targets[0] if targets == ["all-linear"] else targets))
+    else:
+        lm.requires_grad_(True)
+        if not is_tied(lm):  # the label head replaces the LM head in training; unused params break DDP
+            lm.get_output_embeddings().requires_grad_(False)
+    model = PRMModel(lm, label_ids)
+    model.max_packed_tokens = cfg.max_packed_tokens
+    model.label_head.requires_grad_(cfg.train_label_head)
+    if cfg.gradient_checkpointing:
+        model.activation_checkpointing_enable()
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    logger.info("PRM %s on %s: %d trainable of %d parameters; label ids %s", cfg.finetune, cfg.model,
+                trainable, total, label_ids)
+    return model, tokenizer
+
+
+def _datasets(cfg: PRMConfig, encoder):
+    from datasets import Dataset
+
+    from codetool.prm.data import read_rows, split_rows, tokenize_rows
+
+    rows = read_rows(cfg.dataset)
+    if cfg.eval_dataset:
+        train_rows, eval_rows = rows, read_rows(cfg.eval_dataset)
+    else:
+        train_rows, eval_rows = split_rows(rows, cfg.eval_fraction, cfg.split_seed)
+    if not train_rows:
+        raise CodetoolError(f"no training rows left after holding out {cfg.eval_fraction:.0%} of the queries; "
+                            "lower eval_fraction or add data.")
+    train_tok, stats = tokenize_rows(train_rows, encoder)
+    logger.info("train rows %d (%d tokens, %d cut to fit); eval rows %d", stats.rows, stats.tokens,
+                stats.truncated, len(eval_rows))
+    eval_ds = Dataset.from_list(tokenize_rows(eval_rows, encoder)[0]) if eval_rows else None
+    return Dataset.from_list(train_tok), eval_ds
+
+
+def _compute_metrics(prediction) -> dict[str, float]:
+    import numpy as np
+
+    from codetool.prm.evaluate import prm_metrics
+
+    logits = np.asarray(prediction.predictions, dtype=np.float64)
+    labels = np.asarray(prediction.label_ids)
+    scores = 1.0 / (1.0 + np.exp(logits[:, 1] - logits[:, 0]))  # softmax over the two labels
+    metrics = prm_metrics(scores, 1 - labels[:, 0], labels[:, 1])
+    return {k: metrics[k] for k in ("pairwise_accuracy", "auc", "accuracy", "ece")}
+
+
+def build_trainer(cfg) -> PRMTrainer:
+    """The ready-to-train ``PRMTrainer`` for ``cfg`` (``PRMConfig``, or the pipeline's ``TrainConfig``):
+    model with label tokens and LoRA (or full), tokenised train/eval datasets, collator, metrics.
+    ``train_command`` runs it; benchmarks and callers that add callbacks use it directly.
+
+    Raises:
+        CodetoolError: if ``report_to`` names a tracker that is not installed, or the data is missing.
+    """
+    cfg = to_prm_config(cfg)
+    for tracker in [cfg.report_to] if isinstance(cfg.report_to, str) else cfg.report_to or []:
+        if tracker and tracker not in ("none", "all") and find_spec(tracker) is None:
+            raise CodetoolError(f"report_to {tracker}: the package is not installed; "
+                                f"pip install {tracker} (or use report_to: none).")
+    from transformers import set_seed
+
+    from codetool.prm.data import PRMCollator
+    from codetool.prm.format import PromptEncoder
+
+    set_seed(cfg.seed)
+    logger.info("training on %d process(es), device %s", cfg.world_size, cfg.device)
+    model, tokenizer = build_model(cfg, _load_dtype(cfg, cfg))  # after the args: ZeRO-3 loads it partitioned
+    encoder = PromptEncoder(tokenizer, cfg.format)
+    train_ds, eval_ds = _datasets(cfg, encoder)
+    if eval_ds is None and cfg.eval_strategy != "no":
+        cfg.eval_strategy = "no"
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    meta = {"base_model": cfg.model, "format": dataclasses.asdict(cfg.format), "seed": cfg.seed,
+            "finetune": cfg.finetune, "split": {"eval_fraction": 0.0 if cfg.eval_dataset else cfg.eval_fraction,
+                      "seed": cfg.split_seed, "eval_dataset": list(cfg.eval_dataset)},
+            "codetool_version": __version__}
+    return PRMTrainer(
+        model=model, args=cfg, train_dataset=train_ds, eval_dataset=eval_ds, processing_class=tokenizer,
+        data_collator=PRMCollator(encoder.label_ids, pad_id or 0), compute_metrics=_compute_metrics,
+        prm_meta=meta)
+
+
+def train_command(cfg) -> int:
+    """Train a PRM and write it to ``cfg.output_dir`` with a model card (resumable); pushes it to
+    the Hub when ``push_to_hub`` is set."""
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    cfg = to_prm_config(cfg)
+    resume = _resume_path(cfg)
+    trainer = build_trainer(cfg)
+    start = time.time()
+    result = trainer.train(resume_from_checkpoint=resume)
+    trainer.save_model(cfg.output_dir)
+    summary = {"train_loss": result.training_loss, "steps": result.global_step,
+               "seconds": round(time.time() - start, 1),
+               "share_prefix": trainer.accelerator.unwrap_model(trainer.model).share_mode or trainer.share_prefix}
+    if trainer.eval_dataset is not None:
+        summary.update(trainer.evaluate())
+    if trainer.args.should_save:
+        trainer.create_model_card(model_name=Path(cfg.output_dir).name, dataset_name=", ".join(cfg.dataset))
+        Path(cfg.output_dir, "train_summary.json").write_text(json.dumps(summary, indent=2, default=float))
+        logger.info("PRM written to %s: %s", cfg.output_dir,
+                    ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items()))
+    if cfg.push_to_hub:
+        trainer.push_to_hub(dataset_name=", ".join(cfg.dataset))
+    return 0
