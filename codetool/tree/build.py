@@ -150,6 +150,25 @@ def _node_record(node_id: str, parent: str | None, depth: int, e) -> dict[str, A
             "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens}
 
 
+@dataclass
+class FrontierNode:
+    """An open node of a tree being grown (``TreeBuilder.build_many``).
+
+    Args:
+        tree (`int`): the index of its tree (task) in the batch.
+        node_id (`str` or `None`): its id (``"1-2"``), ``None`` for the root.
+        state: its executor (the parent's, forked), closed when the node is expanded or dropped.
+        history (`list[dict]`): the steps above it (``code``, ``text``, ``observation``).
+        depth (`int`): its depth (0 for the root).
+    """
+
+    tree: int
+    node_id: str | None
+    state: Any
+    history: list[dict]
+    depth: int
+
+
 class TreeBuilder:
     """Expands action trees with a policy and an executor per query.
 
@@ -187,23 +206,23 @@ class TreeBuilder:
         seed = tree_seed(cfg.seed, tasks[0].query_id)
         trees: list[dict[str, dict]] = [{} for _ in tasks]
         errors: dict[int, str] = {}  # tree index -> why it failed
-        # (tree index, node id, executor, history, depth)
-        frontier = [(t, None, st, [], 0) for t, task in enumerate(tasks)
+        frontier = [FrontierNode(t, None, st, [], 0) for t, task in enumerate(tasks)
                     if (st := _guard(errors, t, self.make_executor, task)) is not None]
         try:
             while frontier:
                 level = time.perf_counter()
-                rows = expand_each(self.policy, [(st, hist, tasks[t]) for t, _, st, hist, _ in frontier],
+                rows = expand_each(self.policy, [(n.state, n.history, tasks[n.tree]) for n in frontier],
                                    cfg.branching, self.sample_cfg, seed=seed + sum(map(len, trees)))
-                for (t, *_), row in zip(frontier, rows):
+                for n, row in zip(frontier, rows):
                     if isinstance(row, Exception):  # this tree's policy call failed: it ends
-                        _record_error(errors, t, row)
+                        _record_error(errors, n.tree, row)
                 rows = [[] if isinstance(row, Exception) else row for row in rows]
                 logger.info("trees %s: depth %d, %d nodes sampled and executed in %.1f s",
                             ", ".join(str(t.query_id) for t in tasks[:3]) + (", ..." if len(tasks) > 3 else ""),
-                            frontier[0][4] + 1, sum(map(len, rows)), time.perf_counter() - level)
+                            frontier[0].depth + 1, sum(map(len, rows)), time.perf_counter() - level)
                 next_frontier = []
-                for (t, parent, state, history, depth), row in zip(frontier, rows):
+                for n, row in zip(frontier, rows):
+                    t, parent, state, history, depth = n.tree, n.node_id, n.state, n.history, n.depth
                     if _faulted(errors, t, row):
                         state.close()
                         continue
@@ -218,12 +237,12 @@ class TreeBuilder:
                             continue
                         child = e.state if e.state is not None else state.fork()
                         step = {"code": e.candidate.code, "text": e.candidate.text, "observation": e.observation}
-                        next_frontier.append((t, node_id, child, history + [step], depth + 1))
+                        next_frontier.append(FrontierNode(t, node_id, child, history + [step], depth + 1))
                     state.close()
                 frontier = _drop_failed(next_frontier, errors)
         finally:
-            for _, _, state, _, _ in frontier:
-                state.close()
+            for n in frontier:
+                n.state.close()
         seconds = (time.perf_counter() - start) / len(tasks)  # the batch's time, shared evenly
         records = [_guard(errors, t, self._record, task, tree, seconds) if t not in errors else None
                    for t, (task, tree) in enumerate(zip(tasks, trees))]
@@ -310,12 +329,12 @@ def _faulted(errors: dict[int, str], t: int, row: list) -> bool:
     return True
 
 
-def _drop_failed(frontier: list[tuple], errors: dict[int, str]) -> list[tuple]:
+def _drop_failed(frontier: list[FrontierNode], errors: dict[int, str]) -> list[FrontierNode]:
     """The frontier nodes of trees that have not failed; the others' executors are closed."""
     kept = []
     for node in frontier:
-        if node[0] in errors:
-            node[2].close()
+        if node.tree in errors:
+            node.state.close()
         else:
             kept.append(node)
     return kept
