@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from codetool.config import ConfigError, option
+from codetool.models.constraint import CallConstraint
 from codetool.rewards import (
     PRMItem,
     PRMScorer,
@@ -64,6 +65,9 @@ class SearchConfig:
     code_prefix: bool = option(True, "start each reply with an opening ```python fence and stop at the closing "
                                "one (small models then write code; needs a backend that continues a final "
                                "assistant message: transformers, vLLM, SGLang)")
+    constrain: str = option("off", "constrained step decoding: 'call' makes the step's first statement call a "
+                            "listed function, finish or give_up (optionally as `result = name(`): a logits mask "
+                            "locally, a regex (structured outputs) for vLLM and servers", choices=["off", "call"])
     tool_error_is_failure: bool = option(True, "a failed tool call makes R_spot 0 even if caught")
     cost_table: str | None = option(None, "YAML of tool costs (default: the packaged table)")
     seed: int | None = option(0, "sampling seed (none = nondeterministic)")
@@ -142,9 +146,14 @@ def expand(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: Search
     if cfg.code_prefix:
         prompts = [p + [{"role": "assistant", "content": CODE_PREFIX}] for p in prompts]
         stop = ["```"]
+    extra = {}
+    if cfg.constrain == "call":  # from the first generated character, or from the fence the model opens
+        trigger = "" if cfg.code_prefix else CODE_PREFIX
+        extra["constraint"] = [CallConstraint.for_functions([a.name for a in task.env.apis], trigger=trigger)
+                               for _, _, task in nodes]
     t0 = time.perf_counter()
     outputs = policy.generate(prompts, n=n, temperature=cfg.temperature, top_p=cfg.top_p,
-                              max_new_tokens=cfg.max_new_tokens, stop=stop, seed=seed)
+                              max_new_tokens=cfg.max_new_tokens, stop=stop, seed=seed, **extra)
     timings["generation"] = timings.get("generation", 0.0) + time.perf_counter() - t0
     t0 = time.perf_counter()
     expanded = []
