@@ -32,7 +32,9 @@ from codetool import CodetoolError
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _SPECIAL = set("\\^$.|?*+()[]{}-/")
-DONE = -1  # the trie state once the call has opened: everything after it is free
+SHAPES = ("opening", "line")
+DONE = -1  # nothing more to check: the call opened (shape opening) or the end marker came (line)
+ARGS, ARGS_PAREN, TAIL = -2, -3, -10
 
 
 def _escape(text: str) -> str:
@@ -58,6 +60,13 @@ class CallConstraint:
         trigger (`str`, *optional*, defaults to `""`): text after which the constraint applies
             (e.g. ``"```python\\n"`` when the model writes a plan line before opening the fence);
             empty means from the first generated character (the fence is part of the prompt).
+        shape (`str`, *optional*, defaults to `"opening"`): ``opening`` constrains only the opening
+            ``name(``; ``line`` makes the whole step that call on one line (ending with ``)``),
+            optionally followed by ``print(target)``, then ``end``.
+        end (`str`, *optional*, defaults to `"```"`): what closes a ``line`` step (the closing fence;
+            the search's stop string then ends the reply).
+        assign (`bool`, *optional*, defaults to `False`): the call must be assigned to a target
+            (``result = name(``), and a ``line`` step must then print it.
 
     Raises:
         CodetoolError: no names, or a name or target that is not an identifier.
@@ -66,6 +75,9 @@ class CallConstraint:
     names: tuple[str, ...]
     targets: tuple[str, ...] = ("result",)
     trigger: str = ""
+    shape: str = "opening"
+    end: str = "```"
+    assign: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "names", tuple(dict.fromkeys(self.names)))
@@ -75,61 +87,117 @@ class CallConstraint:
         bad = [n for n in (*self.names, *self.targets) if not _IDENTIFIER.match(n)]
         if bad:
             raise CodetoolError(f"CallConstraint names and targets must be Python identifiers, got {bad!r:.200}.")
+        if self.shape not in SHAPES:
+            raise CodetoolError(f"CallConstraint shape must be one of {SHAPES}, got {self.shape!r}.")
+        if self.shape == "line" and (not self.end or "\n" in self.end):
+            raise CodetoolError(f"CallConstraint shape 'line' needs a one-line end marker (e.g. '```'), got {self.end!r}.")
+        if self.assign and not self.targets:
+            raise CodetoolError("CallConstraint(assign=True) needs at least one target name (e.g. 'result').")
 
     @classmethod
-    def for_functions(cls, names, *, targets: tuple[str, ...] = ("result",), trigger: str = "") -> CallConstraint:
-        """The listed functions plus ``finish`` and ``give_up`` (the episode's ends)."""
-        return cls(tuple(names) + ("finish", "give_up"), tuple(targets), trigger)
+    def for_functions(cls, names, *, ends: bool = True, **kwargs) -> CallConstraint:
+        """The listed functions plus (with ``ends``) ``finish`` and ``give_up``, the episode's ends;
+        ``kwargs`` are the other fields."""
+        return cls(tuple(names) + (("finish", "give_up") if ends else ()), **kwargs)
 
     def openings(self) -> list[str]:
         """Every allowed opening of the first statement, e.g. ``["f(", "result = f(", ...]``."""
         calls = [f"{name}(" for name in self.names]
-        return calls + [f"{t} = {c}" for t in self.targets for c in calls]
+        return (calls if not self.assign else []) + [f"{t} = {c}" for t in self.targets for c in calls]
+
+    def tails(self) -> list[str]:
+        """What may follow the call's line with shape ``line``: the end marker, or ``print(target)``
+        on its own line and then the end marker."""
+        return ([] if self.assign else [self.end]) + [f"print({t})\n{self.end}" for t in self.targets]
 
     def regex(self) -> str:
         """The constraint as a regular expression over the whole reply (for guided decoding).
 
-        Uses only groups, alternation, ``*`` and escapes, which vLLM's xgrammar/guidance/outlines
-        backends and SGLang accept. With a trigger, the text before it may not contain the
-        trigger's first character (a regular language cannot say "the first occurrence"), and the
-        trigger must appear; the logits processor also lets a reply end before it.
+        Uses only groups, alternation, ``*``, character classes and escapes, which vLLM's
+        xgrammar/guidance/outlines backends and SGLang accept. With a trigger, the text before it
+        may not contain the trigger's first character (a regular language cannot say "the first
+        occurrence"), and the trigger must appear; the logits processor also lets a reply end
+        before it.
         """
         names = "|".join(self.names)  # identifiers: nothing to escape
-        head = f"({'|'.join(self.targets)}) = " if self.targets else ""
-        call = (f"({head})?" if head else "") + f"({names})\\((.|\\n)*"
+        head = f"(({'|'.join(self.targets)}) = )" if self.targets else ""
+        head += "" if self.assign or not head else "?"
+        call = f"{head}({names})\\("
+        if self.shape == "opening":
+            call += "(.|\\n)*"
+        else:
+            prints = f"(print\\(({'|'.join(self.targets)})\\)\\n)" if self.targets else ""
+            prints += "" if self.assign or not prints else "?"
+            call += f"[^\\n]*\\)\\n{prints}{_escape(self.end)}"
         if not self.trigger:
             return call
         return f"[^{_escape(self.trigger[0])}]*{_escape(self.trigger)}{call}"
 
-    # The character trie of allowed openings; states are node indices, DONE once a call opened.
-    def _trie(self) -> tuple[list[dict[str, int]], set[int]]:
+    # States: opening-trie nodes (>= 0), DONE, ARGS / ARGS_PAREN (inside the call's line, the last
+    # character a ')' or not), tail-trie nodes (TAIL - j). Tail and argument states do not depend on
+    # the names, so masks for them can be shared between constraints with the same tail_key.
+    @staticmethod
+    def _build(strings: list[str]) -> tuple[list[dict[str, int]], set[int]]:
+        children: list[dict[str, int]] = [{}]
+        ends: set[int] = set()
+        for string in strings:
+            node = 0
+            for ch in string:
+                nxt = children[node].get(ch)
+                if nxt is None:
+                    children.append({})
+                    nxt = children[node][ch] = len(children) - 1
+                node = nxt
+            ends.add(node)
+        return children, ends
+
+    def _tries(self):
         cached = self.__dict__.get("_trie_cache")
         if cached is None:
-            children: list[dict[str, int]] = [{}]
-            ends: set[int] = set()
-            for opening in self.openings():
-                node = 0
-                for ch in opening:
-                    nxt = children[node].get(ch)
-                    if nxt is None:
-                        children.append({})
-                        nxt = children[node][ch] = len(children) - 1
-                    node = nxt
-                ends.add(node)
-            cached = (children, ends)
+            cached = (*self._build(self.openings()), *self._build(self.tails()))
             object.__setattr__(self, "_trie_cache", cached)
         return cached
 
+    @property
+    def tail_key(self) -> tuple:
+        """What the masks of argument and tail states depend on."""
+        return (self.targets, self.end, self.assign)
+
+    def step(self, state: int, ch: str) -> int | None:
+        """The state after character ``ch`` (``None``: not allowed)."""
+        if state == DONE:
+            return DONE
+        opening, opening_ends, tail, tail_ends = self._tries()
+        if state >= 0:
+            nxt = opening[state].get(ch)
+            if nxt is None or nxt not in opening_ends:
+                return nxt
+            return DONE if self.shape == "opening" else ARGS
+        if state in (ARGS, ARGS_PAREN):
+            if ch == "\n":
+                return TAIL if state == ARGS_PAREN else None
+            return ARGS_PAREN if ch == ")" else ARGS
+        nxt = tail[TAIL - state].get(ch)
+        if nxt is None:
+            return None
+        return DONE if nxt in tail_ends else TAIL - nxt
+
+    def children(self, state: int) -> dict[str, int] | None:
+        """The allowed next characters of a trie state and their states; ``None`` for the argument
+        states, where nearly every character is allowed (ask :meth:`step`)."""
+        if state in (ARGS, ARGS_PAREN):
+            return None
+        opening, _, tail, _ = self._tries()
+        keys = opening[state] if state >= 0 else tail[TAIL - state]
+        return {ch: self.step(state, ch) for ch in keys}
+
     def advance(self, state: int | None, text: str) -> int | None:
-        """The trie state after reading ``text`` from ``state`` (0 = start, DONE = call opened,
-        ``None`` = the text left every allowed opening)."""
-        children, ends = self._trie()
+        """The state after reading ``text`` from ``state`` (0 = start, DONE = nothing more to check,
+        ``None`` = the text left the constraint)."""
         for ch in text:
             if state is None or state == DONE:
                 return state
-            state = children[state].get(ch)
-            if state is not None and state in ends:
-                state = DONE
+            state = self.step(state, ch)
         return state
 
     def allows(self, text: str) -> bool:
@@ -141,8 +209,3 @@ class CallConstraint:
                 return True
             text = text[at + len(self.trigger):]
         return self.advance(0, text) is not None
-
-    def children(self, state: int) -> dict[str, int]:
-        """The allowed next characters of a trie state and the states they lead to."""
-        children, ends = self._trie()
-        return {ch: (DONE if node in ends else node) for ch, node in children[state].items()}

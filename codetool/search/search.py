@@ -66,8 +66,12 @@ class SearchConfig:
                                "one (small models then write code; needs a backend that continues a final "
                                "assistant message: transformers, vLLM, SGLang)")
     constrain: str = option("off", "constrained step decoding: 'call' makes the step's first statement call a "
-                            "listed function, finish or give_up (optionally as `result = name(`): a logits mask "
-                            "locally, a regex (structured outputs) for vLLM and servers", choices=["off", "call"])
+                            "listed function, finish or give_up (optionally as `result = name(`); 'line' makes "
+                            "the whole step that one call on one line, then optionally print(result): a logits "
+                            "mask locally, a regex (structured outputs) for vLLM and servers",
+                            choices=["off", "call", "line"])
+    constrain_first_tool: bool = option(True, "with constrain on, an episode's first step must be `result = "
+                                        "<listed tool>(...)` (not finish/give_up: nothing is known yet)")
     tool_error_is_failure: bool = option(True, "a failed tool call makes R_spot 0 even if caught")
     cost_table: str | None = option(None, "YAML of tool costs (default: the packaged table)")
     seed: int | None = option(0, "sampling seed (none = nondeterministic)")
@@ -147,10 +151,13 @@ def expand(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: Search
         prompts = [p + [{"role": "assistant", "content": CODE_PREFIX}] for p in prompts]
         stop = ["```"]
     extra = {}
-    if cfg.constrain == "call":  # from the first generated character, or from the fence the model opens
-        trigger = "" if cfg.code_prefix else CODE_PREFIX
-        extra["constraint"] = [CallConstraint.for_functions([a.name for a in task.env.apis], trigger=trigger)
-                               for _, _, task in nodes]
+    if cfg.constrain != "off":  # from the first generated character, or from the fence the model opens
+        shape = "opening" if cfg.constrain == "call" else "line"
+        # A first step (nothing known yet) calls a tool as `result = tool(...)` when constrain_first_tool.
+        extra["constraint"] = [CallConstraint.for_functions(
+            [a.name for a in task.env.apis], trigger="" if cfg.code_prefix else CODE_PREFIX, shape=shape,
+            ends=bool(history) or not cfg.constrain_first_tool,
+            assign=not history and cfg.constrain_first_tool) for _, history, task in nodes]
     t0 = time.perf_counter()
     outputs = policy.generate(prompts, n=n, temperature=cfg.temperature, top_p=cfg.top_p,
                               max_new_tokens=cfg.max_new_tokens, stop=stop, seed=seed, **extra)
