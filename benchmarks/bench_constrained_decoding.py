@@ -18,7 +18,12 @@ No PRM (``latent: none``): this isolates the policy's step format. Command (repo
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_constrained_decoding.py --limit 8 --k 2 --steps 2
 
-Writes trajectories under ``--out`` (``off.jsonl``, ``call.jsonl``), deleted and rewritten each run.
+Writes trajectories under ``--out`` (``<benchmark>-<mode>.jsonl``), deleted and rewritten each run.
+``--trees FILE`` instead counts, in a tree file of ``codetool build-trees`` / the pipeline's trees
+stage, the trees with at least one grounded successful leaf (finished with a non-empty answer after
+>= 1 successful tool call on its path) and the share of nodes that called a listed function:
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_constrained_decoding.py --trees runs/quickstart/trees/trees.jsonl
 """
 
 from __future__ import annotations
@@ -76,6 +81,36 @@ def metrics(trajs: list[Trajectory]) -> dict[str, float]:
             "grounded_count": grounded, "gen_s_per_episode": gen_s / n}
 
 
+def tree_counts(path: Path) -> dict[str, float]:
+    """Grounded successes and tool calls in a tree JSONL file (see the module docstring)."""
+    trees = list(read_jsonl(path))
+    grounded_trees = grounded_leaves = leaves = nodes = calling = answered = 0
+    for tree in trees:
+        by_id = tree["nodes"]
+        found = 0
+        for node in by_id.values():
+            nodes += 1
+            calls = node["result"].get("tool_calls", [])
+            calling += bool(calls)
+            if not node["leaf"]:
+                continue
+            leaves += 1
+            path, nid = [], node["id"]
+            while nid:
+                path.append(by_id[nid])
+                nid = by_id[nid]["parent"]
+            finished = node["ended"] == "finish" and bool(str(node["final_answer"] or "").strip())
+            answered += finished
+            ok_call = any(c.get("status") == "ok" for n in path for c in n["result"].get("tool_calls", []))
+            found += finished and ok_call
+        grounded_leaves += found
+        grounded_trees += found > 0
+    return {"trees": len(trees), "trees_with_grounded_leaf": grounded_trees, "grounded_leaves": grounded_leaves,
+            "answered_leaves": answered, "leaves": leaves, "nodes": nodes,
+            "nodes_calling_a_tool": calling / max(nodes, 1),
+            "pairs": sum(t["summary"]["pairs"] for t in trees)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--benchmark", default="stabletoolbench", choices=["stabletoolbench", "restbench-tmdb"])
@@ -88,7 +123,14 @@ def main() -> None:
     parser.add_argument("--modes", default="off,call,line")
     parser.add_argument("--out", default="runs/bench_constrained")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--trees", default=None, help="count grounded successes in this tree JSONL file and exit")
     args = parser.parse_args()
+    if args.trees:
+        counts = tree_counts(Path(args.trees))
+        for key, value in counts.items():
+            print(f"{key}: {value:.2f}" if isinstance(value, float) else f"{key}: {value}")
+        emit(benchmark="constrained_decoding_trees", **counts)
+        return
     logging.basicConfig(level=logging.WARNING)
     if args.threads:
         import torch

@@ -62,14 +62,40 @@ def test_trigger_regex_and_allows():
     assert c.allows("Plan.\n```python\nresult = sea") and not c.allows("Plan.\n```python\nimport")
 
 
+def test_line_shape_and_assignment():
+    c = CallConstraint.for_functions(NAMES, shape="line")
+    assert c.regex() == (r"((result) = )?(get_weather_for_city|search_movie|finish|give_up)\([^\n]*\)\n"
+                         r"(print\((result)\)\n)?```")
+    for good in ["search_movie(q=(1, 2))\n```", "result = search_movie('x')\nprint(result)\n```",
+                 "finish(result)\n```"]:
+        assert re.fullmatch(c.regex(), good) and c.advance(0, good) == DONE, good
+    for bad in ["search_movie(q=1\n", "search_movie(1)\nprint(2)", "search_movie(1)\n\n", "finish(1)x\n"]:
+        assert not c.allows(bad), bad
+    assert c.allows("search_movie(q=(1, 2)") and c.allows("result = search_movie(1)\npri")
+    first = CallConstraint.for_functions(NAMES, ends=False, shape="line", assign=True)
+    assert first.names == NAMES
+    assert first.regex() == r"((result) = )(get_weather_for_city|search_movie)\([^\n]*\)\n(print\((result)\)\n)```"
+    assert first.allows("result = search_movie(1)\nprint(result)\n```")
+    for bad in ["search_movie(", "result = finish(", "result = search_movie(1)\n```"]:
+        assert not first.allows(bad), bad
+    with pytest.raises(CodetoolError, match="shape"):
+        CallConstraint(NAMES, shape="grammar")
+    with pytest.raises(CodetoolError, match="target"):
+        CallConstraint(NAMES, targets=(), assign=True)
+
+
 def test_mask_allows_exactly_the_tokens_that_keep_an_opening(trie):
     c = CallConstraint.for_functions(NAMES)
     vocab = len(trie.texts)
     processor = CallLogitsProcessor(trie, [c], prompt_width=0, vocab_size=vocab)
-    for prefix in ["", "result", "result = ", "get_weather_for_c", "finis"]:
-        state = c.advance(0, prefix)
-        mask = processor._mask(c, ("in", state))
-        expected = [bool(text) and c.allows(prefix + text) for text in trie.texts]
+    line = CallConstraint.for_functions(NAMES, shape="line")
+    cases = [(c, p) for p in ["", "result", "result = ", "get_weather_for_c", "finis"]] + [
+        (line, p) for p in ["", "search_movie(", "search_movie(q=f(1)", "result = search_movie(1)\n",
+                            "result = search_movie(1)\npr"]]
+    for constraint, prefix in cases:
+        state = constraint.advance(0, prefix)
+        mask = processor._mask(constraint, ("in", state))
+        expected = [bool(text) and constraint.allows(prefix + text) for text in trie.texts]
         assert mask.tolist() == expected, prefix
         assert any(expected)
     # from the start, every allowed token spells the beginning of an opening, and each name is reachable
@@ -109,9 +135,9 @@ def test_processor_follows_rows_of_a_left_padded_batch(backend, trie):
         assert any(expected) and not all(expected)
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.0])
-def test_generate_n_samples_prompts_of_different_lengths(backend, temperature):
-    c = CallConstraint.for_functions(["f_a", "g_b"])
+@pytest.mark.parametrize("temperature,shape", [(1.0, "opening"), (0.0, "opening"), (1.0, "line")])
+def test_generate_n_samples_prompts_of_different_lengths(backend, temperature, shape):
+    c = CallConstraint.for_functions(["f_a", "g_b"], shape=shape)
     prompts = ["hi", "a much longer prompt, with many more words in it, to force left padding of the other",
                [{"role": "system", "content": "sys"}, {"role": "user", "content": "third"}]]
     out = backend.generate(prompts, n=3, temperature=temperature, top_p=0.9, max_new_tokens=12, constraint=c,
