@@ -218,13 +218,15 @@ def test_search_sends_one_constraint_per_query(shared_data):
             assert [c.names for c in sent] == [tuple(a.name for a in t.env.apis) for t in tasks]
             assert all(c.trigger == ("" if code_prefix else FENCE) and c.assign for c in sent)
         later = [(state, [{"code": "x = 1", "observation": ""}], task) for state, _, task in nodes]
-        for row in expand(policy, later, 1, SearchConfig(constrain="line")):
-            for e in row:
-                if e.state is not None:
-                    e.state.close()
-        sent = policy.calls[-1][1]["constraint"]
-        assert [c.names[-2:] for c in sent] == [("finish", "give_up")] * 2
-        assert all(c.shape == "line" and not c.assign for c in sent)
+        for max_steps, names in [(3, [(*(a.name for a in t.env.apis), "finish", "give_up") for t in tasks]),
+                                 (2, [("finish", "give_up")] * 2)]:  # the last step must answer
+            for row in expand(policy, later, 1, SearchConfig(constrain="line", max_steps=max_steps)):
+                for e in row:
+                    if e.state is not None:
+                        e.state.close()
+            sent = policy.calls[-1][1]["constraint"]
+            assert [c.names for c in sent] == names
+            assert all(c.shape == "line" and not c.assign for c in sent)
     finally:
         for state, _, _ in nodes:
             state.close()

@@ -72,6 +72,9 @@ class SearchConfig:
                             choices=["off", "call", "line"])
     constrain_first_tool: bool = option(True, "with constrain on, an episode's first step must be `result = "
                                         "<listed tool>(...)` (not finish/give_up: nothing is known yet)")
+    constrain_last_finish: bool = option(True, "with constrain on, the last allowed step (max_steps; a tree's "
+                                         "max_depth) must call finish or give_up: a step that cannot end the "
+                                         "episode there is wasted")
     tool_error_is_failure: bool = option(True, "a failed tool call makes R_spot 0 even if caught")
     cost_table: str | None = option(None, "YAML of tool costs (default: the packaged table)")
     seed: int | None = option(0, "sampling seed (none = nondeterministic)")
@@ -152,12 +155,15 @@ def expand(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: Search
         stop = ["```"]
     extra = {}
     if cfg.constrain != "off":  # from the first generated character, or from the fence the model opens
-        shape = "opening" if cfg.constrain == "call" else "line"
-        # A first step (nothing known yet) calls a tool as `result = tool(...)` when constrain_first_tool.
-        extra["constraint"] = [CallConstraint.for_functions(
-            [a.name for a in task.env.apis], trigger="" if cfg.code_prefix else CODE_PREFIX, shape=shape,
-            ends=bool(history) or not cfg.constrain_first_tool,
-            assign=not history and cfg.constrain_first_tool) for _, history, task in nodes]
+        shape, constraints = "opening" if cfg.constrain == "call" else "line", []
+        for _, history, task in nodes:
+            # A first step (nothing known yet) calls a tool as `result = tool(...)`; the last one answers.
+            first = not history and cfg.constrain_first_tool
+            last = cfg.constrain_last_finish and len(history) + 1 >= cfg.max_steps and not first
+            constraints.append(CallConstraint.for_functions(
+                [] if last else [a.name for a in task.env.apis], ends=not first, assign=first, shape=shape,
+                trigger="" if cfg.code_prefix else CODE_PREFIX))
+        extra["constraint"] = constraints
     t0 = time.perf_counter()
     outputs = policy.generate(prompts, n=n, temperature=cfg.temperature, top_p=cfg.top_p,
                               max_new_tokens=cfg.max_new_tokens, stop=stop, seed=seed, **extra)
