@@ -38,7 +38,7 @@ def opening_ok(constraint: CallConstraint, text: str) -> bool:
 def test_openings_regex_and_prefix_states():
     c = CallConstraint.for_functions(NAMES)
     assert c.names == (*NAMES, "finish", "give_up")
-    assert c.regex() == r"((result) = )?(get_weather_for_city|search_movie|finish|give_up)\((.|\n)*"
+    assert c.regex() == r"((result) = )?(get_weather_for_city\(|search_movie\(|finish\(|give_up\()(.|\n)*"
     for good in ["search_movie(query='x')\nprint(1)", "result = finish('done')", "give_up(", "search_mo"]:
         assert c.allows(good), good
     for bad in ["print(1)", "import json", "resul = search_movie(", "search_movie (", " finish(", "searchx"]:
@@ -64,7 +64,7 @@ def test_trigger_regex_and_allows():
 
 def test_line_shape_and_assignment():
     c = CallConstraint.for_functions(NAMES, shape="line")
-    assert c.regex() == (r"((result) = )?(get_weather_for_city|search_movie|finish|give_up)\([^\n]*\)\n"
+    assert c.regex() == (r"((result) = )?(get_weather_for_city\(|search_movie\(|finish\(|give_up\()[^\n]*\)\n"
                          r"(print\((result)\)\n)?```")
     for good in ["search_movie(q=(1, 2))\n```", "result = search_movie('x')\nprint(result)\n```",
                  "finish(result)\n```"]:
@@ -74,10 +74,17 @@ def test_line_shape_and_assignment():
     assert c.allows("search_movie(q=(1, 2)") and c.allows("result = search_movie(1)\npri")
     first = CallConstraint.for_functions(NAMES, ends=False, shape="line", assign=True)
     assert first.names == NAMES
-    assert first.regex() == r"((result) = )(get_weather_for_city|search_movie)\([^\n]*\)\n(print\((result)\)\n)```"
+    assert first.regex() == r"((result) = )(get_weather_for_city\(|search_movie\()[^\n]*\)\n(print\((result)\)\n)```"
     assert first.allows("result = search_movie(1)\nprint(result)\n```")
     for bad in ["search_movie(", "result = finish(", "result = search_movie(1)\n```"]:
         assert not first.allows(bad), bad
+    last = CallConstraint.for_functions([], shape="line", answer_openings=('"', "result"))
+    assert last.names == ("finish", "give_up")
+    assert last.regex() == r'((result) = )?(give_up\(|finish\("|finish\(result)[^\n]*\)\n(print\((result)\)\n)?```'
+    for good in ['finish("Paris is sunny.")\n```', "finish(result)\n```", "finish(result['a'])\n```"]:
+        assert re.fullmatch(last.regex(), good) and last.advance(0, good) == DONE, good
+    for bad in ["finish(answer)", "finish(x", "finish(res + 1"]:
+        assert not last.allows(bad), bad
     with pytest.raises(CodetoolError, match="shape"):
         CallConstraint(NAMES, shape="grammar")
     with pytest.raises(CodetoolError, match="target"):

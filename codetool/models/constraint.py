@@ -67,6 +67,9 @@ class CallConstraint:
             the search's stop string then ends the reply).
         assign (`bool`, *optional*, defaults to `False`): the call must be assigned to a target
             (``result = name(``), and a ``line`` step must then print it.
+        answer_openings (`tuple[str, ...]`, *optional*, defaults to `()`): allowed beginnings of
+            ``finish``'s argument (e.g. ``('"', "result")``: a text or the last result, not an
+            invented variable); empty means any.
 
     Raises:
         CodetoolError: no names, or a name or target that is not an identifier.
@@ -78,6 +81,7 @@ class CallConstraint:
     shape: str = "opening"
     end: str = "```"
     assign: bool = False
+    answer_openings: tuple[str, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "names", tuple(dict.fromkeys(self.names)))
@@ -100,9 +104,13 @@ class CallConstraint:
         ``kwargs`` are the other fields."""
         return cls(tuple(names) + (("finish", "give_up") if ends else ()), **kwargs)
 
+    def _calls(self) -> list[str]:
+        calls = [f"{name}(" for name in self.names if name != "finish" or not self.answer_openings]
+        return calls + ([f"finish({a}" for a in self.answer_openings] if "finish" in self.names else [])
+
     def openings(self) -> list[str]:
         """Every allowed opening of the first statement, e.g. ``["f(", "result = f(", ...]``."""
-        calls = [f"{name}(" for name in self.names]
+        calls = self._calls()
         return (calls if not self.assign else []) + [f"{t} = {c}" for t in self.targets for c in calls]
 
     def tails(self) -> list[str]:
@@ -119,10 +127,10 @@ class CallConstraint:
         occurrence"), and the trigger must appear; the logits processor also lets a reply end
         before it.
         """
-        names = "|".join(self.names)  # identifiers: nothing to escape
+        names = "|".join(_escape(c) for c in self._calls())
         head = f"(({'|'.join(self.targets)}) = )" if self.targets else ""
         head += "" if self.assign or not head else "?"
-        call = f"{head}({names})\\("
+        call = f"{head}({names})"
         if self.shape == "opening":
             call += "(.|\\n)*"
         else:

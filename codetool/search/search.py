@@ -162,7 +162,7 @@ def expand(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: Search
             last = cfg.constrain_last_finish and len(history) + 1 >= cfg.max_steps and not first
             constraints.append(CallConstraint.for_functions(
                 [] if last else [a.name for a in task.env.apis], ends=not first, assign=first, shape=shape,
-                trigger="" if cfg.code_prefix else CODE_PREFIX))
+                trigger="" if cfg.code_prefix else CODE_PREFIX, answer_openings=ANSWER_OPENINGS))
         extra["constraint"] = constraints
     t0 = time.perf_counter()
     outputs = policy.generate(prompts, n=n, temperature=cfg.temperature, top_p=cfg.top_p,
@@ -196,6 +196,10 @@ def expand(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: Search
     timings["execution"] = timings.get("execution", 0.0) + time.perf_counter() - t0
     return expanded
 
+
+# Under a constraint, finish's argument starts as a text or the last result (a small model otherwise
+# passes invented variable names: NameError).
+ANSWER_OPENINGS = ('"', "'", 'f"', "result", "str(result)")
 
 _COST_TABLES: dict[str | None, ToolCostTable] = {}
 
