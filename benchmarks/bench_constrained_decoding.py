@@ -4,6 +4,8 @@ Runs the stepwise search twice on the same queries with the same seed, once with
 ``search.constrain: off`` and once with ``call``, with the embedded SmolLM2-135M-Instruct policy and
 the tool simulator (StableToolBench G1_instruction) or our TMDB mock (RestBench), and prints per run:
 
+- ``cand_form`` / ``chosen_form``: share of candidates / chosen steps whose code contains a call of a
+  listed function, ``finish`` or ``give_up`` (the form of the step, whether or not it ran);
 - ``cand_call``: share of all candidates whose code called at least one listed function (any status);
 - ``chosen_call``: the same over chosen steps;
 - ``cand_call_or_end``: share of candidates that called a listed function, ``finish`` or ``give_up``;
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -40,6 +43,11 @@ from codetool.jsonl import read_jsonl
 from codetool.search.records import Trajectory
 from codetool.search.run import RunConfig, execute_run, make_policy
 from codetool.search.search import SearchConfig
+
+
+def calls_by_form(code: str | None, names: set[str]) -> bool:
+    """The code contains ``name(`` for a listed function, ``finish`` or ``give_up``."""
+    return bool(code) and any(re.search(rf"\b{re.escape(n)}\(", code) for n in names | {"finish", "give_up"})
 
 
 def listed_calls(result: dict, names: set[str], ok_only: bool = False) -> int:
@@ -53,7 +61,7 @@ def ends(result: dict) -> bool:
 
 def metrics(trajs: list[Trajectory]) -> dict[str, float]:
     """The table's columns over a run's trajectories (module docstring)."""
-    cands = chosen = cand_call = cand_end = chosen_call = chosen_ok = chosen_ran = 0
+    cands = chosen = cand_call = cand_end = chosen_call = chosen_ok = chosen_ran = cand_form = chosen_form = 0
     finished = grounded = 0
     gen_s = 0.0
     for t in trajs:
@@ -64,8 +72,10 @@ def metrics(trajs: list[Trajectory]) -> dict[str, float]:
                 called = listed_calls(c.result, names) > 0
                 cand_call += called
                 cand_end += called or ends(c.result)
+                cand_form += calls_by_form(c.code, names)
             pick = step.chosen_candidate
             chosen += 1
+            chosen_form += calls_by_form(pick.code, names)
             chosen_call += listed_calls(pick.result, names) > 0
             chosen_ok += listed_calls(pick.result, names, ok_only=True) > 0
             chosen_ran += bool(pick.result.get("ok"))
@@ -75,6 +85,7 @@ def metrics(trajs: list[Trajectory]) -> dict[str, float]:
         gen_s += t.phase_seconds.get("generation", 0.0)
     n = max(len(trajs), 1)
     return {"episodes": len(trajs), "candidates": cands, "chosen_steps": chosen,
+            "cand_form": cand_form / max(cands, 1), "chosen_form": chosen_form / max(chosen, 1),
             "cand_call": cand_call / max(cands, 1), "cand_call_or_end": cand_end / max(cands, 1),
             "chosen_call": chosen_call / max(chosen, 1), "scep": chosen_ran / max(chosen, 1),
             "ok_calls": chosen_ok / max(chosen, 1), "finish": finished / n, "grounded": grounded / n,
@@ -124,6 +135,7 @@ def main() -> None:
     parser.add_argument("--out", default="runs/bench_constrained")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--trees", default=None, help="count grounded successes in this tree JSONL file and exit")
+    parser.add_argument("--reuse", action="store_true", help="recompute the table from the files in --out")
     args = parser.parse_args()
     if args.trees:
         counts = tree_counts(Path(args.trees))
@@ -138,10 +150,13 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    policy = make_policy("default", max_batch_size=40)
+    policy = None if args.reuse else make_policy("default", max_batch_size=40)
     rows = {}
     for mode in args.modes.split(","):
         path = out / f"{args.benchmark}-{mode}.jsonl"
+        if args.reuse:
+            rows[mode] = {**metrics([Trajectory.from_dict(d) for d in read_jsonl(path)]), "wall_s": float("nan")}
+            continue
         path.unlink(missing_ok=True)
         search = SearchConfig(method=f"constrain-{mode}", k=args.k, max_steps=args.steps, temperature=0.9,
                               top_p=0.95, max_new_tokens=args.max_new_tokens, latent="none", w_latent=0.0,
@@ -153,7 +168,7 @@ def main() -> None:
         execute_run(cfg, policy=policy, show_summary=False)
         seconds = time.perf_counter() - start
         rows[mode] = {**metrics([Trajectory.from_dict(d) for d in read_jsonl(path)]), "wall_s": seconds}
-    cols = ["cand_call", "chosen_call", "cand_call_or_end", "scep", "ok_calls", "finish", "grounded"]
+    cols = ["cand_form", "chosen_form", "cand_call", "chosen_call", "cand_call_or_end", "scep", "ok_calls", "finish", "grounded"]
     print(f"\n{args.benchmark}, {args.limit} queries from {args.offset}, k={args.k}, {args.steps} steps, "
           f"max_new_tokens={args.max_new_tokens}, tool_doc={args.tool_doc}")
     print("| constrain | " + " | ".join(cols) + " | grounded episodes | gen s/episode | wall s |")
