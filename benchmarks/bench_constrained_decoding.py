@@ -131,7 +131,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--tool-doc", default="brief", choices=["full", "compact", "brief"])
-    parser.add_argument("--modes", default="off,call,line")
+    parser.add_argument("--modes", default="off,call,line", help="comma-separated: off, call, line (literal "
+                        "arguments), line-free (free arguments)")
     parser.add_argument("--out", default="runs/bench_constrained")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--trees", default=None, help="count grounded successes in this tree JSONL file and exit")
@@ -160,7 +161,10 @@ def main() -> None:
         path.unlink(missing_ok=True)
         search = SearchConfig(method=f"constrain-{mode}", k=args.k, max_steps=args.steps, temperature=0.9,
                               top_p=0.95, max_new_tokens=args.max_new_tokens, latent="none", w_latent=0.0,
-                              concurrency=args.limit, max_observation_chars=400, constrain=mode, seed=0)
+                              concurrency=args.limit, max_observation_chars=400, seed=0,
+                              # "line-free": the line shape with free arguments (the issue-16 first cut)
+                              constrain=mode.removesuffix("-free"),
+                              constrain_arguments="free" if mode.endswith("-free") else "literal")
         cfg = RunConfig(benchmark=args.benchmark, subset="codetool", offset=args.offset, limit=args.limit,
                         output=str(path), tool_doc=args.tool_doc, search=search,
                         executor=ExecutorConfig(timeout_s=20))

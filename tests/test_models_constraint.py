@@ -237,3 +237,47 @@ def test_search_sends_one_constraint_per_query(shared_data):
     finally:
         for state, _, _ in nodes:
             state.close()
+
+
+def test_literal_arguments_allow_only_literal_values():
+    """``arguments="literal"``: keyword or bare literal values only; the regex and the character
+    automaton accept exactly the same complete replies."""
+    c = CallConstraint.for_functions(NAMES, shape="line", arguments="literal", answer_openings=('"', "result"))
+    good = ['search_movie(query="Up", year=2009)\n```', 'result = search_movie("Up")\nprint(result)\n```',
+            'get_weather_for_city(city="a",)\n```', 'give_up()\n```', 'finish("it is sunny", 2)\n```',
+            'finish(result["x"])\n```', 'search_movie(n=-1.5)\n```']
+    bad = ['search_movie(query: str)\n```', 'search_movie(query="Up)\n```', 'search_movie(query=Up)\n```',
+           'search_movie(query="a"))\n```', 'search_movie(x)\n```', 'search_movie("a" )\n```',
+           'search_movie("a\\"b")\n```', 'search_movie(,)\n```']
+    for text in good:
+        assert re.fullmatch(c.regex(), text) and c.advance(0, text) == DONE, text
+    for text in bad:
+        assert not re.fullmatch(c.regex(), text) and c.advance(0, text) is None, text
+
+
+def test_literal_automaton_and_regex_agree_on_random_replies():
+    import random
+
+    c = CallConstraint.for_functions(["f"], shape="line", arguments="literal", answer_openings=('"', "result"))
+    pieces = ["f(", "finish(", 'finish("', "finish(result", "give_up(", '"', "a", "=", "1", ".", ",", " ", ")",
+              "\n", "```", "print(result)\n", "x:", "\\"]
+    rng = random.Random(0)
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 9)))
+        state, end = 0, None
+        for i, ch in enumerate(text):  # the automaton stops checking once the end marker came
+            state = c.step(state, ch)
+            if state is None or state == DONE:
+                end = i + 1 if state == DONE else None
+                break
+        if end is not None:
+            assert re.fullmatch(c.regex(), text[:end]), text[:end]
+        else:
+            assert not re.fullmatch(c.regex(), text), text
+
+
+def test_search_passes_the_argument_rule():
+    from codetool.search.search import SearchConfig
+
+    cfg = SearchConfig(constrain="line")
+    assert cfg.constrain_arguments == "literal"

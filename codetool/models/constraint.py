@@ -33,8 +33,22 @@ from codetool import CodetoolError
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _SPECIAL = set("\\^$.|?*+()[]{}-/")
 SHAPES = ("opening", "line")
+ARGUMENTS = ("free", "literal")
 DONE = -1  # nothing more to check: the call opened (shape opening) or the end marker came (line)
-ARGS, ARGS_PAREN, TAIL = -2, -3, -10
+ARGS, ARGS_PAREN, TAIL = -2, -3, -20  # free arguments (the last character a ')' or not); tail trie
+# Literal arguments (shape line, arguments literal): `(`, then `kw="text"`, `kw=12.5` or a bare value,
+# separated by commas, then `)`. The states after `(` or a comma; in a keyword; after `=`; inside a
+# double-quoted string; in a number; after a string; after the closing `)`.
+L_START, L_KW, L_VALUE, L_STRING, L_NUMBER, L_AFTER, L_CLOSED = -4, -5, -6, -7, -8, -9, -10
+_FREE_STATES = (ARGS, ARGS_PAREN)
+_LITERAL_STATES = (L_START, L_KW, L_VALUE, L_STRING, L_NUMBER, L_AFTER, L_CLOSED)
+_KW_START = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_")
+_KW_CHARS = _KW_START | set("0123456789")
+_NUMBER_START, _NUMBER_CHARS = set("-0123456789"), set("0123456789.")
+# The same language as a regex: a value, an argument, and what may follow a value.
+_VALUE_RE = r'("[^"\n\\]*"|[-0-9][0-9.]*)'
+_ARG_RE = rf"([A-Za-z_][A-Za-z0-9_]*=)?{_VALUE_RE}"
+_REST_RE = rf"(, *{_ARG_RE})*(, *)?\)"  # after a value: more arguments, then the closing parenthesis
 
 
 def _escape(text: str) -> str:
@@ -70,6 +84,12 @@ class CallConstraint:
         answer_openings (`tuple[str, ...]`, *optional*, defaults to `()`): allowed beginnings of
             ``finish``'s argument (e.g. ``('"', "result")``: a text or the last result, not an
             invented variable); empty means any.
+        arguments (`str`, *optional*, defaults to `"free"`): with shape ``line``, ``free`` lets the
+            arguments be any text up to the line's last ``)``; ``literal`` allows only literal
+            values, bare or as keywords (``city="Paris", days=3``: double-quoted strings without
+            escapes or newlines, numbers), so a step cannot copy an annotated stub
+            (``f(city: str)``) or leave a string open. An opening that already starts the
+            argument (``finish(result``) keeps free arguments.
 
     Raises:
         CodetoolError: no names, or a name or target that is not an identifier.
@@ -82,6 +102,7 @@ class CallConstraint:
     end: str = "```"
     assign: bool = False
     answer_openings: tuple[str, ...] = ()
+    arguments: str = "free"
 
     def __post_init__(self):
         object.__setattr__(self, "names", tuple(dict.fromkeys(self.names)))
@@ -95,6 +116,8 @@ class CallConstraint:
             raise CodetoolError(f"CallConstraint shape must be one of {SHAPES}, got {self.shape!r}.")
         if self.shape == "line" and (not self.end or "\n" in self.end):
             raise CodetoolError(f"CallConstraint shape 'line' needs a one-line end marker (e.g. '```'), got {self.end!r}.")
+        if self.arguments not in ARGUMENTS:
+            raise CodetoolError(f"CallConstraint arguments must be one of {ARGUMENTS}, got {self.arguments!r}.")
         if self.assign and not self.targets:
             raise CodetoolError("CallConstraint(assign=True) needs at least one target name (e.g. 'result').")
 
@@ -136,7 +159,13 @@ class CallConstraint:
         else:
             prints = f"(print\\(({'|'.join(self.targets)})\\)\\n)" if self.targets else ""
             prints += "" if self.assign or not prints else "?"
-            call += f"[^\\n]*\\)\\n{prints}{_escape(self.end)}"
+            if self.arguments == "literal":  # per opening: what its last character leaves to write
+                alts = [_escape(c) + {"(": f"( *{_ARG_RE}{_REST_RE}| *\\))", '"': f'[^"\\n\\\\]*"{_REST_RE}'}.get(
+                    c[-1], "[^\\n]*\\)") for c in self._calls()]
+                call = f"{head}({'|'.join(alts)})"
+            else:
+                call += "[^\\n]*\\)"
+            call += f"\\n{prints}{_escape(self.end)}"
         if not self.trigger:
             return call
         return f"[^{_escape(self.trigger[0])}]*{_escape(self.trigger)}{call}"
@@ -169,7 +198,7 @@ class CallConstraint:
     @property
     def tail_key(self) -> tuple:
         """What the masks of argument and tail states depend on."""
-        return (self.targets, self.end, self.assign)
+        return (self.targets, self.end, self.assign, self.arguments)
 
     def step(self, state: int, ch: str) -> int | None:
         """The state after character ``ch`` (``None``: not allowed)."""
@@ -180,11 +209,17 @@ class CallConstraint:
             nxt = opening[state].get(ch)
             if nxt is None or nxt not in opening_ends:
                 return nxt
-            return DONE if self.shape == "opening" else ARGS
-        if state in (ARGS, ARGS_PAREN):
+            if self.shape == "opening":
+                return DONE
+            if self.arguments == "literal" and ch in "(\"":
+                return L_START if ch == "(" else L_STRING
+            return ARGS
+        if state in _FREE_STATES:
             if ch == "\n":
                 return TAIL if state == ARGS_PAREN else None
             return ARGS_PAREN if ch == ")" else ARGS
+        if state in _LITERAL_STATES:
+            return _literal_step(state, ch)
         nxt = tail[TAIL - state].get(ch)
         if nxt is None:
             return None
@@ -193,7 +228,7 @@ class CallConstraint:
     def children(self, state: int) -> dict[str, int] | None:
         """The allowed next characters of a trie state and their states; ``None`` for the argument
         states, where nearly every character is allowed (ask :meth:`step`)."""
-        if state in (ARGS, ARGS_PAREN):
+        if state in _FREE_STATES or state in _LITERAL_STATES:
             return None
         opening, _, tail, _ = self._tries()
         keys = opening[state] if state >= 0 else tail[TAIL - state]
@@ -217,3 +252,28 @@ class CallConstraint:
                 return True
             text = text[at + len(self.trigger):]
         return self.advance(0, text) is not None
+
+
+def _literal_step(state: int, ch: str) -> int | None:
+    """One character of literal arguments (``CallConstraint(arguments="literal")``); ``None``: not
+    allowed. After the closing parenthesis only the newline (then the tail) may come."""
+    if state == L_CLOSED:
+        return TAIL if ch == "\n" else None
+    if state == L_STRING:
+        return L_AFTER if ch == '"' else None if ch in "\n\\" else L_STRING
+    if state == L_KW:
+        return L_KW if ch in _KW_CHARS else L_VALUE if ch == "=" else None
+    if state == L_VALUE:
+        return L_STRING if ch == '"' else L_NUMBER if ch in _NUMBER_START else None
+    if state == L_START:
+        if ch == " ":
+            return L_START
+        if ch == ")":
+            return L_CLOSED
+        if ch in _KW_START:
+            return L_KW
+        return L_STRING if ch == '"' else L_NUMBER if ch in _NUMBER_START else None
+    if state == L_NUMBER and ch in _NUMBER_CHARS:
+        return L_NUMBER
+    # after a value (a closed string or a number): another argument or the end of the call
+    return L_START if ch == "," else L_CLOSED if ch == ")" else None

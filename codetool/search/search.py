@@ -89,6 +89,10 @@ class SearchConfig:
                             "the whole step that one call on one line, then optionally print(result): a logits "
                             "mask locally, a regex (structured outputs) for vLLM and servers",
                             choices=["off", "call", "line"])
+    constrain_arguments: str = option("literal", "with constrain line: literal allows only literal argument values, "
+                                      "bare or as keywords (city=\"Paris\", days=3), so a step cannot copy an "
+                                      "annotated stub or leave a string open; free allows any text",
+                                      choices=["literal", "free"])
     constrain_first_tool: bool = option(True, "with constrain on, an episode's first step must be `result = "
                                         "<listed tool>(...)` (not finish/give_up: nothing is known yet)")
     constrain_last_finish: bool = option(True, "with constrain on, the last allowed step (max_steps; a tree's "
@@ -210,7 +214,8 @@ def expand(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: Search
             last = cfg.constrain_last_finish and len(history) + 1 >= cfg.max_steps and not first
             constraints.append(CallConstraint.for_functions(
                 [] if last else [a.name for a in task.env.apis], ends=not first, assign=first, shape=shape,
-                trigger="" if prefixed else CODE_PREFIX, answer_openings=ANSWER_OPENINGS))
+                trigger="" if prefixed else CODE_PREFIX, answer_openings=ANSWER_OPENINGS,
+                arguments=cfg.constrain_arguments))
         extra["constraint"] = constraints
     t0 = time.perf_counter()
     outputs = policy.generate(prompts, n=n, temperature=cfg.temperature, top_p=cfg.top_p,
