@@ -40,9 +40,9 @@ def test_prm_config_is_an_sft_config_with_the_old_recipe_keys():
     assert isinstance(cfg, SFTConfig)
     # aliases of the earlier recipe keys land on the TRL fields
     assert (cfg.finetune, cfg.learning_rate, cfg.num_train_epochs) == ("full", 1e-6, 2.0)
-    assert (cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps) == (2, 8)
+    assert (cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps) == (1, 2)  # the paper: 1 x 2 accumulation x 8 GPUs
     assert str(cfg.lr_scheduler_type.value if hasattr(cfg.lr_scheduler_type, "value") else cfg.lr_scheduler_type) == "cosine"
-    assert cfg.max_length == cfg.format.max_length == 4096 and cfg.bf16 is True
+    assert cfg.max_length == cfg.format.max_length == 8192 and cfg.bf16 is True
     assert cfg.dataset_kwargs == {"skip_prepare_dataset": True} and cfg.remove_unused_columns is False
     with pytest.raises(ConfigError, match="unknown config key 'optimm'.*optim"):
         load_config(PRMConfig, None, {"optimm": "sgd"})

@@ -1,8 +1,10 @@
 """PNG plots of an evaluation report (matplotlib, Agg backend: no display needed).
 
-Three kinds: per-group bars for each method (one panel per metric, error bars where a metric has
+Four kinds: per-group bars for each method (one panel per metric, error bars where a metric has
 a spread over judge rounds), the distribution of steps per query for each method, and the
-selection score of chosen vs rejected candidates for each method. Every function writes one file
+selection score of chosen vs rejected candidates for each method, and the per-step rewards of one
+example query (every candidate's on-the-spot and latent reward and score, the chosen one marked;
+:func:`example_step_rewards`). Every function writes one file
 and returns its path; none of them shows a window or keeps a figure open.
 """
 
@@ -125,3 +127,77 @@ def chosen_vs_rejected(rewards: Mapping[str, tuple[Sequence[float], Sequence[flo
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return Path(path)
+
+
+def example_query(trajectories: Mapping[str, Sequence]) -> str | None:
+    """The query to show in :func:`step_rewards`: one that every method ran, with the most candidates
+    carrying a latent reward, then the most candidates in all, then the first in file order.
+
+    Args:
+        trajectories (`Mapping`): ``method -> list of Trajectory``.
+    """
+    by_method = [{t.query_id: t for t in trajs} for trajs in trajectories.values()]
+    if not by_method:
+        return None
+    common = [q for q in by_method[0] if all(q in m for m in by_method[1:])]
+
+    def weight(query_id: str) -> tuple[int, int]:
+        cands = [c for m in by_method for s in m[query_id].steps for c in s.candidates]
+        return sum(c.r_latent is not None for c in cands), len(cands)
+
+    return max(common, key=lambda q: (weight(q), -common.index(q)), default=None)
+
+
+def step_rewards(trajectories: Mapping[str, object], path: str | Path, *, title: str = "") -> Path:
+    """Per-step rewards of one query, one panel per method: every candidate's on-the-spot reward
+    (square), latent reward (circle, when computed) and selection score (cross); the chosen candidate
+    is drawn filled and ringed, the rejected ones faded.
+
+    Args:
+        trajectories (`Mapping`): ``method -> Trajectory`` of the same query.
+        path (`str` or `Path`): the PNG to write.
+        title (`str`, *optional*): the figure title (defaults to the query, shortened).
+    """
+    plt = _pyplot()
+    items = list(trajectories.items())
+    fig, axes = plt.subplots(1, max(1, len(items)), figsize=(max(6.0, 4.2 * len(items)), 4.0), squeeze=False,
+                             sharey=True)
+    for ax, (method, traj) in zip(axes[0], items):
+        for s, step in enumerate(traj.steps):
+            k = len(step.candidates)
+            for c in step.candidates:
+                x = s + (c.index - (k - 1) / 2) * 0.18
+                alpha = 1.0 if c.chosen else 0.35
+                ax.scatter(x, c.r_spot, marker="s", color=COLORS[0], alpha=alpha, s=40, zorder=3)
+                if c.r_latent is not None:
+                    ax.scatter(x, c.r_latent, marker="o", color=COLORS[1], alpha=alpha, s=40, zorder=3)
+                ax.scatter(x, c.score, marker="x", color=COLORS[3], alpha=alpha, s=40, zorder=3)
+                if c.chosen:
+                    ax.scatter(x, c.score, marker="o", s=160, facecolors="none", edgecolors="black", zorder=4)
+        ax.set_xticks(range(len(traj.steps)))
+        ax.set_xticklabels([f"step {s + 1}" for s in range(len(traj.steps))], fontsize=8)
+        ax.set_xlim(-0.6, max(0, len(traj.steps) - 1) + 0.6)
+        ax.set_title(f"{method} ({traj.finish_type})", fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("reward")
+    handles = [plt.Line2D([], [], marker=m, color=c, linestyle="", label=lab) for m, c, lab in
+               (("s", COLORS[0], "on-the-spot"), ("o", COLORS[1], "latent (PRM)"), ("x", COLORS[3], "score"))]
+    handles.append(plt.Line2D([], [], marker="o", markerfacecolor="none", markeredgecolor="black", linestyle="",
+                              markersize=10, label="chosen"))
+    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    query = next((t.query for _, t in items), "")
+    fig.suptitle(title or (query if len(query) <= 90 else query[:87] + "..."), fontsize=10)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def example_step_rewards(trajectories: Mapping[str, Sequence], path: str | Path) -> Path | None:
+    """The hook for a report: :func:`step_rewards` of :func:`example_query`'s query across methods
+    (``method -> list of Trajectory``); ``None`` (no file) when no query is common to all methods."""
+    query_id = example_query(trajectories)
+    if query_id is None:
+        return None
+    return step_rewards({m: next(t for t in trajs if t.query_id == query_id)
+                         for m, trajs in trajectories.items()}, path)

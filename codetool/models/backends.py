@@ -78,12 +78,14 @@ class ScriptedBackend:
         return self.replies[self._next - 1]
 
     def generate(self, prompts: list[Prompt], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
-                 max_new_tokens: int = 256, stop: list[str] | None = None, seed: int | None = None
-                 ) -> list[list[Completion]]:
-        """Scripted completions: (len(prompts), n); see :class:`LLMBackend`."""
+                 max_new_tokens: int = 256, stop: list[str] | None = None, seed: int | None = None,
+                 constraint=None) -> list[list[Completion]]:
+        """Scripted completions: (len(prompts), n); see :class:`LLMBackend` (a ``constraint`` is
+        recorded, not enforced: the script decides the text)."""
         check_sampling(n, temperature, top_p, max_new_tokens)
         self.calls.append((list(prompts), {"n": n, "temperature": temperature, "top_p": top_p,
-                                           "max_new_tokens": max_new_tokens, "stop": stop, "seed": seed}))
+                                           "max_new_tokens": max_new_tokens, "stop": stop, "seed": seed,
+                                           **({"constraint": constraint} if constraint is not None else {})}))
         results = []
         for prompt in prompts:
             prompt_tokens = sum(len(m["content"].split()) for m in to_messages(prompt))

@@ -5,7 +5,9 @@ A prompt is either a plain string (one user message) or a list of chat messages
 message is the assistant's, the reply continues it (the completion text excludes it): the search
 uses this to start every step with an opening code fence, which small models need. ``generate``
 returns one list of ``n`` completions per prompt, in prompt order. Stop strings are cut from the
-returned text (like the OpenAI API) and ``finish_reason`` says why generation ended.
+returned text (like the OpenAI API) and ``finish_reason`` says why generation ended. An optional
+``constraint`` (:class:`~codetool.models.constraint.CallConstraint`, one for all prompts or one per
+prompt) restricts the step's first statement to a call of a listed function (issue 16).
 
 This module holds only plain data and helpers (no torch), so configs and the search can import
 it cheaply.
@@ -14,11 +16,13 @@ it cheaply.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from codetool import CodetoolError
 
 Prompt = str | list[dict[str, str]]  # chat messages; a plain str is one user message
+# None, one CallConstraint for every prompt, or a list with one (or None) per prompt.
+Constraints = Any
 FINISH_REASONS = ("stop", "length")
 
 
@@ -49,9 +53,10 @@ class LLMBackend(Protocol):
     supports_logprobs: bool
 
     def generate(self, prompts: list[Prompt], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
-                 max_new_tokens: int = 256, stop: list[str] | None = None, seed: int | None = None
-                 ) -> list[list[Completion]]:
-        """``n`` completions for each prompt: outer list in prompt order, inner list of length ``n``."""
+                 max_new_tokens: int = 256, stop: list[str] | None = None, seed: int | None = None,
+                 constraint: Constraints = None) -> list[list[Completion]]:
+        """``n`` completions for each prompt: outer list in prompt order, inner list of length ``n``;
+        ``constraint`` as :func:`per_prompt` reads it."""
         ...
 
     def option_logprobs(self, prompts: list[Prompt], options: list[str]) -> list[list[float]]:
@@ -95,3 +100,17 @@ def check_sampling(n: int, temperature: float, top_p: float, max_new_tokens: int
         raise CodetoolError(f"top_p must be in (0, 1], got {top_p!r}.")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise CodetoolError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}.")
+
+
+def per_prompt(constraint: Constraints, count: int) -> list:
+    """``constraint`` as a list of ``count`` entries (each a CallConstraint or ``None``).
+
+    Raises:
+        CodetoolError: a list whose length is not ``count``.
+    """
+    if constraint is None or not isinstance(constraint, (list, tuple)):
+        return [constraint] * count
+    if len(constraint) != count:
+        raise CodetoolError(f"constraint: got {len(constraint)} constraints for {count} prompts; pass one "
+                            f"for all prompts or exactly one (or None) per prompt.")
+    return list(constraint)

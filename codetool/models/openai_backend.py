@@ -9,6 +9,12 @@ it is sent as a bearer token and never logged, stored on the object or put in an
 HTTP 401/403 is a one-line :class:`codetool.CodetoolError` naming the variable to set; an
 unreachable endpoint is one naming the URL.
 
+Constrained decoding (``generate(..., constraint=)``, issue 16): the constraint's regular expression
+goes into the request field named by ``constraint_field``: ``structured_outputs`` sends
+``{"structured_outputs": {"regex": ...}}`` (vLLM >= 0.12), ``guided_regex`` the older vLLM field,
+``regex`` SGLang's; ``none`` sends nothing (hosted APIs without regex decoding: the reply is then
+unconstrained, and a warning says so once).
+
 Limits: the server reports token usage per request, not per sample, so with ``n > 1`` the
 completion tokens are split among the samples in proportion to their text length (the total is
 exact). ``option_logprobs`` is exact for an option that the greedy reply spells out and an upper
@@ -27,13 +33,22 @@ from urllib.parse import urlparse
 
 from codetool import CodetoolError
 from codetool.jsonl import clean_obj
-from codetool.models.completion import Completion, Prompt, check_sampling, to_messages
+from codetool.models.completion import (
+    Completion,
+    Constraints,
+    Prompt,
+    check_sampling,
+    per_prompt,
+    to_messages,
+)
 from codetool.secrets import key_from_env, redact
 
 logger = logging.getLogger(__name__)
 
 TOP_LOGPROBS = 20  # the most the OpenAI API (and vLLM by default) returns per position
 MAX_RETRY_AFTER_S = 30.0
+# How a constraint's regex travels in the request body, per server family (constraint_field).
+CONSTRAINT_FIELDS = ("structured_outputs", "guided_regex", "regex", "none")
 
 
 class EndpointError(CodetoolError):
@@ -68,14 +83,22 @@ class OpenAIBackend:
         retries (`int`, *optional*, defaults to `3`): extra attempts after a retryable failure.
         backoff_s (`float`, *optional*, defaults to `1.0`): first wait; doubled each retry.
         max_concurrency (`int`, *optional*, defaults to `8`): prompts in flight at once.
+        constraint_field (`str`, *optional*, defaults to `"structured_outputs"`): the request field
+            that carries a call constraint's regex, one of ``CONSTRAINT_FIELDS`` (module docstring).
     """
 
     supports_logprobs = True
 
     def __init__(self, base_url: str, model: str | None = None, *, api_key_env: str = "OPENAI_API_KEY",
-                 timeout: float = 120.0, retries: int = 3, backoff_s: float = 1.0, max_concurrency: int = 8):
+                 timeout: float = 120.0, retries: int = 3, backoff_s: float = 1.0, max_concurrency: int = 8,
+                 constraint_field: str = "structured_outputs"):
         import httpx
 
+        if constraint_field not in CONSTRAINT_FIELDS:
+            raise CodetoolError(f"constraint_field must be one of {', '.join(CONSTRAINT_FIELDS)}, got "
+                                f"{constraint_field!r}.")
+        self.constraint_field = constraint_field
+        self._warned_unconstrained = False
         parsed = urlparse(base_url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise CodetoolError(f"base_url must look like http://host:port/v1, got {base_url!r}.")
@@ -170,7 +193,22 @@ class OpenAIBackend:
         body.update({k: v for k, v in params.items() if v is not None})
         return self._request("POST", "/chat/completions", body)
 
-    def _complete_one(self, prompt: Prompt, n: int, params: dict) -> list[Completion]:
+    def constraint_body(self, constraint) -> dict[str, Any]:
+        """The request fields that carry ``constraint`` (a CallConstraint or ``None``)."""
+        if constraint is None:
+            return {}
+        if self.constraint_field == "none":
+            if not self._warned_unconstrained:
+                logger.warning("%s: constraint_field is 'none', so the call constraint is not sent and replies "
+                               "are unconstrained", self.base_url)
+                self._warned_unconstrained = True
+            return {}
+        if self.constraint_field == "structured_outputs":
+            return {"structured_outputs": {"regex": constraint.regex()}}
+        return {self.constraint_field: constraint.regex()}
+
+    def _complete_one(self, prompt: Prompt, n: int, params: dict, constraint=None) -> list[Completion]:
+        params = {**params, **self.constraint_body(constraint)}
         completions: list[Completion] = []
         while len(completions) < n:  # servers that ignore `n` return one choice per request
             body = self._chat(prompt, n=n - len(completions), **params)
@@ -189,17 +227,19 @@ class OpenAIBackend:
         return completions[:n]
 
     def generate(self, prompts: list[Prompt], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
-                 max_new_tokens: int = 256, stop: list[str] | None = None, seed: int | None = None
-                 ) -> list[list[Completion]]:
-        """``n`` completions per prompt, prompts in parallel; see ``LLMBackend``."""
+                 max_new_tokens: int = 256, stop: list[str] | None = None, seed: int | None = None,
+                 constraint: Constraints = None) -> list[list[Completion]]:
+        """``n`` completions per prompt, prompts in parallel; see ``LLMBackend`` (``constraint``: one
+        for all prompts or one per prompt, sent as ``constraint_field``)."""
         check_sampling(n, temperature, top_p, max_new_tokens)
+        constraints = per_prompt(constraint, len(prompts))
         params = {"temperature": temperature, "top_p": top_p, "max_tokens": max_new_tokens,
                   "stop": [s for s in (stop or []) if s] or None, "seed": seed}
         self.resolved_model()  # once, before the threads start
         if len(prompts) <= 1:
-            return [self._complete_one(p, n, params) for p in prompts]
+            return [self._complete_one(p, n, params, c) for p, c in zip(prompts, constraints)]
         with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(prompts))) as pool:
-            return list(pool.map(lambda p: self._complete_one(p, n, params), prompts))
+            return list(pool.map(lambda pc: self._complete_one(pc[0], n, params, pc[1]), zip(prompts, constraints)))
 
     def option_logprobs(self, prompts: list[Prompt], options: list[str]) -> list[list[float]]:
         """Log-probability (nats) of each option as the start of the reply, from ``top_logprobs``.

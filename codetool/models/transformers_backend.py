@@ -23,7 +23,15 @@ import logging
 from typing import Any
 
 from codetool import CodetoolError
-from codetool.models.completion import Completion, Prompt, check_sampling, find_stop, to_messages
+from codetool.models.completion import (
+    Completion,
+    Constraints,
+    Prompt,
+    check_sampling,
+    find_stop,
+    per_prompt,
+    to_messages,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +111,8 @@ class TransformersBackend:
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (eos[0] if eos else 0)
         self._warned_no_template = False
+        self._token_trie = None  # built on the first constrained call (codetool.models.call_mask)
+        self._masks: Any = None
 
     @property
     def device(self):
@@ -135,8 +145,8 @@ class TransformersBackend:
         return ids, mask
 
     def generate(self, prompts: list[Prompt], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
-                 max_new_tokens: int = 256, stop: list[str] | None = None, seed: int | None = None
-                 ) -> list[list[Completion]]:
+                 max_new_tokens: int = 256, stop: list[str] | None = None, seed: int | None = None,
+                 constraint: Constraints = None) -> list[list[Completion]]:
         """``n`` completions per prompt; see :class:`~codetool.models.completion.LLMBackend`.
 
         Args:
@@ -148,6 +158,9 @@ class TransformersBackend:
             max_new_tokens (`int`, *optional*, defaults to `256`): per completion.
             stop (`list[str]`, *optional*): stop strings, cut from the returned text.
             seed (`int`, *optional*): makes sampling reproducible.
+            constraint (`CallConstraint` or `list`, *optional*): one for all prompts or one (or
+                ``None``) per prompt; a logits mask keeps each reply's first statement a call of a
+                listed function (:mod:`codetool.models.call_mask`).
 
         Returns:
             `list[list[Completion]]`: (len(prompts), n).
@@ -157,6 +170,7 @@ class TransformersBackend:
         check_sampling(n, temperature, top_p, max_new_tokens)
         stop = [s for s in (stop or []) if s]
         encoded = [self.encode(p) for p in prompts]
+        constraints = per_prompt(constraint, len(prompts))
         greedy = temperature == 0
         samples = 1 if greedy else n
         per_chunk = max(1, self.max_batch_size // samples)
@@ -175,15 +189,16 @@ class TransformersBackend:
             for start in range(0, len(order), per_chunk):
                 chunk = order[start:start + per_chunk]
                 outs = self._generate_chunk([encoded[i] for i in chunk], samples, temperature, top_p,
-                                            max_new_tokens, stop)
+                                            max_new_tokens, stop, [constraints[i] for i in chunk])
                 for i, completions in zip(chunk, outs):
                     results[i] = completions if not greedy else [
                         Completion(**vars(completions[0])) for _ in range(n)]
         return results
 
     def _generate_chunk(self, rows: list[list[int]], samples: int, temperature: float, top_p: float,
-                        max_new_tokens: int, stop: list[str]) -> list[list[Completion]]:
-        from transformers import GenerationConfig, StoppingCriteriaList
+                        max_new_tokens: int, stop: list[str], constraints: list | None = None
+                        ) -> list[list[Completion]]:
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
         ids, mask = self._left_pad(rows)
         width = ids.shape[1]
@@ -192,7 +207,18 @@ class TransformersBackend:
         sampling = temperature > 0
         config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=sampling, repetition_penalty=1.0,
                                   pad_token_id=self.pad_id, eos_token_id=self.eos_ids)
-        if sampling:
+        constrained = any(c is not None for c in constraints or [])
+        processors = LogitsProcessorList()
+        if sampling and constrained:
+            # generate() runs custom processors after its own temperature and top-p: the mask must come
+            # first (top-p could otherwise keep only forbidden tokens), so the warpers are ours here.
+            from transformers import TemperatureLogitsWarper, TopPLogitsWarper
+
+            config.update(temperature=1.0, top_p=1.0, top_k=0)
+            processors.append(TemperatureLogitsWarper(temperature))
+            if top_p < 1.0:
+                processors.append(TopPLogitsWarper(top_p))
+        elif sampling:
             config.update(temperature=temperature, top_p=top_p, top_k=0)
         kwargs: dict[str, Any] = {}
         shared = _common_prefix(rows) if self.share_prefill else 0
@@ -215,12 +241,26 @@ class TransformersBackend:
             ids, mask = ids.repeat_interleave(samples, dim=0), mask.repeat_interleave(samples, dim=0)
         else:
             config.num_return_sequences = samples
+        if constrained:  # rows are prompt-major: prompt r's samples are rows r*samples .. r*samples+samples-1
+            processors.insert(0, self._call_processor([c for c in constraints for _ in range(samples)], width))
         criteria = StoppingCriteriaList([_stop_criteria(self.tokenizer, stop, width)] if stop else [])
         out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
-                                  stopping_criteria=criteria, **kwargs)
+                                  stopping_criteria=criteria, logits_processor=processors, **kwargs)
         new_tokens = out[:, width:].tolist()
         return [[self._completion(new_tokens[r * samples + s], len(rows[r]), stop) for s in range(samples)]
                 for r in range(len(rows))]
+
+    def _call_processor(self, constraints: list, width: int):
+        """The call-constraint logits processor for rows ``constraints`` (the token trie is built once
+        per backend, ~1 s for a 49k vocabulary; masks are cached across calls)."""
+        from collections import OrderedDict
+
+        from codetool.models.call_mask import CallLogitsProcessor, TokenTrie
+
+        if self._token_trie is None:
+            self._token_trie, self._masks = TokenTrie(self.tokenizer), OrderedDict()
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        return CallLogitsProcessor(self._token_trie, constraints, width, vocab, self._masks)
 
     def _pad_after_prefix(self, rows: list[list[int]], shared: int):
         """``[shared prefix | padding | own tail]`` rows and their mask: the prefix lines up."""

@@ -3,7 +3,9 @@
 vLLM is an optional extra (``pip install 'codetool[vllm]'``, CUDA only); it is imported when the
 backend is built, and its absence is a :class:`codetool.CodetoolError` that names the
 alternatives. Sampling maps one to one onto ``vllm.SamplingParams`` (``n`` samples share the
-prefill through vLLM's prefix caching; ``seed`` per request). Not covered by the CPU test suite
+prefill through vLLM's prefix caching; ``seed`` per request). A call constraint (issue 16) becomes
+``SamplingParams(structured_outputs=StructuredOutputsParams(regex=...))`` (vLLM >= 0.12) or, on older
+versions, ``SamplingParams(guided_decoding=GuidedDecodingParams(regex=...))``. Not covered by the CPU test suite
 beyond the missing-import error; run ``codetool generate --model vllm:default`` on a GPU machine.
 """
 
@@ -12,9 +14,27 @@ from __future__ import annotations
 import logging
 
 from codetool import CodetoolError
-from codetool.models.completion import Completion, Prompt, check_sampling, to_messages
+from codetool.models.completion import (
+    Completion,
+    Constraints,
+    Prompt,
+    check_sampling,
+    per_prompt,
+    to_messages,
+)
 
 logger = logging.getLogger(__name__)
+
+
+def regex_params(regex: str) -> dict:
+    """``SamplingParams`` keyword arguments that constrain a reply to ``regex``, for the installed vLLM."""
+    try:
+        from vllm.sampling_params import StructuredOutputsParams
+    except ImportError:  # vLLM < 0.12
+        from vllm.sampling_params import GuidedDecodingParams
+
+        return {"guided_decoding": GuidedDecodingParams(regex=regex)}
+    return {"structured_outputs": StructuredOutputsParams(regex=regex)}
 
 
 def _import_vllm():
@@ -61,15 +81,21 @@ class VLLMBackend:
         self.tokenizer = self.llm.get_tokenizer()
 
     def generate(self, prompts: list[Prompt], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
-                 max_new_tokens: int = 256, stop: list[str] | None = None, seed: int | None = None
-                 ) -> list[list[Completion]]:
-        """``n`` completions per prompt, all prompts in one vLLM batch; see ``LLMBackend``."""
+                 max_new_tokens: int = 256, stop: list[str] | None = None, seed: int | None = None,
+                 constraint: Constraints = None) -> list[list[Completion]]:
+        """``n`` completions per prompt, all prompts in one vLLM batch; see ``LLMBackend``
+        (``constraint``: one for all prompts or one per prompt, as a regex; module docstring)."""
         from vllm import SamplingParams
 
         check_sampling(n, temperature, top_p, max_new_tokens)
-        params = SamplingParams(n=n, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
-                                max_tokens=max_new_tokens, stop=[s for s in (stop or []) if s] or None,
-                                seed=seed)
+        base = {"n": n, "temperature": temperature, "top_p": top_p if temperature > 0 else 1.0,
+                "max_tokens": max_new_tokens, "stop": [s for s in (stop or []) if s] or None, "seed": seed}
+        constraints = per_prompt(constraint, len(prompts))
+        if all(c is None for c in constraints):
+            params = SamplingParams(**base)
+        else:  # one SamplingParams per prompt: each query has its own functions
+            params = [SamplingParams(**base, **(regex_params(c.regex()) if c is not None else {}))
+                      for c in constraints]
         conversations = [to_messages(p) for p in prompts]
         # A final assistant message is continued (all prompts of a batch must agree on this).
         cont = all(c[-1]["role"] == "assistant" for c in conversations)

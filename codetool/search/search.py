@@ -30,6 +30,7 @@ from typing import Any
 
 from codetool.config import ConfigError, option
 from codetool.executor.channel import log_safe
+from codetool.models.constraint import CallConstraint
 from codetool.resume import unit_seed
 from codetool.rewards import (
     PRMItem,
@@ -83,6 +84,20 @@ class SearchConfig:
     code_prefix: bool = option(True, "start each reply with an opening ```python fence and stop at the closing "
                                "one (small models then write code; needs a backend that continues a final "
                                "assistant message: transformers, vLLM, SGLang); step_format code_only only")
+    constrain: str = option("off", "constrained step decoding: 'call' makes the step's first statement call a "
+                            "listed function, finish or give_up (optionally as `result = name(`); 'line' makes "
+                            "the whole step that one call on one line, then optionally print(result): a logits "
+                            "mask locally, a regex (structured outputs) for vLLM and servers",
+                            choices=["off", "call", "line"])
+    constrain_arguments: str = option("literal", "with constrain line: literal allows only literal argument values, "
+                                      "bare or as keywords (city=\"Paris\", days=3), so a step cannot copy an "
+                                      "annotated stub or leave a string open; free allows any text",
+                                      choices=["literal", "free"])
+    constrain_first_tool: bool = option(True, "with constrain on, an episode's first step must be `result = "
+                                        "<listed tool>(...)` (not finish/give_up: nothing is known yet)")
+    constrain_last_finish: bool = option(True, "with constrain on, the last allowed step (max_steps; a tree's "
+                                         "max_depth) must call finish or give_up: a step that cannot end the "
+                                         "episode there is wasted")
     tool_error_is_failure: bool = option(True, "a failed tool call makes R_spot 0 even if caught")
     cost_table: str | None = option(None, "YAML of tool costs (default: the packaged table)")
     seed: int | None = option(0, "sampling seed (none = nondeterministic)")
@@ -190,9 +205,21 @@ def expand(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: Search
     if prefixed:
         prompts = [p + [{"role": "assistant", "content": CODE_PREFIX}] for p in prompts]
         stop = ["```"]
+    extra = {}
+    if cfg.constrain != "off":  # from the first generated character, or from the fence the model opens
+        shape, constraints = "opening" if cfg.constrain == "call" else "line", []
+        for _, history, task in nodes:
+            # A first step (nothing known yet) calls a tool as `result = tool(...)`; the last one answers.
+            first = not history and cfg.constrain_first_tool
+            last = cfg.constrain_last_finish and len(history) + 1 >= cfg.max_steps and not first
+            constraints.append(CallConstraint.for_functions(
+                [] if last else [a.name for a in task.env.apis], ends=not first, assign=first, shape=shape,
+                trigger="" if prefixed else CODE_PREFIX, answer_openings=ANSWER_OPENINGS,
+                arguments=cfg.constrain_arguments))
+        extra["constraint"] = constraints
     t0 = time.perf_counter()
     outputs = policy.generate(prompts, n=n, temperature=cfg.temperature, top_p=cfg.top_p,
-                              max_new_tokens=cfg.max_new_tokens, stop=stop, seed=seed)
+                              max_new_tokens=cfg.max_new_tokens, stop=stop, seed=seed, **extra)
     timings["generation"] = timings.get("generation", 0.0) + time.perf_counter() - t0
     t0 = time.perf_counter()
     expanded = []
@@ -222,6 +249,10 @@ def expand(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: Search
     timings["execution"] = timings.get("execution", 0.0) + time.perf_counter() - t0
     return expanded
 
+
+# Under a constraint, finish's argument starts as a text or the last result (a small model otherwise
+# passes invented variable names: NameError).
+ANSWER_OPENINGS = ('"', "'", 'f"', "result", "str(result)")
 
 _COST_TABLES: dict[str | None, ToolCostTable] = {}
 

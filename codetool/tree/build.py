@@ -183,7 +183,8 @@ class TreeBuilder:
         if config.success == "judged" and judge is None:
             raise ConfigError("success=judged needs a judge; pass one or use success=grounded.")
         self.policy, self.cfg, self.make_executor, self.judge = policy, config, make_executor, judge
-        self.sample_cfg = replace(config.search, k=config.branching)
+        # max_steps = max_depth: a constrained policy's last step then answers (search.constrain_last_finish)
+        self.sample_cfg = replace(config.search, k=config.branching, max_steps=config.max_depth)
 
     def build(self, task: SearchTask) -> dict[str, Any]:
         """Build, label and summarise the tree of one query; returns its JSON-able record."""
