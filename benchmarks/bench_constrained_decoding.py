@@ -38,10 +38,11 @@ from pathlib import Path
 
 from _result import emit  # benchmarks/_result.py
 
+from codetool.assemble import make_policy
 from codetool.executor import ExecutorConfig
 from codetool.jsonl import read_jsonl
+from codetool.run import RunConfig, execute_run
 from codetool.search.records import Trajectory
-from codetool.search.run import RunConfig, execute_run, make_policy
 from codetool.search.search import SearchConfig
 
 
