@@ -169,4 +169,4 @@ def test_old_records_load_and_bad_options_are_config_errors():
         with pytest.raises(ConfigError, match=next(iter(bad))):
             SearchConfig(**bad)
     with pytest.raises(ConfigError):
-        SearchConfig(strategy="mcts")
+        from_dict(SearchConfig, {"strategy": "mcts"})
