@@ -170,3 +170,11 @@ def test_old_records_load_and_bad_options_are_config_errors():
             SearchConfig(**bad)
     with pytest.raises(ConfigError):
         from_dict(SearchConfig, {"strategy": "mcts"})
+
+
+def test_metric_against_tokens_plot_is_written(tmp_path):
+    from codetool.eval.plots import metric_vs_tokens
+
+    path = metric_vs_tokens({"greedy": [(100.0, 20.0), (110.0, 30.0)], "beam": [(220.0, 40.0)], "empty": []},
+                            tmp_path / "m.png", metric="SCEP (%)")
+    assert path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"
