@@ -437,7 +437,7 @@ class LLMJudge(Judge):
         from concurrent.futures import ThreadPoolExecutor
 
         backend = self.backend
-        chat = getattr(backend, "_chat", None)  # OpenAIBackend's one chat-completions request
+        chat = getattr(backend, "chat", None)  # OpenAIBackend's one chat-completions request
         if chat is None:
             self.tool_fallbacks += len(prompts)
             return self._ask_json(prompts, keys, field, allowed)

@@ -201,3 +201,37 @@ def example_step_rewards(trajectories: Mapping[str, Sequence], path: str | Path)
         return None
     return step_rewards({m: next(t for t in trajs if t.query_id == query_id)
                          for m, trajs in trajectories.items()}, path)
+
+
+def metric_vs_tokens(points: Mapping[str, Sequence[tuple[float, float]]], path: str | Path, *, metric: str,
+                     title: str = "Metric against generated tokens") -> Path:
+    """A metric against the policy's generated tokens per query, one series per strategy (the
+    equal-compute figure of search-and-learn / Snell et al. 2024).
+
+    Args:
+        points (`Mapping`): ``strategy -> [(generated tokens per query, metric), ...]``, one pair per
+            run (seed or budget). Runs at the same token budget are not merged: each is a dot, and
+            the series' mean is a larger marker with horizontal and vertical std bars.
+        path (`str` or `Path`): the PNG to write.
+        metric (`str`): the y-axis label (e.g. ``SCEP (%)``).
+    """
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for k, (name, pairs) in enumerate(points.items()):
+        color = COLORS[k % len(COLORS)]
+        if not pairs:
+            continue
+        xs, ys = np.array([p[0] for p in pairs], dtype=float), np.array([p[1] for p in pairs], dtype=float)
+        ax.scatter(xs, ys, s=14, color=color, alpha=0.5)
+        ax.errorbar([xs.mean()], [ys.mean()], xerr=[xs.std()], yerr=[ys.std()], fmt="o", ms=7, color=color,
+                    capsize=3, label=f"{name} (n={len(pairs)})")
+    ax.set_xlabel("generated tokens per query")
+    ax.set_ylabel(metric)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    if points:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)

@@ -184,7 +184,16 @@ class OpenAIBackend:
             logger.info("%s serves %s", self.base_url, self.model)
         return self.model
 
-    def _chat(self, prompt: Prompt, **params) -> dict[str, Any]:
+    def chat(self, prompt: Prompt, **params) -> dict[str, Any]:
+        """One ``/chat/completions`` request; returns the server's JSON body as it came.
+
+        Args:
+            prompt (`Prompt`): a string or chat messages; a final assistant message is continued.
+            params: other request fields (``n``, ``temperature``, ``max_tokens``, ``tools``,
+                ``tool_choice``, ...); ``None`` values are left out.
+        Raises:
+            CodetoolError: the server answered with an error after the retries, or not JSON.
+        """
         messages = to_messages(prompt)
         body = {"model": self.resolved_model(), "messages": messages}
         if messages[-1]["role"] == "assistant":
@@ -211,7 +220,7 @@ class OpenAIBackend:
         params = {**params, **self.constraint_body(constraint)}
         completions: list[Completion] = []
         while len(completions) < n:  # servers that ignore `n` return one choice per request
-            body = self._chat(prompt, n=n - len(completions), **params)
+            body = self.chat(prompt, n=n - len(completions), **params)
             choices = sorted(body.get("choices") or [], key=lambda c: c.get("index", 0))
             if not choices:
                 raise CodetoolError(f"{self.base_url}/chat/completions returned no choices: {self._clean(str(body))}")
@@ -260,7 +269,7 @@ class OpenAIBackend:
         scores = []
         for prompt in prompts:
             try:
-                body = self._chat(prompt, max_tokens=max_tokens, temperature=0.0, logprobs=True,
+                body = self.chat(prompt, max_tokens=max_tokens, temperature=0.0, logprobs=True,
                                   top_logprobs=TOP_LOGPROBS)
             except EndpointError as e:
                 if e.status in (401, 403):

@@ -92,6 +92,15 @@ class Trajectory:
         isolation (`str`): which executor isolation was active (e.g. ``bwrap+rlimits``).
         error (`str` or `None`): why the episode ended with ``finish_type='error'``.
         extra (`dict`): benchmark-specific fields (e.g. RestBench gold path).
+        generated_tokens (`int`): every token the policy generated for this query, including
+            discarded candidates, rollouts and the other episodes/beams of a search strategy.
+        prm_scored_tokens (`int`): tokens of every item sent to the PRM (whitespace words where
+            the scorer cannot count its own tokens).
+        tool_calls (`int`): tool calls executed for this query, over all candidates.
+        executor_forks (`int`): executor forks made for this query.
+        strategy (`dict`): the search strategy and its choices (``codetool.search.strategies``).
+
+    The compute fields default to 0 so records written before they existed still load.
     """
 
     query_id: str
@@ -113,6 +122,11 @@ class Trajectory:
     isolation: str = ""
     error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    generated_tokens: int = 0
+    prm_scored_tokens: int = 0
+    tool_calls: int = 0
+    executor_forks: int = 0
+    strategy: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.finish_type not in FINISH_TYPES:

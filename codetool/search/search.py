@@ -104,6 +104,16 @@ class SearchConfig:
     tie_break: str = option("random", "equal selection scores: random (a pick seeded by search.seed, the query "
                             "and the step; the reference ablation) or first (the earlier sample)",
                             choices=["random", "first"])
+    strategy: str = option("greedy", "search over steps: greedy (CodeTool: keep the best candidate per step), "
+                           "best_of_n, beam or lookahead (codetool.search.strategies)",
+                           choices=["greedy", "best_of_n", "beam", "lookahead"])
+    n: int = option(4, "best_of_n: independent greedy episodes per query")
+    aggregate: str = option("last", "best_of_n/beam: a trajectory's score from its chosen steps' PRM scores: "
+                            "last step, product or minimum", choices=["last", "prod", "min"])
+    beam_width: int = option(2, "beam: partial trajectories kept per step (B); each is expanded with k")
+    lookahead_depth: int = option(1, "lookahead: steps of the greedy rollout that scores each candidate (d)")
+    rollout_temperature: float | None = option(None, "sampling temperature of rollouts (lookahead, latent=rollout); "
+                                               "none = search.temperature, 0 = greedy rollouts")
 
     def __post_init__(self):
         if self.k < 1:
@@ -114,6 +124,9 @@ class SearchConfig:
             raise ConfigError(f"search.concurrency must be >= 1, got {self.concurrency}.")
         if self.latent == "rollout" and self.rollouts < 1:
             raise ConfigError(f"search.rollouts must be >= 1 with latent=rollout, got {self.rollouts}.")
+        for name in ("n", "beam_width", "lookahead_depth"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"search.{name} must be >= 1, got {getattr(self, name)}.")
 
 
 @dataclass
@@ -331,7 +344,7 @@ class StepwiseSearch:
 
     def __init__(self, policy, config: SearchConfig, make_executor: Callable[[SearchTask], Any],
                  scorer: PRMScorer | None = None, config_hash: str = ""):
-        if config.latent == "prm" and config.w_latent and scorer is None:
+        if config.latent == "prm" and config.w_latent and scorer is None and config.strategy != "lookahead":
             raise ConfigError("search.latent is 'prm' but no PRM was given: pass --prm PATH|URL, "
                               "or set search.latent to none or rollout.")
         self.policy, self.cfg, self.make_executor = policy, config, make_executor
@@ -341,6 +354,9 @@ class StepwiseSearch:
             progress: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
         """Solve every task, ``concurrency`` at a time; ``on_done`` sees each finished trajectory
         (e.g. to append it to a JSONL file) as soon as its episode ends."""
+        if self.cfg.strategy != "greedy":
+            from codetool.search.strategies import run_strategy
+            return run_strategy(self, tasks, on_done, progress)
         pending, active, finished = iter(tasks), [], []
         rounds = 0
         while True:
@@ -416,7 +432,7 @@ class StepwiseSearch:
                 for e in row:
                     e.candidate.r_latent = self._rollout_value(ep, e)
             return
-        items, slots = [], []
+        items, slots, owners = [], [], []
         for ep, row in zip(active, expansions):
             for e in row:
                 if e.candidate.code is None:
@@ -426,9 +442,12 @@ class StepwiseSearch:
                                      history=visible_history(ep.history, self.cfg.observation_history),
                                      candidate=e.candidate.code, candidate_output=e.observation))
                 slots.append(e.candidate)
+                owners.append(ep)
         if items:
             for cand, value in zip(slots, self.scorer.score(items), strict=True):
                 cand.r_latent = float(value)
+            for owner, item in zip(owners, items):  # compute accounting
+                owner.traj.prm_scored_tokens += prm_tokens(self.scorer, [item])
 
     def _rollout_value(self, ep: _Episode, e: Expanded) -> float:
         """Monte Carlo latent reward: complete ``rollouts`` single-sample paths from the candidate
@@ -442,7 +461,8 @@ class StepwiseSearch:
             lr = float(ended == "finish" and _answered(e.candidate.result))
             return latent_reward(lr, 0.0, alpha=cfg.alpha, beta=cfg.beta, max_len=cfg.max_len)
         sub_cfg = replace(cfg, k=1, latent="none", w_latent=0.0, max_steps=cfg.rollout_max_steps,
-                          concurrency=cfg.rollouts)
+                          concurrency=cfg.rollouts, strategy="greedy",
+                          temperature=cfg.temperature if cfg.rollout_temperature is None else cfg.rollout_temperature)
         history = ep.history + [{"code": e.candidate.code, "observation": e.observation}]
         states = [e.state.fork() for _ in range(cfg.rollouts)]
         runner = StepwiseSearch(self.policy, sub_cfg, make_executor=lambda task: states.pop())
@@ -450,6 +470,8 @@ class StepwiseSearch:
         tasks = [replace(ep.task, query_id=f"{ep.task.query_id}#rollout{j}", history=history)
                  for j in range(cfg.rollouts)]
         for traj in runner.run(tasks):
+            account(ep.traj, traj)
+            ep.traj.executor_forks += 1
             successes.append(float(traj.finish_type == "finish" and _answered_traj(traj)))
             lengths.append(len(traj.steps))
         lr = sum(successes) / len(successes)
@@ -473,6 +495,7 @@ class StepwiseSearch:
         ep.traj.tool_cost += pick.candidate.cost
         ep.traj.prompt_tokens += sum(c.prompt_tokens for c in cands)
         ep.traj.completion_tokens += sum(c.completion_tokens for c in cands)
+        count_step(ep.traj, row)
         ep.traj.isolation = pick.candidate.result.get("isolation", ep.traj.isolation) or ep.traj.isolation
         ep.history.append({"code": pick.candidate.code, "text": pick.candidate.text, "observation": pick.observation})
         ended = pick.ended
@@ -529,6 +552,34 @@ class StepwiseSearch:
         ep.traj.finish_type, ep.traj.error = "error", redact(text)[:2000]
         logger.warning("episode %s ended with an error: %s", ep.task.query_id, log_safe(ep.traj.error, 500))
         return ep
+
+
+def count_step(traj: Trajectory, row: list[Expanded]) -> None:
+    """Compute accounting of one expanded step: generated tokens, tool calls, forks."""
+    traj.generated_tokens += sum(e.candidate.completion_tokens for e in row)
+    traj.tool_calls += sum(len(e.candidate.result.get("tool_calls") or []) for e in row)
+    traj.executor_forks += sum(e.state is not None for e in row)
+
+
+def account(into: Trajectory, other: Trajectory) -> None:
+    """Add ``other``'s compute (a rollout, another episode of a strategy) to ``into``."""
+    into.generated_tokens += other.generated_tokens
+    into.prm_scored_tokens += other.prm_scored_tokens
+    into.tool_calls += other.tool_calls
+    into.executor_forks += other.executor_forks
+
+
+def prm_tokens(scorer, items: list[PRMItem]) -> int:
+    """Tokens sent to the PRM: ``scorer.count_tokens(items)`` where the scorer has it, else the
+    whitespace words of each item's query, tools, history, candidate and its output."""
+    counter = getattr(scorer, "count_tokens", None)
+    if callable(counter):
+        return int(counter(items))
+    total = 0
+    for it in items:
+        history = " ".join(f"{h.get('code', '')} {h.get('output', '')}" for h in it.history)
+        total += len(f"{it.query} {it.tools} {history} {it.candidate} {it.candidate_output}".split())
+    return total
 
 
 def _answered(result: dict) -> bool:
