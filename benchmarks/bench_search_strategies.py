@@ -29,13 +29,14 @@ from pathlib import Path
 import yaml
 from _result import emit  # benchmarks/_result.py
 
+from codetool.assemble import make_policy
 from codetool.config import from_dict
 from codetool.eval.metrics import run_metrics
 from codetool.eval.plots import metric_vs_tokens
 from codetool.eval.restbench import path_metrics
 from codetool.jsonl import read_jsonl
+from codetool.run import RunConfig, execute_run
 from codetool.search.records import Trajectory
-from codetool.search.run import RunConfig, execute_run, make_policy
 
 
 def grounded(traj: Trajectory) -> bool:
