@@ -10,7 +10,10 @@ Stages, each writing under ``runs/<name>/``:
 3. ``search``: the stepwise search on every evaluation set for every method (e.g. one sample
    per step, spot only, spot + latent with the trained PRM);
 4. ``eval``: SoPR, path rates, SCEP, tokens, cost and the report (``report.md``, ``report.json``,
-   plots) in ``runs/<name>/``.
+   plots) in ``runs/<name>/``; its one-screen summary gives the judge-free metrics as mean ± spread
+   over ``seeds`` (the search runs once per seed, ``search/<method>/<set>.seed<k>.jsonl``; the first
+   seed's runs are judged) and the PRM's held-out pairwise accuracy (``eval-prm`` on the trees'
+   validation split, ``prm_eval/``).
 
 Every stage records the hash of what determines its output (its settings and the hashes of the
 stages it reads) in ``<stage>/stage.json``. A stage whose record matches is skipped; one that

@@ -1,7 +1,8 @@
 """The Markdown page and the plots of an evaluation report (see :mod:`codetool.eval.report`).
 
 ``render_markdown(report)`` turns the ``report.json`` data into ``report.md``: the judge (flagged
-when weak), the configuration and inputs, warnings, then per benchmark a side-by-side table of
+when weak, and every judged column marked), the one-screen summary (:mod:`codetool.eval.summary`:
+judge-free metrics over seeds, the per-step rewards plot, what the PRM learned), the configuration and inputs, warnings, then per benchmark a side-by-side table of
 the methods (when there are several) and one table per method with a row per group. Rates are
 percentages; pass / success rates are "mean ± std" over the judge rounds. ``write_plots`` draws
 the PNGs. Neither computes a metric.
