@@ -10,7 +10,10 @@ Stages, each writing under ``runs/<name>/``:
 3. ``search``: the stepwise search on every evaluation set for every method (e.g. one sample
    per step, spot only, spot + latent with the trained PRM);
 4. ``eval``: SoPR, path rates, SCEP, tokens, cost and the report (``report.md``, ``report.json``,
-   plots) in ``runs/<name>/``.
+   plots) in ``runs/<name>/``; its one-screen summary gives the judge-free metrics as mean ± spread
+   over ``seeds`` (the search runs once per seed, ``search/<method>/<set>.seed<k>.jsonl``; the first
+   seed's runs are judged) and the PRM's held-out pairwise accuracy (``eval-prm`` on the trees'
+   validation split, ``prm_eval/``).
 
 Every stage records the hash of what determines its output (its settings and the hashes of the
 stages it reads) in ``<stage>/stage.json``. A stage whose record matches is skipped; one that
@@ -119,8 +122,14 @@ class PipelineConfig:
     reference: str = option("", "SoWR reference: a method name or a StableToolBench converted-answer file or "
                             "folder (the field's: ChatGPT CoT); default: the first method")
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    seeds: list[int] = option(default_factory=lambda: [0],
+                              help="search seeds: every method runs every evaluation set once per seed (search.seed); "
+                                   "the report gives the judge-free metrics as mean ± spread over them and judges the "
+                                   "first seed's runs")
 
     def __post_init__(self):
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError(f"seeds must be a non-empty list of distinct integers, got {self.seeds}; e.g. seeds: [0, 1].")
         for name in [*self.stages, *self.force]:
             if name not in STAGES:
                 raise ConfigError(f"unknown pipeline stage {name!r}; stages are {list(STAGES)}.")
@@ -207,15 +216,17 @@ def _train_cfg(cfg: PipelineConfig) -> TrainConfig:
 
 
 def _run_cfgs(cfg: PipelineConfig, prm: str) -> list:
-    """One ``RunConfig`` per (method, evaluation set)."""
+    """One ``RunConfig`` per (seed, method, evaluation set), seeds outermost. With one seed the
+    trajectories go to ``search/<method>/<slug>.jsonl``; with several, ``<slug>.seed<k>.jsonl``."""
     from codetool.run import RunConfig
 
     runs = []
-    for method in cfg.methods:
+    for seed, method in ((s, m) for s in cfg.seeds for m in cfg.methods):
         search = dataclasses.replace(cfg.search, method=method.name, k=method.k, w_spot=method.w_spot,
                                      w_latent=method.w_latent, w_cost=method.w_cost, latent=method.latent,
                                      temperature=cfg.search.temperature if method.temperature is None
-                                     else method.temperature)
+                                     else method.temperature, seed=seed)
+        suffix = f".seed{seed}" if len(cfg.seeds) > 1 else ""
         for ev in cfg.evals:
             run_search = search if ev.concurrency is None else dataclasses.replace(search, concurrency=ev.concurrency)
             if ev.max_observation_chars is not None:
@@ -227,7 +238,7 @@ def _run_cfgs(cfg: PipelineConfig, prm: str) -> list:
                                   tool_doc=ev.tool_doc or cfg.tool_doc,
                                   prm=prm if method.latent == "prm" else method.latent,
                                   search=run_search, executor=cfg.executor, answer=cfg.answer,
-                                  output=str(cfg.root / "search" / method.name / f"{ev.slug}.jsonl")))
+                                  output=str(cfg.root / "search" / method.name / f"{ev.slug}{suffix}.jsonl")))
     return runs
 
 
@@ -302,11 +313,32 @@ def _stage_search(cfg: PipelineConfig, *, run_cfgs: list, prm: str, **_) -> dict
     return {"trajectories": files}
 
 
-def _stage_eval(cfg: PipelineConfig, *, run_cfgs: list, **_) -> dict:
+def _prm_heldout(cfg: PipelineConfig, prm: str) -> str:
+    """``codetool eval-prm`` of the trained PRM on the trees' held-out split (``prm_eval/metrics.json``);
+    "" when there is none (a given checkpoint, no PRM method, or no held-out rows)."""
+    from codetool.prm.evaluate import EvalPRMConfig, eval_prm_command
+
+    held_out = cfg.root / "trees" / "prm_dataset" / "validation.jsonl"
+    if cfg.prm_checkpoint or not any(m.latent == "prm" for m in cfg.methods) or not Path(prm).is_dir() \
+            or not held_out.is_file() or not held_out.read_text().strip():
+        return ""
+    out = cfg.root / "prm_eval"
+    try:
+        eval_prm_command(EvalPRMConfig(prm=prm, dataset=[str(held_out)], split="all", output_dir=str(out)))
+    except CodetoolError as e:  # the report says the PRM was not measured; the method's results still stand
+        logger.warning("eval-prm on the held-out trees failed: %s", e)
+        return ""
+    return str(out / "metrics.json")
+
+
+def _stage_eval(cfg: PipelineConfig, *, run_cfgs: list, prm: str = "", **_) -> dict:
     from codetool.eval.report import EvalConfig, eval_command
 
-    eval_cfg = EvalConfig(trajectories=[r.output for r in run_cfgs], out=str(cfg.root), judge=cfg.judge,
-                          compare=[m.name for m in cfg.methods], reference=cfg.reference)
+    first = [r.output for r in run_cfgs if r.search.seed == cfg.seeds[0]]
+    others = [r.output for r in run_cfgs if r.search.seed != cfg.seeds[0]]
+    eval_cfg = EvalConfig(trajectories=first, seed_runs=others, out=str(cfg.root), judge=cfg.judge,
+                          compare=[m.name for m in cfg.methods], reference=cfg.reference,
+                          prm_metrics=_prm_heldout(cfg, prm))
     eval_command(eval_cfg)
     return {"report": str(cfg.root / "report.md")}
 

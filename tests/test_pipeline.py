@@ -134,17 +134,33 @@ def test_pipeline_end_to_end(monkeypatch, tiny_model_dir, shared_data, tmp_path,
         methods=[MethodConfig(name="single-sample", k=1, w_latent=0.0, latent="none", temperature=0.0),
                  MethodConfig(name="spot+latent", k=2, latent="prm")],
         evals=[EvalSetConfig(benchmark="stabletoolbench", limit=2), EvalSetConfig(benchmark="restbench-tmdb", limit=2)],
-        judge=JudgeConfig(model="none"), executor=ExecutorConfig(isolation="fallback", timeout_s=10))
+        judge=JudgeConfig(model="none"), executor=ExecutorConfig(isolation="fallback", timeout_s=10), seeds=[0, 1])
     assert run_pipeline(cfg) == dict.fromkeys(STAGES, "ran")
     root = tmp_path / "e2e"
     assert (root / "train" / "prm").is_dir()
-    latent = list(read_jsonl(root / "search" / "spot+latent" / "G1_instruction.jsonl"))
+    for method in ("single-sample", "spot+latent"):  # one file per seed, never mixed
+        assert sorted(p.name for p in (root / "search" / method).glob("*.jsonl")) == [
+            "G1_instruction.seed0.jsonl", "G1_instruction.seed1.jsonl",
+            "restbench-tmdb.seed0.jsonl", "restbench-tmdb.seed1.jsonl"]
+    latent = list(read_jsonl(root / "search" / "spot+latent" / "G1_instruction.seed1.jsonl"))
     assert len(latent) == 2 and all(t["final_answer"] == "Here is what I found: 42." for t in latent)
     scores = [c["r_latent"] for t in latent for s in t["steps"] for c in s["candidates"]]
     assert scores and all(0.0 <= s <= 1.0 for s in scores)  # the trained PRM scored the candidates
     report = (root / "report.md").read_text()
     assert "single-sample" in report and "spot+latent" in report and "restbench" in report.lower()
-    assert json.loads((root / "report.json").read_text())
+    data = json.loads((root / "report.json").read_text())
+    # the one-screen summary: judge-free metrics over both seeds, the step-rewards plot, the PRM section
+    assert data["summary"]["seeds"] == ["0", "1"]
+    cell = data["summary"]["methods"]["spot+latent"]["stabletoolbench"]
+    assert cell["n"] == [2, 2] and len(cell["finish"]["values"]) == 2 and cell["finish"]["mean"] == 1.0
+    assert cell["finish"]["spread"] == 0.0 and cell["correct_path"] is None
+    assert data["summary"]["methods"]["single-sample"]["restbench-tmdb"]["path_score"] is not None
+    summary = report.split("## Summary")[1].split("## Configuration")[0]
+    assert "Mean ± spread over 2 seeds (half the range over 2 seeds)" in summary
+    assert "| spot+latent | stabletoolbench | 2 |" in summary and "100.0 ± 0.0" in summary
+    assert (root / "step_rewards.png").is_file() and "![per-step rewards of one query](step_rewards.png)" in summary
+    assert "What the PRM learned" in summary and (root / "prm_eval" / "metrics.json").is_file()
+    assert "weak judge" not in report  # no judge here (the weak-judge warning: tests/test_eval_summary.py)
     everything = "".join(p.read_text(errors="replace") for p in root.rglob("*") if p.suffix in (".json", ".jsonl", ".md"))
     assert canary_env not in everything
     assert run_pipeline(cfg) == dict.fromkeys(STAGES, "skipped")

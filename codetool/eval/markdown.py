@@ -1,7 +1,8 @@
 """The Markdown page and the plots of an evaluation report (see :mod:`codetool.eval.report`).
 
 ``render_markdown(report)`` turns the ``report.json`` data into ``report.md``: the judge (flagged
-when weak), the configuration and inputs, warnings, then per benchmark a side-by-side table of
+when weak, and every judged column marked), the one-screen summary (:mod:`codetool.eval.summary`:
+judge-free metrics over seeds, the per-step rewards plot, what the PRM learned), the configuration and inputs, warnings, then per benchmark a side-by-side table of
 the methods (when there are several) and one table per method with a row per group. Rates are
 percentages; pass / success rates are "mean ± std" over the judge rounds. ``write_plots`` draws
 the PNGs. Neither computes a metric.
@@ -15,6 +16,7 @@ from typing import Any
 from codetool.eval import plots
 from codetool.eval.comparability import render_block
 from codetool.eval.metrics import candidate_rewards
+from codetool.eval.summary import render_summary
 
 RESTBENCH = "restbench-tmdb"
 
@@ -37,8 +39,20 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines + [""]
 
 
-def _main_name(bench: str) -> str:
-    return "success %" if bench == RESTBENCH else "SoPR %"
+WEAK_MARK = " (⚠ weak judge)"
+
+
+def _main_name(bench: str, weak: bool = False) -> str:
+    return ("success %" if bench == RESTBENCH else "SoPR %") + (WEAK_MARK if weak else "")
+
+
+def weak_judge_note(judge: dict[str, Any], model: str) -> str:
+    """The warning printed beside judged numbers when the judge is a weak local model ("" otherwise)."""
+    if not judge.get("weak"):
+        return ""
+    who = "the embedded 135M judge (SmolLM2-135M-Instruct)" if model == "default" else f"the weak judge `{judge['name']}`"
+    return (f"⚠ weak judge: every judged number (SoPR, success %, win rates) comes from {who}, which cannot "
+            "tell a right answer from a wrong one; read them as a smoke test of the machinery, not as results.")
 
 
 def _detail_rows(bench: str, data: dict) -> list[list[str]]:
@@ -59,15 +73,15 @@ def _detail_rows(bench: str, data: dict) -> list[list[str]]:
     return rows
 
 
-def _detail_header(bench: str) -> list[str]:
-    head = ["group", "n", _main_name(bench)]
+def _detail_header(bench: str, weak: bool = False) -> list[str]:
+    head = ["group", "n", _main_name(bench, weak)]
     if bench == RESTBENCH:
         head += ["correct path % (0/1)", "path score % (frac.)", "Δ len"]
     return head + ["SCEP %", "SCEP all cand. %", "steps", "calls", "tokens in", "tokens out", "episode wall s", "tool cost", "finish",
                    "give up", "max steps", "error"]
 
 
-def _comparison(bench: str, methods: dict[str, dict]) -> list[str]:
+def _comparison(bench: str, methods: dict[str, dict], weak: bool = False) -> list[str]:
     names = list(methods)
     groups = list(dict.fromkeys(g for d in methods.values() for g in d["groups"]))
     rows = []
@@ -85,7 +99,7 @@ def _comparison(bench: str, methods: dict[str, dict]) -> list[str]:
                          if p.get("n") else " / n/a / n/a")
             row.append(cell)
         rows.append(row)
-    title = _main_name(bench) + (" / correct path % (0/1) / path score % (frac.)" if bench == RESTBENCH else "")
+    title = _main_name(bench, weak) + (" / correct path % (0/1) / path score % (frac.)" if bench == RESTBENCH else "")
     lines = [f"### Side by side: {title}", ""] + _table(["group"] + names, rows)
     metric_rows = []
     overall = {n: methods[n]["overall"]["metrics"] for n in names}
@@ -117,11 +131,14 @@ def render_markdown(report: dict[str, Any]) -> str:
         judge_line += f", {judge['mode']} mode, temperature {judge['temperature']}"
     judge_line += f", {report['rounds']} rounds)" if judge["kind"] != "none" else ")"
     lines.append(judge_line + ".")
-    if judge.get("weak"):
-        lines += ["", f"> **Warning: weak judge.** `{judge['name']}` is {judge['note']}."]
+    cfg = report["config"]
+    weak = bool(judge.get("weak"))
+    note = weak_judge_note(judge, cfg["judge"]["model"])
+    if weak:
+        lines += ["", f"> **Warning: weak judge.** `{judge['name']}` is {judge['note']}. {note}"]
     elif judge["kind"] == "none":
         lines += ["", f"> {judge['note']}."]
-    cfg = report["config"]
+    lines += [""] + render_summary(report)
     lines += ["", f"Created {report['created']}; config hash `{report['config_hash']}`.", "", "## Configuration", ""]
     settings = [["inputs", ", ".join(f"{i['source']} ({i['method']}: {i['trajectories']})" for i in report["inputs"])],
                 ["methods shown", ", ".join(report["methods"])],
@@ -139,12 +156,12 @@ def render_markdown(report: dict[str, Any]) -> str:
     for bench, entry in report["benchmarks"].items():
         lines += [f"## {bench}", ""]
         if len(entry["methods"]) > 1:
-            lines += _comparison(bench, entry["methods"])
+            lines += _comparison(bench, entry["methods"], weak)
         for method, data in entry["methods"].items():
-            lines += [f"### {method}", ""] + _table(_detail_header(bench), _detail_rows(bench, data))
+            lines += [f"### {method}", ""] + _table(_detail_header(bench, weak), _detail_rows(bench, data))
             split = data["overall"].get("pass_rate_by_answer_source")
             if split and len(split) > 1:
-                lines += [f"{_main_name(bench)} by answer source: " + ", ".join(
+                lines += [f"{_main_name(bench, weak)} by answer source: " + ", ".join(
                     f"{src} {_rate(pr)} (n={pr['n']})" for src, pr in split.items()), ""]
         if bench == RESTBENCH:
             lines += ["Correct path % (0/1, RestGPT's): queries whose whole gold API path (normalised) appears in "
@@ -152,7 +169,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                       "of each gold path matched in order, averaged. Δ len: extra calls over the gold path on "
                       "successful queries.", ""]
     if report["win_rates"]:
-        lines += ["## Win rates (SoWR)", "", "StableToolBench's procedure: per round, a solved answer beats an "
+        lines += ["## Win rates (SoWR)" + (WEAK_MARK if weak else ""), ""] + ([f"> {note}", ""] if note else []) + [
+                  "StableToolBench's procedure: per round, a solved answer beats an "
                   "unsolved one; otherwise the judge compares the whole answers; identical or absent answers "
                   "get a seeded coin flip. \"judged\": round comparisons the judge decided; \"flips\": rounds "
                   "decided by the coin. A query ties only when an even number of rounds splits evenly.", ""]
@@ -174,7 +192,8 @@ def render_markdown(report: dict[str, Any]) -> str:
 
 
 def write_plots(report: dict[str, Any], runs: list, out_dir: Path) -> list[Path]:
-    """``bars_<benchmark>.png`` per benchmark, ``steps.png`` and ``rewards.png``; returns the paths."""
+    """``bars_<benchmark>.png`` per benchmark, ``steps.png``, ``rewards.png`` and ``step_rewards.png`` (the
+    per-step rewards of one query every method ran); returns the paths."""
     written = []
     for bench, entry in report["benchmarks"].items():
         panels: dict[str, dict] = {}
@@ -200,4 +219,7 @@ def write_plots(report: dict[str, Any], runs: list, out_dir: Path) -> list[Path]
                                             out_dir / "steps.png"))
     written.append(plots.chosen_vs_rejected({r.method: candidate_rewards(r.trajectories) for r in runs},
                                             out_dir / "rewards.png"))
+    example = plots.example_step_rewards({r.method: r.trajectories for r in runs}, out_dir / "step_rewards.png")
+    if example is not None:
+        written.append(example)
     return written

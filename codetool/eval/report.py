@@ -67,6 +67,11 @@ class EvalConfig:
     export_stabletoolbench: str = option("", "also write the runs in StableToolBench's converted-answer "
                                          "layout into this folder (<method>/<group>.json)")
     plots: bool = option(True, "write the PNG plots")
+    seed_runs: list[str] = option(default_factory=list,
+                                  help="trajectory files of the same methods with other seeds (<slug>.seed<k>.jsonl): "
+                                       "the summary's judge-free metrics are mean ± spread over them and the inputs")
+    prm_metrics: str = option("", "metrics.json of `codetool eval-prm` on held-out trees: shown under "
+                              "'what the PRM learned'")
 
     def __post_init__(self):
         if not self.trajectories and not self.compare:
@@ -231,6 +236,16 @@ def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
     _warnings(report, shown_runs, parse_failures)
     report["comparability"] = comparability_block(report, cfg.judge, shown_runs, reference,
                                                   judge.describe() if judge else None)
+    from codetool.eval.summary import seed_summary
+
+    report["summary"] = seed_summary([p for p in [*cfg.trajectories, *cfg.seed_runs] if p.endswith(".jsonl")],
+                                     methods=report["methods"])
+    if cfg.prm_metrics and Path(cfg.prm_metrics).is_file():
+        report["prm"] = json.loads(Path(cfg.prm_metrics).read_text())
+        plot = Path(cfg.prm_metrics).with_name("calibration.png")
+        if plot.is_file():
+            report["prm"]["calibration_plot"] = str(plot.resolve().relative_to(out_dir.resolve())) \
+                if plot.resolve().is_relative_to(out_dir.resolve()) else str(plot)
     write_jsonl(out_dir / "verdicts.jsonl", verdict_rows)
     if cfg.plots:
         from codetool.eval.markdown import write_plots

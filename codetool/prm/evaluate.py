@@ -4,7 +4,8 @@ Metrics, over rows with a binary ``label`` (1 = the more promising sibling) and 
 
 - **pairwise accuracy**: over every (positive, negative) pair of siblings (candidates of the same
   step: same query and history), the share where the positive scores higher; ties count 1/2.
-  This is what the search uses the PRM for: ranking the candidates of a step.
+  This is what the search uses the PRM for: ranking the candidates of a step. ``eval-prm`` adds a
+  seeded 95% bootstrap interval over sibling groups (``pairwise_accuracy_ci95``).
 - **AUC**: ROC area over all rows (Mann-Whitney U with average ranks for ties).
 - **accuracy@0.5**, **Brier score**, and **ECE** with a reliability diagram (PNG) over 10 bins.
 
@@ -46,6 +47,32 @@ def pairwise_accuracy(scores, labels, groups) -> tuple[float, int]:
                 wins += 1.0 if p > q else 0.5 if p == q else 0.0
                 pairs += 1
     return (wins / pairs if pairs else float("nan")), pairs
+
+
+def bootstrap_pairwise(scores, labels, groups, samples: int = 1000, seed: int = 0) -> tuple[float, float] | None:
+    """95% percentile bootstrap interval of :func:`pairwise_accuracy`, resampling sibling groups
+    (the unit the pairs share) with replacement, seeded.
+
+    Args:
+        scores: (n,) float; labels: (n,) 0/1; groups: (n,) sibling group ids.
+        samples: resamples; seed: seed of the resampling (numpy ``default_rng``).
+    Returns:
+        ``(low, high)`` in [0, 1], or ``None`` when no group holds both labels.
+    """
+    by_group: dict = defaultdict(lambda: ([], []))
+    for s, y, g in zip(scores, labels, groups):
+        by_group[g][0 if int(y) == 1 else 1].append(float(s))
+    stats = []  # per group with pairs: (wins, pairs)
+    for pos, neg in by_group.values():
+        if pos and neg:
+            wins = sum(1.0 if p > q else 0.5 if p == q else 0.0 for p in pos for q in neg)
+            stats.append((wins, len(pos) * len(neg)))
+    if not stats:
+        return None
+    wins, pairs = np.array(stats).T
+    pick = np.random.default_rng(seed).integers(0, len(stats), size=(samples, len(stats)))
+    accs = wins[pick].sum(axis=1) / pairs[pick].sum(axis=1)
+    return float(np.percentile(accs, 2.5)), float(np.percentile(accs, 97.5))
 
 
 def roc_auc(scores, labels) -> float:
@@ -135,6 +162,8 @@ class EvalPRMConfig:
     split_seed: int = option(-1, "split seed; -1 reads it from the checkpoint")
     output_dir: str = option("reports/prm", "where metrics.json, scores.jsonl and calibration.png go")
     batch_size: int = option(64, "rows sent to the scorer at a time")
+    bootstrap_samples: int = option(1000, "resamples of sibling groups for the pairwise accuracy's 95% interval")
+    bootstrap_seed: int = option(0, "seed of the bootstrap resampling")
     device: str = option("auto", "auto, cpu or cuda")
 
     def __post_init__(self):
@@ -183,7 +212,11 @@ def eval_prm_command(cfg: EvalPRMConfig) -> int:
     for start in tqdm(range(0, len(rows), cfg.batch_size), desc="scoring", unit="batch"):
         scores += scorer.score([item_from_row(r) for r in rows[start:start + cfg.batch_size]])
     labels = [r["label"] for r in rows]
-    metrics = prm_metrics(scores, labels, [sibling_key(r) for r in rows])
+    groups = [sibling_key(r) for r in rows]
+    metrics = prm_metrics(scores, labels, groups)
+    ci = bootstrap_pairwise(scores, labels, groups, cfg.bootstrap_samples, cfg.bootstrap_seed)
+    metrics.update(pairwise_accuracy_ci95=list(ci) if ci else None, bootstrap_samples=cfg.bootstrap_samples,
+                   bootstrap_seed=cfg.bootstrap_seed)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps({"prm": cfg.prm, "split": cfg.split,  # NaN (no held-out pairs) -> null: strict JSON

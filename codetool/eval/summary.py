@@ -1,0 +1,157 @@
+"""The one-screen summary at the top of a report: judge-free metrics per method and benchmark as
+mean and spread over the seeds of a run, and what the PRM learned (issue 16).
+
+Judge-free metrics (they need no judge, so they mean something even with a 135M policy):
+
+- ``scep``: chosen-step SCEP, the share of chosen code steps that ran without an error;
+- ``tool_calls``: calls of the query's listed tools per episode (chosen path);
+- ``finish``: share of episodes that ended with ``finish``;
+- ``grounded``: share of episodes that finished with a non-empty answer after >= 1 successful call
+  of a listed tool on the chosen path;
+- RestBench-TMDB only: ``correct_path`` (RestGPT's binary correct-path rate) and ``path_score``
+  (the fractional share of the gold path matched in order, the kind CodeTool reported).
+
+Seeds are told apart by the trajectory file name (``<slug>.seed<k>.jsonl``, as ``codetool pipeline``
+writes them with several ``seeds``); a file without that suffix is one seed on its own. The spread
+is half the range (max - min) / 2 for two seeds and the sample standard deviation for more.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from codetool.eval.metrics import run_metrics
+from codetool.eval.restbench import path_metrics
+
+RESTBENCH = "restbench-tmdb"
+METRICS = (("scep", "chosen-step SCEP %", True), ("tool_calls", "tool calls / episode", False),
+           ("finish", "finish %", True), ("grounded", "grounded success %", True),
+           ("correct_path", "TMDB correct path % (0/1)", True), ("path_score", "TMDB path score % (frac.)", True))
+_SEED = re.compile(r"\.seed(\d+)$")
+
+
+def seed_of(path: str | Path) -> str:
+    """The seed tag of a trajectory file: ``"3"`` for ``x.seed3.jsonl``, else ``""``."""
+    match = _SEED.search(Path(path).stem)
+    return match.group(1) if match else ""
+
+
+def judge_free(trajs: list) -> dict[str, float | None]:
+    """The judge-free metrics of the module docstring over one method's trajectories on one benchmark."""
+    n = max(len(trajs), 1)
+    calls = grounded = 0
+    for t in trajs:
+        names = {a.get("name") for a in t.available_tools}
+        listed = [c for c in t.executed_calls() if c.get("name") in names]
+        calls += len(listed)
+        answered = t.finish_type == "finish" and bool((t.final_answer or "").strip())
+        grounded += answered and any(c.get("status") == "ok" for c in listed)
+    out: dict[str, float | None] = {
+        "scep": run_metrics(trajs).scep, "tool_calls": calls / n,
+        "finish": sum(t.finish_type == "finish" for t in trajs) / n, "grounded": grounded / n,
+        "correct_path": None, "path_score": None}
+    if trajs and trajs[0].benchmark == RESTBENCH:
+        path = path_metrics(trajs)
+        if path.n:
+            out["correct_path"], out["path_score"] = path.correct_path_rate, path.path_fraction_score
+    return out
+
+
+def spread(values: list[float]) -> float:
+    """Half the range for two values, the sample standard deviation for more, 0 for one."""
+    if len(values) < 2:
+        return 0.0
+    if len(values) == 2:
+        return abs(values[0] - values[1]) / 2
+    return float(np.std(values, ddof=1))
+
+
+def seed_summary(paths: list[str], methods: list[str] | None = None) -> dict[str, Any]:
+    """Judge-free metrics per method and benchmark over the seeds of ``paths`` (trajectory files).
+
+    Returns:
+        ``{"seeds": [...], "spread": "...", "methods": {method: {benchmark: {metric: {"mean", "spread",
+        "values"}, "n": episodes per seed}}}}``; a metric that does not apply is ``None``.
+    """
+    from codetool.eval.report import load_runs
+
+    per_seed: dict[str, dict[str, dict[str, list]]] = {}
+    for path in paths:
+        for run in load_runs([path]):
+            method = run.method.split("@")[0]
+            for t in run.trajectories:
+                per_seed.setdefault(method, {}).setdefault(t.benchmark, {}).setdefault(seed_of(path), []).append(t)
+    seeds = sorted({s for m in per_seed.values() for b in m.values() for s in b}, key=lambda s: (s == "", s))
+    out: dict[str, Any] = {"seeds": seeds, "spread": "half the range over 2 seeds" if len(seeds) == 2 else
+                           "sample std over seeds" if len(seeds) > 2 else "one seed: no spread", "methods": {}}
+    for method in [m for m in (methods or list(per_seed)) if m in per_seed]:
+        for bench, by_seed in per_seed[method].items():
+            rows = [judge_free(trajs) for trajs in by_seed.values()]
+            cell: dict[str, Any] = {"n": [len(t) for t in by_seed.values()]}
+            for key, _, _ in METRICS:
+                values = [r[key] for r in rows if r[key] is not None]
+                cell[key] = ({"mean": float(np.mean(values)), "spread": spread(values), "values": values}
+                             if values else None)
+            out["methods"].setdefault(method, {})[bench] = cell
+    return out
+
+
+def _cell(value: dict | None, pct: bool, seeds: int) -> str:
+    if value is None:
+        return "–"
+    scale, digits = (100, 1) if pct else (1, 2)
+    text = f"{scale * value['mean']:.{digits}f}"
+    return text + (f" ± {scale * value['spread']:.{digits}f}" if seeds > 1 else "")
+
+
+def render_summary(report: dict[str, Any]) -> list[str]:
+    """Markdown lines of the one-screen summary: the judge-free table, the per-step rewards plot,
+    and what the PRM learned (when ``report`` has them)."""
+    lines: list[str] = []
+    summary = report.get("summary")
+    if summary and summary["methods"]:
+        n_seeds = len(summary["seeds"])
+        lines += ["## Summary: what each method did (judge-free)", "",
+                  f"Mean ± spread over {n_seeds} seeds ({summary['spread']})." if n_seeds > 1 else
+                  "One seed.", ""]
+        benches = list(dict.fromkeys(b for m in summary["methods"].values() for b in m))
+        keys = [(k, label, pct) for k, label, pct in METRICS
+                if k not in ("correct_path", "path_score") or RESTBENCH in benches]
+        header = ["method", "benchmark", "n"] + [label for _, label, _ in keys]
+        lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+        for method, by_bench in summary["methods"].items():
+            for bench, cell in by_bench.items():
+                row = [method, bench, "/".join(str(x) for x in dict.fromkeys(cell["n"]))]
+                row += [_cell(cell[k], pct, n_seeds) for k, _, pct in keys]
+                lines.append("| " + " | ".join(row) + " |")
+        lines += ["", "Chosen-step SCEP: chosen code steps that ran without error. Tool calls: calls of the "
+                  "query's listed tools on the chosen path. Grounded success: finished with a non-empty answer "
+                  "after >= 1 successful listed-tool call. These need no judge.", ""]
+    plots = [Path(p).name for p in report.get("files", {}).get("plots", [])]
+    if "step_rewards.png" in plots:
+        lines += ["![per-step rewards of one query](step_rewards.png)", "",
+                  "Per-step rewards of one query: squares: on-the-spot reward, circles: PRM latent reward, "
+                  "crosses: selection score; the ringed candidate was chosen.", ""]
+    prm = report.get("prm")
+    if prm:
+        lines += ["## What the PRM learned (held-out trees)", ""]
+        acc, ci = prm.get("pairwise_accuracy"), prm.get("pairwise_accuracy_ci95")
+        if acc is None:
+            lines.append(f"No held-out sibling pair with both labels ({prm.get('rows', 0)} held-out rows): "
+                         "pairwise accuracy not measured.")
+        else:
+            interval = (f", bootstrap 95% interval {100 * ci[0]:.1f}-{100 * ci[1]:.1f} "
+                        f"({prm.get('bootstrap_samples')} resamples of sibling groups, seed {prm.get('bootstrap_seed')})"
+                        if ci else "")
+            lines.append(f"Pairwise accuracy {100 * acc:.1f}% on {prm['pairs']} held-out sibling pairs{interval}; "
+                         "50% is chance.")
+        lines += ["", "Calibration: " + ", ".join(
+            f"{name} {prm[key]:.3f}" for key, name in (("ece", "ECE"), ("brier", "Brier"), ("accuracy", "accuracy@0.5"),
+                                                       ("auc", "AUC")) if prm.get(key) is not None)
+                  + f" over {prm.get('rows', 0)} rows" + (f" ([reliability diagram]({prm['calibration_plot']}))"
+                                                           if prm.get("calibration_plot") else "") + ".", ""]
+    return lines
