@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,10 +93,6 @@ class RunConfig:
         subsets = {"stabletoolbench": ("codetool", "full"), "restbench-tmdb": ("restgpt", "codetool")}
         if self.benchmark in subsets and self.subset not in subsets[self.benchmark]:
             raise ConfigError(f"--subset {self.subset!r} is not one of {subsets[self.benchmark]} for {self.benchmark}.")
-        for name in ("temperature", "top_p"):
-            value = getattr(self.search, name, 0.0)
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ConfigError(f"--search.{name} must be a finite number, got {value}.")
         if (self.query is None) == (self.benchmark is None):
             raise ConfigError("give either --query (with --tools) or --benchmark "
                               f"({', '.join(BENCHMARKS)}), not both and not neither.")
@@ -247,8 +242,12 @@ def _run_queries(cfg: RunConfig, todo: list, out: Path, chash: str, policy, scor
         answers = cfg.answer.enabled(cfg.benchmark)
         waiting: list = []  # trajectories that await their final answer (written in batches)
 
+        episode_errors = []  # episodes the search itself ended as errors (executor, policy, scorer faults)
+
         def land(traj) -> None:
             write(traj.to_dict())
+            if traj.finish_type == "error":
+                episode_errors.append(traj.query_id)
             bar.update(job, advance=1, last=f"{traj.query_id}: {traj.finish_type}, {len(traj.steps)} steps")
 
         def flush() -> None:
@@ -292,6 +291,7 @@ def _run_queries(cfg: RunConfig, todo: list, out: Path, chash: str, policy, scor
 
         failed += run_isolated(tasks, run_batch, _unit_key, done, failed_unit)
         flush()
+        failed += len(episode_errors)
     logger.info("ran %d queries in %.1f s (%d failed)", len(todo), time.perf_counter() - start, failed)
     return failed
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from codetool.config import load_config
+from codetool.config import ConfigError, load_config
 from codetool.executor import Executor, ExecutorConfig
 from codetool.jsonl import read_jsonl
 from codetool.models.backends import ScriptedBackend
@@ -196,3 +196,10 @@ def test_a_reply_without_code_gets_the_defined_no_code_result(query):
     assert NO_CODE in OUTCOMES and cand.code is None and cand.r_spot == 0.0
     result = ExecutionResult.from_dict(cand.result)  # a well-formed ExecutionResult, not a hand-built dict
     assert (result.ok, result.outcome, result.error_type, result.tool_calls) == (False, "no_code", "NoCodeBlock", [])
+
+
+@pytest.mark.parametrize("override", [{"temperature": -1.0}, {"temperature": float("nan")}, {"top_p": 2.0},
+                                      {"top_p": 0.0}, {"max_new_tokens": 0}])
+def test_sampling_settings_are_checked_before_any_model_loads(override):
+    with pytest.raises(ConfigError, match=next(iter(override))):
+        SearchConfig(**override)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from codetool import CodetoolError
 from codetool.config import ConfigError, config_hash, option, to_dict
 from codetool.eval import metrics as run_metrics_mod
 from codetool.eval.comparability import comparability_block
@@ -167,6 +168,9 @@ def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
     from codetool.eval.markdown import render_markdown
 
     out_dir = Path(cfg.out)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise CodetoolError(f"--out {out_dir} is a file; pass a folder for report.json, report.md and the plots "
+                            "(e.g. --out runs/eval).")
     out_dir.mkdir(parents=True, exist_ok=True)
     ref_file = cfg.reference if cfg.reference and Path(cfg.reference).exists() else ""
     runs = load_runs(list(cfg.trajectories) + [c for c in cfg.compare if Path(c).exists()] + [ref_file] * bool(ref_file))

@@ -45,7 +45,7 @@ def read_rows(paths: str | list[str]) -> list[dict]:
     for path in [paths] if isinstance(paths, str) else paths:
         if not Path(path).is_file():
             raise CodetoolError(f"PRM dataset not found: {path}. Build one with 'codetool build-trees' "
-                                "or write PRM example rows (DESIGN.md §3) to a JSONL file.")
+                                "or write PRM example rows (query, tools, history, candidate, label, ...) to a JSONL file.")
         skipped: list[int] = []
         for number, row in enumerate(read_jsonl(path, skipped), 1):
             label = row.get("label")

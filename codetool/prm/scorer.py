@@ -155,8 +155,10 @@ def load_scorer(spec: str, *, device: str = "auto", dtype: str = "auto", **kwarg
 
         return VLLMScorer(spec[len("vllm:"):], **kwargs)
     if not Path(spec).is_dir():
-        raise CodetoolError(f"--prm {spec!r}: not a folder, URL or 'none'. Pass the output_dir of "
-                            "'codetool train-prm', http(s)://host:port of 'codetool serve-prm', or none.")
+        raise CodetoolError(f"--prm {spec!r}: no such PRM folder. Pass the output_dir of 'codetool train-prm' "
+                            "(the quickstart recipe writes checkpoints/prm/quickstart; `make demo` writes "
+                            "runs/quickstart/train/prm), an http(s)://host:port of 'codetool serve-prm', or "
+                            "none where a PRM is optional.")
     return LocalPRMScorer.from_checkpoint(spec, device=device, dtype=dtype, **kwargs)
 
 

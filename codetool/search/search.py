@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Iterable
@@ -122,6 +123,12 @@ class SearchConfig:
             raise ConfigError(f"search.max_steps must be >= 1, got {self.max_steps}.")
         if self.concurrency < 1:
             raise ConfigError(f"search.concurrency must be >= 1, got {self.concurrency}.")
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise ConfigError(f"search.temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}.")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"search.top_p must be in (0, 1], got {self.top_p}.")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"search.max_new_tokens must be >= 1, got {self.max_new_tokens}.")
         if self.latent == "rollout" and self.rollouts < 1:
             raise ConfigError(f"search.rollouts must be >= 1 with latent=rollout, got {self.rollouts}.")
         for name in ("n", "beam_width", "lookahead_depth"):
@@ -422,6 +429,11 @@ class StepwiseSearch:
                 ep.traj.phase_seconds[phase] += seconds / len(active)
             if self._guarded_advance(ep, row):
                 ended.append(ep)
+        # A user waits on these rounds (all episodes in flight end together): say what each did.
+        logger.info("search round %d: %d episodes, %d candidates; generation %.1f s, execution %.1f s, "
+                    "scoring %.1f s; %d ended", round_index + 1, len(active), sum(map(len, expansions)),
+                    timings.get("generation", 0.0), timings.get("execution", 0.0), timings["scoring"],
+                    len(ended) + len(failed))
         return failed + ended
 
     def _latent(self, active: list[_Episode], expansions: list[list[Expanded]]) -> None:
