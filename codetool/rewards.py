@@ -40,6 +40,8 @@ class PRMItem:
         history (`list[dict]`): earlier chosen steps, each ``{"code": str, "output": str}``.
         candidate (`str`): the candidate step's code.
         candidate_output (`str`): what executing the candidate printed or raised.
+        candidate_plan (`str`, *optional*, defaults to `""`): the candidate reply's plan line (the
+            public code's step text before the code), empty for code-only replies.
     """
 
     query: str
@@ -47,6 +49,7 @@ class PRMItem:
     history: list[dict] = field(default_factory=list)
     candidate: str = ""
     candidate_output: str = ""
+    candidate_plan: str = ""
 
 
 @runtime_checkable

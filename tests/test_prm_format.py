@@ -145,3 +145,29 @@ def test_history_step_the_policy_did_not_see_renders_without_output():
     text = render_history([{"code": "a = f()", "output": None}, {"code": "print(a)", "output": "7"}], 100)
     assert "Step 1:\n```python\na = f()\n```\n\nStep 2:" in text
     assert text.count("Output:") == 1 and text.endswith("Output:\n7")
+
+
+def test_the_prm_sees_the_plan_lines_of_step_text_replies(tokenizer):
+    """``step_format: step_text`` (the public code): a reply is a one-line plan, then the code; the
+    PRM sees each plan where the policy wrote it, and code-only replies render as before."""
+    from codetool.search.prompt import step_plan, visible_history
+
+    assert step_plan("Look up the forecast first.\n```python\nx = 1\n```") == "Look up the forecast first."
+    assert step_plan("```python\nx = 1\n```") == "" and step_plan(None) == ""
+    steps = [{"code": "x = 1", "text": "Set x.\n```python\nx = 1\n```", "observation": "ok"},
+             {"code": "y = 2", "text": "```python\ny = 2\n```", "observation": "ok"}]
+    assert "plan" not in visible_history(steps)[0]  # code_only: the policy never saw the plan
+    history = visible_history(steps, step_format="step_text")
+    assert history == [{"code": "x = 1", "output": "ok", "plan": "Set x."}, {"code": "y = 2", "output": "ok"}]
+    enc = PromptEncoder(tokenizer, PRMFormat(max_length=1024, max_suffix_length=256))
+    planned = _item(history=history)
+    planned.candidate_plan = "Ask for the forecast in Paris."
+    text = enc.render_text(planned)
+    assert "Step 1:\nSet x.\n```python\nx = 1" in text and "Step 2:\n```python\ny = 2" in text
+    assert "Candidate next step:\nAsk for the forecast in Paris.\n```python\nprint(get_forecast" in text
+    plain = _item()
+    assert "Candidate next step:\n```python\nprint(get_forecast" in enc.render_text(plain)
+    # a row carries the plan through item_from_row, as the tree export writes it
+    row = {"query": planned.query, "tools": planned.tools, "history": history, "candidate": planned.candidate,
+           "candidate_plan": planned.candidate_plan}
+    assert item_from_row(row).candidate_plan == "Ask for the forecast in Paris."

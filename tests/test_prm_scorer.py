@@ -81,7 +81,7 @@ def test_score_range_case_negative_logits_give_a_softmax_not_a_ratio(tied):
 
 def test_load_scorer_specs(tmp_path):
     assert load_scorer("none") is None and load_scorer("") is None
-    with pytest.raises(CodetoolError, match="not a folder, URL or 'none'"):
+    with pytest.raises(CodetoolError, match="no such PRM folder"):
         load_scorer(str(tmp_path / "missing"))
     with pytest.raises(CodetoolError, match="not a PRM checkpoint"):
         load_scorer(str(tmp_path))

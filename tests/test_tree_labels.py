@@ -129,3 +129,20 @@ def test_split_is_by_query_and_deterministic():
     assert len(val) == 2 and val == split_query_ids(list(reversed(ids)), 0.2, seed=3)
     assert len(split_query_ids(["a", "b"], 0.1)) == 1
     assert split_query_ids(["a"], 0.5) == set()
+
+
+def test_rows_of_step_text_trees_carry_the_plans():
+    """A tree grown with ``step_format: step_text`` exports each step's plan line (history and
+    candidate); a code-only tree exports none."""
+    tree = label_tree(_tree())
+    for node_id, node in tree.items():
+        code = f"step_{node_id.replace('-', '_')}()"
+        node.update(code=code, observation=f"out {node_id}", text=f"Plan {node_id}.\n```python\n{code}\n```")
+    record = {"query_id": "q7", "query": "Q?", "tools": "def f(): ...", "nodes": tree,
+              "pairs": sibling_pairs(tree)[0], "step_format": "step_text"}
+    row = next(r for r in tree_rows(record)[0] if r["source"] == "q7:1-2-1-2")
+    assert row["candidate_plan"] == "Plan 1-2-1-2." and [h["plan"] for h in row["history"]] == [
+        "Plan 1.", "Plan 1-2.", "Plan 1-2-1."]
+    record["step_format"] = "code_only"
+    row = next(r for r in tree_rows(record)[0] if r["source"] == "q7:1-2-1-2")
+    assert row["candidate_plan"] == "" and all("plan" not in h for h in row["history"])

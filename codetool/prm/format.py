@@ -140,7 +140,8 @@ def render_history(history: list[dict], output_chars: int, dropped: int = 0) -> 
     step whose ``output`` is ``None`` (the policy was not shown it) renders its code alone."""
     parts = [f"[{dropped} earlier steps left out]"] if dropped else []
     for i, step in enumerate(history[dropped:], start=dropped + 1):
-        text = f"Step {i}:\n```python\n{step.get('code', '')}\n```"
+        plan = f"{step['plan']}\n" if step.get("plan") else ""  # step_text replies: the plan, then the code
+        text = f"Step {i}:\n{plan}```python\n{step.get('code', '')}\n```"
         if step.get("output") is not None:
             text += f"\nOutput:\n{clip_text(str(step['output']), output_chars)}"
         parts.append(text)
@@ -227,7 +228,8 @@ class PromptEncoder:
 
     # -- suffix ---------------------------------------------------------------------------
     def _render_suffix(self, item: PRMItem, code_chars: int, output_chars: int) -> list[int]:
-        body = self.suffix_template.format(candidate=clip_text(item.candidate, code_chars),
+        body = self.suffix_template.format(candidate_plan=f"{item.candidate_plan}\n" if item.candidate_plan else "",
+                                           candidate=clip_text(item.candidate, code_chars),
                                            candidate_output=clip_text(item.candidate_output, output_chars)
                                            if self.fmt.candidate_output == "show" else "")
         return self._text(redact(body)) + self.tail_ids
@@ -360,4 +362,5 @@ def item_from_row(row: dict) -> PRMItem:
     if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
         raise ConfigError(f"PRM row 'history' must be a list of {{'code', 'output'}} dicts, got {type(history).__name__}.")
     return PRMItem(query=row["query"], tools=str(row.get("tools") or ""), history=history,
-                   candidate=str(row.get("candidate") or ""), candidate_output=str(row.get("candidate_output") or ""))
+                   candidate=str(row.get("candidate") or ""), candidate_output=str(row.get("candidate_output") or ""),
+                   candidate_plan=str(row.get("candidate_plan") or ""))

@@ -1,6 +1,6 @@
 """``codetool serve-prm --prm DIR --port N``: the PRM over HTTP JSON (DESIGN.md §5b).
 
-``POST /score`` with ``{"items": [{"query", "tools", "history", "candidate",
+``POST /score`` with ``{"items": [{"query", "tools", "history", "candidate", "candidate_plan",
 "candidate_output"}, ...]}`` answers ``{"scores": [float in [0, 1], ...]}``; ``GET /health``
 answers ``{"status": "ok", "prm": ...}``. Concurrent requests are queued and scored together (up
 to ``max_batch_items`` items, waiting at most ``batch_wait_ms`` for company), so candidates from
@@ -52,7 +52,7 @@ from codetool.serving import (
 
 logger = logging.getLogger(__name__)
 
-_TEXT_FIELDS = ("query", "tools", "candidate", "candidate_output")
+_TEXT_FIELDS = ("query", "tools", "candidate", "candidate_output", "candidate_plan")
 GUARD_GRACE_S = 5.0  # the guard's deadline is the scoring budget plus this (see create_app)
 
 
@@ -116,14 +116,15 @@ def parse_items(body: bytes, max_items: int, max_history_steps: int = 1000) -> l
         if isinstance(history, list) and len(history) > max_history_steps:  # a work budget per item
             raise _Reject(413, f"items[{i}].history has {len(history)} steps; the limit is {max_history_steps}")
         if not isinstance(history, list) or not all(
-                isinstance(h, dict) and all(isinstance(h.get(k, ""), str) for k in ("code", "output"))
+                isinstance(h, dict) and all(isinstance(h.get(k, ""), str) for k in ("code", "output", "plan"))
                 for h in history):
             raise _Reject(400, f"items[{i}].history must be a list of {{'code', 'output'}} text objects")
         items.append(PRMItem(
             query=clean_text(raw["query"]), tools=clean_text(raw.get("tools", "")),
-            history=[{"code": clean_text(h.get("code", "")), "output": clean_text(h.get("output", ""))}
-                     for h in history],
-            candidate=clean_text(raw.get("candidate", "")), candidate_output=clean_text(raw.get("candidate_output", ""))))
+            history=[{"code": clean_text(h.get("code", "")), "output": clean_text(h.get("output", "")),
+                      **({"plan": clean_text(h["plan"])} if h.get("plan") else {})} for h in history],
+            candidate=clean_text(raw.get("candidate", "")), candidate_output=clean_text(raw.get("candidate_output", "")),
+            candidate_plan=clean_text(raw.get("candidate_plan", ""))))
     return items
 
 

@@ -141,11 +141,27 @@ def shown_observations(history: list[dict], observation_history: str = "all") ->
     return shown
 
 
-def visible_history(history: list[dict], observation_history: str = "all") -> list[dict]:
+PLAN_CHARS = 300  # a plan is one line; a longer preamble is cut
+
+
+def step_plan(text: str | None) -> str:
+    """The words a reply wrote before its first code fence (``step_format: step_text``'s one-line
+    plan), stripped and cut to :data:`PLAN_CHARS`; ``""`` when the reply opens with the code."""
+    head = (text or "").split("```", 1)[0].strip()
+    return head[:PLAN_CHARS]
+
+
+def visible_history(history: list[dict], observation_history: str = "all",
+                    step_format: str = "code_only") -> list[dict]:
     """The PRM's history: ``{"code", "output"}`` per step, ``output`` being what the policy saw
-    (``None`` for an output the policy was not shown, see :func:`shown_observations`)."""
-    return [{"code": step.get("code") or "", "output": obs}
-            for step, obs in zip(history, shown_observations(history, observation_history))]
+    (``None`` for an output the policy was not shown, see :func:`shown_observations`), plus, with
+    ``step_format='step_text'`` (where the policy sees its earlier replies whole), ``plan`` for a
+    step whose reply had a plan line before its code."""
+    steps = []
+    for step, obs in zip(history, shown_observations(history, observation_history)):
+        plan = step_plan(step.get("text")) if step.get("code") and step_format == "step_text" else ""
+        steps.append({"code": step.get("code") or "", "output": obs, **({"plan": plan} if plan else {})})
+    return steps
 
 
 def policy_messages(query: str, tools_text: str, history: list[dict], *, step_format: str = "code_only",

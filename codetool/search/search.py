@@ -48,6 +48,7 @@ from codetool.search.prompt import (
     format_observation,
     parse_candidate,
     policy_messages,
+    step_plan,
     visible_history,
 )
 from codetool.search.records import Candidate, Step, Trajectory
@@ -451,8 +452,11 @@ class StepwiseSearch:
                     e.candidate.r_latent = 0.0
                     continue
                 items.append(PRMItem(query=ep.task.query, tools=ep.task.env.render(),
-                                     history=visible_history(ep.history, self.cfg.observation_history),
-                                     candidate=e.candidate.code, candidate_output=e.observation))
+                                     history=visible_history(ep.history, self.cfg.observation_history,
+                                                             self.cfg.step_format),
+                                     candidate=e.candidate.code, candidate_output=e.observation,
+                                     candidate_plan=step_plan(e.candidate.text)
+                                     if self.cfg.step_format == "step_text" else ""))
                 slots.append(e.candidate)
                 owners.append(ep)
         if items:

@@ -262,6 +262,7 @@ class TreeBuilder:
                 node["success"] = ok
         record = {"query_id": task.query_id, "query": task.query, "tools": task.env.render(),
                   "tool_names": tool_names, "observation_history": cfg.search.observation_history,
+                  "step_format": cfg.search.step_format,
                   "config_hash": tree_hash(cfg),
                   "nodes": tree, "summary": {"seconds": seconds}}
         return label_record(record, cfg)

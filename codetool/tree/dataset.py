@@ -22,23 +22,25 @@ from typing import Any
 
 from codetool import CodetoolError
 from codetool.jsonl import write_jsonl
-from codetool.search.prompt import visible_history
+from codetool.search.prompt import step_plan, visible_history
 from codetool.split import heldout_query_ids
 from codetool.tree.labels import add_counts, pair_counts, path_to
 
 logger = logging.getLogger(__name__)
 
-PRM_FIELDS = ("query_id", "query", "tools", "history", "candidate", "candidate_output", "label",
-              "latent_reward", "source")
+PRM_FIELDS = ("query_id", "query", "tools", "history", "candidate", "candidate_output", "candidate_plan",
+              "label", "latent_reward", "source")
 
 
 def _row(record: dict[str, Any], node_id: str, label: int) -> dict[str, Any]:
     nodes = record["nodes"]
     node = nodes[node_id]
+    step_format = record.get("step_format", "code_only")
     history = visible_history([nodes[n] for n in path_to(nodes, node_id)[:-1]],
-                              record.get("observation_history", "all"))
+                              record.get("observation_history", "all"), step_format)
     return {"query_id": str(record["query_id"]), "query": record["query"], "tools": record["tools"],
             "history": history, "candidate": node["code"], "candidate_output": node["observation"],
+            "candidate_plan": step_plan(node.get("text")) if step_format == "step_text" else "",
             "label": int(label), "latent_reward": float(node["latent_reward"]),
             "source": f"{record['query_id']}:{node_id}"}
 
