@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import math
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -50,6 +51,24 @@ class PRMItem:
     candidate: str = ""
     candidate_output: str = ""
     candidate_plan: str = ""
+
+
+
+def grounded_success(answer: str | None, calls: Iterable[dict], tool_names: Collection[str] | None) -> bool:
+    """A grounded success (our default leaf success, issue 14): a non-empty final answer after at
+    least one successful call of a listed tool on the path. A query that offers no tools
+    (``tool_names`` empty) needs the answer only; ``tool_names=None`` counts any recorded call.
+
+    Args:
+        answer (`str`, *optional*): the ``finish`` answer (``None``: the path did not finish).
+        calls (`Iterable[dict]`): the tool calls of the whole path, each with ``name`` and ``status``.
+        tool_names (`Collection[str]`, *optional*): the functions the query offers.
+    """
+    if not str(answer or "").strip():
+        return False
+    if tool_names is not None and not tool_names:
+        return True
+    return any(c.get("status") == "ok" and (tool_names is None or c.get("name") in tool_names) for c in calls)
 
 
 @runtime_checkable

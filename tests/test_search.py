@@ -127,9 +127,10 @@ def test_missing_prm_is_a_config_error(query):
 
 
 def test_rollout_latent_reward(query):
-    # candidates: A prints, B gives up. Rollouts from A finish with an answer (LR 1, tau 1);
-    # B ended with give_up (LR 0, tau 0).
-    replies = iter([block("print('A')"), block("give_up('no')")])
+    # candidates: A calls a listed tool, B gives up. Rollouts from A finish with an answer after that
+    # successful call (grounded: LR 1, tau 1); B ended with give_up (LR 0, tau 0).
+    name = make_task(query).env.apis[0].name
+    replies = iter([block(f"r = {name}(id_conc='40698227')\nprint(type(r).__name__)"), block("give_up('no')")])
     policy = ScriptedBackend(lambda p: next(replies) if len(p) == 3 else block("finish('done')"))
     cfg = SearchConfig(latent="rollout", rollouts=2, rollout_max_steps=2, max_steps=1)
     traj = StepwiseSearch(policy, cfg, factory).solve(make_task(query))
@@ -137,6 +138,17 @@ def test_rollout_latent_reward(query):
     assert a.r_latent == pytest.approx(0.95 ** (1 / 20))
     assert b.r_latent == pytest.approx(0.9)
     assert traj.steps[0].chosen == 0
+
+
+def test_rollouts_count_only_grounded_finishes(query):
+    """A rollout that finishes without any successful tool call on its path is no success (issue 14:
+    a made-up answer is never the best leaf), so A's rollouts give LR 0 like B's give-up."""
+    replies = iter([block("print('A')"), block("give_up('no')")])
+    policy = ScriptedBackend(lambda p: next(replies) if len(p) == 3 else block("finish('done')"))
+    cfg = SearchConfig(latent="rollout", rollouts=2, rollout_max_steps=2, max_steps=1)
+    a, b = StepwiseSearch(policy, cfg, factory).solve(make_task(query)).steps[0].candidates
+    assert a.r_latent == pytest.approx(0.9 * 0.95 ** (1 / 20))
+    assert b.r_latent == pytest.approx(0.9)
 
 
 def test_concurrent_episodes_share_generate_calls(query):

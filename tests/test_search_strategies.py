@@ -134,8 +134,9 @@ def test_best_of_n_aggregates_over_steps(query, how, answer):
 
 
 def test_lookahead_scores_candidates_by_a_rollout_and_counts_its_tokens(query):
+    call = f"r = {make_task(query).env.apis[0].name}(id_conc='40698227')"  # a rollout success is grounded
     policy = ScriptedBackend([
-        block("x = 1\nprint(x)"), block("x = 2\nprint(x)"),   # step 1: both run fine
+        block(f"{call}\nx = 1\nprint(x)"), block(f"{call}\nx = 2\nprint(x)"),   # step 1: both run fine
         block("finish(str(x))"),                                # rollout of x=1: it finishes
         block("raise ValueError('stuck')"),                     # rollout of x=2: it does not
         block("finish(str(x))"), block("finish(str(x))"),     # step 2 (ended candidates need no rollout)

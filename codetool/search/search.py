@@ -37,6 +37,7 @@ from codetool.rewards import (
     PRMItem,
     PRMScorer,
     ToolCostTable,
+    grounded_success,
     latent_reward,
     on_the_spot,
     step_cost,
@@ -473,8 +474,10 @@ class StepwiseSearch:
         if e.candidate.code is None:
             return 0.0
         ended = e.ended
+        names = [api.name for api in ep.task.env.apis]
+        path_calls = ep.traj.executed_calls() + list(e.candidate.result.get("tool_calls", []))
         if ended:
-            lr = float(ended == "finish" and _answered(e.candidate.result))
+            lr = float(ended == "finish" and grounded_success(e.candidate.result.get("final_answer"), path_calls, names))
             return latent_reward(lr, 0.0, alpha=cfg.alpha, beta=cfg.beta, max_len=cfg.max_len)
         sub_cfg = replace(cfg, k=1, latent="none", w_latent=0.0, max_steps=cfg.rollout_max_steps,
                           concurrency=cfg.rollouts, strategy="greedy",
@@ -488,7 +491,8 @@ class StepwiseSearch:
         for traj in runner.run(tasks):
             account(ep.traj, traj)
             ep.traj.executor_forks += 1
-            successes.append(float(traj.finish_type == "finish" and _answered_traj(traj)))
+            successes.append(float(traj.finish_type == "finish" and grounded_success(
+                traj.final_answer, path_calls + traj.executed_calls(), names)))
             lengths.append(len(traj.steps))
         lr = sum(successes) / len(successes)
         tau = sum(lengths) / len(lengths)
@@ -596,18 +600,6 @@ def prm_tokens(scorer, items: list[PRMItem]) -> int:
         history = " ".join(f"{h.get('code', '')} {h.get('output', '')}" for h in it.history)
         total += len(f"{it.query} {it.tools} {history} {it.candidate} {it.candidate_output}".split())
     return total
-
-
-def _answered(result: dict) -> bool:
-    """Finished with a non-empty answer and no failed tool call in this step."""
-    answer = result.get("final_answer")
-    return bool(answer and str(answer).strip()) and all(
-        c.get("status") == "ok" for c in result.get("tool_calls", []))
-
-
-def _answered_traj(traj: Trajectory) -> bool:
-    return bool(traj.final_answer and traj.final_answer.strip()) and all(
-        c.get("status") == "ok" for c in traj.executed_calls())
 
 
 def _execute(state, code: str) -> tuple[Any, dict]:

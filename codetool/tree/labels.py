@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from itertools import combinations
 
-from codetool.rewards import latent_reward
+from codetool.rewards import grounded_success, latent_reward
 
 
 def children_of(tree: dict[str, dict]) -> dict[str | None, list[str]]:
@@ -173,13 +173,10 @@ def leaf_success(tree: dict[str, dict], node_id: str, mode: str, *, tool_names=N
     if mode == "executed":
         return all(bool(tree[n].get("ok")) for n in path)
     node = tree[node_id]
-    answered = node.get("ended") == "finish" and bool(str(node.get("final_answer") or "").strip())
-    if not answered:
+    if node.get("ended") != "finish":
         return False
-    if tool_names is not None and not tool_names:
-        return True
-    return any(c.get("status") == "ok" and (tool_names is None or c.get("name") in tool_names)
-               for n in path for c in (tree[n].get("result") or {}).get("tool_calls", []))
+    return grounded_success(node.get("final_answer"), (c for n in path for c in (tree[n].get("result") or {})
+                                                       .get("tool_calls", [])), tool_names)
 
 
 def path_to(tree: dict[str, dict], node_id: str) -> list[str]:
