@@ -180,6 +180,15 @@ def _unit_key(x) -> str:  # a SearchTask or a Trajectory
     return unit_key(x.benchmark, x.group, x.query_id)
 
 
+def method_label(search: SearchConfig) -> str:
+    """The method name trajectories carry: ``search.method``, except that the default label
+    (``spot+latent``) of a run without a PRM says what ran instead: ``single-sample`` (k = 1),
+    ``spot+rollout`` or ``spot-only``."""
+    if search.method != "spot+latent" or search.latent == "prm":
+        return search.method
+    return "single-sample" if search.k == 1 else "spot+rollout" if search.latent == "rollout" else "spot-only"
+
+
 def execute_run(cfg: RunConfig, *, policy=None, scorer=None, show_summary: bool = True) -> Path:
     """Run the search that ``cfg`` describes, appending trajectories to ``cfg.output`` (resumable).
 
@@ -193,6 +202,7 @@ def execute_run(cfg: RunConfig, *, policy=None, scorer=None, show_summary: bool 
             with other settings; no queries were selected; the output cannot be written.
     """
     cfg.search.latent = ModelSpec.parse(cfg.prm, role="prm").latent  # --prm decides (checked in RunConfig)
+    cfg.search.method = method_label(cfg.search)
     queries = [single_query(cfg)] if cfg.query is not None else load_benchmark(cfg)
     if not queries:
         raise CodetoolError(f"no queries to run in {cfg.queries or cfg.benchmark}; check --queries, --group, --offset.")

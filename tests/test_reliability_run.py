@@ -147,3 +147,15 @@ def test_resumed_run_samples_with_the_seeds_of_an_uninterrupted_one(monkeypatch,
                 show_summary=False)
     assert len(seeds(whole)) == 12 and len(set(seeds(whole))) == 12
     assert seeds(first) + seeds(rest) == seeds(whole)
+
+
+def test_the_default_method_label_says_what_ran_without_a_prm():
+    """``codetool run`` without ``--prm`` labels its trajectories by what ran, not ``spot+latent``."""
+    from codetool.run import method_label
+    from codetool.search.search import SearchConfig
+
+    assert method_label(SearchConfig(latent="none")) == "spot-only"
+    assert method_label(SearchConfig(latent="none", k=1)) == "single-sample"
+    assert method_label(SearchConfig(latent="rollout")) == "spot+rollout"
+    assert method_label(SearchConfig(latent="prm")) == "spot+latent"
+    assert method_label(SearchConfig(method="mine", latent="none")) == "mine"
