@@ -61,7 +61,8 @@ class EvalConfig:
                                 help="methods or files to put side by side, in this order (comma-separated, "
                                      "or --compare A B C); the first is the win-rate reference")
     reference: str = option("", "method (or file) the others are compared with for the win rate (SoWR)")
-    out: str = option("data/eval", "output folder: report.json, report.md, plots, verdicts, judge cache")
+    out: str = option("data/eval", "output folder: report.json, report.md, plots, verdicts, judge cache",
+                      aliases=("--output",))
     judge: JudgeConfig = option(default_factory=JudgeConfig, help="the judge of pass and win rates")
     restbench_gold: str = option("", "RestGPT datasets/tmdb.json: gold paths for trajectories that lack "
                                  "extra.gold_path")
