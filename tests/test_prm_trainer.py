@@ -11,6 +11,7 @@ from unittest import mock
 import pytest
 import torch
 
+from codetool import CodetoolError
 from codetool.config import ConfigError, load_config
 from codetool.jsonl import write_jsonl
 from codetool.prm.synthetic import synthetic_rows
@@ -138,3 +139,15 @@ def test_stepwise_export_in_trl_layout(tmp_path):
     write_jsonl(src, rows)
     assert main([str(src), str(dst)]) == 0
     assert [json.loads(line)["labels"] for line in dst.read_text().splitlines()] == [r["labels"] for r in out]
+
+
+def test_a_missing_dataset_is_reported_before_the_model_loads(tmp_path, monkeypatch):
+    from codetool.prm import trainer
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the dataset was checked")
+
+    monkeypatch.setattr(trainer, "build_model", no_model)
+    cfg = load_config(PRMConfig, None, {"dataset": [str(tmp_path / "nope.jsonl")], "output_dir": str(tmp_path / "o")})
+    with pytest.raises(CodetoolError, match="PRM dataset not found: .*nope.jsonl"):
+        trainer.build_trainer(cfg)

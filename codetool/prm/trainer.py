@@ -362,6 +362,11 @@ def build_trainer(cfg) -> PRMTrainer:
     from codetool.prm.data import PRMCollator
     from codetool.prm.format import PromptEncoder
 
+    for path in [*([cfg.dataset] if isinstance(cfg.dataset, str) else cfg.dataset),
+                 *([cfg.eval_dataset] if isinstance(cfg.eval_dataset, str) else cfg.eval_dataset or [])]:
+        if not Path(path).is_file():  # before minutes of model loading
+            raise CodetoolError(f"PRM dataset not found: {path}. Build one with 'codetool build-trees' or pass "
+                                "--dataset FILE.jsonl (PRM example rows).")
     set_seed(cfg.seed)
     logger.info("training on %d process(es), device %s", cfg.world_size, cfg.device)
     model, tokenizer = build_model(cfg, _load_dtype(cfg, cfg))  # after the args: ZeRO-3 loads it partitioned
