@@ -192,7 +192,7 @@ def test_run_command_writes_and_resumes(tiny_model_dir, shared_data, tmp_path):
     assert run_command(load_config(RunConfig, overrides={**base, "limit": 3})) == 0
     records = list(read_jsonl(out))
     assert len(records) == 3 and len({r["query_id"] for r in records}) == 3
-    assert all(r["method"] == "spot+latent" and r["config_hash"] for r in records)
+    assert all(r["method"] == "spot-only" and r["config_hash"] for r in records)
     # episodes that ran out of steps were sent for a final answer (the tiny model may write none)
     unfinished = [r for r in records if r["finish_type"] == "max_steps" and r["steps"]]
     assert all(r["extra"].get("answer_source", "generated") == "generated" for r in unfinished)
