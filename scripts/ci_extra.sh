@@ -7,7 +7,7 @@
 # 124 when the slow tests ran past the budget (they are then interrupted, and the tests that had
 # finished are reported).
 # Budget: CI_SLOW_BUDGET_S seconds (default 1200). Measured on the shared 2-core dev machine
-# (load ~6): the 6 slow tests take ~200 s wall (~85 s CPU); see NOTES-issue-18.md. Extra pytest
+# (load ~4-6): the 6 slow tests take ~200-300 s wall (~85 s CPU). Extra pytest
 # options: CI_SLOW_PYTEST_ARGS (e.g. "-x").
 set -euo pipefail
 cd "$(dirname "$0")/.."
