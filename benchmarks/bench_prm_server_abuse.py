@@ -30,25 +30,12 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _result import emit  # noqa: E402
+from bench_prm_server import _scorer  # noqa: E402  (the same scorers: stub, default, a checkpoint)
 
 from codetool.prm.client import HTTPScorer  # noqa: E402
-from codetool.prm.format import PRMFormat  # noqa: E402
 from codetool.prm.server import create_app  # noqa: E402
-from codetool.rewards import ConstantScorer, PRMItem  # noqa: E402
+from codetool.rewards import PRMItem  # noqa: E402
 from codetool.serving import serve_in_background  # noqa: E402
-
-
-def _scorer(spec: str):
-    if spec == "stub":
-        return ConstantScorer(0.5)
-    from codetool.prm.scorer import LocalPRMScorer, load_scorer
-
-    if spec == "default":
-        from codetool.prm.modeling import new_prm
-
-        fmt = PRMFormat(max_length=1024, max_suffix_length=256)
-        return LocalPRMScorer(*new_prm("default", fmt, dtype="float32", device="cpu"), fmt)
-    return load_scorer(spec, device="cpu")
 
 
 def _step(i: int) -> list[PRMItem]:
