@@ -198,7 +198,8 @@ def test_openai_request_carries_the_constraint(stub, field, expected):
 def test_search_sends_one_constraint_per_query(shared_data):
     from codetool.executor import Executor, ExecutorConfig
     from codetool.models.backends import ScriptedBackend
-    from codetool.search.search import SearchConfig, SearchTask, expand
+    from codetool.search.expand import expand
+    from codetool.search.search import SearchConfig, SearchTask
     from codetool.tools.backends import make_tool_backend
     from codetool.tools.environment import ToolEnvironment
     from codetool.tools.loaders import load_stabletoolbench

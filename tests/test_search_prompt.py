@@ -97,7 +97,8 @@ def test_step_formats_and_observation_history():
 
 def test_step_text_replies_get_no_code_prefix():
     from codetool.models.backends import ScriptedBackend
-    from codetool.search.search import SearchConfig, expand
+    from codetool.search.expand import expand
+    from codetool.search.search import SearchConfig
 
     class Env:
         def render(self):

@@ -31,9 +31,10 @@ from codetool.decide.stage import (
     decide,
     route_for,
 )
+from codetool.search.expand import expand
 from codetool.search.prompt import prompt_text
 from codetool.search.records import Step, Trajectory
-from codetool.search.search import SearchTask, StepwiseSearch, expand
+from codetool.search.search import SearchTask, StepwiseSearch
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ Throughput: batch-1 decoding leaves a CPU or GPU idle, so :class:`StepwiseSearch
 ``concurrency`` episodes in flight and sends the prompts of all of them to the policy in one
 ``generate`` call per round, and all their candidates to the PRM in one ``score`` call.
 
-:func:`expand` (sample + execute in forks) is shared with the tree builder (``codetool.tree``).
+:func:`codetool.search.expand.expand` (sample + execute in forks) is shared with the tree builder (``codetool.tree``).
 Limits: executions inside a round run one after another (the policy dominates the time on CPU);
 an exception inside one episode ends that episode as ``finish_type='error'``, not the run.
 """
@@ -31,24 +31,17 @@ from typing import Any
 
 from codetool.config import ConfigError, option
 from codetool.executor.channel import log_safe
-from codetool.models.constraint import CallConstraint
 from codetool.resume import unit_seed
 from codetool.rewards import (
     PRMItem,
     PRMScorer,
-    ToolCostTable,
     grounded_success,
     latent_reward,
-    on_the_spot,
-    step_cost,
 )
+from codetool.search.expand import Expanded, expand_each
 from codetool.search.prompt import (
-    CODE_PREFIX,
     OBSERVATION_HISTORIES,
     STEP_FORMATS,
-    format_observation,
-    parse_candidate,
-    policy_messages,
     step_plan,
     visible_history,
 )
@@ -158,131 +151,6 @@ class SearchTask:
     group: str | None = None
     extra: dict = field(default_factory=dict)
     history: list[dict] = field(default_factory=list)
-
-
-@dataclass
-class Expanded:
-    """A sampled, executed candidate and the executor that holds its state (``None`` when the
-    reply had no code and nothing ran; the caller owns and must close ``state``)."""
-
-    candidate: Candidate
-    state: Any
-    observation: str
-    parse_error: str | None = None
-
-    @property
-    def ended(self) -> str | None:
-        """``finish`` or ``give_up`` when this candidate's code ended the episode."""
-        result = self.candidate.result
-        if result.get("final_answer") is not None:
-            return "finish"
-        if result.get("give_up_reason") is not None:
-            return "give_up"
-        return None
-
-
-def expand_each(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: SearchConfig, *,
-                seed: int | None = None, timings: dict[str, float] | None = None,
-                ) -> list[list[Expanded] | Exception]:
-    """:func:`expand`, isolating failures per node: if the batched call raises (a policy error
-    for one prompt, e.g. its context is too long), each node is expanded on its own, so only the
-    nodes that still fail get their exception back in place of their row.
-
-    Returns:
-        Per node, its row of :class:`Expanded` or the exception that expanding it raised.
-    """
-    try:
-        return expand(policy, nodes, n, cfg, seed=seed, timings=timings)
-    except Exception as exc:  # noqa: BLE001 - retried node by node below
-        if len(nodes) == 1:
-            return [exc]
-    rows: list[list[Expanded] | Exception] = []
-    for node in nodes:
-        try:
-            rows.extend(expand(policy, [node], n, cfg, seed=seed, timings=timings))
-        except Exception as exc:  # noqa: BLE001 - recorded on this node by the caller
-            rows.append(exc)
-    return rows
-
-
-def expand(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: SearchConfig, *,
-           seed: int | None = None, timings: dict[str, float] | None = None) -> list[list[Expanded]]:
-    """Sample ``n`` candidates for each node in one batched call and execute each in a fork.
-
-    Args:
-        policy (`LLMBackend`): the policy model.
-        nodes (`list[tuple]`): ``(executor, history, task)`` per node; ``history`` as for
-            :func:`policy_messages`.
-        n (`int`): candidates per node.
-        cfg (`SearchConfig`): sampling settings and reward options.
-        timings (`dict`, *optional*): ``generation``/``execution`` seconds are added to it.
-    Returns:
-        One list of ``n`` :class:`Expanded` per node, in sampling order.
-    """
-    timings = timings if timings is not None else {}
-    prompts = [policy_messages(task.query, task.env.render(), history, step_format=cfg.step_format,
-                               observation_history=cfg.observation_history) for _, history, task in nodes]
-    stop = None
-    prefixed = cfg.code_prefix and cfg.step_format == "code_only"
-    if prefixed:
-        prompts = [p + [{"role": "assistant", "content": CODE_PREFIX}] for p in prompts]
-        stop = ["```"]
-    extra = {}
-    if cfg.constrain != "off":  # from the first generated character, or from the fence the model opens
-        shape, constraints = "opening" if cfg.constrain == "call" else "line", []
-        for _, history, task in nodes:
-            # A first step (nothing known yet) calls a tool as `result = tool(...)`; the last one answers.
-            first = not history and cfg.constrain_first_tool
-            last = cfg.constrain_last_finish and len(history) + 1 >= cfg.max_steps and not first
-            constraints.append(CallConstraint.for_functions(
-                [] if last else [a.name for a in task.env.apis], ends=not first, assign=first, shape=shape,
-                trigger="" if prefixed else CODE_PREFIX, answer_openings=ANSWER_OPENINGS,
-                arguments=cfg.constrain_arguments))
-        extra["constraint"] = constraints
-    t0 = time.perf_counter()
-    outputs = policy.generate(prompts, n=n, temperature=cfg.temperature, top_p=cfg.top_p,
-                              max_new_tokens=cfg.max_new_tokens, stop=stop, seed=seed, **extra)
-    timings["generation"] = timings.get("generation", 0.0) + time.perf_counter() - t0
-    t0 = time.perf_counter()
-    expanded = []
-    for (state, _, task), completions in zip(nodes, outputs):
-        row = []
-        for i, completion in enumerate(completions):
-            text = completion.text
-            if prefixed and not text.lstrip().startswith("```"):
-                text = f"{CODE_PREFIX}{text}\n```"
-            parsed = parse_candidate(text)
-            cand = Candidate(index=i, text=text, code=parsed.code,
-                             prompt_tokens=completion.prompt_tokens if i == 0 else 0,
-                             completion_tokens=completion.completion_tokens)
-            child = None
-            if parsed.code is None:
-                from codetool.executor.result import no_code_result
-
-                cand.result = no_code_result(parsed.error).to_dict()
-            else:
-                child, cand.result = _execute(state, parsed.code)
-            cand.r_spot = on_the_spot(cand.result, tool_error_is_failure=cfg.tool_error_is_failure)
-            called = [task.env.api_for(c["name"]) for c in cand.result.get("tool_calls", [])]
-            cand.cost = step_cost(parsed.code or "", [a for a in called if a is not None], _cost_table(cfg))
-            obs = format_observation(cand.result, max_chars=cfg.max_observation_chars, parse_error=parsed.error)
-            row.append(Expanded(cand, child, obs, parsed.error))
-        expanded.append(row)
-    timings["execution"] = timings.get("execution", 0.0) + time.perf_counter() - t0
-    return expanded
-
-
-# Under a constraint, finish's argument starts as a text or the last result (a small model otherwise
-# passes invented variable names: NameError).
-ANSWER_OPENINGS = ('"', "'", 'f"', "result", "str(result)")
-
-_COST_TABLES: dict[str | None, ToolCostTable] = {}
-
-
-def _cost_table(cfg: SearchConfig) -> ToolCostTable:
-    if cfg.cost_table not in _COST_TABLES:
-        _COST_TABLES[cfg.cost_table] = ToolCostTable.load(cfg.cost_table)
-    return _COST_TABLES[cfg.cost_table]
 
 
 def select(candidates: list[Candidate], cfg: SearchConfig, *, tie_key: str = "") -> int:
@@ -600,22 +468,3 @@ def prm_tokens(scorer, items: list[PRMItem]) -> int:
         history = " ".join(f"{h.get('code', '')} {h.get('output', '')}" for h in it.history)
         total += len(f"{it.query} {it.tools} {history} {it.candidate} {it.candidate_output}".split())
     return total
-
-
-def _execute(state, code: str) -> tuple[Any, dict]:
-    """Run ``code`` in a fork of ``state``: ``(fork, result dict)``. A fault of the executor itself
-    (it raised instead of reporting) gives ``(None, a failed result with 'host_error')``, which
-    ends the episode as an error (``StepwiseSearch``) or the tree (``TreeBuilder``)."""
-    child = None
-    try:
-        child = state.fork()
-        return child, child.run(code).to_dict()
-    except Exception as exc:  # noqa: BLE001 - recorded on the episode, the run goes on
-        if child is not None:
-            try:
-                child.close()
-            except Exception:  # noqa: BLE001 - already failing
-                logger.debug("could not close a failed fork", exc_info=True)
-        message = redact(f"{type(exc).__name__}: {exc}")[:2000]
-        return None, {"ok": False, "outcome": "host_error", "error_type": type(exc).__name__,
-                      "error_message": message, "host_error": message, "tool_calls": [], "stdout": ""}

@@ -34,15 +34,14 @@ from dataclasses import replace
 from typing import Any
 
 from codetool.resume import unit_seed
+from codetool.search.expand import Expanded, expand_each
 from codetool.search.records import Candidate, Step, Trajectory
 from codetool.search.search import (
-    Expanded,
     SearchTask,
     StepwiseSearch,
     _Episode,
     account,
     count_step,
-    expand_each,
     select,
 )
 

@@ -34,7 +34,8 @@ from codetool import CodetoolError
 from codetool.config import ConfigError, config_hash, option
 from codetool.executor import ExecutorConfig
 from codetool.executor.channel import log_safe
-from codetool.search.search import SearchConfig, SearchTask, expand_each
+from codetool.search.expand import expand_each
+from codetool.search.search import SearchConfig, SearchTask
 from codetool.secrets import redact
 from codetool.tree.labels import (
     LABEL_RULES,

@@ -1,0 +1,170 @@
+"""Sampling and executing candidate steps: :func:`expand` (one batched ``generate`` call, each
+candidate run in a fork of its node's executor, with its on-the-spot reward and LIT cost) and
+:func:`expand_each` (the same, isolating a failing node). Shared by the stepwise search, its
+strategies (``codetool.search.strategies``), the decide-first router and the tree builder.
+
+Limits: executions run one after another (the policy dominates the time on CPU); the caller owns
+every returned executor state and must close it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from codetool.models.constraint import CallConstraint
+from codetool.rewards import ToolCostTable, on_the_spot, step_cost
+from codetool.search.prompt import CODE_PREFIX, format_observation, parse_candidate, policy_messages
+from codetool.search.records import Candidate
+from codetool.secrets import redact
+
+if TYPE_CHECKING:
+    from codetool.search.search import SearchConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Expanded:
+    """A sampled, executed candidate and the executor that holds its state (``None`` when the
+    reply had no code and nothing ran; the caller owns and must close ``state``)."""
+
+    candidate: Candidate
+    state: Any
+    observation: str
+    parse_error: str | None = None
+
+    @property
+    def ended(self) -> str | None:
+        """``finish`` or ``give_up`` when this candidate's code ended the episode."""
+        result = self.candidate.result
+        if result.get("final_answer") is not None:
+            return "finish"
+        if result.get("give_up_reason") is not None:
+            return "give_up"
+        return None
+
+
+def expand_each(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: SearchConfig, *,
+                seed: int | None = None, timings: dict[str, float] | None = None,
+                ) -> list[list[Expanded] | Exception]:
+    """:func:`expand`, isolating failures per node: if the batched call raises (a policy error
+    for one prompt, e.g. its context is too long), each node is expanded on its own, so only the
+    nodes that still fail get their exception back in place of their row.
+
+    Returns:
+        Per node, its row of :class:`Expanded` or the exception that expanding it raised.
+    """
+    try:
+        return expand(policy, nodes, n, cfg, seed=seed, timings=timings)
+    except Exception as exc:  # noqa: BLE001 - retried node by node below
+        if len(nodes) == 1:
+            return [exc]
+    rows: list[list[Expanded] | Exception] = []
+    for node in nodes:
+        try:
+            rows.extend(expand(policy, [node], n, cfg, seed=seed, timings=timings))
+        except Exception as exc:  # noqa: BLE001 - recorded on this node by the caller
+            rows.append(exc)
+    return rows
+
+
+def expand(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: SearchConfig, *,
+           seed: int | None = None, timings: dict[str, float] | None = None) -> list[list[Expanded]]:
+    """Sample ``n`` candidates for each node in one batched call and execute each in a fork.
+
+    Args:
+        policy (`LLMBackend`): the policy model.
+        nodes (`list[tuple]`): ``(executor, history, task)`` per node; ``history`` as for
+            :func:`policy_messages`.
+        n (`int`): candidates per node.
+        cfg (`SearchConfig`): sampling settings and reward options.
+        timings (`dict`, *optional*): ``generation``/``execution`` seconds are added to it.
+    Returns:
+        One list of ``n`` :class:`Expanded` per node, in sampling order.
+    """
+    timings = timings if timings is not None else {}
+    prompts = [policy_messages(task.query, task.env.render(), history, step_format=cfg.step_format,
+                               observation_history=cfg.observation_history) for _, history, task in nodes]
+    stop = None
+    prefixed = cfg.code_prefix and cfg.step_format == "code_only"
+    if prefixed:
+        prompts = [p + [{"role": "assistant", "content": CODE_PREFIX}] for p in prompts]
+        stop = ["```"]
+    extra = {}
+    if cfg.constrain != "off":  # from the first generated character, or from the fence the model opens
+        shape, constraints = "opening" if cfg.constrain == "call" else "line", []
+        for _, history, task in nodes:
+            # A first step (nothing known yet) calls a tool as `result = tool(...)`; the last one answers.
+            first = not history and cfg.constrain_first_tool
+            last = cfg.constrain_last_finish and len(history) + 1 >= cfg.max_steps and not first
+            constraints.append(CallConstraint.for_functions(
+                [] if last else [a.name for a in task.env.apis], ends=not first, assign=first, shape=shape,
+                trigger="" if prefixed else CODE_PREFIX, answer_openings=ANSWER_OPENINGS,
+                arguments=cfg.constrain_arguments))
+        extra["constraint"] = constraints
+    t0 = time.perf_counter()
+    outputs = policy.generate(prompts, n=n, temperature=cfg.temperature, top_p=cfg.top_p,
+                              max_new_tokens=cfg.max_new_tokens, stop=stop, seed=seed, **extra)
+    timings["generation"] = timings.get("generation", 0.0) + time.perf_counter() - t0
+    t0 = time.perf_counter()
+    expanded = []
+    for (state, _, task), completions in zip(nodes, outputs):
+        row = []
+        for i, completion in enumerate(completions):
+            text = completion.text
+            if prefixed and not text.lstrip().startswith("```"):
+                text = f"{CODE_PREFIX}{text}\n```"
+            parsed = parse_candidate(text)
+            cand = Candidate(index=i, text=text, code=parsed.code,
+                             prompt_tokens=completion.prompt_tokens if i == 0 else 0,
+                             completion_tokens=completion.completion_tokens)
+            child = None
+            if parsed.code is None:
+                from codetool.executor.result import no_code_result
+
+                cand.result = no_code_result(parsed.error).to_dict()
+            else:
+                child, cand.result = _execute(state, parsed.code)
+            cand.r_spot = on_the_spot(cand.result, tool_error_is_failure=cfg.tool_error_is_failure)
+            called = [task.env.api_for(c["name"]) for c in cand.result.get("tool_calls", [])]
+            cand.cost = step_cost(parsed.code or "", [a for a in called if a is not None], _cost_table(cfg))
+            obs = format_observation(cand.result, max_chars=cfg.max_observation_chars, parse_error=parsed.error)
+            row.append(Expanded(cand, child, obs, parsed.error))
+        expanded.append(row)
+    timings["execution"] = timings.get("execution", 0.0) + time.perf_counter() - t0
+    return expanded
+
+
+# Under a constraint, finish's argument starts as a text or the last result (a small model otherwise
+# passes invented variable names: NameError).
+ANSWER_OPENINGS = ('"', "'", 'f"', "result", "str(result)")
+
+_COST_TABLES: dict[str | None, ToolCostTable] = {}
+
+
+def _cost_table(cfg: SearchConfig) -> ToolCostTable:
+    if cfg.cost_table not in _COST_TABLES:
+        _COST_TABLES[cfg.cost_table] = ToolCostTable.load(cfg.cost_table)
+    return _COST_TABLES[cfg.cost_table]
+
+
+def _execute(state, code: str) -> tuple[Any, dict]:
+    """Run ``code`` in a fork of ``state``: ``(fork, result dict)``. A fault of the executor itself
+    (it raised instead of reporting) gives ``(None, a failed result with 'host_error')``, which
+    ends the episode as an error (``StepwiseSearch``) or the tree (``TreeBuilder``)."""
+    child = None
+    try:
+        child = state.fork()
+        return child, child.run(code).to_dict()
+    except Exception as exc:  # noqa: BLE001 - recorded on the episode, the run goes on
+        if child is not None:
+            try:
+                child.close()
+            except Exception:  # noqa: BLE001 - already failing
+                logger.debug("could not close a failed fork", exc_info=True)
+        message = redact(f"{type(exc).__name__}: {exc}")[:2000]
+        return None, {"ok": False, "outcome": "host_error", "error_type": type(exc).__name__,
+                      "error_message": message, "host_error": message, "tool_calls": [], "stdout": ""}
