@@ -29,21 +29,22 @@ from pathlib import Path
 import yaml
 from _result import emit  # benchmarks/_result.py
 
-from codetool.assemble import make_policy
+from codetool.assemble import make_policy, make_scorer
 from codetool.config import from_dict
 from codetool.eval.metrics import run_metrics
 from codetool.eval.plots import metric_vs_tokens
 from codetool.eval.restbench import path_metrics
 from codetool.jsonl import read_jsonl
 from codetool.run import RunConfig, execute_run
+from codetool.rewards import grounded_success
 from codetool.search.records import Trajectory
 
 
 def grounded(traj: Trajectory) -> bool:
-    """Finished with a non-empty answer after at least one successful tool call."""
-    calls = traj.executed_calls()
-    return (traj.finish_type == "finish" and bool((traj.final_answer or "").strip())
-            and any(c.get("status") == "ok" for c in calls))
+    """Finished with a non-empty answer after at least one successful call of a listed tool (the
+    trees' grounded success, :func:`codetool.rewards.grounded_success`)."""
+    answer = traj.final_answer if traj.finish_type == "finish" else None
+    return grounded_success(answer, traj.executed_calls(), None)
 
 
 def merge(base: dict, over: dict) -> dict:
@@ -80,6 +81,8 @@ def main() -> None:
     parser.add_argument("--config", default="configs/search/cpu-compare.yaml")
     parser.add_argument("--out", default="runs/bench-search")
     parser.add_argument("--strategies", nargs="*", help="only these strategies of the recipe")
+    parser.add_argument("--prm", default="", help="latent reward for every strategy (a PRM checkpoint dir, "
+                        "e.g. make demo's runs/quickstart/prm, or a serve-prm URL); default: the recipe's run.prm")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args()
     recipe = yaml.safe_load(Path(args.config).read_text())
@@ -89,9 +92,12 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
     base = recipe["run"]
+    if args.prm:
+        base["prm"] = args.prm
     probe = from_dict(RunConfig, merge(base, recipe["benchmarks"][0]))
     policy = make_policy(probe.policy, dtype=probe.policy_dtype, max_batch_size=probe.policy_max_batch_size,
                          remote_model=probe.remote_model, api_key_env=probe.api_key_env)
+    scorer = make_scorer(probe.prm)  # None for none/rollout; loaded once for every strategy
     results: dict[str, list[dict]] = {}
     started = time.perf_counter()
     for name, overrides in recipe["strategies"].items():
@@ -104,7 +110,7 @@ def main() -> None:
                 data = merge(merge(base, bench), {"search": {**overrides, "seed": seed, "method": name}})
                 tag = bench["benchmark"] + (f"-{bench['group']}" if bench.get("group") else "")
                 data["output"] = str(out / name / f"seed{seed}" / f"{tag}.jsonl")
-                path = execute_run(from_dict(RunConfig, data), policy=policy, show_summary=False)
+                path = execute_run(from_dict(RunConfig, data), policy=policy, scorer=scorer, show_summary=False)
                 trajs += [Trajectory.from_dict(r) for r in read_jsonl(path)]
             row = measure(trajs) | {"seed": seed, "run_seconds": time.perf_counter() - t0}
             results.setdefault(name, []).append(row)
