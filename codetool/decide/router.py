@@ -60,10 +60,10 @@ def fast_failure(expanded) -> str | None:
     result = cand.result
     if cand.code is None:
         return "no_code"
-    if not result.get("ok", False):
+    if not result.ok:
         return "code_error"
-    calls = result.get("tool_calls", [])
-    if any(c.get("status") != "ok" for c in calls):
+    calls = result.tool_calls
+    if any(c.status != "ok" for c in calls):
         return "tool_error"
     if expanded.ended == "give_up":
         return "give_up"
@@ -248,7 +248,7 @@ class Router:
                 parent.close()
                 traj = self._trajectory(p)
                 traj.steps = [step]
-                traj.final_answer, traj.finish_type = str(cand.result["final_answer"]), "finish"
+                traj.final_answer, traj.finish_type = str(cand.result.final_answer), "finish"
                 self._add_step_cost(traj, step, phases)
                 out.append(traj)
                 continue
@@ -268,7 +268,7 @@ class Router:
         traj.prompt_tokens += cand.prompt_tokens
         traj.completion_tokens += cand.completion_tokens
         traj.tool_cost += cand.cost
-        traj.isolation = cand.result.get("isolation", traj.isolation) or traj.isolation
+        traj.isolation = cand.result.isolation or traj.isolation
         for phase in ("generation", "execution"):
             traj.phase_seconds[phase] = traj.phase_seconds.get(phase, 0.0) + phases.get(phase, 0.0)
         traj.wall_time_s += phases.get("wall", 0.0)

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from codetool.executor.result import ExecutionResult, host_error_result, no_code_result
 from codetool.models.constraint import CallConstraint
 from codetool.rewards import ToolCostTable, on_the_spot, step_cost
 from codetool.search.prompt import CODE_PREFIX, format_observation, parse_candidate, policy_messages
@@ -40,9 +41,9 @@ class Expanded:
     def ended(self) -> str | None:
         """``finish`` or ``give_up`` when this candidate's code ended the episode."""
         result = self.candidate.result
-        if result.get("final_answer") is not None:
+        if result.final_answer is not None:
             return "finish"
-        if result.get("give_up_reason") is not None:
+        if result.give_up_reason is not None:
             return "give_up"
         return None
 
@@ -123,13 +124,11 @@ def expand(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: Search
                              completion_tokens=completion.completion_tokens)
             child = None
             if parsed.code is None:
-                from codetool.executor.result import no_code_result
-
-                cand.result = no_code_result(parsed.error).to_dict()
+                cand.result = no_code_result(parsed.error)
             else:
                 child, cand.result = _execute(state, parsed.code)
             cand.r_spot = on_the_spot(cand.result, tool_error_is_failure=cfg.tool_error_is_failure)
-            called = [task.env.api_for(c["name"]) for c in cand.result.get("tool_calls", [])]
+            called = [task.env.api_for(c.name) for c in cand.result.tool_calls]
             cand.cost = step_cost(parsed.code or "", [a for a in called if a is not None], _cost_table(cfg))
             obs = format_observation(cand.result, max_chars=cfg.max_observation_chars, parse_error=parsed.error)
             row.append(Expanded(cand, child, obs, parsed.error))
@@ -151,14 +150,14 @@ def _cost_table(cfg: SearchConfig) -> ToolCostTable:
     return _COST_TABLES[cfg.cost_table]
 
 
-def _execute(state, code: str) -> tuple[Any, dict]:
-    """Run ``code`` in a fork of ``state``: ``(fork, result dict)``. A fault of the executor itself
-    (it raised instead of reporting) gives ``(None, a failed result with 'host_error')``, which
+def _execute(state, code: str) -> tuple[Any, ExecutionResult]:
+    """Run ``code`` in a fork of ``state``: ``(fork, result)``. A fault of the executor itself
+    (it raised instead of reporting) gives ``(None, a host_error_result)``, which
     ends the episode as an error (``StepwiseSearch``) or the tree (``TreeBuilder``)."""
     child = None
     try:
         child = state.fork()
-        return child, child.run(code).to_dict()
+        return child, child.run(code)
     except Exception as exc:  # noqa: BLE001 - recorded on the episode, the run goes on
         if child is not None:
             try:
@@ -166,5 +165,4 @@ def _execute(state, code: str) -> tuple[Any, dict]:
             except Exception:  # noqa: BLE001 - already failing
                 logger.debug("could not close a failed fork", exc_info=True)
         message = redact(f"{type(exc).__name__}: {exc}")[:2000]
-        return None, {"ok": False, "outcome": "host_error", "error_type": type(exc).__name__,
-                      "error_message": message, "host_error": message, "tool_calls": [], "stdout": ""}
+        return None, host_error_result(message, type(exc).__name__)

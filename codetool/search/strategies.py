@@ -169,7 +169,7 @@ def beam_search(search: StepwiseSearch, task: SearchTask) -> Trajectory:
                 continue
             select([e.candidate for e in row], cfg, tie_key=f"{task.query_id}|{step}|{p}")  # sets scores
             for e in row:
-                if e.candidate.result.get("host_error"):
+                if e.candidate.result.host_error:
                     continue
                 value = aggregate(values + [step_value(e.candidate)], cfg.aggregate)
                 pool.append(((value, e.candidate.r_spot, -p, -e.candidate.index), p, e))
@@ -216,7 +216,7 @@ def _child(parent: _Episode, row: list[Expanded], pick: Expanded, max_steps: int
     traj.tool_cost += pick.candidate.cost
     traj.prompt_tokens += sum(c.prompt_tokens for c in cands)
     traj.completion_tokens += sum(c.completion_tokens for c in cands)
-    traj.isolation = pick.candidate.result.get("isolation", traj.isolation) or traj.isolation
+    traj.isolation = pick.candidate.result.isolation or traj.isolation
     state = pick.state
     if state is None:  # no code ran: the beam continues from the parent's state
         state = parent.state.fork()
@@ -225,10 +225,10 @@ def _child(parent: _Episode, row: list[Expanded], pick: Expanded, max_steps: int
         {"code": pick.candidate.code, "text": pick.candidate.text, "observation": pick.observation}])
     ended = pick.ended
     if ended == "finish":
-        traj.finish_type, traj.final_answer = "finish", str(pick.candidate.result["final_answer"])
+        traj.finish_type, traj.final_answer = "finish", str(pick.candidate.result.final_answer)
     elif ended == "give_up":
         traj.finish_type = "give_up"
-        traj.extra["give_up_reason"] = pick.candidate.result.get("give_up_reason")
+        traj.extra["give_up_reason"] = pick.candidate.result.give_up_reason
     else:
         traj.finish_type = "max_steps"
         return child, len(traj.steps) < max_steps
