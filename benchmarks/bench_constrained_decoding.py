@@ -82,7 +82,7 @@ def metrics(trajs: list[Trajectory]) -> dict[str, float]:
             chosen_ran += bool(pick.result.ok)
         answered = t.finish_type == "finish" and bool((t.final_answer or "").strip())
         finished += t.finish_type == "finish"
-        grounded += answered and any(c.get("name") in names and c.get("status") == "ok" for c in t.executed_calls())
+        grounded += answered and any(c.name in names and c.status == "ok" for c in t.executed_calls())
         gen_s += t.phase_seconds.get("generation", 0.0)
     n = max(len(trajs), 1)
     return {"episodes": len(trajs), "candidates": cands, "chosen_steps": chosen,

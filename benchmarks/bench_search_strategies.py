@@ -43,7 +43,7 @@ def grounded(traj: Trajectory) -> bool:
     """Finished with a non-empty answer after at least one successful tool call."""
     calls = traj.executed_calls()
     return (traj.finish_type == "finish" and bool((traj.final_answer or "").strip())
-            and any(c.get("status") == "ok" for c in calls))
+            and any(c.status == "ok" for c in calls))
 
 
 def merge(base: dict, over: dict) -> dict:
