@@ -97,7 +97,7 @@ def test_step_formats_and_observation_history():
 
 def test_step_text_replies_get_no_code_prefix():
     from codetool.models.backends import ScriptedBackend
-    from codetool.search.expand import expand
+    from codetool.search.expand import Node, expand
     from codetool.search.search import SearchConfig
 
     class Env:
@@ -116,7 +116,7 @@ def test_step_text_replies_get_no_code_prefix():
 
     task = type("T", (), {"query": "q", "env": Env()})()
     policy = ScriptedBackend(lambda prompt: "Print one.\n```python\nprint(1)\n```")
-    row = expand(policy, [(State(), [], task)], 1, SearchConfig(step_format="step_text"))[0]
+    row = expand(policy, [Node(State(), [], task)], 1, SearchConfig(step_format="step_text"))[0]
     prompt = policy.calls[0][0][0]
     assert prompt[-1]["role"] == "user"  # no opening fence put in the assistant's mouth
     assert row[0].candidate.code == "print(1)" and row[0].candidate.text.startswith("Print one.")

@@ -6,7 +6,7 @@ import pytest
 
 from codetool.executor.result import HOST_ERROR, NO_CODE, OUTCOMES, ExecutionResult, ToolCall
 from codetool.models.backends import ScriptedBackend
-from codetool.search.expand import expand
+from codetool.search.expand import Node, expand
 from codetool.search.records import Candidate, ImportedCall, ImportedResult, Step, Trajectory
 from codetool.search.search import SearchConfig
 
@@ -104,10 +104,10 @@ def test_expand_leaves_a_typed_result_on_every_candidate():
     replies = iter(["```python\nprint(1)\n```", "No code today.", "```python\nprint(2)\n```"])
     policy = ScriptedBackend(lambda prompt: next(replies))
     cfg = SearchConfig(step_format="step_text", latent="none")
-    [row] = expand(policy, [(_State(), [], task)], 2, cfg)
+    [row] = expand(policy, [Node(_State(), [], task)], 2, cfg)
     ran, no_code = (e.candidate for e in row)
     assert isinstance(ran.result, ExecutionResult) and ran.result.tool_calls == [ToolCall("f")] and ran.r_spot == 1.0
     assert isinstance(no_code.result, ExecutionResult) and no_code.result.outcome == NO_CODE and no_code.r_spot == 0.0
-    [[faulted]] = expand(policy, [(_State(broken=True), [], task)], 1, cfg)
+    [[faulted]] = expand(policy, [Node(_State(broken=True), [], task)], 1, cfg)
     assert faulted.state is None and faulted.candidate.result.outcome == HOST_ERROR
     assert faulted.candidate.result.host_error == "OSError: no more processes"

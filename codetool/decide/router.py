@@ -31,7 +31,7 @@ from codetool.decide.stage import (
     decide,
     route_for,
 )
-from codetool.search.expand import expand
+from codetool.search.expand import Node, expand
 from codetool.search.prompt import prompt_text
 from codetool.search.records import Step, Trajectory
 from codetool.search.search import SearchTask, StepwiseSearch
@@ -229,7 +229,7 @@ class Router:
         nodes = []
         for p in pending:
             hinted = replace(p.task, query=p.task.query + "\n\n" + hint.replace("{tool}", p.decision.tool).strip())
-            nodes.append((self.make_executor(p.task), [], hinted))
+            nodes.append(Node(self.make_executor(p.task), [], hinted))
         timings: dict[str, float] = {}
         start = time.perf_counter()
         rows = expand(self.policy, nodes, 1, cfg, seed=self.cfg.seed, timings=timings)
@@ -237,7 +237,8 @@ class Router:
         phases = {"wall": (time.perf_counter() - start) / n,
                   **{phase: timings.get(phase, 0.0) / n for phase in ("generation", "execution")}}
         out = []
-        for p, (parent, _, _), [e] in zip(pending, nodes, rows, strict=True):
+        for p, node, [e] in zip(pending, nodes, rows, strict=True):
+            parent = node.state
             cand = e.candidate
             cand.chosen = True
             step = Step(index=0, candidates=[cand], chosen=0, observation=e.observation)

@@ -27,6 +27,23 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A point to expand from (a search episode's current step, a tree's frontier node).
+
+    Args:
+        state (`Executor`): the executor holding the node's state; each candidate runs in a
+            ``fork()`` of it, and the caller keeps owning it.
+        history (`list[dict]`): the steps that led here (``code``, ``text``, ``observation``), as
+            for :func:`~codetool.search.prompt.policy_messages`.
+        task (`SearchTask`): the query and its tool environment.
+    """
+
+    state: Any
+    history: list[dict]
+    task: Any
+
+
 @dataclass
 class Expanded:
     """A sampled, executed candidate and the executor that holds its state (``None`` when the
@@ -48,7 +65,7 @@ class Expanded:
         return None
 
 
-def expand_each(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: SearchConfig, *,
+def expand_each(policy, nodes: list[Node], n: int, cfg: SearchConfig, *,
                 seed: int | None = None, timings: dict[str, float] | None = None,
                 ) -> list[list[Expanded] | Exception]:
     """:func:`expand`, isolating failures per node: if the batched call raises (a policy error
@@ -72,14 +89,13 @@ def expand_each(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: S
     return rows
 
 
-def expand(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: SearchConfig, *,
+def expand(policy, nodes: list[Node], n: int, cfg: SearchConfig, *,
            seed: int | None = None, timings: dict[str, float] | None = None) -> list[list[Expanded]]:
     """Sample ``n`` candidates for each node in one batched call and execute each in a fork.
 
     Args:
         policy (`LLMBackend`): the policy model.
-        nodes (`list[tuple]`): ``(executor, history, task)`` per node; ``history`` as for
-            :func:`policy_messages`.
+        nodes (`list[Node]`): where to expand from.
         n (`int`): candidates per node.
         cfg (`SearchConfig`): sampling settings and reward options.
         timings (`dict`, *optional*): ``generation``/``execution`` seconds are added to it.
@@ -87,8 +103,8 @@ def expand(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: Search
         One list of ``n`` :class:`Expanded` per node, in sampling order.
     """
     timings = timings if timings is not None else {}
-    prompts = [policy_messages(task.query, task.env.render(), history, step_format=cfg.step_format,
-                               observation_history=cfg.observation_history) for _, history, task in nodes]
+    prompts = [policy_messages(node.task.query, node.task.env.render(), node.history, step_format=cfg.step_format,
+                               observation_history=cfg.observation_history) for node in nodes]
     stop = None
     prefixed = cfg.code_prefix and cfg.step_format == "code_only"
     if prefixed:
@@ -97,7 +113,8 @@ def expand(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: Search
     extra = {}
     if cfg.constrain != "off":  # from the first generated character, or from the fence the model opens
         shape, constraints = "opening" if cfg.constrain == "call" else "line", []
-        for _, history, task in nodes:
+        for node in nodes:
+            history, task = node.history, node.task
             # A first step (nothing known yet) calls a tool as `result = tool(...)`; the last one answers.
             first = not history and cfg.constrain_first_tool
             last = cfg.constrain_last_finish and len(history) + 1 >= cfg.max_steps and not first
@@ -112,7 +129,8 @@ def expand(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: Search
     timings["generation"] = timings.get("generation", 0.0) + time.perf_counter() - t0
     t0 = time.perf_counter()
     expanded = []
-    for (state, _, task), completions in zip(nodes, outputs):
+    for node, completions in zip(nodes, outputs):
+        state, task = node.state, node.task
         row = []
         for i, completion in enumerate(completions):
             text = completion.text

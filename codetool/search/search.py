@@ -38,7 +38,7 @@ from codetool.rewards import (
     grounded_success,
     latent_reward,
 )
-from codetool.search.expand import Expanded, expand_each
+from codetool.search.expand import Expanded, Node, expand_each
 from codetool.search.prompt import (
     OBSERVATION_HISTORIES,
     STEP_FORMATS,
@@ -200,6 +200,10 @@ def select(candidates: list[Candidate], cfg: SearchConfig, *, tie_key: str = "")
 
 @dataclass
 class _Episode:
+    """One episode in flight: its task, the executor holding its chosen path's state (``None``
+    once closed or when starting it failed), the trajectory so far, the history the policy sees
+    and when it started (``time.perf_counter``)."""
+
     task: SearchTask
     state: Any
     traj: Trajectory
@@ -283,7 +287,7 @@ class StepwiseSearch:
         seed = None if self.cfg.seed is None else unit_seed(
             self.cfg.seed, [(ep.task.benchmark, ep.task.group, ep.task.query_id, len(ep.traj.steps))
                             for ep in active])
-        rows = expand_each(self.policy, [(ep.state, ep.history, ep.task) for ep in active],
+        rows = expand_each(self.policy, [Node(ep.state, ep.history, ep.task) for ep in active],
                            self.cfg.k, self.cfg, seed=seed, timings=timings)
         failed += [self._fail(ep, row) for ep, row in zip(active, rows) if isinstance(row, Exception)]
         active, expansions = ([ep for ep, row in zip(active, rows) if not isinstance(row, Exception)],

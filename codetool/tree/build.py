@@ -34,7 +34,7 @@ from codetool import CodetoolError
 from codetool.config import ConfigError, config_hash, option
 from codetool.executor import ExecutorConfig
 from codetool.executor.channel import log_safe
-from codetool.search.expand import expand_each
+from codetool.search.expand import Node, expand_each
 from codetool.search.search import SearchConfig, SearchTask
 from codetool.secrets import redact
 from codetool.tree.labels import (
@@ -213,7 +213,7 @@ class TreeBuilder:
         try:
             while frontier:
                 level = time.perf_counter()
-                rows = expand_each(self.policy, [(n.state, n.history, tasks[n.tree]) for n in frontier],
+                rows = expand_each(self.policy, [Node(n.state, n.history, tasks[n.tree]) for n in frontier],
                                    cfg.branching, self.sample_cfg, seed=seed + sum(map(len, trees)))
                 for n, row in zip(frontier, rows):
                     if isinstance(row, Exception):  # this tree's policy call failed: it ends
