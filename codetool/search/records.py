@@ -167,6 +167,10 @@ class Step:
     def chosen_candidate(self) -> Candidate:
         return self.candidates[self.chosen]
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "candidates": [c.to_dict() for c in self.candidates], "chosen": self.chosen,
+                "observation": self.observation}
+
 
 @dataclass
 class Trajectory:
@@ -241,8 +245,7 @@ class Trajectory:
     def to_dict(self) -> dict[str, Any]:
         """The trajectory as one line of a trajectory file (the format of DESIGN.md §3)."""
         data = dataclasses.asdict(dataclasses.replace(self, steps=[]))  # keeps the key order
-        data["steps"] = [{"index": s.index, "candidates": [c.to_dict() for c in s.candidates], "chosen": s.chosen,
-                          "observation": s.observation} for s in self.steps]
+        data["steps"] = [s.to_dict() for s in self.steps]
         return data
 
     @classmethod
