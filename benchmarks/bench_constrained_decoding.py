@@ -40,6 +40,7 @@ from _result import emit  # benchmarks/_result.py
 
 from codetool.assemble import make_policy
 from codetool.executor import ExecutorConfig
+from codetool.executor.result import ExecutionResult
 from codetool.jsonl import read_jsonl
 from codetool.run import RunConfig, execute_run
 from codetool.search.records import Trajectory
@@ -51,13 +52,12 @@ def calls_by_form(code: str | None, names: set[str]) -> bool:
     return bool(code) and any(re.search(rf"\b{re.escape(n)}\(", code) for n in names | {"finish", "give_up"})
 
 
-def listed_calls(result: dict, names: set[str], ok_only: bool = False) -> int:
-    return sum(1 for c in result.get("tool_calls", [])
-               if c.get("name") in names and (not ok_only or c.get("status") == "ok"))
+def listed_calls(result: ExecutionResult, names: set[str], ok_only: bool = False) -> int:
+    return sum(1 for c in result.tool_calls if c.name in names and (not ok_only or c.status == "ok"))
 
 
-def ends(result: dict) -> bool:
-    return result.get("final_answer") is not None or result.get("give_up_reason") is not None
+def ends(result: ExecutionResult) -> bool:
+    return result.finished
 
 
 def metrics(trajs: list[Trajectory]) -> dict[str, float]:
@@ -79,10 +79,10 @@ def metrics(trajs: list[Trajectory]) -> dict[str, float]:
             chosen_form += calls_by_form(pick.code, names)
             chosen_call += listed_calls(pick.result, names) > 0
             chosen_ok += listed_calls(pick.result, names, ok_only=True) > 0
-            chosen_ran += bool(pick.result.get("ok"))
+            chosen_ran += bool(pick.result.ok)
         answered = t.finish_type == "finish" and bool((t.final_answer or "").strip())
         finished += t.finish_type == "finish"
-        grounded += answered and any(c.get("name") in names and c.get("status") == "ok" for c in t.executed_calls())
+        grounded += answered and any(c.name in names and c.status == "ok" for c in t.executed_calls())
         gen_s += t.phase_seconds.get("generation", 0.0)
     n = max(len(trajs), 1)
     return {"episodes": len(trajs), "candidates": cands, "chosen_steps": chosen,

@@ -35,8 +35,8 @@ from codetool.eval.metrics import run_metrics
 from codetool.eval.plots import metric_vs_tokens
 from codetool.eval.restbench import path_metrics
 from codetool.jsonl import read_jsonl
-from codetool.run import RunConfig, execute_run
 from codetool.rewards import grounded_success
+from codetool.run import RunConfig, execute_run
 from codetool.search.records import Trajectory
 
 

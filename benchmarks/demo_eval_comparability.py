@@ -20,6 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
+from codetool.executor.result import ExecutionResult, ToolCall
 from codetool.jsonl import write_jsonl
 from codetool.search.records import Candidate, Step, Trajectory
 
@@ -31,9 +32,9 @@ TMDB = [{"name": "search_person", "method": "GET", "path": "/search/person"},
 
 
 def _cand(i: int, code: str, ok: bool, calls=(), chosen=False, stdout="") -> Candidate:
-    return Candidate(i, f"```python\n{code}\n```", code, {
-        "ok": ok, "stdout": stdout, "error_type": None if ok else "NameError",
-        "tool_calls": [{"name": n, "arguments": {}, "status": "ok", "response": "{}"} for n in calls]},
+    return Candidate(i, f"```python\n{code}\n```", code, ExecutionResult(
+        ok=ok, stdout=stdout, error_type=None if ok else "NameError", outcome="ok" if ok else "runtime_error",
+        tool_calls=[ToolCall(n, response="{}") for n in calls]),
         r_spot=float(ok), chosen=chosen)
 
 

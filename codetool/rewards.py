@@ -24,11 +24,14 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import yaml
 
 from codetool import CodetoolError
+
+if TYPE_CHECKING:
+    from codetool.executor.result import ToolCall
 
 
 @dataclass
@@ -54,21 +57,21 @@ class PRMItem:
 
 
 
-def grounded_success(answer: str | None, calls: Iterable[dict], tool_names: Collection[str] | None) -> bool:
+def grounded_success(answer: str | None, calls: Iterable[ToolCall], tool_names: Collection[str] | None) -> bool:
     """A grounded success (our default leaf success, issue 14): a non-empty final answer after at
     least one successful call of a listed tool on the path. A query that offers no tools
     (``tool_names`` empty) needs the answer only; ``tool_names=None`` counts any recorded call.
 
     Args:
         answer (`str`, *optional*): the ``finish`` answer (``None``: the path did not finish).
-        calls (`Iterable[dict]`): the tool calls of the whole path, each with ``name`` and ``status``.
+        calls (`Iterable[ToolCall]`): the tool calls of the whole path (``name`` and ``status`` are read).
         tool_names (`Collection[str]`, *optional*): the functions the query offers.
     """
     if not str(answer or "").strip():
         return False
     if tool_names is not None and not tool_names:
         return True
-    return any(c.get("status") == "ok" and (tool_names is None or c.get("name") in tool_names) for c in calls)
+    return any(c.status == "ok" and (tool_names is None or c.name in tool_names) for c in calls)
 
 
 @runtime_checkable
@@ -123,18 +126,14 @@ def on_the_spot(result, *, tool_error_is_failure: bool = True) -> float:
     """``R_spot``: 1.0 if the step ran cleanly, else 0.0 (CodeTool's on-the-spot reward).
 
     Args:
-        result (`ExecutionResult` or `dict`): the executed candidate, or its ``to_dict()`` summary
-            (``ok`` and ``tool_calls``, each with a ``status``).
+        result (`ExecutionResult`): the executed candidate (``ok`` and ``tool_calls``, each with a
+            ``status``).
         tool_error_is_failure (`bool`, *optional*, defaults to `True`): whether a tool call that
             returned an error payload makes the step a failure even if the code caught it.
     """
-    data = result if isinstance(result, dict) else None
-    ok = data.get("ok", False) if data is not None else result.ok
-    if not ok:
+    if not result.ok:
         return 0.0
-    calls = data.get("tool_calls", []) if data is not None else result.tool_calls
-    statuses = [c.get("status", "ok") if isinstance(c, dict) else c.status for c in calls]
-    if tool_error_is_failure and any(status != "ok" for status in statuses):
+    if tool_error_is_failure and any(c.status != "ok" for c in result.tool_calls):
         return 0.0
     return 1.0
 

@@ -19,8 +19,11 @@ from codetool.decide.metrics import (
     sweep_thresholds,
     threshold_row,
 )
+from codetool.decide.records import Cost, DecisionRecord, RouteCosts
 from codetool.decide.stage import NONE
+from codetool.executor.result import ExecutionResult, ToolCall
 from codetool.models.backends import ScriptedBackend
+from codetool.search.records import Candidate, Step, Trajectory
 
 
 def test_packaged_tool_free_queries_are_many_varied_and_well_formed():
@@ -60,10 +63,9 @@ def test_config_is_checked_early():
 
 
 def test_action_metrics_on_hand_made_cases():
-    rows = [{"needs_tool": True, "gold": ["a"]}, {"needs_tool": True, "gold": ["a", "b"]},
-            {"needs_tool": True, "gold": ["a"]}, {"needs_tool": True, "gold": ["a"]},
-            {"needs_tool": False, "gold": []}, {"needs_tool": False, "gold": []},
-            {"needs_tool": False, "gold": []}, {"needs_tool": False, "gold": []}]
+    rows = [DecisionRecord(needs_tool=True, gold=["a"]), DecisionRecord(needs_tool=True, gold=["a", "b"]),
+            DecisionRecord(needs_tool=True, gold=["a"]), DecisionRecord(needs_tool=True, gold=["a"])]
+    rows += [DecisionRecord(needs_tool=False) for _ in range(4)]
     actions = ["a", "c", NONE, SEARCH, NONE, "a", SEARCH, None]
     m = action_metrics(rows, actions)
     assert (m["n"], m["n_tool"], m["n_free"]) == (8, 4, 4)
@@ -78,11 +80,11 @@ def test_action_metrics_on_hand_made_cases():
 
 def _rec(needs_tool, gold, choice, conf, direct, fast, search, fast_first=None, search_first=None):
     def cost(tokens):
-        return None if tokens is None else {"tokens": tokens, "seconds": tokens / 10}
+        return None if tokens is None else Cost(tokens, tokens / 10)
 
-    return {"needs_tool": needs_tool, "gold": gold, "choice": choice, "confidence": conf, "method": "logprobs",
-            "costs": {"decision": cost(10), "direct": cost(direct), "fast": cost(fast), "search": cost(search)},
-            "fast_first_action": fast_first, "search_first_action": search_first, "fast_fallback": None}
+    return DecisionRecord(needs_tool=needs_tool, gold=gold, choice=choice, confidence=conf, method="logprobs",
+                          costs=RouteCosts(cost(10), direct=cost(direct), fast=cost(fast), search=cost(search)),
+                          fast_first_action=fast_first, search_first_action=search_first)
 
 
 RECORDS = [_rec(True, ["a"], "a", 0.9, 20, 30, 100, "a", "a"),
@@ -123,10 +125,12 @@ def test_sweep_covers_every_recorded_confidence():
 
 
 def test_first_action_and_answer_matching():
-    traj = {"steps": [{"chosen": 1, "candidates": [
-        {"result": {"tool_calls": [{"name": "wrong"}]}}, {"result": {"tool_calls": []}}]},
-        {"chosen": 0, "candidates": [{"result": {"tool_calls": [{"name": "x"}, {"name": "y"}]}}]}]}
-    assert first_action(traj) == "x" and first_action({"steps": []}) == NONE and first_action(None) is None
+    def cand(i, *names):
+        return Candidate(i, "", "pass", ExecutionResult(ok=True, tool_calls=[ToolCall(n) for n in names]))
+
+    traj = Trajectory("1", "q", steps=[Step(0, [cand(0, "wrong"), cand(1)], chosen=1),
+                                       Step(1, [cand(0, "x", "y")], chosen=0)])
+    assert first_action(traj) == "x" and first_action(Trajectory("2", "q")) == NONE and first_action(None) is None
     assert answer_matches("The capital is Paris.", "Paris")
     assert answer_matches("It is about 37.78 C", "about 37.8 degrees Celsius") is False
     assert answer_matches("That gives 1,024 in total", "1024")
@@ -201,9 +205,9 @@ def test_eval_decision_command_writes_the_report(tmp_path, shared_data, monkeypa
 
 def test_measured_routes_give_the_saving_against_always_search(tmp_path, shared_data, monkeypatch):
     def traj(qid, tokens, seconds, calls, routing=None):
-        return {"query_id": qid, "prompt_tokens": tokens, "completion_tokens": 0, "wall_time_s": seconds,
-                "routing": routing, "steps": [{"chosen": 0, "candidates": [{"result": {
-                    "tool_calls": [{"name": n} for n in calls]}}]}]}
+        cand = Candidate(0, "", "pass", ExecutionResult(ok=True, tool_calls=[ToolCall(n) for n in calls]))
+        return Trajectory(qid, "q", prompt_tokens=tokens, wall_time_s=seconds, routing=routing,
+                          steps=[Step(0, [cand])])
 
     def fake_run_search(cfg, items, decisions, policy, out):
         fast = {it.item_id: traj(it.item_id, d.prompt_tokens + d.scored_tokens + 50, d.seconds + 1.0,

@@ -24,6 +24,7 @@ from codetool.decide.stage import (
     parse_choice,
     route_for,
 )
+from codetool.executor.result import ExecutionResult
 from codetool.models.backends import ScriptedBackend
 from codetool.search.search import SearchConfig, SearchTask, StepwiseSearch
 
@@ -32,14 +33,6 @@ WEATHER, NEWS = "current_weather_for_weatherapi", "top_headlines_for_newsapi"
 
 class ToolError(Exception):
     pass
-
-
-class FakeResult:
-    def __init__(self, **data):
-        self.data = data
-
-    def to_dict(self):
-        return dict(self.data)
 
 
 class FakeExecutor:
@@ -83,8 +76,8 @@ class FakeExecutor:
             ok, error_type, message = False, type(e).__name__, str(e)
         self.namespace = {k: v for k, v in env.items() if k not in (WEATHER, NEWS, "print", "finish", "give_up")
                           and not k.startswith("__")}
-        return FakeResult(ok=ok, outcome="ok" if ok else "runtime_error", stdout="\n".join(out) + ("\n" if out else ""),
-                          error_type=error_type, error_message=message, tool_calls=calls, **ended)
+        return ExecutionResult.from_dict(dict(ok=ok, outcome="ok" if ok else "runtime_error", stdout="\n".join(out) + ("\n" if out else ""),
+                          error_type=error_type, error_message=message, tool_calls=calls, **ended))
 
 
 class FakeEnv:

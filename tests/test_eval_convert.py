@@ -15,6 +15,7 @@ from codetool.eval.convert import (
     import_converted,
     trajectory_to_converted,
 )
+from codetool.executor.result import ExecutionResult
 from codetool.search.records import Candidate, Step, Trajectory
 
 GROUPS = ["G1_category", "G1_instruction", "G1_tool", "G2_category", "G2_instruction", "G3_instruction"]
@@ -48,7 +49,7 @@ def test_gpt35_cot_results_round_trip_without_loss(shared_data, tmp_path):
     kinds = Counter(t.finish_type for t in trajs)
     assert kinds == {"finish": 304, "max_steps": 224, "give_up": 72}
     assert sum(len(t.executed_calls()) for t in trajs) == 2332
-    assert all(c["name"] for t in trajs for c in t.executed_calls())
+    assert all(c.name for t in trajs for c in t.executed_calls())
     answered = [t for t in trajs if t.finish_type == "finish"]
     assert all(t.final_answer is not None and not t.final_answer.startswith("{") for t in answered)
 
@@ -64,20 +65,20 @@ def test_data_example_round_trip_and_semantics(shared_data):
     t = cot["1073"]
     assert t.finish_type == "finish" and t.final_answer.startswith("For the search query 'birthday party ideas'")
     calls = t.executed_calls()
-    assert [c["name"] for c in calls] == ["popularsitesforquery_for_keyword_analysis",
+    assert [c.name for c in calls] == ["popularsitesforquery_for_keyword_analysis",
                                           "querykeywords_for_keyword_analysis"]
-    assert calls[0]["arguments"] == {"q": "birthday party ideas"} and calls[0]["status"] == "ok"
+    assert calls[0].arguments == {"q": "birthday party ideas"} and calls[0].status == "ok"
     assert len(t.steps) == 3 and t.steps[2].chosen_candidate.text.startswith("For the search query")
     assert t.extra["stabletoolbench"]["answer_method"] == "CoT@1"
 
 
 def _ours() -> Trajectory:
     code = 'r = city_for_geo(q="Paris")\nprint(r["pop"])\nfinish("About 2.1 million people.")'
-    cand = Candidate(0, f"```python\n{code}\n```", code, {"ok": True, "stdout": "2100000", "tool_calls": [
+    cand = Candidate(0, f"```python\n{code}\n```", code, ExecutionResult.from_dict({"ok": True, "stdout": "2100000", "tool_calls": [
         {"name": "city_for_geo", "arguments": {"q": "Paris"}, "status": "ok", "response": {"pop": 2100000}},
-        {"name": "weather_for_geo", "arguments": {"city": "Paris"}, "status": "http_error", "error": "HTTP 500"}]},
+        {"name": "weather_for_geo", "arguments": {"city": "Paris"}, "status": "http_error", "error": "HTTP 500"}]}),
         r_spot=1.0, chosen=True)
-    bad = Candidate(1, "no code here", None, {"ok": False, "tool_calls": []})
+    bad = Candidate(1, "no code here", None, ExecutionResult(ok=False))
     tools = [{"name": "city_for_geo", "tool": "geo", "api": "city"},
              {"name": "weather_for_geo", "tool": "geo", "api": "weather", "description": "Weather now.",
               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
@@ -106,7 +107,7 @@ def test_export_of_our_trajectory_reads_like_theirs():
     # and back: the query, answer, finish type and calls survive
     back = converted_to_trajectory("42", json.loads(json.dumps(entry)), group="G1_instruction", method="x")
     assert (back.query, back.final_answer, back.finish_type) == (_ours().query, _ours().final_answer, "finish")
-    assert [c["name"] for c in back.executed_calls()] == ["city_for_geo", "weather_for_geo"]
+    assert [c.name for c in back.executed_calls()] == ["city_for_geo", "weather_for_geo"]
 
 
 def test_give_up_and_unfinished_exports():
@@ -123,7 +124,7 @@ def test_give_up_and_unfinished_exports():
 
 def test_export_redacts_and_bad_input_errors(canary_env, tmp_path):
     t = _ours()
-    t.steps[0].candidates[0].result["tool_calls"][0]["response"] = {"echo": canary_env}
+    t.steps[0].candidates[0].result.tool_calls[0].response = {"echo": canary_env}
     [path] = export_converted([t], tmp_path)
     assert path == tmp_path / "spot+latent" / "G1_instruction.json"
     assert canary_env not in path.read_text()

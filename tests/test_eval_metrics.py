@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 
 from codetool.eval.metrics import candidate_rewards, run_metrics
+from codetool.executor.result import ExecutionResult, ToolCall
 from codetool.search.records import Candidate, Step, Trajectory
 
 
 def cand(i, ok, code="x = 1", score=0.0, latent=None, calls=0):
-    return Candidate(i, code or "", code, {"ok": ok, "tool_calls": [{"name": "f", "status": "ok"}] * calls},
+    return Candidate(i, code or "", code, ExecutionResult(ok=ok, tool_calls=[ToolCall("f") for _ in range(calls)]),
                      score=score, r_latent=latent)
 
 

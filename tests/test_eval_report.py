@@ -9,6 +9,7 @@ import pytest
 from codetool.config import ConfigError
 from codetool.eval.judges import JudgeConfig, ScriptedJudge
 from codetool.eval.report import EvalConfig, load_runs, run_eval
+from codetool.executor.result import ExecutionResult
 from codetool.jsonl import read_jsonl, write_jsonl
 from codetool.search.records import Candidate, Step, Trajectory
 
@@ -17,10 +18,10 @@ TMDB = [{"name": "search_movie", "tool": "tmdb", "api": "search", "method": "GET
 
 
 def _step(i, calls, ok=True, k=2, score=1.0):
-    cands = [Candidate(0, "c", f"step_{i}()", {"ok": ok, "stdout": "out", "tool_calls": [
-        {"name": n, "arguments": {}, "status": "ok", "response": "{}"} for n in calls]}, r_spot=float(ok),
+    cands = [Candidate(0, "c", f"step_{i}()", ExecutionResult.from_dict({"ok": ok, "stdout": "out", "tool_calls": [
+        {"name": n, "arguments": {}, "status": "ok", "response": "{}"} for n in calls]}), r_spot=float(ok),
         r_latent=0.7, score=score, chosen=True)]
-    cands += [Candidate(j, "c", "broken(", {"ok": False, "tool_calls": []}, score=score - 0.8) for j in range(1, k)]
+    cands += [Candidate(j, "c", "broken(", ExecutionResult(ok=False), score=score - 0.8) for j in range(1, k)]
     return Step(i, cands, 0)
 
 
@@ -163,7 +164,7 @@ def test_one_method_split_over_files_is_one_run(tmp_path):
 def test_scep_counts_chosen_steps_only(tmp_path):
     # step 0: the chosen candidate fails, the unchosen one runs; step 1: chosen runs, unchosen fails
     def cand(i, ok, chosen):
-        return Candidate(i, "c", f"x = {i}", {"ok": ok, "tool_calls": []}, r_spot=float(ok), chosen=chosen)
+        return Candidate(i, "c", f"x = {i}", ExecutionResult(ok=ok), r_spot=float(ok), chosen=chosen)
     traj = Trajectory("1", "q", "stabletoolbench", "G1", "m", steps=[
         Step(0, [cand(0, False, True), cand(1, True, False)], 0),
         Step(1, [cand(0, True, True), cand(1, False, False), cand(2, False, False)], 0)],

@@ -16,6 +16,7 @@ from codetool.eval.restbench import (
     normalize_api,
     path_metrics,
 )
+from codetool.executor.result import ExecutionResult, ToolCall
 from codetool.search.records import Candidate, Step, Trajectory
 
 TOOLS = [
@@ -31,7 +32,7 @@ TOOLS = [
 
 
 def traj(qid, calls_per_step, gold=None, query="q", tools=TOOLS):
-    steps = [Step(i, [Candidate(0, "", "pass", {"ok": True, "tool_calls": [{"name": n, "status": "ok"} for n in names]},
+    steps = [Step(i, [Candidate(0, "", "pass", ExecutionResult(ok=True, tool_calls=[ToolCall(n) for n in names]),
                                 chosen=True)], 0) for i, names in enumerate(calls_per_step)]
     extra = {"gold_path": gold} if gold is not None else {}
     return Trajectory(qid, query, "restbench-tmdb", "tmdb", "m", steps=steps, final_answer="x",

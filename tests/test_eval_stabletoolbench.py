@@ -28,12 +28,13 @@ from codetool.eval.stabletoolbench import (
     rule_verdict,
     win_rate_from_counts,
 )
+from codetool.executor.result import ExecutionResult
 from codetool.search.records import Candidate, Step, Trajectory
 
 
 def traj(qid, answer="Paris has 2.1 million people.", finish="finish", group="G1", query="How many people live in Paris?"):
-    step = Step(0, [Candidate(0, "```python\nprint(1)\n```", "print(1)", {"ok": True, "stdout": "1", "tool_calls": [
-        {"name": "city_for_geo", "arguments": {"q": "Paris"}, "status": "ok", "response": "{\"pop\": 2100000}"}]},
+    step = Step(0, [Candidate(0, "```python\nprint(1)\n```", "print(1)", ExecutionResult.from_dict({"ok": True, "stdout": "1", "tool_calls": [
+        {"name": "city_for_geo", "arguments": {"q": "Paris"}, "status": "ok", "response": "{\"pop\": 2100000}"}]}),
         r_spot=1.0, chosen=True)], chosen=0)
     return Trajectory(query_id=qid, query=query, benchmark="stabletoolbench", group=group, method="m",
                       steps=[step], final_answer=answer, finish_type=finish)
@@ -181,7 +182,7 @@ def test_undecided_comparisons_are_seeded_coin_flips_never_ties():
 
 def test_render_trajectory_redacts(canary_env):
     t = traj("1")
-    t.steps[0].candidates[0].result["stdout"] = f"key={canary_env}"
+    t.steps[0].candidates[0].result.stdout = f"key={canary_env}"
     assert canary_env not in render_trajectory(t)
 
 

@@ -8,6 +8,7 @@ import pytest
 from codetool.eval.judges import ScriptedJudge
 from codetool.eval.report import EvalConfig, run_eval
 from codetool.eval.summary import judge_free, render_summary, seed_of, seed_summary, spread
+from codetool.executor.result import ExecutionResult
 from codetool.jsonl import write_jsonl
 from codetool.prm.evaluate import bootstrap_pairwise
 from codetool.search.records import Candidate, Step, Trajectory
@@ -17,8 +18,8 @@ TOOLS = [{"name": "lookup", "tool": "t", "api": "lookup"}]
 
 def traj(q, finish, calls, answer="an answer", method="m"):
     """One step whose chosen candidate made ``calls`` (``(name, status)`` pairs)."""
-    cand = Candidate(0, "c", "result = lookup()", {"ok": True, "tool_calls": [
-        {"name": n, "arguments": {}, "status": s, "response": "{}"} for n, s in calls]}, chosen=True)
+    cand = Candidate(0, "c", "result = lookup()", ExecutionResult.from_dict({"ok": True, "tool_calls": [
+        {"name": n, "arguments": {}, "status": s, "response": "{}"} for n, s in calls]}), chosen=True)
     return Trajectory(str(q), f"question {q}", "stabletoolbench", "G1", method, steps=[Step(0, [cand], 0)],
                       final_answer=answer, finish_type=finish, available_tools=TOOLS)
 

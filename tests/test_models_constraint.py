@@ -198,7 +198,7 @@ def test_openai_request_carries_the_constraint(stub, field, expected):
 def test_search_sends_one_constraint_per_query(shared_data):
     from codetool.executor import Executor, ExecutorConfig
     from codetool.models.backends import ScriptedBackend
-    from codetool.search.expand import expand
+    from codetool.search.expand import Node, expand
     from codetool.search.search import SearchConfig, SearchTask
     from codetool.tools.backends import make_tool_backend
     from codetool.tools.environment import ToolEnvironment
@@ -208,7 +208,7 @@ def test_search_sends_one_constraint_per_query(shared_data):
     tasks = [SearchTask(q.query_id, q.query, ToolEnvironment.from_query(q, make_tool_backend("simulator")))
              for q in queries]
     policy = ScriptedBackend(['finish("done")\n```'], cycle=True)
-    nodes = [(Executor(ExecutorConfig(isolation="fallback", timeout_s=10), tools=t.env.functions()), [], t)
+    nodes = [Node(Executor(ExecutorConfig(isolation="fallback", timeout_s=10), tools=t.env.functions()), [], t)
              for t in tasks]
     try:
         for constrain, code_prefix in [("off", True), ("call", True), ("call", False)]:
@@ -225,7 +225,7 @@ def test_search_sends_one_constraint_per_query(shared_data):
             # a first step must assign a listed tool's result (no finish/give_up yet)
             assert [c.names for c in sent] == [tuple(a.name for a in t.env.apis) for t in tasks]
             assert all(c.trigger == ("" if code_prefix else FENCE) and c.assign for c in sent)
-        later = [(state, [{"code": "x = 1", "observation": ""}], task) for state, _, task in nodes]
+        later = [Node(n.state, [{"code": "x = 1", "observation": ""}], n.task) for n in nodes]
         for max_steps, names in [(3, [(*(a.name for a in t.env.apis), "finish", "give_up") for t in tasks]),
                                  (2, [("finish", "give_up")] * 2)]:  # the last step must answer
             for row in expand(policy, later, 1, SearchConfig(constrain="line", max_steps=max_steps)):
@@ -236,7 +236,7 @@ def test_search_sends_one_constraint_per_query(shared_data):
             assert [c.names for c in sent] == names
             assert all(c.shape == "line" and not c.assign for c in sent)
     finally:
-        for state, _, _ in nodes:
+        for state in (n.state for n in nodes):
             state.close()
 
 

@@ -65,10 +65,10 @@ def test_candidates_run_in_isolated_forks_and_the_chosen_state_is_kept(query):
     search = StepwiseSearch(policy, SearchConfig(latent="none", k=2, max_steps=3, tie_break="first"), factory)
     traj = search.solve(make_task(query))
     assert [s.chosen for s in traj.steps] == [1, 0]
-    assert traj.steps[1].candidates[0].result["stdout"] == "False 2\n"
+    assert traj.steps[1].candidates[0].result.stdout == "False 2\n"
     assert traj.finish_type == "finish" and traj.final_answer == "2"
     assert traj.steps[0].candidates[0].r_spot == 0.0 and traj.steps[0].candidates[1].r_spot == 1.0
-    assert "ValueError" in traj.steps[0].candidates[0].result["error_type"]
+    assert "ValueError" in traj.steps[0].candidates[0].result.error_type
 
 
 def test_scripted_policy_solves_a_real_query_with_the_simulator(query):
@@ -81,10 +81,10 @@ def test_scripted_policy_solves_a_real_query_with_the_simulator(query):
     traj = StepwiseSearch(policy, SearchConfig(latent="none"), factory).solve(task)
     assert traj.finish_type == "finish" and traj.final_answer.startswith("The concert")
     calls = traj.executed_calls()
-    assert len(calls) == 1 and calls[0]["name"] == name and calls[0]["status"] == "ok"
+    assert len(calls) == 1 and calls[0].name == name and calls[0].status == "ok"
     # the second step's no-code candidate failed without breaking the loop
     second = traj.steps[1].candidates
-    assert second[1].code is None and second[1].result["outcome"] == "no_code" and second[1].r_spot == 0
+    assert second[1].code is None and second[1].result.outcome == "no_code" and second[1].r_spot == 0
     assert traj.available_tools and traj.available_tools[0]["name"] == name
     assert traj.tool_cost > 0 and traj.steps[0].candidates[0].cost > 0
     assert set(traj.phase_seconds) == {"generation", "execution", "scoring"}
@@ -206,7 +206,8 @@ def test_a_reply_without_code_gets_the_defined_no_code_result(query):
                             lambda t: Executor(EXEC, tools=t.env.functions()))
     cand = search.solve(make_task(query)).steps[0].candidates[0]
     assert NO_CODE in OUTCOMES and cand.code is None and cand.r_spot == 0.0
-    result = ExecutionResult.from_dict(cand.result)  # a well-formed ExecutionResult, not a hand-built dict
+    result = cand.result  # a well-formed ExecutionResult, not a hand-built dict
+    assert isinstance(result, ExecutionResult)
     assert (result.ok, result.outcome, result.error_type, result.tool_calls) == (False, "no_code", "NoCodeBlock", [])
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from codetool.config import ConfigError
 from codetool.eval.metrics import answer_source
+from codetool.executor.result import ExecutionResult
 from codetool.models.backends import ScriptedBackend
 from codetool.search.answer import (
     AnswerConfig,
@@ -18,9 +19,9 @@ from codetool.search.records import Candidate, Step, Trajectory
 
 
 def _traj(finish="max_steps", answer=None, stdout="population: 2100000"):
-    cand = Candidate(0, "", "r = city_info(name='Paris')\nprint(r)", {
+    cand = Candidate(0, "", "r = city_info(name='Paris')\nprint(r)", ExecutionResult.from_dict({
         "ok": True, "stdout": stdout, "tool_calls": [
-            {"name": "city_info", "arguments": {"name": "Paris"}, "status": "ok", "response": '{"pop": 2100000}'}]},
+            {"name": "city_info", "arguments": {"name": "Paris"}, "status": "ok", "response": '{"pop": 2100000}'}]}),
         r_spot=1.0, chosen=True)
     return Trajectory("7", "How many people live in Paris?", "stabletoolbench", "G1", "m", steps=[Step(0, [cand], 0)],
                       final_answer=answer, finish_type=finish)

@@ -1,5 +1,6 @@
 """Parsing of policy replies, observations and the policy prompt."""
 
+from codetool.executor.result import ExecutionResult, ToolCall
 from codetool.search.prompt import (
     NO_CODE_MESSAGE,
     format_observation,
@@ -29,15 +30,14 @@ def test_no_code_block_is_a_failed_candidate_not_an_exception():
 
 
 def test_observation_shows_output_error_tool_failures_and_lost_state():
-    obs = format_observation({"ok": True, "stdout": "42\n", "tool_calls": []})
+    obs = format_observation(ExecutionResult(ok=True, stdout="42\n"))
     assert obs == "Output:\n42"
-    obs = format_observation({"ok": False, "stdout": "", "error_type": "NameError",
-                              "error_message": "line 2: name 'x' is not defined", "tool_calls": [],
-                              "state_lost": True})
+    obs = format_observation(ExecutionResult(ok=False, error_type="NameError", outcome="runtime_error",
+                                             error_message="line 2: name 'x' is not defined", state_lost=True))
     assert "NameError" in obs and "line 2" in obs and "restarted" in obs
-    obs = format_observation({"ok": True, "stdout": "", "tool_calls": [{"name": "f", "status": "timeout"}]})
+    obs = format_observation(ExecutionResult(ok=True, tool_calls=[ToolCall("f", status="timeout")]))
     assert "f (timeout)" in obs
-    assert format_observation({}, parse_error=NO_CODE_MESSAGE) == NO_CODE_MESSAGE
+    assert format_observation(None, parse_error=NO_CODE_MESSAGE) == NO_CODE_MESSAGE
 
 
 def test_truncate_middle_keeps_head_and_tail():
@@ -97,7 +97,7 @@ def test_step_formats_and_observation_history():
 
 def test_step_text_replies_get_no_code_prefix():
     from codetool.models.backends import ScriptedBackend
-    from codetool.search.expand import expand
+    from codetool.search.expand import Node, expand
     from codetool.search.search import SearchConfig
 
     class Env:
@@ -112,14 +112,11 @@ def test_step_text_replies_get_no_code_prefix():
             return self
 
         def run(self, code):
-            class R:
-                def to_dict(self):
-                    return {"ok": True, "stdout": "1\n", "tool_calls": []}
-            return R()
+            return ExecutionResult(ok=True, stdout="1\n")
 
     task = type("T", (), {"query": "q", "env": Env()})()
     policy = ScriptedBackend(lambda prompt: "Print one.\n```python\nprint(1)\n```")
-    row = expand(policy, [(State(), [], task)], 1, SearchConfig(step_format="step_text"))[0]
+    row = expand(policy, [Node(State(), [], task)], 1, SearchConfig(step_format="step_text"))[0]
     prompt = policy.calls[0][0][0]
     assert prompt[-1]["role"] == "user"  # no opening fence put in the assistant's mouth
     assert row[0].candidate.code == "print(1)" and row[0].candidate.text.startswith("Print one.")

@@ -100,7 +100,7 @@ def test_beam_keeps_exactly_the_b_best_and_closes_dropped_sandboxes_at_once(quer
     # 1 root + 3 forks in step 1 + 6 in step 2
     assert len(registry) == 10 and traj.executor_forks == 9
     # the kept path ran the tool once, in step 1; step 2 saw a=3 without re-running anything
-    assert [c["name"] for c in traj.executed_calls()] == [api]
+    assert [c.name for c in traj.executed_calls()] == [api]
     assert traj.tool_calls == 3
     assert [s.chosen for s in traj.steps] == [2, 0]
     own = sum(c.completion_tokens for s in traj.steps for c in s.candidates)

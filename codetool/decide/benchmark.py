@@ -42,16 +42,17 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from codetool import CodetoolError
 from codetool.config import ConfigError, option
 from codetool.decide.labelled import DecisionItem, build_items
 from codetool.decide.metrics import answer_matches, first_action, trajectory_cost
+from codetool.decide.records import Cost, DecisionRecord, RouteCosts
 from codetool.decide.report import build_report, pct, plot_sweep, render_markdown
 from codetool.decide.stage import NONE, Decision, RouterConfig, api_candidates, decide, route_for
 from codetool.executor import ExecutorConfig
 from codetool.jsonl import append_jsonl, write_jsonl
+from codetool.search.records import Trajectory
 from codetool.search.search import SearchConfig
 
 logger = logging.getLogger(__name__)
@@ -122,9 +123,9 @@ def _reuse(path: str, items: list[DecisionItem]) -> tuple[list[Decision], list[d
 
     if not Path(path).is_file():
         raise CodetoolError(f"reuse: {path} not found; point it at the records.jsonl of an earlier run.")
-    by_id = {r["id"]: r for r in read_jsonl(path) if "id" in r}
+    by_id = {r.item_id: r for r in map(DecisionRecord.from_dict, (r for r in read_jsonl(path) if "id" in r))}
     missing = [it.item_id for it in items if it.item_id not in by_id
-               or by_id[it.item_id].get("options") != [NONE, *(n for n, _ in api_candidates(it.apis))]]
+               or by_id[it.item_id].options != [NONE, *(n for n, _ in api_candidates(it.apis))]]
     if missing:
         raise CodetoolError(f"reuse: {path} has no record of {missing[:3]} ({len(missing)} in all) with the same "
                             f"functions offered; use the same groups, seed and free_queries as that run, and "
@@ -132,19 +133,19 @@ def _reuse(path: str, items: list[DecisionItem]) -> tuple[list[Decision], list[d
     decisions, direct = [], []
     for it in items:
         r = by_id[it.item_id]
-        cost = r["costs"]["decision"]
-        decisions.append(Decision(r["choice"], r["confidence"], r["method"], scores=dict(r["top"]),
-                                  logprobs=r["logprobs"], null_logprobs=r["null_logprobs"], samples=r["samples"],
-                                  prompt_tokens=cost["tokens"], seconds=cost["seconds"]))
-        d = r["costs"]["direct"]
-        direct.append(None if d is None else {"text": r["direct_answer"], **d})
+        cost = r.costs.decision
+        decisions.append(Decision(r.choice, r.confidence, r.method, scores=dict(r.top),
+                                  logprobs=r.logprobs, null_logprobs=r.null_logprobs, samples=r.samples,
+                                  prompt_tokens=cost.tokens, seconds=cost.seconds))
+        d = r.costs.direct
+        direct.append(None if d is None else {"text": r.direct_answer, **d.to_dict()})
     return decisions, direct
 
 
 def _run_search(cfg: DecisionEvalConfig, items: list[DecisionItem], decisions: list[Decision], policy,
-                out: Path) -> tuple[dict[str, dict], dict[str, dict]]:
+                out: Path) -> tuple[dict[str, Trajectory], dict[str, Trajectory]]:
     """Every item's fast path (items whose top option is a function, with fallback) and the
-    always-search baseline on every item; returns trajectory records by item id."""
+    always-search baseline on every item; returns the trajectories by item id (and writes them)."""
     from codetool.assemble import executor_factory
     from codetool.config import config_hash
     from codetool.decide.router import route_and_solve
@@ -167,32 +168,31 @@ def _run_search(cfg: DecisionEvalConfig, items: list[DecisionItem], decisions: l
     fast = route_and_solve(tasks([it for it, _ in pairs]), replace(cfg.router, t_tool=0.0), search, policy,
                            decisions=[d for _, d in pairs], on_done=lambda t: append_jsonl(paths["fast"], t.to_dict()))
     full = search.run(tasks(items), on_done=lambda t: append_jsonl(paths["search"], t.to_dict()))
-    return {t.query_id: t.to_dict() for t in fast}, {t.query_id: t.to_dict() for t in full}
+    return {t.query_id: t for t in fast}, {t.query_id: t for t in full}
 
 
-def _record(item: DecisionItem, d: Decision, direct: dict | None, fast: dict | None, searched: dict | None,
-            cfg: DecisionEvalConfig) -> dict[str, Any]:
+def _record(item: DecisionItem, d: Decision, direct: dict | None, fast: Trajectory | None,
+            searched: Trajectory | None, cfg: DecisionEvalConfig) -> DecisionRecord:
     """One line of ``records.jsonl``: the label, the decision, each route's measured cost."""
     names = [n for n, _ in api_candidates(item.apis)]
-    decision_cost = {"tokens": d.prompt_tokens + d.completion_tokens + d.scored_tokens, "seconds": d.seconds}
+    decision_cost = Cost(tokens=d.prompt_tokens + d.completion_tokens + d.scored_tokens, seconds=d.seconds)
     fast_cost = trajectory_cost(fast)
     if fast_cost is not None:  # the fast trajectory includes the decision it was given; keep the route alone
-        fast_cost = {"tokens": fast_cost["tokens"] - decision_cost["tokens"],
-                     "seconds": max(0.0, fast_cost["seconds"] - d.seconds)}
-    return {"id": item.item_id, "query": item.query, "needs_tool": item.needs_tool, "gold": item.gold,
-            "group": item.group, "category": item.category, "tools_from": item.tools_from,
-            "n_functions": len(names), "options": [NONE, *names], "choice": d.choice,
-            "confidence": d.confidence, "method": d.method, "logprobs": d.logprobs,
-            "null_logprobs": d.null_logprobs, "samples": d.samples,
-            "top": sorted(d.scores.items(), key=lambda kv: -kv[1])[:5],
-            "route": route_for(d, cfg.router),
-            "costs": {"decision": decision_cost,
-                      "direct": None if direct is None else {"tokens": direct["tokens"], "seconds": direct["seconds"]},
-                      "fast": fast_cost, "search": trajectory_cost(searched)},
-            "direct_answer": None if direct is None else direct["text"], "answer": item.answer,
-            "answer_correct": None if direct is None or not item.answer else answer_matches(direct["text"], item.answer),
-            "fast_first_action": first_action(fast), "fast_fallback": (fast or {}).get("routing", {}).get("fallback"),
-            "search_first_action": first_action(searched)}
+        fast_cost = Cost(tokens=fast_cost.tokens - decision_cost.tokens, seconds=max(0.0, fast_cost.seconds - d.seconds))
+    return DecisionRecord(
+        item_id=item.item_id, query=item.query, needs_tool=item.needs_tool, gold=item.gold, group=item.group,
+        category=item.category, tools_from=item.tools_from, n_functions=len(names), options=[NONE, *names],
+        choice=d.choice, confidence=d.confidence, method=d.method, logprobs=d.logprobs,
+        null_logprobs=d.null_logprobs, samples=d.samples, top=sorted(d.scores.items(), key=lambda kv: -kv[1])[:5],
+        route=route_for(d, cfg.router),
+        costs=RouteCosts(decision=decision_cost,
+                         direct=None if direct is None else Cost(tokens=direct["tokens"], seconds=direct["seconds"]),
+                         fast=fast_cost, search=trajectory_cost(searched)),
+        direct_answer=None if direct is None else direct["text"], answer=item.answer,
+        answer_correct=None if direct is None or not item.answer else answer_matches(direct["text"], item.answer),
+        fast_first_action=first_action(fast),
+        fast_fallback=None if fast is None else (fast.routing or {}).get("fallback"),
+        search_first_action=first_action(searched))
 
 
 def eval_decision_command(cfg: DecisionEvalConfig) -> int:
@@ -220,7 +220,7 @@ def eval_decision_command(cfg: DecisionEvalConfig) -> int:
     records = [_record(it, d, dr, fast.get(it.item_id), searched.get(it.item_id), cfg)
                for it, d, dr in zip(items, decisions, direct)]
     report = redact_obj(build_report(cfg, records, skipped, time.perf_counter() - start))
-    write_jsonl(out / "records.jsonl", records)
+    write_jsonl(out / "records.jsonl", [r.to_dict() for r in records])
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     (out / "report.md").write_text(render_markdown(report))
     plot_sweep(report, out / "decision_sweep.png")

@@ -1,4 +1,5 @@
-"""When2Tool-style metrics of the decide-first benchmark, computed from ``records.jsonl`` rows.
+"""When2Tool-style metrics of the decide-first benchmark, computed from its per-query records
+(:class:`~codetool.decide.records.DecisionRecord`, the rows of ``records.jsonl``).
 
 The When2Tool benchmark (Sun et al., 2026, "LLM Agents Already Know When to Call Tools") scores the
 trade-off between task accuracy and tool calls per task on tool-necessary vs tool-unnecessary
@@ -12,14 +13,19 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
+from codetool.decide.records import Cost, DecisionRecord
 from codetool.decide.stage import NONE, Decision, RouterConfig, option_probabilities, route_for
+
+if TYPE_CHECKING:
+    from codetool.search.records import Trajectory
 
 SEARCH = "SEARCH"  # first action of a query deferred to the full search, when its tool is unknown
 
 
-def action_metrics(rows: list[dict], actions: list[str | None]) -> dict[str, float | int | None]:
+def action_metrics(rows: Sequence[DecisionRecord], actions: list[str | None]) -> dict[str, float | int | None]:
     """When2Tool-style metrics of the first actions taken on a labelled set.
 
     Let T be the tool-needing queries (gold functions G(q)) and F the tool-free ones. The first
@@ -37,20 +43,21 @@ def action_metrics(rows: list[dict], actions: list[str | None]) -> dict[str, flo
       the binary "is a tool needed" decision that When2Tool studies.
 
     Args:
-        rows (`list[dict]`): per query, ``needs_tool`` (bool) and ``gold`` (list of names).
+        rows (`list[DecisionRecord]`): per query, ``needs_tool`` (bool) and ``gold`` (list of names)
+            are read (a ``DecisionItem`` has them too).
         actions (`list`): the first action of each row.
     Returns:
         The metrics (fractions in [0, 1], ``None`` where the denominator is 0) and the counts
         ``n``, ``n_tool``, ``n_free``.
     """
-    tool = [(r, a) for r, a in zip(rows, actions, strict=True) if r["needs_tool"]]
-    free = [a for r, a in zip(rows, actions, strict=True) if not r["needs_tool"]]
+    tool = [(r, a) for r, a in zip(rows, actions, strict=True) if r.needs_tool]
+    free = [a for r, a in zip(rows, actions, strict=True) if not r.needs_tool]
 
     def share(count: int, total: int) -> float | None:
         return count / total if total else None
 
-    right = sum(a in r["gold"] for r, a in tool)
-    wrong = sum(a not in (None, NONE, SEARCH) and a not in r["gold"] for r, a in tool)
+    right = sum(a in r.gold for r, a in tool)
+    wrong = sum(a not in (None, NONE, SEARCH) and a not in r.gold for r, a in tool)
     halluc = sum(a == NONE for _, a in tool)
     free_none = sum(a == NONE for a in free)
     n = len(tool) + len(free)
@@ -63,35 +70,32 @@ def action_metrics(rows: list[dict], actions: list[str | None]) -> dict[str, flo
             "necessity_accuracy": share(len(tool) - halluc + free_none, n)}
 
 
-def first_action(traj: dict | None) -> str | None:
-    """The first executed tool call of a trajectory record, ``NONE`` when it called no tool."""
+def first_action(traj: Trajectory | None) -> str | None:
+    """The first executed tool call of a trajectory, ``NONE`` when it called no tool."""
     if traj is None:
         return None
-    for step in traj.get("steps", []):
-        cand = step["candidates"][step.get("chosen", 0)]
-        for call in cand.get("result", {}).get("tool_calls", []):
-            return call.get("name")
-    return NONE
+    calls = traj.executed_calls()
+    return calls[0].name if calls else NONE
 
 
-def trajectory_cost(traj: dict | None) -> dict[str, float] | None:
-    """Tokens and seconds of a trajectory record. Seconds are the query's share of the batched
+def trajectory_cost(traj: Trajectory | None) -> Cost | None:
+    """Tokens and seconds of a trajectory. Seconds are the query's share of the batched
     phases (``phase_seconds``), not its wall time: episodes that share rounds each span the whole
     round, so summing wall times would count the same seconds several times."""
     if traj is None:
         return None
-    phases = traj.get("phase_seconds") or {}
-    seconds = sum(phases.values()) if phases else traj["wall_time_s"]
-    return {"tokens": traj["prompt_tokens"] + traj["completion_tokens"], "seconds": seconds}
+    phases = traj.phase_seconds or {}
+    seconds = sum(phases.values()) if phases else traj.wall_time_s
+    return Cost(tokens=traj.prompt_tokens + traj.completion_tokens, seconds=seconds)
 
 
-def route_at(record: dict, t_none: float, t_tool: float) -> str:
+def route_at(record: DecisionRecord, t_none: float, t_tool: float) -> str:
     """The route of a benchmark record's decision under thresholds ``t_none``/``t_tool``."""
-    d = Decision(record["choice"], record["confidence"], record["method"])
+    d = Decision(record.choice, record.confidence, record.method)
     return route_for(d, RouterConfig(t_none=t_none, t_tool=t_tool))
 
 
-def threshold_row(records: list[dict], t_none: float, t_tool: float) -> dict[str, Any]:
+def threshold_row(records: list[DecisionRecord], t_none: float, t_tool: float) -> dict[str, Any]:
     """Metrics, route counts and cost per query of routing at one pair of thresholds.
 
     The first action of a query is ``NONE`` on the direct route; on the fast route the first call
@@ -104,19 +108,15 @@ def threshold_row(records: list[dict], t_none: float, t_tool: float) -> dict[str
     for r in records:
         route = route_at(r, t_none, t_tool)
         routes[route] += 1
-        costs = r["costs"]
         if route == "direct":
             actions.append(NONE)
-            cost = costs.get("direct")
         elif route == "fast":
-            actions.append(r.get("fast_first_action") or r["choice"])
-            cost = costs.get("fast")
+            actions.append(r.fast_first_action or r.choice)
         else:
-            actions.append(r.get("search_first_action") or SEARCH)
-            cost = costs.get("search")
-        base = costs["decision"]
-        tokens.append(None if cost is None else base["tokens"] + cost["tokens"])
-        seconds.append(None if cost is None else base["seconds"] + cost["seconds"])
+            actions.append(r.search_first_action or SEARCH)
+        cost, base = r.costs.route(route), r.costs.decision
+        tokens.append(None if cost is None else base.tokens + cost.tokens)
+        seconds.append(None if cost is None else base.seconds + cost.seconds)
     row: dict[str, Any] = {"t_none": t_none, "t_tool": t_tool, **action_metrics(records, actions),
                            "routes": {k: routes.get(k, 0) for k in ("direct", "fast", "search")}}
     complete = records and all(x is not None for x in tokens)
@@ -125,21 +125,22 @@ def threshold_row(records: list[dict], t_none: float, t_tool: float) -> dict[str
     return row
 
 
-def baseline_row(records: list[dict]) -> dict[str, Any] | None:
+def baseline_row(records: list[DecisionRecord]) -> dict[str, Any] | None:
     """Always running the full search: its metrics and cost per query (``None`` when not run)."""
-    if not records or any(r["costs"].get("search") is None for r in records):
+    searched = [r.costs.search for r in records]
+    if not records or any(c is None for c in searched):
         return None
-    actions = [r.get("search_first_action") or SEARCH for r in records]
+    actions = [r.search_first_action or SEARCH for r in records]
     n = len(records)
     return {**action_metrics(records, actions),
-            "tokens_per_query": sum(r["costs"]["search"]["tokens"] for r in records) / n,
-            "seconds_per_query": sum(r["costs"]["search"]["seconds"] for r in records) / n}
+            "tokens_per_query": sum(c.tokens for c in searched) / n,
+            "seconds_per_query": sum(c.seconds for c in searched) / n}
 
 
-def sweep_thresholds(records: list[dict], thresholds: list[float] | None = None) -> list[dict[str, Any]]:
+def sweep_thresholds(records: list[DecisionRecord], thresholds: list[float] | None = None) -> list[dict[str, Any]]:
     """:func:`threshold_row` at ``t_none = t_tool = t`` for each ``t`` (default: 0, every recorded
     confidence, and 1), in increasing order."""
-    grid = thresholds or [0.0, 1.0] + [round(r["confidence"], 4) for r in records]
+    grid = thresholds or [0.0, 1.0] + [round(r.confidence, 4) for r in records]
     return [threshold_row(records, t, t) for t in sorted(set(grid))]
 
 
@@ -168,14 +169,14 @@ def answer_matches(reply: str, answer: str) -> bool:
 SCORINGS = ("sum", "chars", "pmi-sum", "pmi-chars")
 
 
-def argmax_choices(records: list[dict], scoring: str) -> list[str | None]:
+def argmax_choices(records: list[DecisionRecord], scoring: str) -> list[str | None]:
     """The top option of each logprobs record under another scoring: ``sum`` or ``chars`` of the
     raw log-probs, or ``pmi-sum``/``pmi-chars`` of the calibrated ones (needs ``null_logprobs``)."""
     out = []
     for r in records:
-        raw = r["logprobs"]
+        raw = r.logprobs
         if scoring.startswith("pmi-"):
-            raw = [a - b for a, b in zip(raw, r["null_logprobs"], strict=True)]
-        probs = option_probabilities(raw, r["options"], scoring.removeprefix("pmi-"))
-        out.append(r["options"][max(range(len(probs)), key=lambda j: (probs[j], -j))])
+            raw = [a - b for a, b in zip(raw, r.null_logprobs, strict=True)]
+        probs = option_probabilities(raw, r.options, scoring.removeprefix("pmi-"))
+        out.append(r.options[max(range(len(probs)), key=lambda j: (probs[j], -j))])
     return out

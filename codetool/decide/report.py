@@ -24,6 +24,7 @@ from codetool.decide.metrics import (
 
 if TYPE_CHECKING:
     from codetool.decide.benchmark import DecisionEvalConfig
+    from codetool.decide.records import DecisionRecord
 
 _ROWS = [("decision_accuracy", "decision accuracy (first action right)"),
          ("necessity_accuracy", "necessity accuracy (tool vs none)"),
@@ -46,24 +47,24 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
         "| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows] + [""]
 
 
-def build_report(cfg: DecisionEvalConfig, records: list[dict], skipped: dict[str, int], seconds: float) -> dict:
+def build_report(cfg: DecisionEvalConfig, records: list[DecisionRecord], skipped: dict[str, int], seconds: float) -> dict:
     """``report.json``: counts, the decision layer, routing at the configured thresholds, the
     always-search baseline and saving, the sweep, per-category accuracy, direct-answer accuracy."""
-    method = records[0]["method"] if records else None
+    method = records[0].method if records else None
     at = threshold_row(records, cfg.router.t_none, cfg.router.t_tool)
     at["fast_fallbacks"] = sum(1 for r in records if route_at(r, cfg.router.t_none, cfg.router.t_tool) == "fast"
-                               and r["fast_fallback"])
+                               and r.fast_fallback)
     base = baseline_row(records)
     saving = None
     if base and at["tokens_per_query"] is not None:
         saving = {"tokens": 1 - at["tokens_per_query"] / max(base["tokens_per_query"], 1e-9),
                   "seconds": 1 - at["seconds_per_query"] / max(base["seconds_per_query"], 1e-9)}
     by_category = {}
-    for cat in sorted({r["category"] for r in records}):
-        rows = [r for r in records if r["category"] == cat]
-        by_category[cat] = {"n": len(rows), **{k: v for k, v in action_metrics(rows, [r["choice"] for r in rows]).items()
+    for cat in sorted({r.category for r in records}):
+        rows = [r for r in records if r.category == cat]
+        by_category[cat] = {"n": len(rows), **{k: v for k, v in action_metrics(rows, [r.choice for r in rows]).items()
                                                 if k in ("decision_accuracy", "necessity_accuracy")}}
-    judged = [r for r in records if r["answer_correct"] is not None]
+    judged = [r for r in records if r.answer_correct is not None]
     notes = ["Each tool-free query is offered the tool list of a sampled tool-needing query (tools_from).",
              "Direct-answer accuracy is a lenient string match against the reference, not a judge."]
     if not cfg.run_search:
@@ -74,21 +75,21 @@ def build_report(cfg: DecisionEvalConfig, records: list[dict], skipped: dict[str
         "benchmark": "decision", "model": cfg.model, "decider": cfg.decider or cfg.model, "method": method,
         "scoring": (("pmi-" if cfg.router.calibrate else "") + cfg.router.length_norm) if method == "logprobs" else None,
         "thresholds": {"t_none": cfg.router.t_none, "t_tool": cfg.router.t_tool},
-        "counts": {"tool": sum(r["needs_tool"] for r in records), "free": sum(not r["needs_tool"] for r in records),
-                   "groups": dict(Counter(r["group"] for r in records)),
-                   "categories": dict(Counter(r["category"] for r in records)),
-                   "mean_functions_offered": sum(r["n_functions"] for r in records) / n},
+        "counts": {"tool": sum(r.needs_tool for r in records), "free": sum(not r.needs_tool for r in records),
+                   "groups": dict(Counter(r.group for r in records)),
+                   "categories": dict(Counter(r.category for r in records)),
+                   "mean_functions_offered": sum(r.n_functions for r in records) / n},
         "skipped": skipped,
-        "decision": action_metrics(records, [r["choice"] for r in records]),
+        "decision": action_metrics(records, [r.choice for r in records]),
         "decision_by_scoring": {k: action_metrics(records, argmax_choices(records, k)) for k in SCORINGS
-                                if not k.startswith("pmi-") or all(r["null_logprobs"] for r in records)}
+                                if not k.startswith("pmi-") or all(r.null_logprobs for r in records)}
         if method == "logprobs" else None,
-        "decision_cost": {"tokens_per_query": sum(r["costs"]["decision"]["tokens"] for r in records) / n,
-                          "seconds_per_query": sum(r["costs"]["decision"]["seconds"] for r in records) / n},
+        "decision_cost": {"tokens_per_query": sum(r.costs.decision.tokens for r in records) / n,
+                          "seconds_per_query": sum(r.costs.decision.seconds for r in records) / n},
         "at_threshold": at, "always_act": threshold_row(records, 0.0, 0.0), "always_search": base, "saving": saving,
         "sweep": sweep_thresholds(records, cfg.thresholds or None), "by_category": by_category,
-        "direct_answers": {"with_reference": len(judged), "correct": sum(r["answer_correct"] for r in judged),
-                           "accuracy": sum(r["answer_correct"] for r in judged) / len(judged) if judged else None},
+        "direct_answers": {"with_reference": len(judged), "correct": sum(r.answer_correct for r in judged),
+                           "accuracy": sum(r.answer_correct for r in judged) / len(judged) if judged else None},
         "seconds_total": seconds, "notes": notes, "config": to_dict(cfg),
     }
 

@@ -31,7 +31,7 @@ from codetool.decide.stage import (
     decide,
     route_for,
 )
-from codetool.search.expand import expand
+from codetool.search.expand import Node, expand
 from codetool.search.prompt import prompt_text
 from codetool.search.records import Step, Trajectory
 from codetool.search.search import SearchTask, StepwiseSearch
@@ -60,10 +60,10 @@ def fast_failure(expanded) -> str | None:
     result = cand.result
     if cand.code is None:
         return "no_code"
-    if not result.get("ok", False):
+    if not result.ok:
         return "code_error"
-    calls = result.get("tool_calls", [])
-    if any(c.get("status") != "ok" for c in calls):
+    calls = result.tool_calls
+    if any(c.status != "ok" for c in calls):
         return "tool_error"
     if expanded.ended == "give_up":
         return "give_up"
@@ -229,7 +229,7 @@ class Router:
         nodes = []
         for p in pending:
             hinted = replace(p.task, query=p.task.query + "\n\n" + hint.replace("{tool}", p.decision.tool).strip())
-            nodes.append((self.make_executor(p.task), [], hinted))
+            nodes.append(Node(self.make_executor(p.task), [], hinted))
         timings: dict[str, float] = {}
         start = time.perf_counter()
         rows = expand(self.policy, nodes, 1, cfg, seed=self.cfg.seed, timings=timings)
@@ -237,7 +237,8 @@ class Router:
         phases = {"wall": (time.perf_counter() - start) / n,
                   **{phase: timings.get(phase, 0.0) / n for phase in ("generation", "execution")}}
         out = []
-        for p, (parent, _, _), [e] in zip(pending, nodes, rows, strict=True):
+        for p, node, [e] in zip(pending, nodes, rows, strict=True):
+            parent = node.state
             cand = e.candidate
             cand.chosen = True
             step = Step(index=0, candidates=[cand], chosen=0, observation=e.observation)
@@ -248,7 +249,7 @@ class Router:
                 parent.close()
                 traj = self._trajectory(p)
                 traj.steps = [step]
-                traj.final_answer, traj.finish_type = str(cand.result["final_answer"]), "finish"
+                traj.final_answer, traj.finish_type = str(cand.result.final_answer), "finish"
                 self._add_step_cost(traj, step, phases)
                 out.append(traj)
                 continue
@@ -268,7 +269,7 @@ class Router:
         traj.prompt_tokens += cand.prompt_tokens
         traj.completion_tokens += cand.completion_tokens
         traj.tool_cost += cand.cost
-        traj.isolation = cand.result.get("isolation", traj.isolation) or traj.isolation
+        traj.isolation = cand.result.isolation or traj.isolation
         for phase in ("generation", "execution"):
             traj.phase_seconds[phase] = traj.phase_seconds.get(phase, 0.0) + phases.get(phase, 0.0)
         traj.wall_time_s += phases.get("wall", 0.0)

@@ -35,7 +35,7 @@ from typing import Any
 
 from codetool import CodetoolError
 from codetool.jsonl import write_jsonl
-from codetool.search.records import Candidate, Step, Trajectory
+from codetool.search.records import Candidate, ImportedCall, ImportedResult, Step, Trajectory
 from codetool.secrets import redact_obj
 
 logger = logging.getLogger(__name__)
@@ -99,12 +99,13 @@ def trajectory_to_converted(traj: Trajectory) -> dict[str, Any]:
                                    {"role": "user", "message": meta.get("user_message", "")}]
     for step in traj.steps:
         cand = step.chosen_candidate
-        if cand.result.get("stb_assistant", True):
+        result = cand.result
+        if not isinstance(result, ImportedResult) or result.assistant:
             message = cand.text if cand.code is None else cand.code
-            printed = cand.result.get("stdout") if cand.code is not None else None
+            printed = result.stdout if cand.code is not None and result is not None else None
             nodes.append({"role": "assistant", "message": message + (f"\nOutput:\n{printed}" if printed else "")})
-        for call in cand.result.get("tool_calls", []):
-            nodes.append({"role": "tool", "message": _tool_message(call)})
+        for call in result.tool_calls if result is not None else []:
+            nodes.append({"role": "tool", "message": _tool_message(call.to_dict())})
     final_answer = meta.get("final_answer_raw")
     # an answer written after the search (CodeTool's practice) is exported as a Finish call, so
     # StableToolBench's evaluator judges it as ours does
@@ -243,9 +244,9 @@ def converted_to_trajectory(query_id: str, entry: dict[str, Any], *, group: str 
         elif role == "tool":
             # A ToolBench step is one call, with the thought before it if there was one.
             last = steps[-1].candidates[0].result if steps else None
-            if last is None or not last["stb_assistant"] or last["tool_calls"]:
+            if last is None or not last.assistant or last.tool_calls:
                 steps.append(_step(len(steps), "", False))
-            steps[-1].candidates[0].result["tool_calls"].append(_parse_message(node["message"]))
+            steps[-1].candidates[0].result.tool_calls.append(ImportedCall(_parse_message(node["message"])))
         else:
             raise CodetoolError(f"converted answer {query_id}: unknown node role {role!r}.")
     if finish is None:
@@ -261,7 +262,7 @@ def converted_to_trajectory(query_id: str, entry: dict[str, Any], *, group: str 
 
 
 def _step(index: int, text: str, assistant: bool) -> Step:
-    result = {"ok": None, "tool_calls": [], "stb_assistant": assistant}
+    result = ImportedResult(assistant=assistant)
     return Step(index=index, candidates=[Candidate(index=0, text=text, code=None, result=result, chosen=True)],
                 chosen=0)
 

@@ -79,7 +79,7 @@ def run_metrics(trajs: Sequence[Trajectory]) -> RunMetrics:
             for j, cand in enumerate(step.candidates):
                 if cand.code is None:
                     continue
-                ok = bool(cand.result.get("ok"))
+                ok = bool(cand.result is not None and cand.result.ok)
                 executed += 1
                 ran += ok
                 if j == step.chosen:

@@ -99,7 +99,7 @@ def executed_path(traj: Trajectory) -> tuple[list[str], int]:
             by_name[entry.get("name", "")] = f"{entry.get('method', 'GET')} {entry.get('path') or entry.get('url')}"
     path, unmapped = [], 0
     for call in traj.executed_calls():
-        name = str(call.get("name", ""))
+        name = str(call.name)
         if name in by_name:
             path.append(normalize_api(by_name[name]))
         elif name.split(" ", 1)[0].upper() in _METHODS and "/" in name:

@@ -90,18 +90,19 @@ def render_trajectory(traj: Trajectory, max_chars: int = 6000) -> str:
             lines.append("code:\n" + clip(cand.code, 1500))
         elif cand.text:
             lines.append("thought: " + clip(cand.text, 1000))
-        for call in cand.result.get("tool_calls", []):
-            args = call.get("arguments")
-            args = call.get("arguments_text", "") if args is None else json.dumps(args, ensure_ascii=False)
-            body = call.get("response", call.get("content", call.get("error", "")))
+        for call in cand.result.tool_calls if cand.result is not None else []:
+            args = call.arguments
+            args = getattr(call, "arguments_text", "") if args is None else json.dumps(args, ensure_ascii=False)
+            body = call.response
             body = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
-            lines.append(f"call {call.get('name', '?')}({clip(args, 300)}) -> {call.get('status', '?')}: "
+            lines.append(f"call {call.name or '?'}({clip(args, 300)}) -> {call.status}: "
                          f"{clip(body, 600)}")
-        printed = cand.result.get("stdout") or step.observation
+        result = cand.result
+        printed = (result.stdout if result is not None else "") or step.observation
         if printed:
             lines.append("printed: " + clip(printed, 800))
-        if cand.result.get("error_type"):
-            lines.append(f"error: {cand.result['error_type']}: {clip(cand.result.get('error_message', ''), 300)}")
+        if result is not None and result.error_type:
+            lines.append(f"error: {result.error_type}: {clip(result.error_message or '', 300)}")
     lines.append(f"Episode ended with: {traj.finish_type}")
     return redact(clip("\n".join(lines), max_chars))
 

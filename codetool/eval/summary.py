@@ -46,10 +46,10 @@ def judge_free(trajs: list) -> dict[str, float | None]:
     calls = grounded = 0
     for t in trajs:
         names = {a.get("name") for a in t.available_tools}
-        listed = [c for c in t.executed_calls() if c.get("name") in names]
+        listed = [c for c in t.executed_calls() if c.name in names]
         calls += len(listed)
         answered = t.finish_type == "finish" and bool((t.final_answer or "").strip())
-        grounded += answered and any(c.get("status") == "ok" for c in listed)
+        grounded += answered and any(c.status == "ok" for c in listed)
     out: dict[str, float | None] = {
         "scep": run_metrics(trajs).scep, "tool_calls": calls / n,
         "finish": sum(t.finish_type == "finish" for t in trajs) / n, "grounded": grounded / n,

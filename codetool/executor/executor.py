@@ -30,7 +30,7 @@ from typing import Any
 from codetool.executor.channel import POLL_IN, ProtocolError, clean_text, log_safe, read_available
 from codetool.executor.config import ExecutorConfig
 from codetool.executor.proxy import perform_tool_call
-from codetool.executor.result import NO_CODE, OUTCOMES, ExecutionResult, ToolCall
+from codetool.executor.result import HOST_ERROR, NO_CODE, OUTCOMES, ExecutionResult, ToolCall
 from codetool.executor.sandbox import ExecutorError, Sandbox, WorkerHandle
 
 logger = logging.getLogger(__name__)
@@ -388,7 +388,7 @@ class Executor:
                        start: float, timeout: float) -> ExecutionResult:
         calls, ended = step.calls, step.ended
         outcome = done.get("outcome")
-        if outcome not in OUTCOMES or outcome in ("worker_lost", NO_CODE):
+        if outcome not in OUTCOMES or outcome in ("worker_lost", NO_CODE, HOST_ERROR):
             outcome = "sandbox_violation"
         worker.cpu_s = _number(done.get("cpu_s"), 0.0, 1e9)
         dropped = int(_number(done.get("output_dropped"), 0, 1 << 53))

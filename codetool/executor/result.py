@@ -9,8 +9,12 @@ from typing import Any
 # ExecutionResult.outcome values; only "ok" counts as a successful execution (R_spot = 1).
 # NO_CODE: the reply held no code block, so nothing ran; set by the search (no_code_result), never
 # by the executor (a worker that reports it is treated as a sandbox violation).
+# HOST_ERROR: the executor itself raised instead of reporting (a fault of the host, not of the code);
+# set by the search (host_error_result), never by the executor; it ends the episode as an error.
 NO_CODE = "no_code"
-OUTCOMES = ("ok", "runtime_error", "sandbox_violation", "timeout", "resource_limit", "worker_lost", NO_CODE)
+HOST_ERROR = "host_error"
+OUTCOMES = ("ok", "runtime_error", "sandbox_violation", "timeout", "resource_limit", "worker_lost", NO_CODE,
+            HOST_ERROR)
 
 
 @dataclass
@@ -40,6 +44,16 @@ class ToolCall:
     response: str = ""
     arguments_sha256: str = ""
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data, as in a trajectory record's ``tool_calls``."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ToolCall:
+        """Inverse of :meth:`to_dict` (unknown keys are ignored)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
 
 RESPONSE_PREVIEW_CHARS = 1000
 ARGUMENT_PREVIEW_CHARS = 2000  # JSON characters of a call's arguments kept in its record
@@ -60,7 +74,8 @@ class ExecutionResult:
             line of the step (with the calling line when it failed inside an earlier step's
             function).
         outcome (`str`): one of ``OUTCOMES``: ``ok``, ``runtime_error``, ``sandbox_violation``,
-            ``timeout``, ``resource_limit``, ``worker_lost``, or ``no_code`` (:func:`no_code_result`).
+            ``timeout``, ``resource_limit``, ``worker_lost``, ``no_code`` (:func:`no_code_result`) or
+            ``host_error`` (:func:`host_error_result`).
         output_truncated (`bool`): output beyond ``max_output_chars`` was dropped.
         state_lost (`bool`): the worker was replaced during this run (timeout kill, crash,
             ``os._exit``) or had died before it: variables, functions and imports of earlier steps
@@ -101,18 +116,30 @@ class ExecutionResult:
         """Whether the code ended the episode (``finish`` or ``give_up``)."""
         return self.final_answer is not None or self.give_up_reason is not None
 
+    @property
+    def host_error(self) -> str | None:
+        """The executor's own fault (its exception, redacted) when ``outcome == "host_error"``."""
+        return self.error_message if self.outcome == HOST_ERROR else None
+
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able data for the trajectory record (``Candidate.result``)."""
+        """Plain JSON-able data for the trajectory record (``Candidate.result`` on disk): the
+        fields, ``timed_out``, and ``host_error`` for a host fault."""
         data = dataclasses.asdict(self)
         data["timed_out"] = self.timed_out
+        if self.outcome == HOST_ERROR:
+            data["host_error"] = self.host_error
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ExecutionResult:
-        """Inverse of :meth:`to_dict` (unknown keys, such as ``timed_out``, are ignored)."""
+        """Inverse of :meth:`to_dict` (derived keys, ``timed_out`` and ``host_error``, are ignored).
+
+        Raises:
+            ValueError: ``outcome`` is not one of ``OUTCOMES``.
+        """
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
-        values["tool_calls"] = [c if isinstance(c, ToolCall) else ToolCall(**c)
+        values["tool_calls"] = [c if isinstance(c, ToolCall) else ToolCall.from_dict(c)
                                 for c in values.get("tool_calls", [])]
         return cls(**values)
 
@@ -124,3 +151,14 @@ def no_code_result(reason: str | None) -> ExecutionResult:
         reason (`str` or `None`): why no code was found (``codetool.search.prompt.parse_candidate``).
     """
     return ExecutionResult(ok=False, outcome=NO_CODE, error_type="NoCodeBlock", error_message=reason)
+
+
+def host_error_result(message: str, error_type: str) -> ExecutionResult:
+    """The result of a candidate whose executor raised instead of reporting: ``R_spot = 0``, and
+    the search ends the episode (or the tree) as an error.
+
+    Args:
+        message (`str`): the exception as text, already redacted and cut.
+        error_type (`str`): the exception's class name.
+    """
+    return ExecutionResult(ok=False, outcome=HOST_ERROR, error_type=error_type, error_message=message)

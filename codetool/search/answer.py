@@ -65,17 +65,18 @@ def execution_log(traj: Trajectory, max_chars: int = 8000) -> str:
         cand = step.chosen_candidate
         lines.append(f"### Step {step.index + 1}")
         lines.append(f"```python\n{cand.code}\n```" if cand.code else f"(no code) {cand.text[:1000]}")
-        for call in cand.result.get("tool_calls", []):
-            args = call.get("arguments")
-            args = call.get("arguments_text", "") if args is None else json.dumps(args, ensure_ascii=False)
-            body = call.get("response", call.get("content", call.get("error", "")))
+        for call in cand.result.tool_calls if cand.result is not None else []:
+            args = call.arguments
+            args = getattr(call, "arguments_text", "") if args is None else json.dumps(args, ensure_ascii=False)
+            body = call.response
             body = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
-            lines.append(f"tool call {call.get('name', '?')}({args[:300]}) -> {call.get('status', '?')}: {body[:1500]}")
-        printed = cand.result.get("stdout") or step.observation
+            lines.append(f"tool call {call.name or '?'}({args[:300]}) -> {call.status}: {body[:1500]}")
+        result = cand.result
+        printed = (result.stdout if result is not None else "") or step.observation
         if printed:
             lines.append(f"printed: {printed[:1500]}")
-        if cand.result.get("error_type"):
-            lines.append(f"error: {cand.result['error_type']}: {str(cand.result.get('error_message', ''))[:300]}")
+        if result is not None and result.error_type:
+            lines.append(f"error: {result.error_type}: {str(result.error_message or '')[:300]}")
     text = "\n".join(lines)
     if len(text) > max_chars:
         text = f"[{len(text) - max_chars} earlier characters left out]\n" + text[-max_chars:]

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from codetool.executor.result import ExecutionResult, host_error_result, no_code_result
 from codetool.models.constraint import CallConstraint
 from codetool.rewards import ToolCostTable, on_the_spot, step_cost
 from codetool.search.prompt import CODE_PREFIX, format_observation, parse_candidate, policy_messages
@@ -24,6 +25,23 @@ if TYPE_CHECKING:
     from codetool.search.search import SearchConfig
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A point to expand from (a search episode's current step, a tree's frontier node).
+
+    Args:
+        state (`Executor`): the executor holding the node's state; each candidate runs in a
+            ``fork()`` of it, and the caller keeps owning it.
+        history (`list[dict]`): the steps that led here (``code``, ``text``, ``observation``), as
+            for :func:`~codetool.search.prompt.policy_messages`.
+        task (`SearchTask`): the query and its tool environment.
+    """
+
+    state: Any
+    history: list[dict]
+    task: Any
 
 
 @dataclass
@@ -40,14 +58,14 @@ class Expanded:
     def ended(self) -> str | None:
         """``finish`` or ``give_up`` when this candidate's code ended the episode."""
         result = self.candidate.result
-        if result.get("final_answer") is not None:
+        if result.final_answer is not None:
             return "finish"
-        if result.get("give_up_reason") is not None:
+        if result.give_up_reason is not None:
             return "give_up"
         return None
 
 
-def expand_each(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: SearchConfig, *,
+def expand_each(policy, nodes: list[Node], n: int, cfg: SearchConfig, *,
                 seed: int | None = None, timings: dict[str, float] | None = None,
                 ) -> list[list[Expanded] | Exception]:
     """:func:`expand`, isolating failures per node: if the batched call raises (a policy error
@@ -71,14 +89,13 @@ def expand_each(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: S
     return rows
 
 
-def expand(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: SearchConfig, *,
+def expand(policy, nodes: list[Node], n: int, cfg: SearchConfig, *,
            seed: int | None = None, timings: dict[str, float] | None = None) -> list[list[Expanded]]:
     """Sample ``n`` candidates for each node in one batched call and execute each in a fork.
 
     Args:
         policy (`LLMBackend`): the policy model.
-        nodes (`list[tuple]`): ``(executor, history, task)`` per node; ``history`` as for
-            :func:`policy_messages`.
+        nodes (`list[Node]`): where to expand from.
         n (`int`): candidates per node.
         cfg (`SearchConfig`): sampling settings and reward options.
         timings (`dict`, *optional*): ``generation``/``execution`` seconds are added to it.
@@ -86,8 +103,8 @@ def expand(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: Search
         One list of ``n`` :class:`Expanded` per node, in sampling order.
     """
     timings = timings if timings is not None else {}
-    prompts = [policy_messages(task.query, task.env.render(), history, step_format=cfg.step_format,
-                               observation_history=cfg.observation_history) for _, history, task in nodes]
+    prompts = [policy_messages(node.task.query, node.task.env.render(), node.history, step_format=cfg.step_format,
+                               observation_history=cfg.observation_history) for node in nodes]
     stop = None
     prefixed = cfg.code_prefix and cfg.step_format == "code_only"
     if prefixed:
@@ -96,7 +113,8 @@ def expand(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: Search
     extra = {}
     if cfg.constrain != "off":  # from the first generated character, or from the fence the model opens
         shape, constraints = "opening" if cfg.constrain == "call" else "line", []
-        for _, history, task in nodes:
+        for node in nodes:
+            history, task = node.history, node.task
             # A first step (nothing known yet) calls a tool as `result = tool(...)`; the last one answers.
             first = not history and cfg.constrain_first_tool
             last = cfg.constrain_last_finish and len(history) + 1 >= cfg.max_steps and not first
@@ -111,7 +129,8 @@ def expand(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: Search
     timings["generation"] = timings.get("generation", 0.0) + time.perf_counter() - t0
     t0 = time.perf_counter()
     expanded = []
-    for (state, _, task), completions in zip(nodes, outputs):
+    for node, completions in zip(nodes, outputs):
+        state, task = node.state, node.task
         row = []
         for i, completion in enumerate(completions):
             text = completion.text
@@ -123,13 +142,11 @@ def expand(policy, nodes: list[tuple[Any, list[dict], Any]], n: int, cfg: Search
                              completion_tokens=completion.completion_tokens)
             child = None
             if parsed.code is None:
-                from codetool.executor.result import no_code_result
-
-                cand.result = no_code_result(parsed.error).to_dict()
+                cand.result = no_code_result(parsed.error)
             else:
                 child, cand.result = _execute(state, parsed.code)
             cand.r_spot = on_the_spot(cand.result, tool_error_is_failure=cfg.tool_error_is_failure)
-            called = [task.env.api_for(c["name"]) for c in cand.result.get("tool_calls", [])]
+            called = [task.env.api_for(c.name) for c in cand.result.tool_calls]
             cand.cost = step_cost(parsed.code or "", [a for a in called if a is not None], _cost_table(cfg))
             obs = format_observation(cand.result, max_chars=cfg.max_observation_chars, parse_error=parsed.error)
             row.append(Expanded(cand, child, obs, parsed.error))
@@ -151,14 +168,14 @@ def _cost_table(cfg: SearchConfig) -> ToolCostTable:
     return _COST_TABLES[cfg.cost_table]
 
 
-def _execute(state, code: str) -> tuple[Any, dict]:
-    """Run ``code`` in a fork of ``state``: ``(fork, result dict)``. A fault of the executor itself
-    (it raised instead of reporting) gives ``(None, a failed result with 'host_error')``, which
+def _execute(state, code: str) -> tuple[Any, ExecutionResult]:
+    """Run ``code`` in a fork of ``state``: ``(fork, result)``. A fault of the executor itself
+    (it raised instead of reporting) gives ``(None, a host_error_result)``, which
     ends the episode as an error (``StepwiseSearch``) or the tree (``TreeBuilder``)."""
     child = None
     try:
         child = state.fork()
-        return child, child.run(code).to_dict()
+        return child, child.run(code)
     except Exception as exc:  # noqa: BLE001 - recorded on the episode, the run goes on
         if child is not None:
             try:
@@ -166,5 +183,4 @@ def _execute(state, code: str) -> tuple[Any, dict]:
             except Exception:  # noqa: BLE001 - already failing
                 logger.debug("could not close a failed fork", exc_info=True)
         message = redact(f"{type(exc).__name__}: {exc}")[:2000]
-        return None, {"ok": False, "outcome": "host_error", "error_type": type(exc).__name__,
-                      "error_message": message, "host_error": message, "tool_calls": [], "stdout": ""}
+        return None, host_error_result(message, type(exc).__name__)

@@ -24,8 +24,12 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from typing import TYPE_CHECKING
 
 from codetool.secrets import redact
+
+if TYPE_CHECKING:
+    from codetool.executor.result import ExecutionResult
 
 CODE_PREFIX = "```python\n"  # the opening fence every reply starts with (SearchConfig.code_prefix)
 NO_CODE_MESSAGE = ("Your reply had no Python code block. Reply with exactly one block that starts "
@@ -91,30 +95,32 @@ def truncate_middle(text: str, max_chars: int) -> str:
     return f"{text[:head]}\n...[{cut} characters cut]...\n{text[-tail:] if tail else ''}"
 
 
-def format_observation(result: dict, *, max_chars: int = 1500, parse_error: str | None = None) -> str:
+def format_observation(result: ExecutionResult | None, *, max_chars: int = 1500, parse_error: str | None = None) -> str:
     """What the policy sees after a step: its output, its error, tool failures, lost state.
 
     Args:
-        result (`dict`): the execution summary (``ExecutionResult.to_dict()``).
+        result (`ExecutionResult` or `None`): what the step's run gave (``None``: nothing ran).
         max_chars (`int`, *optional*, defaults to 1500): cap on the printed output shown.
         parse_error (`str`, *optional*): set when the reply had no code (nothing ran).
     """
     if parse_error:
         return parse_error
     parts = []
-    stdout = (result.get("stdout") or "").rstrip()
+    if result is None:
+        return "Error (Error): the step failed"
+    stdout = (result.stdout or "").rstrip()
     if stdout:
         parts.append("Output:\n" + truncate_middle(stdout, max_chars))
-    if not result.get("ok", False):
-        kind = result.get("error_type") or result.get("outcome") or "Error"
-        parts.append(f"Error ({kind}): {result.get('error_message') or 'the step failed'}")
+    if not result.ok:
+        kind = result.error_type or result.outcome or "Error"
+        parts.append(f"Error ({kind}): {result.error_message or 'the step failed'}")
     elif not stdout:
         parts.append("The step ran and printed nothing.")
-    failed = [c for c in result.get("tool_calls", []) if c.get("status") != "ok"]
-    if failed and result.get("ok", False):
-        names = ", ".join(f"{c.get('name')} ({c.get('status')})" for c in failed[:3])
+    failed = [c for c in result.tool_calls if c.status != "ok"]
+    if failed and result.ok:
+        names = ", ".join(f"{c.name} ({c.status})" for c in failed[:3])
         parts.append(f"Tool calls that failed: {names}.")
-    if result.get("state_lost"):
+    if result.state_lost:
         parts.append(STATE_LOST_NOTE)
     return redact("\n".join(parts))
 

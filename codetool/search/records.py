@@ -1,9 +1,12 @@
 """Trajectory records: what a run of the search writes, one JSON line per query (DESIGN.md §3).
 
-A :class:`Trajectory` holds every step, each with *all* its candidates (code, execution summary,
-tool calls, every reward term, and which one was chosen), so evaluation, reports and PRM data
-building never need to re-run anything. ``to_dict``/``from_dict`` are the only (de)serialisers;
-``codetool.jsonl`` writes the lines (and redacts secrets on the way out).
+A :class:`Trajectory` holds every step, each with *all* its candidates (code, typed execution
+result, tool calls, every reward term, and which one was chosen), so evaluation, reports and PRM
+data building never need to re-run anything. ``to_dict``/``from_dict`` are the only
+(de)serialisers: in memory a candidate's result is an :class:`ExecutionResult` (or an
+:class:`ImportedResult` for a step read from another system's answer file); it becomes JSON only
+there, in the same format as always. ``codetool.jsonl`` writes the lines (and redacts secrets on
+the way out).
 """
 
 from __future__ import annotations
@@ -12,7 +15,85 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from codetool.executor.result import ExecutionResult
+
 FINISH_TYPES = ("finish", "give_up", "max_steps", "error")
+
+
+@dataclass(frozen=True)
+class ImportedCall:
+    """A tool call of a step imported from a StableToolBench converted-answer file
+    (``codetool.eval.convert``), kept verbatim so the export writes it back unchanged.
+
+    Args:
+        data (`dict`): the call as imported: ``name``, ``status`` (``unknown`` without a response),
+            and where the file had them ``arguments`` (parsed JSON, ``None`` when it did not
+            parse), ``arguments_text``, ``response``, ``truncated``, ``stb_message``.
+    """
+
+    data: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return str(self.data.get("name", ""))
+
+    @property
+    def status(self) -> str:
+        return str(self.data.get("status", "unknown"))
+
+    @property
+    def arguments(self) -> Any:
+        return self.data.get("arguments")
+
+    @property
+    def arguments_text(self) -> Any:
+        return self.data.get("arguments_text", "")
+
+    @property
+    def error(self) -> str | None:
+        return self.data.get("error")
+
+    @property
+    def response(self) -> Any:
+        """The response as imported (any JSON value; ``content`` or ``error`` when it had none)."""
+        return self.data.get("response", self.data.get("content", self.data.get("error", "")))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.data)
+
+
+@dataclass
+class ImportedResult:
+    """The result of a step imported from a StableToolBench converted-answer file: nothing ran
+    here, so it has no outcome, output or error (``ok`` is ``None``), only the calls the answer
+    recorded. Reads like an :class:`ExecutionResult` for the fields readers use.
+
+    Args:
+        assistant (`bool`): the step came from an assistant node (a thought, then its calls);
+            ``False`` for a tool node with no thought before it.
+        tool_calls (`list[ImportedCall]`): the calls, in order.
+    """
+
+    assistant: bool = True
+    tool_calls: list[ImportedCall] = field(default_factory=list)
+    ok = None
+    outcome = None
+    stdout = ""
+    error_type = None
+    error_message = None
+    final_answer = None
+    give_up_reason = None
+    host_error = None
+    state_lost = False
+    isolation = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": None, "tool_calls": [c.to_dict() for c in self.tool_calls], "stb_assistant": self.assistant}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ImportedResult:
+        return cls(assistant=bool(data.get("stb_assistant", True)),
+                   tool_calls=[ImportedCall(dict(c)) for c in data.get("tool_calls", [])])
 
 
 @dataclass
@@ -23,10 +104,8 @@ class Candidate:
         index (`int`): position among the step's K candidates (0-based).
         text (`str`): the raw model output.
         code (`str` or `None`): the parsed Python block; ``None`` when the text had none.
-        result (`dict`): execution summary: ``ok``, ``outcome``, ``stdout``, ``error_type``,
-            ``error_message``, ``tool_calls`` (list of dicts with ``name``, ``arguments``,
-            ``status``, ``latency_s``, ``error``), ``final_answer``, ``give_up_reason``,
-            ``state_lost``, ``output_truncated``, ``duration_s``.
+        result (`ExecutionResult`, `ImportedResult` or `None`): what running the code gave
+            (``None`` before it ran); on disk ``ExecutionResult.to_dict()`` (``{}`` for ``None``).
         r_spot (`float`): on-the-spot reward in {0, 1}.
         r_latent (`float` or `None`): latent reward in [0, 1], ``None`` when not computed.
         cost (`float`): LIT tool cost of the step (code cost + API costs), >= 0.
@@ -38,7 +117,7 @@ class Candidate:
     index: int
     text: str
     code: str | None
-    result: dict[str, Any] = field(default_factory=dict)
+    result: ExecutionResult | ImportedResult | None = None
     r_spot: float = 0.0
     r_latent: float | None = None
     cost: float = 0.0
@@ -46,6 +125,26 @@ class Candidate:
     chosen: bool = False
     prompt_tokens: int = 0
     completion_tokens: int = 0
+
+    def __post_init__(self):
+        if isinstance(self.result, dict):
+            raise TypeError("Candidate.result takes an ExecutionResult (or None), not a dict; "
+                            "use Candidate.from_dict for records read from a file.")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The candidate as in a trajectory file (``result`` as ``ExecutionResult.to_dict()``)."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["result"] = {} if self.result is None else self.result.to_dict()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Candidate:
+        """Inverse of :meth:`to_dict`: a result with ``stb_assistant`` is an :class:`ImportedResult`."""
+        data = dict(data)
+        result = data.pop("result", None) or None
+        if result is not None:
+            result = ImportedResult.from_dict(result) if "stb_assistant" in result else ExecutionResult.from_dict(result)
+        return cls(result=result, **data)
 
 
 @dataclass
@@ -67,6 +166,10 @@ class Step:
     @property
     def chosen_candidate(self) -> Candidate:
         return self.candidates[self.chosen]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "candidates": [c.to_dict() for c in self.candidates], "chosen": self.chosen,
+                "observation": self.observation}
 
 
 @dataclass
@@ -133,12 +236,17 @@ class Trajectory:
             raise ValueError(f"finish_type must be one of {FINISH_TYPES}, got {self.finish_type!r}.")
         self.query_id = str(self.query_id)
 
-    def executed_calls(self) -> list[dict[str, Any]]:
-        """Tool calls of the chosen candidates, in order (for path metrics)."""
-        return [call for step in self.steps for call in step.chosen_candidate.result.get("tool_calls", [])]
+    def executed_calls(self) -> list[Any]:
+        """Tool calls (``ToolCall`` or ``ImportedCall``) of the chosen candidates, in order (for
+        path metrics)."""
+        return [call for step in self.steps if step.chosen_candidate.result is not None
+                for call in step.chosen_candidate.result.tool_calls]
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The trajectory as one line of a trajectory file (the format of DESIGN.md §3)."""
+        data = dataclasses.asdict(dataclasses.replace(self, steps=[]))  # keeps the key order
+        data["steps"] = [s.to_dict() for s in self.steps]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Trajectory:
@@ -146,7 +254,7 @@ class Trajectory:
         steps = []
         for s in data.pop("steps", []):
             s = dict(s)
-            cands = [Candidate(**c) for c in s.pop("candidates", [])]
+            cands = [Candidate.from_dict(c) for c in s.pop("candidates", [])]
             steps.append(Step(candidates=cands, **s))
         known = {f.name for f in dataclasses.fields(cls)}
         extra = {k: v for k, v in data.items() if k not in known}

@@ -38,7 +38,7 @@ from codetool.rewards import (
     grounded_success,
     latent_reward,
 )
-from codetool.search.expand import Expanded, expand_each
+from codetool.search.expand import Expanded, Node, expand_each
 from codetool.search.prompt import (
     OBSERVATION_HISTORIES,
     STEP_FORMATS,
@@ -200,6 +200,10 @@ def select(candidates: list[Candidate], cfg: SearchConfig, *, tie_key: str = "")
 
 @dataclass
 class _Episode:
+    """One episode in flight: its task, the executor holding its chosen path's state (``None``
+    once closed or when starting it failed), the trajectory so far, the history the policy sees
+    and when it started (``time.perf_counter``)."""
+
     task: SearchTask
     state: Any
     traj: Trajectory
@@ -283,7 +287,7 @@ class StepwiseSearch:
         seed = None if self.cfg.seed is None else unit_seed(
             self.cfg.seed, [(ep.task.benchmark, ep.task.group, ep.task.query_id, len(ep.traj.steps))
                             for ep in active])
-        rows = expand_each(self.policy, [(ep.state, ep.history, ep.task) for ep in active],
+        rows = expand_each(self.policy, [Node(ep.state, ep.history, ep.task) for ep in active],
                            self.cfg.k, self.cfg, seed=seed, timings=timings)
         failed += [self._fail(ep, row) for ep, row in zip(active, rows) if isinstance(row, Exception)]
         active, expansions = ([ep for ep, row in zip(active, rows) if not isinstance(row, Exception)],
@@ -343,9 +347,9 @@ class StepwiseSearch:
             return 0.0
         ended = e.ended
         names = [api.name for api in ep.task.env.apis]
-        path_calls = ep.traj.executed_calls() + list(e.candidate.result.get("tool_calls", []))
+        path_calls = ep.traj.executed_calls() + list(e.candidate.result.tool_calls)
         if ended:
-            lr = float(ended == "finish" and grounded_success(e.candidate.result.get("final_answer"), path_calls, names))
+            lr = float(ended == "finish" and grounded_success(e.candidate.result.final_answer, path_calls, names))
             return latent_reward(lr, 0.0, alpha=cfg.alpha, beta=cfg.beta, max_len=cfg.max_len)
         sub_cfg = replace(cfg, k=1, latent="none", w_latent=0.0, max_steps=cfg.rollout_max_steps,
                           concurrency=cfg.rollouts, strategy="greedy",
@@ -384,14 +388,14 @@ class StepwiseSearch:
         ep.traj.prompt_tokens += sum(c.prompt_tokens for c in cands)
         ep.traj.completion_tokens += sum(c.completion_tokens for c in cands)
         count_step(ep.traj, row)
-        ep.traj.isolation = pick.candidate.result.get("isolation", ep.traj.isolation) or ep.traj.isolation
+        ep.traj.isolation = pick.candidate.result.isolation or ep.traj.isolation
         ep.history.append({"code": pick.candidate.code, "text": pick.candidate.text, "observation": pick.observation})
         ended = pick.ended
         if ended == "finish":
-            ep.traj.finish_type, ep.traj.final_answer = "finish", str(pick.candidate.result["final_answer"])
+            ep.traj.finish_type, ep.traj.final_answer = "finish", str(pick.candidate.result.final_answer)
         elif ended == "give_up":
             ep.traj.finish_type = "give_up"
-            ep.traj.extra["give_up_reason"] = pick.candidate.result.get("give_up_reason")
+            ep.traj.extra["give_up_reason"] = pick.candidate.result.give_up_reason
         elif len(ep.traj.steps) >= self.cfg.max_steps:
             ep.traj.finish_type = "max_steps"
         else:
@@ -420,8 +424,7 @@ class StepwiseSearch:
     def _guarded_advance(self, ep: _Episode, row: list[Expanded]) -> bool:
         """``_advance``, unless the episode failed this round (executor fault, scorer failure)
         or advancing raises: then its candidates' forks are closed and it ends as an error."""
-        fault = next((e.candidate.result.get("host_error") for e in row
-                      if e.candidate.result.get("host_error")), None)
+        fault = next((e.candidate.result.host_error for e in row if e.candidate.result.host_error), None)
         if fault and ep.traj.finish_type != "error":
             self._fail(ep, fault)
         if ep.traj.finish_type != "error":
@@ -445,7 +448,7 @@ class StepwiseSearch:
 def count_step(traj: Trajectory, row: list[Expanded]) -> None:
     """Compute accounting of one expanded step: generated tokens, tool calls, forks."""
     traj.generated_tokens += sum(e.candidate.completion_tokens for e in row)
-    traj.tool_calls += sum(len(e.candidate.result.get("tool_calls") or []) for e in row)
+    traj.tool_calls += sum(len(e.candidate.result.tool_calls) for e in row)
     traj.executor_forks += sum(e.state is not None for e in row)
 
 

@@ -30,11 +30,11 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from codetool.resume import unit_seed
-from codetool.search.expand import Expanded, expand_each
+from codetool.search.expand import Expanded, Node, expand_each
 from codetool.search.records import Candidate, Step, Trajectory
 from codetool.search.search import (
     SearchTask,
@@ -48,6 +48,31 @@ from codetool.search.search import (
 logger = logging.getLogger(__name__)
 
 Hook = Callable[[Trajectory], None] | None
+
+
+@dataclass(slots=True)
+class Beam:
+    """A partial trajectory of :func:`beam_search`: its episode (state, trajectory, history) and
+    the values of its chosen steps so far (:func:`step_value`, aggregated by :func:`aggregate`)."""
+
+    episode: _Episode
+    values: list[float]
+
+
+@dataclass(frozen=True, slots=True)
+class BeamChild:
+    """A candidate continuation of a beam, ranked against every other beam's children.
+
+    Args:
+        rank (`tuple`): the sort key, highest first: (aggregated value with this step, its
+            R_spot, -parent position, -candidate index), so ties keep earlier beams and samples.
+        parent (`int`): position of the parent in the step's live beams.
+        expanded (`Expanded`): the executed candidate and its fork.
+    """
+
+    rank: tuple[float, float, int, int]
+    parent: int
+    expanded: Expanded
 
 
 def step_value(c: Candidate) -> float:
@@ -135,71 +160,73 @@ def beam_search(search: StepwiseSearch, task: SearchTask) -> Trajectory:
     root = search._start(task)
     if root.traj.finish_type == "error":
         return _close_out(root, acc, started, [], cfg)
-    beams: list[tuple[_Episode, list[float]]] = [(root, [])]
-    completed: list[tuple[_Episode, list[float]]] = []
+    beams: list[Beam] = [Beam(root, [])]
+    completed: list[Beam] = []
     kept_log: list[list[list[int]]] = []
     last_error: _Episode | None = None
     while beams:
-        step = len(beams[0][0].traj.steps)
+        step = len(beams[0].episode.traj.steps)
         seed = None if cfg.seed is None else unit_seed(
             cfg.seed, [(task.benchmark, task.group, task.query_id, step, b) for b in range(len(beams))])
         timings: dict[str, float] = {}
-        rows = expand_each(search.policy, [(ep.state, ep.history, ep.task) for ep, _ in beams], cfg.k, cfg,
-                           seed=seed, timings=timings)
-        live, live_rows = [], []
-        for (ep, values), row in zip(beams, rows):
+        rows = expand_each(search.policy, [Node(b.episode.state, b.episode.history, b.episode.task) for b in beams],
+                           cfg.k, cfg, seed=seed, timings=timings)
+        live: list[Beam] = []
+        live_rows: list[list[Expanded]] = []
+        for beam, row in zip(beams, rows):
             if isinstance(row, Exception):
-                last_error = search._fail(ep, row)
-                ep.state.close()
+                last_error = search._fail(beam.episode, row)
+                beam.episode.state.close()
                 continue
             count_step(acc, row)
-            live.append((ep, values))
+            live.append(beam)
             live_rows.append(row)
-        before = [ep.traj.prm_scored_tokens for ep, _ in live]
+        before = [b.episode.traj.prm_scored_tokens for b in live]
         t0 = time.perf_counter()
-        search._guarded_latent([ep for ep, _ in live], live_rows)
+        search._guarded_latent([b.episode for b in live], live_rows)
         timings["scoring"] = time.perf_counter() - t0
-        acc.prm_scored_tokens += sum(ep.traj.prm_scored_tokens - b for (ep, _), b in zip(live, before))
-        pool: list[tuple[tuple, int, Expanded]] = []
+        acc.prm_scored_tokens += sum(b.episode.traj.prm_scored_tokens - n for b, n in zip(live, before))
+        pool: list[BeamChild] = []
         for phase, seconds in timings.items():
             acc.phase_seconds[phase] = acc.phase_seconds.get(phase, 0.0) + seconds
-        for p, ((ep, values), row) in enumerate(zip(live, live_rows)):
-            if ep.traj.finish_type == "error":
-                last_error = ep
+        for p, (beam, row) in enumerate(zip(live, live_rows)):
+            if beam.episode.traj.finish_type == "error":
+                last_error = beam.episode
                 continue
             select([e.candidate for e in row], cfg, tie_key=f"{task.query_id}|{step}|{p}")  # sets scores
             for e in row:
-                if e.candidate.result.get("host_error"):
+                if e.candidate.result.host_error:
                     continue
-                value = aggregate(values + [step_value(e.candidate)], cfg.aggregate)
-                pool.append(((value, e.candidate.r_spot, -p, -e.candidate.index), p, e))
-        pool.sort(key=lambda item: item[0], reverse=True)
+                value = aggregate(beam.values + [step_value(e.candidate)], cfg.aggregate)
+                pool.append(BeamChild((value, e.candidate.r_spot, -p, -e.candidate.index), p, e))
+        pool.sort(key=lambda c: c.rank, reverse=True)
         room = cfg.beam_width - len(completed)
         kept, dropped = pool[:room], pool[room:]
-        for _, _, e in dropped:  # dropped children: their sandboxes go at once
-            if e.state is not None:
-                e.state.close()
-        kept_log.append([[p, e.candidate.index] for _, p, e in kept])
+        for c in dropped:  # dropped children: their sandboxes go at once
+            if c.expanded.state is not None:
+                c.expanded.state.close()
+        kept_log.append([[c.parent, c.expanded.candidate.index] for c in kept])
         beams = []
-        for _, p, e in kept:
-            parent, values = live[p]
-            child, is_open = _child(parent, live_rows[p], e, cfg.max_steps, acc)
+        for c in kept:
+            parent = live[c.parent]
+            child, is_open = _child(parent.episode, live_rows[c.parent], c.expanded, cfg.max_steps, acc)
+            values = parent.values + [step_value(c.expanded.candidate)]
             if is_open:
-                beams.append((child, values + [step_value(e.candidate)]))
+                beams.append(Beam(child, values))
             else:
                 child.state.close()
                 child.state = None
-                completed.append((child, values + [step_value(e.candidate)]))
-        for ep, _ in live:  # parents: every kept child holds its own fork
-            if ep.state is not None:
-                ep.state.close()
-                ep.state = None
+                completed.append(Beam(child, values))
+        for beam in live:  # parents: every kept child holds its own fork
+            if beam.episode.state is not None:
+                beam.episode.state.close()
+                beam.episode.state = None
     if not completed:
         return _close_out(last_error or root, acc, started, kept_log, cfg)
-    scores = [aggregate(v, cfg.aggregate) for _, v in completed]
+    scores = [aggregate(b.values, cfg.aggregate) for b in completed]
     best = max(range(len(completed)),
-               key=lambda j: (scores[j], completed[j][0].traj.finish_type == "finish", -j))
-    out = _close_out(completed[best][0], acc, started, kept_log, cfg)
+               key=lambda j: (scores[j], completed[j].episode.traj.finish_type == "finish", -j))
+    out = _close_out(completed[best].episode, acc, started, kept_log, cfg)
     out.strategy["scores"] = [round(s, 6) for s in scores]
     out.strategy["chosen"] = best
     return out
@@ -216,7 +243,7 @@ def _child(parent: _Episode, row: list[Expanded], pick: Expanded, max_steps: int
     traj.tool_cost += pick.candidate.cost
     traj.prompt_tokens += sum(c.prompt_tokens for c in cands)
     traj.completion_tokens += sum(c.completion_tokens for c in cands)
-    traj.isolation = pick.candidate.result.get("isolation", traj.isolation) or traj.isolation
+    traj.isolation = pick.candidate.result.isolation or traj.isolation
     state = pick.state
     if state is None:  # no code ran: the beam continues from the parent's state
         state = parent.state.fork()
@@ -225,10 +252,10 @@ def _child(parent: _Episode, row: list[Expanded], pick: Expanded, max_steps: int
         {"code": pick.candidate.code, "text": pick.candidate.text, "observation": pick.observation}])
     ended = pick.ended
     if ended == "finish":
-        traj.finish_type, traj.final_answer = "finish", str(pick.candidate.result["final_answer"])
+        traj.finish_type, traj.final_answer = "finish", str(pick.candidate.result.final_answer)
     elif ended == "give_up":
         traj.finish_type = "give_up"
-        traj.extra["give_up_reason"] = pick.candidate.result.get("give_up_reason")
+        traj.extra["give_up_reason"] = pick.candidate.result.give_up_reason
     else:
         traj.finish_type = "max_steps"
         return child, len(traj.steps) < max_steps

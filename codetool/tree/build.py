@@ -34,7 +34,7 @@ from codetool import CodetoolError
 from codetool.config import ConfigError, config_hash, option
 from codetool.executor import ExecutorConfig
 from codetool.executor.channel import log_safe
-from codetool.search.expand import expand_each
+from codetool.search.expand import Node, expand_each
 from codetool.search.search import SearchConfig, SearchTask
 from codetool.secrets import redact
 from codetool.tree.labels import (
@@ -145,8 +145,8 @@ def tree_seed(base: int, query_id: str) -> int:
 def _node_record(node_id: str, parent: str | None, depth: int, e) -> dict[str, Any]:
     c = e.candidate
     return {"id": node_id, "parent": parent, "depth": depth, "code": c.code, "text": c.text,
-            "observation": e.observation, "result": c.result, "ok": bool(c.r_spot),
-            "tool_calls": len(c.result.get("tool_calls", [])), "final_answer": c.result.get("final_answer"),
+            "observation": e.observation, "result": c.result.to_dict(), "ok": bool(c.r_spot),
+            "tool_calls": len(c.result.tool_calls), "final_answer": c.result.final_answer,
             "ended": e.ended, "leaf": False, "success": None,
             "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens}
 
@@ -213,7 +213,7 @@ class TreeBuilder:
         try:
             while frontier:
                 level = time.perf_counter()
-                rows = expand_each(self.policy, [(n.state, n.history, tasks[n.tree]) for n in frontier],
+                rows = expand_each(self.policy, [Node(n.state, n.history, tasks[n.tree]) for n in frontier],
                                    cfg.branching, self.sample_cfg, seed=seed + sum(map(len, trees)))
                 for n, row in zip(frontier, rows):
                     if isinstance(row, Exception):  # this tree's policy call failed: it ends
@@ -321,7 +321,7 @@ def _record_error(errors: dict[int, str], trees: int | list[int], exc: BaseExcep
 def _faulted(errors: dict[int, str], t: int, row: list) -> bool:
     """Whether tree ``t`` failed before or in this row (an executor fault: ``host_error``); the
     row's forks are then closed."""
-    fault = next((e.candidate.result["host_error"] for e in row if e.candidate.result.get("host_error")), None)
+    fault = next((e.candidate.result.host_error for e in row if e.candidate.result.host_error), None)
     if fault:
         errors.setdefault(t, fault)
     if t not in errors:

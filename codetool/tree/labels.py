@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from itertools import combinations
 
+from codetool.executor.result import ToolCall
 from codetool.rewards import grounded_success, latent_reward
 
 
@@ -175,8 +176,8 @@ def leaf_success(tree: dict[str, dict], node_id: str, mode: str, *, tool_names=N
     node = tree[node_id]
     if node.get("ended") != "finish":
         return False
-    return grounded_success(node.get("final_answer"), (c for n in path for c in (tree[n].get("result") or {})
-                                                       .get("tool_calls", [])), tool_names)
+    calls = (ToolCall.from_dict(c) for n in path for c in (tree[n].get("result") or {}).get("tool_calls", []))
+    return grounded_success(node.get("final_answer"), calls, tool_names)
 
 
 def path_to(tree: dict[str, dict], node_id: str) -> list[str]:
