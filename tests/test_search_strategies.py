@@ -179,3 +179,28 @@ def test_metric_against_tokens_plot_is_written(tmp_path):
     path = metric_vs_tokens({"greedy": [(100.0, 20.0), (110.0, 30.0)], "beam": [(220.0, 40.0)], "empty": []},
                             tmp_path / "m.png", metric="SCEP (%)")
     assert path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_lookahead_with_a_prm_scores_each_rollouts_last_step(query):
+    # Neither rollout finishes (depth 1), so a success share cannot tell the candidates apart;
+    # the PRM's score of each rollout's last step can (search-and-learn's lookahead value).
+    policy = ScriptedBackend([
+        block("x = 1\nprint(x)  # s=0.5"), block("x = 2\nprint(x)  # s=0.5"),  # step 1
+        block("print(x)  # s=0.2"),                                            # rollout of x=1
+        block("print(x * 10)  # s=0.9"),                                       # rollout of x=2
+        block("finish(str(x))  # s=0.5"), block("finish('no')  # s=0.5"),      # step 2
+    ])
+    cfg = SearchConfig(strategy="lookahead", lookahead_depth=1, k=2, max_steps=2, tie_break="first", seed=None)
+    prm = ScriptedPRM()
+    traj = StepwiseSearch(policy, cfg, lambda t: Executor(EXEC, tools=t.env.functions()),
+                          scorer=prm).run([make_task(query)])[0]
+    first = traj.steps[0].candidates
+    assert [c.r_latent for c in first] == [pytest.approx(0.2), pytest.approx(0.9)]
+    assert traj.steps[0].chosen == 1 and traj.final_answer == "2"
+    assert traj.prm_scored_tokens > 0
+
+
+def test_rollout_value_prm_without_a_prm_is_a_config_error():
+    with pytest.raises(ConfigError, match="rollout_value"):
+        StepwiseSearch(ScriptedBackend([]), SearchConfig(strategy="lookahead", rollout_value="prm"),
+                       lambda t: None)

@@ -26,7 +26,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from codetool.config import ConfigError, option
@@ -35,8 +35,6 @@ from codetool.resume import unit_seed
 from codetool.rewards import (
     PRMItem,
     PRMScorer,
-    grounded_success,
-    latent_reward,
 )
 from codetool.search.expand import Expanded, Node, expand_each
 from codetool.search.prompt import (
@@ -46,6 +44,7 @@ from codetool.search.prompt import (
     visible_history,
 )
 from codetool.search.records import Candidate, Step, Trajectory
+from codetool.search.rollout import rollout_value
 from codetool.secrets import redact
 
 logger = logging.getLogger(__name__)
@@ -110,6 +109,10 @@ class SearchConfig:
     lookahead_depth: int = option(1, "lookahead: steps of the greedy rollout that scores each candidate (d)")
     rollout_temperature: float | None = option(None, "sampling temperature of rollouts (lookahead, latent=rollout); "
                                                "none = search.temperature, 0 = greedy rollouts")
+    rollout_value: str = option("auto", "value of a rollout (lookahead, latent=rollout): success (CodeTool's Monte "
+                                "Carlo latent reward alpha^(1-LR) beta^(tau/L) of grounded successes), prm (the "
+                                "PRM's score of the rollout's last step, as search-and-learn's lookahead), auto "
+                                "(prm when a PRM is loaded, else success)", choices=["auto", "success", "prm"])
 
     def __post_init__(self):
         if self.k < 1:
@@ -228,6 +231,10 @@ class StepwiseSearch:
         if config.latent == "prm" and config.w_latent and scorer is None and config.strategy != "lookahead":
             raise ConfigError("search.latent is 'prm' but no PRM was given: pass --prm PATH|URL, "
                               "or set search.latent to none or rollout.")
+        uses_rollouts = config.latent == "rollout" or config.strategy == "lookahead"
+        if uses_rollouts and config.rollout_value == "prm" and scorer is None:
+            raise ConfigError("search.rollout_value is 'prm' but no PRM was given: pass --prm PATH|URL, or set "
+                              "search.rollout_value to success or auto.")
         self.policy, self.cfg, self.make_executor = policy, config, make_executor
         self.scorer, self.config_hash = scorer, config_hash
 
@@ -316,7 +323,7 @@ class StepwiseSearch:
         if self.cfg.latent == "rollout":
             for ep, row in zip(active, expansions):
                 for e in row:
-                    e.candidate.r_latent = self._rollout_value(ep, e)
+                    e.candidate.r_latent = rollout_value(self, ep, e)
             return
         items, slots, owners = [], [], []
         for ep, row in zip(active, expansions):
@@ -324,12 +331,7 @@ class StepwiseSearch:
                 if e.candidate.code is None:
                     e.candidate.r_latent = 0.0
                     continue
-                items.append(PRMItem(query=ep.task.query, tools=ep.task.env.render(),
-                                     history=visible_history(ep.history, self.cfg.observation_history,
-                                                             self.cfg.step_format),
-                                     candidate=e.candidate.code, candidate_output=e.observation,
-                                     candidate_plan=step_plan(e.candidate.text)
-                                     if self.cfg.step_format == "step_text" else ""))
+                items.append(self.prm_item(ep.task, ep.history, e.candidate, e.observation))
                 slots.append(e.candidate)
                 owners.append(ep)
         if items:
@@ -338,37 +340,13 @@ class StepwiseSearch:
             for owner, item in zip(owners, items):  # compute accounting
                 owner.traj.prm_scored_tokens += prm_tokens(self.scorer, [item])
 
-    def _rollout_value(self, ep: _Episode, e: Expanded) -> float:
-        """Monte Carlo latent reward: complete ``rollouts`` single-sample paths from the candidate
-        and return ``alpha^(1-LR) * beta^(tau/L)`` with LR their success share and tau their mean
-        length (a candidate that already ended counts as its own leaf)."""
+    def prm_item(self, task: SearchTask, history: list[dict], candidate: Candidate, observation: str) -> PRMItem:
+        """What the PRM sees of ``candidate`` after ``history`` (the chosen steps before it)."""
         cfg = self.cfg
-        if e.candidate.code is None:
-            return 0.0
-        ended = e.ended
-        names = [api.name for api in ep.task.env.apis]
-        path_calls = ep.traj.executed_calls() + list(e.candidate.result.tool_calls)
-        if ended:
-            lr = float(ended == "finish" and grounded_success(e.candidate.result.final_answer, path_calls, names))
-            return latent_reward(lr, 0.0, alpha=cfg.alpha, beta=cfg.beta, max_len=cfg.max_len)
-        sub_cfg = replace(cfg, k=1, latent="none", w_latent=0.0, max_steps=cfg.rollout_max_steps,
-                          concurrency=cfg.rollouts, strategy="greedy",
-                          temperature=cfg.temperature if cfg.rollout_temperature is None else cfg.rollout_temperature)
-        history = ep.history + [{"code": e.candidate.code, "observation": e.observation}]
-        states = [e.state.fork() for _ in range(cfg.rollouts)]
-        runner = StepwiseSearch(self.policy, sub_cfg, make_executor=lambda task: states.pop())
-        successes, lengths = [], []
-        tasks = [replace(ep.task, query_id=f"{ep.task.query_id}#rollout{j}", history=history)
-                 for j in range(cfg.rollouts)]
-        for traj in runner.run(tasks):
-            account(ep.traj, traj)
-            ep.traj.executor_forks += 1
-            successes.append(float(traj.finish_type == "finish" and grounded_success(
-                traj.final_answer, path_calls + traj.executed_calls(), names)))
-            lengths.append(len(traj.steps))
-        lr = sum(successes) / len(successes)
-        tau = sum(lengths) / len(lengths)
-        return latent_reward(lr, tau, alpha=cfg.alpha, beta=cfg.beta, max_len=cfg.max_len)
+        return PRMItem(query=task.query, tools=task.env.render(),
+                       history=visible_history(history, cfg.observation_history, cfg.step_format),
+                       candidate=candidate.code, candidate_output=observation,
+                       candidate_plan=step_plan(candidate.text) if cfg.step_format == "step_text" else "")
 
     def _advance(self, ep: _Episode, row: list[Expanded]) -> bool:
         """Record the step, keep the chosen fork, close the rest; True when the episode ended."""

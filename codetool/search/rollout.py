@@ -1,0 +1,89 @@
+"""Rollout values: a candidate step judged by short single-sample paths completed from it.
+
+Used by ``search.latent: rollout`` (CodeTool's Monte Carlo alternative to a trained PRM) and by the
+``lookahead`` strategy (:mod:`codetool.search.strategies`). Each rollout starts from its own fork
+of the candidate's executor state, so no tool call of the path is repeated.
+
+``search.rollout_value`` says what a rollout is worth:
+
+- ``success``: CodeTool's latent reward ``alpha^(1-LR) * beta^(tau/L)`` (Lu et al., ACL 2025, §3.2)
+  with LR the rollouts' share of grounded successes and tau their mean length;
+- ``prm``: the PRM's score of each rollout's last chosen step, averaged (the lookahead of HF
+  search-and-learn, after Snell et al. 2024): at small depths most rollouts have not finished,
+  so a success share is mostly 0 and cannot tell candidates apart, while a PRM score can;
+- ``auto`` (default): ``prm`` when the search has a PRM scorer, else ``success``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from codetool.rewards import PRMItem, grounded_success, latent_reward
+
+if TYPE_CHECKING:
+    from codetool.search.expand import Expanded
+    from codetool.search.search import StepwiseSearch, _Episode
+
+
+def rollout_value(search: StepwiseSearch, ep: _Episode, e: Expanded) -> float:
+    """Latent reward in [0, 1] of candidate ``e`` of episode ``ep`` from ``search.rollouts`` rollouts.
+
+    Rollouts are greedy single-sample searches of at most ``rollout_max_steps`` steps at
+    ``rollout_temperature``; their generated tokens, tool calls and forks are added to ``ep``'s
+    compute, and PRM-scored tokens too under ``rollout_value: prm``. A candidate without code is
+    worth 0; one that ended the episode is its own leaf (its grounded success, or its PRM score).
+    """
+    from codetool.search.search import account  # search.py imports this module
+
+    cfg = search.cfg
+    if e.candidate.code is None:
+        return 0.0
+    by_prm = search.scorer is not None and cfg.rollout_value in ("prm", "auto")  # prm without one: refused earlier
+    names = [api.name for api in ep.task.env.apis]
+    path_calls = ep.traj.executed_calls() + list(e.candidate.result.tool_calls)
+    if e.ended and by_prm:
+        return _mean_prm_score(search, ep, [search.prm_item(ep.task, ep.history, e.candidate, e.observation)])
+    if e.ended:
+        lr = float(e.ended == "finish" and grounded_success(e.candidate.result.final_answer, path_calls, names))
+        return latent_reward(lr, 0.0, alpha=cfg.alpha, beta=cfg.beta, max_len=cfg.max_len)
+    sub_cfg = replace(cfg, k=1, latent="none", w_latent=0.0, max_steps=cfg.rollout_max_steps,
+                      concurrency=cfg.rollouts, strategy="greedy",
+                      temperature=cfg.temperature if cfg.rollout_temperature is None else cfg.rollout_temperature)
+    history = ep.history + [_entry(e.candidate, e.observation)]
+    states = [e.state.fork() for _ in range(cfg.rollouts)]
+    runner = type(search)(search.policy, sub_cfg, make_executor=lambda task: states.pop())
+    tasks = [replace(ep.task, query_id=f"{ep.task.query_id}#rollout{j}", history=history)
+             for j in range(cfg.rollouts)]
+    successes, lengths, ends = [], [], []
+    for traj in runner.run(tasks):
+        account(ep.traj, traj)
+        ep.traj.executor_forks += 1
+        successes.append(float(traj.finish_type == "finish" and grounded_success(
+            traj.final_answer, path_calls + traj.executed_calls(), names)))
+        lengths.append(len(traj.steps))
+        last = traj.steps[-1].chosen_candidate if traj.steps else None
+        if by_prm and last is not None and last.code is not None:
+            before = history + [_entry(s.chosen_candidate, s.observation) for s in traj.steps[:-1]]
+            ends.append(search.prm_item(ep.task, before, last, traj.steps[-1].observation))
+        elif by_prm:  # the rollout made no step with code: the candidate is the last step scored
+            ends.append(search.prm_item(ep.task, ep.history, e.candidate, e.observation))
+    if by_prm:
+        return _mean_prm_score(search, ep, ends)
+    lr = sum(successes) / len(successes)
+    tau = sum(lengths) / len(lengths)
+    return latent_reward(lr, tau, alpha=cfg.alpha, beta=cfg.beta, max_len=cfg.max_len)
+
+
+def _entry(candidate, observation: str) -> dict:
+    """A history entry as the search keeps one (code, the whole reply, the observation shown)."""
+    return {"code": candidate.code, "text": candidate.text, "observation": observation}
+
+
+def _mean_prm_score(search: StepwiseSearch, ep: _Episode, items: list[PRMItem]) -> float:
+    """Mean PRM score of ``items``; their tokens are counted on ``ep``'s trajectory."""
+    from codetool.search.search import prm_tokens  # search.py imports this module
+
+    values = search.scorer.score(items)
+    ep.traj.prm_scored_tokens += prm_tokens(search.scorer, items)
+    return float(sum(values) / len(values))
