@@ -51,6 +51,10 @@ trees (with SIGCHLD blocked so no pid can be recycled meanwhile), and reaps orph
 subreaper). A forked worker is a child of the worker it was forked from (the zygote of that
 state); closing an executor kills its worker and every process the worker started, but not the
 executors forked from it. When the host dies, the root sees its channel close and kills the rest.
+The fallback mode's scratch directory (``codetool-sandbox-<host pid>-<start>-*``) is removed by the
+host on close, restart or failed start, and by the root when the host dies first; one left by a
+host and root that both died first (SIGKILL) is reclaimed by the next sandbox started in the same
+parent directory (``codetool.executor.scratch``).
 
 **Reports, and what the code can still forge.** Every frame carries the nonce of its run (random,
 per run) and a sequence number: frames of an earlier run are dropped, frames with an unknown nonce

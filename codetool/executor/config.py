@@ -37,7 +37,9 @@ class ExecutorConfig:
             an error if it cannot run), ``fallback`` (no bubblewrap) or ``auto`` (bubblewrap when it
             works here, else the fallback).
         scratch_dir (`str`, *optional*): where the fallback mode creates its per-family scratch
-            directory (defaults to the system temporary directory).
+            directory (defaults to the system temporary directory). Directories there whose host
+            process is gone are removed at the next start: give hosts in different pid namespaces
+            different ones.
         tool_timeout_s (`float`, *optional*, defaults to `15.0`): seconds the host waits for one
             tool call before answering the code with a ``timeout`` tool error.
         python (`str`, *optional*, defaults to `"auto"`): interpreter of the sandbox. ``auto`` takes

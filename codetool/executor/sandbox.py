@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from codetool import CodetoolError
+from codetool.executor import scratch
 from codetool.executor.channel import Conn, ProtocolError, log_safe, read_available
 from codetool.executor.config import ExecutorConfig
 from codetool.executor.seccomp import filter_program, syscall_numbers
@@ -281,10 +282,8 @@ class Sandbox:
         if self.mode == "bwrap":
             prefix = _bwrap_argv(shutil.which("bwrap") or "bwrap", self.info, self.config.scratch_mb, as_root)
         else:
-            if self._scratch is None:
-                self._scratch = tempfile.mkdtemp(prefix="codetool-sandbox-", dir=self.config.scratch_dir)
-                if self.uid is not None:
-                    os.chown(self._scratch, self.uid, self.uid)
+            if self._scratch is None:  # a restart gets a fresh one (_abort removed the old one)
+                self._scratch = scratch.make(self.config.scratch_dir, self.uid)
             cwd, extra = self._scratch, {"HOME": self._scratch, "TMPDIR": self._scratch}
             settings["scratch"] = self._scratch  # the root removes it if the host dies first
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -295,6 +294,7 @@ class Sandbox:
                                           stderr=errors, pass_fds=(child.fileno(),), cwd=cwd,
                                           env=sandbox_environment(extra), start_new_session=True)
         except OSError as exc:
+            self._abort()
             raise ExecutorError(f"could not start the sandbox ({self.mode}): {exc}") from None
         finally:
             child.close()
@@ -353,19 +353,21 @@ class Sandbox:
             except (EOFError, OSError, TimeoutError, subprocess.TimeoutExpired):
                 pass
             self._abort(clean)
-            if self._scratch:
-                shutil.rmtree(self._scratch, ignore_errors=True)
-                self._scratch = None
             _LIVE.discard(self)
 
     def _abort(self, clean: bool = False) -> None:
-        """Kill the family without its root's help (unless ``clean``: the root already did it)."""
+        """Kill the family without its root's help (unless ``clean``: the root already did it) and
+        remove its scratch directory; the next start makes a fresh one."""
         proc, self._proc = self._proc, None
         self._workers.clear()
         if self._control is not None:
             self._control.close()
-        if proc is None or clean:
-            return
+        if proc is not None and not clean:
+            self._kill_family(proc)
+        scratch.remove(self._scratch)
+        self._scratch = None
+
+    def _kill_family(self, proc: subprocess.Popen) -> None:
         if proc.poll() is None:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)

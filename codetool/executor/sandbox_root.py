@@ -144,11 +144,18 @@ class Root:
                     time.sleep(0.002)
                 self.chan.send({"op": "swept"})
             elif op == "exit":
-                self.kill(os.getpid(), keep_root=True, everything=True)
-                self._wait_all(2.0)
-                if eof and os.path.basename(self.config.get("scratch") or "").startswith("codetool-sandbox-"):
-                    shutil.rmtree(self.config["scratch"], ignore_errors=True)
-                os._exit(0)
+                self.exit(remove_scratch=eof)
+
+    def exit(self, remove_scratch=True):
+        """Kill every process of the family and end the root. The host removes the scratch directory
+        after a clean close; when the host is gone (``remove_scratch``) the root does."""
+        try:
+            self.kill(os.getpid(), keep_root=True, everything=True)
+            self._wait_all(2.0)
+        finally:
+            if remove_scratch and os.path.basename(self.config.get("scratch") or "").startswith("codetool-sandbox-"):
+                shutil.rmtree(self.config["scratch"], ignore_errors=True)
+            os._exit(0)
 
     def spawn(self, msg):
         fds, self.chan.fds = self.chan.fds[:2], self.chan.fds[2:]
@@ -356,5 +363,8 @@ def main():
     config = json.loads(sys.argv[2])
     config["control_fd"] = int(sys.argv[1])
     root = Root(config)
-    root.start()
-    root.serve()
+    try:
+        root.start()
+        root.serve()
+    except BaseException:  # noqa: B036 - e.g. the host died while the root started (EPIPE on ready)
+        root.exit()
