@@ -168,31 +168,64 @@ def test_shared_prefill_changes_nothing(backend):
 
 
 @pytest.mark.parametrize("n, temperature", [(1, 0.0), (3, 1.0)])
-def test_a_common_prompt_prefix_is_prefilled_once_and_changes_nothing(backend, monkeypatch, n, temperature):
+def test_prompt_prefixes_are_prefilled_once_and_change_nothing(backend, monkeypatch, n, temperature):
     from codetool.models import transformers_backend as tb
 
     system = "You may call these functions: " + " ".join(f"tool_{i}(x) returns item {i}." for i in range(40))
     prompts = [[{"role": "system", "content": system}, {"role": "user", "content": q}]
                for q in ("sort a list", "reverse the words of a long sentence please", "hi")]
+    # the next step of two of them: the prompt, one reply and one observation
+    steps = [p + [{"role": "assistant", "content": "```python\nprint(1)\n```"},
+                  {"role": "user", "content": "Output:\n1"}] for p in prompts[1:]]
     encoded = [backend.encode(p) for p in prompts]
     assert tb._common_prefix(encoded) >= tb.MIN_SHARED_PREFIX
     widths = []
     forward = backend.model.forward
     monkeypatch.setattr(backend.model, "forward", lambda *a, **k: widths.append(k["input_ids"].shape) or forward(*a, **k))
-    backend._prefixes = []
+    backend.prompt_cache.clear()
     shared = backend.generate(prompts, n=n, temperature=temperature, max_new_tokens=6, seed=3)
-    assert widths[0][0] == 1  # the prefix, once
+    assert widths[0][0] == 1  # the common prefix, once
+    assert widths[1][0] <= 3 and widths[1][1] < max(map(len, encoded)) - tb._common_prefix(encoded) + 1  # own tails
     widths.clear()
     again = backend.generate(prompts[1:], n=n, temperature=temperature, max_new_tokens=6, seed=3)
-    assert widths[0][0] == 2  # the remembered prefix is not computed again: the tails come first
+    assert widths[0][1] == 1  # whole prompts remembered: generate runs only their last token
+    widths.clear()
+    later = backend.generate(steps, n=n, temperature=temperature, max_new_tokens=6, seed=3)
+    extension = len(backend.encode(steps[0])) - len(encoded[1])
+    assert widths[0][1] <= extension + 1  # only the new reply and observation
+    assert backend.prompt_cache.hit_tokens > backend.prompt_cache.miss_tokens
     backend.share_prefill = False
     try:
         plain = backend.generate(prompts, n=n, temperature=temperature, max_new_tokens=6, seed=3)
         plain_again = backend.generate(prompts[1:], n=n, temperature=temperature, max_new_tokens=6, seed=3)
+        plain_later = backend.generate(steps, n=n, temperature=temperature, max_new_tokens=6, seed=3)
     finally:
         backend.share_prefill = True
     assert texts(shared) == texts(plain) and texts(again) == texts(plain_again)
+    assert texts(later) == texts(plain_later)
     assert [[c.prompt_tokens for c in row] for row in shared] == [[len(e)] * n for e in encoded]
+
+
+def test_prompt_cache_keeps_the_budget_and_evicts_the_least_recently_used():
+    import torch
+
+    from codetool.models.prompt_cache import PromptCache, PromptKV
+
+    def entry(length):  # 2 layers, (kv_heads=1, length, head_dim=4) float32: 64 bytes per token
+        return PromptKV([torch.zeros(1, length, 4)] * 2, [torch.zeros(1, length, 4)] * 2)
+
+    cache = PromptCache(max_bytes=64 * 10)
+    cache.put((1, 2, 3), entry(3))
+    cache.put((1, 2, 3, 4, 5), entry(5))
+    assert cache.longest([1, 2, 3, 4, 5, 6], limit=5)[0] == 5
+    assert cache.longest([1, 2, 3, 4, 5, 6], limit=4)[0] == 3  # the last token is never taken
+    assert cache.longest([9, 2, 3], limit=2) == (0, None)
+    cache.put((7, 8, 9), entry(3))  # 11 tokens > 10: the least recently used, (1, 2, 3, 4, 5), goes
+    assert len(cache) == 2 and cache.nbytes == 64 * 6
+    assert cache.longest([1, 2, 3, 4, 5, 6], limit=5)[0] == 3
+    PromptCache(0).put((1,), entry(1))  # off: stores nothing
+    with pytest.raises(ValueError, match="max_bytes"):
+        PromptCache(-1)
 
 
 def test_common_prefix_leaves_every_row_a_token():

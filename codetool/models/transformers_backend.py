@@ -4,11 +4,13 @@ Efficiency (DESIGN.md §7: on 2 CPU cores batch 8 decodes ~3.6x faster than batc
 ``generate`` call takes prompts from many queries; they are sorted by length (less padding),
 left-padded and run in chunks of at most ``max_batch_size`` sequences. The ``n`` samples of a
 prompt share one prefill: the prompt is run once and its KV cache repeated ``n`` times, so only
-decoding is paid per sample. Prompts of one chunk that begin alike (the same system prompt and tool
-list: every RestBench-TMDB query offers the same 54 functions) prefill that common prefix once; only
-each prompt's own tail is computed per prompt. The last two such prefixes keep their KV cache
-across calls, so the next step (or the next method on the same benchmark) does not recompute it. Greedy decoding (temperature 0) runs each prompt
-once and copies the completion ``n`` times.
+decoding is paid per sample. Prefill is paid once per prompt prefix: the KV cache of every prompt
+is kept (``prompt_cache_mb``, least recently used out first, :mod:`codetool.models.prompt_cache`),
+and a later prompt that starts the same way (the next step of an episode, another method or seed
+on the same query, a tree's children) computes only its new tokens; prompts of one chunk that begin
+alike (the same system prompt and tool list: every RestBench-TMDB query offers the same 54
+functions) compute that common prefix once. Greedy decoding (temperature 0) runs each prompt once
+and copies the completion ``n`` times.
 
 Guarantees: results come back in prompt order; token counts are exact (prompt tokens without
 padding; completion tokens up to the token that completed a stop string or the end-of-turn token);
@@ -32,14 +34,13 @@ from codetool.models.completion import (
     per_prompt,
     to_messages,
 )
+from codetool.models.prompt_cache import PromptCache, PromptKV
 
 logger = logging.getLogger(__name__)
 
 
 # Prompts of one chunk that share at least this many leading tokens prefill them once.
 MIN_SHARED_PREFIX = 64
-# How many such prefixes (with their KV caches) are remembered across calls.
-PREFIX_CACHE_SIZE = 2
 
 
 def _common_prefix(rows: list[list[int]]) -> int:
@@ -81,15 +82,21 @@ class TransformersBackend:
         device (`str`, *optional*, defaults to `"auto"`): see ``load_model``.
         max_batch_size (`int`, *optional*, defaults to `8`): most sequences (prompts x samples)
             decoded together; one prompt's ``n`` samples always go together.
+        prompt_cache_mb (`float`, *optional*, defaults to `2048`): memory (MiB, on the model's
+            device) for the KV caches of earlier prompts, reused by later prompts that start the
+            same way (:mod:`codetool.models.prompt_cache`); 0 turns it off. The embedded 135M
+            model in float32 needs 46 KiB per token, a 7B model in bfloat16 about 56 KiB.
     """
 
     supports_logprobs = True
     share_prefill = True  # off only to test that sharing changes nothing
 
     def __init__(self, model: str | tuple[Any, Any] = "default", *, dtype: str = "auto",
-                 device: str = "auto", max_batch_size: int = 8):
+                 device: str = "auto", max_batch_size: int = 8, prompt_cache_mb: float = 2048):
         if max_batch_size < 1:
             raise CodetoolError(f"max_batch_size must be >= 1, got {max_batch_size}.")
+        if prompt_cache_mb < 0:
+            raise CodetoolError(f"prompt_cache_mb must be >= 0 (0: no prompt cache), got {prompt_cache_mb}.")
         if isinstance(model, tuple):
             # Used as given (neither its padding side nor train/eval mode is changed: call
             # model.eval() first if it has dropout).
@@ -101,7 +108,8 @@ class TransformersBackend:
             self.model, self.tokenizer = load_model(model, dtype=dtype, device=device)
             self.name = f"transformers:{model}"
         self.max_batch_size = max_batch_size
-        self._prefixes: list[tuple[tuple[int, ...], Any]] = []  # (token ids, KV cache), newest last
+        self.prompt_cache = PromptCache(int(prompt_cache_mb * 2**20))
+        self._plain_cache: bool | None = None  # whether the model's KV cache can be stored (see _cacheable)
         eos = self.model.generation_config.eos_token_id
         eos = [eos] if isinstance(eos, int) else list(eos or [])
         if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in eos:
@@ -221,24 +229,15 @@ class TransformersBackend:
         elif sampling:
             config.update(temperature=temperature, top_p=top_p, top_k=0)
         kwargs: dict[str, Any] = {}
-        shared = _common_prefix(rows) if self.share_prefill else 0
-        known = self._known_prefix(rows[0], shared)
-        if known is not None:
-            shared = len(known[0])
-        if shared >= MIN_SHARED_PREFIX and (len(rows) > 1 or known is not None):
-            # The prompts start alike (same system prompt and tools): that prefix runs once, each
-            # prompt's own tail runs on a copy of its KV cache, then the samples share that.
-            ids, mask = self._pad_after_prefix(rows, shared)
+        if self.share_prefill and self._cacheable():
+            # Each prompt starts from its longest remembered prefix (an earlier step, another method
+            # or seed on the same query) or from the chunk's common prefix, run once; only the rest
+            # is computed, and the samples of a prompt share its KV cache.
+            ids, mask, kwargs["cache"] = self._prefill(rows)
             width = ids.shape[1]
-            kwargs["cache"] = self._prefill_shared(ids, mask, shared, known)
-            kwargs["cache"].batch_repeat_interleave(samples)
-            ids, mask = ids.repeat_interleave(samples, dim=0), mask.repeat_interleave(samples, dim=0)
-        elif samples > 1 and self.share_prefill and width > 1:
-            # Prefill once per prompt, then repeat the KV cache for the samples: generate() only
-            # runs the last prompt token and the decoding steps.
-            kwargs["cache"] = self._prefill(ids, mask).cache
-            kwargs["cache"].batch_repeat_interleave(samples)
-            ids, mask = ids.repeat_interleave(samples, dim=0), mask.repeat_interleave(samples, dim=0)
+            if samples > 1:
+                kwargs["cache"].batch_repeat_interleave(samples)
+                ids, mask = ids.repeat_interleave(samples, dim=0), mask.repeat_interleave(samples, dim=0)
         else:
             config.num_return_sequences = samples
         if constrained:  # rows are prompt-major: prompt r's samples are rows r*samples .. r*samples+samples-1
@@ -262,61 +261,82 @@ class TransformersBackend:
         vocab = self.model.get_output_embeddings().weight.shape[0]
         return CallLogitsProcessor(self._token_trie, constraints, width, vocab, self._masks)
 
-    def _pad_after_prefix(self, rows: list[list[int]], shared: int):
-        """``[shared prefix | padding | own tail]`` rows and their mask: the prefix lines up."""
+    def _cacheable(self) -> bool:
+        """Whether this model's KV cache is a plain full-attention one (prompt caching applies)."""
+        if self._plain_cache is None:
+            from transformers import DynamicCache
+            from transformers.cache_utils import DynamicLayer
+
+            layers = DynamicCache(config=self.model.config).layers
+            self._plain_cache = bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+        return self._plain_cache
+
+    def _prefix_kv(self, tokens: list[int]):
+        """The :class:`PromptKV` of ``tokens`` (one forward of one row), stored in the prompt cache."""
         import torch
+        from transformers import DynamicCache
 
-        tails = [r[shared:] for r in rows]
-        width = max(len(t) for t in tails)
-        ids = torch.tensor([r[:shared] + [self.pad_id] * (width - len(t)) + t for r, t in zip(rows, tails)],
-                           dtype=torch.long, device=self.device)
-        mask = torch.tensor([[1] * shared + [0] * (width - len(t)) + [1] * len(t) for t in tails],
-                            dtype=torch.long, device=self.device)
-        return ids, mask
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        cache = self.model(input_ids=ids, cache=DynamicCache(config=self.model.config), use_cache=True,
+                           logits_to_keep=1).cache
+        entry = PromptKV([layer.keys[0] for layer in cache.layers], [layer.values[0] for layer in cache.layers])
+        self.prompt_cache.put(tuple(tokens), entry)
+        return entry
 
-    def _known_prefix(self, row: list[int], shared: int):
-        """The longest remembered prefix (at least ``MIN_SHARED_PREFIX`` tokens) that starts ``row``
-        and is no longer than ``shared`` (the chunk's common prefix), or ``None``."""
-        best = None
-        for key, cache in self._prefixes:
-            if MIN_SHARED_PREFIX <= len(key) <= shared and tuple(row[:len(key)]) == key:
-                if best is None or len(key) > len(best[0]):
-                    best = (key, cache)
-        return best
+    def _prefill(self, rows: list[list[int]]):
+        """Left-padded ``ids``/``mask`` of ``rows`` and the KV cache of all but their last token.
 
-    def _prefill_shared(self, ids, mask, shared: int, known=None):
-        """KV cache of all but the last token of each row, the first ``shared`` tokens computed once.
-
-        That prefix's cache is remembered (the last ``PREFIX_CACHE_SIZE``): the next call whose
-        prompts begin alike (the next step of the same queries, another method on the same
-        benchmark) starts from a copy instead of recomputing it.
+        Row i reuses the longest prefix ``c_i`` found in :attr:`prompt_cache` (or the chunk's
+        common prefix, computed once when it is longer) and computes only its own tail. Layout per
+        row: ``[padding | c_i cached tokens | padding | tail]``, the cached parts ending at one
+        column P and the tails at the right edge; the mask hides both paddings and positions count
+        real tokens only, so every row sees what an unpadded run would see. Each row's whole prompt
+        (but its last token, which ``generate`` runs) is then stored for later calls.
         """
-        import copy
-
+        import torch
         from transformers import DynamicCache
 
-        if known is not None:
-            cache = copy.deepcopy(known[1])
-        else:
-            cache = self.model(input_ids=ids[:1, :shared], cache=DynamicCache(config=self.model.config),
-                               use_cache=True, logits_to_keep=1).cache
-            self._prefixes = [*self._prefixes, (tuple(ids[0, :shared].tolist()), copy.deepcopy(cache))
-                              ][-PREFIX_CACHE_SIZE:]
-        cache.batch_repeat_interleave(ids.shape[0])
-        if ids.shape[1] - 1 > shared:
+        store = self.prompt_cache
+        hits = [store.longest(r, len(r) - 1) for r in rows]
+        shared = _common_prefix(rows) if len(rows) > 1 else 0
+        if shared >= MIN_SHARED_PREFIX and any(n < shared for n, _ in hits):
+            key = tuple(rows[0][:shared])
+            entry = store.get(key) or self._prefix_kv(rows[0][:shared])
+            hits = [(shared, entry) if n < shared else (n, e) for n, e in hits]
+        cached = max(n for n, _ in hits)
+        tail = max(len(r) - n for r, (n, _) in zip(rows, hits))
+        pad = self.pad_id
+        ids = torch.tensor([[pad] * (cached - n) + r[:n] + [pad] * (tail - len(r) + n) + r[n:]
+                            for r, (n, _) in zip(rows, hits)], dtype=torch.long, device=self.device)
+        mask = torch.tensor([[0] * (cached - n) + [1] * n + [0] * (tail - len(r) + n) + [1] * (len(r) - n)
+                             for r, (n, _) in zip(rows, hits)], dtype=torch.long, device=self.device)
+        cache = DynamicCache(config=self.model.config)
+        if cached:
+            some = next(e for _, e in hits if e is not None)
+            for layer in range(len(some.keys)):
+                shape = (len(rows), some.keys[layer].shape[0], cached, some.keys[layer].shape[-1])
+                k = some.keys[layer].new_zeros(shape)
+                v = some.values[layer].new_zeros(shape)
+                for i, (n, e) in enumerate(hits):
+                    if n:
+                        k[i, :, cached - n:] = e.keys[layer][:, :n]
+                        v[i, :, cached - n:] = e.values[layer][:, :n]
+                cache.update(k, v, layer)
+        width = ids.shape[1]
+        if width - 1 > cached:
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            cache = self.model(input_ids=ids[:, shared:-1], attention_mask=mask[:, :-1],
-                               position_ids=positions[:, shared:-1], cache=cache, use_cache=True,
+            cache = self.model(input_ids=ids[:, cached:-1], attention_mask=mask[:, :-1],
+                               position_ids=positions[:, cached:-1], cache=cache, use_cache=True,
                                logits_to_keep=1).cache
-        return cache
-
-    def _prefill(self, ids, mask):
-        """Forward all but the last token of left-padded prompts; positions as generate() counts them."""
-        from transformers import DynamicCache
-
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        return self.model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
-                          cache=DynamicCache(config=self.model.config), use_cache=True, logits_to_keep=1)
+        hit = sum(n for n, _ in hits)
+        store.note(hit, sum(len(r) for r in rows) - hit)
+        if store.max_bytes:
+            for i, (r, (n, _)) in enumerate(zip(rows, hits)):
+                own = [slice(cached - n, cached), slice(width - (len(r) - n), width - 1)]
+                entry = PromptKV([torch.cat([layer.keys[i][:, c] for c in own], dim=1) for layer in cache.layers],
+                                 [torch.cat([layer.values[i][:, c] for c in own], dim=1) for layer in cache.layers])
+                store.put(tuple(r[:-1]), entry)
+        return ids, mask, cache
 
     def _completion(self, tokens: list[int], prompt_tokens: int, stop: list[str]) -> Completion:
         """Trim one generated row (end of turn, padding, stop string) into a Completion."""
