@@ -306,11 +306,20 @@ def _stage_search(cfg: PipelineConfig, *, run_cfgs: list, prm: str, **_) -> dict
 
     policy = make_policy(cfg.policy, max_batch_size=cfg.policy_max_batch_size, remote_model=cfg.remote_model)
     scorer = make_scorer(prm) if any(r.prm not in ("none", "rollout") for r in run_cfgs) else None
-    files = []
-    for run_cfg in run_cfgs:
-        files.append(str(execute_run(run_cfg, policy=policy, scorer=scorer if run_cfg.prm == prm else None,
-                                     show_summary=False)))
-    return {"trajectories": files}
+    # One evaluation set at a time (every seed and method on it): their prompts start alike, so the
+    # policy's prompt cache (models/prompt_cache.py) serves each query's prompts to all of them.
+    order = sorted(range(len(run_cfgs)), key=lambda i: (run_cfgs[i].benchmark, run_cfgs[i].group, i))
+    files: dict[int, str] = {}
+    for i in order:
+        run_cfg = run_cfgs[i]
+        files[i] = str(execute_run(run_cfg, policy=policy, scorer=scorer if run_cfg.prm == prm else None,
+                                   show_summary=False))
+    cache = getattr(policy, "prompt_cache", None)
+    if cache is not None and cache.hit_tokens + cache.miss_tokens:
+        logger.info("policy prompt cache: %d of %d prompt tokens reused (%.0f%%), %.0f MiB held",
+                    cache.hit_tokens, cache.hit_tokens + cache.miss_tokens,
+                    100 * cache.hit_tokens / (cache.hit_tokens + cache.miss_tokens), cache.nbytes / 2**20)
+    return {"trajectories": [files[i] for i in range(len(run_cfgs))]}
 
 
 def _prm_heldout(cfg: PipelineConfig, prm: str) -> str:
