@@ -206,7 +206,7 @@ def test_prompt_prefixes_are_prefilled_once_and_change_nothing(backend, monkeypa
     assert [[c.prompt_tokens for c in row] for row in shared] == [[len(e)] * n for e in encoded]
 
 
-def test_prompt_cache_keeps_the_budget_and_evicts_the_least_recently_used():
+def test_prompt_cache_keeps_the_budget_and_evicts_entries_that_served_nothing_first():
     import torch
 
     from codetool.models.prompt_cache import PromptCache, PromptKV
@@ -214,15 +214,19 @@ def test_prompt_cache_keeps_the_budget_and_evicts_the_least_recently_used():
     def entry(length):  # 2 layers, (kv_heads=1, length, head_dim=4) float32: 64 bytes per token
         return PromptKV([torch.zeros(1, length, 4)] * 2, [torch.zeros(1, length, 4)] * 2)
 
-    cache = PromptCache(max_bytes=64 * 10)
+    cache = PromptCache(max_bytes=64 * 10, protected_share=0.5)
     cache.put((1, 2, 3), entry(3))
     cache.put((1, 2, 3, 4, 5), entry(5))
-    assert cache.longest([1, 2, 3, 4, 5, 6], limit=5)[0] == 5
+    assert cache.longest([1, 2, 3, 4, 5, 6], limit=5)[0] == 5  # (1..5) served a prompt: protected
     assert cache.longest([1, 2, 3, 4, 5, 6], limit=4)[0] == 3  # the last token is never taken
     assert cache.longest([9, 2, 3], limit=2) == (0, None)
-    cache.put((7, 8, 9), entry(3))  # 11 tokens > 10: the least recently used, (1, 2, 3, 4, 5), goes
+    # (1, 2, 3) was used last but (1..5) is over the protected half: it goes back to probation
+    cache.put((7, 8, 9), entry(3))  # 11 tokens > 10: the least recently used on probation, (1..5), goes
     assert len(cache) == 2 and cache.nbytes == 64 * 6
     assert cache.longest([1, 2, 3, 4, 5, 6], limit=5)[0] == 3
+    cache.put((4, 4, 4, 4), entry(4))  # 10 tokens: fits
+    cache.put((5, 5), entry(2))  # evicts from probation ((7, 8, 9), the oldest there), keeps (1, 2, 3)
+    assert cache.get((1, 2, 3)) is not None and cache.get((7, 8, 9)) is None and cache.nbytes == 64 * 9
     PromptCache(0).put((1,), entry(1))  # off: stores nothing
     with pytest.raises(ValueError, match="max_bytes"):
         PromptCache(-1)

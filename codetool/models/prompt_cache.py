@@ -11,8 +11,12 @@ keeps the KV cache of each prompt it ran here and starts later prompts from the 
 prefix.
 
 An entry holds, per layer, the keys and values of one prompt's tokens (no padding):
-``(kv_heads, length, head_dim)`` tensors on the model's device and in its dtype. Entries are
-evicted least-recently-used first once their bytes exceed the budget; a hit counts as a use.
+``(kv_heads, length, head_dim)`` tensors on the model's device and in its dtype. Eviction is a
+segmented LRU: a new entry is on probation, one that served a later prompt is protected (at most
+``protected_share`` of the budget; the least recently used protected entry goes back to
+probation), and probation is emptied first, least recently used first. A search stores one entry
+per prompt, but only some are ever extended (a query's first prompt is, by every method and seed;
+the last step's prompt is not): those stay, the others make room.
 Only plain full-attention caches are stored (``DynamicLayer``); a model whose cache is anything
 else (sliding windows, linear attention) is prefilled as before.
 """
@@ -41,63 +45,62 @@ class PromptKV:
 
 
 class PromptCache:
-    """Least-recently-used store of :class:`PromptKV` by token ids, bounded in bytes.
+    """Segmented-LRU store of :class:`PromptKV` by token ids, bounded in bytes.
 
     Args:
         max_bytes (`int`): the most bytes kept; 0 turns the cache off (nothing is stored).
+        protected_share (`float`, *optional*, defaults to `0.8`): the most of ``max_bytes`` that
+            entries which have served a later prompt may hold.
 
     Counters ``hit_tokens`` and ``miss_tokens`` say how many prompt tokens were found here and how
     many had to be computed (see :meth:`note`).
     """
 
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, protected_share: float = 0.8):
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}.")
-        self.max_bytes = max_bytes
-        self._entries: OrderedDict[tuple[int, ...], PromptKV] = OrderedDict()
-        self._bytes = 0
+        if not 0 <= protected_share <= 1:
+            raise ValueError(f"protected_share must be in [0, 1], got {protected_share}.")
+        self.max_bytes, self.protected_share = max_bytes, protected_share
+        self._probation: OrderedDict[tuple[int, ...], PromptKV] = OrderedDict()
+        self._protected: OrderedDict[tuple[int, ...], PromptKV] = OrderedDict()
+        self._bytes = {"probation": 0, "protected": 0}
         self.hit_tokens = 0
         self.miss_tokens = 0
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._probation) + len(self._protected)
 
     @property
     def nbytes(self) -> int:
-        return self._bytes
+        return self._bytes["probation"] + self._bytes["protected"]
 
     def longest(self, row: list[int], limit: int) -> tuple[int, PromptKV | None]:
         """The longest stored prefix of ``row`` with at most ``limit`` tokens: ``(length, entry)``,
-        ``(0, None)`` when none is stored. A hit becomes the most recently used entry."""
+        ``(0, None)`` when none is stored. A hit is protected and becomes the most recently used."""
         best: tuple[int, ...] | None = None
-        for key in self._entries:
+        for key in (*self._protected, *self._probation):
             n = len(key)
             if n <= limit and (best is None or n > len(best)) and row[n - 1] == key[-1] \
                     and tuple(row[:n]) == key:
                 best = key
         if best is None:
             return 0, None
-        self._entries.move_to_end(best)
-        return len(best), self._entries[best]
+        return len(best), self._use(best)
 
     def get(self, key: tuple[int, ...]) -> PromptKV | None:
-        entry = self._entries.get(key)
-        if entry is not None:
-            self._entries.move_to_end(key)
-        return entry
+        """The entry stored under exactly ``key`` (a hit, as in :meth:`longest`), or ``None``."""
+        return self._use(key) if key in self._protected or key in self._probation else None
 
     def put(self, key: tuple[int, ...], entry: PromptKV) -> None:
-        """Store ``entry`` under ``key`` (replacing an older one), then evict down to the budget."""
+        """Store ``entry`` under ``key`` on probation (replacing an older one), then evict down to
+        the budget."""
         if not key or not self.max_bytes or entry.nbytes > self.max_bytes:
             return
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self._bytes -= old.nbytes
-        self._entries[key] = entry
-        self._bytes += entry.nbytes
-        while self._bytes > self.max_bytes:
-            _, dropped = self._entries.popitem(last=False)
-            self._bytes -= dropped.nbytes
+        self._pop(key)
+        self._probation[key] = entry
+        self._bytes["probation"] += entry.nbytes
+        self._evict()
 
     def note(self, hit: int, miss: int) -> None:
         """Count ``hit`` prompt tokens taken from here and ``miss`` computed."""
@@ -105,5 +108,32 @@ class PromptCache:
         self.miss_tokens += miss
 
     def clear(self) -> None:
-        self._entries.clear()
-        self._bytes = 0
+        self._probation.clear()
+        self._protected.clear()
+        self._bytes = {"probation": 0, "protected": 0}
+
+    def _pop(self, key: tuple[int, ...]) -> PromptKV | None:
+        for name, segment in (("probation", self._probation), ("protected", self._protected)):
+            entry = segment.pop(key, None)
+            if entry is not None:
+                self._bytes[name] -= entry.nbytes
+                return entry
+        return None
+
+    def _use(self, key: tuple[int, ...]) -> PromptKV:
+        entry = self._pop(key)
+        self._protected[key] = entry
+        self._bytes["protected"] += entry.nbytes
+        while self._bytes["protected"] > self.protected_share * self.max_bytes and len(self._protected) > 1:
+            old, demoted = self._protected.popitem(last=False)
+            self._bytes["protected"] -= demoted.nbytes
+            self._probation[old] = demoted
+            self._bytes["probation"] += demoted.nbytes
+        self._evict()
+        return entry
+
+    def _evict(self) -> None:
+        while self.nbytes > self.max_bytes:
+            name, segment = ("probation", self._probation) if self._probation else ("protected", self._protected)
+            _, dropped = segment.popitem(last=False)
+            self._bytes[name] -= dropped.nbytes

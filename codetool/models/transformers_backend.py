@@ -5,7 +5,7 @@ Efficiency (DESIGN.md §7: on 2 CPU cores batch 8 decodes ~3.6x faster than batc
 left-padded and run in chunks of at most ``max_batch_size`` sequences. The ``n`` samples of a
 prompt share one prefill: the prompt is run once and its KV cache repeated ``n`` times, so only
 decoding is paid per sample. Prefill is paid once per prompt prefix: the KV cache of every prompt
-is kept (``prompt_cache_mb``, least recently used out first, :mod:`codetool.models.prompt_cache`),
+is kept (``prompt_cache_mb``; eviction: :mod:`codetool.models.prompt_cache`),
 and a later prompt that starts the same way (the next step of an episode, another method or seed
 on the same query, a tree's children) computes only its new tokens; prompts of one chunk that begin
 alike (the same system prompt and tool list: every RestBench-TMDB query offers the same 54
@@ -82,7 +82,7 @@ class TransformersBackend:
         device (`str`, *optional*, defaults to `"auto"`): see ``load_model``.
         max_batch_size (`int`, *optional*, defaults to `8`): most sequences (prompts x samples)
             decoded together; one prompt's ``n`` samples always go together.
-        prompt_cache_mb (`float`, *optional*, defaults to `2048`): memory (MiB, on the model's
+        prompt_cache_mb (`float`, *optional*, defaults to `1024`): memory (MiB, on the model's
             device) for the KV caches of earlier prompts, reused by later prompts that start the
             same way (:mod:`codetool.models.prompt_cache`); 0 turns it off. The embedded 135M
             model in float32 needs 46 KiB per token, a 7B model in bfloat16 about 56 KiB.
@@ -92,7 +92,7 @@ class TransformersBackend:
     share_prefill = True  # off only to test that sharing changes nothing
 
     def __init__(self, model: str | tuple[Any, Any] = "default", *, dtype: str = "auto",
-                 device: str = "auto", max_batch_size: int = 8, prompt_cache_mb: float = 2048):
+                 device: str = "auto", max_batch_size: int = 8, prompt_cache_mb: float = 1024):
         if max_batch_size < 1:
             raise CodetoolError(f"max_batch_size must be >= 1, got {max_batch_size}.")
         if prompt_cache_mb < 0:
