@@ -41,6 +41,7 @@ from codetool import CodetoolError
 from codetool.config import ConfigError, config_hash, option
 from codetool.eval.judges import JudgeConfig
 from codetool.executor import ExecutorConfig
+from codetool.models.memory import release_host_memory
 from codetool.models.spec import ModelSpec
 from codetool.prm.train import TrainConfig
 from codetool.search.answer import AnswerConfig
@@ -277,6 +278,7 @@ def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
         stage.done(time.perf_counter() - start, **(info or {}))
         status[name] = "ran"
         logger.info("stage %s finished in %.1f s", name, time.perf_counter() - start)
+        release_host_memory(collect=True)  # the stage's models are gone: the next one starts lean
     return status
 
 

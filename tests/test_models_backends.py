@@ -331,3 +331,11 @@ def test_real_default_model_generates():
     assert "4" in c.text and c.completion_tokens > 0 and c.prompt_tokens > 10
     [row] = backend.generate(["Write a haiku."], n=2, temperature=0.9, top_p=0.95, max_new_tokens=12, seed=0)
     assert len(row) == 2 and all(c.text for c in row)
+
+
+def test_host_memory_is_handed_back_without_error():
+    from codetool.models.memory import release_host_memory
+
+    blocks = [bytearray(1 << 20) for _ in range(64)]  # 64 MiB of small-ish heap blocks, then freed
+    del blocks
+    assert isinstance(release_host_memory(collect=True), bool)

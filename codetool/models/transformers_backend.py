@@ -34,6 +34,7 @@ from codetool.models.completion import (
     per_prompt,
     to_messages,
 )
+from codetool.models.memory import release_host_memory
 from codetool.models.prompt_cache import PromptCache, PromptKV
 
 logger = logging.getLogger(__name__)
@@ -201,6 +202,8 @@ class TransformersBackend:
                 for i, completions in zip(chunk, outs):
                     results[i] = completions if not greedy else [
                         Completion(**vars(completions[0])) for _ in range(n)]
+        if self.device.type == "cpu":
+            release_host_memory()  # decoding fragments the heap (see codetool.models.memory)
         return results
 
     def _generate_chunk(self, rows: list[list[int]], samples: int, temperature: float, top_p: float,
