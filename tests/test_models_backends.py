@@ -339,3 +339,8 @@ def test_host_memory_is_handed_back_without_error():
     blocks = [bytearray(1 << 20) for _ in range(64)]  # 64 MiB of small-ish heap blocks, then freed
     del blocks
     assert isinstance(release_host_memory(collect=True), bool)
+
+
+def test_prefill_of_one_token_prompts_stores_nothing(backend):
+    ids, mask, cache = backend._prefill([[5], [7]])
+    assert ids.shape == (2, 1) and mask.tolist() == [[1], [1]] and cache.get_seq_length() == 0

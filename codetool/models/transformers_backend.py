@@ -333,7 +333,7 @@ class TransformersBackend:
                                logits_to_keep=1).cache
         hit = sum(n for n, _ in hits)
         store.note(hit, sum(len(r) for r in rows) - hit)
-        if store.max_bytes:
+        if store.max_bytes and width > 1:  # (one-token prompts leave nothing to store)
             for i, (r, (n, _)) in enumerate(zip(rows, hits)):
                 own = [slice(cached - n, cached), slice(width - (len(r) - n), width - 1)]
                 entry = PromptKV([torch.cat([layer.keys[i][:, c] for c in own], dim=1) for layer in cache.layers],
