@@ -183,10 +183,11 @@ def _unit_key(x) -> str:  # a SearchTask or a Trajectory
 def method_label(search: SearchConfig) -> str:
     """The method name trajectories carry: ``search.method``, except that the default label
     (``spot+latent``) of a run without a PRM says what ran instead: ``single-sample`` (k = 1),
-    ``spot+rollout`` or ``spot-only``."""
+    ``spot+rollout`` (rollout values: ``latent: rollout``, or the ``lookahead`` strategy) or ``spot-only``."""
     if search.method != "spot+latent" or search.latent == "prm":
         return search.method
-    return "single-sample" if search.k == 1 else "spot+rollout" if search.latent == "rollout" else "spot-only"
+    rollouts = search.latent == "rollout" or search.strategy == "lookahead"
+    return "single-sample" if search.k == 1 else "spot+rollout" if rollouts else "spot-only"
 
 
 def execute_run(cfg: RunConfig, *, policy=None, scorer=None, show_summary: bool = True) -> Path:

@@ -204,3 +204,12 @@ def test_rollout_value_prm_without_a_prm_is_a_config_error():
     with pytest.raises(ConfigError, match="rollout_value"):
         StepwiseSearch(ScriptedBackend([]), SearchConfig(strategy="lookahead", rollout_value="prm"),
                        lambda t: None)
+
+
+def test_lookahead_needs_a_latent_weight_and_is_labelled_by_its_rollouts():
+    from codetool.run import method_label
+
+    with pytest.raises(ConfigError, match="w_latent"):
+        SearchConfig(strategy="lookahead", w_latent=0.0)
+    assert method_label(SearchConfig(strategy="lookahead", latent="none", k=2)) == "spot+rollout"
+    assert method_label(SearchConfig(strategy="lookahead", latent="prm", k=2)) == "spot+latent"

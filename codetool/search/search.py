@@ -106,7 +106,8 @@ class SearchConfig:
     aggregate: str = option("last", "best_of_n/beam: a trajectory's score from its chosen steps' PRM scores: "
                             "last step, product or minimum", choices=["last", "prod", "min"])
     beam_width: int = option(2, "beam: partial trajectories kept per step (B); each is expanded with k")
-    lookahead_depth: int = option(1, "lookahead: steps of the greedy rollout that scores each candidate (d)")
+    lookahead_depth: int = option(1, "lookahead: steps of the single-sample rollout (at search.rollout_temperature) "
+                                 "that scores each candidate (d)")
     rollout_temperature: float | None = option(None, "sampling temperature of rollouts (lookahead, latent=rollout); "
                                                "none = search.temperature, 0 = greedy rollouts")
     rollout_value: str = option("auto", "value of a rollout (lookahead, latent=rollout): success (CodeTool's Monte "
@@ -129,6 +130,10 @@ class SearchConfig:
             raise ConfigError(f"search.max_new_tokens must be >= 1, got {self.max_new_tokens}.")
         if self.latent == "rollout" and self.rollouts < 1:
             raise ConfigError(f"search.rollouts must be >= 1 with latent=rollout, got {self.rollouts}.")
+        if self.strategy == "lookahead" and self.w_latent <= 0:
+            raise ConfigError(f"search.strategy lookahead scores each candidate by its rollout through the latent "
+                              f"reward, but search.w_latent is {self.w_latent}: set search.w_latent > 0 (e.g. 1), "
+                              "or use strategy greedy.")
         for name in ("n", "beam_width", "lookahead_depth"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"search.{name} must be >= 1, got {getattr(self, name)}.")

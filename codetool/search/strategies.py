@@ -115,7 +115,7 @@ def run_strategy(search: StepwiseSearch, tasks: Iterable[SearchTask], on_done: H
 
     if cfg.strategy == "lookahead":
         sub_cfg = replace(cfg, strategy="greedy", latent="rollout", rollouts=1,
-                          rollout_max_steps=cfg.lookahead_depth, w_latent=cfg.w_latent or 1.0)
+                          rollout_max_steps=cfg.lookahead_depth, w_latent=cfg.w_latent)
         sub = StepwiseSearch(search.policy, sub_cfg, search.make_executor, scorer=search.scorer,
                              config_hash=search.config_hash)
 
