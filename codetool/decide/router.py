@@ -32,7 +32,7 @@ from codetool.decide.stage import (
     route_for,
 )
 from codetool.search.expand import Node, expand
-from codetool.search.prompt import prompt_text
+from codetool.search.prompt import history_entry, prompt_text
 from codetool.search.records import Step, Trajectory
 from codetool.search.search import SearchTask, StepwiseSearch
 
@@ -171,8 +171,7 @@ class Router:
             runner = StepwiseSearch(self.search.policy, self.search.cfg, make, scorer=self.search.scorer,
                                     config_hash=self.search.config_hash)
             search_tasks = [p.task if p.fast_step is None else replace(p.task, history=[
-                {"code": p.fast_step.chosen_candidate.code, "text": p.fast_step.chosen_candidate.text,
-                 "observation": p.fast_step.observation}]) for p in rest.values()]
+                history_entry(p.fast_step.chosen_candidate, p.fast_step.observation)]) for p in rest.values()]
             runner.run(search_tasks, on_done=finished)
         for state in held.values():  # only left when the search failed to start an episode
             state.close()

@@ -157,6 +157,13 @@ def step_plan(text: str | None) -> str:
     return head[:PLAN_CHARS]
 
 
+def history_entry(candidate, observation: str) -> dict:
+    """One chosen step as a history entry: ``{"code", "text", "observation"}`` (the parsed code, the
+    whole reply, the observation shown), the form :func:`policy_messages` and
+    :func:`visible_history` read."""
+    return {"code": candidate.code, "text": candidate.text, "observation": observation}
+
+
 def visible_history(history: list[dict], observation_history: str = "all",
                     step_format: str = "code_only") -> list[dict]:
     """The PRM's history: ``{"code", "output"}`` per step, ``output`` being what the policy saw

@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from codetool.rewards import PRMItem, grounded_success, latent_reward
+from codetool.search.prompt import history_entry
 
 if TYPE_CHECKING:
     from codetool.search.expand import Expanded
@@ -50,7 +51,7 @@ def rollout_value(search: StepwiseSearch, ep: _Episode, e: Expanded) -> float:
     sub_cfg = replace(cfg, k=1, latent="none", w_latent=0.0, max_steps=cfg.rollout_max_steps,
                       concurrency=cfg.rollouts, strategy="greedy",
                       temperature=cfg.temperature if cfg.rollout_temperature is None else cfg.rollout_temperature)
-    history = ep.history + [_entry(e.candidate, e.observation)]
+    history = ep.history + [history_entry(e.candidate, e.observation)]
     states = [e.state.fork() for _ in range(cfg.rollouts)]
     runner = type(search)(search.policy, sub_cfg, make_executor=lambda task: states.pop())
     tasks = [replace(ep.task, query_id=f"{ep.task.query_id}#rollout{j}", history=history)
@@ -64,7 +65,7 @@ def rollout_value(search: StepwiseSearch, ep: _Episode, e: Expanded) -> float:
         lengths.append(len(traj.steps))
         last = traj.steps[-1].chosen_candidate if traj.steps else None
         if by_prm and last is not None and last.code is not None:
-            before = history + [_entry(s.chosen_candidate, s.observation) for s in traj.steps[:-1]]
+            before = history + [history_entry(s.chosen_candidate, s.observation) for s in traj.steps[:-1]]
             ends.append(search.prm_item(ep.task, before, last, traj.steps[-1].observation))
         elif by_prm:  # the rollout made no step with code: the candidate is the last step scored
             ends.append(search.prm_item(ep.task, ep.history, e.candidate, e.observation))
@@ -73,11 +74,6 @@ def rollout_value(search: StepwiseSearch, ep: _Episode, e: Expanded) -> float:
     lr = sum(successes) / len(successes)
     tau = sum(lengths) / len(lengths)
     return latent_reward(lr, tau, alpha=cfg.alpha, beta=cfg.beta, max_len=cfg.max_len)
-
-
-def _entry(candidate, observation: str) -> dict:
-    """A history entry as the search keeps one (code, the whole reply, the observation shown)."""
-    return {"code": candidate.code, "text": candidate.text, "observation": observation}
 
 
 def _mean_prm_score(search: StepwiseSearch, ep: _Episode, items: list[PRMItem]) -> float:

@@ -40,6 +40,7 @@ from codetool.search.expand import Expanded, Node, expand_each
 from codetool.search.prompt import (
     OBSERVATION_HISTORIES,
     STEP_FORMATS,
+    history_entry,
     step_plan,
     visible_history,
 )
@@ -372,7 +373,7 @@ class StepwiseSearch:
         ep.traj.completion_tokens += sum(c.completion_tokens for c in cands)
         count_step(ep.traj, row)
         ep.traj.isolation = pick.candidate.result.isolation or ep.traj.isolation
-        ep.history.append({"code": pick.candidate.code, "text": pick.candidate.text, "observation": pick.observation})
+        ep.history.append(history_entry(pick.candidate, pick.observation))
         ended = pick.ended
         if ended == "finish":
             ep.traj.finish_type, ep.traj.final_answer = "finish", str(pick.candidate.result.final_answer)

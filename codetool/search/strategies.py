@@ -35,6 +35,7 @@ from typing import Any
 
 from codetool.resume import unit_seed
 from codetool.search.expand import Expanded, Node, expand_each
+from codetool.search.prompt import history_entry
 from codetool.search.records import Candidate, Step, Trajectory
 from codetool.search.search import (
     SearchTask,
@@ -249,7 +250,7 @@ def _child(parent: _Episode, row: list[Expanded], pick: Expanded, max_steps: int
         state = parent.state.fork()
         acc.executor_forks += 1
     child = _Episode(parent.task, state, traj, history=parent.history + [
-        {"code": pick.candidate.code, "text": pick.candidate.text, "observation": pick.observation}])
+        history_entry(pick.candidate, pick.observation)])
     ended = pick.ended
     if ended == "finish":
         traj.finish_type, traj.final_answer = "finish", str(pick.candidate.result.final_answer)

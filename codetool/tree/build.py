@@ -35,6 +35,7 @@ from codetool.config import ConfigError, config_hash, option
 from codetool.executor import ExecutorConfig
 from codetool.executor.channel import log_safe
 from codetool.search.expand import Node, expand_each
+from codetool.search.prompt import history_entry
 from codetool.search.search import SearchConfig, SearchTask
 from codetool.secrets import redact
 from codetool.tree.labels import (
@@ -238,7 +239,7 @@ class TreeBuilder:
                                 e.state.close()
                             continue
                         child = e.state if e.state is not None else state.fork()
-                        step = {"code": e.candidate.code, "text": e.candidate.text, "observation": e.observation}
+                        step = history_entry(e.candidate, e.observation)
                         next_frontier.append(FrontierNode(t, node_id, child, history + [step], depth + 1))
                     state.close()
                 frontier = _drop_failed(next_frontier, errors)
