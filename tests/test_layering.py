@@ -26,6 +26,8 @@ RULES = [
     ("codetool.executor", ("search", "prm", *ABOVE_SEARCH)),
     ("codetool.split", ("tools", "models", "executor", "search", "prm", *ABOVE_SEARCH)),
     ("codetool.search", ABOVE_SEARCH),
+    # the Ray driver runs any command's runner, which it is handed: it never imports a command
+    ("codetool.distributed", ("tools", "models", "executor", "search", "prm", *ABOVE_SEARCH)),
     ("codetool.prm", ABOVE_SEARCH),
     ("codetool.assemble", ("run", "tree", "eval", "pipeline", "decide", "cli")),
     ("codetool.decide", ("run", "tree", "pipeline", "cli")),

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,6 +33,7 @@ from typing import Any
 
 from codetool import CodetoolError
 from codetool.config import ConfigError, config_hash, option
+from codetool.distributed.ray_cluster import ClusterConfig
 from codetool.executor import ExecutorConfig
 from codetool.executor.channel import log_safe
 from codetool.search.expand import Node, expand_each
@@ -96,6 +98,9 @@ class TreeConfig:
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     retry_failed: bool = option(False, "rebuild the trees recorded as finish_type error (and only those)")
     force_resume: bool = option(False, "resume even though the output was written with other settings")
+    ray: str | None = option(None, "build the trees on a Ray cluster: its address (auto, host:port, "
+                             "ray://host:10001) or local; this process writes --output (pip install 'codetool[ray]')")
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def __post_init__(self):
         if self.limit is not None and self.limit < 1:
@@ -135,7 +140,8 @@ class TreeConfig:
 def tree_hash(cfg: TreeConfig) -> str:
     """The config hash stored in tree records and checked on resume (not paths, sharding or speed)."""
     return config_hash(cfg, ignore=("output", "dataset_dir", "shard", "merge", "limit", "batch_trees",
-                                    "policy_max_batch_size", "retry_failed", "force_resume", "relabel"))
+                                    "policy_max_batch_size", "retry_failed", "force_resume", "relabel", "ray",
+                                    "cluster"))
 
 
 def tree_seed(base: int, query_id: str) -> int:
@@ -355,7 +361,14 @@ def _error_record(task: SearchTask, error: str, seconds: float, config_hash: str
 
 def load_training_queries(cfg: TreeConfig) -> list:
     """The training queries of ``cfg``, with ids made unique as ``<file stem>/<query_id>`` (ToolBench
-    files reuse ids across groups). Queries that offer no API are skipped with a warning."""
+    files reuse ids across groups). Queries that offer no API are skipped with a warning; a
+    malformed entry is kept (its ``extra["load_error"]`` becomes its error record).
+
+    Raises:
+        ConfigError: no such file or folder.
+        CodetoolError: a file repeats a query id (the ids are named).
+    """
+    from codetool.resume import refuse_duplicates
     from codetool.tools.loaders import data_root, load_toolbench_queries
 
     path = Path(cfg.queries) if cfg.queries else data_root() / "ToolBench" / "data_example" / "instruction"
@@ -364,10 +377,12 @@ def load_training_queries(cfg: TreeConfig) -> list:
                           "(e.g. G1_query.json) or a folder of them; `codetool data fetch toolbench-examples` "
                           "gets the 10 example queries.")
     queries = load_toolbench_queries(path)
-    usable = [q for q in queries if q.apis]
+    refuse_duplicates([f"{q.group}/{q.query_id}" for q in queries], str(path))
+    usable = [q for q in queries if q.apis or q.extra.get("load_error")]
     if len(usable) < len(queries):
         logger.warning("%d of %d queries offer no documented API and are skipped: %s", len(queries) - len(usable),
-                       len(queries), ", ".join(f"{q.group}/{q.query_id}" for q in queries if not q.apis))
+                       len(queries), ", ".join(f"{q.group}/{q.query_id}" for q in queries
+                                 if not (q.apis or q.extra.get("load_error"))))
     for q in usable:
         q.query_id = f"{q.group}/{q.query_id}"
     return usable[: cfg.limit] if cfg.limit is not None else usable
@@ -416,13 +431,17 @@ def _judge_fn(cfg: TreeConfig):
 
 def build_trees_command(cfg: TreeConfig) -> int:
     """``codetool build-trees``: build (a shard of) the trees, or ``--merge`` shards; then export the
-    PRM dataset and print the summary."""
-    from codetool.jsonl import append_jsonl, read_jsonl, write_jsonl
+    PRM dataset and print the summary. Exit status 1 when a tree of the output (of the shard) is an
+    error record (a malformed query, a failed build); ``--retry_failed`` rebuilds only those.
+
+    Raises:
+        CodetoolError: the output is a folder or locked; ``--merge`` finds shards missing trees;
+            the PRM dataset cannot be written (the trees are kept; the previous dataset too).
+    """
+    from codetool.jsonl import read_jsonl, write_jsonl
     from codetool.resume import OutputLock
-    from codetool.tree.dataset import export_dataset
 
     out = Path(cfg.output)
-    dataset_dir = Path(cfg.dataset_dir)
     queries = load_training_queries(cfg)
     order = {q.query_id: i for i, q in enumerate(queries)}
     if cfg.relabel:
@@ -436,13 +455,7 @@ def build_trees_command(cfg: TreeConfig) -> int:
         logger.info("relabelled %d trees in %s (success %s, label rule %s)", len(records), out,
                     cfg.success, cfg.label_rule)
     elif cfg.merge:
-        shards = sorted(out.parent.glob(f"{out.stem}.shard-*-of-*{out.suffix}"))
-        if not shards:
-            raise ConfigError(f"--merge found no shard files {out.stem}.shard-I-of-N{out.suffix} in {out.parent}.")
-        merged = {str(r["query_id"]): r for shard in shards for r in read_jsonl(shard)}
-        records = sorted(merged.values(), key=lambda r: order.get(str(r["query_id"]), len(order)))
-        write_jsonl(out, records)
-        logger.info("merged %d shard files into %s (%d trees)", len(shards), out, len(records))
+        records = _merge_shards(cfg, out, queries, order)
     else:
         index, count = cfg.shard_index()
         mine = [q for i, q in enumerate(queries) if i % count == index]
@@ -450,36 +463,116 @@ def build_trees_command(cfg: TreeConfig) -> int:
         if path.is_dir():
             raise CodetoolError(f"--output {path} is a folder; pass a file path such as {path / 'trees.jsonl'}.")
         with OutputLock(path):
-            _build_missing(cfg, mine, path, append_jsonl)
+            _build_missing(cfg, mine, path)
         records = sorted(read_jsonl(path), key=lambda r: order.get(str(r["query_id"]), len(order)))
         if cfg.shard is not None:
             _print_summary(f"shard {cfg.shard}: {path}", summarize(records))
-            logger.info("shard done; run again with --merge once every shard has finished")
-            return 0
-    failed = [r for r in records if r.get("finish_type") == "error"]
+            if not _report_failed(records):
+                logger.info("shard done; run again with --merge once every shard has finished")
+                return 0
+            return 1
     summary = summarize(records)  # "errors" counts the failed trees
-    records = [r for r in records if r.get("finish_type") != "error"]
-    try:
-        stats = export_dataset(records, dataset_dir, emit=cfg.emit, val_fraction=cfg.val_fraction, seed=cfg.seed)
+    stats = export_atomically([r for r in records if r.get("finish_type") != "error"], cfg)
+    if stats is not None:
         summary.update({f"dataset_{k}": v for k, v in stats.items() if k not in ("val_query_ids", "pair_counts")})
-    except CodetoolError as e:  # the trees are saved and valid; only the dataset is empty
-        logger.warning("no PRM dataset written: %s", e)
     _print_summary(f"trees: {out}", summary)
+    return 1 if _report_failed(records) else 0
+
+
+def _report_failed(records: list[dict]) -> bool:
+    failed = [r for r in records if r.get("finish_type") == "error"]
     if failed:
         logger.warning("%d trees ended with an error (e.g. %s: %s); rerun with --retry_failed to rebuild only those",
                        len(failed), failed[0].get("query_id"), failed[0].get("error"))
-        return 1
-    return 0
+    return bool(failed)
 
 
-def _build_missing(cfg: TreeConfig, mine: list, path: Path, append_jsonl) -> int:
+def _merge_shards(cfg: TreeConfig, out: Path, queries: list, order: dict) -> list[dict]:
+    """Join the shard files of ``out`` into ``out``; every query must have its tree (or error record).
+
+    Raises:
+        ConfigError: no shard files.
+        CodetoolError: queries without a record, naming the shards to run again (they resume).
+    """
+    import re
+
+    from codetool.jsonl import read_jsonl, write_jsonl
+
+    shards = sorted(out.parent.glob(f"{out.stem}.shard-*-of-*{out.suffix}"))
+    if not shards:
+        raise ConfigError(f"--merge found no shard files {out.stem}.shard-I-of-N{out.suffix} in {out.parent}.")
+    merged = {str(r["query_id"]): r for shard in shards for r in read_jsonl(shard)}
+    missing = [q for q in queries if str(q.query_id) not in merged]
+    if missing:
+        counts = {int(m.group(1)) for p in shards if (m := re.search(r"\.shard-\d+-of-(\d+)", p.name))}
+        rerun = (", ".join(f"--shard {i}/{n}" for n in sorted(counts) for i in sorted({order[q.query_id] % n
+                                                                                         for q in missing}))
+                 if len(counts) == 1 else "the unfinished shards")
+        raise CodetoolError(f"--merge: {len(missing)} of {len(queries)} queries have no tree in {len(shards)} shard "
+                            f"files (e.g. {', '.join(str(q.query_id) for q in missing[:3])}): their shard did not "
+                            f"finish. Run {rerun} again (it resumes), then --merge.")
+    records = sorted(merged.values(), key=lambda r: order.get(str(r["query_id"]), len(order)))
+    write_jsonl(out, records)
+    logger.info("merged %d shard files into %s (%d trees)", len(shards), out, len(records))
+    return records
+
+
+def export_atomically(records: list[dict], cfg: TreeConfig) -> dict | None:
+    """Export the PRM dataset of ``records`` into ``cfg.dataset_dir``, all or nothing: the files are
+    written into a temporary folder beside it and moved in once complete, so a failed export (a
+    full disk) leaves the previous dataset, or no dataset, and raises.
+
+    Returns:
+        The export's statistics, or ``None`` when the trees give no row (a warning; nothing written).
+    Raises:
+        CodetoolError: the dataset could not be written (the message says what to free or fix).
+    """
+    import shutil
+    import tempfile
+
+    from codetool.tree.dataset import EmptyDatasetError, export_dataset
+
+    target = Path(cfg.dataset_dir)
+
+    def refuse(error) -> CodetoolError:
+        return CodetoolError(f"cannot write the PRM dataset into {target}: {error} (free space or fix permissions, "
+                             "then run the same build-trees command again: the trees are kept and only the export "
+                             "runs).")
+
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    except OSError as e:
+        raise refuse(e.strerror or e) from None
+    try:
+        stats = export_dataset(records, staging, emit=cfg.emit, val_fraction=cfg.val_fraction, seed=cfg.seed)
+        target.mkdir(exist_ok=True)
+        for entry in sorted(staging.iterdir()):  # renames within one file system: no space needed
+            dest = target / entry.name
+            if dest.is_dir() and not dest.is_symlink():
+                shutil.rmtree(dest)
+            os.replace(entry, dest)
+    except EmptyDatasetError as e:  # the trees are valid; they only hold no labelled pair
+        logger.warning("no PRM dataset written: %s", e)
+        return None
+    except CodetoolError as e:
+        raise refuse(str(e)) from None
+    except OSError as e:
+        raise refuse(e.strerror or e) from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return stats
+
+
+def _build_missing(cfg: TreeConfig, mine: list, path: Path) -> int:
     """Build the trees of ``mine`` not yet in ``path`` (resume keyed by the unique query id and
-    guarded by ``tree_hash``); a tree whose build raises is recorded as ``finish_type: error`` and
-    the others go on (``codetool.resume``). Returns the number that failed."""
+    guarded by ``tree_hash``), here or on Ray workers (``--ray``); a tree whose build raises, or a
+    malformed query, is recorded as ``finish_type: error`` and the others go on
+    (``codetool.resume``). Returns the number that failed."""
     from rich.progress import Progress
 
-    from codetool.assemble import executor_factory, make_policy, make_task, tool_backend
-    from codetool.resume import FatalError, error_message, plan_resume, run_isolated
+    from codetool.jsonl import append_jsonl
+    from codetool.resume import FatalError, plan_resume
 
     chash = tree_hash(cfg)
     plan = plan_resume(path, [str(q.query_id) for q in mine], lambda r: str(r.get("query_id")), chash,
@@ -489,33 +582,98 @@ def _build_missing(cfg: TreeConfig, mine: list, path: Path, append_jsonl) -> int
         logger.info("resuming: %d of %d trees already in %s", len(mine) - len(todo), len(mine), path)
     if not todo:
         return 0
-    policy = make_policy(cfg.policy, max_batch_size=cfg.policy_max_batch_size, remote_model=cfg.remote_model)
-    builder = TreeBuilder(policy, cfg, executor_factory(cfg.executor), judge=_judge_fn(cfg))
-    tools = tool_backend(cfg.tools_backend, server_url=cfg.tool_server_url, cache_dir=cfg.tool_cache_dir)
-
-    def write(record: dict) -> None:
-        try:
-            append_jsonl(path, record)
-        except CodetoolError as e:  # a full disk stops the job; it is not one tree's fault
-            raise FatalError(str(e)) from None
-
-    def failed_unit(q, error: BaseException) -> None:
-        write({"query_id": q.query_id, "query": q.query, "config_hash": chash, "finish_type": "error",
-               "error": error_message(error), "nodes": {}, "pairs": []})
-
-    def build_batch(batch: list, on_done) -> None:
-        tasks = [make_task(q, backend, tool_doc=cfg.tool_doc) for q in batch]
-        for record in builder.build_many(tasks):  # each batch lands before the next starts
-            on_done(record)
-
-    def key(x) -> str:
-        return str(x["query_id"] if isinstance(x, dict) else x.query_id)
-
-    failed = 0
-    with tools as backend, Progress() as bar:
+    failed = [0]
+    with Progress() as bar:
         job = bar.add_task("trees", total=len(todo))
-        for b in range(0, len(todo), cfg.batch_trees):
-            batch = todo[b:b + cfg.batch_trees]
-            failed += run_isolated(batch, build_batch, key, write, failed_unit)
-            bar.update(job, advance=len(batch))
-    return failed
+
+        def land(record: dict) -> None:
+            try:
+                append_jsonl(path, record)
+            except CodetoolError as e:  # a full disk stops the job; it is not one tree's fault
+                raise FatalError(str(e)) from None
+            failed[0] += record.get("finish_type") == "error"
+            bar.update(job, advance=1)
+
+        if cfg.ray:
+            from codetool.distributed import run_on_ray
+
+            run_on_ray(cfg.ray, cfg.cluster, todo, unit_key=lambda q: str(q.query_id),
+                       record_key=lambda r: str(r["query_id"]), runner=(TreeRunner, (cfg, chash)), on_record=land,
+                       on_error=lambda q, e: land(tree_error_record(q, e, chash)), batch=cfg.batch_trees)
+        else:
+            with TreeRunner(cfg, chash) as runner:
+                runner.run(todo, land)
+    return failed[0]
+
+
+def tree_error_record(query, error: BaseException | str, config_hash: str) -> dict[str, Any]:
+    """The record of a query whose tree could not be built (a malformed entry, a failed build)."""
+    from codetool.resume import error_message
+
+    return {"query_id": query.query_id, "query": query.query, "config_hash": config_hash, "finish_type": "error",
+            "error": error if isinstance(error, str) else error_message(error), "nodes": {}, "pairs": []}
+
+
+class TreeRunner:
+    """What one machine, or one Ray worker, needs to build trees: the policy, the builder (its
+    executors) and an open tool backend (closed by ``close``, or at the end of a ``with`` block).
+
+    Args:
+        cfg (`TreeConfig`): the tree settings.
+        chash (`str`): the config hash stored in every record.
+    """
+
+    def __init__(self, cfg: TreeConfig, chash: str):
+        from codetool.assemble import executor_factory, make_policy, tool_backend
+
+        self.cfg, self.chash = cfg, chash
+        policy = make_policy(cfg.policy, max_batch_size=cfg.policy_max_batch_size, remote_model=cfg.remote_model)
+        self.builder = TreeBuilder(policy, cfg, executor_factory(cfg.executor), judge=_judge_fn(cfg))
+        self._tools = tool_backend(cfg.tools_backend, server_url=cfg.tool_server_url, cache_dir=cfg.tool_cache_dir)
+        self.backend = self._tools.__enter__()
+
+    def __enter__(self) -> TreeRunner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._tools.__exit__(None, None, None)
+
+    def run(self, queries: list, on_record) -> int:
+        """Build the trees of ``queries`` (``BenchmarkQuery``), ``batch_trees`` at a time, and call
+        ``on_record(dict)`` once per query; a malformed query or a failed build gets an error
+        record. Returns the number of error records."""
+        from codetool.assemble import make_task
+        from codetool.resume import run_isolated
+
+        cfg, failed = self.cfg, 0
+
+        def failed_unit(q, error: BaseException | str) -> None:
+            nonlocal failed
+            failed += 1
+            on_record(tree_error_record(q, error, self.chash))
+
+        def land(record: dict) -> None:
+            nonlocal failed
+            failed += record.get("finish_type") == "error"
+            on_record(record)
+
+        def build_batch(batch: list, on_done) -> None:
+            tasks = [make_task(q, self.backend, tool_doc=cfg.tool_doc) for q in batch]
+            for record in self.builder.build_many(tasks):  # each batch lands before the next starts
+                on_done(record)
+
+        def key(x) -> str:
+            return str(x["query_id"] if isinstance(x, dict) else x.query_id)
+
+        good = []
+        for q in queries:
+            if q.extra.get("load_error"):  # a malformed entry: recorded, never built
+                failed_unit(q, f"CodetoolError: {q.extra['load_error']}")
+            else:
+                good.append(q)
+        for b in range(0, len(good), cfg.batch_trees):
+            run_isolated(good[b:b + cfg.batch_trees], build_batch, key, land, failed_unit)
+        return failed
