@@ -216,8 +216,10 @@ def run_on_ray(address: str, cluster: ClusterConfig, units: list, *, unit_key: C
 def _dispatch(ray, cluster: ClusterConfig, actors: list, units: list, batch: int, unit_key, record_key, on_record,
               on_error, stats: RayStats) -> None:
     """The driver's loop: keep every live worker ``in_flight`` calls deep until every unit has a record."""
-    from ray.exceptions import RayError, RayTaskError
+    from ray import exceptions
 
+    RayError, RayTaskError = exceptions.RayError, exceptions.RayTaskError
+    restarting = getattr(exceptions, "ActorUnavailableError", ())  # Ray is restarting the actor: ask again later
     batches = deque(units[i:i + batch] for i in range(0, len(units), batch))
     starting = {actor.ready.remote(): i for i, actor in enumerate(actors)}  # ping -> worker
     calls: dict[Any, tuple[int, list]] = {}  # call -> (worker, its units)
@@ -226,8 +228,13 @@ def _dispatch(ray, cluster: ClusterConfig, actors: list, units: list, batch: int
     lost_times: dict[str, int] = {}
     written: set[str] = set()
     first_error: BaseException | None = None
+    ask_again: dict[int, float] = {}  # worker -> when to ping it again (Ray is restarting it)
     last_alive = time.monotonic()
     while batches or calls:
+        for i, when in list(ask_again.items()):
+            if time.monotonic() >= when:
+                del ask_again[i]
+                starting[actors[i].ready.remote()] = i
         for i in sorted(alive, key=lambda w: load[w]):
             while batches and load[i] < cluster.in_flight:
                 units_ = batches.popleft()
@@ -235,7 +242,7 @@ def _dispatch(ray, cluster: ClusterConfig, actors: list, units: list, batch: int
                 load[i] += 1
         if alive:
             last_alive = time.monotonic()
-        elif not starting and not calls:
+        elif not starting and not calls and not ask_again:
             raise CodetoolError(f"no Ray worker could start ({error_message(first_error) if first_error else 'none left'}); "
                                 "the records written so far stay, and the same command resumes.")
         elif time.monotonic() - last_alive > cluster.wait_s:
@@ -248,6 +255,8 @@ def _dispatch(ray, cluster: ClusterConfig, actors: list, units: list, batch: int
                 try:
                     logger.info("ray worker %d ready on %s", i, ray.get(ref))
                     alive.add(i)
+                except restarting:
+                    ask_again[i] = time.monotonic() + 5.0
                 except RayError as e:
                     first_error = first_error or e
                     logger.warning("ray worker %d could not start: %s", i, error_message(e))
