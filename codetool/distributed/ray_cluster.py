@@ -216,8 +216,7 @@ def run_on_ray(address: str, cluster: ClusterConfig, units: list, *, unit_key: C
 def _dispatch(ray, cluster: ClusterConfig, actors: list, units: list, batch: int, unit_key, record_key, on_record,
               on_error, stats: RayStats) -> None:
     """The driver's loop: keep every live worker ``in_flight`` calls deep until every unit has a record."""
-    from ray import exceptions
-
+    exceptions = ray.exceptions
     RayError, RayTaskError = exceptions.RayError, exceptions.RayTaskError
     restarting = getattr(exceptions, "ActorUnavailableError", ())  # Ray is restarting the actor: ask again later
     batches = deque(units[i:i + batch] for i in range(0, len(units), batch))
