@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from codetool import CodetoolError
 from codetool.config import ConfigError, option
-from codetool.jsonl import append_jsonl, read_jsonl
+from codetool.jsonl import append_jsonl, read_jsonl, repair_jsonl
 from codetool.secrets import redact
 
 logger = logging.getLogger(__name__)
@@ -263,6 +263,7 @@ class JudgeCache:
         self.path = path
         self.records: dict[str, dict] = {}
         if path:
+            repair_jsonl(path)  # a run killed mid-line: cut the torn tail off (logged) before appending
             for record in read_jsonl(path):
                 if "key" in record:
                     self.records[record["key"]] = record
