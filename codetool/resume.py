@@ -119,6 +119,34 @@ class OutputLock:
             self._fd = None
 
 
+class UnitRunner:
+    """What runs a job's units on one machine, or in one Ray worker (``codetool.distributed``):
+    ``run(units, on_record)`` hands one record per unit to ``on_record`` and returns the number of
+    error records; the context it opened (a tool backend) stays open until ``close`` (or the end
+    of a ``with`` block)."""
+
+    _context: Any = None
+
+    def open(self, context):
+        """Enter ``context`` (closed by :meth:`close`) and return what it gives."""
+        self._context = context
+        return context.__enter__()
+
+    def run(self, units: list, on_record: Callable[[dict], None]) -> int:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        if self._context is not None:
+            context, self._context = self._context, None
+            context.__exit__(None, None, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 @dataclass
 class ResumePlan:
     """What a rerun must do: ``done`` keys are kept; everything else in the job is to run."""

@@ -40,6 +40,7 @@ from codetool.models.spec import ModelSpec
 from codetool.resume import (
     FatalError,
     OutputLock,
+    UnitRunner,
     error_message,
     plan_resume,
     refuse_duplicates,
@@ -276,7 +277,7 @@ def error_record(cfg: RunConfig, chash: str, unit, error: BaseException | str) -
                       error=error if isinstance(error, str) else error_message(error)).to_dict()
 
 
-class QueryRunner:
+class QueryRunner(UnitRunner):
     """What one machine, or one Ray worker, needs to run queries: the policy, the PRM, the search
     and an open tool backend (closed by ``close``, or at the end of a ``with`` block).
 
@@ -294,18 +295,8 @@ class QueryRunner:
         self.scorer = make_scorer(cfg.prm, cfg.prm_device) if scorer is None else scorer
         self.search = StepwiseSearch(self.policy, cfg.search, executor_factory(cfg.executor), scorer=self.scorer,
                                      config_hash=chash)
-        self._tools = tool_backend(cfg.tools_backend, benchmark=cfg.benchmark, data_dir=cfg.data_dir,
-                                   server_url=cfg.tool_server_url, cache_dir=cfg.tool_cache_dir)
-        self.backend = self._tools.__enter__()
-
-    def __enter__(self) -> QueryRunner:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._tools.__exit__(None, None, None)
+        self.backend = self.open(tool_backend(cfg.tools_backend, benchmark=cfg.benchmark, data_dir=cfg.data_dir,
+                                              server_url=cfg.tool_server_url, cache_dir=cfg.tool_cache_dir))
 
     def run(self, queries: list, on_record) -> int:
         """Search ``queries`` (``BenchmarkQuery``) and call ``on_record(dict)`` once per query with its

@@ -20,6 +20,7 @@ from typing import Any
 
 from codetool import CodetoolError
 from codetool.config import ConfigError
+from codetool.resume import UnitRunner
 from codetool.tree.build import TreeBuilder, TreeConfig, judge_fn, tree_hash
 
 logger = logging.getLogger(__name__)
@@ -152,7 +153,7 @@ def tree_error_record(query, error: BaseException | str, config_hash: str) -> di
             "error": error if isinstance(error, str) else error_message(error), "nodes": {}, "pairs": []}
 
 
-class TreeRunner:
+class TreeRunner(UnitRunner):
     """What one machine, or one Ray worker, needs to build trees: the policy, the builder (its
     executors) and an open tool backend (closed by ``close``, or at the end of a ``with`` block).
 
@@ -167,17 +168,8 @@ class TreeRunner:
         self.cfg, self.chash = cfg, chash
         policy = make_policy(cfg.policy, max_batch_size=cfg.policy_max_batch_size, remote_model=cfg.remote_model)
         self.builder = TreeBuilder(policy, cfg, executor_factory(cfg.executor), judge=judge_fn(cfg))
-        self._tools = tool_backend(cfg.tools_backend, server_url=cfg.tool_server_url, cache_dir=cfg.tool_cache_dir)
-        self.backend = self._tools.__enter__()
-
-    def __enter__(self) -> TreeRunner:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._tools.__exit__(None, None, None)
+        self.backend = self.open(tool_backend(cfg.tools_backend, server_url=cfg.tool_server_url,
+                                              cache_dir=cfg.tool_cache_dir))
 
     def run(self, queries: list, on_record) -> int:
         """Build the trees of ``queries`` (``BenchmarkQuery``), ``batch_trees`` at a time, and call
