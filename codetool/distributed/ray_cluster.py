@@ -195,13 +195,15 @@ def run_on_ray(address: str, cluster: ClusterConfig, units: list, *, unit_key: C
             raise CodetoolError(f"--ray {address}: cannot connect to a Ray cluster ({error_message(e)}); start one "
                                 "with `ray start --head` and pass its address, or --ray local.") from None
     batch = max(1, cluster.batch or batch)
-    n = min(_slots(ray, cluster, address), -(-len(units) // batch))
-    stats = RayStats(units=len(units), workers=n, per_worker=[0] * n)
-    actor_class = ray.remote(_Worker).options(num_cpus=cluster.cpus_per_worker, num_gpus=cluster.gpus_per_worker,
-                                              max_restarts=-1, max_task_retries=0)
-    actors = [actor_class.remote(runner[0], runner[1], os.getcwd(), logging.getLogger("codetool").getEffectiveLevel())
-              for _ in range(n)]
+    actors: list = []
     try:
+        n = min(_slots(ray, cluster, address), -(-len(units) // batch))
+        stats = RayStats(units=len(units), workers=n, per_worker=[0] * n)
+        actor_class = ray.remote(_Worker).options(num_cpus=cluster.cpus_per_worker,
+                                                  num_gpus=cluster.gpus_per_worker, max_restarts=-1,
+                                                  max_task_retries=0)
+        level = logging.getLogger("codetool").getEffectiveLevel()
+        actors = [actor_class.remote(runner[0], runner[1], os.getcwd(), level) for _ in range(n)]
         _dispatch(ray, cluster, actors, units, batch, unit_key, record_key, on_record, on_error, stats)
     finally:
         for actor in actors:
