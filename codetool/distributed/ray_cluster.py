@@ -130,9 +130,15 @@ class _Worker:
             root.addHandler(handler)
         logging.getLogger("codetool").setLevel(log_level)
         self.where = f"{socket.gethostname()} pid {os.getpid()}"
-        self.runner = factory(*args)
+        self.runner, self.error = None, None
+        try:
+            self.runner = factory(*args)
+        except Exception as e:  # noqa: BLE001 - told to the driver by ready(), in one line
+            self.error = error_message(e)
 
     def ready(self) -> str:
+        if self.error:
+            raise CodetoolError(f"{self.where}: {self.error}")
         return self.where
 
     def run(self, units: list) -> list[dict]:
@@ -244,7 +250,7 @@ def _dispatch(ray, cluster: ClusterConfig, actors: list, units: list, batch: int
         if alive:
             last_alive = time.monotonic()
         elif not starting and not calls and not ask_again:
-            raise CodetoolError(f"no Ray worker could start ({error_message(first_error) if first_error else 'none left'}); "
+            raise CodetoolError(f"no Ray worker could start ({_why(first_error) if first_error else 'none left'}); "
                                 "the records written so far stay, and the same command resumes.")
         elif time.monotonic() - last_alive > cluster.wait_s:
             raise CodetoolError(f"no Ray worker has been alive for {cluster.wait_s:g} s ({len(batches)} batches left); "
@@ -258,6 +264,9 @@ def _dispatch(ray, cluster: ClusterConfig, actors: list, units: list, batch: int
                     alive.add(i)
                 except restarting:
                     ask_again[i] = time.monotonic() + 5.0
+                except RayTaskError as e:  # its runner could not be built (a model, a server, a setting)
+                    first_error = first_error or getattr(e, "cause", None) or e
+                    logger.warning("ray worker %d could not start: %s", i, _why(first_error))
                 except RayError as e:
                     first_error = first_error or e
                     logger.warning("ray worker %d could not start: %s", i, error_message(e))
@@ -307,6 +316,11 @@ def _dispatch(ray, cluster: ClusterConfig, actors: list, units: list, batch: int
                 if unit_key(u) not in returned and unit_key(u) not in written:
                     on_error(u, CodetoolError("its Ray worker returned no record for it"))
                     stats.errors += 1
+
+
+def _why(error: BaseException) -> str:
+    """One line: a CodetoolError's own message (it says what to fix), else the type and message."""
+    return " ".join(str(error).split())[:500] if isinstance(error, CodetoolError) else error_message(error)
 
 
 def _lost(ray, i: int, error: BaseException, actors: list, alive: set[int], starting: dict, stats: RayStats) -> None:
