@@ -2,7 +2,9 @@
 
 Long jobs (runs, tree building, judging) write one line per finished unit and flush it to disk,
 so ``kill -9`` loses at most the unit in progress. A partially written last line (the process
-died mid-write) is skipped on read with a warning, and the next append starts on a new line.
+died mid-write) is skipped on read with a warning, and the next append starts on a new line; a job
+that resumes calls :func:`repair_jsonl` first, which cuts such a torn tail back to the last whole
+line (and logs what it cut), so the file holds whole records only.
 Every record passes through ``codetool.secrets.redact_obj`` and ``clean_obj`` before it is
 written: lone surrogates (``"\ud800"``, which models and tools can emit and which UTF-8 cannot
 encode) become U+FFFD, so writing never raises ``UnicodeEncodeError``. A full disk or another OS
@@ -126,6 +128,61 @@ def write_jsonl(path: str | os.PathLike, records) -> int:
         tmp.unlink(missing_ok=True)
         raise CodetoolError(f"cannot write {path}: {e.strerror or e} (free space or fix permissions).") from None
     return count
+
+
+def repair_jsonl(path: str | os.PathLike) -> int:
+    """Cut a torn last line of ``path`` (bytes after the last newline that do not parse as a JSON
+    object: a writer died mid-line) back to the last whole line, with a warning naming what was
+    cut. A last line that is a whole object but lacks its newline gets the newline instead. A
+    missing or empty file is left alone.
+
+    Returns:
+        The number of bytes removed (0 when the file ended on a whole line).
+    Raises:
+        CodetoolError: the file cannot be read or truncated.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    try:
+        with open(path, "r+b") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size == 0:
+                return 0
+            # Walk back in blocks to the last newline; a torn tail is at most one record long.
+            end, block = size, 1 << 16
+            while end > 0:
+                start = max(0, end - block)
+                f.seek(start)
+                chunk = f.read(end - start)
+                cut = chunk.rfind(b"\n")
+                if cut >= 0:
+                    keep = start + cut + 1
+                    break
+                end = start
+            else:
+                keep = 0
+            if keep == size:
+                return 0
+            f.seek(keep)
+            tail = f.read()
+            try:
+                whole = isinstance(json.loads(tail.decode("utf-8")), dict)
+            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+                whole = False
+            if whole:
+                f.write(b"\n")
+                f.flush()
+                os.fsync(f.fileno())
+                return 0
+            f.truncate(keep)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise CodetoolError(f"cannot repair {path}: {e.strerror or e} (check its permissions).") from None
+    logger.warning("%s: cut a torn last line (%d bytes: %r) back to the last whole line; the unit it held "
+                   "runs again", path, len(tail), tail[:80])
+    return len(tail)
 
 
 def done_ids(path: str | os.PathLike, key: str = "query_id") -> set[str]:

@@ -12,6 +12,10 @@ tree). This module holds what both need to make that safe (issue 19):
 - **seeds**: ``unit_seed`` derives a sampling seed from (seed, unit identity, step), so a resumed
   run samples what an uninterrupted one did (exactly so when units are not batched together:
   ``search.concurrency 1``; batched units share one seed per generate call);
+- **repair**: ``plan_resume`` first cuts a torn last line (a writer killed mid-line) back to the
+  last whole line (``codetool.jsonl.repair_jsonl``), logged; the unit it held runs again;
+- **unique ids**: ``refuse_duplicates`` stops a job whose input file repeats a query id (two units
+  with one identity would overwrite each other's record on resume), naming the ids;
 - **isolation**: ``run_isolated`` runs units in batches and, when a batch raises, reruns its
   unfinished units one at a time; a unit that still raises is handed to ``on_error`` (which
   records ``finish_type: error`` with a one-line message) and the job goes on.
@@ -34,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from codetool import CodetoolError
-from codetool.jsonl import clean_text, read_jsonl, write_jsonl
+from codetool.jsonl import clean_text, read_jsonl, repair_jsonl, write_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +64,24 @@ def error_message(error: BaseException) -> str:
     """One line for a record: the exception type and its message, no traceback, text cleaned."""
     text = " ".join(str(error).split())[:500]
     return clean_text(f"{type(error).__name__}: {text}" if text else type(error).__name__)
+
+
+def refuse_duplicates(keys: Iterable[str], source: str) -> None:
+    """Raise when a unit identity occurs twice among ``keys`` (the units of one job, e.g. a query
+    file's ``benchmark/group/query_id`` keys).
+
+    Raises:
+        CodetoolError: naming up to 10 repeated ids and how often each occurs.
+    """
+    counts: dict[str, int] = {}
+    for key in keys:
+        counts[key] = counts.get(key, 0) + 1
+    repeated = [(k, n) for k, n in counts.items() if n > 1]
+    if repeated:
+        shown = ", ".join(f"{k} ({n}x)" for k, n in repeated[:10]) + (", ..." if len(repeated) > 10 else "")
+        raise CodetoolError(f"{source}: {len(repeated)} query ids occur more than once: {shown}. Each query needs "
+                            "its own id within a file (records are resumed and merged by id); give the repeats "
+                            "new ids or remove them.")
 
 
 class OutputLock:
@@ -97,6 +119,34 @@ class OutputLock:
             self._fd = None
 
 
+class UnitRunner:
+    """What runs a job's units on one machine, or in one Ray worker (``codetool.distributed``):
+    ``run(units, on_record)`` hands one record per unit to ``on_record`` and returns the number of
+    error records; the context it opened (a tool backend) stays open until ``close`` (or the end
+    of a ``with`` block)."""
+
+    _context: Any = None
+
+    def open(self, context):
+        """Enter ``context`` (closed by :meth:`close`) and return what it gives."""
+        self._context = context
+        return context.__enter__()
+
+    def run(self, units: list, on_record: Callable[[dict], None]) -> int:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        if self._context is not None:
+            context, self._context = self._context, None
+            context.__exit__(None, None, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 @dataclass
 class ResumePlan:
     """What a rerun must do: ``done`` keys are kept; everything else in the job is to run."""
@@ -120,8 +170,11 @@ def plan_resume(path: str | os.PathLike, keys: Iterable[str], key_of: Callable[[
 
     Raises:
         CodetoolError: the file was written with other settings (and not ``force``).
+
+    A torn last line of ``path`` is cut back to the last whole line first (logged).
     """
     wanted = set(keys)
+    repair_jsonl(path)
     records = list(read_jsonl(path))
     mine = [r for r in records if key_of(r) in wanted]
     other = sorted({str(r.get("config_hash")) for r in mine if r.get("config_hash") != config_hash})

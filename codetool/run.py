@@ -15,7 +15,9 @@ one-screen summary (finished, gave up, SCEP, mean steps, tokens, seconds per que
 mean tool cost). ``--prm`` picks the latent reward: a PRM checkpoint directory, the URL of a
 ``codetool serve-prm`` server, ``rollout`` (Monte Carlo rollouts with the policy) or ``none``;
 ``--search.latent`` may be left at its default (``prm``: follow ``--prm``) or agree with it, else
-the config is refused. The parts are composed by :mod:`codetool.assemble`.
+the config is refused. The parts are composed by :mod:`codetool.assemble` (:class:`QueryRunner`
+holds them). ``--ray ADDRESS`` runs the queries on the workers of a Ray cluster
+(:mod:`codetool.distributed`); this process still plans the resume and writes ``--output``.
 """
 
 from __future__ import annotations
@@ -31,14 +33,17 @@ from codetool import CodetoolError
 from codetool.assemble import executor_factory, make_scorer, make_task, tool_backend
 from codetool.config import ConfigError, config_hash, option
 from codetool.decide.stage import RouterConfig
+from codetool.distributed.ray_cluster import ClusterConfig
 from codetool.executor import ExecutorConfig
 from codetool.jsonl import append_jsonl
 from codetool.models.spec import ModelSpec
 from codetool.resume import (
     FatalError,
     OutputLock,
+    UnitRunner,
     error_message,
     plan_resume,
+    refuse_duplicates,
     run_isolated,
     unit_key,
 )
@@ -86,6 +91,9 @@ class RunConfig:
     answer: AnswerConfig = field(default_factory=AnswerConfig)
     retry_failed: bool = option(False, "rerun the queries recorded as finish_type error (and only those)")
     force_resume: bool = option(False, "resume even though the output was written with other settings")
+    ray: str | None = option(None, "run the queries on a Ray cluster: its address (auto, host:port, "
+                             "ray://host:10001) or local; this process writes --output (pip install 'codetool[ray]')")
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def __post_init__(self):
         if self.offset < 0 or (self.limit is not None and self.limit < 1):
@@ -125,6 +133,7 @@ def load_benchmark(cfg: RunConfig) -> list:
         queries = load_restbench(root, source=cfg.subset if cfg.subset in ("restgpt", "codetool") else "restgpt")
     else:
         queries = load_toolbench_queries(Path(cfg.queries))
+    refuse_duplicates([_query_key(q) for q in queries], cfg.queries or f"{cfg.benchmark} {cfg.group or ''}".strip())
     end = None if cfg.limit is None else cfg.offset + cfg.limit
     if cfg.offset >= len(queries):
         raise CodetoolError(f"--offset {cfg.offset} skips all {len(queries)} queries of {cfg.benchmark}"
@@ -165,7 +174,7 @@ def single_query(cfg: RunConfig):
 def run_hash(cfg: RunConfig) -> str:
     """The config hash stored in trajectories (what changes results; not paths or limits)."""
     return config_hash(cfg, ignore=("output", "offset", "limit", "data_dir", "prm_device", "retry_failed",
-                                    "force_resume"))
+                                    "force_resume", "ray", "cluster"))
 
 
 def _query_key(q) -> str:
@@ -227,42 +236,84 @@ def execute_run(cfg: RunConfig, *, policy=None, scorer=None, show_summary: bool 
 
 
 def _run_queries(cfg: RunConfig, todo: list, out: Path, chash: str, policy, scorer) -> int:
-    """Search every query of ``todo``, one error record per failing query; returns the failures."""
+    """Search every query of ``todo`` here, or on Ray workers with ``--ray``; one record per query
+    appended to ``out`` (a query that fails gets an error record). Returns the failures."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    import codetool.assemble as assemble  # read at call time: tests substitute a scripted policy
-    from codetool.search.records import Trajectory
-
-    policy = policy or assemble.make_policy(policy_spec(cfg))
-    if scorer is None:
-        scorer = make_scorer(cfg.prm, cfg.prm_device)
-    search = StepwiseSearch(policy, cfg.search, executor_factory(cfg.executor), scorer=scorer, config_hash=chash)
-    start, failed = time.perf_counter(), 0
-    with tool_backend(cfg.tools_backend, benchmark=cfg.benchmark, data_dir=cfg.data_dir, server_url=cfg.tool_server_url,
-                      cache_dir=cfg.tool_cache_dir) as backend, Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.fields[last]}")) as bar:
+    start, counts = time.perf_counter(), {"failed": 0}
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[last]}")) as bar:
         job = bar.add_task(f"{cfg.search.method} on {cfg.benchmark or 'query'}", total=len(todo), last="")
 
-        def write(record: dict) -> None:
+        def land(record: dict) -> None:
             try:
                 append_jsonl(out, record)
             except CodetoolError as e:  # a full disk stops the run; it is not one query's fault
                 raise FatalError(str(e)) from None
+            counts["failed"] += record.get("finish_type") == "error"
+            bar.update(job, advance=1, last=f"{record.get('query_id')}: {record.get('finish_type')}, "
+                                            f"{len(record.get('steps') or [])} steps")
 
+        if cfg.ray:
+            from codetool.distributed import run_on_ray
+
+            run_on_ray(cfg.ray, cfg.cluster, todo, unit_key=_query_key, record_key=_record_key,
+                       runner=(QueryRunner, (cfg, chash)), on_record=land,
+                       on_error=lambda q, e: land(error_record(cfg, chash, q, e)), batch=cfg.search.concurrency)
+        else:
+            with QueryRunner(cfg, chash, policy, scorer) as runner:
+                runner.run(todo, land)
+    logger.info("ran %d queries in %.1f s (%d failed)", len(todo), time.perf_counter() - start, counts["failed"])
+    return counts["failed"]
+
+
+def error_record(cfg: RunConfig, chash: str, unit, error: BaseException | str) -> dict:
+    """The trajectory record of a query whose run failed (``finish_type: error``, a one-line message)."""
+    from codetool.search.records import Trajectory
+
+    benchmark = "restbench-tmdb" if unit.benchmark == "restbench" else unit.benchmark
+    return Trajectory(query_id=unit.query_id, query=unit.query, benchmark=benchmark, group=unit.group,
+                      method=cfg.search.method, config_hash=chash, finish_type="error",
+                      error=error if isinstance(error, str) else error_message(error)).to_dict()
+
+
+class QueryRunner(UnitRunner):
+    """What one machine, or one Ray worker, needs to run queries: the policy, the PRM, the search
+    and an open tool backend (closed by ``close``, or at the end of a ``with`` block).
+
+    Args:
+        cfg (`RunConfig`): the run's settings.
+        chash (`str`): the config hash stored in every record.
+        policy (`LLMBackend`, *optional*), scorer (`PRMScorer`, *optional*): loaded parts to reuse.
+    """
+
+    def __init__(self, cfg: RunConfig, chash: str, policy=None, scorer=None):
+        import codetool.assemble as assemble  # read at call time: tests substitute a scripted policy
+
+        self.cfg, self.chash = cfg, chash
+        self.policy = policy or assemble.make_policy(policy_spec(cfg))
+        self.scorer = make_scorer(cfg.prm, cfg.prm_device) if scorer is None else scorer
+        self.search = StepwiseSearch(self.policy, cfg.search, executor_factory(cfg.executor), scorer=self.scorer,
+                                     config_hash=chash)
+        self.backend = self.open(tool_backend(cfg.tools_backend, benchmark=cfg.benchmark, data_dir=cfg.data_dir,
+                                              server_url=cfg.tool_server_url, cache_dir=cfg.tool_cache_dir))
+
+    def run(self, queries: list, on_record) -> int:
+        """Search ``queries`` (``BenchmarkQuery``) and call ``on_record(dict)`` once per query with its
+        trajectory record; a malformed query, or one whose episode raises, gets an error record and
+        the others go on. Returns the number of error records."""
+        cfg = self.cfg
         answers = cfg.answer.enabled(cfg.benchmark)
         waiting: list = []  # trajectories that await their final answer (written in batches)
-
-        episode_errors = []  # episodes the search itself ended as errors (executor, policy, scorer faults)
+        failed = 0
 
         def land(traj) -> None:
-            write(traj.to_dict())
-            if traj.finish_type == "error":
-                episode_errors.append(traj.query_id)
-            bar.update(job, advance=1, last=f"{traj.query_id}: {traj.finish_type}, {len(traj.steps)} steps")
+            nonlocal failed
+            failed += traj.finish_type == "error"
+            on_record(traj.to_dict())
 
         def flush() -> None:
-            write_final_answers(waiting, policy, cfg.answer)
+            write_final_answers(waiting, self.policy, cfg.answer)
             for traj in waiting:
                 land(traj)
             waiting.clear()
@@ -276,35 +327,32 @@ def _run_queries(cfg: RunConfig, todo: list, out: Path, chash: str, policy, scor
                 land(traj)
 
         def failed_unit(unit, error: BaseException) -> None:
-            write(Trajectory(query_id=unit.query_id, query=unit.query, benchmark=unit.benchmark, group=unit.group,
-                             method=cfg.search.method, config_hash=chash, finish_type="error",
-                             error=error_message(error)).to_dict())
-            bar.update(job, advance=1, last=f"{unit.query_id}: error")
+            nonlocal failed
+            failed += 1
+            on_record(error_record(cfg, self.chash, unit, error))
 
         tasks = []
-        for q in todo:
+        for q in queries:
             try:
                 if q.extra.get("load_error"):
                     raise CodetoolError(q.extra["load_error"])
-                tasks.append(make_task(q, backend, max_response_chars=cfg.max_response_chars, tool_doc=cfg.tool_doc))
+                tasks.append(make_task(q, self.backend, max_response_chars=cfg.max_response_chars,
+                                       tool_doc=cfg.tool_doc))
             except Exception as e:  # a malformed query entry fails that query only
-                q.benchmark = "restbench-tmdb" if q.benchmark == "restbench" else q.benchmark
                 failed_unit(q, e)
-                failed += 1
 
         def run_batch(batch, on_done) -> None:
             if cfg.router:
                 from codetool.decide.router import route_and_solve
 
-                route_and_solve(batch, cfg.routing, search, policy, executor_factory(cfg.executor), on_done=on_done)
+                route_and_solve(batch, cfg.routing, self.search, self.policy, executor_factory(cfg.executor),
+                                on_done=on_done)
             else:
-                search.run(batch, on_done=on_done)
+                self.search.run(batch, on_done=on_done)
 
-        failed += run_isolated(tasks, run_batch, _unit_key, done, failed_unit)
+        run_isolated(tasks, run_batch, _unit_key, done, failed_unit)
         flush()
-        failed += len(episode_errors)
-    logger.info("ran %d queries in %.1f s (%d failed)", len(todo), time.perf_counter() - start, failed)
-    return failed
+        return failed
 
 
 def run_command(cfg: RunConfig) -> int:

@@ -198,3 +198,50 @@ def test_chatgpt_cot_converted_answers_as_the_sowr_reference(shared_data, tmp_pa
     # only the reference's queries that our run has are judged
     ref_rows = [r for r in read_jsonl(tmp_path / "o" / "verdicts.jsonl") if r["method"] == ref.method]
     assert len(ref_rows) == 3
+
+
+def test_a_judge_request_that_fails_after_its_retries_is_that_querys_error_record(tmp_path, monkeypatch):
+    """One answer's judge request fails for good (the server's 5xx after the backend's retries): its
+    verdicts are error records, every other query is judged, the report is written, eval exits 1; a
+    rerun asks only the failed requests (issue 28). Before, the exception ended ``eval``."""
+    from codetool import CodetoolError
+    from codetool.eval import report as report_mod
+    from codetool.eval.judges import LLMJudge
+
+    class Backend:
+        name = "flaky"
+
+        def __init__(self, broken: str):
+            self.broken, self.prompts = broken, []
+
+        def generate(self, prompts, n=1, **_):
+            texts = [p[-1]["content"] for p in prompts]
+            self.prompts += texts
+            if any(self.broken and self.broken in t for t in texts):
+                raise CodetoolError("http://judge/v1/chat/completions: HTTP 503 after 4 attempts")
+            return [[type("C", (), {"text": '{"answer_status": "Solved", "reason": "ok"}'})()] for _ in texts]
+
+    runs = tmp_path / "ours.jsonl"
+    write_jsonl(runs, [t.to_dict() for t in make_run("spot+latent", [("G1", "fine"), ("G1", "doomed"), ("G1", "ok")])])
+    cache = tmp_path / "out" / "judge_cache.jsonl"
+    backend = Backend("doomed")
+    judge = LLMJudge(backend, name="flaky", cache_path=str(cache), temperature=0.0, batch_size=8)
+    monkeypatch.setattr(report_mod, "make_judge", lambda cfg, cache_path=None: judge)
+    cfg = EvalConfig(trajectories=[str(runs)], out=str(tmp_path / "out"), judge=JudgeConfig(rounds=2, mode="json"),
+                     plots=False)
+    assert report_mod.eval_command(cfg) == 1
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["judge_errors"] == 2  # one query, two rounds
+    assert any("2 judge requests failed" in w for w in report["warnings"])
+    rows = {(r["benchmark"], r["query_id"]): r for r in read_jsonl(tmp_path / "out" / "verdicts.jsonl")}
+    doomed = rows[("stabletoolbench", "1")]
+    assert doomed["labels"] == ["Unsolved", "Unsolved"] and all("HTTP 503" in e for e in doomed["errors"])
+    assert rows[("stabletoolbench", "0")]["labels"] == ["Solved", "Solved"] and "errors" not in rows[("stabletoolbench", "0")]
+    pass_rate = report["benchmarks"]["stabletoolbench"]["methods"]["spot+latent"]["groups"]["G1"]["pass_rate"]
+    assert pass_rate["mean"] == pytest.approx(2 / 3)
+    # the rerun (the server is back) asks only the two failed requests; the rest come from the cache
+    backend2 = Backend("")
+    judge2 = LLMJudge(backend2, name="flaky", cache_path=str(cache), temperature=0.0, batch_size=8)
+    monkeypatch.setattr(report_mod, "make_judge", lambda cfg, cache_path=None: judge2)
+    assert report_mod.eval_command(cfg) == 0
+    assert len(backend2.prompts) == 2 and all("doomed" in p for p in backend2.prompts)

@@ -26,6 +26,8 @@ RULES = [
     ("codetool.executor", ("search", "prm", *ABOVE_SEARCH)),
     ("codetool.split", ("tools", "models", "executor", "search", "prm", *ABOVE_SEARCH)),
     ("codetool.search", ABOVE_SEARCH),
+    # the Ray driver runs any command's runner, which it is handed: it never imports a command
+    ("codetool.distributed", ("tools", "models", "executor", "search", "prm", *ABOVE_SEARCH)),
     ("codetool.prm", ABOVE_SEARCH),
     ("codetool.assemble", ("run", "tree", "eval", "pipeline", "decide", "cli")),
     ("codetool.decide", ("run", "tree", "pipeline", "cli")),
@@ -119,7 +121,7 @@ def test_commands_reach_their_stage_through_the_composition_module():
     """``run`` and ``build-trees`` get their policy, scorer, tool backend, executors and tasks from
     ``codetool.assemble``; neither builds them itself nor imports the other."""
     run_imports = imported_modules(ROOT / "run.py")
-    build_imports = imported_modules(ROOT / "tree" / "build.py")
+    build_imports = imported_modules(ROOT / "tree" / "build.py") | imported_modules(ROOT / "tree" / "jobs.py")
     for imports in (run_imports, build_imports):
         assert "codetool.assemble" in imports
         assert not any(m.startswith(("codetool.models.backends", "codetool.tools.backends", "codetool.prm.scorer"))

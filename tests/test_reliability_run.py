@@ -159,3 +159,43 @@ def test_the_default_method_label_says_what_ran_without_a_prm():
     assert method_label(SearchConfig(latent="rollout")) == "spot+rollout"
     assert method_label(SearchConfig(latent="prm")) == "spot+latent"
     assert method_label(SearchConfig(method="mine", latent="none")) == "mine"
+
+
+def test_a_torn_last_line_is_cut_back_when_the_run_resumes(monkeypatch, toolbench, tmp_path, caplog):
+    """Before (issue 28) the fragment stayed in the file for good (skipped by every reader); now
+    the resumed run cuts it off, says so, and reruns the query it held."""
+    out = tmp_path / "t.jsonl"
+    _policy(monkeypatch, lambda p: block("finish('ok')"))
+    assert run_command(_cfg(toolbench, out, limit=2)) == 0
+    whole = out.read_bytes()
+    with open(out, "ab") as f:
+        f.write(b'{"query_id": "3", "benchmark": "toolbench", "group": "G1", "ste')  # killed mid-write
+    caplog.set_level("WARNING", logger="codetool")
+    assert run_command(_cfg(toolbench, out, limit=3)) == 0
+    assert "cut a torn last line (63 bytes" in caplog.text
+    raw = out.read_bytes()
+    assert raw.startswith(whole) and raw.count(b"\n") == 3
+    assert [json.loads(line)["query_id"] for line in raw.splitlines()] == ["1", "2", "3"]
+
+
+def test_repair_keeps_a_whole_last_record_that_lacks_its_newline(tmp_path):
+    from codetool.jsonl import repair_jsonl
+
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(b'{"a": 1}\n{"a": 2}')
+    assert repair_jsonl(path) == 0 and path.read_bytes() == b'{"a": 1}\n{"a": 2}\n'
+    path.write_bytes(b'{"a": 1')  # a torn only line
+    assert repair_jsonl(path) == 7 and path.read_bytes() == b""
+    assert repair_jsonl(tmp_path / "missing.jsonl") == 0
+
+
+def test_duplicate_query_ids_in_one_file_are_refused(monkeypatch, toolbench, tmp_path):
+    """Before (issue 28) both ran and resume kept whichever came first; now the ids are named."""
+    queries = [{"query_id": i, "query": f"question {n}?", "api_list": [api("forecast")]}
+               for n, i in enumerate((1, 2, 2, 7, 7, 7))]
+    (toolbench / "G1.json").write_text(json.dumps(queries))
+    _policy(monkeypatch, lambda p: block("finish('ok')"))
+    with pytest.raises(CodetoolError, match=r"2 query ids occur more than once: toolbench/G1/2 \(2x\), "
+                                            r"toolbench/G1/7 \(3x\)"):
+        execute_run(_cfg(toolbench, tmp_path / "t.jsonl"), show_summary=False)
+    assert not (tmp_path / "t.jsonl").exists()

@@ -54,3 +54,79 @@ def test_failing_tree_is_recorded_and_retried(monkeypatch, queries, tmp_path):
     assert all("finish_type" not in r for r in records)
     prompts = [json.dumps(p, default=str) for batch, _ in policy.calls for p in batch]
     assert prompts and all("weather 2?" in p for p in prompts)  # only the failed tree was rebuilt
+
+
+def _pairs_policy():
+    """Depth 1: the first sibling runs, the second raises; executability labels the pair."""
+    count = [0]
+
+    def reply(prompt):
+        count[0] += 1
+        return "print('looked it up')\n```" if count[0] % 2 else "raise KeyError('no such field')\n```"
+    return ScriptedBackend(reply)
+
+
+def test_a_malformed_query_is_an_error_record_and_the_exit_status_is_1(monkeypatch, tmp_path):
+    """Before (issue 28): the loader said the entry 'will be recorded as an error', then build-trees
+    dropped it as a query without APIs and exited 0."""
+    path = tmp_path / "G1.json"
+    path.write_text(json.dumps([{"query_id": 1, "query": "weather 1?", "api_list": [API]},
+                                {"query_id": 2, "query": "weather 2?", "api_list": [{"required_parameters": 5}]},
+                                {"query_id": 3, "query": "weather 3?", "api_list": [API]}]))
+    monkeypatch.setattr(assemble, "make_policy", lambda *a, **k: _pairs_policy())
+    assert build_trees_command(_cfg(path, tmp_path)) == 1
+    records = {r["query_id"]: r for r in read_jsonl(tmp_path / "trees.jsonl")}
+    assert sorted(records) == ["G1/1", "G1/2", "G1/3"]
+    assert records["G1/2"]["finish_type"] == "error" and "malformed query entry" in records["G1/2"]["error"]
+    assert records["G1/1"]["nodes"] and records["G1/3"]["nodes"]
+    assert (tmp_path / "prm" / "prm_examples.jsonl").is_file()  # the good trees still give the dataset
+    # a shard that holds the malformed query exits 1 too; the other one 0
+    assert build_trees_command(_cfg(path, tmp_path, output=str(tmp_path / "s" / "trees.jsonl"), shard="1/2")) == 1
+    assert build_trees_command(_cfg(path, tmp_path, output=str(tmp_path / "s" / "trees.jsonl"), shard="0/2")) == 0
+
+
+def test_a_failed_dataset_export_is_an_error_and_keeps_the_previous_dataset(monkeypatch, queries, tmp_path):
+    """A full disk while the PRM dataset is written: before (issue 28) a warning, exit 0 and a
+    half-written folder; now a one-line error, and the folder holds the previous export whole."""
+    import codetool.tree.dataset as dataset
+
+    monkeypatch.setattr(assemble, "make_policy", lambda *a, **k: _pairs_policy())
+    real = dataset.write_jsonl
+
+    def full_disk(path, records):
+        if path.name == "train.jsonl":
+            raise CodetoolError(f"cannot write {path}: No space left on device (free space or fix permissions).")
+        return real(path, records)
+
+    monkeypatch.setattr(dataset, "write_jsonl", full_disk)
+    with pytest.raises(CodetoolError, match="cannot write the PRM dataset into .*No space left on device"):
+        build_trees_command(_cfg(queries, tmp_path))
+    assert not (tmp_path / "prm").exists()  # no half-written dataset for train-prm to read
+    assert len(list(read_jsonl(tmp_path / "trees.jsonl"))) == 3  # the trees are kept
+    monkeypatch.setattr(dataset, "write_jsonl", real)
+    assert build_trees_command(_cfg(queries, tmp_path)) == 0  # only the export runs again
+    before = {p.name: p.stat().st_ino for p in (tmp_path / "prm").iterdir()}
+    assert {"prm_examples.jsonl", "train.jsonl", "validation.jsonl", "hf", "summary.json"} <= set(before)
+    monkeypatch.setattr(dataset, "write_jsonl", full_disk)
+    with pytest.raises(CodetoolError, match="No space left on device"):
+        build_trees_command(_cfg(queries, tmp_path))
+    assert {p.name: p.stat().st_ino for p in (tmp_path / "prm").iterdir()} == before  # untouched
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".prm.tmp-")] == []  # no staging left
+
+
+def test_merge_names_the_shards_that_did_not_finish(monkeypatch, queries, tmp_path):
+    monkeypatch.setattr(assemble, "make_policy", lambda *a, **k: _pairs_policy())
+    out = str(tmp_path / "sharded" / "trees.jsonl")
+    assert build_trees_command(_cfg(queries, tmp_path, output=out, shard="0/2")) == 0
+    with pytest.raises(CodetoolError, match=r"1 of 3 queries have no tree .*G1/2.* Run --shard 1/2 again"):
+        build_trees_command(_cfg(queries, tmp_path, output=out, merge=True))
+    assert build_trees_command(_cfg(queries, tmp_path, output=out, shard="1/2")) == 0
+    assert build_trees_command(_cfg(queries, tmp_path, output=out, merge=True)) == 0
+
+
+def test_duplicate_query_ids_in_one_file_are_refused(tmp_path):
+    path = tmp_path / "G1.json"
+    path.write_text(json.dumps([{"query_id": i, "query": f"weather {i}?", "api_list": [API]} for i in (1, 2, 1, 3, 2, 1)]))
+    with pytest.raises(CodetoolError, match=r"G1.json: 2 query ids occur more than once: G1/1 \(3x\), G1/2 \(2x\)"):
+        build_trees_command(_cfg(path, tmp_path))
+    assert not (tmp_path / "trees.jsonl").exists()

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from codetool import CodetoolError
 from codetool.config import ConfigError, option
-from codetool.jsonl import append_jsonl, read_jsonl
+from codetool.jsonl import append_jsonl, read_jsonl, repair_jsonl
 from codetool.secrets import redact
 
 logger = logging.getLogger(__name__)
@@ -67,6 +67,8 @@ class Verdict:
         cached (`bool`): whether the verdict came from the on-disk cache.
         parse_failed (`bool`): the judge's reply could not be read after all retries (the label
             is then ``Unsolved``, which never inflates a pass rate).
+        error (`str`, *optional*): the judge request failed after its retries (an error record:
+            the label is ``Unsolved``, nothing is cached, a rerun asks again).
     """
 
     label: str
@@ -74,6 +76,7 @@ class Verdict:
     source: str = "answer"
     cached: bool = False
     parse_failed: bool = False
+    error: str | None = None
 
     @property
     def score(self) -> float:
@@ -85,7 +88,8 @@ class Preference:
     """Which of two answers won one comparison: ``winner`` is ``a``, ``b`` or ``tie``.
 
     ``source`` is ``rule`` when no judge call was needed (one answer solved, or identical answers);
-    ``cached`` and ``parse_failed`` as in :class:`Verdict` (a failed parse is a tie).
+    ``cached``, ``parse_failed`` and ``error`` as in :class:`Verdict` (a failed parse or request is
+    a tie).
     """
 
     winner: str
@@ -93,6 +97,7 @@ class Preference:
     source: str = "judge"
     cached: bool = False
     parse_failed: bool = False
+    error: str | None = None
 
 
 @dataclass
@@ -258,6 +263,7 @@ class JudgeCache:
         self.path = path
         self.records: dict[str, dict] = {}
         if path:
+            repair_jsonl(path)  # a run killed mid-line: cut the torn tail off (logged) before appending
             for record in read_jsonl(path):
                 if "key" in record:
                     self.records[record["key"]] = record
@@ -316,6 +322,7 @@ class LLMJudge(Judge):
         self.cache = JudgeCache(cache_path)
         self.calls = 0  # prompts sent to the backend (not counting cache hits)
         self.tool_fallbacks = 0  # tools mode: prompts answered as JSON text instead
+        self.errors = 0  # requests that failed after their retries (error records, not cached)
         self._logps: dict[tuple[str, str], list[float]] = {}  # options mode: (prompt, field) -> log-probs
         self.templates = {name: load_prompt(f"judge_{name}")
                           for name in ("answer", "trajectory", "compare", "compare_details")}
@@ -353,7 +360,8 @@ class LLMJudge(Judge):
                 tasks.append("trajectory")
         records = self._run(prompts, tasks, [r.round for r in requests], "answer_status", LABELS)
         return [Verdict(r["value"] if r["value"] else "Unsolved", r["reason"], task,
-                        cached=r["cached"], parse_failed=r["value"] is None)
+                        cached=r["cached"], parse_failed=r["value"] is None and not r.get("error"),
+                        error=r.get("error"))
                 for r, task in zip(records, tasks)]
 
     def compare_many(self, requests: list[CompareRequest]) -> list[Preference]:
@@ -378,12 +386,16 @@ class LLMJudge(Judge):
                                 ("A", "B", "tie") if tie else ("A", "B"))
             for i, r in zip(idx, records):
                 out[i] = Preference(r["value"].lower() if r["value"] else "tie", r["reason"], "judge",
-                                    cached=r["cached"], parse_failed=r["value"] is None)
+                                    cached=r["cached"], parse_failed=r["value"] is None and not r.get("error"),
+                                    error=r.get("error"))
         return out  # type: ignore[return-value]
 
     def _run(self, prompts: list[str], tasks: list[str], rounds: list[int], field: str,
              allowed: tuple[str, ...]) -> list[dict]:
-        """Cached values for every prompt; the misses go to the backend in batches."""
+        """Cached values for every prompt; the misses go to the backend in batches. A batch whose
+        request fails (after the backend's retries) is asked again one prompt at a time; a prompt
+        that still fails gets a record with its ``error`` (not cached), so one failed request is
+        that query's error, not the end of the evaluation."""
         keys = [self._key(t, p, r) for p, t, r in zip(prompts, tasks, rounds)]
         out: list[dict | None] = []
         for key in keys:
@@ -393,14 +405,34 @@ class LLMJudge(Judge):
         starts = range(0, len(missing), self.batch_size)
         for start in tqdm(starts, desc=f"judge {self.name}", unit="batch", disable=len(starts) < 2):
             chunk = missing[start:start + self.batch_size]
-            ask = {"options": self._ask_options, "tools": self._ask_tools}.get(self.mode, self._ask_json)
-            values = ask([prompts[i] for i in chunk], [keys[i] for i in chunk], field, allowed)
-            for i, (value, reason, raw) in zip(chunk, values):
+            values = self._ask_each([prompts[i] for i in chunk], [keys[i] for i in chunk], field, allowed)
+            for i, (value, reason, raw, error) in zip(chunk, values):
                 record = {"key": keys[i], "task": tasks[i], "round": rounds[i], "judge": self.name,
                           "value": value, "reason": reason, "raw": clip(raw, 1000)}
-                self.cache.put(record)
-                out[i] = dict(record, cached=False)
+                if error is None:
+                    self.cache.put(record)
+                    out[i] = dict(record, cached=False)
+                else:
+                    out[i] = dict(record, cached=False, error=error)
         return out  # type: ignore[return-value]
+
+    def _ask_each(self, prompts: list[str], keys: list[str], field: str,
+                  allowed: tuple[str, ...]) -> list[tuple[str | None, str, str, str | None]]:
+        """``(value, reason, raw, error)`` per prompt: the batch in one call; if that raises, each
+        prompt alone, and a prompt whose request still fails gets its one-line ``error``."""
+        ask = {"options": self._ask_options, "tools": self._ask_tools}.get(self.mode, self._ask_json)
+        try:
+            return [(*v, None) for v in ask(prompts, keys, field, allowed)]
+        except CodetoolError as e:
+            if len(prompts) == 1:
+                error = redact(" ".join(f"{type(e).__name__}: {e}".split()))[:500]
+                logger.warning("judge %s: a request failed after its retries (%s); that verdict is an error record",
+                               self.name, error)
+                self.errors += 1
+                return [(None, "the judge request failed", "", error)]
+            logger.warning("judge %s: a batch of %d requests failed (%s); asking one at a time", self.name,
+                           len(prompts), " ".join(str(e).split())[:200])
+        return [v for j in range(len(prompts)) for v in self._ask_each([prompts[j]], [keys[j]], field, allowed)]
 
     def _ask_json(self, prompts: list[str], keys: list[str], field: str,
                   allowed: tuple[str, ...]) -> list[tuple[str | None, str, str]]:

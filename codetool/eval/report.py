@@ -14,6 +14,11 @@ group, the configuration and the judge named; a weak local judge is flagged), ``
 ``bars_<benchmark>.png``, ``steps.png``, ``rewards.png``. Every text written passes through
 ``codetool.secrets.redact``. ``--compare A B ...`` (methods or files) puts methods side by side
 in that order; the first is the win-rate reference unless ``--reference`` names another.
+
+A judge request that fails after its retries ends neither the evaluation nor its report: that
+verdict is an error record (Unsolved, its ``errors`` in ``verdicts.jsonl``, counted in
+``report.json``'s ``judge_errors`` and warned about), it is not cached, and the exit status is 1;
+the same command run again asks only the failed requests.
 """
 
 from __future__ import annotations
@@ -218,7 +223,8 @@ def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
                                  "query_id": traj.query_id, "finish_type": traj.finish_type,
                                  "answer_source": run_metrics_mod.answer_source(traj),
                                  "labels": [v.label for v in row], "sources": [v.source for v in row],
-                                 "reasons": [v.reason for v in row]})
+                                 "reasons": [v.reason for v in row],
+                                 **({"errors": [v.error for v in row]} if any(v.error for v in row) else {})})
     for run in shown_runs:
         for bench in dict.fromkeys(t.benchmark for t in run.trajectories):
             idx = [i for i, t in enumerate(run.trajectories) if t.benchmark == bench]
@@ -238,6 +244,7 @@ def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
             _path_warnings(report["warnings"], run.method, overall.get("path"))
     if reference is not None:
         _win_rates(report, shown_runs, reference, labels, judge, rounds, cfg.judge)
+    report["judge_errors"] = getattr(judge, "errors", 0) if judge else 0
     _warnings(report, shown_runs, parse_failures)
     report["comparability"] = comparability_block(report, cfg.judge, shown_runs, reference,
                                                   judge.describe() if judge else None)
@@ -319,6 +326,11 @@ def _warnings(report: dict, runs: list[Run], parse_failures: int) -> None:
     if parse_failures:
         report["warnings"].append(f"{parse_failures} judge replies could not be read after retries; they "
                                   f"count as Unsolved.")
+    if report.get("judge_errors"):
+        report["warnings"].append(f"{report['judge_errors']} judge requests failed after their retries: their "
+                                  "verdicts are error records (Unsolved; an undecided comparison is a coin flip), "
+                                  "listed in verdicts.jsonl; run the same eval again to ask only those (the others "
+                                  "are cached).")
     for run in runs:
         if run.trajectories and all(c.code is None for t in run.trajectories for s in t.steps for c in s.candidates):
             report["warnings"].append(f"{run.method}: no code steps (an imported function-calling run): SCEP is n/a.")
@@ -354,4 +366,4 @@ def eval_command(cfg: EvalConfig) -> int:
         console.print(f"not comparable: {deviation}", markup=False, highlight=False)
     console.print(f"report: {Path(cfg.out) / 'report.md'}, report.json, {len(report['files'].get('plots', []))} plots",
                   markup=False, highlight=False)
-    return 0
+    return 1 if report["judge_errors"] else 0

@@ -12,7 +12,10 @@ supervised token (TRL's convention, DESIGN.md §6), ``SFTConfig`` is the option 
 and the base trainer is private (``trl.trainer.base_trainer._BaseTrainer``). ``PRMTrainer``
 passes its own collator and ``skip_prepare_dataset`` (rows are tokenised by
 ``codetool.prm.data``), and overrides ``compute_loss``/``prediction_step``/``_save``; the model
-card (``README.md``) is TRL's, written next to each checkpoint and the final model.
+card (``README.md``) is TRL's, written next to each checkpoint and the final model. Each
+``checkpoint-N`` is marked whole once every process has saved it (``codetool.prm.checkpoints``):
+``--resume auto`` takes the newest whole one and removes folders whose save a kill or a full disk
+cut short.
 
 Every ``SFTConfig`` / ``TrainingArguments`` field is a ``PRMConfig`` field, so it is a YAML key
 and a ``--option`` of ``codetool train-prm`` (with its TRL help text). Recipe keys of earlier
@@ -228,6 +231,17 @@ class PRMTrainer(SFTTrainer):
         save_prm(output_dir, model, self.processing_class, self.prm_meta, state_dict)
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
 
+    def _save_checkpoint(self, model, trial, *args, **kwargs):
+        """The Trainer's checkpoint, then its completion marker once every process has saved
+        (``codetool.prm.checkpoints``): a save cut short is never resumed from."""
+        from codetool.prm.checkpoints import mark_complete
+
+        super()._save_checkpoint(model, trial, *args, **kwargs)
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            mark_complete(Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}",
+                          self.state.global_step)
+
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         if self.is_fsdp_enabled:  # FSDP keeps its own sharded model state
             return super()._load_from_checkpoint(resume_from_checkpoint, model)
@@ -258,17 +272,19 @@ def load_prm_weights(model, folder: str | Path) -> None:
 
 
 def _resume_path(cfg: PRMConfig) -> str | None:
+    """The checkpoint ``cfg.resume`` names: ``auto`` takes the newest *whole* one of ``output_dir``
+    (folders whose save was cut short are removed by the first process), a folder must be whole."""
+    from codetool.prm.checkpoints import check_resumable, last_complete_checkpoint
+
     if cfg.resume in ("", "none", "None"):
         return None
     if cfg.resume == "auto":
-        from transformers.trainer_utils import get_last_checkpoint
-
-        last = get_last_checkpoint(cfg.output_dir) if Path(cfg.output_dir).is_dir() else None
+        first = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) or 0) == 0
+        last = last_complete_checkpoint(cfg.output_dir, remove_incomplete=first)
         if last:
             logger.info("resuming from %s (pass --resume none to start over)", last)
         return last
-    if not Path(cfg.resume).is_dir():
-        raise CodetoolError(f"resume: checkpoint folder {cfg.resume} not found; pass auto, none or a checkpoint-N folder.")
+    check_resumable(cfg.resume)
     return cfg.resume
 
 

@@ -17,8 +17,12 @@ every tree's summary counts its pairs by what decided them and its drops by reas
 Output: one JSON line per finished tree (``kill -9`` loses at most the tree in progress; a rerun
 skips finished query ids, refuses an output written with other settings unless ``--force_resume``,
 and holds a lock on the output), then :mod:`codetool.tree.dataset` turns trees into PRM examples.
-A tree whose build raises is recorded as ``finish_type: error`` and left out of the dataset; the
-exit status is 1 and ``--retry_failed`` rebuilds only those (``codetool.resume``).
+A tree whose build raises, and a malformed query entry, is recorded as ``finish_type: error`` and
+left out of the dataset; the exit status is 1 (a shard's too) and ``--retry_failed`` rebuilds only
+those (``codetool.resume``). :mod:`codetool.tree.jobs` runs the job: the PRM dataset is exported
+all or nothing (a full disk is an error that leaves the previous export), ``--ray ADDRESS`` builds
+the trees on a Ray cluster's workers (one ``TreeRunner`` each, :mod:`codetool.distributed`), and
+``--merge`` refuses shards that did not finish, naming them (Slurm templates: ``scripts/slurm/``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any
 
 from codetool import CodetoolError
 from codetool.config import ConfigError, config_hash, option
+from codetool.distributed.ray_cluster import ClusterConfig
 from codetool.executor import ExecutorConfig
 from codetool.executor.channel import log_safe
 from codetool.search.expand import Node, expand_each
@@ -96,6 +101,9 @@ class TreeConfig:
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     retry_failed: bool = option(False, "rebuild the trees recorded as finish_type error (and only those)")
     force_resume: bool = option(False, "resume even though the output was written with other settings")
+    ray: str | None = option(None, "build the trees on a Ray cluster: its address (auto, host:port, "
+                             "ray://host:10001) or local; this process writes --output (pip install 'codetool[ray]')")
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def __post_init__(self):
         if self.limit is not None and self.limit < 1:
@@ -135,7 +143,8 @@ class TreeConfig:
 def tree_hash(cfg: TreeConfig) -> str:
     """The config hash stored in tree records and checked on resume (not paths, sharding or speed)."""
     return config_hash(cfg, ignore=("output", "dataset_dir", "shard", "merge", "limit", "batch_trees",
-                                    "policy_max_batch_size", "retry_failed", "force_resume", "relabel"))
+                                    "policy_max_batch_size", "retry_failed", "force_resume", "relabel", "ray",
+                                    "cluster"))
 
 
 def tree_seed(base: int, query_id: str) -> int:
@@ -355,7 +364,14 @@ def _error_record(task: SearchTask, error: str, seconds: float, config_hash: str
 
 def load_training_queries(cfg: TreeConfig) -> list:
     """The training queries of ``cfg``, with ids made unique as ``<file stem>/<query_id>`` (ToolBench
-    files reuse ids across groups). Queries that offer no API are skipped with a warning."""
+    files reuse ids across groups). Queries that offer no API are skipped with a warning; a
+    malformed entry is kept (its ``extra["load_error"]`` becomes its error record).
+
+    Raises:
+        ConfigError: no such file or folder.
+        CodetoolError: a file repeats a query id (the ids are named).
+    """
+    from codetool.resume import refuse_duplicates
     from codetool.tools.loaders import data_root, load_toolbench_queries
 
     path = Path(cfg.queries) if cfg.queries else data_root() / "ToolBench" / "data_example" / "instruction"
@@ -364,10 +380,12 @@ def load_training_queries(cfg: TreeConfig) -> list:
                           "(e.g. G1_query.json) or a folder of them; `codetool data fetch toolbench-examples` "
                           "gets the 10 example queries.")
     queries = load_toolbench_queries(path)
-    usable = [q for q in queries if q.apis]
+    refuse_duplicates([f"{q.group}/{q.query_id}" for q in queries], str(path))
+    usable = [q for q in queries if q.apis or q.extra.get("load_error")]
     if len(usable) < len(queries):
         logger.warning("%d of %d queries offer no documented API and are skipped: %s", len(queries) - len(usable),
-                       len(queries), ", ".join(f"{q.group}/{q.query_id}" for q in queries if not q.apis))
+                       len(queries), ", ".join(f"{q.group}/{q.query_id}" for q in queries
+                                 if not (q.apis or q.extra.get("load_error"))))
     for q in usable:
         q.query_id = f"{q.group}/{q.query_id}"
     return usable[: cfg.limit] if cfg.limit is not None else usable
@@ -402,7 +420,8 @@ def _print_summary(title: str, summary: dict[str, Any]) -> None:
     Console().print(table)
 
 
-def _judge_fn(cfg: TreeConfig):
+def judge_fn(cfg: TreeConfig):
+    """``judge(query, answer) -> bool`` (Solved) for ``success: judged``, else ``None``."""
     if cfg.success != "judged":
         return None
     from codetool.eval.judges import JudgeConfig, make_judge
@@ -416,13 +435,18 @@ def _judge_fn(cfg: TreeConfig):
 
 def build_trees_command(cfg: TreeConfig) -> int:
     """``codetool build-trees``: build (a shard of) the trees, or ``--merge`` shards; then export the
-    PRM dataset and print the summary."""
-    from codetool.jsonl import append_jsonl, read_jsonl, write_jsonl
+    PRM dataset and print the summary. Exit status 1 when a tree of the output (of the shard) is an
+    error record (a malformed query, a failed build); ``--retry_failed`` rebuilds only those.
+
+    Raises:
+        CodetoolError: the output is a folder or locked; ``--merge`` finds shards missing trees;
+            the PRM dataset cannot be written (the trees are kept; the previous dataset too).
+    """
+    from codetool.jsonl import read_jsonl, write_jsonl
     from codetool.resume import OutputLock
-    from codetool.tree.dataset import export_dataset
+    from codetool.tree.jobs import build_missing, export_atomically, merge_shards
 
     out = Path(cfg.output)
-    dataset_dir = Path(cfg.dataset_dir)
     queries = load_training_queries(cfg)
     order = {q.query_id: i for i, q in enumerate(queries)}
     if cfg.relabel:
@@ -436,13 +460,7 @@ def build_trees_command(cfg: TreeConfig) -> int:
         logger.info("relabelled %d trees in %s (success %s, label rule %s)", len(records), out,
                     cfg.success, cfg.label_rule)
     elif cfg.merge:
-        shards = sorted(out.parent.glob(f"{out.stem}.shard-*-of-*{out.suffix}"))
-        if not shards:
-            raise ConfigError(f"--merge found no shard files {out.stem}.shard-I-of-N{out.suffix} in {out.parent}.")
-        merged = {str(r["query_id"]): r for shard in shards for r in read_jsonl(shard)}
-        records = sorted(merged.values(), key=lambda r: order.get(str(r["query_id"]), len(order)))
-        write_jsonl(out, records)
-        logger.info("merged %d shard files into %s (%d trees)", len(shards), out, len(records))
+        records = merge_shards(cfg, out, queries, order)
     else:
         index, count = cfg.shard_index()
         mine = [q for i, q in enumerate(queries) if i % count == index]
@@ -450,72 +468,25 @@ def build_trees_command(cfg: TreeConfig) -> int:
         if path.is_dir():
             raise CodetoolError(f"--output {path} is a folder; pass a file path such as {path / 'trees.jsonl'}.")
         with OutputLock(path):
-            _build_missing(cfg, mine, path, append_jsonl)
+            build_missing(cfg, mine, path)
         records = sorted(read_jsonl(path), key=lambda r: order.get(str(r["query_id"]), len(order)))
         if cfg.shard is not None:
             _print_summary(f"shard {cfg.shard}: {path}", summarize(records))
-            logger.info("shard done; run again with --merge once every shard has finished")
-            return 0
-    failed = [r for r in records if r.get("finish_type") == "error"]
+            if not _report_failed(records):
+                logger.info("shard done; run again with --merge once every shard has finished")
+                return 0
+            return 1
     summary = summarize(records)  # "errors" counts the failed trees
-    records = [r for r in records if r.get("finish_type") != "error"]
-    try:
-        stats = export_dataset(records, dataset_dir, emit=cfg.emit, val_fraction=cfg.val_fraction, seed=cfg.seed)
+    stats = export_atomically([r for r in records if r.get("finish_type") != "error"], cfg)
+    if stats is not None:
         summary.update({f"dataset_{k}": v for k, v in stats.items() if k not in ("val_query_ids", "pair_counts")})
-    except CodetoolError as e:  # the trees are saved and valid; only the dataset is empty
-        logger.warning("no PRM dataset written: %s", e)
     _print_summary(f"trees: {out}", summary)
+    return 1 if _report_failed(records) else 0
+
+
+def _report_failed(records: list[dict]) -> bool:
+    failed = [r for r in records if r.get("finish_type") == "error"]
     if failed:
         logger.warning("%d trees ended with an error (e.g. %s: %s); rerun with --retry_failed to rebuild only those",
                        len(failed), failed[0].get("query_id"), failed[0].get("error"))
-        return 1
-    return 0
-
-
-def _build_missing(cfg: TreeConfig, mine: list, path: Path, append_jsonl) -> int:
-    """Build the trees of ``mine`` not yet in ``path`` (resume keyed by the unique query id and
-    guarded by ``tree_hash``); a tree whose build raises is recorded as ``finish_type: error`` and
-    the others go on (``codetool.resume``). Returns the number that failed."""
-    from rich.progress import Progress
-
-    from codetool.assemble import executor_factory, make_policy, make_task, tool_backend
-    from codetool.resume import FatalError, error_message, plan_resume, run_isolated
-
-    chash = tree_hash(cfg)
-    plan = plan_resume(path, [str(q.query_id) for q in mine], lambda r: str(r.get("query_id")), chash,
-                       retry_failed=cfg.retry_failed, force=cfg.force_resume)
-    todo = [q for q in mine if str(q.query_id) not in plan.done]
-    if plan.done:
-        logger.info("resuming: %d of %d trees already in %s", len(mine) - len(todo), len(mine), path)
-    if not todo:
-        return 0
-    policy = make_policy(cfg.policy, max_batch_size=cfg.policy_max_batch_size, remote_model=cfg.remote_model)
-    builder = TreeBuilder(policy, cfg, executor_factory(cfg.executor), judge=_judge_fn(cfg))
-    tools = tool_backend(cfg.tools_backend, server_url=cfg.tool_server_url, cache_dir=cfg.tool_cache_dir)
-
-    def write(record: dict) -> None:
-        try:
-            append_jsonl(path, record)
-        except CodetoolError as e:  # a full disk stops the job; it is not one tree's fault
-            raise FatalError(str(e)) from None
-
-    def failed_unit(q, error: BaseException) -> None:
-        write({"query_id": q.query_id, "query": q.query, "config_hash": chash, "finish_type": "error",
-               "error": error_message(error), "nodes": {}, "pairs": []})
-
-    def build_batch(batch: list, on_done) -> None:
-        tasks = [make_task(q, backend, tool_doc=cfg.tool_doc) for q in batch]
-        for record in builder.build_many(tasks):  # each batch lands before the next starts
-            on_done(record)
-
-    def key(x) -> str:
-        return str(x["query_id"] if isinstance(x, dict) else x.query_id)
-
-    failed = 0
-    with tools as backend, Progress() as bar:
-        job = bar.add_task("trees", total=len(todo))
-        for b in range(0, len(todo), cfg.batch_trees):
-            batch = todo[b:b + cfg.batch_trees]
-            failed += run_isolated(batch, build_batch, key, write, failed_unit)
-            bar.update(job, advance=len(batch))
-    return failed
+    return bool(failed)

@@ -71,6 +71,10 @@ def split_query_ids(query_ids: list[str], val_fraction: float, seed: int = 0) ->
     return heldout_query_ids(query_ids, val_fraction, seed)
 
 
+class EmptyDatasetError(CodetoolError):
+    """The trees give no PRM row (every sibling pair dropped, or no code): nothing to write."""
+
+
 def export_dataset(records: list[dict[str, Any]], out_dir: str | Path, *, emit: str = "pairs",
                    val_fraction: float = 0.2, seed: int = 0) -> dict[str, Any]:
     """Write the PRM dataset into ``out_dir``: ``prm_examples.jsonl`` (every row; what
@@ -84,7 +88,8 @@ def export_dataset(records: list[dict[str, Any]], out_dir: str | Path, *, emit: 
         ``{"train": n_rows, "validation": n_rows, "skipped_no_code": n, "val_query_ids": [...],
         "pair_counts": {"decided": {...}, "dropped": {...}}}``.
     Raises:
-        CodetoolError: when the trees hold no usable row (e.g. every pair dropped).
+        EmptyDatasetError: when the trees hold no usable row (e.g. every pair dropped).
+        CodetoolError: a file cannot be written (e.g. a full disk).
     """
     from datasets import Dataset, DatasetDict
 
@@ -99,7 +104,7 @@ def export_dataset(records: list[dict[str, Any]], out_dir: str | Path, *, emit: 
                 ", ".join(f"{k} {v}" for k, v in counts["decided"].items()),
                 ", ".join(f"{k} {v}" for k, v in counts["dropped"].items()))
     if not rows:
-        raise CodetoolError(f"the {len(records)} trees gave no PRM rows (every sibling pair was dropped, see the "
+        raise EmptyDatasetError(f"the {len(records)} trees gave no PRM rows (every sibling pair was dropped, see the "
                             "pair counts, or had no code). Build more or deeper trees (--max-depth, --branching), "
                             "use a policy that reaches successful leaves, or use --emit nodes.")
     val_ids = split_query_ids([r["query_id"] for r in rows], val_fraction, seed)

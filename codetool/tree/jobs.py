@@ -1,0 +1,209 @@
+"""The long-job side of ``codetool build-trees``: where trees are built, how shards merge, how the
+dataset is written (issue 28).
+
+- :class:`TreeRunner` holds what one machine, or one Ray worker, needs to build trees (policy,
+  :class:`~codetool.tree.build.TreeBuilder`, tool backend); :func:`build_missing` runs it here or
+  through :func:`codetool.distributed.run_on_ray` (``--ray``), appending one record per query to
+  the (shard's) output, with resume, lock and error records from :mod:`codetool.resume`;
+- :func:`merge_shards` joins the ``--shard i/n`` files and refuses while a shard is missing trees,
+  naming the shards to run again (they resume);
+- :func:`export_atomically` writes the PRM dataset into a staging folder and moves it in whole, so
+  a full disk leaves the previous export (or none) and is an error, not a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from codetool import CodetoolError
+from codetool.config import ConfigError
+from codetool.resume import UnitRunner
+from codetool.tree.build import TreeBuilder, TreeConfig, judge_fn, tree_hash
+
+logger = logging.getLogger(__name__)
+
+
+def merge_shards(cfg: TreeConfig, out: Path, queries: list, order: dict) -> list[dict]:
+    """Join the shard files of ``out`` into ``out``; every query must have its tree (or error record).
+
+    Raises:
+        ConfigError: no shard files.
+        CodetoolError: queries without a record, naming the shards to run again (they resume).
+    """
+    import re
+
+    from codetool.jsonl import read_jsonl, write_jsonl
+
+    shards = sorted(out.parent.glob(f"{out.stem}.shard-*-of-*{out.suffix}"))
+    if not shards:
+        raise ConfigError(f"--merge found no shard files {out.stem}.shard-I-of-N{out.suffix} in {out.parent}.")
+    merged = {str(r["query_id"]): r for shard in shards for r in read_jsonl(shard)}
+    missing = [q for q in queries if str(q.query_id) not in merged]
+    if missing:
+        counts = {int(m.group(1)) for p in shards if (m := re.search(r"\.shard-\d+-of-(\d+)", p.name))}
+        rerun = (", ".join(f"--shard {i}/{n}" for n in sorted(counts) for i in sorted({order[q.query_id] % n
+                                                                                         for q in missing}))
+                 if len(counts) == 1 else "the unfinished shards")
+        raise CodetoolError(f"--merge: {len(missing)} of {len(queries)} queries have no tree in {len(shards)} shard "
+                            f"files (e.g. {', '.join(str(q.query_id) for q in missing[:3])}): their shard did not "
+                            f"finish. Run {rerun} again (it resumes), then --merge.")
+    records = sorted(merged.values(), key=lambda r: order.get(str(r["query_id"]), len(order)))
+    write_jsonl(out, records)
+    logger.info("merged %d shard files into %s (%d trees)", len(shards), out, len(records))
+    return records
+
+
+def export_atomically(records: list[dict], cfg: TreeConfig) -> dict | None:
+    """Export the PRM dataset of ``records`` into ``cfg.dataset_dir``, all or nothing: the files are
+    written into a temporary folder beside it and moved in once complete, so a failed export (a
+    full disk) leaves the previous dataset, or no dataset, and raises.
+
+    Returns:
+        The export's statistics, or ``None`` when the trees give no row (a warning; nothing written).
+    Raises:
+        CodetoolError: the dataset could not be written (the message says what to free or fix).
+    """
+    import shutil
+    import tempfile
+
+    from codetool.tree.dataset import EmptyDatasetError, export_dataset
+
+    target = Path(cfg.dataset_dir)
+
+    def refuse(error) -> CodetoolError:
+        return CodetoolError(f"cannot write the PRM dataset into {target}: {error} (free space or fix permissions, "
+                             "then run the same build-trees command again: the trees are kept and only the export "
+                             "runs).")
+
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    except OSError as e:
+        raise refuse(e.strerror or e) from None
+    try:
+        stats = export_dataset(records, staging, emit=cfg.emit, val_fraction=cfg.val_fraction, seed=cfg.seed)
+        target.mkdir(exist_ok=True)
+        for entry in sorted(staging.iterdir()):  # renames within one file system: no space needed
+            dest = target / entry.name
+            if dest.is_dir() and not dest.is_symlink():
+                shutil.rmtree(dest)
+            os.replace(entry, dest)
+    except EmptyDatasetError as e:  # the trees are valid; they only hold no labelled pair
+        logger.warning("no PRM dataset written: %s", e)
+        return None
+    except CodetoolError as e:
+        raise refuse(str(e)) from None
+    except OSError as e:
+        raise refuse(e.strerror or e) from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return stats
+
+
+def build_missing(cfg: TreeConfig, mine: list, path: Path) -> int:
+    """Build the trees of ``mine`` not yet in ``path`` (resume keyed by the unique query id and
+    guarded by ``tree_hash``), here or on Ray workers (``--ray``); a tree whose build raises, or a
+    malformed query, is recorded as ``finish_type: error`` and the others go on
+    (``codetool.resume``). Returns the number that failed."""
+    from rich.progress import Progress
+
+    from codetool.jsonl import append_jsonl
+    from codetool.resume import FatalError, plan_resume
+
+    chash = tree_hash(cfg)
+    plan = plan_resume(path, [str(q.query_id) for q in mine], lambda r: str(r.get("query_id")), chash,
+                       retry_failed=cfg.retry_failed, force=cfg.force_resume)
+    todo = [q for q in mine if str(q.query_id) not in plan.done]
+    if plan.done:
+        logger.info("resuming: %d of %d trees already in %s", len(mine) - len(todo), len(mine), path)
+    if not todo:
+        return 0
+    failed = [0]
+    with Progress() as bar:
+        job = bar.add_task("trees", total=len(todo))
+
+        def land(record: dict) -> None:
+            try:
+                append_jsonl(path, record)
+            except CodetoolError as e:  # a full disk stops the job; it is not one tree's fault
+                raise FatalError(str(e)) from None
+            failed[0] += record.get("finish_type") == "error"
+            bar.update(job, advance=1)
+
+        if cfg.ray:
+            from codetool.distributed import run_on_ray
+
+            run_on_ray(cfg.ray, cfg.cluster, todo, unit_key=lambda q: str(q.query_id),
+                       record_key=lambda r: str(r["query_id"]), runner=(TreeRunner, (cfg, chash)), on_record=land,
+                       on_error=lambda q, e: land(tree_error_record(q, e, chash)), batch=cfg.batch_trees)
+        else:
+            with TreeRunner(cfg, chash) as runner:
+                runner.run(todo, land)
+    return failed[0]
+
+
+def tree_error_record(query, error: BaseException | str, config_hash: str) -> dict[str, Any]:
+    """The record of a query whose tree could not be built (a malformed entry, a failed build)."""
+    from codetool.resume import error_message
+
+    return {"query_id": query.query_id, "query": query.query, "config_hash": config_hash, "finish_type": "error",
+            "error": error if isinstance(error, str) else error_message(error), "nodes": {}, "pairs": []}
+
+
+class TreeRunner(UnitRunner):
+    """What one machine, or one Ray worker, needs to build trees: the policy, the builder (its
+    executors) and an open tool backend (closed by ``close``, or at the end of a ``with`` block).
+
+    Args:
+        cfg (`TreeConfig`): the tree settings.
+        chash (`str`): the config hash stored in every record.
+    """
+
+    def __init__(self, cfg: TreeConfig, chash: str):
+        from codetool.assemble import executor_factory, make_policy, tool_backend
+
+        self.cfg, self.chash = cfg, chash
+        policy = make_policy(cfg.policy, max_batch_size=cfg.policy_max_batch_size, remote_model=cfg.remote_model)
+        self.builder = TreeBuilder(policy, cfg, executor_factory(cfg.executor), judge=judge_fn(cfg))
+        self.backend = self.open(tool_backend(cfg.tools_backend, server_url=cfg.tool_server_url,
+                                              cache_dir=cfg.tool_cache_dir))
+
+    def run(self, queries: list, on_record) -> int:
+        """Build the trees of ``queries`` (``BenchmarkQuery``), ``batch_trees`` at a time, and call
+        ``on_record(dict)`` once per query; a malformed query or a failed build gets an error
+        record. Returns the number of error records."""
+        from codetool.assemble import make_task
+        from codetool.resume import run_isolated
+
+        cfg, failed = self.cfg, 0
+
+        def failed_unit(q, error: BaseException | str) -> None:
+            nonlocal failed
+            failed += 1
+            on_record(tree_error_record(q, error, self.chash))
+
+        def land(record: dict) -> None:
+            nonlocal failed
+            failed += record.get("finish_type") == "error"
+            on_record(record)
+
+        def build_batch(batch: list, on_done) -> None:
+            tasks = [make_task(q, self.backend, tool_doc=cfg.tool_doc) for q in batch]
+            for record in self.builder.build_many(tasks):  # each batch lands before the next starts
+                on_done(record)
+
+        def key(x) -> str:
+            return str(x["query_id"] if isinstance(x, dict) else x.query_id)
+
+        good = []
+        for q in queries:
+            if q.extra.get("load_error"):  # a malformed entry: recorded, never built
+                failed_unit(q, f"CodetoolError: {q.extra['load_error']}")
+            else:
+                good.append(q)
+        for b in range(0, len(good), cfg.batch_trees):
+            run_isolated(good[b:b + cfg.batch_trees], build_batch, key, land, failed_unit)
+        return failed

@@ -1,0 +1,205 @@
+"""``--ray`` on a real local Ray cluster (issue 28): a head without CPUs and two 1-CPU worker nodes
+on this machine, a stub OpenAI-compatible policy server on loopback with a fixed latency. One
+worker node is killed (its raylet and processes, SIGKILL) while it has units in flight: every
+unit still gets exactly one record, the driver's log counts the units it sent again, and the trees
+equal those of the single-machine run. Needs ``pip install 'codetool[ray]'`` (CI's slow stage)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CANARY_KEY
+
+ray_cluster_utils = pytest.importorskip("ray.cluster_utils", reason="needs Ray: pip install 'codetool[ray]'")
+pytestmark = pytest.mark.slow
+
+CODETOOL = str(Path(sys.executable).with_name("codetool"))
+LATENCY_S = 0.6
+API = {"category_name": "Data", "tool_name": "weather", "api_name": "forecast", "api_description": "forecast",
+       "required_parameters": [], "optional_parameters": [], "method": "GET"}
+
+
+class Policy:
+    """``/v1/chat/completions`` after LATENCY_S: query 0's episode answers with the canary key (the
+    records must not show it), the others finish; tree nodes alternate a step that runs and one
+    that raises, so every tree has labelled pairs."""
+
+    def __init__(self):
+        self.count = 0
+        policy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                self._send({"data": [{"id": "stub"}]})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)))
+                time.sleep(LATENCY_S)
+                text = json.dumps(body["messages"])
+                policy.count += 1
+                if "tree question" in text:
+                    replies = ["print('looked it up')\n```", "raise KeyError('no such field')\n```"]
+                else:
+                    replies = [f"finish('{CANARY_KEY if 'question 0?' in text else 'ok'}')\n```"]
+                n = body.get("n", 1)
+                self._send({"choices": [{"index": i, "message": {"role": "assistant", "content": replies[i % len(replies)]},
+                                         "finish_reason": "stop"} for i in range(n)],
+                            "usage": {"prompt_tokens": 10, "completion_tokens": 5 * n}})
+
+            def _send(self, payload):
+                data = json.dumps(payload).encode()
+                try:
+                    self.send_response(200)
+                    self.send_header("content-length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):  # the asking worker was killed
+                    pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    for name in ("TOOLBENCH_KEY", "OPENAI_API_KEY"):  # the nodes inherit the canary, as they would a real key
+        os.environ[name] = CANARY_KEY
+    quick = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000, "health_check_failure_threshold": 2}
+    c = ray_cluster_utils.Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "include_dashboard": False, "object_store_memory": 80 * 2**20, "_system_config": quick})
+    workers = [c.add_node(num_cpus=1, object_store_memory=80 * 2**20) for _ in range(2)]
+    c.wait_for_nodes()
+    yield c, workers
+    c.shutdown()
+    for name in ("TOOLBENCH_KEY", "OPENAI_API_KEY"):
+        os.environ.pop(name, None)
+
+
+@pytest.fixture(scope="module")
+def policy():
+    p = Policy()
+    yield p
+    p.server.shutdown()
+
+
+def _queries(folder: Path, n: int, text: str) -> Path:
+    folder.mkdir()
+    (folder / "G1.json").write_text(json.dumps([{"query_id": i, "query": f"{text} {i}?", "api_list": [API]}
+                                                for i in range(n)]))
+    return folder
+
+
+def _start(args: list[str]) -> tuple[subprocess.Popen, list[str]]:
+    """The command in a subprocess, and the list its output lines land in as they come."""
+    env = {**os.environ, "COLUMNS": "400", "RAY_DEDUP_LOGS": "0"}
+    proc = subprocess.Popen([CODETOOL, *args, "--log-level", "INFO"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    return proc, lines
+
+
+def _wait_for(out: Path, records: int, proc: subprocess.Popen, lines: list[str]) -> None:
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if out.exists() and out.read_bytes().count(b"\n") >= records:
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"the job ended before {records} records: {''.join(lines)[-3000:]}")
+        time.sleep(0.05)
+    proc.kill()
+    pytest.fail(f"fewer than {records} records within the time limit")
+
+
+def _stats(log: str) -> dict[str, int]:
+    line = " ".join(log.split())
+    m = re.search(r"ray: (\d+) units on (\d+) workers in ([\d.]+) s: (\d+) records written \((\d+) errors\), "
+                  r"(\d+) workers lost, (\d+) units sent again, (\d+) duplicate results dropped", line)
+    assert m, log[-3000:]
+    keys = ("units", "workers", "seconds", "records", "errors", "lost", "resent", "duplicates")
+    return {k: float(v) if k == "seconds" else int(v) for k, v in zip(keys, m.groups())}
+
+
+def test_run_on_ray_loses_and_duplicates_nothing_when_a_worker_node_dies(cluster, policy, tmp_path):
+    """Node A is killed after 3 records; later the worker process on node B is killed too (Ray
+    restarts it there and the driver sends it work again)."""
+    c, workers = cluster
+    queries = _queries(tmp_path / "q", 16, "question")
+    out = tmp_path / "traj.jsonl"
+    args = ["run", "--benchmark", "toolbench", "--queries", str(queries), "--output", str(out), "--prm", "none",
+            "--policy", policy.url, "--search.k", "1", "--search.max_steps", "1", "--search.concurrency", "1",
+            "--executor.isolation", "fallback", "--ray", c.address, "--cluster.batch", "1"]
+    start = time.monotonic()
+    proc, lines = _start(args)
+    _wait_for(out, 3, proc, lines)
+    c.remove_node(workers[0], allow_graceful=False)  # SIGKILL: raylet, object store, the worker processes
+    _wait_for(out, 8, proc, lines)
+    pids = [int(m.group(1)) for x in lines if (m := re.search(r"ray worker \d ready on \S+ pid (\d+)", x))]
+    survivor = [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
+    assert len(survivor) == 1, lines
+    os.kill(survivor[0], 9)
+    assert proc.wait(timeout=300) == 0
+    wall = time.monotonic() - start
+    time.sleep(0.2)
+    log = "".join(lines)
+    raw = out.read_bytes()
+    records = [json.loads(line) for line in raw.splitlines()]  # every line whole
+    keys = [(r["group"], r["query_id"]) for r in records]
+    assert sorted(keys, key=lambda k: int(k[1])) == [("G1", str(i)) for i in range(16)]  # 0 lost
+    assert len(keys) == len(set(keys))  # 0 duplicated
+    assert all(r["finish_type"] == "finish" for r in records)
+    stats = _stats(log)
+    assert (stats["units"], stats["workers"], stats["records"], stats["errors"]) == (16, 2, 16, 0)
+    assert stats["lost"] == 2 and stats["resent"] >= 2  # each death caught units in flight
+    assert len(re.findall(r"ray worker \d ready on", log)) == 3  # the restarted worker came back
+    assert CANARY_KEY not in raw.decode() and CANARY_KEY not in log
+    per_worker = re.search(r"records per worker (\[[^]]*\])", log).group(1)
+    print(f"\nray run: 16 units, 0 lost, 0 duplicated, {stats['lost']} workers lost, {stats['resent']} sent again, "
+          f"records per worker {per_worker}, wall {wall:.1f} s "
+          f"(driver {stats['seconds']:.1f} s)")
+    workers[0] = c.add_node(num_cpus=1, object_store_memory=80 * 2**20)  # for the next test
+    c.wait_for_nodes()
+
+
+def test_build_trees_on_ray_equals_the_single_machine_trees_after_a_worker_node_dies(cluster, policy, tmp_path):
+    c, workers = cluster
+    queries = _queries(tmp_path / "q", 8, "tree question")
+    base = ["build-trees", "--queries", str(queries), "--policy", policy.url, "--branching", "2", "--max_depth", "1",
+            "--batch_trees", "1", "--executor.isolation", "fallback"]
+    single = subprocess.run([CODETOOL, *base, "--output", str(tmp_path / "single.jsonl"), "--dataset_dir",
+                             str(tmp_path / "single_prm")], capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr[-3000:]
+    out = tmp_path / "ray.jsonl"
+    proc, lines = _start([*base, "--output", str(out), "--dataset_dir", str(tmp_path / "ray_prm"), "--ray", c.address])
+    _wait_for(out, 2, proc, lines)
+    c.remove_node(workers[1], allow_graceful=False)
+    assert proc.wait(timeout=300) == 0
+    time.sleep(0.2)
+    stats = _stats("".join(lines))
+    assert (stats["units"], stats["records"], stats["lost"]) == (8, 8, 1)
+
+    def strip(r):
+        r = dict(r, summary={k: v for k, v in r["summary"].items() if k != "seconds"})
+        for node in r["nodes"].values():
+            node["result"].pop("duration_s", None)
+        return r
+
+    a = {r["query_id"]: strip(r) for r in map(json.loads, (tmp_path / "single.jsonl").read_text().splitlines())}
+    lines = out.read_text().splitlines()
+    b = {r["query_id"]: strip(r) for r in map(json.loads, lines)}
+    assert len(lines) == len(b) == 8 and a == b
+    assert (tmp_path / "ray_prm" / "train.jsonl").read_text() == (tmp_path / "single_prm" / "train.jsonl").read_text()
