@@ -312,14 +312,13 @@ def build_model(cfg: PRMConfig, dtype: str = "float32"):
     return model, tokenizer
 
 
-def _datasets(cfg: PRMConfig, encoder):
+def _datasets(cfg: PRMConfig, encoder, rows: list[dict], eval_rows: list[dict] | None):
     from datasets import Dataset
 
-    from codetool.prm.data import read_rows, split_rows, tokenize_rows
+    from codetool.prm.data import split_rows, tokenize_rows
 
-    rows = read_rows(cfg.dataset)
-    if cfg.eval_dataset:
-        train_rows, eval_rows = rows, read_rows(cfg.eval_dataset)
+    if eval_rows is not None:
+        train_rows = rows
     else:
         train_rows, eval_rows = split_rows(rows, cfg.eval_fraction, cfg.split_seed)
     if not train_rows:
@@ -367,11 +366,15 @@ def build_trainer(cfg) -> PRMTrainer:
         if not Path(path).is_file():  # before minutes of model loading
             raise CodetoolError(f"PRM dataset not found: {path}. Build one with 'codetool build-trees' or pass "
                                 "--dataset FILE.jsonl (PRM example rows).")
+    from codetool.prm.data import read_rows
+
+    rows = read_rows(cfg.dataset)  # before the model loads: a bad row is a one-line error at once
+    eval_rows = read_rows(cfg.eval_dataset) if cfg.eval_dataset else None
     set_seed(cfg.seed)
     logger.info("training on %d process(es), device %s", cfg.world_size, cfg.device)
     model, tokenizer = build_model(cfg, _load_dtype(cfg, cfg))  # after the args: ZeRO-3 loads it partitioned
     encoder = PromptEncoder(tokenizer, cfg.format)
-    train_ds, eval_ds = _datasets(cfg, encoder)
+    train_ds, eval_ds = _datasets(cfg, encoder, rows, eval_rows)
     if eval_ds is None and cfg.eval_strategy != "no":
         cfg.eval_strategy = "no"
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
