@@ -46,6 +46,12 @@ ALIASES = {"epochs": "num_train_epochs", "batch_size": "per_device_train_batch_s
            "warmup": "warmup_steps", "num_workers": "dataloader_num_workers"}
 
 
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
+
+
 def _cuda_bf16() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
 
@@ -134,10 +140,22 @@ class PRMConfig(SFTConfig):
             raise ConfigError(f"share_prefix: got {mode!r}; choose one of auto, packed, trie, none.")
         if self.report_to is None:  # "none" read as null by the YAML/CLI loader
             self.report_to = "none"
+        self._agree_with_launcher()
+        deepspeed_on_cpu = not torch.cuda.is_available() and \
+            os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+        if deepspeed_on_cpu and (self.bf16 or self.fp16):
+            raise ConfigError(f"DeepSpeed without CUDA runs on its CPU accelerator, where transformers' Trainer takes no "
+                              f"bf16/fp16 (precision {'bf16' if self.bf16 else 'fp16'}, mixed_precision "
+                              f"{os.environ.get('ACCELERATE_MIXED_PRECISION', 'unset')}): launch with "
+                              f"--mixed_precision no.")
         if self.bf16 is None:
             self.bf16 = self.precision == "bf16" or (self.precision == "auto" and _cuda_bf16())
         if not torch.cuda.is_available():
-            self.use_cpu = True  # a torchrun/accelerate job on CPU is then gloo DDP
+            # A torchrun/accelerate job on CPU is then gloo DDP; under DeepSpeed its own CPU
+            # accelerator (DS_ACCELERATOR=cpu) runs the job, which accelerate skips with use_cpu.
+            self.use_cpu = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true"
+            if not self.use_cpu and self.ddp_backend is None:
+                self.ddp_backend = "gloo"  # accelerate names no backend for a GPU-less DeepSpeed job
             self.dataloader_pin_memory = False
         if not self.eval_steps:
             self.eval_strategy, self.eval_steps = "no", None
@@ -149,6 +167,27 @@ class PRMConfig(SFTConfig):
             if isinstance(e, ConfigError):
                 raise
             raise ConfigError(f"train-prm: {e}") from None
+
+    def _agree_with_launcher(self) -> None:
+        """Under ``accelerate launch`` the config's ``mixed_precision`` (``ACCELERATE_MIXED_PRECISION``)
+        decides ``precision: auto``; an explicit ``precision``/``bf16`` that disagrees with it is a
+        ConfigError naming both (DeepSpeed would otherwise stop on ``bf16.enabled`` mismatching, and
+        DDP silently train in another precision than the config says)."""
+        launcher = os.environ.get("ACCELERATE_MIXED_PRECISION", "").lower()
+        if launcher not in ("no", "bf16", "fp16"):
+            return
+        ours = "bf16" if self.bf16 else ("fp32" if self.bf16 is False else self.precision)
+        if ours == "auto":
+            self.precision = "bf16" if launcher == "bf16" else "fp32"
+            self.bf16 = launcher == "bf16"
+            self.fp16 = self.fp16 or launcher == "fp16"
+            logger.info("precision %s (from the accelerate config's mixed_precision %s)",
+                        "fp16" if self.fp16 else self.precision, launcher)
+            return
+        if (ours == "bf16") != (launcher == "bf16") or (launcher == "fp16" and not self.fp16):
+            raise ConfigError(f"precision {ours} disagrees with the accelerate config's mixed_precision {launcher}: "
+                              f"leave precision auto (the launcher decides), or launch with --mixed_precision "
+                              f"{'bf16' if ours == 'bf16' else 'no'}.")
 
     def to_dict(self):
         out = super().to_dict()
@@ -191,9 +230,24 @@ class PRMTrainer(SFTTrainer):
         prm.max_packed_tokens = self.args.max_packed_tokens
         prm.no_trie = self.is_fsdp_enabled
         self.share_prefix = self.args.share_prefix
+        logger.info("distributed: %s", self.distributed_kind())
+        if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and not self.is_fsdp_enabled:
+            logger.warning("the accelerate config asks for FSDP, but accelerate %s runs a job without CUDA GPUs as "
+                           "plain DDP over gloo (it turns FSDP on for GPU-type devices only): weights are not "
+                           "sharded in this run", _version("accelerate"))
         if self.share_prefix == "trie" and (self.is_fsdp_enabled or self.args.gradient_checkpointing):
             logger.info("share_prefix trie needs a KV cache and one call per layer: using packed")
             self.share_prefix = "packed"
+
+    def distributed_kind(self) -> str:
+        """What this job runs as, e.g. ``DeepSpeed ZeRO-3 on 2 processes`` (logged at start)."""
+        processes = f"{self.args.world_size} process(es), {self.args.device.type}"
+        if self.is_deepspeed_enabled:
+            return f"DeepSpeed ZeRO-{self.accelerator.state.deepspeed_plugin.zero_stage} on {processes}"
+        if self.is_fsdp_enabled:
+            return f"FSDP{getattr(self.accelerator.state.fsdp_plugin, 'fsdp_version', '')} on {processes} " \
+                   f"(is_fsdp_enabled True)"
+        return f"{'DDP' if self.args.world_size > 1 else 'one process'} on {processes}"
 
     def _get_train_sampler(self, train_dataset=None):
         from codetool.prm.data import PrefixGroupSampler
