@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # CI's second stage (issue 18): what the README promises beyond `make test`.
 #   1. `make lint`  (ruff over codetool, tests, benchmarks, scripts)
-#   2. the slow tests (`pytest -m slow`): the 2-process DDP training job, shard/merge equivalence
-#      of trees, the real default model end to end, ... within a wall-clock budget.
+#   2. the slow tests (`pytest -m slow`): the 2-process DDP training job, every shipped accelerate
+#      config launching train-prm (DeepSpeed ZeRO-2/3 on CPU: the deepspeed extra is installed
+#      first), shard/merge equivalence of trees, the real default model end to end, ... within a
+#      wall-clock budget.
 # Run after `make test` (set-up done, default model cached). Exit status: lint's or pytest's;
 # 124 when the slow tests ran past the budget (they are then interrupted, and the tests that had
 # finished are reported).
@@ -17,6 +19,10 @@ BUDGET_S=${CI_SLOW_BUDGET_S:-1200}
 start=$(date +%s)
 make lint VENV="$VENV"
 echo "ci_extra: lint passed in $(( $(date +%s) - start )) s"
+
+# DeepSpeed is an extra: the slow tests launch the shipped ZeRO-2/3 configs on its CPU accelerator
+"$VENV/bin/python" -m pip install -q -e ".[deepspeed]"
+export DS_ACCELERATOR=cpu
 
 start=$(date +%s)
 status=0

@@ -1,7 +1,7 @@
 """TRL's stepwise-supervision layout: export our PRM rows to it, and read it back.
 
 A stepwise-supervision dataset (TRL's dataset format of that name; the layout of Math-Shepherd
-and of the ``trl.PRMTrainer`` that TRL shipped from 0.12 to 1.13 and removed in 1.14) has one row
+and of the ``trl.PRMTrainer`` that TRL shipped from 0.13 to 1.13 and removed in 1.14) has one row
 per step sequence: ``prompt`` (text), ``completions`` (the steps, text) and ``labels`` (one bool
 per step). ``codetool train-prm`` is the maintained trainer for this layout: ``train-prm`` and
 ``eval-prm`` read it directly (:func:`codetool.prm.data.read_rows` calls :func:`from_stepwise`).

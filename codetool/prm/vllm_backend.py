@@ -16,7 +16,7 @@ lp_pos))`` (DESIGN.md §4; the log-normaliser cancels). vLLM's prefix caching co
 prefix (the K candidates of one step) once, like the local scorer's shared prefix.
 
 Agreement with ``LocalPRMScorer`` on the same checkpoint and items is tested in CI's vLLM stage
-(``scripts/ci_vllm.sh``, ``tests/vllm/``): float32 on CPU, single and batched calls, prefix
+(``scripts/ci_vllm.sh``, ``tests/test_prm_vllm_backend.py``): float32 on CPU, single and batched calls, prefix
 caching on and off, within 1e-4 of the score.
 """
 
