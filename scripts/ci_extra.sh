@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # CI's second stage (issue 18): what the README promises beyond `make test`.
 #   1. `make lint`  (ruff over codetool, tests, benchmarks, scripts)
-#   2. the slow tests (`pytest -m slow`): the 2-process DDP training job, shard/merge equivalence
-#      of trees, the real default model end to end, Ray with a worker node killed (the `ray` extra
-#      is installed first), the Slurm templates, ... within a wall-clock budget.
+#   2. the slow tests (`pytest -m slow`): the 2-process DDP training job, every shipped accelerate
+#      config launching train-prm (DeepSpeed ZeRO-2/3 on CPU: the deepspeed extra is installed
+#      first), shard/merge equivalence of trees, the real default model end to end, Ray with a
+#      worker node killed (the `ray` extra is installed first), the Slurm templates, ... within a
+#      wall-clock budget.
 # Run after `make test` (set-up done, default model cached). Exit status: lint's or pytest's;
 # 124 when the slow tests ran past the budget (they are then interrupted, and the tests that had
 # finished are reported).
@@ -19,11 +21,13 @@ start=$(date +%s)
 make lint VENV="$VENV"
 echo "ci_extra: lint passed in $(( $(date +%s) - start )) s"
 
-# The Ray test (tests/test_distributed_ray.py: a local 2-node cluster) needs the `ray` extra, which
-# `make setup` leaves out (~80 MB download, ~250 MB installed): only this stage installs it.
+# The slow tests need two extras that `make setup` leaves out: `ray` (tests/test_distributed_ray.py,
+# a local 2-node cluster; ~80 MB download, ~250 MB installed) and `deepspeed` (the shipped
+# ZeRO-2/3 configs launched on DeepSpeed's CPU accelerator). Only this stage installs them.
 start=$(date +%s)
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev,ray]"
-echo "ci_extra: the ray extra installed in $(( $(date +%s) - start )) s"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev,ray,deepspeed]"
+echo "ci_extra: the ray and deepspeed extras installed in $(( $(date +%s) - start )) s"
+export DS_ACCELERATOR=cpu
 
 start=$(date +%s)
 status=0

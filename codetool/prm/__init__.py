@@ -9,10 +9,10 @@
   and ``PRMTrainer`` (an ``SFTTrainer``); :mod:`codetool.prm.train`: the light ``TrainConfig``
   the pipeline embeds;
 - :mod:`codetool.prm.packing`: prefix-shared packing (block mask, one forward) for training and
-  scoring; :mod:`codetool.prm.stepwise`: export to TRL's stepwise-supervision layout;
+  scoring; :mod:`codetool.prm.stepwise`: TRL's stepwise-supervision layout, exported and read;
 - :mod:`codetool.prm.scorer`: ``LocalPRMScorer`` (shared-prefix KV cache), ``load_scorer``,
   ``codetool score``; :mod:`codetool.prm.client`: ``HTTPScorer``;
-  :mod:`codetool.prm.vllm_backend`: ``VLLMScorer`` (GPU);
+  :mod:`codetool.prm.vllm_backend`: ``VLLMScorer`` (vLLM in-process, CUDA or CPU build);
 - :mod:`codetool.prm.server`: ``codetool serve-prm``;
 - :mod:`codetool.prm.evaluate`: ``codetool eval-prm`` (pairwise accuracy, AUC, calibration);
 - :mod:`codetool.prm.synthetic`: made-up PRM rows for tests, benchmarks and smoke runs.

@@ -35,11 +35,13 @@ IGNORE_INDEX = -100
 
 
 def read_rows(paths: str | list[str]) -> list[dict]:
-    """The PRM example rows of one or more JSONL files (DESIGN.md §3), validated.
+    """The PRM example rows of one or more JSONL files (DESIGN.md §3), validated. Lines in TRL's
+    stepwise-supervision layout (``prompt``, ``completions``, ``labels``) become one row per step
+    (:mod:`codetool.prm.stepwise`); the two layouts may be mixed.
 
     Raises:
         CodetoolError: if a file is missing or empty, or a row lacks ``query``/``label`` or has a
-            label other than 0/1.
+            label other than 0/1, or a stepwise row is malformed (one line naming file:line).
     """
     rows = []
     for path in [paths] if isinstance(paths, str) else paths:
@@ -47,20 +49,31 @@ def read_rows(paths: str | list[str]) -> list[dict]:
             raise CodetoolError(f"PRM dataset not found: {path}. Build one with 'codetool build-trees' "
                                 "or write PRM example rows (query, tools, history, candidate, label, ...) to a JSONL file.")
         skipped: list[int] = []
-        for number, row in enumerate(read_jsonl(path, skipped), 1):
-            label = row.get("label")
-            if isinstance(label, bool):
-                label = int(label)
-            if label not in (0, 1):
-                raise CodetoolError(f"{path}:{number}: 'label' must be 0 or 1, got {row.get('label')!r}.")
-            item_from_row(row)  # raises on a missing query or a malformed history
-            rows.append({**row, "label": label})
+        for number, line in enumerate(read_jsonl(path, skipped), 1):
+            for row in _examples(line, f"{path}:{number}"):
+                label = row.get("label")
+                if isinstance(label, bool):
+                    label = int(label)
+                if label not in (0, 1):
+                    raise CodetoolError(f"{path}:{number}: 'label' must be 0 or 1, got {row.get('label')!r} (a PRM "
+                                        "example row needs query, history, candidate, label; a stepwise row "
+                                        "prompt, completions, labels).")
+                item_from_row(row)  # raises on a missing query or a malformed history
+                rows.append({**row, "label": label})
         if skipped:  # never train on a silently shortened file (issue 19)
             raise CodetoolError(f"{path}: {len(skipped)} lines are not JSON objects (lines "
                                 f"{', '.join(map(str, skipped[:5]))}); fix or delete them, then rerun.")
     if not rows:
         raise CodetoolError(f"no PRM rows in {paths}; the file is empty.")
     return rows
+
+
+def _examples(row: dict, where: str) -> list[dict]:
+    """The PRM example rows of one JSONL line: the line itself, or, for a line in TRL's
+    stepwise-supervision layout, one row per step (:func:`codetool.prm.stepwise.from_stepwise`)."""
+    from codetool.prm.stepwise import from_stepwise, is_stepwise
+
+    return from_stepwise(row, where) if is_stepwise(row) else [row]
 
 
 def query_key(row: dict) -> str:

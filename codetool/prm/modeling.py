@@ -12,6 +12,8 @@ Checkpoint layout (one folder, loadable by path): ``prm_config.json`` (base mode
 label ids, seed), the tokenizer with the label tokens, either a PEFT adapter
 (``adapter_config.json``) or a full model (whose LM head rows hold the trained label rows, so
 vLLM and plain ``generate`` see the same scores), and ``label_head.safetensors``.
+:func:`export_merged` writes the folder vLLM serves: the full model alone (LoRA merged, label
+rows in the LM head, the checkpoint's dtype), without ``label_head.safetensors``.
 
 Label tokens (``PRMFormat.label_mode: special``) are added as special tokens; the embedding
 matrix only grows (a tokenizer smaller than the matrix, like Qwen2.5's spare rows, never shrinks
@@ -30,6 +32,7 @@ import torch
 from torch import nn
 
 from codetool import CodetoolError
+from codetool.models.kv import cache_kwargs, output_cache
 from codetool.models.loading import load_model
 from codetool.prm.format import PRMFormat, label_token_ids
 
@@ -190,10 +193,23 @@ class PRMModel(nn.Module):
         return base.get_decoder()
 
     def activation_checkpointing_enable(self, activation_checkpointing_kwargs=None, **kwargs):
-        """Recompute the decoder's activations in the backward pass (less memory, ~30% slower)."""
+        """Recompute the decoder's activations in the backward pass (less memory, ~30% slower).
+
+        transformers 5.2x names this ``activation_checkpointing_enable``, earlier releases (those
+        vLLM pins) ``gradient_checkpointing_enable``: the model answers to both and calls the one
+        its LM has, and the Trainer of either version finds the name it calls.
+        """
         kwargs_ = activation_checkpointing_kwargs or {"use_reentrant": False}
         self.activation_checkpointing = True
-        self.lm.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs_, **kwargs)
+        if hasattr(self.lm, "activation_checkpointing_enable"):
+            self.lm.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs_, **kwargs)
+        else:
+            kwargs.pop("offload", None)  # not in the older signature
+            self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs_, **kwargs)
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None, **kwargs):
+        """The older name of :meth:`activation_checkpointing_enable` (what transformers < 5.2x's Trainer calls)."""
+        self.activation_checkpointing_enable(gradient_checkpointing_kwargs, **kwargs)
 
     def label_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(n, hidden) states -> (n, 2) float32 logits of [positive, negative]."""
@@ -331,8 +347,8 @@ class PRMModel(nn.Module):
         from transformers import DynamicCache
 
         past = None if cache is None else DynamicCache(ddp_cache_data=cache, config=self.config)
-        out = self.decoder()(input_ids=chunk, cache=past, use_cache=True)
-        return [(layer.keys, layer.values) for layer in out.cache.layers]
+        out = self.decoder()(input_ids=chunk, **cache_kwargs(past), use_cache=True)
+        return [(layer.keys, layer.values) for layer in output_cache(out).layers]
 
     def _leaves(self, input_ids, last_index, rows: list[int], cache, offset: int) -> torch.Tensor:
         """(len(rows), hidden) states of ``rows`` from position ``offset`` on, on the shared ``cache``."""
@@ -345,7 +361,7 @@ class PRMModel(nn.Module):
         repeated = DynamicCache(ddp_cache_data=[(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in cache],
                                 config=self.config)
         width = int(last_index[index].max()) + 1
-        hidden = self.decoder()(input_ids=input_ids[index, offset:width], cache=repeated,
+        hidden = self.decoder()(input_ids=input_ids[index, offset:width], **cache_kwargs(repeated),
                                 use_cache=True).last_hidden_state
         return hidden[torch.arange(n, device=hidden.device), last_index[index] - offset]
 
@@ -459,11 +475,49 @@ def load_prm(path: str | Path, *, device: str = "auto", dtype: str = "auto", mer
     return model.eval(), tokenizer, fmt, meta
 
 
-def export_merged(path: str | Path, out_dir: str | Path) -> Path:
-    """Write a plain full-model copy of a (LoRA) PRM checkpoint, label rows in the LM head.
+def checkpoint_dtype(path: str | Path) -> str:
+    """The dtype a PRM checkpoint's weights are stored in (``float32``, ``bfloat16``, ...): its own
+    ``config.json`` for a full model, its base model's for a LoRA adapter; ``float32`` if neither says."""
+    from codetool.models.loading import resolve_model
 
-    This is what the vLLM scorer loads. Returns ``out_dir``.
+    path = Path(path)
+    meta = read_prm_config(path)
+    folder = Path(resolve_model(meta["base_model"])) if meta.get("adapter") else path
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):  # a Hub id not cached here, a GGUF file: the safe choice
+        return "float32"
+    dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
+    return dtype.removeprefix("torch.")
+
+
+def export_merged(path: str | Path, out_dir: str | Path, *, dtype: str = "auto") -> Path:
+    """Write a plain full-model copy of a PRM checkpoint (LoRA merged), for vLLM.
+
+    The folder holds the causal LM with the trained label rows in its LM head (the scores come
+    from the head alone), ``config.json`` with the dtype, the tokenizer with the label tokens and
+    ``prm_config.json``, and no ``label_head.safetensors``: vLLM loads every ``*.safetensors``
+    file of a folder, and a second one would not match its model. :func:`load_prm` reads the
+    label rows back from the LM head.
+
+    Args:
+        path (`str` or `Path`): a ``codetool train-prm`` checkpoint folder (LoRA or full).
+        out_dir (`str` or `Path`): created if needed.
+        dtype (`str`, *optional*, defaults to `"auto"`): the stored dtype; ``auto`` keeps the
+            checkpoint's own (:func:`checkpoint_dtype`).
+    Returns:
+        ``out_dir``.
     """
-    model, tokenizer, _, meta = load_prm(path, device="cpu", dtype="float32", merge=True)
-    save_prm(out_dir, model, tokenizer, {k: v for k, v in meta.items() if k not in ("adapter", "label_ids")})
-    return Path(out_dir)
+    dtype = checkpoint_dtype(path) if dtype == "auto" else dtype
+    # float16 cannot be loaded on the CPU (codetool.models.loading): merge in float32, then cast
+    model, tokenizer, _, meta = load_prm(path, device="cpu", dtype="float32" if dtype == "float16" else dtype,
+                                         merge=True)
+    model.lm.to(getattr(torch, dtype))
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.lm.save_pretrained(out_dir)  # load_prm wrote the label head into the LM head rows
+    tokenizer.save_pretrained(out_dir)
+    config = {k: v for k, v in meta.items() if k not in ("adapter", "label_ids")}
+    config.update(label_ids=list(model.label_ids), adapter=False, exported_from=str(path), dtype=dtype)
+    (out_dir / PRM_CONFIG).write_text(json.dumps(config, indent=2, default=str))
+    return out_dir

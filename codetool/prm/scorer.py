@@ -15,7 +15,7 @@ it fast on one machine:
 
 The result equals an unbatched float32 forward of each full prompt to within float rounding
 (tested at 1e-4). :func:`load_scorer` turns the search's ``--prm`` value into a scorer: a
-checkpoint folder, an ``http(s)://`` PRM server, ``vllm:FOLDER`` on a GPU, or ``none``.
+checkpoint folder, an ``http(s)://`` PRM server, ``vllm:FOLDER`` (vLLM in-process), or ``none``.
 """
 
 from __future__ import annotations
@@ -132,7 +132,8 @@ def load_scorer(spec: str, *, device: str = "auto", dtype: str = "auto", **kwarg
     Args:
         spec (`str`): ``none`` (or empty): no PRM, returns `None`; ``http://...``/``https://...``:
             a ``codetool serve-prm`` server (:class:`codetool.prm.client.HTTPScorer`);
-            ``vllm:FOLDER``: a merged checkpoint served by vLLM in-process (GPU);
+            ``vllm:FOLDER``: the checkpoint served by vLLM in-process (exported once to
+            ``FOLDER/vllm``; :mod:`codetool.prm.vllm_backend`);
             otherwise a checkpoint folder written by ``codetool train-prm``.
         device, dtype (`str`, *optional*): for local checkpoints (see ``codetool.models.loading.load_model``).
     Returns:
@@ -153,7 +154,7 @@ def load_scorer(spec: str, *, device: str = "auto", dtype: str = "auto", **kwarg
     if parsed.kind == "vllm":
         from codetool.prm.vllm_backend import VLLMScorer
 
-        return VLLMScorer(spec[len("vllm:"):], **kwargs)
+        return VLLMScorer(spec[len("vllm:"):], dtype=dtype, **kwargs)
     if not Path(spec).is_dir():
         raise CodetoolError(f"--prm {spec!r}: no such PRM folder. Pass the output_dir of 'codetool train-prm' "
                             "(the quickstart recipe writes checkpoints/prm/quickstart; `make demo` writes "

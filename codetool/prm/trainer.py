@@ -49,6 +49,12 @@ ALIASES = {"epochs": "num_train_epochs", "batch_size": "per_device_train_batch_s
            "warmup": "warmup_steps", "num_workers": "dataloader_num_workers"}
 
 
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
+
+
 def _cuda_bf16() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
 
@@ -137,10 +143,22 @@ class PRMConfig(SFTConfig):
             raise ConfigError(f"share_prefix: got {mode!r}; choose one of auto, packed, trie, none.")
         if self.report_to is None:  # "none" read as null by the YAML/CLI loader
             self.report_to = "none"
+        self._agree_with_launcher()
+        deepspeed_on_cpu = not torch.cuda.is_available() and \
+            os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+        if deepspeed_on_cpu and (self.bf16 or self.fp16):
+            raise ConfigError(f"DeepSpeed without CUDA runs on its CPU accelerator, where transformers' Trainer takes no "
+                              f"bf16/fp16 (precision {'bf16' if self.bf16 else 'fp16'}, mixed_precision "
+                              f"{os.environ.get('ACCELERATE_MIXED_PRECISION', 'unset')}): launch with "
+                              f"--mixed_precision no.")
         if self.bf16 is None:
             self.bf16 = self.precision == "bf16" or (self.precision == "auto" and _cuda_bf16())
         if not torch.cuda.is_available():
-            self.use_cpu = True  # a torchrun/accelerate job on CPU is then gloo DDP
+            # A torchrun/accelerate job on CPU is then gloo DDP; under DeepSpeed its own CPU
+            # accelerator (DS_ACCELERATOR=cpu) runs the job, which accelerate skips with use_cpu.
+            self.use_cpu = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true"
+            if not self.use_cpu and self.ddp_backend is None:
+                self.ddp_backend = "gloo"  # accelerate names no backend for a GPU-less DeepSpeed job
             self.dataloader_pin_memory = False
         if not self.eval_steps:
             self.eval_strategy, self.eval_steps = "no", None
@@ -152,6 +170,27 @@ class PRMConfig(SFTConfig):
             if isinstance(e, ConfigError):
                 raise
             raise ConfigError(f"train-prm: {e}") from None
+
+    def _agree_with_launcher(self) -> None:
+        """Under ``accelerate launch`` the config's ``mixed_precision`` (``ACCELERATE_MIXED_PRECISION``)
+        decides ``precision: auto``; an explicit ``precision``/``bf16`` that disagrees with it is a
+        ConfigError naming both (DeepSpeed would otherwise stop on ``bf16.enabled`` mismatching, and
+        DDP silently train in another precision than the config says)."""
+        launcher = os.environ.get("ACCELERATE_MIXED_PRECISION", "").lower()
+        if launcher not in ("no", "bf16", "fp16"):
+            return
+        ours = "bf16" if self.bf16 else ("fp32" if self.bf16 is False else self.precision)
+        if ours == "auto":
+            self.precision = "bf16" if launcher == "bf16" else "fp32"
+            self.bf16 = launcher == "bf16"
+            self.fp16 = self.fp16 or launcher == "fp16"
+            logger.info("precision %s (from the accelerate config's mixed_precision %s)",
+                        "fp16" if self.fp16 else self.precision, launcher)
+            return
+        if (ours == "bf16") != (launcher == "bf16") or (launcher == "fp16" and not self.fp16):
+            raise ConfigError(f"precision {ours} disagrees with the accelerate config's mixed_precision {launcher}: "
+                              f"leave precision auto (the launcher decides), or launch with --mixed_precision "
+                              f"{'bf16' if ours == 'bf16' else 'no'}.")
 
     def to_dict(self):
         out = super().to_dict()
@@ -194,9 +233,24 @@ class PRMTrainer(SFTTrainer):
         prm.max_packed_tokens = self.args.max_packed_tokens
         prm.no_trie = self.is_fsdp_enabled
         self.share_prefix = self.args.share_prefix
+        logger.info("distributed: %s", self.distributed_kind())
+        if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and not self.is_fsdp_enabled:
+            logger.warning("the accelerate config asks for FSDP, but accelerate %s runs a job without CUDA GPUs as "
+                           "plain DDP over gloo (it turns FSDP on for GPU-type devices only): weights are not "
+                           "sharded in this run", _version("accelerate"))
         if self.share_prefix == "trie" and (self.is_fsdp_enabled or self.args.gradient_checkpointing):
             logger.info("share_prefix trie needs a KV cache and one call per layer: using packed")
             self.share_prefix = "packed"
+
+    def distributed_kind(self) -> str:
+        """What this job runs as, e.g. ``DeepSpeed ZeRO-3 on 2 processes`` (logged at start)."""
+        processes = f"{self.args.world_size} process(es), {self.args.device.type}"
+        if self.is_deepspeed_enabled:
+            return f"DeepSpeed ZeRO-{self.accelerator.state.deepspeed_plugin.zero_stage} on {processes}"
+        if self.is_fsdp_enabled:
+            return f"FSDP{getattr(self.accelerator.state.fsdp_plugin, 'fsdp_version', '')} on {processes} " \
+                   f"(is_fsdp_enabled True)"
+        return f"{'DDP' if self.args.world_size > 1 else 'one process'} on {processes}"
 
     def _get_train_sampler(self, train_dataset=None):
         from codetool.prm.data import PrefixGroupSampler
@@ -328,14 +382,13 @@ def build_model(cfg: PRMConfig, dtype: str = "float32"):
     return model, tokenizer
 
 
-def _datasets(cfg: PRMConfig, encoder):
+def _datasets(cfg: PRMConfig, encoder, rows: list[dict], eval_rows: list[dict] | None):
     from datasets import Dataset
 
-    from codetool.prm.data import read_rows, split_rows, tokenize_rows
+    from codetool.prm.data import split_rows, tokenize_rows
 
-    rows = read_rows(cfg.dataset)
-    if cfg.eval_dataset:
-        train_rows, eval_rows = rows, read_rows(cfg.eval_dataset)
+    if eval_rows is not None:
+        train_rows = rows
     else:
         train_rows, eval_rows = split_rows(rows, cfg.eval_fraction, cfg.split_seed)
     if not train_rows:
@@ -383,11 +436,15 @@ def build_trainer(cfg) -> PRMTrainer:
         if not Path(path).is_file():  # before minutes of model loading
             raise CodetoolError(f"PRM dataset not found: {path}. Build one with 'codetool build-trees' or pass "
                                 "--dataset FILE.jsonl (PRM example rows).")
+    from codetool.prm.data import read_rows
+
+    rows = read_rows(cfg.dataset)  # before the model loads: a bad row is a one-line error at once
+    eval_rows = read_rows(cfg.eval_dataset) if cfg.eval_dataset else None
     set_seed(cfg.seed)
     logger.info("training on %d process(es), device %s", cfg.world_size, cfg.device)
     model, tokenizer = build_model(cfg, _load_dtype(cfg, cfg))  # after the args: ZeRO-3 loads it partitioned
     encoder = PromptEncoder(tokenizer, cfg.format)
-    train_ds, eval_ds = _datasets(cfg, encoder)
+    train_ds, eval_ds = _datasets(cfg, encoder, rows, eval_rows)
     if eval_ds is None and cfg.eval_strategy != "no":
         cfg.eval_strategy = "no"
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
