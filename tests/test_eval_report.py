@@ -188,7 +188,7 @@ def test_chatgpt_cot_converted_answers_as_the_sowr_reference(shared_data, tmp_pa
                                final_answer=f"our answer {t.query_id}", finish_type="finish"))
     path = tmp_path / "ours.jsonl"
     write_jsonl(path, [t.to_dict() for t in ours])
-    judge = ScriptedJudge(lambda req: "Solved" if req.answer.startswith("our") else "Unsolved", winner="a")
+    judge = ScriptedJudge(lambda req: "Solved" if "our answer" in req.answer else "Unsolved", winner="a")
     report = run_eval(EvalConfig(trajectories=[str(path)], reference=str(cot / "G1_instruction.json"),
                                  out=str(tmp_path / "o"), plots=False, judge=JudgeConfig(rounds=3)), judge)
     pair = report["win_rates"][f"ours vs {ref.method}"]["stabletoolbench"]["groups"]["G1_instruction"]

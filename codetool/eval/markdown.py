@@ -170,21 +170,22 @@ def render_markdown(report: dict[str, Any]) -> str:
                       "successful queries.", ""]
     if report["win_rates"]:
         lines += ["## Win rates (SoWR)" + (WEAK_MARK if weak else ""), ""] + ([f"> {note}", ""] if note else []) + [
-                  "StableToolBench's procedure: per round, a solved answer beats an "
-                  "unsolved one; otherwise the judge compares the whole answers; identical or absent answers "
-                  "get a seeded coin flip. \"judged\": round comparisons the judge decided; \"flips\": rounds "
-                  "decided by the coin. A query ties only when an even number of rounds splits evenly.", ""]
+                  "StableToolBench's procedure: per round both answers are judged again (cut to 1,000 "
+                  "characters, in a seeded random order); one Solved answer wins, and with none solved a single "
+                  "Unsure one wins; otherwise the judge compares the whole answers. \"judged\": rounds a "
+                  "comparison decided; \"random\": rounds picked at random between identical answers or after an "
+                  "unreadable comparison. A query ties only when an even number of rounds splits evenly.", ""]
         rows = []
         for pair, by_bench in report["win_rates"].items():
             for bench, result in by_bench.items():
                 for group, w in result["groups"].items():
                     rows.append([pair, bench, group, w["n"], _pct(w["win"]), _pct(w["tie"]), _pct(w["lose"]),
-                                 w["judged_pairs"], w.get("coin_flips", 0)])
+                                 w["judged_pairs"], w.get("random_picks", 0) + w.get("undecided", 0)])
                 avg = result["average"]
                 rows.append([pair, bench, "**average**", "", _pct(avg["win"]), _pct(avg["tie"]), _pct(avg["lose"]), "",
                              ""])
         lines += _table(["candidate vs reference", "benchmark", "group", "n", "win %", "tie %", "lose %", "judged",
-                         "flips"],
+                         "random"],
                         rows)
     if report["files"].get("plots"):
         lines += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in report["files"]["plots"]] + [""]

@@ -33,10 +33,10 @@ from codetool.eval import metrics as run_metrics_mod
 from codetool.eval.comparability import comparability_block
 from codetool.eval.convert import export_converted, import_converted
 from codetool.eval.judges import Judge, JudgeConfig, make_judge
+from codetool.eval.preference import compare_runs
 from codetool.eval.restbench import load_gold_paths, path_metrics
 from codetool.eval.stabletoolbench import (
     average_pass_rate,
-    compare_runs,
     judge_pass,
     majority_label,
     pass_rate,
@@ -237,7 +237,7 @@ def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
             entry["methods"][run.method] = {"groups": groups, "overall": overall}
             _path_warnings(report["warnings"], run.method, overall.get("path"))
     if reference is not None:
-        _win_rates(report, shown_runs, reference, labels, judge, rounds, cfg.judge)
+        _win_rates(report, shown_runs, reference, judge, rounds, cfg.judge)
     _warnings(report, shown_runs, parse_failures)
     report["comparability"] = comparability_block(report, cfg.judge, shown_runs, reference,
                                                   judge.describe() if judge else None)
@@ -267,17 +267,16 @@ def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
     return report
 
 
-def _win_rates(report: dict, shown: list[Run], reference: Run, labels: dict[str, Any], judge: Judge | None,
-               rounds: int, judge_cfg: JudgeConfig) -> None:
-    """SoWR of each shown run against ``reference``, per StableToolBench-style benchmark and group."""
+def _win_rates(report: dict, shown: list[Run], reference: Run, judge: Judge | None, rounds: int,
+               judge_cfg: JudgeConfig) -> None:
+    """SoWR of each shown run against ``reference``, per StableToolBench-style benchmark and group
+    (both answers are judged again inside each preference round, as StableToolBench does)."""
     if judge is None:
         report["warnings"].append("win rates (SoWR) need a judge; none was configured.")
         return
 
     def pick(run: Run, bench: str, group: str):
-        keep = [i for i, t in enumerate(run.trajectories) if t.benchmark == bench and (t.group or "all") == group]
-        return ({run.trajectories[i].query_id: run.trajectories[i] for i in keep},
-                {run.trajectories[i].query_id: labels[run.method][i] for i in keep})
+        return {t.query_id: t for t in run.trajectories if t.benchmark == bench and (t.group or "all") == group}
 
     for run in shown:
         if run is reference:
@@ -286,14 +285,15 @@ def _win_rates(report: dict, shown: list[Run], reference: Run, labels: dict[str,
         for bench in dict.fromkeys(t.benchmark for t in run.trajectories if t.benchmark != RESTBENCH):
             groups = {}
             for group in dict.fromkeys(t.group or "all" for t in run.trajectories if t.benchmark == bench):
-                (cand, cand_lab), (ref, ref_lab) = pick(run, bench, group), pick(reference, bench, group)
+                cand, ref = pick(run, bench, group), pick(reference, bench, group)
                 if not ref:
                     continue
-                win = compare_runs(cand, ref, cand_lab, ref_lab, judge, rounds, seed=judge_cfg.seed,
+                win = compare_runs(cand, ref, judge, rounds, seed=judge_cfg.seed,
                                    max_details_chars=judge_cfg.max_trajectory_chars)
                 groups[group] = {"win": win.win, "lose": win.lose, "tie": win.tie, "n": win.n,
                                  "judged_pairs": sum(c.judged for c in win.per_query.values()),
-                                 "coin_flips": win.coin_flips}
+                                 "random_picks": win.random_picks, "undecided": win.undecided,
+                                 "round_winners": {q: c.round_winners for q, c in win.per_query.items()}}
             if groups:
                 average = {k: sum(g[k] for g in groups.values()) / len(groups) for k in ("win", "lose", "tie")}
                 result[bench] = {"groups": groups, "average": average}
