@@ -63,8 +63,9 @@ def _detail_rows(bench: str, data: dict) -> list[list[str]]:
         row = [name, s["n"], _rate(s["pass_rate"])]
         if bench == RESTBENCH:
             p = s.get("path") or {}
-            row += [_pct(p.get("correct_path_rate")) if p.get("n") else "n/a",
-                    _pct(p.get("path_fraction_score")) if p.get("n") else "n/a", _num(p.get("delta_solution_len"), 2)]
+            row += [_pct(p.get(k)) if p.get("n") else "n/a"
+                    for k in ("correct_path_rate", "path_pooled_rate", "path_fraction_score", "path_rate_coagents")]
+            row += [_num(p.get("delta_solution_len"), 2)]
         row += [_pct(m["scep"]), _pct(m.get("scep_all_candidates")), _num(m["mean_steps"], 2), _num(m["mean_tool_calls"], 2),
                 _num(m["mean_prompt_tokens"], 0), _num(m["mean_completion_tokens"], 0), _num(m["mean_seconds"], 1),
                 _num(m["mean_tool_cost"], 2), f.get("finish", 0), f.get("give_up", 0), f.get("max_steps", 0),
@@ -76,7 +77,7 @@ def _detail_rows(bench: str, data: dict) -> list[list[str]]:
 def _detail_header(bench: str, weak: bool = False) -> list[str]:
     head = ["group", "n", _main_name(bench, weak)]
     if bench == RESTBENCH:
-        head += ["correct path % (0/1)", "path score % (frac.)", "Δ len"]
+        head += ["correct path % (0/1)", "gold calls % (pooled)", "path score % (frac.)", "CoAgents path %", "Δ len"]
     return head + ["SCEP %", "SCEP all cand. %", "steps", "calls", "tokens in", "tokens out", "episode wall s", "tool cost", "finish",
                    "give up", "max steps", "error"]
 

@@ -151,8 +151,9 @@ def _summary(bench: str, trajs: list[Trajectory], labels: list[list[str]] | None
                                              for src, idx in sorted(sources.items())}
     if bench == RESTBENCH:
         solved = [majority_label(x) == "Solved" for x in labels] if labels is not None else None
-        path = dataclasses.asdict(path_metrics(trajs, solved, fallback=gold))
-        out["path"] = path
+        out["path"] = dataclasses.asdict(path_metrics(trajs, solved, fallback=gold))
+        trim = dataclasses.asdict(path_metrics(trajs, solved, fallback=gold, normalization="trim"))
+        out["path_trim"] = {k: v for k, v in trim.items() if k != "per_query"}  # whitespace-only normalisation
     return out
 
 
@@ -334,8 +335,8 @@ def eval_command(cfg: EvalConfig) -> int:
     console = Console()
     table = Table(title=f"judge: {report['judge']['name']}" + (" (weak: smoke test only)" if report["judge"]["weak"]
                                                                 else ""))
-    for column in ("benchmark", "method", "n", "pass / success %", "correct path % (0/1)", "path score % (frac.)",
-                   "SCEP %", "steps", "episode wall s"):
+    for column in ("benchmark", "method", "n", "pass / success %", "correct path % (0/1)", "gold calls % (pooled)",
+                   "path score % (frac.)", "SCEP %", "steps", "episode wall s"):
         table.add_column(column)
     for bench, entry in report["benchmarks"].items():
         for method, data in entry["methods"].items():
@@ -344,6 +345,7 @@ def eval_command(cfg: EvalConfig) -> int:
             table.add_row(bench, method, str(s["n"]),
                           f"{100 * pr['mean']:.1f} ± {100 * pr['std']:.1f}" if pr else "n/a",
                           f"{100 * path['correct_path_rate']:.1f}" if path.get("n") else "",
+                          f"{100 * path['path_pooled_rate']:.1f}" if path.get("n") else "",
                           f"{100 * path['path_fraction_score']:.1f}" if path.get("n") else "",
                           f"{100 * m['scep']:.1f}" if m["scep"] is not None else "n/a",
                           f"{m['mean_steps']:.2f}", f"{m['mean_seconds']:.1f}")
