@@ -30,13 +30,14 @@ from typing import Any
 from codetool import CodetoolError
 from codetool.config import ConfigError, config_hash, option, to_dict
 from codetool.eval import metrics as run_metrics_mod
-from codetool.eval.comparability import comparability_block
+from codetool.eval.comparability import comparability_block, recipe_settings
 from codetool.eval.convert import export_converted, import_converted
 from codetool.eval.judges import Judge, JudgeConfig, make_judge
 from codetool.eval.preference import compare_runs
 from codetool.eval.restbench import load_gold_paths, path_metrics
 from codetool.eval.stabletoolbench import (
     average_pass_rate,
+    codetool_pass_rate,
     judge_pass,
     majority_label,
     pass_rate,
@@ -53,6 +54,8 @@ RESTBENCH = "restbench-tmdb"
 @dataclass
 class EvalConfig:
     """Settings of ``codetool eval``."""
+
+    recipe_sections = {"recipe": ("judge",)}  # see codetool.config.load_config
 
     trajectories: list[str] = option(default_factory=list, positional=True,
                                      help="trajectory files (.jsonl) or StableToolBench converted answers "
@@ -74,11 +77,20 @@ class EvalConfig:
                                        "the summary's judge-free metrics are mean ± spread over them and the inputs")
     prm_metrics: str = option("", "metrics.json of `codetool eval-prm` on held-out trees: shown under "
                               "'what the PRM learned'")
+    recipe: str = option("", "the pipeline recipe the trajectories were made with (e.g. "
+                         "configs/pipeline/paper-qwen2.5-7b.yaml): its run settings (trees, search, answer, prm) are "
+                         "checked in the comparability block, and its judge section is the base of the judge "
+                         "settings (--config and --judge.* override it)")
+    run_settings: dict[str, Any] = option(default_factory=dict,
+                                          help="the run's settings as dotted keys for the comparability block "
+                                               "(the pipeline passes its own; --recipe fills them)")
 
     def __post_init__(self):
         if not self.trajectories and not self.compare:
             raise ConfigError("no trajectory files given: pass one or more .jsonl files of `codetool run` "
                               "(or StableToolBench converted answers), e.g. codetool eval runs/demo.jsonl.")
+        if self.recipe:
+            self.run_settings = {**recipe_settings(self.recipe), **self.run_settings}
 
 
 @dataclass
@@ -226,9 +238,14 @@ def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
             trajs = [run.trajectories[i] for i in idx]
             lab = [labels[run.method][i] for i in idx] if labels[run.method] is not None else None
             groups = {}
+            filters = getattr(getattr(judge, "reference", None), "filtered", None)
             for group, members in _by_group(trajs).items():
                 sub_labels = [lab[i] for i in members] if lab is not None else None
                 groups[group] = _summary(bench, [trajs[i] for i in members], sub_labels, rounds, gold)
+                if sub_labels is not None and cfg.judge.protocol == "codetool" and filters and filters(group):
+                    # CodeTool's own formula: its Filter_Map ids leave the sum, not the count
+                    groups[group]["pass_rate_codetool"] = dataclasses.asdict(codetool_pass_rate(
+                        [trajs[i].query_id for i in members], sub_labels, rounds, filters(group)))
             overall = _summary(bench, trajs, lab, rounds, gold)
             if lab is not None:
                 overall["pass_rate_pooled"] = overall["pass_rate"]
@@ -241,7 +258,7 @@ def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
         _win_rates(report, shown_runs, reference, judge, rounds, cfg.judge)
     _warnings(report, shown_runs, parse_failures)
     report["comparability"] = comparability_block(report, cfg.judge, shown_runs, reference,
-                                                  judge.describe() if judge else None)
+                                                  judge.describe() if judge else None, cfg.run_settings)
     from codetool.eval.summary import seed_summary
 
     report["summary"] = seed_summary([p for p in [*cfg.trajectories, *cfg.seed_runs] if p.endswith(".jsonl")],
@@ -352,7 +369,11 @@ def eval_command(cfg: EvalConfig) -> int:
     console.print(table)
     for warning in report["warnings"]:
         console.print(f"warning: {warning}", markup=False, highlight=False)
-    for deviation in report["comparability"]["deviations"]:
+    block = report["comparability"]
+    console.print(f"comparability with {block['target_name']}: "
+                  + (f"{len(block['deviations'])} differences" if block["deviations"] else
+                     f"no deviation found ({block['settings_checked']} settings checked)"), markup=False, highlight=False)
+    for deviation in block["deviations"]:
         console.print(f"not comparable: {deviation}", markup=False, highlight=False)
     console.print(f"report: {Path(cfg.out) / 'report.md'}, report.json, {len(report['files'].get('plots', []))} plots",
                   markup=False, highlight=False)
