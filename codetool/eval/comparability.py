@@ -84,8 +84,8 @@ CHECKS: tuple[Check, ...] = (
           "eval_pass_rate.py and eval_preference.py load this evaluator by default"),
     # the run (the policy's answers, the PRM and its training rows)
     Check("answer.final_answer", {"codetool": "reference", "stabletoolbench": "off"}, "auto",
-          "CodeTool writes a new final answer from the execution log for every trajectory; StableToolBench "
-          "judges the Finish answers of its runs"),
+          "CodeTool writes a new final answer from each execution log for every trajectory, StableToolBench "
+          "judges its runs' Finish answers"),
     Check("trees.label_rule", dict.fromkeys(BOTH, "reference"), "reference",
           "CodeTool's get_pair_data / get_sft_data rows"),
     Check("trees.success", dict.fromkeys(BOTH, "executed"), "grounded", "a leaf succeeds when its path ran"),
@@ -316,7 +316,8 @@ def render_block(block: dict[str, Any]) -> list[str]:
     rows = [["compared with", target],
             ["judge model", f"{block['judge_model']} (reference: {block['paper_judge']})"],
             ["procedure", f"protocol {block['protocol']}, prompts {block.get('prompts', 'ours')}, {block['rounds']} "
-                          f"rounds, temperature {block['temperature']}, replies as {block['reply_format']}"],
+                          f"round{'s' if block['rounds'] != 1 else ''}, temperature {block['temperature']}, replies "
+                          f"as {block['reply_format']}"],
             ["run settings from", str(block.get("run_settings_from", "none"))],
             ["subset", subset or "none"],
             ["answer sources", "; ".join(f"{m}: " + ", ".join(f"{k} {v}" for k, v in s.items())

@@ -100,8 +100,8 @@ class AnswerRequest:
 class CompareRequest:
     """Two final answers to the same query, shown as A and B.
 
-    ``details_a`` / ``details_b`` (the whole answers with their steps and tool calls, as
-    :func:`codetool.eval.stabletoolbench.answer_details` lays them out) ask for StableToolBench's
+    ``details_a`` / ``details_b`` (the whole answers as JSON, as
+    :func:`codetool.eval.stabletoolbench.answer_json` writes them) ask for StableToolBench's
     comparison of whole answers; ``allow_tie`` False leaves the judge A or B only.
     """
 
