@@ -31,6 +31,7 @@ REFERENCE = {  # what each target's reference does, for every run setting the bl
     "answer.final_answer": "reference", "trees.label_rule": "reference", "trees.success": "executed",
     "trees.tau_mode": "sum", "prm.interface": "reference", "search.tie_break": "first",
     "search.observation_cut": "head", "search.observation_history": "last", "search.step_format": "step_text",
+    "search.max_observation_chars": 500,
     "__source__": "test"}
 
 

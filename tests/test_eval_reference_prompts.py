@@ -158,3 +158,26 @@ def test_codetool_prompts_under_codetool_protocol(tmp_path):
         assert judge.reference.filtered("G1_instruction") == ["692", "1001"]
     finally:
         server.shutdown()
+
+
+def test_no_secret_reaches_a_reference_prompt(tmp_path, canary_env):
+    from test_eval_judges import _fake_server
+
+    seen = []
+
+    def reply(body):
+        seen.append(json.dumps(body))
+        call = {"id": "c0", "type": "function", "function": {
+            "name": "check_answer_status", "arguments": json.dumps({"answer_status": "Solved", "reason": "r"})}}
+        return ({"choices": [{"index": 0, "message": {"content": None, "tool_calls": [call]}}]}, 200)
+    server, url = _fake_server(reply)
+    try:
+        judge = make_judge(JudgeConfig(model=url, prompts="stabletoolbench", cache=str(tmp_path / "c.jsonl"),
+                                       reference_dir=str(stb_checkout(tmp_path / "stb"))))
+        judge.judge_answers([AnswerRequest(f"q {canary_env}", f"key={canary_env}", None, 0),
+                             AnswerRequest("q", "a", json.dumps({"k": canary_env}), 0)])
+        judge.compare_many([CompareRequest("q", "a", "b", 0, details_a=canary_env, details_b="x", allow_tie=False)])
+        assert len(seen) >= 3 and not any(canary_env in body for body in seen)
+        assert canary_env not in (tmp_path / "c.jsonl").read_text()
+    finally:
+        server.shutdown()

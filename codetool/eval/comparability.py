@@ -97,6 +97,8 @@ CHECKS: tuple[Check, ...] = (
     Check("search.observation_cut", dict.fromkeys(BOTH, ("head", "reference")), "head_tail",
           "CodeTool cuts each output head-only ([0:500])"),
     Check("search.observation_history", dict.fromkeys(BOTH, "last"), "all", "the prompt shows the last output only"),
+    Check("search.max_observation_chars", dict.fromkeys(BOTH, 500), 1500,
+          "the last output is cut to 500 characters (1,500 for TMDB, set per evaluation set)"),
     Check("search.step_format", dict.fromkeys(BOTH, "step_text"), "code_only", "a plan line, then a code block"),
 )
 
