@@ -21,6 +21,7 @@ from codetool.eval.preference import (
 from codetool.eval.stabletoolbench import (
     answer_json,
     average_pass_rate,
+    blank_answer,
     codetool_pass_rate,
     converted_answer,
     final_step,
@@ -281,3 +282,13 @@ def test_pass_rate_conformance(stb_conformance, run):
         assert 100 * rate.mean == pytest.approx(expected["solve_rate"], abs=1e-12)
         assert 100 * rate.std == pytest.approx(expected["std"], abs=1e-12)
         assert f"Solve rate: {100 * rate.mean:.1f}% Std: {100 * rate.std:.1f}%" == expected["printed"]
+
+
+def test_blank_finish_ours_rules_blank_answers_out():
+    trajs = [traj("1", answer="   "), traj("2", answer=""), traj("3")]
+    judge = ScriptedJudge("Solved")
+    assert [row[0].label for row in judge_pass(trajs, judge, 1)] == ["Solved", "Solved", "Solved"]  # judged
+    ours = judge_pass(trajs, ScriptedJudge("Solved"), 1, blank_finish="unsolved")
+    assert [(row[0].label, row[0].source) for row in ours] == [("Unsolved", "rule")] * 2 + [("Solved", "answer")]
+    assert blank_answer('{"return_type": "give_answer", "final_answer": " "}') and blank_answer("  ")
+    assert not blank_answer('{"return_type": "give_up_and_restart"}') and not blank_answer("x")

@@ -8,10 +8,12 @@ own procedure) and checks, one line each:
 - the settings in :data:`CHECKS` (data-driven: a new setting is one :class:`Check` line): the
   judge's prompts, procedure, rounds, temperature and cuts, and the run's final answers, tree
   label rule, PRM interface, tie-break and observation cut. Judge settings come from the
-  ``judge`` config; run settings from ``run_settings`` (the pipeline passes its own; ``codetool
-  eval --recipe`` reads a pipeline recipe, where a key it leaves out takes the package default
-  written in the check). A run setting nobody recorded is a deviation ("not recorded"), never a
-  match;
+  ``judge`` config. Run settings are checked per method: what its trajectories recorded
+  (``extra["fidelity"]``, written by ``codetool run``: the search's settings, the final answers,
+  the PRM's interface and the label rules of its training rows; a method without a PRM skips the
+  PRM's checks) over ``run_settings`` (the pipeline passes its own; ``codetool eval --recipe``
+  reads a pipeline recipe, where a key it leaves out takes the package default written in the
+  check). A run setting nobody recorded is a deviation ("not recorded"), never a match;
 - the judge model (CodeTool: ``gpt-4-turbo-2024-04-09``, its ``eval/config.yaml``;
   StableToolBench: ``gpt-4-turbo-preview``, the standard evaluation model its README names; its
   tables since 2024-06 use ``gpt-4-turbo-2024-04-09``), a weak local judge, how replies were read
@@ -59,12 +61,22 @@ class Check:
         default (`Any`): the package default, used for a run setting a recipe leaves out
             (``tests/test_eval_comparability.py`` keeps these equal to the dataclass defaults).
         what (`str`): what the reference does, for the message.
+        aliases (`tuple[str, ...]`): other dotted keys of the same setting (a trajectory's record,
+            the PRM training recipe's key).
     """
 
     key: str
     expected: dict[str, Any]
     default: Any
     what: str
+    aliases: tuple[str, ...] = ()  # other dotted keys that carry the same setting (first found wins)
+
+    def lookup(self, settings: Mapping[str, Any]) -> tuple[bool, Any]:
+        """``(found, value)`` of this setting in ``settings`` (its key, then its aliases)."""
+        for key in (self.key, *self.aliases):
+            if key in settings:
+                return True, settings[key]
+        return False, None
 
 
 BOTH = ("codetool", "stabletoolbench")
@@ -82,7 +94,9 @@ CHECKS: tuple[Check, ...] = (
     Check("judge.codetool_instruction", {"codetool": "v2"}, "v2", "run_pass_rate.sh passes --inst_version v2"),
     Check("judge.stabletoolbench_evaluator", {"stabletoolbench": STB_EVALUATOR}, STB_EVALUATOR,
           "eval_pass_rate.py and eval_preference.py load this evaluator by default"),
-    # the run (the policy's answers, the PRM and its training rows)
+    Check("judge.blank_finish", {"stabletoolbench": "judge"}, "judge",
+          "StableToolBench rules out only an exactly empty final_answer: a blank answer's JSON text is judged"),
+    # the run: final answers, the PRM and its training rows, the search
     Check("answer.final_answer", {"codetool": "reference", "stabletoolbench": "off"}, "auto",
           "CodeTool writes a new final answer from each execution log for every trajectory, StableToolBench "
           "judges its runs' Finish answers"),
@@ -91,16 +105,27 @@ CHECKS: tuple[Check, ...] = (
     Check("trees.success", dict.fromkeys(BOTH, "executed"), "grounded", "a leaf succeeds when its path ran"),
     Check("trees.tau_mode", dict.fromkeys(BOTH, "sum"), "mean", "tau sums the leaf depths"),
     Check("prm.interface", dict.fromkeys(BOTH, "reference"), "ours",
-          "CodeTool's PRM: yes/no words, its prompt, full-vocabulary SFT, logit_yes / (logit_yes + logit_no)"),
-    Check("search.tie_break", dict.fromkeys(BOTH, ("first", "reference")), "random",
-          "CodeTool's main method keeps the first of equally scored candidates"),
-    Check("search.observation_cut", dict.fromkeys(BOTH, ("head", "reference")), "head_tail",
+          "CodeTool's PRM: yes/no words, its prompt, full-vocabulary SFT, logit_yes / (logit_yes + logit_no)",
+          aliases=("train.format.interface",)),
+    Check("search.tie_break", dict.fromkeys(BOTH, "reference"), "random",
+          "CodeTool's main method keeps the first of exactly equal candidates"),
+    Check("search.observation_cut", dict.fromkeys(BOTH, "head"), "middle",
           "CodeTool cuts each output head-only ([0:500])"),
     Check("search.observation_history", dict.fromkeys(BOTH, "last"), "all", "the prompt shows the last output only"),
     Check("search.max_observation_chars", dict.fromkeys(BOTH, 500), 1500,
           "the last output is cut to 500 characters (1,500 for TMDB, set per evaluation set)"),
     Check("search.step_format", dict.fromkeys(BOTH, "step_text"), "code_only", "a plan line, then a code block"),
+    Check("search.reference_steps", dict.fromkeys(BOTH, True), True,
+          "SCEP counts every chosen step as CodeTool's eval_SCEP.py does"),
 )
+# Settings a trajectory records in extra["fidelity"] (``codetool run``), as the dotted keys above.
+RECORDED = {"tie_break": "search.tie_break", "observation_cut": "search.observation_cut",
+            "max_observation_chars": "search.max_observation_chars",
+            "observation_history": "search.observation_history", "step_format": "search.step_format",
+            "reference_steps": "search.reference_steps", "final_answer": "answer.final_answer",
+            "prm.interface": "prm.interface", "prm.label_rules": "trees.label_rule"}  # the PRM's training rows
+# Checks that concern the PRM: not applicable to a method that used none.
+PRM_KEYS = ("trees.label_rule", "trees.success", "trees.tau_mode", "prm.interface")
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -134,6 +159,8 @@ def target_of(judge_cfg: JudgeConfig) -> str:
 
 
 def _matches(value: Any, expected: Any) -> bool:
+    if isinstance(value, (list, tuple)):  # e.g. the label rules of a PRM's training rows
+        return bool(value) and all(_matches(v, expected) for v in value)
     options = expected if isinstance(expected, tuple) else (expected,)
     return any(value == o or (isinstance(o, float) and isinstance(value, (int, float)) and float(value) == o)
                for o in options)
@@ -143,20 +170,42 @@ def _shown(expected: Any) -> str:
     return " or ".join(map(repr, expected)) if isinstance(expected, tuple) else repr(expected)
 
 
-def check_settings(settings: Mapping[str, Any], target: str, *, run_known: bool) -> tuple[list[str], int]:
+def recorded_settings(run) -> tuple[dict[str, Any], bool]:
+    """The settings ``run``'s trajectories recorded (``extra["fidelity"]``) as dotted keys, and
+    whether the method used no PRM (recorded ``prm: null``); ``({}, False)`` when none recorded.
+    Values that differ between trajectories are kept as a list."""
+    seen: dict[str, list] = {}
+    no_prm = False
+    for traj in getattr(run, "trajectories", []):
+        record = (traj.extra or {}).get("fidelity")
+        if not isinstance(record, Mapping):
+            continue
+        no_prm = no_prm or record.get("prm", {}) is None
+        for key, value in flatten(record).items():
+            if key in RECORDED and value is not None:
+                values = seen.setdefault(RECORDED[key], [])
+                if value not in values:
+                    values.append(value)
+    return {k: v[0] if len(v) == 1 else v for k, v in seen.items()}, no_prm
+
+
+def check_settings(settings: Mapping[str, Any], target: str, *, run_known: bool, judge_only: bool = False,
+                   skip: tuple[str, ...] = ()) -> tuple[list[str], int]:
     """Deviation lines of ``settings`` (dotted keys) against ``target``, and how many settings were
-    checked. A run setting is looked up in ``settings``, else (``run_known``: a recipe was read)
-    its check's package default, else it is "not recorded"."""
+    checked. A run setting is looked up in ``settings`` (its key, then its aliases), else
+    (``run_known``: a recipe or the pipeline gave the settings) its check's package default, else
+    it is "not recorded". ``judge_only`` checks the judge settings only, ``skip`` leaves keys out."""
     lines, checked, unknown = [], 0, []
     for check in CHECKS:
-        if target not in check.expected:
+        is_judge = check.key.startswith("judge.")
+        if target not in check.expected or check.key in skip or (judge_only and not is_judge) or (
+                not judge_only and is_judge):
             continue
         expected = check.expected[target]
-        if check.key in settings:
-            value = settings[check.key]
-        elif check.key.startswith("judge.") or run_known:
-            value = check.default
-        else:
+        found, value = check.lookup(settings)
+        if not found and (is_judge or run_known):
+            found, value = True, check.default
+        if not found:
             unknown.append(check.key)
             continue
         checked += 1
@@ -166,6 +215,23 @@ def check_settings(settings: Mapping[str, Any], target: str, *, run_known: bool)
         lines.append(f"run settings not recorded (pass --recipe, or run through `codetool pipeline`): "
                      f"{', '.join(unknown)} unchecked.")
     return lines, checked
+
+
+def _run_lines(runs: list, run_settings: Mapping[str, Any], target: str) -> tuple[list[str], int]:
+    """The run checks per method (its trajectories' records over the recipe's settings), one line
+    per difference, naming the methods when not all share it."""
+    per_line: dict[str, list[str]] = {}
+    checked = 0
+    for run in runs or [None]:
+        recorded, no_prm = recorded_settings(run) if run is not None else ({}, False)
+        lines, n = check_settings({**run_settings, **recorded}, target, run_known="__source__" in run_settings,
+                                  skip=PRM_KEYS if no_prm else ())
+        checked = max(checked, n)
+        for line in lines:
+            per_line.setdefault(line, []).append(run.method if run is not None else "")
+    everyone = len(runs or [None])
+    return [line if len(methods) == everyone else f"{line[:-1]} ({', '.join(methods)})."
+            for line, methods in per_line.items()], checked
 
 
 def _subset(report: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -233,8 +299,11 @@ def comparability_block(report: dict[str, Any], judge_cfg: JudgeConfig, runs: li
     """
     target = target_of(judge_cfg)
     run_settings = dict(run_settings or {})
-    settings = {**run_settings, **{f"judge.{k}": v for k, v in to_dict(judge_cfg).items()}}
-    deviations, checked = check_settings(settings, target, run_known="__source__" in run_settings)
+    judge_settings = {f"judge.{k}": v for k, v in to_dict(judge_cfg).items()}
+    deviations, checked = check_settings(judge_settings, target, run_known=True, judge_only=True)
+    run_lines, run_checked = _run_lines(runs, run_settings, target)
+    deviations += run_lines
+    checked += run_checked
     if judge_info is None:
         deviations.insert(0, "no judge: no pass or win rate, only judge-free metrics.")
     else:

@@ -126,7 +126,7 @@ def _stream(seed: int, qid: str, round: int) -> random.Random:
 
 def compare_runs(candidate: Mapping[str, Trajectory], reference: Mapping[str, Trajectory], judge: Judge | None,
                  rounds: int = 3, *, query_ids: Sequence[str] | None = None, seed: int = 0,
-                 max_details_chars: int = 0) -> WinRate:
+                 max_details_chars: int = 0, blank_finish: str = "judge") -> WinRate:
     """SoWR of ``candidate`` against ``reference`` (both keyed by query id) as StableToolBench
     computes it (see the module docstring).
 
@@ -135,6 +135,8 @@ def compare_runs(candidate: Mapping[str, Trajectory], reference: Mapping[str, Tr
         seed (`int`, *optional*, defaults to 0): seed of the shuffles and random picks.
         max_details_chars (`int`, *optional*, defaults to 0): cut each whole answer (JSON) shown to
             the judge to this many characters (0: never, as StableToolBench).
+        blank_finish (`str`, *optional*, defaults to `"judge"`): ``unsolved`` rules a blank answer
+            out without a judge call (ours); ``judge`` is StableToolBench's.
 
     Raises:
         CodetoolError: an answer needs the judge but ``judge`` is ``None``.
@@ -153,7 +155,8 @@ def compare_runs(candidate: Mapping[str, Trajectory], reference: Mapping[str, Tr
             order[qid] = [0, 1]
             _stream(seed, qid, r).shuffle(order[qid])
         items = [(reference[q].query, answers[q][i], r) for q in both for i in order[q]]
-        statuses = judge_statuses(items, judge, finish_check=False, reason=False, max_details_chars=max_details_chars)
+        statuses = judge_statuses(items, judge, finish_check=False, reason=False, max_details_chars=max_details_chars,
+                                  blank_finish=blank_finish)
         asks = []  # (qid, rng) of the pairs that go to a comparison
         for k, qid in enumerate(both):
             labels = [statuses[2 * k].label, statuses[2 * k + 1].label]  # in the shuffled order

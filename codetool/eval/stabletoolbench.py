@@ -87,18 +87,35 @@ def final_step(answer: Mapping[str, Any]) -> str:
     return final
 
 
-def reference_rule(answer: Mapping[str, Any], *, finish_check: bool = True) -> Verdict | None:
+def blank_answer(text: str) -> bool:
+    """Whether a converted ``final_answer`` holds no answer: blank text, or ToolBench's JSON text of
+    a ``give_answer`` whose inner answer is blank (a ``finish("")`` or ``finish("   ")``)."""
+    if not text.strip():
+        return True
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, TypeError):
+        return False
+    return (isinstance(data, dict) and data.get("return_type", "give_answer") == "give_answer"
+            and not str(data.get("final_answer", "")).strip())
+
+
+def reference_rule(answer: Mapping[str, Any], *, finish_check: bool = True,
+                   blank_finish: str = "judge") -> Verdict | None:
     """StableToolBench's Unsolved-without-a-judge rule on a converted answer, else ``None``.
 
     Args:
         answer (`Mapping`): the converted answer (see :func:`converted_answer`).
         finish_check (`bool`, *optional*, defaults to `True`): ``eval_pass_rate.py``'s check that
             the final step is a Finish call (its preference run has none).
+        blank_finish (`str`, *optional*, defaults to `"judge"`): ``judge`` (StableToolBench: only an
+            exactly empty ``final_answer`` is ruled out, so a blank answer's JSON text is judged) or
+            ``unsolved`` (ours, ``judge.blank_finish``: a blank answer is Unsolved without a call).
     """
     if finish_check and "'name': 'Finish'" not in final_step(answer):
         return Verdict("Unsolved", "the answer's last tool step is not a Finish call", "rule")
     text = answer.get("final_answer") or ""
-    if text == "":
+    if text == "" or (blank_finish == "unsolved" and blank_answer(text)):
         return Verdict("Unsolved", "empty final answer", "rule")
     if GIVE_UP_MARK in text:
         return Verdict("Unsolved", "the answer gives up", "rule")
@@ -146,7 +163,8 @@ def render_trajectory(traj: Trajectory, max_chars: int = 6000) -> str:
 
 
 def judge_statuses(items: Sequence[tuple[str, Mapping[str, Any], int]], judge: Judge | None, *,
-                   finish_check: bool, reason: bool = True, max_details_chars: int = 0) -> list[Verdict]:
+                   finish_check: bool, reason: bool = True, max_details_chars: int = 0,
+                   blank_finish: str = "judge") -> list[Verdict]:
     """StableToolBench's ``check_is_solved`` on each ``(query, converted answer, round)``: the rule
     (:func:`reference_rule`), then stage one on the final answer, then stage two on the whole
     answer for the Unsure ones; one judge batch per stage.
@@ -156,11 +174,13 @@ def judge_statuses(items: Sequence[tuple[str, Mapping[str, Any], int]], judge: J
         reason (`bool`, *optional*, defaults to `True`): ask the judge for a reason (the pass rate
             does; the preference run's status checks do not).
         max_details_chars (`int`, *optional*, defaults to 0): cut stage two's JSON (0: never).
+        blank_finish (`str`, *optional*, defaults to `"judge"`): see :func:`reference_rule`.
 
     Raises:
         CodetoolError: an answer needs a judge but ``judge`` is ``None``.
     """
-    out: list[Verdict | None] = [reference_rule(a, finish_check=finish_check) for _, a, _ in items]
+    out: list[Verdict | None] = [reference_rule(a, finish_check=finish_check, blank_finish=blank_finish)
+                                 for _, a, _ in items]
     todo = [i for i, v in enumerate(out) if v is None]
     if todo and judge is None:
         raise CodetoolError(f"{len(todo)} answers need a judge, but none is configured; set --judge.model "
@@ -183,13 +203,15 @@ def judge_statuses(items: Sequence[tuple[str, Mapping[str, Any], int]], judge: J
 
 
 def judge_pass(trajs: Sequence[Trajectory], judge: Judge | None, rounds: int = 3, *,
-               max_trajectory_chars: int = 0, protocol: str = "stabletoolbench") -> list[list[Verdict]]:
+               max_trajectory_chars: int = 0, protocol: str = "stabletoolbench",
+               blank_finish: str = "judge") -> list[list[Verdict]]:
     """Pass-rate verdicts: ``(len(trajs), rounds)``, one :class:`Verdict` per trajectory and round
     (see the module docstring for the two protocols).
 
     Args:
         max_trajectory_chars (`int`, *optional*, defaults to 0): cut stage two's JSON to this many
             characters (0: never, as StableToolBench).
+        blank_finish (`str`, *optional*, defaults to `"judge"`): see :func:`reference_rule`.
 
     Raises:
         CodetoolError: a trajectory needs a judge but ``judge`` is ``None``.
@@ -202,7 +224,8 @@ def judge_pass(trajs: Sequence[Trajectory], judge: Judge | None, rounds: int = 3
                                     for t in trajs for r in range(rounds)]) if trajs else []
         return [flat[i * rounds:(i + 1) * rounds] for i in range(len(trajs))]
     items = [(t.query, converted_answer(t), r) for t in trajs for r in range(rounds)]
-    flat = judge_statuses(items, judge, finish_check=True, max_details_chars=max_trajectory_chars)
+    flat = judge_statuses(items, judge, finish_check=True, max_details_chars=max_trajectory_chars,
+                          blank_finish=blank_finish)
     return [flat[i * rounds:(i + 1) * rounds] for i in range(len(trajs))]
 
 
