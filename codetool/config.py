@@ -248,12 +248,26 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 def load_config(cls: type[T], path: str | Path | None = None,
                 overrides: dict[str, Any] | None = None) -> T:
-    """Defaults, then the YAML recipe at ``path``, then ``overrides`` (dotted keys allowed)."""
+    """Defaults, then the sections of another recipe the config names (``cls.recipe_sections``),
+    then the YAML recipe at ``path``, then ``overrides`` (dotted keys allowed)."""
     data = load_yaml(path) if path else {}
     nested: dict[str, Any] = {}
     for key, value in (overrides or {}).items():
         _set_dotted(nested, key.replace("-", "_"), value)
-    return from_dict(cls, _merge(data, nested), where="")
+    merged = _merge(data, nested)
+    return from_dict(cls, _merge(_recipe_base(cls, merged), merged), where="")
+
+
+def _recipe_base(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """The sections a config takes from a recipe it names: ``cls.recipe_sections`` maps a field
+    (whose value is a YAML path) to the section names read from that file (e.g. ``codetool eval
+    --recipe configs/pipeline/paper-qwen2.5-7b.yaml`` takes the recipe's ``judge``)."""
+    base: dict[str, Any] = {}
+    for name, sections in getattr(cls, "recipe_sections", {}).items():
+        if data.get(name):
+            recipe = load_yaml(data[name])
+            base.update({s: recipe[s] for s in sections if isinstance(recipe.get(s), dict)})
+    return base
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:

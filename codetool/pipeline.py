@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from codetool import CodetoolError
-from codetool.config import ConfigError, config_hash, option
+from codetool.config import ConfigError, config_hash, option, to_dict
 from codetool.eval.judges import JudgeConfig
 from codetool.executor import ExecutorConfig
 from codetool.models.memory import release_host_memory
@@ -246,6 +246,11 @@ def _run_cfgs(cfg: PipelineConfig, prm: str) -> list:
 def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
     """Run the stages of ``cfg`` in order; returns ``{stage: "ran" | "skipped"}``."""
     root = cfg.root
+    if "eval" in cfg.stages and cfg.judge.enabled:  # a missing reference checkout fails now, not after the search
+        from codetool.eval.reference_prompts import load_reference_prompts
+
+        load_reference_prompts(cfg.judge.prompts, cfg.judge.reference_dir, evaluator=cfg.judge.stabletoolbench_evaluator,
+                               instruction=cfg.judge.codetool_instruction)
     root.mkdir(parents=True, exist_ok=True)
     (root / "pipeline.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
     tree_cfg, train_cfg = _tree_cfg(cfg), _train_cfg(cfg)
@@ -347,9 +352,13 @@ def _stage_eval(cfg: PipelineConfig, *, run_cfgs: list, prm: str = "", **_) -> d
 
     first = [r.output for r in run_cfgs if r.search.seed == cfg.seeds[0]]
     others = [r.output for r in run_cfgs if r.search.seed != cfg.seeds[0]]
+    from codetool.eval.comparability import RUN_SECTIONS, flatten
+
+    settings = flatten({k: to_dict(getattr(cfg, k)) for k in RUN_SECTIONS if hasattr(cfg, k)})
+    settings["__source__"] = f"pipeline {cfg.name}"  # the comparability block checks these
     eval_cfg = EvalConfig(trajectories=first, seed_runs=others, out=str(cfg.root), judge=cfg.judge,
                           compare=[m.name for m in cfg.methods], reference=cfg.reference,
-                          prm_metrics=_prm_heldout(cfg, prm))
+                          prm_metrics=_prm_heldout(cfg, prm), run_settings=settings)
     if eval_command(eval_cfg):  # failed judge requests: error records in the report, not a failed stage
         logger.warning("some judge requests failed (see report.md's warnings); `--force eval` asks them again, "
                        "the cached verdicts cost nothing")

@@ -22,6 +22,8 @@ SHARED_DATA = Path(os.environ.get("CODETOOL_SHARED_DATA", REPO.parent / "shared"
 SHARED_CASES = SHARED_DATA.parent / "cases"
 if not SHARED_CASES.is_dir():
     SHARED_CASES = REPO / "tests" / "cases"
+# Inputs and outputs of the reference code (StableToolBench, CodeTool, CoAgents) on them.
+SHARED_CONFORMANCE = SHARED_DATA.parent / "conformance"
 CANARY_KEY = "sk-canary-7f3a9c2e1b5d4f60a8e2"
 
 CHATML_TEMPLATE = (
@@ -95,6 +97,14 @@ def shared_data() -> Path:
 
 
 @pytest.fixture(scope="session")
+def shared_conformance() -> Path:
+    """The conformance corpus of ``../shared/conformance`` (skips the test where it is absent)."""
+    if not SHARED_CONFORMANCE.is_dir():
+        pytest.skip(f"conformance corpus not found at {SHARED_CONFORMANCE}")
+    return SHARED_CONFORMANCE
+
+
+@pytest.fixture(scope="session")
 def shared_cases() -> Path:
     if not SHARED_CASES.is_dir():
         pytest.skip(f"field cases not found at {SHARED_CASES}")
@@ -107,3 +117,61 @@ def canary_env(monkeypatch):
     for name in ("TOOLBENCH_KEY", "OPENAI_API_KEY", "TMDB_ACCESS_TOKEN", "CODETOOL_JUDGE_API_KEY"):
         monkeypatch.setenv(name, CANARY_KEY)
     return CANARY_KEY
+
+
+class STBConformance:
+    """``shared/conformance/stabletoolbench``: the converted answers as trajectories and a judge that
+    answers from ``stub_labels.json`` as the corpus's stub did (an answer found by its query and the
+    first 200 characters of its final answer, with its chain where the request carries it)."""
+
+    def __init__(self, root: Path):
+        import json
+
+        from codetool.eval.convert import import_converted
+        from codetool.eval.judges import ScriptedJudge, Verdict
+
+        self.root = root
+        self.stub = json.loads((root / "stub_labels.json").read_text())
+        self.expected_pass = json.loads((root / "expected_pass_rate.json").read_text())
+        self.expected_pref = json.loads((root / "expected_preference.json").read_text())
+        self.groups = sorted(p.stem for p in (root / "test_ids").glob("*.json"))
+        self.test_ids = {g: list(json.loads((root / "test_ids" / f"{g}.json").read_text())) for g in self.groups}
+        self.runs = {run: {g: import_converted(root / "converted" / run / f"{g}.json") for g in self.groups}
+                     for run in ("candidate", "reference")}
+        by_answer: dict[tuple, set] = {}  # (query, final answer[:200]) -> {(run, qid)}
+        by_whole: dict[tuple, tuple] = {}  # ... and str(answer_details) -> (run, qid)
+        for run in self.runs:
+            for g in self.groups:
+                for qid, entry in json.loads((root / "converted" / run / f"{g}.json").read_text()).items():
+                    answer = entry["answer"]
+                    key = (entry["query"], answer["final_answer"][:200])
+                    by_answer.setdefault(key, set()).add((run, qid))
+                    by_whole[key + (str(answer["answer_details"]),)] = (run, qid)
+
+        def whole(query: str, text: str) -> tuple[str, str]:
+            data = json.loads(text)
+            return by_whole[(query, data["final_answer"][:200], str(data["answer_details"]))]
+
+        def label(req):
+            stage = "answer" if req.trajectory is None else "details"
+            found = by_answer[(req.query, req.answer[:200])] if req.trajectory is None else {whole(req.query,
+                                                                                                   req.trajectory)}
+            labels = {self.stub["answer_status"][run][qid][str(req.round)][stage] for run, qid in found}
+            assert len(labels) == 1, f"the stub cannot tell {found} apart"
+            return Verdict(labels.pop(), "stub")
+
+        def winner(req):
+            (run_a, qid), (run_b, _) = whole(req.query, req.details_a), whole(req.query, req.details_b)
+            assert run_a != run_b and not req.allow_tie
+            return "a" if self.stub["select_better_answer"][qid][str(req.round)] == run_a else "b"
+
+        self.judge_factory = lambda: ScriptedJudge(label, winner, name="stub")
+
+    def trajectories(self, run: str, group: str):
+        """The run's trajectories of ``group`` that are test ids, in file order."""
+        return [t for t in self.runs[run][group] if t.query_id in self.test_ids[group]]
+
+
+@pytest.fixture(scope="session")
+def stb_conformance(shared_conformance) -> STBConformance:
+    return STBConformance(shared_conformance / "stabletoolbench")

@@ -8,6 +8,10 @@ import pytest
 
 from codetool import CodetoolError
 from codetool.eval.restbench import (
+    coagents_api_eval,
+    coagents_lists,
+    coagents_mean,
+    executed_calls_text,
     executed_path,
     gold_path,
     is_subsequence,
@@ -15,6 +19,7 @@ from codetool.eval.restbench import (
     matched_in_order,
     normalize_api,
     path_metrics,
+    raw_gold_path,
 )
 from codetool.executor.result import ExecutionResult, ToolCall
 from codetool.search.records import Candidate, Step, Trajectory
@@ -124,3 +129,60 @@ def test_unshuffled_candidates_are_flagged():
     first = traj("1", [["search_person", "person_movie_credits"]], gold)
     shuffled = traj("2", [["search_person", "person_movie_credits"]], gold, tools=list(reversed(TOOLS)))
     assert path_metrics([first, shuffled]).gold_first == 1
+
+
+# --- conformance: shared/conformance/restbench (RestGPT's definition, CoAgents' api_eval) ----------
+
+def test_path_metrics_conformance(shared_conformance):
+    root = shared_conformance / "restbench"
+    expected = json.loads((root / "expected.json").read_text())
+    trajs = [Trajectory.from_dict(json.loads(line)) for line in (root / "trajectories.jsonl").read_text().splitlines()]
+    per_case = {c["case_id"]: c for c in expected["per_case"]}
+    for norm in ("trim", "template"):
+        got, want = path_metrics(trajs, normalization=norm), expected["overall"][norm]
+        assert got.n == len(per_case) == 64 and got.normalization == norm
+        assert got.correct_path_rate == pytest.approx(want["restgpt_correct_path_rate"], abs=1e-12)
+        assert sum(q["correct"] for q in got.per_query.values()) == want["correct_paths"]
+        assert (got.matched_gold_calls, got.gold_calls) == (want["matched_gold_calls"], want["gold_calls"])
+        assert got.path_pooled_rate == pytest.approx(want["pooled_gold_call_share"], abs=1e-12)
+        assert got.path_fraction_score == pytest.approx(want["path_fraction_score"], abs=1e-12)
+        for t in trajs:
+            case, q = per_case[t.query_id][norm], got.per_query[t.query_id]
+            assert (gold_path(t, normalization=norm), executed_path(t, norm)[0]) == (case["gold"], case["executed"])
+            assert (int(q["correct"]), q["lcs"], q["gold"]) == (case["correct_path"], case["lcs"], case["gold_len"])
+            assert q["fraction"] == pytest.approx(case["fraction"], abs=1e-12)
+    coagents = expected["overall"]["coagents_api_eval"]
+    got = path_metrics(trajs)
+    assert got.coagents == {k: coagents[k] for k in ("success_rate", "f1", "precision", "recall", "delta",
+                                                     "correct_path")}
+    assert got.path_rate_coagents == coagents["correct_path"] == 0.6917
+    assert " ".join(f"{got.coagents[k]}" for k in ("success_rate", "f1", "precision", "recall", "delta",
+                                                   "correct_path")) == coagents["printed"]
+    for t in trajs:
+        case = per_case[t.query_id]
+        pred, answer = coagents_lists(raw_gold_path(t), executed_calls_text(t)[0])
+        assert ([e.lower() for e in pred], [e.lower() for e in answer]) == (case["coagents_pred"],
+                                                                            case["coagents_answer"])
+        assert got.per_query[t.query_id]["coagents"] == pytest.approx(case["coagents"], abs=1e-12)
+
+
+def test_coagents_quirks_and_the_pooled_rate_by_hand():
+    # nothing called: the appended finish still matches, 1 / (len(gold) + 1)
+    assert coagents_api_eval(*coagents_lists(["GET /a", "GET /b"], []))["correct_path"] == pytest.approx(1 / 3)
+    # a stray space in the gold never matches; a lower-case "get" is not removed
+    assert coagents_lists(["GET /a ", " GET /b"], ["GET /a", "get /b"]) == (["/a", "get /b", "Finish"],
+                                                                           ["/a ", " /b", "Finish"])
+    assert coagents_mean([1.0]) == 0.9999  # divides by n + 0.0001
+    # pooled: 2 of 3 gold calls over two queries = 0.667, the per-query mean is (1 + 0) / 2
+    trajs = [traj("1", [["search_person"]], gold=["GET /search/person"]),
+             traj("2", [["search_movie"]], gold=["GET /search/person", "GET /movie/{x}/credits"])]
+    trajs[1].steps[0].candidates[0].result.tool_calls.append(ToolCall("movie_credits"))
+    metrics = path_metrics(trajs)
+    assert (metrics.matched_gold_calls, metrics.gold_calls) == (2, 3)
+    assert metrics.path_pooled_rate == pytest.approx(2 / 3) and metrics.path_fraction_score == pytest.approx(0.75)
+    assert path_metrics(trajs, normalization="trim").matched_gold_calls == 1  # {x} vs {movie_id}
+    with pytest.raises(CodetoolError, match="normalization"):
+        path_metrics(trajs, normalization="loose")
+    # CodeTool's 91.15% is a pooled share of RestBench-TMDB's 226 gold calls, never a mean over 100
+    assert round(206 / 226 * 100, 2) == 91.15
+    assert not any(round(k / 100 * 100, 2) == 91.15 for k in range(101))

@@ -11,22 +11,28 @@ import pytest
 
 from codetool import CodetoolError
 from codetool.eval.convert import import_converted
-from codetool.eval.judges import Preference, ScriptedJudge, Verdict
-from codetool.eval.stabletoolbench import (
+from codetool.eval.judges import ScriptedJudge, Verdict
+from codetool.eval.preference import (
     PairCount,
-    answer_details,
-    average_pass_rate,
-    coin_flip,
     compare_runs,
+    load_preference_results,
+    win_rate_from_counts,
+)
+from codetool.eval.stabletoolbench import (
+    answer_json,
+    average_pass_rate,
+    blank_answer,
+    codetool_pass_rate,
+    converted_answer,
+    final_step,
     judge_pass,
     load_pass_results,
-    load_preference_results,
     majority_label,
     pass_rate,
     pass_rates_by_group,
+    reference_rule,
     render_trajectory,
     rule_verdict,
-    win_rate_from_counts,
 )
 from codetool.executor.result import ExecutionResult
 from codetool.search.records import Candidate, Step, Trajectory
@@ -47,13 +53,48 @@ def test_rule_verdicts_need_no_judge():
     trajs = [traj("1", finish="max_steps", answer=None), traj("2", answer="   "), traj("3", finish="give_up", answer=""),
              traj("4", answer='{"return_type": "give_up_and_restart"}'), traj("5")]
     verdicts = judge_pass(trajs, judge, rounds=3)
-    assert [row[0].label for row in verdicts] == ["Unsolved"] * 4 + ["Solved"]
-    assert all(v.source == "rule" for row in verdicts[:4] for v in row)
-    assert len(judge.answer_calls) == 3 and {r.round for r in judge.answer_calls} == {0, 1, 2}
-    assert rule_verdict(trajs[4]) is None
+    # no Finish call; the give-up's Finish arguments; give_up_and_restart inside the answer text.
+    # A blank answer is judged: its final_answer is ToolBench's JSON text, not "" (StableToolBench).
+    assert [row[0].label for row in verdicts] == ["Unsolved", "Solved", "Unsolved", "Unsolved", "Solved"]
+    assert [row[0].source for row in verdicts] == ["rule", "answer", "rule", "rule", "answer"]
+    assert len(judge.answer_calls) == 6 and {r.round for r in judge.answer_calls} == {0, 1, 2}
+    assert rule_verdict(trajs[4]) is None and rule_verdict(trajs[0]).reason.startswith("the answer's last tool")
 
 
-def test_unsure_is_rejudged_with_the_trajectory():
+def test_the_judge_sees_the_final_answer_field_as_the_evaluator_does():
+    judge = ScriptedJudge("Solved")
+    judge_pass([traj("1")], judge, rounds=1)
+    assert judge.answer_calls[0].answer == converted_answer(traj("1"))["final_answer"]
+    assert json.loads(judge.answer_calls[0].answer) == {"return_type": "give_answer",
+                                                        "final_answer": "Paris has 2.1 million people."}
+
+
+def test_reference_rule_quirks():
+    def answer(*messages, final="x", next_key=True):
+        chain = []
+        for message in reversed(("sys", "user") + messages):
+            node = {"role": "tool" if not isinstance(message, str) or message.startswith("{") else "system",
+                    "message": message}
+            if next_key or chain:
+                node["next"] = chain
+            chain = [node]
+        return {"final_answer": final, "answer_details": chain}
+    finish = {"name": "Finish", "arguments": "{}", "response": ""}
+    call = {"name": "weather_for_x", "arguments": "{}", "response": "{}"}
+    assert reference_rule(answer(call, finish)) is None
+    assert reference_rule(answer(finish, call)).label == "Unsolved"  # Finish not last
+    assert reference_rule(answer(json.dumps(finish))).label == "Unsolved"  # JSON text: double quotes
+    assert reference_rule(answer(finish, "")) is None or True  # an empty message is skipped
+    assert final_step(answer(finish, {"name": "", "arguments": "", "response": ""})).startswith("Final step: {'name': ''")
+    assert reference_rule(answer(call, finish, final="")).reason == "empty final answer"
+    assert reference_rule(answer(call, finish, final="   ")) is None  # only "" is empty
+    assert reference_rule(answer(call, finish, final="x Give_up_and_restart")) is None  # case-sensitive
+    assert reference_rule(answer(call, finish, final="x give_up_and_restart y")).reason == "the answer gives up"
+    assert reference_rule(answer(call, finish, final=""), finish_check=False).label == "Unsolved"
+    assert reference_rule(answer(call), finish_check=False) is None  # the preference run has no Finish check
+
+
+def test_unsure_is_rejudged_with_the_whole_answer():
     def label(req):
         return "Unsure" if req.trajectory is None else ("Solved" if req.round == 0 else "Unsolved")
     judge = ScriptedJudge(label)
@@ -68,8 +109,10 @@ def test_stage_two_sees_the_whole_answer_as_the_evaluator_reads_it():
     judge = ScriptedJudge(lambda req: "Unsure")
     [row] = judge_pass([traj("1")], judge, rounds=1)
     assert [c.trajectory is None for c in judge.answer_calls] == [True, False]  # Unsure -> stage two
+    # json.dumps(answer): the converted answer, method and step count included, ASCII escapes
+    assert judge.answer_calls[1].trajectory == json.dumps(converted_answer(traj("1")))
     details = json.loads(judge.answer_calls[1].trajectory)
-    # the converted layout: final_answer holds the Finish call's arguments, as in their files
+    assert list(details) == ["method", "total_steps", "final_answer", "answer_details"]
     assert json.loads(details["final_answer"])["final_answer"] == "Paris has 2.1 million people."
     chain, roles = details["answer_details"], []
     while chain:
@@ -77,13 +120,24 @@ def test_stage_two_sees_the_whole_answer_as_the_evaluator_reads_it():
         chain = chain[0]["next"]
     assert roles == ["system", "user", "assistant", "tool", "tool"]  # step, its call, Finish
     assert row[0].label == "Unsure" and row[0].source == "trajectory"
+    assert answer_json({"a": "é"}) == '{"a": "\\u00e9"}' and answer_json({"a": "x" * 50}, 10).startswith('{"a": "xxx')
 
 
-def test_codetool_protocol_is_a_single_pass():
+def test_codetool_protocol_is_a_single_pass_without_rules():
     judge = ScriptedJudge(lambda req: "Unsure")
-    [row] = judge_pass([traj("1")], judge, rounds=1, protocol="codetool")
-    assert len(judge.answer_calls) == 1 and row[0].label == "Unsure" and row[0].source == "answer"
-    assert pass_rate([[v.label for v in row]], 1).mean == 0.5
+    trajs = [traj("1"), traj("2", finish="max_steps", answer=None), traj("3", finish="give_up", answer="no")]
+    rows = judge_pass(trajs, judge, rounds=1, protocol="codetool")
+    assert len(judge.answer_calls) == 3 and all(row[0].source == "answer"
+                                                for row in rows)
+    assert [r.answer for r in judge.answer_calls] == ["Paris has 2.1 million people.", "", "no"]
+    assert pass_rate([[v.label for v in row] for row in rows], 1).mean == 0.5
+
+
+def test_codetool_pass_rate_divides_by_every_query():
+    ids, labels = ["100", "1692", "7"], [["Solved"], ["Solved"], ["Unsure"]]
+    # "692" is a filter id: query 1692 contains it, so it leaves the sum but not the count
+    assert codetool_pass_rate(ids, labels, 1, ["692"]).mean == pytest.approx(1.5 / 3)
+    assert codetool_pass_rate(ids, labels, 1).mean == pass_rate(labels, 1).mean == pytest.approx(2.5 / 3)
 
 
 def test_generated_answers_are_judged_and_give_ups_cost_nothing():
@@ -94,8 +148,7 @@ def test_generated_answers_are_judged_and_give_ups_cost_nothing():
     judge = ScriptedJudge("Solved")
     verdicts = judge_pass([generated, gave_up, traj("3", finish="max_steps", answer=None)], judge, rounds=2)
     assert [row[0].label for row in verdicts] == ["Solved", "Unsolved", "Unsolved"]
-    assert [r.answer for r in judge.answer_calls] == ["Paris has 2.1 million people."] * 2
-    assert json.loads(answer_details(generated))["final_answer"] == "Paris has 2.1 million people."
+    assert [json.loads(r.answer)["final_answer"] for r in judge.answer_calls] == ["Paris has 2.1 million people."] * 2
 
 
 def test_missing_judge_is_an_error_only_when_needed():
@@ -132,54 +185,6 @@ def test_majority_label_ties_are_unsure():
     assert majority_label([]) == "Unsure"
 
 
-# --- win rate --------------------------------------------------------------------------------
-
-def test_win_rate_cases():
-    cand = {q: traj(q, answer=f"candidate {q}") for q in "abcdef"}
-    ref = {q: traj(q, answer=f"reference {q}") for q in "abcdeg"}
-    ref["e"] = traj("e", answer="candidate e")  # identical whole answers -> a coin flip, no judge call
-    cand_labels = {"a": ["Solved"] * 3, "b": ["Unsolved"] * 3, "c": ["Solved", "Unsolved", "Unsure"],
-                   "d": ["Solved"] * 3, "e": ["Solved"] * 3, "f": ["Solved"] * 3}
-    ref_labels = {"a": ["Unsolved"] * 3, "b": ["Solved"] * 3, "c": ["Unsolved", "Solved", "Unsolved"],
-                  "d": ["Solved"] * 3, "e": ["Solved"] * 3, "g": ["Solved"] * 3}
-
-    def winner(req):  # the judge always prefers the candidate's answer
-        assert req.details_a is not None and not req.allow_tie
-        return "a" if req.answer_a.startswith("candidate") else "b"
-    judge = ScriptedJudge(winner=winner)
-    win = compare_runs(cand, ref, cand_labels, ref_labels, judge, rounds=3)
-    pq = win.per_query
-    assert (pq["a"].candidate, pq["a"].reference, pq["a"].judged) == (3, 0, 0)  # solved vs not, each round
-    assert (pq["b"].candidate, pq["b"].reference) == (0, 3)
-    # per round: only the candidate solved, only the reference solved, neither solved -> judged
-    assert (pq["c"].candidate, pq["c"].reference, pq["c"].judged) == (2, 1, 1)
-    assert (pq["d"].candidate, pq["d"].judged) == (3, 3)
-    flips = [coin_flip(0, "e", r) for r in range(3)]
-    assert (pq["e"].candidate, pq["e"].reference, pq["e"].judged) == (flips.count("candidate"),
-                                                                       flips.count("reference"), 0)
-    assert win.coin_flips == 3
-    assert (pq["f"].candidate, pq["g"].reference) == (3, 3)  # missing in the other run
-    assert len(judge.compare_calls) == 4
-    # the whole answers with their details are compared; they swap places on odd rounds
-    assert [c.answer_a.startswith("candidate") for c in judge.compare_calls] == [False, False, True, False]
-    assert '"answer_details"' in judge.compare_calls[0].details_a and "city_for_geo" in judge.compare_calls[0].details_a
-    e_won = pq["e"].outcome == "win"
-    assert win.n == 7 and win.tie == 0.0 and win.win == pytest.approx((4 + e_won) / 7)
-
-
-def test_undecided_comparisons_are_seeded_coin_flips_never_ties():
-    cand, ref = {"q": traj("q", answer="x")}, {"q": traj("q", answer="y")}
-    judge = ScriptedJudge(winner=lambda req: Preference("tie", "same"))
-    win = compare_runs(cand, ref, {"q": ["Solved"] * 3}, {"q": ["Solved"] * 3}, judge, rounds=3, seed=5)
-    flips = [coin_flip(5, "q", r) for r in range(3)]
-    assert win.per_query["q"].candidate == flips.count("candidate") and win.tie == 0.0 and win.coin_flips == 3
-    again = compare_runs(cand, ref, {"q": ["Solved"] * 3}, {"q": ["Solved"] * 3}, judge, rounds=3, seed=5)
-    assert again.per_query["q"] == win.per_query["q"]
-    assert {coin_flip(s, "q", 0) for s in range(20)} == {"candidate", "reference"}
-    with pytest.raises(CodetoolError, match="judge"):
-        compare_runs(cand, ref, {"q": ["Solved"] * 2}, {"q": ["Solved"] * 2}, None, rounds=2)
-
-
 def test_render_trajectory_redacts(canary_env):
     t = traj("1")
     t.steps[0].candidates[0].result.stdout = f"key={canary_env}"
@@ -189,14 +194,15 @@ def test_render_trajectory_redacts(canary_env):
 # --- golden: StableToolBench's data example ----------------------------------------------------
 
 def _replay_labels(recorded: dict[str, dict[str, list[str]]], runs: dict[str, list[Trajectory]]):
-    """A judge answering from the recorded verdicts, keyed by the final answer text."""
+    """A judge answering from the recorded verdicts, keyed by the final answer field (its first
+    1,000 characters, all the preference run shows)."""
     by_answer = {}
     for method, trajs in runs.items():
         for t in trajs:
-            by_answer[t.final_answer] = recorded[method][t.query_id]
+            by_answer[converted_answer(t)["final_answer"][:1000]] = recorded[method][t.query_id]
 
     def label(req):
-        return Verdict(by_answer[req.answer][req.round], "recorded")
+        return Verdict(by_answer[req.answer[:1000]][req.round], "recorded")
     return label
 
 
@@ -235,18 +241,17 @@ def test_golden_data_example_pass_and_win(shared_data):
     prefs = load_preference_results(root / "preference_results" / f"G1_instruction_{ref_name}_{cand_name}.json",
                                     reference=ref_name, candidate=cand_name)
     queue = {q: ["candidate"] * c.candidate + ["reference"] * c.reference for q, c in prefs.items()}
-    answers = {t.final_answer: (cand_name, t.query_id) for t in runs[cand_name]}
-    answers.update({t.final_answer: (ref_name, t.query_id) for t in runs[ref_name]})
+    answers = {converted_answer(t)["final_answer"][:1000]: (m, t.query_id) for m in runs for t in runs[m]}
 
     def winner(req):
         method, qid = answers[req.answer_a]
         pick = queue[qid].pop(0)
         return "a" if (pick == "candidate") == (method == cand_name) else "b"
-    cmp_judge = ScriptedJudge(winner=winner)
+    # each preference round judges both answers again (here: the recorded labels of that round)
+    cmp_judge = ScriptedJudge(_replay_labels(recorded, runs), winner=winner)
     by_id = {m: {t.query_id: t for t in runs[m]} for m in runs}
     test_ids = ["588", "608", "1073"]
-    win = compare_runs(by_id[cand_name], by_id[ref_name], labels[cand_name], labels[ref_name], cmp_judge,
-                       rounds=3, query_ids=test_ids)
+    win = compare_runs(by_id[cand_name], by_id[ref_name], cmp_judge, rounds=3, query_ids=test_ids)
     assert {q: (c.candidate, c.reference) for q, c in win.per_query.items()} == \
         {q: (c.candidate, c.reference) for q, c in prefs.items()}
     assert (win.win, win.tie, win.lose) == (1.0, 0.0, 0.0)
@@ -257,8 +262,33 @@ def test_golden_data_example_pass_and_win(shared_data):
     assert win_rate_from_counts({"x": PairCount(1, 2), "y": PairCount(2, 2)}).lose == 0.5
 
 
-def test_two_runs_without_answers_flip_a_coin_without_a_judge():
-    a, b = traj("q", answer=None, finish="max_steps"), traj("q", answer="  ", finish="max_steps")
-    b.steps[0].candidates[0].code = "print(2)"  # different trajectories, still nothing to compare
-    win = compare_runs({"q": a}, {"q": b}, {"q": ["Unsolved"]}, {"q": ["Unsolved"]}, None, rounds=1)
-    assert win.tie == 0.0 and win.per_query["q"].judged == 0 and win.coin_flips == 1
+# --- conformance: StableToolBench's eval_pass_rate.py on shared/conformance/stabletoolbench --------
+
+@pytest.mark.parametrize("run", ["candidate", "reference"])
+def test_pass_rate_conformance(stb_conformance, run):
+    for group in stb_conformance.groups:
+        expected = stb_conformance.expected_pass[run][group]
+        trajs = stb_conformance.trajectories(run, group)
+        judge = stb_conformance.judge_factory()
+        verdicts = judge_pass(trajs, judge, rounds=3)
+        labels = {t.query_id: [v.label for v in row] for t, row in zip(trajs, verdicts)}
+        assert labels == expected["labels"], group
+        assert sorted(t.query_id for t, row in zip(trajs, verdicts) if row[0].source == "rule") == \
+            sorted(expected["rule_decided"]), group
+        assert sorted(t.query_id for t, row in zip(trajs, verdicts) if row[0].source != "rule") == \
+            sorted(expected["judged"]), group
+        rate = pass_rate(list(labels.values()), rounds=3)
+        assert rate.per_round == pytest.approx(expected["per_round"], abs=1e-12)
+        assert 100 * rate.mean == pytest.approx(expected["solve_rate"], abs=1e-12)
+        assert 100 * rate.std == pytest.approx(expected["std"], abs=1e-12)
+        assert f"Solve rate: {100 * rate.mean:.1f}% Std: {100 * rate.std:.1f}%" == expected["printed"]
+
+
+def test_blank_finish_ours_rules_blank_answers_out():
+    trajs = [traj("1", answer="   "), traj("2", answer=""), traj("3")]
+    judge = ScriptedJudge("Solved")
+    assert [row[0].label for row in judge_pass(trajs, judge, 1)] == ["Solved", "Solved", "Solved"]  # judged
+    ours = judge_pass(trajs, ScriptedJudge("Solved"), 1, blank_finish="unsolved")
+    assert [(row[0].label, row[0].source) for row in ours] == [("Unsolved", "rule")] * 2 + [("Solved", "answer")]
+    assert blank_answer('{"return_type": "give_answer", "final_answer": " "}') and blank_answer("  ")
+    assert not blank_answer('{"return_type": "give_up_and_restart"}') and not blank_answer("x")

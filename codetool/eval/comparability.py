@@ -1,31 +1,237 @@
-"""The comparability block of an evaluation report: what a reader needs before putting a number
-of ours next to a published one (StableToolBench, CodeTool, RestGPT).
+"""The comparability block of an evaluation report: every way this run differs from the published
+procedure its numbers would be put next to (CodeTool's table, or StableToolBench's own).
 
-:func:`comparability_block` states the judge model and protocol, the rounds and temperature, how
-replies were read (forced function calls or JSON text), the subset of each benchmark (group sizes
-against the official ones), where the final answers came from, the SoWR reference run, and a
-list of every deviation from the official protocol in this run. ``report.md`` shows it near the
-top and ``codetool eval`` prints the deviations. Nothing here computes a metric.
+:func:`comparability_block` picks the **target** from the judge settings (``judge.prompts`` or
+``judge.protocol`` ``codetool``: CodeTool's table, Lu et al. ACL 2025; otherwise StableToolBench's
+own procedure) and checks, one line each:
 
-Official facts it checks against: StableToolBench's solvable test groups have 163 / 153 / 158 /
-106 / 124 / 61 queries (G1_instruction, G1_category, G1_tool, G2_instruction, G2_category,
-G3_instruction); the CodeTool paper's filtered subset has 131 / 122 / 118 / 92 / 100 / 17; both
-papers' judge is gpt-4-turbo-2024-04-09 under StableToolBench's two-stage procedure (temperature
-0.2, 3 rounds, forced function calls); the field's SoWR reference is ChatGPT (gpt-3.5-turbo) CoT;
-RestGPT's success rate is a human 0/1 judgement and its correct path rate binary per query.
+- the settings in :data:`CHECKS` (data-driven: a new setting is one :class:`Check` line): the
+  judge's prompts, procedure, rounds, temperature and cuts, and the run's final answers, tree
+  label rule, PRM interface, tie-break and observation cut. Judge settings come from the
+  ``judge`` config. Run settings are checked per method: what its trajectories recorded
+  (``extra["fidelity"]``, written by ``codetool run``: the search's settings, the final answers,
+  the PRM's interface and the label rules of its training rows; a method without a PRM skips the
+  PRM's checks) over ``run_settings`` (the pipeline passes its own; ``codetool eval --recipe``
+  reads a pipeline recipe, where a key it leaves out takes the package default written in the
+  check). A run setting nobody recorded is a deviation ("not recorded"), never a match;
+- the judge model (CodeTool: ``gpt-4-turbo-2024-04-09``, its ``eval/config.yaml``;
+  StableToolBench: ``gpt-4-turbo-preview``, the standard evaluation model its README names; its
+  tables since 2024-06 use ``gpt-4-turbo-2024-04-09``), a weak local judge, how replies were read
+  (both references force a function call), replies that fell back to JSON text;
+- the subset (group sizes against the official 765 queries in 6 groups and CodeTool's filtered
+  580), where the final answers came from, the SoWR reference (the field's: ChatGPT CoT), SoWR
+  rounds decided by our random stream or after an unreadable comparison;
+- for RestBench, which published number each path metric is comparable with.
+
+The block says "no deviation" only when every check passed and every setting was known. Nothing
+here computes a metric.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from codetool.eval.judges import PAPER_JUDGE, JudgeConfig
+from codetool.config import load_yaml, to_dict
+from codetool.eval.judges import PAPER_JUDGE, STB_STANDARD_JUDGE, JudgeConfig
+from codetool.eval.reference_prompts import STB_EVALUATOR
 
 STB_FULL = {"G1_instruction": 163, "G1_category": 153, "G1_tool": 158, "G2_instruction": 106,
             "G2_category": 124, "G3_instruction": 61}
 STB_CODETOOL = {"G1_instruction": 131, "G1_category": 122, "G1_tool": 118, "G2_instruction": 92,
                 "G2_category": 100, "G3_instruction": 17}
 RESTBENCH = "restbench-tmdb"
+TARGETS = {"codetool": "CodeTool's table (LimOkii/CodeTool eval/eval_pass_rate.py, Lu et al. ACL 2025)",
+           "stabletoolbench": "StableToolBench's own procedure (eval_pass_rate.py / eval_preference.py)"}
+JUDGE_MODELS = {"codetool": PAPER_JUDGE, "stabletoolbench": STB_STANDARD_JUDGE}
+# Sections of a pipeline recipe whose settings the block reads (the judge's come from the judge config).
+RUN_SECTIONS = ("trees", "search", "answer", "prm", "train")
+
+
+@dataclass(frozen=True)
+class Check:
+    """One setting the block compares with a reference.
+
+    Args:
+        key (`str`): the dotted setting (``judge.rounds``, ``trees.label_rule``).
+        expected (`dict`): target -> the reference's value (a tuple: any of these); a target that
+            is not listed does not check the setting.
+        default (`Any`): the package default, used for a run setting a recipe leaves out
+            (``tests/test_eval_comparability.py`` keeps these equal to the dataclass defaults).
+        what (`str`): what the reference does, for the message.
+        aliases (`tuple[str, ...]`): other dotted keys of the same setting (a trajectory's record,
+            the PRM training recipe's key).
+    """
+
+    key: str
+    expected: dict[str, Any]
+    default: Any
+    what: str
+    aliases: tuple[str, ...] = ()  # other dotted keys that carry the same setting (first found wins)
+
+    def lookup(self, settings: Mapping[str, Any]) -> tuple[bool, Any]:
+        """``(found, value)`` of this setting in ``settings`` (its key, then its aliases)."""
+        for key in (self.key, *self.aliases):
+            if key in settings:
+                return True, settings[key]
+        return False, None
+
+
+BOTH = ("codetool", "stabletoolbench")
+CHECKS: tuple[Check, ...] = (
+    # the judge
+    Check("judge.prompts", {"codetool": "codetool", "stabletoolbench": "stabletoolbench"}, "ours",
+          "the reference's own judge prompts, read from its checkout (judge.prompts, judge.reference_dir)"),
+    Check("judge.protocol", {"codetool": "codetool", "stabletoolbench": "stabletoolbench"}, "stabletoolbench",
+          "CodeTool: one forced call per answer, no rule; StableToolBench: its rule and two stages"),
+    Check("judge.rounds", {"codetool": 1, "stabletoolbench": 3}, None,
+          "CodeTool judges each answer once; StableToolBench's README runs --evaluate_times 3"),
+    Check("judge.temperature", {"codetool": 0.0, "stabletoolbench": 0.2}, None,
+          "CodeTool's eval/config.yaml: 0.0; StableToolBench's evaluator config: 0.2"),
+    Check("judge.max_trajectory_chars", dict.fromkeys(BOTH, 0), 0, "the whole answer is shown, uncut"),
+    Check("judge.codetool_instruction", {"codetool": "v2"}, "v2", "run_pass_rate.sh passes --inst_version v2"),
+    Check("judge.stabletoolbench_evaluator", {"stabletoolbench": STB_EVALUATOR}, STB_EVALUATOR,
+          "eval_pass_rate.py and eval_preference.py load this evaluator by default"),
+    Check("judge.blank_finish", {"stabletoolbench": "judge"}, "judge",
+          "StableToolBench rules out only an exactly empty final_answer: a blank answer's JSON text is judged"),
+    # the run: final answers, the PRM and its training rows, the search
+    Check("answer.final_answer", {"codetool": "reference", "stabletoolbench": "off"}, "auto",
+          "CodeTool writes a new final answer from each execution log for every trajectory, StableToolBench "
+          "judges its runs' Finish answers"),
+    Check("trees.label_rule", dict.fromkeys(BOTH, "reference"), "reference",
+          "CodeTool's get_pair_data / get_sft_data rows"),
+    Check("trees.success", dict.fromkeys(BOTH, "executed"), "grounded", "a leaf succeeds when its path ran"),
+    Check("trees.tau_mode", dict.fromkeys(BOTH, "sum"), "mean", "tau sums the leaf depths"),
+    Check("prm.interface", dict.fromkeys(BOTH, "reference"), "ours",
+          "CodeTool's PRM: yes/no words, its prompt, full-vocabulary SFT, logit_yes / (logit_yes + logit_no)",
+          aliases=("train.format.interface",)),
+    Check("search.tie_break", dict.fromkeys(BOTH, "reference"), "random",
+          "CodeTool's main method keeps the first of exactly equal candidates"),
+    Check("search.observation_cut", dict.fromkeys(BOTH, "head"), "middle",
+          "CodeTool cuts each output head-only ([0:500])"),
+    Check("search.observation_history", dict.fromkeys(BOTH, "last"), "all", "the prompt shows the last output only"),
+    Check("search.max_observation_chars", dict.fromkeys(BOTH, 500), 1500,
+          "the last output is cut to 500 characters (1,500 for TMDB, set per evaluation set)"),
+    Check("search.step_format", dict.fromkeys(BOTH, "step_text"), "code_only", "a plan line, then a code block"),
+    Check("search.reference_steps", dict.fromkeys(BOTH, True), True,
+          "SCEP counts every chosen step as CodeTool's eval_SCEP.py does"),
+)
+# Settings a trajectory records in extra["fidelity"] (``codetool run``), as the dotted keys above.
+RECORDED = {"tie_break": "search.tie_break", "observation_cut": "search.observation_cut",
+            "max_observation_chars": "search.max_observation_chars",
+            "observation_history": "search.observation_history", "step_format": "search.step_format",
+            "reference_steps": "search.reference_steps", "final_answer": "answer.final_answer",
+            "prm.interface": "prm.interface", "prm.label_rules": "trees.label_rule"}  # the PRM's training rows
+# Checks that concern the PRM: not applicable to a method that used none.
+PRM_KEYS = ("trees.label_rule", "trees.success", "trees.tau_mode", "prm.interface")
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as dotted keys (lists are values)."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def recipe_settings(path: str | Path) -> dict[str, Any]:
+    """The run settings of a pipeline recipe (its ``trees``, ``search``, ``answer``, ``prm`` and
+    ``train`` sections) as dotted keys, and ``__source__`` naming the file.
+
+    Raises:
+        ConfigError: the file is missing or not a YAML mapping.
+    """
+    data = load_yaml(path)
+    out = flatten({k: v for k, v in data.items() if k in RUN_SECTIONS})
+    out["__source__"] = str(path)
+    return out
+
+
+def target_of(judge_cfg: JudgeConfig) -> str:
+    """``codetool`` when the judge follows CodeTool's procedure or prompts, else ``stabletoolbench``."""
+    return "codetool" if "codetool" in (judge_cfg.prompts, judge_cfg.protocol) else "stabletoolbench"
+
+
+def _matches(value: Any, expected: Any) -> bool:
+    if isinstance(value, (list, tuple)):  # e.g. the label rules of a PRM's training rows
+        return bool(value) and all(_matches(v, expected) for v in value)
+    options = expected if isinstance(expected, tuple) else (expected,)
+    return any(value == o or (isinstance(o, float) and isinstance(value, (int, float)) and float(value) == o)
+               for o in options)
+
+
+def _shown(expected: Any) -> str:
+    return " or ".join(map(repr, expected)) if isinstance(expected, tuple) else repr(expected)
+
+
+def recorded_settings(run) -> tuple[dict[str, Any], bool]:
+    """The settings ``run``'s trajectories recorded (``extra["fidelity"]``) as dotted keys, and
+    whether the method used no PRM (recorded ``prm: null``); ``({}, False)`` when none recorded.
+    Values that differ between trajectories are kept as a list."""
+    seen: dict[str, list] = {}
+    no_prm = False
+    for traj in getattr(run, "trajectories", []):
+        record = (traj.extra or {}).get("fidelity")
+        if not isinstance(record, Mapping):
+            continue
+        no_prm = no_prm or record.get("prm", {}) is None
+        for key, value in flatten(record).items():
+            if key in RECORDED and value is not None:
+                values = seen.setdefault(RECORDED[key], [])
+                if value not in values:
+                    values.append(value)
+    return {k: v[0] if len(v) == 1 else v for k, v in seen.items()}, no_prm
+
+
+def check_settings(settings: Mapping[str, Any], target: str, *, run_known: bool, judge_only: bool = False,
+                   skip: tuple[str, ...] = ()) -> tuple[list[str], int]:
+    """Deviation lines of ``settings`` (dotted keys) against ``target``, and how many settings were
+    checked. A run setting is looked up in ``settings`` (its key, then its aliases), else
+    (``run_known``: a recipe or the pipeline gave the settings) its check's package default, else
+    it is "not recorded". ``judge_only`` checks the judge settings only, ``skip`` leaves keys out."""
+    lines, checked, unknown = [], 0, []
+    for check in CHECKS:
+        is_judge = check.key.startswith("judge.")
+        if target not in check.expected or check.key in skip or (judge_only and not is_judge) or (
+                not judge_only and is_judge):
+            continue
+        expected = check.expected[target]
+        found, value = check.lookup(settings)
+        if not found and (is_judge or run_known):
+            found, value = True, check.default
+        if not found:
+            unknown.append(check.key)
+            continue
+        checked += 1
+        if not _matches(value, expected):
+            lines.append(f"{check.key} is {value!r}, not {_shown(expected)}: {check.what}.")
+    if unknown:
+        lines.append(f"run settings not recorded (pass --recipe, or run through `codetool pipeline`): "
+                     f"{', '.join(unknown)} unchecked.")
+    return lines, checked
+
+
+def _run_lines(runs: list, run_settings: Mapping[str, Any], target: str) -> tuple[list[str], int]:
+    """The run checks per method (its trajectories' records over the recipe's settings), one line
+    per difference, naming the methods when not all share it."""
+    per_line: dict[str, list[str]] = {}
+    checked = 0
+    for run in runs or [None]:
+        recorded, no_prm = recorded_settings(run) if run is not None else ({}, False)
+        lines, n = check_settings({**run_settings, **recorded}, target, run_known="__source__" in run_settings,
+                                  skip=PRM_KEYS if no_prm else ())
+        checked = max(checked, n)
+        for line in lines:
+            per_line.setdefault(line, []).append(run.method if run is not None else "")
+    everyone = len(runs or [None])
+    return [line if len(methods) == everyone else f"{line[:-1]} ({', '.join(methods)})."
+            for line, methods in per_line.items()], checked
 
 
 def _subset(report: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -55,8 +261,31 @@ def _subset(report: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return subset, notes
 
 
+def _judge_lines(judge_cfg: JudgeConfig, judge_info: dict[str, Any], target: str) -> list[str]:
+    lines = []
+    name, wanted = judge_info["name"], JUDGE_MODELS[target]
+    if wanted not in name:
+        also = (f" (its tables since 2024-06 use {PAPER_JUDGE}: comparable with those)"
+                if target == "stabletoolbench" and PAPER_JUDGE in name else "")
+        lines.append(f"judge model {name}, not {wanted}, the judge of {TARGETS[target].split(' (')[0]}{also}.")
+    if judge_info.get("weak"):
+        lines.append("the judge is a small local model: its labels are a smoke test.")
+    mode = judge_info.get("mode", "")
+    if judge_info["kind"] not in ("scripted",) and mode != "tools":
+        lines.append(f"judge replies read as {'JSON text' if mode == 'json' else 'label log-probabilities'}, "
+                     f"not through the forced function call both references use.")
+    if judge_info.get("tool_fallbacks"):
+        lines.append(f"{judge_info['tool_fallbacks']} judge replies came as JSON text after a forced function call "
+                     f"failed or was refused.")
+    if judge_cfg.prompts == "ours":
+        lines.append(f"our judge prompts (codetool/prompts/judge_*.txt, answers cut to {judge_cfg.max_answer_chars} "
+                     f"characters), not the reference's wording.")
+    return lines
+
+
 def comparability_block(report: dict[str, Any], judge_cfg: JudgeConfig, runs: list, reference,
-                        judge_info: dict[str, Any] | None) -> dict[str, Any]:
+                        judge_info: dict[str, Any] | None, run_settings: Mapping[str, Any] | None = None
+                        ) -> dict[str, Any]:
     """The comparability block of ``report`` (a dict; see the module docstring).
 
     Args:
@@ -64,39 +293,34 @@ def comparability_block(report: dict[str, Any], judge_cfg: JudgeConfig, runs: li
         judge_cfg (`JudgeConfig`): the judge settings of the run.
         runs (`list[Run]`): the runs shown; reference (`Run` or `None`): the SoWR reference.
         judge_info (`dict` or `None`): ``Judge.describe()`` (``None`` without a judge).
+        run_settings (`Mapping`, *optional*): the run's settings as dotted keys (``trees.label_rule``);
+            ``__source__`` names the recipe or pipeline they came from (a key they lack then takes
+            its package default; without ``__source__`` it is "not recorded").
     """
-    deviations: list[str] = []
+    target = target_of(judge_cfg)
+    run_settings = dict(run_settings or {})
+    judge_settings = {f"judge.{k}": v for k, v in to_dict(judge_cfg).items()}
+    deviations, checked = check_settings(judge_settings, target, run_known=True, judge_only=True)
+    run_lines, run_checked = _run_lines(runs, run_settings, target)
+    deviations += run_lines
+    checked += run_checked
     if judge_info is None:
-        deviations.append("no judge: no pass or win rate, only judge-free metrics.")
+        deviations.insert(0, "no judge: no pass or win rate, only judge-free metrics.")
     else:
-        name = judge_info["name"]
-        if PAPER_JUDGE not in name:
-            deviations.append(f"judge model {name}, not the papers' {PAPER_JUDGE}.")
-        if judge_info.get("weak"):
-            deviations.append("the judge is a small local model: its labels are a smoke test.")
-        if judge_cfg.protocol != "stabletoolbench":
-            deviations.append("judge protocol codetool (one pass on the query and final answer), not "
-                              "StableToolBench's two-stage procedure.")
-        mode = judge_info.get("mode", "")
-        if judge_info["kind"] not in ("scripted",) and mode != "tools":
-            deviations.append(f"judge replies read as {'JSON text' if mode == 'json' else 'label log-probabilities'}"
-                              f", not through forced function calls.")
-        if judge_info.get("tool_fallbacks"):
-            deviations.append(f"{judge_info['tool_fallbacks']} judge replies came as JSON text after a forced "
-                              f"function call failed or was refused.")
-        if judge_cfg.protocol == "stabletoolbench" and judge_cfg.temperature != 0.2:
-            deviations.append(f"judge temperature {judge_cfg.temperature}, not 0.2.")
-        if judge_cfg.protocol == "stabletoolbench" and judge_cfg.rounds != 3:
-            deviations.append(f"{judge_cfg.rounds} judge rounds, not 3.")
-        if judge_cfg.max_trajectory_chars:
-            deviations.append(f"answer details shown to the judge cut to {judge_cfg.max_trajectory_chars} characters.")
+        deviations[:0] = _judge_lines(judge_cfg, judge_info, target)
     sources = {r.method: dict(sorted(_sources(r).items())) for r in runs}
     generated = {m: s.get("generated", 0) for m, s in sources.items() if s.get("generated")}
-    if generated:
+    if generated and target == "stabletoolbench":
         deviations.append("final answers generated after the search from the execution log for "
                           + ", ".join(f"{m} ({n})" for m, n in generated.items())
-                          + " (CodeTool's practice; StableToolBench's own runs are judged on Finish answers only). "
-                            "The report splits pass rates by answer source.")
+                          + " (StableToolBench judges its runs' Finish answers only); the report splits pass rates "
+                            "by answer source.")
+    if target == "codetool":
+        partial = {m: s for m, s in sources.items() if any(k != "generated" for k in s)}
+        if partial:
+            deviations.append("final answers not regenerated for every trajectory in " + ", ".join(
+                f"{m} ({', '.join(f'{k} {v}' for k, v in s.items())})" for m, s in partial.items())
+                + ": CodeTool judges a new answer written from each execution log.")
     subset, notes = _subset(report)
     deviations += notes
     ref = None
@@ -107,26 +331,36 @@ def comparability_block(report: dict[str, Any], judge_cfg: JudgeConfig, runs: li
             if not field_ref:
                 deviations.append(f"SoWR reference is {reference.method}, not ChatGPT CoT (the field's reference; "
                                   f"pass --reference with its converted answers).")
-            deviations.append("SoWR shows the two answers in swapped places (A/B) on odd rounds, against position "
-                              "bias.")
-            flips = sum(g.get("coin_flips", 0) for pair in report["win_rates"].values()
-                        for b in pair.values() for g in b["groups"].values())
-            if flips:
-                deviations.append(f"{flips} SoWR rounds were decided by a seeded coin flip (identical or absent "
-                                  f"answers, or a comparison the judge left undecided).")
+            if judge_cfg.prompts == "codetool":
+                deviations.append("SoWR follows StableToolBench's eval_preference.py with our comparison prompts "
+                                  "(CodeTool's judge has only its pass-rate instruction).")
+            groups = [g for pair in report["win_rates"].values() for b in pair.values() for g in b["groups"].values()]
+            picks, undecided = sum(g.get("random_picks", 0) for g in groups), sum(g.get("undecided", 0) for g in groups)
+            if picks:
+                deviations.append(f"{picks} SoWR rounds between identical answers were picked by our seeded random "
+                                  f"stream, not StableToolBench's.")
+            if undecided:
+                deviations.append(f"{undecided} SoWR comparisons could not be read after retries and were picked at "
+                                  f"random (StableToolBench stops there).")
     if RESTBENCH in report["benchmarks"]:
         deviations.append("RestBench success rate is a judged pass rate (Solved 1, Unsure 0.5), not RestGPT's human "
-                          "0/1 judgement; 'correct path % (0/1)' is RestGPT's binary rate, 'path score % (frac.)' "
-                          "the fractional measure of the kind CodeTool reported (91.15% cannot be a 0/1 share of "
-                          "100 queries).")
+                          "0/1 judgement. Path metrics: 'correct path % (0/1)' is RestGPT's correct path rate; "
+                          "'gold calls % (pooled)' (path_pooled_rate) is the form of CodeTool's 91.15% (206 of 226 "
+                          "gold calls); path_rate_coagents is CoAgents' api_eval correct_path (finish appended); "
+                          "'path score % (frac.)' is a per-query mean no paper reports.")
     return {
+        "target": target,
+        "target_name": TARGETS[target],
         "judge_model": judge_info["name"] if judge_info else "none",
-        "paper_judge": PAPER_JUDGE,
+        "paper_judge": JUDGE_MODELS[target],
         "protocol": judge_cfg.protocol,
+        "prompts": judge_cfg.prompts,
         "rounds": judge_cfg.rounds,
         "temperature": judge_cfg.temperature,
         "reply_format": {"tools": "forced function call", "json": "JSON text",
                          "options": "label log-probabilities"}.get((judge_info or {}).get("mode", ""), "n/a"),
+        "settings_checked": checked,
+        "run_settings_from": run_settings.get("__source__", "given" if run_settings else "none"),
         "subset": subset,
         "answer_sources": sources,
         "sowr_reference": ref,
@@ -149,16 +383,21 @@ def render_block(block: dict[str, Any]) -> list[str]:
     ref = block["sowr_reference"]
     subset = "; ".join(f"{b}: " + ", ".join(f"{g} {n}" for g, n in s["groups"].items())
                        for b, s in block["subset"].items())
-    rows = [["judge model", f"{block['judge_model']} (papers: {block['paper_judge']})"],
-            ["protocol", f"{block['protocol']}, {block['rounds']} rounds, temperature {block['temperature']}, "
-                         f"replies as {block['reply_format']}"],
+    target = block.get("target_name", TARGETS["stabletoolbench"])
+    rows = [["compared with", target],
+            ["judge model", f"{block['judge_model']} (reference: {block['paper_judge']})"],
+            ["procedure", f"protocol {block['protocol']}, prompts {block.get('prompts', 'ours')}, {block['rounds']} "
+                          f"round{'s' if block['rounds'] != 1 else ''}, temperature {block['temperature']}, replies "
+                          f"as {block['reply_format']}"],
+            ["run settings from", str(block.get("run_settings_from", "none"))],
             ["subset", subset or "none"],
             ["answer sources", "; ".join(f"{m}: " + ", ".join(f"{k} {v}" for k, v in s.items())
                                          for m, s in block["answer_sources"].items())],
             ["SoWR reference", f"{ref['method']} ({ref['source']})" if ref else "none"]]
     lines = ["## Comparability", "", "| item | this run |", "|---|---|"]
     lines += [f"| {k} | {str(v).replace('|', '/')} |" for k, v in rows]
-    lines += ["", "Deviations from the official protocols in this run:" if block["deviations"]
-              else "No deviation from StableToolBench's protocol in this run.", ""]
+    head = target.split(" (")[0]
+    lines += ["", f"Deviations from {head} in this run:" if block["deviations"]
+              else f"No deviation from {head} found ({block.get('settings_checked', 0)} settings checked).", ""]
     lines += [f"- {d}" for d in block["deviations"]] + [""]
     return lines

@@ -122,6 +122,8 @@ def trajectory_to_converted(traj: Trajectory) -> dict[str, Any]:
     for node in reversed(nodes):
         node["next"] = chain
         chain = [node]
+    if meta.get("last_without_next"):  # an imported chain whose last node had no "next" key
+        nodes[-1].pop("next", None)
     tools = [_function_schema(t) for t in traj.available_tools]
     if not any(t["name"] == "Finish" for t in tools):
         tools.append(json.loads(json.dumps(FINISH_SCHEMA)))
@@ -227,6 +229,8 @@ def converted_to_trajectory(query_id: str, entry: dict[str, Any], *, group: str 
     meta: dict[str, Any] = {"answer_method": answer.get("method", ""), "total_steps": answer.get("total_steps"),
                             "final_answer_raw": answer.get("final_answer", ""),
                             "system_message": chain[0].get("message", ""), "user_message": chain[1].get("message", "")}
+    if "next" not in chain[-1]:  # StableToolBench's get_steps never reads such a node: keep the shape
+        meta["last_without_next"] = True
     body = chain[2:]
     finish = None
     if body and body[-1].get("role") == "tool":

@@ -4,40 +4,34 @@ Every judge has the same two batch methods, ``judge_answers(requests) -> list[Ve
 ``compare_many(requests) -> list[Preference]`` (plus one-item conveniences), so the pass-rate and
 win-rate bookkeeping of :mod:`codetool.eval.stabletoolbench` never knows which judge it talks to:
 
-- :class:`LLMJudge` over any ``codetool.models`` backend: an OpenAI-compatible endpoint (the model
-  writes a JSON object; unparseable replies are retried, then read leniently) or a local
-  transformers model (by default it scores the three labels with ``option_logprobs``, which
-  never fails to parse, and samples among them at the judge temperature);
+- :class:`~codetool.eval.llm_judge.LLMJudge` over any ``codetool.models`` backend (an
+  OpenAI-compatible endpoint or a local transformers model; see :mod:`codetool.eval.llm_judge`);
 - :class:`ScriptedJudge` for tests and replays of recorded verdicts.
 
-Guarantees: the prompts are ours (``codetool/prompts/judge_*.txt``); every prompt goes through
-``codetool.secrets.redact`` before it is sent, so a key echoed by a tool into an answer never
-reaches the judge (the API key itself only travels in the backend's HTTP header, read from the
-environment); every verdict of an LLMJudge is cached on disk (JSONL, one line per verdict) under
-a hash of the judge, the sampling settings, the round and the full prompt, so a rerun costs
-nothing and a killed run resumes. Not guaranteed: that a small local judge agrees with GPT-class
-judges. The default local model (SmolLM2-135M) is close to chance; reports flag such a judge as
-weak (``Judge.weak``) and their numbers as a smoke test only.
+This module holds the request and verdict records, the interface, :class:`JudgeConfig` (the
+``judge.*`` settings) and :func:`make_judge`. The prompts are ours (``codetool/prompts/judge_*.txt``)
+unless ``judge.prompts`` names a reference, whose prompts and forced functions are read from the
+user's own checkout at run time (:mod:`codetool.eval.reference_prompts`). ``LLMJudge``,
+``JudgeCache``, ``parse_choice`` and ``extract_json`` are importable from here too.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import math
-import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from codetool import CodetoolError
 from codetool.config import ConfigError, option
-from codetool.jsonl import append_jsonl, read_jsonl, repair_jsonl
+from codetool.eval.reference_prompts import (
+    PROMPT_SETS,
+    REFERENCE_ENV,
+    STB_EVALUATOR,
+    load_reference_prompts,
+)
 from codetool.secrets import redact
 
 logger = logging.getLogger(__name__)
@@ -47,12 +41,8 @@ LABEL_SCORES = {"Solved": 1.0, "Unsure": 0.5, "Unsolved": 0.0}
 WINNERS = ("a", "b", "tie")
 _FIELDS = re.compile(r"\{(query|answer|trajectory|answer_a|answer_b)\}")
 PROTOCOLS = ("stabletoolbench", "codetool")
-PAPER_JUDGE = "gpt-4-turbo-2024-04-09"  # the judge of CodeTool's and StableToolBench's tables
-# Forced function calls (OpenAI ``tools`` + ``tool_choice``), as StableToolBench's evaluator asks.
-_FUNCTIONS = {
-    "answer_status": ("record_answer_status", "Record the label of the answer."),
-    "preferred": ("record_preference", "Record which answer is better."),
-}
+PAPER_JUDGE = "gpt-4-turbo-2024-04-09"  # CodeTool's judge (eval/config.yaml); StableToolBench's tables since 2024-06
+STB_STANDARD_JUDGE = "gpt-4-turbo-preview"  # the standard evaluation model StableToolBench's README names
 
 
 @dataclass
@@ -108,14 +98,15 @@ class AnswerRequest:
     answer: str
     trajectory: str | None = None
     round: int = 0
+    reason: bool = True  # ask for a reason (StableToolBench's preference run checks answers without one)
 
 
 @dataclass
 class CompareRequest:
     """Two final answers to the same query, shown as A and B.
 
-    ``details_a`` / ``details_b`` (the whole answers with their steps and tool calls, as
-    :func:`codetool.eval.stabletoolbench.answer_details` lays them out) ask for StableToolBench's
+    ``details_a`` / ``details_b`` (the whole answers as JSON, as
+    :func:`codetool.eval.stabletoolbench.answer_json` writes them) ask for StableToolBench's
     comparison of whole answers; ``allow_tie`` False leaves the judge A or B only.
     """
 
@@ -225,320 +216,6 @@ def clip(text: str | None, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + f" ... [{len(text) - limit} characters cut]"
 
 
-def extract_json(text: str) -> dict[str, Any] | None:
-    """The first JSON object in ``text`` (fenced or inline), or ``None``."""
-    decoder = json.JSONDecoder()
-    for match in re.finditer(r"\{", text or ""):
-        try:
-            value, _ = decoder.raw_decode(text, match.start())
-        except json.JSONDecodeError:
-            continue
-        if isinstance(value, dict):
-            return value
-    return None
-
-
-def parse_choice(text: str, field: str, allowed: tuple[str, ...]) -> tuple[str, str] | None:
-    """Read ``field`` from a judge reply: ``(value, reason)`` with ``value`` spelled as in ``allowed``
-    (case-insensitive), or ``None`` when the reply holds no valid value. Reads a JSON object first,
-    then a ``"field": "value"`` fragment of a cut-off reply."""
-    lookup = {a.lower(): a for a in allowed}
-    data = extract_json(text)
-    if data is not None and str(data.get(field, "")).strip().lower() in lookup:
-        return lookup[str(data[field]).strip().lower()], str(data.get("reason", ""))[:500]
-    match = re.search(rf'"?{field}"?\s*:\s*"?([A-Za-z]+)', text or "")
-    if match and match.group(1).lower() in lookup:
-        return lookup[match.group(1).lower()], ""
-    return None
-
-
-class JudgeCache:
-    """Verdicts on disk by key: a JSONL file read once, appended to after every batch.
-
-    Args:
-        path (`str` or `None`): the JSONL file; ``None`` keeps verdicts in memory only.
-    """
-
-    def __init__(self, path: str | None):
-        self.path = path
-        self.records: dict[str, dict] = {}
-        if path:
-            repair_jsonl(path)  # a run killed mid-line: cut the torn tail off (logged) before appending
-            for record in read_jsonl(path):
-                if "key" in record:
-                    self.records[record["key"]] = record
-            logger.debug("judge cache %s: %d verdicts", path, len(self.records))
-
-    def get(self, key: str) -> dict | None:
-        return self.records.get(key)
-
-    def put(self, record: dict) -> None:
-        self.records[record["key"]] = record
-        if self.path:
-            append_jsonl(self.path, record)
-
-
-class LLMJudge(Judge):
-    """A judge on an LLM backend (``generate`` / ``option_logprobs``, see ``codetool.models``).
-
-    Args:
-        backend (`LLMBackend` or `Callable[[], LLMBackend]`): the model, or a function that loads
-            it (called on the first verdict that is not cached).
-        name (`str`, *optional*): shown in reports; defaults to the backend's name.
-        kind (`str`, *optional*, defaults to `"openai"`): ``openai`` or ``local`` (for reports).
-        weak (`bool`, *optional*, defaults to `False`): flag the judge as weak in reports.
-        cache_path (`str`, *optional*): JSONL file of cached verdicts (``None``: memory only).
-        mode (`str`, *optional*, defaults to `"auto"`): ``json`` (the model writes a JSON object),
-            ``tools`` (a forced function call: OpenAI ``tools`` + ``tool_choice``; a server that
-            refuses it falls back to ``json``, counted in ``tool_fallbacks``), ``options`` (score
-            the labels with ``option_logprobs``), or ``auto`` (``options`` for a local backend
-            that supports it, else ``json``).
-        temperature (`float`, *optional*, defaults to 0.2): sampling temperature (StableToolBench's
-            evaluator uses 0.2); rounds differ through the seed. 0 makes every round identical.
-        max_new_tokens (`int`, *optional*, defaults to 256): reply length in ``json`` mode.
-        retries (`int`, *optional*, defaults to 2): extra attempts for a reply that does not parse
-            (at temperature >= 0.7 with a new seed).
-        batch_size (`int`, *optional*, defaults to 8): prompts per backend call (cached after each).
-        max_answer_chars (`int`, *optional*, defaults to 2000): answers are cut to this length.
-        max_trajectory_chars (`int`, *optional*, defaults to 6000): trajectories are cut to this.
-    """
-
-    def __init__(self, backend, *, name: str | None = None, kind: str = "openai", weak: bool = False,
-                 cache_path: str | None = None, mode: str = "auto", temperature: float = 0.2,
-                 max_new_tokens: int = 256, retries: int = 2, batch_size: int = 8,
-                 max_answer_chars: int = 2000, max_trajectory_chars: int = 6000):
-        if mode not in ("auto", "json", "options", "tools"):
-            raise CodetoolError(f"judge mode must be auto, json, tools or options, got {mode!r}.")
-        lazy = callable(backend) and not hasattr(backend, "generate")
-        if mode == "auto":
-            logprobs = True if lazy else getattr(backend, "supports_logprobs", False)
-            mode = "options" if kind == "local" and logprobs else "json"
-        self._backend, self.mode, self.kind, self.weak = backend, mode, kind, weak
-        self._lazy = lazy
-        self.name = name or getattr(backend, "name", "llm")
-        self.temperature, self.max_new_tokens, self.retries = temperature, max_new_tokens, retries
-        self.batch_size = max(1, batch_size)
-        self.max_answer_chars, self.max_trajectory_chars = max_answer_chars, max_trajectory_chars
-        self.cache = JudgeCache(cache_path)
-        self.calls = 0  # prompts sent to the backend (not counting cache hits)
-        self.tool_fallbacks = 0  # tools mode: prompts answered as JSON text instead
-        self.errors = 0  # requests that failed after their retries (error records, not cached)
-        self._logps: dict[tuple[str, str], list[float]] = {}  # options mode: (prompt, field) -> log-probs
-        self.templates = {name: load_prompt(f"judge_{name}")
-                          for name in ("answer", "trajectory", "compare", "compare_details")}
-
-    @property
-    def backend(self):
-        """The model; a factory given instead is called on first use (cached reruns never load it)."""
-        if self._lazy:
-            self._backend, self._lazy = self._backend(), False
-        return self._backend
-
-    def describe(self) -> dict[str, Any]:
-        info = super().describe()
-        info.update(mode=self.mode, temperature=self.temperature, tool_fallbacks=self.tool_fallbacks)
-        return info
-
-    def _key(self, task: str, prompt: str, round: int) -> str:
-        blob = json.dumps({"judge": self.name, "mode": self.mode, "temperature": self.temperature,
-                           "max_new_tokens": self.max_new_tokens, "task": task, "round": round,
-                           "prompt": prompt}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()
-
-    def judge_answers(self, requests: list[AnswerRequest]) -> list[Verdict]:
-        """Label each answer; requests with ``trajectory`` use the detailed prompt."""
-        prompts, tasks = [], []
-        for req in requests:
-            fields = {"query": clip(req.query, self.max_answer_chars),
-                      "answer": clip(req.answer, self.max_answer_chars)}
-            if req.trajectory is None:
-                prompts.append(render_prompt(self.templates["answer"], **fields))
-                tasks.append("answer")
-            else:
-                fields["trajectory"] = clip(req.trajectory, self.max_trajectory_chars)
-                prompts.append(render_prompt(self.templates["trajectory"], **fields))
-                tasks.append("trajectory")
-        records = self._run(prompts, tasks, [r.round for r in requests], "answer_status", LABELS)
-        return [Verdict(r["value"] if r["value"] else "Unsolved", r["reason"], task,
-                        cached=r["cached"], parse_failed=r["value"] is None and not r.get("error"),
-                        error=r.get("error"))
-                for r, task in zip(records, tasks)]
-
-    def compare_many(self, requests: list[CompareRequest]) -> list[Preference]:
-        """Pick the better answer of each pair (``a``, ``b`` or ``tie``; requests with details compare
-        the whole answers, requests with ``allow_tie`` False get A or B only). Requests are judged
-        in groups of the same kind, in order."""
-        out: list[Preference | None] = [None] * len(requests)
-        kinds: dict[tuple[bool, bool], list[int]] = {}
-        for i, r in enumerate(requests):
-            kinds.setdefault((r.details_a is not None, r.allow_tie), []).append(i)
-        for (details, tie), idx in kinds.items():
-            prompts = []
-            for i in idx:
-                r = requests[i]
-                a, b = (r.details_a, r.details_b) if details else (r.answer_a, r.answer_b)
-                limit = self.max_trajectory_chars if details else self.max_answer_chars
-                prompts.append(render_prompt(self.templates["compare_details" if details else "compare"],
-                                             query=clip(r.query, self.max_answer_chars),
-                                             answer_a=clip(a, limit), answer_b=clip(b or "", limit)))
-            task = "compare_details" if details else "compare"
-            records = self._run(prompts, [task] * len(prompts), [requests[i].round for i in idx], "preferred",
-                                ("A", "B", "tie") if tie else ("A", "B"))
-            for i, r in zip(idx, records):
-                out[i] = Preference(r["value"].lower() if r["value"] else "tie", r["reason"], "judge",
-                                    cached=r["cached"], parse_failed=r["value"] is None and not r.get("error"),
-                                    error=r.get("error"))
-        return out  # type: ignore[return-value]
-
-    def _run(self, prompts: list[str], tasks: list[str], rounds: list[int], field: str,
-             allowed: tuple[str, ...]) -> list[dict]:
-        """Cached values for every prompt; the misses go to the backend in batches. A batch whose
-        request fails (after the backend's retries) is asked again one prompt at a time; a prompt
-        that still fails gets a record with its ``error`` (not cached), so one failed request is
-        that query's error, not the end of the evaluation."""
-        keys = [self._key(t, p, r) for p, t, r in zip(prompts, tasks, rounds)]
-        out: list[dict | None] = []
-        for key in keys:
-            hit = self.cache.get(key)
-            out.append(dict(hit, cached=True) if hit else None)
-        missing = [i for i, r in enumerate(out) if r is None]
-        starts = range(0, len(missing), self.batch_size)
-        for start in tqdm(starts, desc=f"judge {self.name}", unit="batch", disable=len(starts) < 2):
-            chunk = missing[start:start + self.batch_size]
-            values = self._ask_each([prompts[i] for i in chunk], [keys[i] for i in chunk], field, allowed)
-            for i, (value, reason, raw, error) in zip(chunk, values):
-                record = {"key": keys[i], "task": tasks[i], "round": rounds[i], "judge": self.name,
-                          "value": value, "reason": reason, "raw": clip(raw, 1000)}
-                if error is None:
-                    self.cache.put(record)
-                    out[i] = dict(record, cached=False)
-                else:
-                    out[i] = dict(record, cached=False, error=error)
-        return out  # type: ignore[return-value]
-
-    def _ask_each(self, prompts: list[str], keys: list[str], field: str,
-                  allowed: tuple[str, ...]) -> list[tuple[str | None, str, str, str | None]]:
-        """``(value, reason, raw, error)`` per prompt: the batch in one call; if that raises, each
-        prompt alone, and a prompt whose request still fails gets its one-line ``error``."""
-        ask = {"options": self._ask_options, "tools": self._ask_tools}.get(self.mode, self._ask_json)
-        try:
-            return [(*v, None) for v in ask(prompts, keys, field, allowed)]
-        except CodetoolError as e:
-            if len(prompts) == 1:
-                error = redact(" ".join(f"{type(e).__name__}: {e}".split()))[:500]
-                logger.warning("judge %s: a request failed after its retries (%s); that verdict is an error record",
-                               self.name, error)
-                self.errors += 1
-                return [(None, "the judge request failed", "", error)]
-            logger.warning("judge %s: a batch of %d requests failed (%s); asking one at a time", self.name,
-                           len(prompts), " ".join(str(e).split())[:200])
-        return [v for j in range(len(prompts)) for v in self._ask_each([prompts[j]], [keys[j]], field, allowed)]
-
-    def _ask_json(self, prompts: list[str], keys: list[str], field: str,
-                  allowed: tuple[str, ...]) -> list[tuple[str | None, str, str]]:
-        results: list[tuple[str | None, str, str]] = [(None, "", "")] * len(prompts)
-        pending = list(range(len(prompts)))
-        for attempt in range(self.retries + 1):
-            if not pending:
-                break
-            temperature = self.temperature if attempt == 0 else max(self.temperature, 0.7)
-            seed = int(keys[pending[0]][:8], 16) + attempt
-            batch = self.backend.generate([[{"role": "user", "content": prompts[i]}] for i in pending], n=1,
-                                          temperature=temperature, top_p=1.0,
-                                          max_new_tokens=self.max_new_tokens, seed=seed)
-            self.calls += len(pending)
-            still = []
-            for i, completions in zip(pending, batch):
-                text = completions[0].text
-                parsed = parse_choice(text, field, allowed)
-                if parsed is None:
-                    results[i] = (None, "the judge's reply could not be read", text)
-                    still.append(i)
-                else:
-                    results[i] = (parsed[0], parsed[1], text)
-            if still:
-                logger.warning("judge %s: %d replies without a valid '%s' (attempt %d of %d)", self.name,
-                               len(still), field, attempt + 1, self.retries + 1)
-            pending = still
-        return results
-
-    def _ask_tools(self, prompts: list[str], keys: list[str], field: str,
-                   allowed: tuple[str, ...]) -> list[tuple[str | None, str, str]]:
-        """Forced function calls (``tools`` + ``tool_choice``); replies that do not parse, and
-        servers that refuse tools, go through :meth:`_ask_json` instead."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        backend = self.backend
-        chat = getattr(backend, "chat", None)  # OpenAIBackend's one chat-completions request
-        if chat is None:
-            self.tool_fallbacks += len(prompts)
-            return self._ask_json(prompts, keys, field, allowed)
-        name, description = _FUNCTIONS[field]
-        schema = {"type": "function", "function": {
-            "name": name, "description": description,
-            "parameters": {"type": "object", "required": ["reason", field], "properties": {
-                "reason": {"type": "string", "description": "one short sentence"},
-                field: {"type": "string", "enum": list(allowed)}}}}}
-        note = f"\n\nGive your reply by calling the function {name}."
-
-        def one(j: int) -> tuple[str | None, str, str]:
-            body = chat([{"role": "user", "content": prompts[j] + note}], tools=[schema],
-                        tool_choice={"type": "function", "function": {"name": name}},
-                        temperature=self.temperature, max_tokens=self.max_new_tokens,
-                        seed=int(keys[j][:8], 16))
-            message = ((body.get("choices") or [{}])[0].get("message") or {})
-            calls = message.get("tool_calls") or []
-            raw = calls[0].get("function", {}).get("arguments", "") if calls else (message.get("content") or "")
-            parsed = parse_choice(raw if isinstance(raw, str) else json.dumps(raw), field, allowed)
-            return (parsed[0], parsed[1], str(raw)) if parsed else (None, "", str(raw))
-
-        from codetool.models.openai_backend import EndpointError
-
-        try:
-            with ThreadPoolExecutor(max_workers=max(1, min(getattr(backend, "max_concurrency", 8),
-                                                           len(prompts)))) as pool:
-                results = list(pool.map(one, range(len(prompts))))
-        except EndpointError as e:
-            if e.status not in (400, 404, 422):
-                raise
-            logger.warning("judge %s: the server refused forced function calls (%s); using JSON text replies",
-                           self.name, e)
-            self.mode = "json"
-            self.tool_fallbacks += len(prompts)
-            return self._ask_json(prompts, keys, field, allowed)
-        self.calls += len(prompts)
-        failed = [j for j, r in enumerate(results) if r[0] is None]
-        if failed:
-            self.tool_fallbacks += len(failed)
-            retried = self._ask_json([prompts[j] for j in failed], [keys[j] for j in failed], field, allowed)
-            for j, r in zip(failed, retried):
-                results[j] = r
-        return results
-
-    def _ask_options(self, prompts: list[str], keys: list[str], field: str,
-                     allowed: tuple[str, ...]) -> list[tuple[str | None, str, str]]:
-        # The reply starts like the JSON the prompt asks for; only the value differs between options.
-        options = [f'{{"{field}": "{value}"' for value in allowed]
-        # The log-probs do not depend on the round: score each distinct prompt once, sample per round.
-        new = list(dict.fromkeys(p for p in prompts if (p, field) not in self._logps))
-        if new:
-            scored = self.backend.option_logprobs([[{"role": "user", "content": p}] for p in new], options)
-            self._logps.update({(p, field): s for p, s in zip(new, scored)})
-            self.calls += len(new)
-        scores = [self._logps[(p, field)] for p in prompts]
-        results = []
-        for key, logps in zip(keys, scores):
-            if self.temperature <= 0:
-                pick = max(range(len(allowed)), key=lambda j: logps[j])
-            else:
-                top = max(logps)
-                weights = [math.exp((lp - top) / self.temperature) for lp in logps]
-                pick = random.Random(int(key[:16], 16)).choices(range(len(allowed)), weights=weights)[0]
-            shown = ", ".join(f"{a} {lp:.2f}" for a, lp in zip(allowed, logps))
-            results.append((allowed[pick], f"option log-probs: {shown}", shown))
-        return results
-
-
 @dataclass
 class JudgeConfig:
     """Which judge scores answers, and by which procedure (``codetool eval --judge.model ...``).
@@ -546,8 +223,12 @@ class JudgeConfig:
     ``protocol`` picks the procedure (see :mod:`codetool.eval.stabletoolbench`):
     ``stabletoolbench`` (its evaluator: two stages, an Unsure answer decided again from the whole
     answer with its details; forced function calls where the server supports them; temperature
-    0.2; 3 rounds) or ``codetool`` (the CodeTool paper's single pass on the query and final answer
-    at temperature 0, one round). ``rounds`` and ``temperature`` left empty take the protocol's.
+    0.2; 3 rounds) or ``codetool`` (CodeTool's ``eval/eval_pass_rate.py``: one forced call per
+    answer on the query and final answer at temperature 0, one round, no rule).
+    ``rounds``, ``temperature`` and ``max_new_tokens`` left empty take the protocol's / prompts'.
+    ``prompts`` picks the wording: ``ours`` (``codetool/prompts/judge_*.txt``) or a reference's,
+    read from the user's checkout (``reference_dir`` or ``$CODETOOL_JUDGE_REFERENCE_DIR``, see
+    :mod:`codetool.eval.reference_prompts`).
     """
 
     model: str = option("default", "'none' (judge-free metrics only), 'default' (the embedded local "
@@ -567,7 +248,17 @@ class JudgeConfig:
                        "protocol, else json", choices=["auto", "json", "tools", "options"])
     temperature: float | None = option(None, "judge sampling temperature (default: 0.2 for stabletoolbench, "
                                        "as its evaluator; 0 for codetool)")
-    max_new_tokens: int = option(256, "most tokens of a judge reply (json mode)")
+    max_new_tokens: int | None = option(None, "most tokens of a judge reply (default: 256 with our prompts, 1000 "
+                                        "with a reference's, StableToolBench's max_tokens)")
+    prompts: str = option("ours", "judge prompts: ours, stabletoolbench (its evaluator's template and functions) or "
+                          "codetool (CodeTool's eval/utils.py instruction), the last two read from your own checkout "
+                          "(judge.reference_dir)", choices=list(PROMPT_SETS))
+    reference_dir: str = option("", "your clone of StableToolBench or CodeTool for judge.prompts stabletoolbench / "
+                                f"codetool (default: ${REFERENCE_ENV})")
+    stabletoolbench_evaluator: str = option(STB_EVALUATOR, "StableToolBench evaluator folder the prompts are read "
+                                            "from (toolbench/tooleval/evaluators/<name>)")
+    codetool_instruction: str = option("v2", "CodeTool's judge instruction: v2 (EVAL_INST_V2, what its "
+                                       "run_pass_rate.sh passes) or v1", choices=["v1", "v2"])
     retries: int = option(2, "extra attempts when a judge reply does not parse")
     batch_size: int = option(8, "prompts per judge call; verdicts are cached after each batch")
     cache: str = option("", "JSONL file of cached verdicts (default: judge_cache.jsonl in the output folder)")
@@ -578,11 +269,18 @@ class JudgeConfig:
     max_trajectory_chars: int = option(0, "the answer details (steps and tool calls) shown to the judge are cut "
                                        "to this many characters; 0: never cut (StableToolBench's evaluator "
                                        "shows them whole; a cut is reported as a deviation)")
-    seed: int = option(0, "seed of the win rate's coin flips (identical answers, undecided comparisons)")
+    seed: int = option(0, "seed of the win rate's random draws: the order of the two answers in each comparison "
+                       "and the pick between identical answers")
 
     def __post_init__(self):
         if self.protocol not in PROTOCOLS:
             raise ConfigError(f"judge.protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}.")
+        if self.prompts not in PROMPT_SETS:
+            raise ConfigError(f"judge.prompts must be one of {', '.join(PROMPT_SETS)}, got {self.prompts!r}.")
+        if self.max_new_tokens is None:
+            self.max_new_tokens = 256 if self.prompts == "ours" else 1000
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"judge.max_new_tokens must be >= 1, got {self.max_new_tokens}.")
         if self.rounds is None:
             self.rounds = 3 if self.protocol == "stabletoolbench" else 1
         if self.temperature is None:
@@ -608,11 +306,14 @@ def make_judge(cfg: JudgeConfig, cache_path: str | None = None) -> Judge | None:
     ``remote_model`` is given. ``cache_path`` is used when ``cfg.cache`` is empty.
 
     Raises:
+        ConfigError: ``cfg.prompts`` names a reference but no usable checkout was given.
         CodetoolError: what the backend raises (a missing default model, a server that is not
             reachable, a missing API key variable).
     """
     if not cfg.enabled:
         return None
+    reference = load_reference_prompts(cfg.prompts, cfg.reference_dir, evaluator=cfg.stabletoolbench_evaluator,
+                                       instruction=cfg.codetool_instruction)  # no checkout: fails before any model
     from codetool.models.spec import ModelSpec
 
     spec = ModelSpec.parse(cfg.model, role="judge", remote_model=cfg.remote_model, api_key_env=cfg.api_key_env,
@@ -629,12 +330,26 @@ def make_judge(cfg: JudgeConfig, cache_path: str | None = None) -> Judge | None:
         resolve_model(cfg.model)  # a missing model fails now, with its fix; loading waits for a cache miss
         backend = spec.build  # loaded on the first verdict that is not cached
         name = f"local:{cfg.model}"
+    from codetool.eval.llm_judge import LLMJudge
+
     weak = (not remote) if cfg.weak is None else cfg.weak
     mode = cfg.mode
-    if mode == "auto" and remote:
-        mode = "tools" if cfg.protocol == "stabletoolbench" else "json"
+    if mode == "auto" and remote:  # both references force a function call (StableToolBench, CodeTool)
+        mode = "tools"
     return LLMJudge(backend, name=name, kind="openai" if remote else "local", weak=weak,
                     cache_path=cfg.cache or cache_path, mode=mode, temperature=cfg.temperature,
                     max_new_tokens=cfg.max_new_tokens, retries=cfg.retries, batch_size=cfg.batch_size,
                     max_answer_chars=cfg.max_answer_chars,
-                    max_trajectory_chars=cfg.max_trajectory_chars or 10**9)
+                    max_trajectory_chars=cfg.max_trajectory_chars or 10**9, reference=reference)
+
+
+_BACKEND_NAMES = ("LLMJudge", "JudgeCache", "parse_choice", "extract_json")
+
+
+def __getattr__(name: str):
+    """``LLMJudge`` and its helpers live in :mod:`codetool.eval.llm_judge`; importable from here too."""
+    if name in _BACKEND_NAMES:
+        from codetool.eval import llm_judge
+
+        return getattr(llm_judge, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -63,8 +63,9 @@ def _detail_rows(bench: str, data: dict) -> list[list[str]]:
         row = [name, s["n"], _rate(s["pass_rate"])]
         if bench == RESTBENCH:
             p = s.get("path") or {}
-            row += [_pct(p.get("correct_path_rate")) if p.get("n") else "n/a",
-                    _pct(p.get("path_fraction_score")) if p.get("n") else "n/a", _num(p.get("delta_solution_len"), 2)]
+            row += [_pct(p.get(k)) if p.get("n") else "n/a"
+                    for k in ("correct_path_rate", "path_pooled_rate", "path_fraction_score", "path_rate_coagents")]
+            row += [_num(p.get("delta_solution_len"), 2)]
         row += [_pct(m["scep"]), _pct(m.get("scep_all_candidates")), _num(m["mean_steps"], 2), _num(m["mean_tool_calls"], 2),
                 _num(m["mean_prompt_tokens"], 0), _num(m["mean_completion_tokens"], 0), _num(m["mean_seconds"], 1),
                 _num(m["mean_tool_cost"], 2), f.get("finish", 0), f.get("give_up", 0), f.get("max_steps", 0),
@@ -76,7 +77,7 @@ def _detail_rows(bench: str, data: dict) -> list[list[str]]:
 def _detail_header(bench: str, weak: bool = False) -> list[str]:
     head = ["group", "n", _main_name(bench, weak)]
     if bench == RESTBENCH:
-        head += ["correct path % (0/1)", "path score % (frac.)", "Δ len"]
+        head += ["correct path % (0/1)", "gold calls % (pooled)", "path score % (frac.)", "CoAgents path %", "Δ len"]
     return head + ["SCEP %", "SCEP all cand. %", "steps", "calls", "tokens in", "tokens out", "episode wall s", "tool cost", "finish",
                    "give up", "max steps", "error"]
 
@@ -170,21 +171,22 @@ def render_markdown(report: dict[str, Any]) -> str:
                       "successful queries.", ""]
     if report["win_rates"]:
         lines += ["## Win rates (SoWR)" + (WEAK_MARK if weak else ""), ""] + ([f"> {note}", ""] if note else []) + [
-                  "StableToolBench's procedure: per round, a solved answer beats an "
-                  "unsolved one; otherwise the judge compares the whole answers; identical or absent answers "
-                  "get a seeded coin flip. \"judged\": round comparisons the judge decided; \"flips\": rounds "
-                  "decided by the coin. A query ties only when an even number of rounds splits evenly.", ""]
+                  "StableToolBench's procedure: per round both answers are judged again (cut to 1,000 "
+                  "characters, in a seeded random order); one Solved answer wins, and with none solved a single "
+                  "Unsure one wins; otherwise the judge compares the whole answers. \"judged\": rounds a "
+                  "comparison decided; \"random\": rounds picked at random between identical answers or after an "
+                  "unreadable comparison. A query ties only when an even number of rounds splits evenly.", ""]
         rows = []
         for pair, by_bench in report["win_rates"].items():
             for bench, result in by_bench.items():
                 for group, w in result["groups"].items():
                     rows.append([pair, bench, group, w["n"], _pct(w["win"]), _pct(w["tie"]), _pct(w["lose"]),
-                                 w["judged_pairs"], w.get("coin_flips", 0)])
+                                 w["judged_pairs"], w.get("random_picks", 0) + w.get("undecided", 0)])
                 avg = result["average"]
                 rows.append([pair, bench, "**average**", "", _pct(avg["win"]), _pct(avg["tie"]), _pct(avg["lose"]), "",
                              ""])
         lines += _table(["candidate vs reference", "benchmark", "group", "n", "win %", "tie %", "lose %", "judged",
-                         "flips"],
+                         "random"],
                         rows)
     if report["files"].get("plots"):
         lines += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in report["files"]["plots"]] + [""]

@@ -35,13 +35,14 @@ from typing import Any
 from codetool import CodetoolError
 from codetool.config import ConfigError, config_hash, option, to_dict
 from codetool.eval import metrics as run_metrics_mod
-from codetool.eval.comparability import comparability_block
+from codetool.eval.comparability import comparability_block, recipe_settings
 from codetool.eval.convert import export_converted, import_converted
 from codetool.eval.judges import Judge, JudgeConfig, make_judge
+from codetool.eval.preference import compare_runs
 from codetool.eval.restbench import load_gold_paths, path_metrics
 from codetool.eval.stabletoolbench import (
     average_pass_rate,
-    compare_runs,
+    codetool_pass_rate,
     judge_pass,
     majority_label,
     pass_rate,
@@ -58,6 +59,8 @@ RESTBENCH = "restbench-tmdb"
 @dataclass
 class EvalConfig:
     """Settings of ``codetool eval``."""
+
+    recipe_sections = {"recipe": ("judge",)}  # see codetool.config.load_config
 
     trajectories: list[str] = option(default_factory=list, positional=True,
                                      help="trajectory files (.jsonl) or StableToolBench converted answers "
@@ -79,11 +82,20 @@ class EvalConfig:
                                        "the summary's judge-free metrics are mean ± spread over them and the inputs")
     prm_metrics: str = option("", "metrics.json of `codetool eval-prm` on held-out trees: shown under "
                               "'what the PRM learned'")
+    recipe: str = option("", "the pipeline recipe the trajectories were made with (e.g. "
+                         "configs/pipeline/paper-qwen2.5-7b.yaml): its run settings (trees, search, answer, prm) are "
+                         "checked in the comparability block, and its judge section is the base of the judge "
+                         "settings (--config and --judge.* override it)")
+    run_settings: dict[str, Any] = option(default_factory=dict,
+                                          help="the run's settings as dotted keys for the comparability block "
+                                               "(the pipeline passes its own; --recipe fills them)")
 
     def __post_init__(self):
         if not self.trajectories and not self.compare:
             raise ConfigError("no trajectory files given: pass one or more .jsonl files of `codetool run` "
                               "(or StableToolBench converted answers), e.g. codetool eval runs/demo.jsonl.")
+        if self.recipe:
+            self.run_settings = {**recipe_settings(self.recipe), **self.run_settings}
 
 
 @dataclass
@@ -156,8 +168,9 @@ def _summary(bench: str, trajs: list[Trajectory], labels: list[list[str]] | None
                                              for src, idx in sorted(sources.items())}
     if bench == RESTBENCH:
         solved = [majority_label(x) == "Solved" for x in labels] if labels is not None else None
-        path = dataclasses.asdict(path_metrics(trajs, solved, fallback=gold))
-        out["path"] = path
+        out["path"] = dataclasses.asdict(path_metrics(trajs, solved, fallback=gold))
+        trim = dataclasses.asdict(path_metrics(trajs, solved, fallback=gold, normalization="trim"))
+        out["path_trim"] = {k: v for k, v in trim.items() if k != "per_query"}  # whitespace-only normalisation
     return out
 
 
@@ -214,7 +227,7 @@ def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
     for run in judged:
         report["inputs"].append({"method": run.method, "source": run.source, "trajectories": len(run.trajectories)})
         verdicts = judge_pass(run.trajectories, judge, rounds, max_trajectory_chars=cfg.judge.max_trajectory_chars,
-                              protocol=cfg.judge.protocol) if judge else None
+                              protocol=cfg.judge.protocol, blank_finish=_blank_finish(cfg.judge)) if judge else None
         labels[run.method] = [[v.label for v in row] for row in verdicts] if verdicts else None
         for i, traj in enumerate(run.trajectories):
             row = verdicts[i] if verdicts else []
@@ -231,9 +244,14 @@ def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
             trajs = [run.trajectories[i] for i in idx]
             lab = [labels[run.method][i] for i in idx] if labels[run.method] is not None else None
             groups = {}
+            filters = getattr(getattr(judge, "reference", None), "filtered", None)
             for group, members in _by_group(trajs).items():
                 sub_labels = [lab[i] for i in members] if lab is not None else None
                 groups[group] = _summary(bench, [trajs[i] for i in members], sub_labels, rounds, gold)
+                if sub_labels is not None and cfg.judge.protocol == "codetool" and filters and filters(group):
+                    # CodeTool's own formula: its Filter_Map ids leave the sum, not the count
+                    groups[group]["pass_rate_codetool"] = dataclasses.asdict(codetool_pass_rate(
+                        [trajs[i].query_id for i in members], sub_labels, rounds, filters(group)))
             overall = _summary(bench, trajs, lab, rounds, gold)
             if lab is not None:
                 overall["pass_rate_pooled"] = overall["pass_rate"]
@@ -243,11 +261,11 @@ def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
             entry["methods"][run.method] = {"groups": groups, "overall": overall}
             _path_warnings(report["warnings"], run.method, overall.get("path"))
     if reference is not None:
-        _win_rates(report, shown_runs, reference, labels, judge, rounds, cfg.judge)
+        _win_rates(report, shown_runs, reference, judge, rounds, cfg.judge)
     report["judge_errors"] = getattr(judge, "errors", 0) if judge else 0
     _warnings(report, shown_runs, parse_failures)
     report["comparability"] = comparability_block(report, cfg.judge, shown_runs, reference,
-                                                  judge.describe() if judge else None)
+                                                  judge.describe() if judge else None, cfg.run_settings)
     from codetool.eval.summary import seed_summary
 
     report["summary"] = seed_summary([p for p in [*cfg.trajectories, *cfg.seed_runs] if p.endswith(".jsonl")],
@@ -274,17 +292,16 @@ def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
     return report
 
 
-def _win_rates(report: dict, shown: list[Run], reference: Run, labels: dict[str, Any], judge: Judge | None,
-               rounds: int, judge_cfg: JudgeConfig) -> None:
-    """SoWR of each shown run against ``reference``, per StableToolBench-style benchmark and group."""
+def _win_rates(report: dict, shown: list[Run], reference: Run, judge: Judge | None, rounds: int,
+               judge_cfg: JudgeConfig) -> None:
+    """SoWR of each shown run against ``reference``, per StableToolBench-style benchmark and group
+    (both answers are judged again inside each preference round, as StableToolBench does)."""
     if judge is None:
         report["warnings"].append("win rates (SoWR) need a judge; none was configured.")
         return
 
     def pick(run: Run, bench: str, group: str):
-        keep = [i for i, t in enumerate(run.trajectories) if t.benchmark == bench and (t.group or "all") == group]
-        return ({run.trajectories[i].query_id: run.trajectories[i] for i in keep},
-                {run.trajectories[i].query_id: labels[run.method][i] for i in keep})
+        return {t.query_id: t for t in run.trajectories if t.benchmark == bench and (t.group or "all") == group}
 
     for run in shown:
         if run is reference:
@@ -293,19 +310,26 @@ def _win_rates(report: dict, shown: list[Run], reference: Run, labels: dict[str,
         for bench in dict.fromkeys(t.benchmark for t in run.trajectories if t.benchmark != RESTBENCH):
             groups = {}
             for group in dict.fromkeys(t.group or "all" for t in run.trajectories if t.benchmark == bench):
-                (cand, cand_lab), (ref, ref_lab) = pick(run, bench, group), pick(reference, bench, group)
+                cand, ref = pick(run, bench, group), pick(reference, bench, group)
                 if not ref:
                     continue
-                win = compare_runs(cand, ref, cand_lab, ref_lab, judge, rounds, seed=judge_cfg.seed,
-                                   max_details_chars=judge_cfg.max_trajectory_chars)
+                win = compare_runs(cand, ref, judge, rounds, seed=judge_cfg.seed,
+                                   max_details_chars=judge_cfg.max_trajectory_chars,
+                                   blank_finish=_blank_finish(judge_cfg))
                 groups[group] = {"win": win.win, "lose": win.lose, "tie": win.tie, "n": win.n,
                                  "judged_pairs": sum(c.judged for c in win.per_query.values()),
-                                 "coin_flips": win.coin_flips}
+                                 "random_picks": win.random_picks, "undecided": win.undecided,
+                                 "round_winners": {q: c.round_winners for q, c in win.per_query.items()}}
             if groups:
                 average = {k: sum(g[k] for g in groups.values()) / len(groups) for k in ("win", "lose", "tie")}
                 result[bench] = {"groups": groups, "average": average}
         if result:
             report["win_rates"][f"{run.method} vs {reference.method}"] = result
+
+
+def _blank_finish(judge_cfg: JudgeConfig) -> str:
+    """``judge.blank_finish`` where the config has it (the fidelity branch), else StableToolBench's."""
+    return getattr(judge_cfg, "blank_finish", "judge")
 
 
 def _path_warnings(warnings: list[str], method: str, path: dict | None) -> None:
@@ -346,8 +370,8 @@ def eval_command(cfg: EvalConfig) -> int:
     console = Console()
     table = Table(title=f"judge: {report['judge']['name']}" + (" (weak: smoke test only)" if report["judge"]["weak"]
                                                                 else ""))
-    for column in ("benchmark", "method", "n", "pass / success %", "correct path % (0/1)", "path score % (frac.)",
-                   "SCEP %", "steps", "episode wall s"):
+    for column in ("benchmark", "method", "n", "pass / success %", "correct path % (0/1)", "gold calls % (pooled)",
+                   "path score % (frac.)", "SCEP %", "steps", "episode wall s"):
         table.add_column(column)
     for bench, entry in report["benchmarks"].items():
         for method, data in entry["methods"].items():
@@ -356,13 +380,18 @@ def eval_command(cfg: EvalConfig) -> int:
             table.add_row(bench, method, str(s["n"]),
                           f"{100 * pr['mean']:.1f} ± {100 * pr['std']:.1f}" if pr else "n/a",
                           f"{100 * path['correct_path_rate']:.1f}" if path.get("n") else "",
+                          f"{100 * path['path_pooled_rate']:.1f}" if path.get("n") else "",
                           f"{100 * path['path_fraction_score']:.1f}" if path.get("n") else "",
                           f"{100 * m['scep']:.1f}" if m["scep"] is not None else "n/a",
                           f"{m['mean_steps']:.2f}", f"{m['mean_seconds']:.1f}")
     console.print(table)
     for warning in report["warnings"]:
         console.print(f"warning: {warning}", markup=False, highlight=False)
-    for deviation in report["comparability"]["deviations"]:
+    block = report["comparability"]
+    console.print(f"comparability with {block['target_name']}: "
+                  + (f"{len(block['deviations'])} differences" if block["deviations"] else
+                     f"no deviation found ({block['settings_checked']} settings checked)"), markup=False, highlight=False)
+    for deviation in block["deviations"]:
         console.print(f"not comparable: {deviation}", markup=False, highlight=False)
     console.print(f"report: {Path(cfg.out) / 'report.md'}, report.json, {len(report['files'].get('plots', []))} plots",
                   markup=False, highlight=False)

@@ -1,47 +1,46 @@
-"""StableToolBench solvable pass rate (SoPR) and solvable win rate (SoWR), bookkept as its evaluator.
+"""StableToolBench solvable pass rate (SoPR) as its evaluator computes it, and CodeTool's variant.
 
-Pass rate (StableToolBench ``toolbench/tooleval/eval_pass_rate.py`` and the ``check_is_solved`` of
-its evaluator), per query and round, under ``judge.protocol: stabletoolbench`` (the default):
+Every answer is read as StableToolBench's evaluator reads it: the answer of its converted-answer
+entry (:func:`converted_answer`, codetool's export :func:`codetool.eval.convert.trajectory_to_converted`;
+an imported converted answer exports back to itself). ``final_answer`` there is the raw field,
+ToolBench's JSON text ``{"return_type": ..., "final_answer": ...}`` for our runs.
 
-- a give-up, an empty final answer, or no answer at all is **Unsolved** without a judge call (an
-  episode that ended without ``finish`` but got an answer written after the search,
-  ``extra["answer_source"] == "generated"``, is judged like a finished one);
-- otherwise the judge labels the query and final answer Solved / Unsure / Unsolved, and an
-  **Unsure** answer is judged again from the whole answer with its details (:func:`answer_details`:
-  the final answer and the ``answer_details`` chain of steps and tool calls, laid out as the
-  evaluator reads them); the second label stands;
-- scores are Solved 1, Unsure 0.5, Unsolved 0. The pass rate of round ``r`` is the sum of scores
-  over the group's queries divided by their number (a query without a verdict in round ``r``
-  scores 0); the reported rate is the mean over rounds and the spread their population standard
-  deviation (``numpy.std``). The average over groups (the papers' "Avg." column) is the mean of
-  the group rates, round by round.
+``judge.protocol: stabletoolbench`` (``toolbench/tooleval/eval_pass_rate.py`` with
+``check_is_solved`` of ``evaluators/registered_cls/rtl.py``), per query and round:
 
-``judge.protocol: codetool`` is the CodeTool paper's single pass: the query and final answer only,
-no second stage (rounds and temperature come from the config: 1 and 0 by default).
+- **Unsolved without a judge call** when the last tool node with a non-empty message (as
+  ``utils.get_steps`` walks the chain: only nodes that have a ``next`` key are read) does not
+  contain ``'name': 'Finish'`` in its text (a dict message reads as ``str(dict)``; JSON text with
+  double quotes does not match), when ``final_answer`` is exactly ``""``, or when it contains
+  ``give_up_and_restart`` (case-sensitive, anywhere). A JSON text with an empty or blank inner
+  answer, or a blank string, goes to the judge.
+- otherwise the judge labels the query and ``final_answer`` (stage one, StableToolBench's
+  ``check_answer_status``) and an **Unsure** answer is judged again from the whole answer as
+  JSON (``json.dumps(answer)``: method, total steps, final answer and the chain; stage two,
+  ``parse_answer_status``); the second label stands.
+- scores Solved 1, Unsure 0.5, Unsolved 0. The rate of round ``r`` is the sum of scores over the
+  group's queries divided by their number (a query without a verdict in round ``r`` scores 0);
+  the reported rate is the mean over rounds and the spread their population standard deviation
+  (``numpy.std``). The average over groups (the papers' "Avg." column) is the mean of the group
+  rates, round by round.
 
-Win rate (``eval_preference.py``), candidate vs reference, per query and round: a query missing
-from one run is won by the other; each round uses that round's fresh solved status of both
-answers; if exactly one is Solved it wins; otherwise the judge compares the two whole answers with
-their details and must pick one; identical answers (same final answer and details), two runs that
-both gave no answer, and a comparison the judge leaves undecided go to a seeded coin flip. No
-round is a tie. A query is won by the run with more round wins (only an even number of rounds can
-leave a query tied). Win rate = wins / queries.
+``judge.protocol: codetool`` is CodeTool's ``eval/eval_pass_rate.py``: every trajectory is judged
+once per round on the query and its final answer text (no rule, no second stage), Unsure 0.5,
+Unsolved 0, anything else 1; its group rate (:func:`codetool_pass_rate`) skips the queries whose
+id contains one of its ``Filter_Map`` ids but still divides by every query.
 
-Deviations from the upstream scripts, each deliberate and listed in every report's comparability
-block: the two answers swap places (A/B) on odd rounds, against position bias; two runs without
-any answer get a coin flip without a judge call (there is nothing to compare). None of these
-changes the golden example (``StableToolBench/data_example``), which the tests replay exactly.
+The win rate (SoWR) is in :mod:`codetool.eval.preference`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -50,7 +49,6 @@ from codetool.eval.judges import (
     LABEL_SCORES,
     LABELS,
     AnswerRequest,
-    CompareRequest,
     Judge,
     Verdict,
     clip,
@@ -63,20 +61,77 @@ logger = logging.getLogger(__name__)
 GIVE_UP_MARK = "give_up_and_restart"  # ToolBench's give-up return type, also inside answer texts
 
 
-def rule_verdict(traj: Trajectory) -> Verdict | None:
-    """Unsolved without a judge call (give-up, no answer, empty answer), else ``None``. An episode
-    without ``finish`` is judged only when an answer was generated for it after the search."""
-    generated = (traj.extra or {}).get("answer_source") == "generated"
-    if traj.finish_type == "give_up":
-        return Verdict("Unsolved", "the episode gave up", "rule")
-    if traj.finish_type != "finish" and not generated:
-        return Verdict("Unsolved", f"no finish call (episode ended with {traj.finish_type})", "rule")
-    answer = (traj.final_answer or "").strip()
-    if not answer:
+def converted_answer(traj: Trajectory) -> dict[str, Any]:
+    """The ``answer`` of ``traj``'s converted-answer entry (``method``, ``total_steps``,
+    ``final_answer``, ``answer_details``): what StableToolBench's evaluator judges."""
+    from codetool.eval.convert import trajectory_to_converted
+
+    return trajectory_to_converted(traj)["answer"]
+
+
+def final_step(answer: Mapping[str, Any]) -> str:
+    """``utils.get_steps``' final step of a converted answer: ``"Final step: <message>"`` of the
+    last ``tool`` node with a non-empty message, walking the chain while a node has a ``next`` key
+    (``""`` when there is none)."""
+    details = answer.get("answer_details") or []
+    if not details:
+        return ""
+    node, final = details[0], ""
+    while "next" in node:
+        message = node.get("message")
+        if message and node.get("role") == "tool":
+            final = f"Final step: {message}"
+        if not node["next"]:
+            break
+        node = node["next"][0]
+    return final
+
+
+def blank_answer(text: str) -> bool:
+    """Whether a converted ``final_answer`` holds no answer: blank text, or ToolBench's JSON text of
+    a ``give_answer`` whose inner answer is blank (a ``finish("")`` or ``finish("   ")``)."""
+    if not text.strip():
+        return True
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, TypeError):
+        return False
+    return (isinstance(data, dict) and data.get("return_type", "give_answer") == "give_answer"
+            and not str(data.get("final_answer", "")).strip())
+
+
+def reference_rule(answer: Mapping[str, Any], *, finish_check: bool = True,
+                   blank_finish: str = "judge") -> Verdict | None:
+    """StableToolBench's Unsolved-without-a-judge rule on a converted answer, else ``None``.
+
+    Args:
+        answer (`Mapping`): the converted answer (see :func:`converted_answer`).
+        finish_check (`bool`, *optional*, defaults to `True`): ``eval_pass_rate.py``'s check that
+            the final step is a Finish call (its preference run has none).
+        blank_finish (`str`, *optional*, defaults to `"judge"`): ``judge`` (StableToolBench: only an
+            exactly empty ``final_answer`` is ruled out, so a blank answer's JSON text is judged) or
+            ``unsolved`` (ours, ``judge.blank_finish``: a blank answer is Unsolved without a call).
+    """
+    if finish_check and "'name': 'Finish'" not in final_step(answer):
+        return Verdict("Unsolved", "the answer's last tool step is not a Finish call", "rule")
+    text = answer.get("final_answer") or ""
+    if text == "" or (blank_finish == "unsolved" and blank_answer(text)):
         return Verdict("Unsolved", "empty final answer", "rule")
-    if GIVE_UP_MARK in answer:
+    if GIVE_UP_MARK in text:
         return Verdict("Unsolved", "the answer gives up", "rule")
     return None
+
+
+def rule_verdict(traj: Trajectory) -> Verdict | None:
+    """:func:`reference_rule` of ``traj``'s converted answer (the pass rate's rule)."""
+    return reference_rule(converted_answer(traj))
+
+
+def answer_json(answer: Mapping[str, Any], max_chars: int = 0) -> str:
+    """``json.dumps(answer)`` as StableToolBench shows a whole answer to its judge (ASCII escapes,
+    its separators), secrets redacted, cut to ``max_chars`` when that is set (0: never)."""
+    text = redact(json.dumps(answer))
+    return clip(text, max_chars) if max_chars else text
 
 
 def render_trajectory(traj: Trajectory, max_chars: int = 6000) -> str:
@@ -107,64 +162,71 @@ def render_trajectory(traj: Trajectory, max_chars: int = 6000) -> str:
     return redact(clip("\n".join(lines), max_chars))
 
 
-def answer_details(traj: Trajectory) -> str:
-    """The whole answer of ``traj`` as StableToolBench's evaluator reads it: JSON of
-    ``{"final_answer": ..., "answer_details": [...]}`` (the converted-answer chain of messages:
-    system, user, each step, each tool call and its response, the Finish call), secrets redacted."""
-    from codetool.eval.convert import trajectory_to_converted
+def judge_statuses(items: Sequence[tuple[str, Mapping[str, Any], int]], judge: Judge | None, *,
+                   finish_check: bool, reason: bool = True, max_details_chars: int = 0,
+                   blank_finish: str = "judge") -> list[Verdict]:
+    """StableToolBench's ``check_is_solved`` on each ``(query, converted answer, round)``: the rule
+    (:func:`reference_rule`), then stage one on the final answer, then stage two on the whole
+    answer for the Unsure ones; one judge batch per stage.
 
-    answer = trajectory_to_converted(traj)["answer"]
-    if (traj.extra or {}).get("answer_source") == "generated":
-        answer["final_answer"] = traj.final_answer or ""
-    return redact(json.dumps({"final_answer": answer["final_answer"], "answer_details": answer["answer_details"]},
-                             ensure_ascii=False))
+    Args:
+        finish_check (`bool`): apply the pass rate's Finish check (the preference run does not).
+        reason (`bool`, *optional*, defaults to `True`): ask the judge for a reason (the pass rate
+            does; the preference run's status checks do not).
+        max_details_chars (`int`, *optional*, defaults to 0): cut stage two's JSON (0: never).
+        blank_finish (`str`, *optional*, defaults to `"judge"`): see :func:`reference_rule`.
+
+    Raises:
+        CodetoolError: an answer needs a judge but ``judge`` is ``None``.
+    """
+    out: list[Verdict | None] = [reference_rule(a, finish_check=finish_check, blank_finish=blank_finish)
+                                 for _, a, _ in items]
+    todo = [i for i, v in enumerate(out) if v is None]
+    if todo and judge is None:
+        raise CodetoolError(f"{len(todo)} answers need a judge, but none is configured; set --judge.model "
+                            f"(a local model or an http(s):// server).")
+    first = judge.judge_answers([AnswerRequest(items[i][0], items[i][1].get("final_answer") or "", None,
+                                               items[i][2], reason) for i in todo]) if todo else []
+    unsure = []
+    for i, verdict in zip(todo, first):
+        out[i] = verdict
+        if verdict.label == "Unsure":
+            unsure.append(i)
+    if unsure:
+        second = judge.judge_answers([AnswerRequest(items[i][0], items[i][1].get("final_answer") or "",
+                                                    answer_json(items[i][1], max_details_chars), items[i][2],
+                                                    reason) for i in unsure])
+        for i, verdict in zip(unsure, second):
+            verdict.source = "trajectory"
+            out[i] = verdict
+    return out  # type: ignore[return-value]
 
 
 def judge_pass(trajs: Sequence[Trajectory], judge: Judge | None, rounds: int = 3, *,
-               max_trajectory_chars: int = 0, protocol: str = "stabletoolbench") -> list[list[Verdict]]:
-    """Pass-rate verdicts: ``(len(trajs), rounds)``, one :class:`Verdict` per trajectory and round.
-
-    The rule (:func:`rule_verdict`) decides without the judge where it can; the rest go to the
-    judge in one batch per stage (final answers, then, under the ``stabletoolbench`` protocol, the
-    Unsure ones with their whole answer and details, :func:`answer_details`). The ``codetool``
-    protocol stops after the first stage.
+               max_trajectory_chars: int = 0, protocol: str = "stabletoolbench",
+               blank_finish: str = "judge") -> list[list[Verdict]]:
+    """Pass-rate verdicts: ``(len(trajs), rounds)``, one :class:`Verdict` per trajectory and round
+    (see the module docstring for the two protocols).
 
     Args:
-        max_trajectory_chars (`int`, *optional*, defaults to 0): cut the details to this many
-            characters (0: never).
+        max_trajectory_chars (`int`, *optional*, defaults to 0): cut stage two's JSON to this many
+            characters (0: never, as StableToolBench).
+        blank_finish (`str`, *optional*, defaults to `"judge"`): see :func:`reference_rule`.
 
     Raises:
         CodetoolError: a trajectory needs a judge but ``judge`` is ``None``.
     """
-    out: list[list[Verdict | None]] = [[None] * rounds for _ in trajs]
-    todo = []
-    for i, traj in enumerate(trajs):
-        rule = rule_verdict(traj)
-        for r in range(rounds):
-            if rule is not None:
-                out[i][r] = rule
-            else:
-                todo.append((i, r))
-    if todo and judge is None:
-        raise CodetoolError(f"{len(todo)} answers need a judge for the pass rate, but none is configured; "
-                            f"set --judge.model (a local model or an http(s):// server).")
-    first = judge.judge_answers([AnswerRequest(trajs[i].query, trajs[i].final_answer or "", None, r)
-                                 for i, r in todo]) if todo else []
-    unsure = []
-    for (i, r), verdict in zip(todo, first):
-        out[i][r] = verdict
-        if verdict.label == "Unsure":
-            unsure.append((i, r))
-    if unsure and protocol == "stabletoolbench":
-        texts = {i: answer_details(trajs[i]) for i, _ in unsure}
-        if max_trajectory_chars:
-            texts = {i: clip(t, max_trajectory_chars) for i, t in texts.items()}
-        second = judge.judge_answers([AnswerRequest(trajs[i].query, trajs[i].final_answer or "", texts[i], r)
-                                      for i, r in unsure])
-        for (i, r), verdict in zip(unsure, second):
-            verdict.source = "trajectory"
-            out[i][r] = verdict
-    return out  # type: ignore[return-value]
+    if protocol == "codetool":
+        if trajs and judge is None:
+            raise CodetoolError(f"{len(trajs)} answers need a judge for the pass rate, but none is configured; "
+                                f"set --judge.model (a local model or an http(s):// server).")
+        flat = judge.judge_answers([AnswerRequest(t.query, t.final_answer or "", None, r)
+                                    for t in trajs for r in range(rounds)]) if trajs else []
+        return [flat[i * rounds:(i + 1) * rounds] for i in range(len(trajs))]
+    items = [(t.query, converted_answer(t), r) for t in trajs for r in range(rounds)]
+    flat = judge_statuses(items, judge, finish_check=True, max_details_chars=max_trajectory_chars,
+                          blank_finish=blank_finish)
+    return [flat[i * rounds:(i + 1) * rounds] for i in range(len(trajs))]
 
 
 @dataclass
@@ -241,137 +303,25 @@ def load_pass_results(path: str | Path) -> dict[str, list[str]]:
     return out
 
 
-@dataclass
-class PairCount:
-    """Round wins of one query in a candidate-vs-reference comparison.
+def codetool_pass_rate(query_ids: Sequence[str], labels: Sequence[Sequence[str]], rounds: int,
+                       filter_ids: Sequence[str] = ()) -> PassRate:
+    """CodeTool's ``calculate_pass_rate`` per round: Unsure 0.5, Unsolved 0, anything else 1, summed
+    over the queries whose id contains none of ``filter_ids`` (its ``Filter_Map`` of the test set,
+    a substring test), divided by **every** query. Without filter ids it is :func:`pass_rate`.
 
     Args:
-        candidate, reference (`int`): rounds won by each run.
-        judged (`int`): rounds that needed a judge call.
+        query_ids (`Sequence[str]`): (n,) the group's query ids; labels (`Sequence`): (n, rounds).
+        filter_ids (`Sequence[str]`, *optional*): the ids CodeTool leaves out of the sum.
     """
-
-    candidate: int = 0
-    reference: int = 0
-    judged: int = 0
-
-    @property
-    def outcome(self) -> str:
-        """``win`` (for the candidate), ``lose`` or ``tie``."""
-        if self.candidate > self.reference:
-            return "win"
-        return "lose" if self.reference > self.candidate else "tie"
-
-
-@dataclass
-class WinRate:
-    """Candidate-vs-reference win rate: ``win + lose + tie == 1`` over ``n`` queries."""
-
-    win: float
-    lose: float
-    tie: float
-    n: int
-    per_query: dict[str, PairCount] = field(default_factory=dict)
-    coin_flips: int = 0
-
-
-def win_rate_from_counts(counts: Mapping[str, PairCount]) -> WinRate:
-    """Win / lose / tie shares from per-query round wins."""
-    outcomes = Counter(c.outcome for c in counts.values())
-    n = len(counts)
-    share = (lambda k: outcomes[k] / n) if n else (lambda k: 0.0)
-    return WinRate(share("win"), share("lose"), share("tie"), n, dict(counts))
-
-
-def load_preference_results(path: str | Path, reference: str, candidate: str) -> dict[str, PairCount]:
-    """Round wins per query from a StableToolBench ``preference_results`` JSON file
-    (``{query_id: {<reference>: wins, <candidate>: wins, "round_0": "complete", ...}}``)."""
-    data = json.loads(Path(path).read_text())
-    return {str(qid): PairCount(int(e.get(candidate, 0)), int(e.get(reference, 0))) for qid, e in data.items()}
-
-
-def coin_flip(seed: int, qid: str, round: int) -> str:
-    """``candidate`` or ``reference``, seeded by ``seed``, the query id and the round."""
-    digest = hashlib.sha256(f"{seed}|{qid}|{round}".encode()).hexdigest()
-    return "candidate" if int(digest[:8], 16) % 2 else "reference"
-
-
-def compare_runs(candidate: Mapping[str, Trajectory], reference: Mapping[str, Trajectory],
-                 candidate_labels: Mapping[str, Sequence[str]], reference_labels: Mapping[str, Sequence[str]],
-                 judge: Judge | None, rounds: int = 3, *, query_ids: Sequence[str] | None = None,
-                 seed: int = 0, max_details_chars: int = 0) -> WinRate:
-    """SoWR of ``candidate`` against ``reference`` (both keyed by query id), given each run's
-    pass-rate labels per round (see :func:`judge_pass`: a fresh solved status every round).
-
-    Args:
-        query_ids (`Sequence[str]`, *optional*): the test ids (default: every id of either run).
-        seed (`int`, *optional*, defaults to 0): seed of the coin flips.
-        max_details_chars (`int`, *optional*, defaults to 0): cut each whole answer shown to the
-            judge to this many characters (0: never).
-
-    Raises:
-        CodetoolError: a pair needs a comparison but ``judge`` is ``None``.
-    """
-    ids = list(query_ids) if query_ids is not None else sorted(set(candidate) | set(reference), key=str)
-    counts = {qid: PairCount() for qid in ids}
-    flips: dict[str, int] = {}
-    asks = []  # (qid, round, candidate_is_a)
-
-    def win(qid: str, who: str) -> None:
-        setattr(counts[qid], who, getattr(counts[qid], who) + 1)
-
-    for qid in ids:
-        if qid not in reference or qid not in candidate:
-            winner = "candidate" if qid not in reference else "reference"
-            setattr(counts[qid], winner, rounds)
-            continue
-        ref_labels, cand_labels = list(reference_labels[qid]), list(candidate_labels[qid])
-        for r in range(rounds):
-            ref_solved = ref_labels[r % len(ref_labels)] == "Solved"
-            cand_solved = cand_labels[r % len(cand_labels)] == "Solved"
-            if ref_solved != cand_solved:
-                win(qid, "candidate" if cand_solved else "reference")
-            elif _same_answer(reference[qid], candidate[qid]) or _both_empty(reference[qid], candidate[qid]):
-                win(qid, coin_flip(seed, qid, r))
-                flips[qid] = flips.get(qid, 0) + 1
-            else:
-                asks.append((qid, r, r % 2 == 1))
-    if asks and judge is None:
-        raise CodetoolError(f"{len(asks)} answer pairs need a judge for the win rate, but none is configured.")
-    details: dict[tuple[str, str], str] = {}
-
-    def detail(who: str, qid: str, traj: Trajectory) -> str:
-        if (who, qid) not in details:
-            text = answer_details(traj)
-            details[(who, qid)] = clip(text, max_details_chars) if max_details_chars else text
-        return details[(who, qid)]
-
-    requests = []
-    for qid, r, cand_is_a in asks:
-        pair = [("candidate", candidate[qid]), ("reference", reference[qid])]
-        (wa, a), (wb, b) = pair if cand_is_a else pair[::-1]
-        requests.append(CompareRequest(reference[qid].query, a.final_answer or "", b.final_answer or "", r,
-                                       details_a=detail(wa, qid, a), details_b=detail(wb, qid, b),
-                                       allow_tie=False))
-    prefs = judge.compare_many(requests) if requests else []
-    for (qid, r, cand_is_a), pref in zip(asks, prefs):
-        counts[qid].judged += 1
-        if pref.winner not in ("a", "b"):  # undecided or unreadable: no ties, a coin decides
-            win(qid, coin_flip(seed, qid, r))
-            flips[qid] = flips.get(qid, 0) + 1
-            continue
-        win(qid, "candidate" if (pref.winner == "a") == cand_is_a else "reference")
-    result = win_rate_from_counts(counts)
-    result.coin_flips = sum(flips.values())
-    return result
-
-
-def _both_empty(a: Trajectory, b: Trajectory) -> bool:
-    return not (a.final_answer or "").strip() and not (b.final_answer or "").strip()
-
-
-def _same_answer(a: Trajectory, b: Trajectory) -> bool:
-    return ((a.final_answer or "").strip() == (b.final_answer or "").strip()
-            and answer_details(a) == answer_details(b))
+    skipped = {q for q in query_ids if any(f in str(q) for f in filter_ids)}
+    kept = [[label.lower() for label in row] for q, row in zip(query_ids, labels) if q not in skipped]
+    per_round = []
+    for r in range(rounds):
+        total = sum(0.5 if row[r] == "unsure" else 0.0 if row[r] == "unsolved" else 1.0 for row in kept if r < len(row))
+        per_round.append(total / len(query_ids) if query_ids else 0.0)
+    counts = Counter(label for row in labels for label in row)
+    return PassRate(float(np.mean(per_round)), float(np.std(per_round)), per_round, len(query_ids),
+                    {label: counts.get(label, 0) for label in LABELS})
 
 
 def pass_rates_by_group(trajs: Sequence[Trajectory], verdicts: Sequence[Sequence[Verdict]],
