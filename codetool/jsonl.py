@@ -163,8 +163,3 @@ def repair_jsonl(path: str | os.PathLike) -> int:
     logger.warning("%s: cut a torn last line (%d bytes: %r) back to the last whole line; the unit it held "
                    "runs again", path, len(tail), tail[:80])
     return len(tail)
-
-
-def done_ids(path: str | os.PathLike, key: str = "query_id") -> set[str]:
-    """The ``key`` values already present in ``path``, as strings (for resume)."""
-    return {str(r[key]) for r in read_jsonl(path) if key in r}
