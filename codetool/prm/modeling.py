@@ -1,7 +1,7 @@
 """The PRM model: a causal LM, two label tokens, and their two output rows (the label head).
 
 The generative PRM emits one of two label tokens after the prompt (CodeTool, Lu et al. 2025);
-its score is ``softmax([logit_pos, logit_neg])[0]`` at the label position (DESIGN.md §4). Only
+its score is ``softmax([logit_pos, logit_neg])[0]`` at the label position (docs/DESIGN.md §4). Only
 those two logits matter, so :class:`PRMModel` runs the decoder, takes the hidden state at the
 label position and projects it onto the two label rows of the output embedding, kept here as a
 small trainable ``label_head`` of shape (2, hidden). This is the same number the full LM head

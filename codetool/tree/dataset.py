@@ -1,4 +1,4 @@
-"""Turn labelled trees into PRM examples and a Hugging Face dataset (DESIGN.md §3).
+"""Turn labelled trees into PRM examples and a Hugging Face dataset (docs/DESIGN.md §3).
 
 Each sibling pair of a tree gives two rows that share their prefix (query, tools, the path of
 steps above them): the "more promising" sibling with ``label=1`` and the other with ``label=0``.
