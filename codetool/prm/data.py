@@ -3,7 +3,7 @@
 A training row is ``input_ids = prefix + suffix + [label]`` with ``labels`` equal to -100
 everywhere except the last position, which holds the label token id: exactly one supervised
 token per row (TRL's convention for completion-only SFT, without the EOS that prompt/completion
-rows would add; docs/DESIGN.md §6). Rows never lose their label to truncation: the prompt is cut
+rows would add; DESIGN.md §6). Rows never lose their label to truncation: the prompt is cut
 instead (``codetool.prm.format``) and the number of cut rows is logged.
 
 Splits are by ``query_id`` (all candidates of one query land on the same side), by
@@ -35,7 +35,7 @@ IGNORE_INDEX = -100
 
 
 def read_rows(paths: str | list[str]) -> list[dict]:
-    """The PRM example rows of one or more JSONL files (docs/DESIGN.md §3), validated.
+    """The PRM example rows of one or more JSONL files (DESIGN.md §3), validated.
 
     Raises:
         CodetoolError: if a file is missing or empty, or a row lacks ``query``/``label`` or has a

@@ -1,7 +1,7 @@
 """Scoring with a PRM: ``PRMScorer.score(items) -> list[float]`` and ``codetool score``.
 
 The score of a candidate step is ``softmax([logit_pos, logit_neg])[0]`` at the label position
-(docs/DESIGN.md §4; never a ratio of raw logits), a float in [0, 1]. :class:`LocalPRMScorer` computes
+(DESIGN.md §4; never a ratio of raw logits), a float in [0, 1]. :class:`LocalPRMScorer` computes
 it fast on one machine:
 
 - items are encoded with the one prompt renderer (``codetool.prm.format``); candidates whose

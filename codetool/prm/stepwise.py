@@ -2,7 +2,7 @@
 
 TRL's stepwise-supervision datasets (the layout of ``trl.PRMTrainer`` and of the Math-Shepherd
 example) have one row per step sequence: ``prompt`` (text), ``completions`` (the steps, text)
-and ``labels`` (one bool per step). A PRM example row of ours (docs/DESIGN.md §3) is one candidate
+and ``labels`` (one bool per step). A PRM example row of ours (DESIGN.md §3) is one candidate
 step after a history of chosen steps, so it becomes one sequence: the history steps, then the
 candidate. A history step's label is the label of the row in which that step was the candidate
 (same query, same earlier steps, same code); a history step without such a row counts as

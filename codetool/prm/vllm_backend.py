@@ -4,7 +4,7 @@ vLLM runs the full model of the checkpoint (a LoRA checkpoint is first merged on
 ``FOLDER/merged``; its LM head then carries the trained label rows). Each prompt gets one
 greedy token restricted to the two label tokens, with ``logprobs_mode="processed_logprobs"`` so
 the two returned log-probabilities are those of the restricted distribution; the score is
-renormalised over the two (softmax over the label logits, docs/DESIGN.md §4). vLLM's automatic prefix
+renormalised over the two (softmax over the label logits, DESIGN.md §4). vLLM's automatic prefix
 caching computes a shared prefix once, like ``LocalPRMScorer`` does on CPU.
 
 This path needs a GPU and was not run on the CPU-only machines this code was written on; the CPU
