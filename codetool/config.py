@@ -72,67 +72,112 @@ def _closest(key: str, valid: typing.Iterable[str]) -> str:
     return f" Did you mean '{match[0]}'?" if match else ""
 
 
+_NULL_WORDS = ("none", "null")
+_TRUE_WORDS = ("true", "yes", "1", "on")
+_FALSE_WORDS = ("false", "no", "0", "off")
+
+
 def _coerce(value: Any, tp: Any, where: str) -> Any:
-    """Convert a YAML or CLI value to the annotated type, or raise ConfigError."""
+    """Convert a YAML or CLI value to the annotated type ``tp``, or raise ConfigError naming ``where``.
+
+    ``None`` (and, for an optional field, the text ``none``/``null``) is accepted only where the
+    type allows it; a nested dataclass is built from a mapping; the types of :data:`_CONVERTERS`
+    are converted by theirs; any other annotation (``Any``, a union of several types, ``Path``)
+    passes the value through unchanged.
+    """
     tp, optional = _unwrap_optional(tp)
-    if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null")):
+    if value is None or (optional and isinstance(value, str) and value.lower() in _NULL_WORDS):
         if optional or tp is Any:
             return None
         raise ConfigError(f"{where}: got no value (null); expected {getattr(tp, '__name__', tp)}.")
-    if tp is Any:
-        return value
-    origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
-        if isinstance(value, tp):
-            return value
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping of {tp.__name__} settings, got {value!r}.")
-        return from_dict(tp, value, where=where)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on"):
-            return True
-        if isinstance(value, str) and value.lower() in ("false", "no", "0", "off"):
-            return False
-        if isinstance(value, int) and value in (0, 1):
-            return bool(value)
-        raise ConfigError(f"{where}: expected true or false, got {value!r}.")
-    if tp in (int, float):
-        if isinstance(value, bool):
-            raise ConfigError(f"{where}: expected a number, got {value!r}.")
-        try:
-            number = tp(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where}: expected {'an integer' if tp is int else 'a number'}, got {value!r}.") from None
-        if tp is int and isinstance(value, float) and number != value:
-            raise ConfigError(f"{where}: expected an integer, got {value!r}.")
-        return number
-    if tp is str:
-        if isinstance(value, (dict, list)):
-            raise ConfigError(f"{where}: expected text, got {value!r}.")
-        return str(value)
-    if origin in (list, tuple) or tp in (list, tuple):
-        if isinstance(value, str):
-            value = yaml.safe_load(value) if value.strip().startswith("[") else [v.strip() for v in value.split(",") if v.strip()]
-        if not isinstance(value, (list, tuple)):
-            value = [value]
-        args = typing.get_args(tp)
-        item_tp = args[0] if args else Any
-        return [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is dict or tp is dict:
-        if isinstance(value, str):
-            value = yaml.safe_load(value)
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping, got {value!r}.")
-        args = typing.get_args(tp)
-        vt = args[1] if len(args) == 2 else Any
-        return {str(k): _coerce(v, vt, f"{where}.{k}") for k, v in value.items()}
-    if origin is typing.Literal:
-        if value not in typing.get_args(tp):
-            raise ConfigError(f"{where}: got {value!r}; choose one of {list(typing.get_args(tp))}.")
+        return _to_dataclass(value, tp, where)
+    convert = _CONVERTERS.get(typing.get_origin(tp) or tp)
+    return convert(value, tp, where) if convert else value
+
+
+def _to_dataclass(value: Any, tp: type, where: str) -> Any:
+    if isinstance(value, tp):
         return value
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a mapping of {tp.__name__} settings, got {value!r}.")
+    return from_dict(tp, value, where=where)
+
+
+def _to_bool(value: Any, tp: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        if value.lower() in _TRUE_WORDS:
+            return True
+        if value.lower() in _FALSE_WORDS:
+            return False
+    elif isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ConfigError(f"{where}: expected true or false, got {value!r}.")
+
+
+def _to_number(value: Any, tp: type, where: str) -> int | float:
+    """``int`` or ``float``; a bool is not a number here, and an integer field refuses 3.5."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: expected a number, got {value!r}.")
+    try:
+        number = tp(value)
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
+        raise ConfigError(f"{where}: expected {'an integer' if tp is int else 'a number'}, got {value!r}.") from None
+    if tp is int and isinstance(value, float) and number != value:
+        raise ConfigError(f"{where}: expected an integer, got {value!r}.")
+    return number
+
+
+def _to_text(value: Any, tp: Any, where: str) -> str:
+    if isinstance(value, (dict, list)):
+        raise ConfigError(f"{where}: expected text, got {value!r}.")
+    return str(value)
+
+
+def _yaml_text(text: str, where: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        reason = str(getattr(e, "problem", None) or e).splitlines()[0]
+        raise ConfigError(f"{where}: {text!r} is not valid YAML ({reason}); write a list as a,b,c or [a, b, c] "
+                          "and a mapping as {key: value}.") from None
+
+
+def _to_list(value: Any, tp: Any, where: str) -> list:
+    """A list (tuples too) from a list, ``a,b,c`` or ``[a, b]`` text, or one scalar; items by the
+    first type argument."""
+    if isinstance(value, str):
+        value = (_yaml_text(value, where) if value.strip().startswith("[")
+                 else [v.strip() for v in value.split(",") if v.strip()])
+    if not isinstance(value, (list, tuple)):
+        value = [value]
+    args = typing.get_args(tp)
+    item_tp = args[0] if args else Any
+    return [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+
+
+def _to_mapping(value: Any, tp: Any, where: str) -> dict:
+    """A dict with text keys from a mapping or ``{key: value}`` text; values by the second type argument."""
+    if isinstance(value, str):
+        value = _yaml_text(value, where)
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {value!r}.")
+    args = typing.get_args(tp)
+    value_tp = args[1] if len(args) == 2 else Any
+    return {str(k): _coerce(v, value_tp, f"{where}.{k}") for k, v in value.items()}
+
+
+def _to_choice(value: Any, tp: Any, where: str) -> Any:
+    if value not in typing.get_args(tp):
+        raise ConfigError(f"{where}: got {value!r}; choose one of {list(typing.get_args(tp))}.")
     return value
+
+
+# The annotation (its origin for ``list[int]``, ``Literal[...]``) -> its converter.
+_CONVERTERS = {bool: _to_bool, int: _to_number, float: _to_number, str: _to_text, list: _to_list,
+               tuple: _to_list, dict: _to_mapping, typing.Literal: _to_choice}
 
 
 def from_dict(cls: type[T], data: dict[str, Any], *, where: str = "") -> T:

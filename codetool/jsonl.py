@@ -5,7 +5,7 @@ so ``kill -9`` loses at most the unit in progress. A partially written last line
 died mid-write) is skipped on read with a warning, and the next append starts on a new line; a job
 that resumes calls :func:`repair_jsonl` first, which cuts such a torn tail back to the last whole
 line (and logs what it cut), so the file holds whole records only.
-Every record passes through ``codetool.secrets.redact_obj`` and ``clean_obj`` before it is
+Every record passes through ``codetool.secrets.redact_obj`` and ``codetool.text.clean_obj`` before it is
 written: lone surrogates (``"\ud800"``, which models and tools can emit and which UTF-8 cannot
 encode) become U+FFFD, so writing never raises ``UnicodeEncodeError``. A full disk or another OS
 error is a one-line :class:`codetool.CodetoolError`; the partial line it may leave is terminated
@@ -23,29 +23,9 @@ from typing import Any
 
 from codetool import CodetoolError
 from codetool.secrets import redact_obj
+from codetool.text import clean_obj, clean_text  # noqa: F401  (clean_text: still imported from here)
 
 logger = logging.getLogger(__name__)
-
-
-def clean_text(text: str) -> str:
-    """``text`` with lone surrogates replaced by U+FFFD (a valid surrogate pair becomes its
-    character), so it can be encoded as UTF-8, tokenised, logged and written."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-
-
-def clean_obj(obj):
-    """Recursively apply :func:`clean_text` to the strings (keys too) of a JSON-like object."""
-    if isinstance(obj, str):
-        return clean_text(obj)
-    if isinstance(obj, dict):
-        return {clean_obj(k): clean_obj(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [clean_obj(v) for v in obj]
-    return obj
 
 
 def _dumps(record) -> str:
@@ -183,8 +163,3 @@ def repair_jsonl(path: str | os.PathLike) -> int:
     logger.warning("%s: cut a torn last line (%d bytes: %r) back to the last whole line; the unit it held "
                    "runs again", path, len(tail), tail[:80])
     return len(tail)
-
-
-def done_ids(path: str | os.PathLike, key: str = "query_id") -> set[str]:
-    """The ``key`` values already present in ``path``, as strings (for resume)."""
-    return {str(r[key]) for r in read_jsonl(path) if key in r}

@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from codetool import CodetoolError
-from codetool.jsonl import clean_text, read_jsonl, repair_jsonl, write_jsonl
+from codetool.jsonl import read_jsonl, repair_jsonl, write_jsonl
+from codetool.text import clean_text
 
 logger = logging.getLogger(__name__)
 

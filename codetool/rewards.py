@@ -5,7 +5,7 @@
   message) counts as a failure by default, even when the code caught the exception.
 - **Latent reward** ``R_latent = alpha^(1 - LR) * beta^(tau / L)`` where LR is the share of
   successful leaves below the step and tau the mean number of steps from it to its leaves
-  (DESIGN.md §4; defaults alpha 0.9, beta 0.95, L 20; the public code sums the leaf depths,
+  (docs/DESIGN.md §4; defaults alpha 0.9, beta 0.95, L 20; the public code sums the leaf depths,
   ``trees.tau_mode: sum``). Leaf success is ``codetool.tree.labels.leaf_success`` (default
   ``grounded``: a finish after a successful tool call). It comes from a :class:`PRMScorer`
   (the trained PRM) or from rollouts (Monte Carlo estimate, see ``codetool.search``). The PRM's
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class PRMItem:
-    """One candidate step to score, in the fields of a PRM example (DESIGN.md §3).
+    """One candidate step to score, in the fields of a PRM example (docs/DESIGN.md §3).
 
     Args:
         query (`str`): the user query.

@@ -16,6 +16,8 @@ import logging
 import os
 import re
 
+from codetool.text import clean_text
+
 # Names such as OPENAI_API_KEY, TOOLBENCH_KEY, TMDB_ACCESS_TOKEN, HF_TOKEN, DB_PASSWORD.
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
 _MIN_SECRET_LEN = 6
@@ -126,10 +128,8 @@ class RedactingFilter(logging.Filter):
     surrogates (which a UTF-8 stream cannot encode)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from codetool.jsonl import clean_text  # lone surrogates would make the handler fail
-
         message = record.getMessage()
-        cleaned = clean_text(redact(message))
+        cleaned = clean_text(redact(message))  # lone surrogates would make the handler fail
         if cleaned != message:
             record.msg, record.args = cleaned, None
         return True

@@ -2,7 +2,7 @@
 
 Used by ``serve-prm``, ``serve-mock``, the search (the TMDB mock of RestBench runs), tests and
 benchmarks. Every codetool server is wrapped in :class:`ServerGuard` and started with
-:func:`serve_forever` or :func:`serve_in_background`, so they all behave alike (DESIGN.md §5b):
+:func:`serve_forever` or :func:`serve_in_background`, so they all behave alike (docs/DESIGN.md §5b):
 
 - **Bind.** Loopback by default; any address that is not loopback (``localhost``, 127.0.0.0/8,
   ``::1``, ``::ffff:127.x.y.z``) needs a non-blank API key (:func:`check_bind`); the server

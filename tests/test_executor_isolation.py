@@ -1,4 +1,4 @@
-"""DESIGN.md §5 threats and the isolation layers, in both modes.
+"""docs/DESIGN.md §5 threats and the isolation layers, in both modes.
 
 Tests that need a layer the active isolation lacks (e.g. a mount namespace in the fallback mode,
 or a uid drop when the tests do not run as root) skip and say which layer is missing; the layers

@@ -106,7 +106,7 @@ def test_a_failed_dataset_export_is_an_error_and_keeps_the_previous_dataset(monk
     monkeypatch.setattr(dataset, "write_jsonl", real)
     assert build_trees_command(_cfg(queries, tmp_path)) == 0  # only the export runs again
     before = {p.name: p.stat().st_ino for p in (tmp_path / "prm").iterdir()}
-    assert {"prm_examples.jsonl", "train.jsonl", "validation.jsonl", "hf", "summary.json"} <= set(before)
+    assert {"prm_examples.jsonl", "train.jsonl", "validation.jsonl", "summary.json"} <= set(before)
     monkeypatch.setattr(dataset, "write_jsonl", full_disk)
     with pytest.raises(CodetoolError, match="No space left on device"):
         build_trees_command(_cfg(queries, tmp_path))

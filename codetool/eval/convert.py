@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from codetool import CodetoolError
-from codetool.jsonl import write_jsonl
 from codetool.search.records import Candidate, ImportedCall, ImportedResult, Step, Trajectory
 from codetool.secrets import redact_obj
 
@@ -317,8 +316,3 @@ def export_converted(trajs: list[Trajectory], out_dir: str | Path, method: str |
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]+", "_", name).strip("_") or "x"
-
-
-def save_trajectories(trajs: list[Trajectory], path: str | Path) -> int:
-    """Write trajectories as JSONL (e.g. after :func:`import_converted`); returns the count."""
-    return write_jsonl(path, (t.to_dict() for t in trajs))

@@ -1,4 +1,4 @@
-"""The sandboxed, stateful, forkable executor of model-written code (DESIGN.md §2, §5).
+"""The sandboxed, stateful, forkable executor of model-written code (docs/DESIGN.md §2, §5).
 
 ```python
 from codetool.executor import Executor, ExecutorConfig, ExecutionResult

@@ -11,7 +11,7 @@ ISOLATION_MODES = ("auto", "bwrap", "fallback")
 
 @dataclass
 class ExecutorConfig:
-    """Limits of the sandbox that runs model-written code (DESIGN.md §2, §5).
+    """Limits of the sandbox that runs model-written code (docs/DESIGN.md §2, §5).
 
     Args:
         timeout_s (`float`, *optional*, defaults to `30.0`): wall-clock seconds one ``run`` may take,

@@ -1,6 +1,6 @@
 """LLM backends behind one interface, ``generate(prompts, n, ...) -> list[list[Completion]]``.
 
-The backends (DESIGN.md §2):
+The backends (docs/DESIGN.md §2):
 
 - :class:`TransformersBackend`: a local model (``default``, a directory, a ``.gguf``, a Hub id);
 - :class:`OpenAIBackend`: any OpenAI-compatible chat completions server (vLLM, SGLang, hosted);

@@ -5,7 +5,7 @@ those texts. The set of tokens allowed in a state of a :class:`~codetool.models.
 is found by walking that trie together with the constraint's trie of allowed openings: only the
 branches both share are visited (a few hundred nodes), and the mask is cached per state. Inside a
 call's arguments (shape ``line``) nearly every token is allowed and the walk visits the whole trie
-(~0.2 s for a 49k vocabulary), but those masks do not depend on the names and are computed once. Before a
+(one pass over the vocabulary), but those masks do not depend on the names and are computed once. Before a
 trigger appears, the only forbidden tokens are those that would complete the trigger and continue
 with a disallowed opening (found by one pass over the vocabulary per partial-trigger suffix, cached).
 

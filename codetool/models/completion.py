@@ -1,4 +1,4 @@
-"""The one LLM interface every backend implements: ``generate`` -> ``Completion`` (DESIGN.md §2).
+"""The one LLM interface every backend implements: ``generate`` -> ``Completion`` (docs/DESIGN.md §2).
 
 A prompt is either a plain string (one user message) or a list of chat messages
 (``{"role": ..., "content": ...}``); backends apply the chat template themselves. When the last

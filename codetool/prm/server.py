@@ -1,4 +1,4 @@
-"""``codetool serve-prm --prm DIR --port N``: the PRM over HTTP JSON (DESIGN.md §5b).
+"""``codetool serve-prm --prm DIR --port N``: the PRM over HTTP JSON (docs/DESIGN.md §5b).
 
 ``POST /score`` with ``{"items": [{"query", "tools", "history", "candidate", "candidate_plan",
 "candidate_output"}, ...]}`` answers ``{"scores": [float in [0, 1], ...]}``; ``GET /health``

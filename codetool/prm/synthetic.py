@@ -1,6 +1,6 @@
 """Synthetic PRM example rows, for tests, benchmarks and a quickstart without built trees.
 
-The rows have the fields of the tree builder's PRM examples (DESIGN.md §3): ``query``,
+The rows have the fields of the tree builder's PRM examples (docs/DESIGN.md §3): ``query``,
 ``query_id``, ``tools``, ``history``, ``candidate``, ``candidate_output``, ``label``,
 ``latent_reward``, ``source``. Every step has one good candidate (calls an offered tool with the
 right arguments and prints a result) and one or more worse ones (an unknown function, a missing

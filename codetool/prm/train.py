@@ -19,8 +19,8 @@ held-out queries (``codetool.prm.evaluate``). Every checkpoint folder (``checkpo
 final ``output_dir``) is a PRM loadable by path (``codetool score --prm DIR``, the search's
 ``--prm DIR``).
 
-Measured on the 2-core CPU box (DESIGN.md §7, ``benchmarks/bench_prm_training.py``): this path
-trains several times more tokens per second than TRL ``SFTTrainer`` on prompt/completion rows.
+``benchmarks/bench_prm_training.py`` compares this path with TRL's ``SFTTrainer`` on
+prompt/completion rows; its figures are in the README ("Benchmarks").
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ gradient accumulation, bf16, checkpoints, resume, ``report_to`` and ``push_to_hu
 the Trainer: run it unchanged under ``accelerate launch --config_file configs/accelerate/<x>.yaml``.
 
 Why ``SFTTrainer`` and not TRL's base trainer: the PRM *is* completion-only SFT with one
-supervised token (TRL's convention, DESIGN.md §6), ``SFTConfig`` is the option set users know,
+supervised token (TRL's convention, docs/DESIGN.md §6), ``SFTConfig`` is the option set users know,
 and the base trainer is private (``trl.trainer.base_trainer._BaseTrainer``). ``PRMTrainer``
 passes its own collator and ``skip_prepare_dataset`` (rows are tokenised by
 ``codetool.prm.data``), and overrides ``compute_loss``/``prediction_step``/``_save``; the model

@@ -1,4 +1,4 @@
-"""Trajectory records: what a run of the search writes, one JSON line per query (DESIGN.md §3).
+"""Trajectory records: what a run of the search writes, one JSON line per query (docs/DESIGN.md §3).
 
 A :class:`Trajectory` holds every step, each with *all* its candidates (code, typed execution
 result, tool calls, every reward term, and which one was chosen), so evaluation, reports and PRM
@@ -243,7 +243,7 @@ class Trajectory:
                 for call in step.chosen_candidate.result.tool_calls]
 
     def to_dict(self) -> dict[str, Any]:
-        """The trajectory as one line of a trajectory file (the format of DESIGN.md §3)."""
+        """The trajectory as one line of a trajectory file (the format of docs/DESIGN.md §3)."""
         data = dataclasses.asdict(dataclasses.replace(self, steps=[]))  # keeps the key order
         data["steps"] = [s.to_dict() for s in self.steps]
         return data

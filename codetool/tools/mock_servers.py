@@ -16,7 +16,7 @@ or StableToolBench's own scripts (``--service_url http://127.0.0.1:8080/virtual`
   ``source`` fields, which StableToolBench's clients ignore). APIs are documented by the query
   files' ``api_list`` entries (default: the six StableToolBench test groups).
 
-Safety (DESIGN.md §5b): both apps come wrapped in ``codetool.serving.ServerGuard``, the guard
+Safety (docs/DESIGN.md §5b): both apps come wrapped in ``codetool.serving.ServerGuard``, the guard
 of every codetool server (:func:`guard`): binds 127.0.0.1 by default; any other address needs an
 API key in an environment variable, checked on every request as ``Authorization: Bearer <key>``
 (or a ``toolbench_key`` header, for StableToolBench's scripts). Request bodies over

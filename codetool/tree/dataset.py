@@ -1,4 +1,4 @@
-"""Turn labelled trees into PRM examples and a Hugging Face dataset (DESIGN.md §3).
+"""Turn labelled trees into PRM examples and a Hugging Face dataset (docs/DESIGN.md §3).
 
 Each sibling pair of a tree gives two rows that share their prefix (query, tools, the path of
 steps above them): the "more promising" sibling with ``label=1`` and the other with ``label=0``.
@@ -79,7 +79,7 @@ def export_dataset(records: list[dict[str, Any]], out_dir: str | Path, *, emit: 
                    val_fraction: float = 0.2, seed: int = 0) -> dict[str, Any]:
     """Write the PRM dataset into ``out_dir``: ``prm_examples.jsonl`` (every row; what
     ``codetool train-prm`` reads by default), ``train.jsonl`` and ``validation.jsonl`` (split by
-    query id), and ``hf/`` (a ``datasets.DatasetDict`` saved with ``save_to_disk``).
+    query id; ``datasets.load_dataset("json", data_files=...)`` reads them as a ``Dataset``).
 
     Also writes ``summary.json``: the row counts and the trees' pair counts (pairs by what
     decided them, drops by reason; see ``codetool.tree.labels.sibling_pairs``).
@@ -91,8 +91,6 @@ def export_dataset(records: list[dict[str, Any]], out_dir: str | Path, *, emit: 
         EmptyDatasetError: when the trees hold no usable row (e.g. every pair dropped).
         CodetoolError: a file cannot be written (e.g. a full disk).
     """
-    from datasets import Dataset, DatasetDict
-
     out_dir = Path(out_dir)
     rows, skipped, counts = [], 0, pair_counts()
     for record in records:
@@ -114,8 +112,6 @@ def export_dataset(records: list[dict[str, Any]], out_dir: str | Path, *, emit: 
     write_jsonl(out_dir / "prm_examples.jsonl", rows)
     for name, split_rows in splits.items():
         write_jsonl(out_dir / f"{name}.jsonl", split_rows)
-    DatasetDict({name: Dataset.from_list(split_rows) if split_rows else Dataset.from_dict({k: [] for k in PRM_FIELDS})
-                 for name, split_rows in splits.items()}).save_to_disk(str(out_dir / "hf"))
     stats = {"train": len(splits["train"]), "validation": len(splits["validation"]),
              "skipped_no_code": skipped, "val_query_ids": sorted(val_ids), "pair_counts": counts}
     (out_dir / "summary.json").write_text(json.dumps(stats, indent=2) + "\n")

@@ -1,0 +1,286 @@
+"""``codetool.config``: how a YAML or command-line value becomes the annotated type, branch by branch.
+
+``_coerce`` is the one place a recipe's text turns into typed settings, so every form it accepts
+and every value it refuses is pinned here: bools, numbers (bools and non-integral floats refused
+for integers), ``none``/``null`` for optional fields, lists from comma-separated text or YAML,
+tuples, mappings, ``Literal`` and ``choices``, nested dataclasses, and unknown keys with the
+closest valid key as a hint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+
+from codetool.config import (
+    ConfigError,
+    _coerce,
+    add_arguments,
+    config_from_args,
+    config_hash,
+    from_dict,
+    load_config,
+    option,
+)
+
+
+@dataclass
+class Inner:
+    k: int = option(2, "candidates")
+    name: str = option("x", "a name")
+
+
+@dataclass
+class Outer:
+    flag: bool = option(False, "a switch")
+    n: int = option(1, "a count")
+    lr: float = option(0.1, "a rate")
+    maybe: int | None = option(None, "an optional count")
+    tags: list[str] = option(default_factory=list, help="names")
+    sizes: tuple[int, ...] = option(default_factory=tuple, help="sizes")
+    weights: dict[str, float] = option(default_factory=dict, help="weights by name")
+    mode: Literal["a", "b"] = option("a", "a literal")
+    pick: str = option("x", "one of two", choices=("x", "y"))
+    inner: Inner = option(default_factory=Inner, help="a group")
+    anything: Any = option(None, "no type")
+    max_steps: int = option(5, "steps")
+
+    config_aliases = {"steps": "max_steps"}
+
+
+# -- bool ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text", ["true", "True", "YES", "1", "on", "On"])
+def test_bool_true_forms(text):
+    assert _coerce(text, bool, "flag") is True
+
+
+@pytest.mark.parametrize("text", ["false", "FALSE", "no", "0", "off"])
+def test_bool_false_forms(text):
+    assert _coerce(text, bool, "flag") is False
+
+
+def test_bool_keeps_bools_and_reads_the_integers_zero_and_one():
+    assert _coerce(True, bool, "flag") is True and _coerce(False, bool, "flag") is False
+    assert _coerce(1, bool, "flag") is True and _coerce(0, bool, "flag") is False
+
+
+@pytest.mark.parametrize("value", [2, -1, 1.0, "maybe", "", [True]])
+def test_bool_refuses_anything_else(value):
+    with pytest.raises(ConfigError, match=r"^flag: expected true or false, got "):
+        _coerce(value, bool, "flag")
+
+
+# -- int and float ---------------------------------------------------------------------------------
+
+def test_int_from_text_and_from_integral_floats():
+    assert _coerce("3", int, "n") == 3 and type(_coerce("3", int, "n")) is int
+    assert _coerce(3.0, int, "n") == 3 and type(_coerce(3.0, int, "n")) is int
+    assert _coerce(-7, int, "n") == -7
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_numbers_refuse_bools(value):
+    for tp in (int, float):
+        with pytest.raises(ConfigError, match=rf"^n: expected a number, got {value}\.$"):
+            _coerce(value, tp, "n")
+
+
+def test_int_refuses_non_integral_floats_and_non_numbers():
+    with pytest.raises(ConfigError, match=r"^n: expected an integer, got 3\.5\.$"):
+        _coerce(3.5, int, "n")
+    with pytest.raises(ConfigError, match=r"^n: expected an integer, got '3\.0'\.$"):
+        _coerce("3.0", int, "n")  # int("3.0") fails: text must be an integer literal
+    for value in ("three", [1], {"a": 1}, math.nan):
+        with pytest.raises(ConfigError, match=r"^n: expected an integer, got "):
+            _coerce(value, int, "n")
+
+
+def test_int_refuses_infinity_with_a_config_error():
+    with pytest.raises(ConfigError, match=r"^n: expected an integer, got inf\.$"):
+        _coerce(math.inf, int, "n")
+
+
+def test_float_from_text_and_integers():
+    assert _coerce("1e-6", float, "lr") == 1e-6
+    assert _coerce(2, float, "lr") == 2.0 and type(_coerce(2, float, "lr")) is float
+    with pytest.raises(ConfigError, match=r"^lr: expected a number, got 'fast'\.$"):
+        _coerce("fast", float, "lr")
+
+
+# -- none / null -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", [None, "none", "None", "NULL", "null"])
+def test_optional_fields_read_none_and_null(value):
+    assert _coerce(value, int | None, "maybe") is None
+
+
+def test_optional_fields_still_convert_a_value():
+    assert _coerce("5", int | None, "maybe") == 5
+    assert _coerce("none", Literal["a", "none"] | None, "m") is None  # the null words win for optional fields
+
+
+def test_a_required_field_refuses_null():
+    with pytest.raises(ConfigError, match=r"^n: got no value \(null\); expected int\.$"):
+        _coerce(None, int, "n")
+
+
+def test_null_words_are_text_for_required_and_untyped_fields():
+    assert _coerce("none", str, "s") == "none"
+    assert _coerce("null", Any, "a") == "null"
+    assert _coerce(None, Any, "a") is None
+
+
+# -- text ------------------------------------------------------------------------------------------
+
+def test_text_from_scalars_and_not_from_containers():
+    assert _coerce(5, str, "s") == "5" and _coerce(True, str, "s") == "True" and _coerce(1.5, str, "s") == "1.5"
+    for value in ({"a": 1}, ["a"]):
+        with pytest.raises(ConfigError, match=r"^s: expected text, got "):
+            _coerce(value, str, "s")
+
+
+# -- lists and tuples ------------------------------------------------------------------------------
+
+def test_lists_from_comma_separated_text():
+    assert _coerce("a, b,,c ", list[str], "tags") == ["a", "b", "c"]
+    assert _coerce("", list[str], "tags") == []
+    assert _coerce("1,2", list[int], "sizes") == [1, 2]
+
+
+def test_lists_from_yaml_text():
+    assert _coerce("[1, 2]", list[int], "sizes") == [1, 2]
+    assert _coerce(" [a, 'b, c']", list[str], "tags") == ["a", "b, c"]
+    assert _coerce("[1]", list[str], "tags") == ["1"]  # items take the item type
+
+
+def test_lists_refuse_broken_yaml_text_in_one_line():
+    with pytest.raises(ConfigError, match=r"^tags: '\[a, b' is not valid YAML"):
+        _coerce("[a, b", list[str], "tags")
+
+
+def test_a_scalar_becomes_a_one_item_list_and_items_are_checked_by_position():
+    assert _coerce(5, list[int], "sizes") == [5]
+    assert _coerce({"a": 1}, list, "x") == [{"a": 1}]
+    with pytest.raises(ConfigError, match=r"^sizes\[1\]: expected an integer, got 'x'\.$"):
+        _coerce(["1", "x"], list[int], "sizes")
+
+
+def test_tuples_and_bare_lists_become_lists():
+    assert _coerce("1, 2", tuple[int, ...], "sizes") == [1, 2]
+    assert _coerce((1, 2), list[int], "sizes") == [1, 2]
+    assert _coerce("a,b", list, "x") == ["a", "b"]
+    assert _coerce(["1", 2], tuple, "x") == ["1", 2]  # no item type: items kept as they are
+
+
+# -- mappings --------------------------------------------------------------------------------------
+
+def test_mappings_from_dicts_and_yaml_text():
+    assert _coerce({"a": "0.5", 1: 2}, dict[str, float], "w") == {"a": 0.5, "1": 2.0}
+    assert _coerce("{a: 1}", dict[str, float], "w") == {"a": 1.0}
+    assert _coerce({"a": [1]}, dict, "w") == {"a": [1]}
+    with pytest.raises(ConfigError, match=r"^w\.b: expected a number, got 'x'\.$"):
+        _coerce({"b": "x"}, dict[str, float], "w")
+
+
+def test_mappings_refuse_other_values():
+    for value in ("a", ["a"], 3):
+        with pytest.raises(ConfigError, match=r"^w: expected a mapping, got "):
+            _coerce(value, dict[str, float], "w")
+    with pytest.raises(ConfigError, match=r"^w: '\{a: 1' is not valid YAML"):
+        _coerce("{a: 1", dict[str, float], "w")
+
+
+# -- Literal and choices ---------------------------------------------------------------------------
+
+def test_literal_values():
+    assert _coerce("b", Literal["a", "b"], "mode") == "b"
+    with pytest.raises(ConfigError, match=r"^mode: got 'c'; choose one of \['a', 'b'\]\.$"):
+        _coerce("c", Literal["a", "b"], "mode")
+    assert _coerce(None, Literal["a", "b"] | None, "mode") is None
+
+
+def test_choices_are_checked_after_conversion():
+    assert from_dict(Outer, {"pick": "y"}).pick == "y"
+    with pytest.raises(ConfigError, match=r"^pick: got 'z'; choose one of \['x', 'y'\]\.$"):
+        from_dict(Outer, {"pick": "z"})
+
+
+# -- nested dataclasses ----------------------------------------------------------------------------
+
+def test_nested_groups_from_mappings_and_instances():
+    cfg = from_dict(Outer, {"inner": {"k": "5"}})
+    assert cfg.inner == Inner(k=5, name="x")
+    given = Inner(k=9)
+    assert _coerce(given, Inner, "inner") is given
+    assert _coerce(given, Inner | None, "inner") is given
+
+
+def test_nested_groups_refuse_scalars_and_name_the_dotted_key():
+    with pytest.raises(ConfigError, match=r"^inner: expected a mapping of Inner settings, got '5'\.$"):
+        from_dict(Outer, {"inner": "5"})
+    with pytest.raises(ConfigError, match=r"^inner\.k: expected an integer, got 'many'\.$"):
+        from_dict(Outer, {"inner": {"k": "many"}})
+
+
+# -- unknown keys ----------------------------------------------------------------------------------
+
+def test_an_unknown_key_names_the_closest_valid_key_and_lists_the_valid_ones():
+    with pytest.raises(ConfigError, match=r"^unknown config key 'falg'\. Did you mean 'flag'\? \(valid keys: "
+                                          r"anything, flag, inner, lr, max_steps, maybe, mode, n, pick, sizes, "
+                                          r"tags, weights\)$"):
+        from_dict(Outer, {"falg": True})
+    with pytest.raises(ConfigError, match=r"^unknown config key 'inner\.kk'\. Did you mean 'k'\?"):
+        from_dict(Outer, {"inner": {"kk": 1}})
+
+
+def test_an_unknown_key_far_from_every_valid_one_gets_no_hint():
+    with pytest.raises(ConfigError) as e:
+        from_dict(Outer, {"zzzzzz": 1})
+    assert str(e.value).startswith("unknown config key 'zzzzzz'. (valid keys: ")
+
+
+def test_dashes_and_aliases_name_the_same_field():
+    assert from_dict(Outer, {"max-steps": "7"}).max_steps == 7
+    assert from_dict(Outer, {"steps": 8}).max_steps == 8
+
+
+def test_untyped_and_unknown_annotations_pass_through():
+    assert _coerce({"x": 1}, Any, "a") == {"x": 1}
+    assert _coerce("5", int | str, "u") == "5"  # a union of several types is not guessed at
+    assert _coerce("p", Path, "p") == "p"
+
+
+# -- load_config and the command line --------------------------------------------------------------
+
+def test_load_config_layers_defaults_yaml_and_dotted_overrides(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("n: 3\ntags: [a, b]\ninner: {k: 4, name: y}\n")
+    cfg = load_config(Outer, recipe, {"inner.k": "6", "flag": "yes", "weights": "{a: 2}"})
+    assert (cfg.n, cfg.tags, cfg.inner, cfg.flag, cfg.weights) == (3, ["a", "b"], Inner(6, "y"), True, {"a": 2.0})
+    with pytest.raises(ConfigError, match=r"^--n\.k: 'n' is a value, not a group of settings\.$"):
+        load_config(Outer, recipe, {"n": 1, "n.k": 1})
+    with pytest.raises(ConfigError, match=r"^n: expected an integer, got \{'k': 1\}\.$"):
+        load_config(Outer, recipe, {"n.k": 1})  # the recipe's value is replaced by the group, then refused
+
+
+def test_command_line_flags_reach_the_config_through_the_same_conversion():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, Outer)
+    cfg = config_from_args(Outer, parser.parse_args(["--flag", "--max-steps", "4", "--inner.k", "3",
+                                                     "--tags", "a,b", "--maybe", "none"]))
+    assert (cfg.flag, cfg.max_steps, cfg.inner.k, cfg.tags, cfg.maybe) == (True, 4, 3, ["a", "b"], None)
+    cfg = config_from_args(Outer, parser.parse_args(["--flag", "false", "--steps", "2"]))
+    assert (cfg.flag, cfg.max_steps) == (False, 2)
+
+
+def test_config_hash_is_stable_and_ignores_named_keys():
+    a, b = Outer(n=2), Outer(n=2, tags=["x"])
+    assert config_hash(a) == config_hash(Outer(n=2)) and len(config_hash(a)) == 12
+    assert config_hash(a) != config_hash(b)
+    assert config_hash(a, ignore=["tags"]) == config_hash(b, ignore=["tags"])
