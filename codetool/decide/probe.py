@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -241,13 +240,11 @@ def fit_probe(features: np.ndarray, labels: Sequence[int], *, C: float = 1e-3, m
 
 
 def auroc(scores: Sequence[float], labels: Sequence[int]) -> float:
-    """ROC AUC of ``scores`` for binary ``labels`` (scikit-learn); NaN with a single class."""
-    from sklearn.metrics import roc_auc_score
+    """ROC AUC of ``scores`` for binary ``labels`` (Mann-Whitney with average ranks for ties, the
+    function ``codetool eval-prm`` uses); NaN with a single class."""
+    from codetool.prm.evaluate import roc_auc
 
-    y = np.asarray(labels, dtype=int)
-    if len(set(y.tolist())) < 2:
-        return math.nan
-    return float(roc_auc_score(y, np.asarray(scores, dtype=float)))
+    return roc_auc(scores, labels)
 
 
 def auroc_interval(scores: Sequence[float], labels: Sequence[int], *, samples: int = 1000, seed: int = 0,

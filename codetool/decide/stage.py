@@ -102,6 +102,8 @@ class RouterConfig:
                               f"(greedy samples always agree), got temperature {self.temperature}.")
         if self.max_new_tokens < 1 or self.answer_max_new_tokens < 1:
             raise ConfigError("router.max_new_tokens and router.answer_max_new_tokens must be >= 1.")
+        if self.prefill not in PREFILLS:
+            raise ConfigError(f"router.prefill must be one of {', '.join(PREFILLS)}, got {self.prefill!r}.")
         if self.method == "probe" and not self.probe:
             raise ConfigError("router.method probe needs router.probe, the folder `codetool train-probe` wrote.")
         if self.probe_temperature < 0:

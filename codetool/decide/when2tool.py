@@ -56,6 +56,8 @@ def _read_tasks(path: Path) -> list[dict]:
             data = [json.loads(line) for line in text.splitlines() if line.strip()]
         except json.JSONDecodeError as e:
             raise CodetoolError(f"when2tool: {path} is neither a JSON list nor JSON Lines ({e}).") from None
+    if isinstance(data, dict):  # JSON Lines of one task
+        data = [data]
     if not isinstance(data, list) or not all(isinstance(t, dict) for t in data):
         raise CodetoolError(f"when2tool: {path} must hold a list of task objects, got {type(data).__name__}.")
     return data
