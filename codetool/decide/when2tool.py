@@ -32,6 +32,7 @@ from typing import Any
 
 from codetool import CodetoolError
 from codetool.decide.labelled import DecisionItem
+from codetool.tools.names import assign_function_names
 from codetool.tools.spec import APISpec, Parameter
 
 
@@ -128,6 +129,7 @@ def load_when2tool(path: str | Path, envs_dir: str | Path | None = None) -> list
         envs = _environments(task)
         apis = [_api(env["name"], str(tool), _schemas(folder, env["name"], cache).get(str(tool)))
                 for env in envs for tool in env.get("tools") or []]
+        assign_function_names(apis)  # names before anyone renders or scores them (they are the options)
         group = envs[0]["name"] if envs else "unknown"
         items.append(DecisionItem(f"w2t-{task['id']}", query, False, [], apis, group,
                                   str(task.get("difficulty", "unknown")), answer=str(answer), benchmark="when2tool"))
