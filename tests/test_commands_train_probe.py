@@ -84,3 +84,14 @@ def test_train_probe_then_eval_decision_on_its_heldout_queries(tmp_path, shared_
         ("default", "direct"), ("default", "reason"), ("no_tool", "direct"), ("no_tool", "reason")}
     assert (tmp_path / "ev" / "decision_tradeoff.png").read_bytes()[:4] == b"\x89PNG"
     assert "probe (hidden states)" in (tmp_path / "ev" / "report.md").read_text()
+
+    # the probe as the primary method, hard prefill: its routes and sweep read P(tool) against t_probe
+    ev2 = DecisionEvalConfig(output=str(tmp_path / "ev2"), answer_direct=False, baselines=[], compare=["probe"],
+                             bootstrap_samples=20, router=RouterConfig(method="probe", probe=str(out), prefill="hard"))
+    assert eval_decision_command(ev2) == 0
+    rep2 = json.loads((tmp_path / "ev2" / "report.json").read_text())
+    assert rep2["method"] == "probe" and rep2["thresholds"] == {"t_probe": 0.5}
+    records = [json.loads(line) for line in (tmp_path / "ev2" / "records.jsonl").read_text().splitlines()]
+    routes = [("direct" if r["p_tool"] < 0.5 else "search") for r in records]
+    assert [r["route"] for r in records] == routes and rep2["at_threshold"]["routes"]["fast"] == 0
+    assert rep2["necessity"]["methods"]["probe"]["auroc"] == nec["methods"]["probe"]["auroc"]

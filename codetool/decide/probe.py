@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -160,14 +160,19 @@ class Probe:
             setattr(self, name, value)
         if self.temperature <= 0:
             raise CodetoolError(f"probe temperature must be > 0, got {self.temperature}.")
+        self._folded: tuple[np.ndarray, float] | None = None
 
     def logits(self, features: np.ndarray) -> np.ndarray:
         """(n,) logits of ``features`` (n, d) before the temperature."""
-        x = np.asarray(features, dtype=np.float64)
+        x = np.asarray(features)
         if x.ndim != 2 or x.shape[1] != self.coef.shape[0]:
             raise CodetoolError(f"probe features must be (n, {self.coef.shape[0]}), got {x.shape}: the model or "
                                 f"its layer set differs from the one the probe was trained on ({self.model}).")
-        return ((x - self.mean) / self.scale) @ self.coef.astype(np.float64) + self.intercept
+        if self._folded is None:  # ((x - mean) / scale) . w + b == x . (w / scale) + (b - (mean / scale) . w)
+            w = self.coef.astype(np.float64) / self.scale
+            self._folded = (w, self.intercept - float(self.mean.astype(np.float64) @ w))
+        w, b = self._folded
+        return x.astype(np.float64, copy=False) @ w + b
 
     def predict(self, features: np.ndarray, temperature: float | None = None) -> np.ndarray:
         """(n,) P(tool necessary) in [0, 1] for ``features`` (n, d)."""
@@ -182,7 +187,7 @@ class Probe:
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)
         save_file({"coef": self.coef, "mean": self.mean, "scale": self.scale}, str(out / WEIGHTS_FILE))
-        meta = {k: v for k, v in asdict(self).items() if k not in ("coef", "mean", "scale")}
+        meta = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("coef", "mean", "scale")}
         meta["format_version"] = FORMAT_VERSION
         tmp = out / (META_FILE + ".tmp")
         tmp.write_text(json.dumps(meta, indent=2, sort_keys=True, default=float), encoding="utf-8")

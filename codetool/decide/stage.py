@@ -25,7 +25,13 @@ When2Tool idea of deciding whether a tool is needed before planning with tools.
   by the option's length in characters; ``codetool eval-decision`` reports every variant.
 - ``agreement`` (any backend): ``samples`` sampled replies are parsed into names
   (:func:`parse_choice`); the confidence is the share of samples naming the top answer
-  (unparseable replies count in the denominator).
+  (unparseable replies count in the denominator). This is the *verbalised* confidence.
+- ``probe`` (local transformers models): no question is asked; a probe reads the hidden states
+  of the policy's first-step prompt and gives P(tool necessary) (:mod:`codetool.decide.probe`,
+  routed by :func:`route_for` with ``t_probe`` and ``prefill``).
+
+Every decision carries ``p_tool``, its probability that a tool is needed, so the methods can be
+compared on one scale (``codetool eval-decision``'s ``compare``).
 
 Limits: the decision prompt lists names and one-line descriptions only (no signatures). Option
 scoring treats a name that is a prefix of another as at least as likely as the longer one; set
