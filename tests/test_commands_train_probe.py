@@ -95,3 +95,15 @@ def test_train_probe_then_eval_decision_on_its_heldout_queries(tmp_path, shared_
     routes = [("direct" if r["p_tool"] < 0.5 else "search") for r in records]
     assert [r["route"] for r in records] == routes and rep2["at_threshold"]["routes"]["fast"] == 0
     assert rep2["necessity"]["methods"]["probe"]["auroc"] == nec["methods"]["probe"]["auroc"]
+
+    # the router loads the probe from router.probe and reads the decider's hidden states
+    from types import SimpleNamespace
+
+    from codetool.decide.router import Router
+    from codetool.search.search import SearchConfig, SearchTask
+
+    search = SimpleNamespace(policy=scripted_tiny, cfg=SearchConfig(), make_executor=None)
+    router = Router(RouterConfig(method="probe", probe=str(out), t_probe=0.5), search)
+    env = ToolEnvironment(items[held[0]].apis, None, render_style="compact")
+    [d] = router._decide([SearchTask(held[0], items[held[0]].query, env)])
+    assert d.method == "probe" and d.p_tool == pytest.approx(float(probe.predict(feats[:1])[0]), abs=1e-6)
