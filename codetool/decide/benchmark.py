@@ -102,7 +102,7 @@ class DecisionEvalConfig:
                                   help="prompt-only modes run as baselines (empty: none)")
     baseline_reasoning: list[str] = option(default_factory=lambda: ["direct", "reason"],
                                            help="direct and/or reason (reason-then-act) for each baseline mode")
-    baseline_max_new_tokens: int = option(48, "tokens of a baseline's first reply")
+    baseline_max_new_tokens: int = option(32, "tokens of a baseline's first reply (enough for a sentence of reasoning and the code block's first line)")
     bootstrap_samples: int = option(1000, "resamples of queries for the AUROC intervals")
     router: RouterConfig = field(default_factory=RouterConfig)
     search: SearchConfig = field(default_factory=lambda: SearchConfig(method="spot", latent="none", w_latent=0.0,
