@@ -47,6 +47,8 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
              "evaluate trajectory files: SoPR, SoWR, path rate, SCEP, cost; writes a report"),
     "eval-decision": ("codetool.decide.benchmark", "DecisionEvalConfig", "eval_decision_command",
                       "benchmark the decide-first stage (When2Tool metrics)"),
+    "train-probe": ("codetool.commands.train_probe", "TrainProbeConfig", "train_probe_command",
+                    "label queries by a run without tools and train the hidden-state probe (When2Tool)"),
     "pipeline": ("codetool.pipeline", "PipelineConfig", "pipeline_command",
                  "trees -> PRM -> guided search -> evaluation, resumable by stage"),
 }

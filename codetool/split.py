@@ -3,7 +3,8 @@
 Tree export (``codetool.tree.dataset``: ``validation.jsonl``), ``codetool train-prm`` (its eval
 rows when no ``--eval_dataset`` is given) and ``codetool eval-prm`` (the held-out rows it rebuilds
 from the checkpoint's ``split`` settings) all call :func:`heldout_query_ids`, so with the same
-fraction and seed they hold out the same queries (issue 18).
+fraction and seed they hold out the same queries (issue 18). ``codetool train-probe`` and
+``codetool eval-decision`` split the decide-first queries the same way (:func:`split_query_ids`).
 
 The split is by query id, never by row, so no query leaks across it. Ids are ranked by
 ``sha256(f"{seed}:{query_id}")`` and the first ``k`` are held out, with
@@ -48,3 +49,10 @@ def heldout_query_ids(query_ids: Iterable[str], fraction: float, seed: int = 0) 
     ids = sorted({str(q) for q in query_ids})
     k = heldout_count(len(ids), fraction)
     return set(sorted(ids, key=lambda q: _rank(q, seed))[:k])
+
+
+def split_query_ids(query_ids: Iterable[str], fraction: float, seed: int = 0) -> tuple[list[str], list[str]]:
+    """``(train, heldout)``: the distinct ids in first-seen order, split by :func:`heldout_query_ids`."""
+    ids = list(dict.fromkeys(str(q) for q in query_ids))
+    held = heldout_query_ids(ids, fraction, seed)
+    return [q for q in ids if q not in held], [q for q in ids if q in held]

@@ -227,7 +227,7 @@ SCORES = {"capital": {NONE: 0.9, WEATHER: 0.05, NEWS: 0.05},
 def as_reply(text, prompt):
     """A scripted reply as the backend would return it: with ``code_prefix`` the prompt ends with an
     opening fence and generation stops at the closing one, so only the code comes back."""
-    if prompt[-1]["role"] == "assistant" and prompt[-1]["content"].startswith("```"):
+    if prompt[-1]["role"] == "assistant" and prompt[-1]["content"].endswith("```python\n"):
         parts = text.split("```python\n", 1)
         return parts[1].split("```")[0] if len(parts) == 2 else text
     return text
@@ -357,3 +357,78 @@ def test_decide_through_a_real_transformers_backend(tiny_model_dir):
         assert d.prompt_tokens > 50 and d.scored_tokens > 3
     [sampled] = decide(backend, items[:1], RouterConfig(method="agreement", samples=3, max_new_tokens=8))
     assert len(sampled.samples) == 3 and sampled.completion_tokens > 0
+
+
+# ----- Probe&Prefill (When2Tool) ----------------------------------------------------------------
+
+def probe_decision(p_tool, t_probe=0.5):
+    none = p_tool < t_probe
+    return Decision(NONE if none else None, 1 - p_tool if none else p_tool, "probe", p_tool=p_tool)
+
+
+def test_probe_routes_by_p_tool_and_prefill():
+    soft, hard = RouterConfig(t_probe=0.4), RouterConfig(t_probe=0.4, prefill="hard")
+    assert route_for(probe_decision(0.39), soft) == "fast" and route_for(probe_decision(0.39), hard) == "direct"
+    assert route_for(probe_decision(0.4), soft) == "search" == route_for(probe_decision(0.4), hard)
+    with pytest.raises(ConfigError, match="router.probe"):
+        RouterConfig(method="probe")
+    with pytest.raises(ConfigError, match="prefill"):
+        RouterConfig(prefill="medium")
+
+
+def test_soft_prefill_no_tool_side_is_a_steered_step_that_may_finish_without_a_tool():
+    from codetool.decide.router import prefill_text
+
+    policy = policy_from([("France", "```python\nfinish('Paris')\n```")])
+    d = probe_decision(0.2)
+    [traj] = route_and_solve([task("p1", "What is the capital of France?")], RouterConfig(), make_search(policy),
+                             policy, decisions=[d])
+    steer = prefill_text(d, "fast", RouterConfig())
+    assert steer.startswith("This request needs no function")
+    assert policy.calls[0][0][0][-1] == {"role": "assistant", "content": steer + "```python\n"}
+    assert "fits this request" not in policy.calls[0][0][0][1]["content"]  # no function hint for the probe
+    assert traj.routing["route"] == "fast" and traj.routing["fallback"] is None and traj.final_answer == "Paris"
+    assert traj.steps[0].chosen_candidate.text.startswith(steer + "```python\nfinish('Paris')")
+    assert traj.routing["p_tool"] == 0.2 and traj.routing["prefill"] == "soft" and traj.routing["prefill_text"] == steer
+
+
+def test_soft_prefill_fast_step_that_does_not_finish_falls_back_without_a_prefill():
+    policy = policy_from([("Write the next step", "```python\nfinish('21 degrees')\n```"),
+                          ("weather", f"```python\nr = {WEATHER}(city='Paris')\nprint(r)\n```")])
+    [traj] = route_and_solve([task("p2", "What is the weather in Paris?")], RouterConfig(), make_search(policy), policy,
+                             decisions=[probe_decision(0.1)])
+    assert traj.routing["fallback"] == "no_finish" and len(traj.steps) == 2 and traj.final_answer == "21 degrees"
+    assert policy.calls[1][0][0][-1]["content"] == "```python\n"  # the search's step: code_prefix only
+
+
+@pytest.mark.parametrize("prefill", ["soft", "hard"])
+def test_tool_side_runs_the_search_with_its_first_reply_prefilled(prefill):
+    first = f"```python\nr = {WEATHER}(city='Paris')\nprint(r)\n```"
+    policy = policy_from([("Write the next step", "```python\nfinish('21 degrees')\n```"), ("weather", first)])
+    cfg = RouterConfig(prefill=prefill)
+    [traj] = route_and_solve([task("p3", "What is the weather in Paris?")], cfg, make_search(policy), policy,
+                             decisions=[probe_decision(0.9)])
+    assert traj.routing["route"] == "search" and traj.final_answer == "21 degrees"
+    opening = policy.calls[0][0][0][-1]
+    want = "```python\n" if prefill == "hard" else "This request needs a function call"
+    assert opening["role"] == "assistant" and opening["content"].startswith(want)
+    assert opening["content"].endswith("```python\n") and opening["content"].count("```python") == 1
+    assert policy.calls[1][0][0][-1]["content"] == "```python\n"  # only the first step is prefilled
+
+
+def test_hard_prefill_no_tool_side_answers_directly():
+    policy = policy_from([("capital", "Paris.")])
+    [traj] = route_and_solve([task("p4", "What is the capital of France?")], RouterConfig(prefill="hard"),
+                             make_search(policy), policy, decisions=[probe_decision(0.05)])
+    assert traj.routing["route"] == "direct" and traj.steps == [] and traj.final_answer == "Paris."
+    assert traj.routing["prefill_text"] == ""
+
+
+def test_prefill_without_code_prefix_is_kept_in_the_candidate_text():
+    policy = policy_from([("France", "```python\nfinish('Paris')\n```")])
+    search = make_search(policy, code_prefix=False)
+    [traj] = route_and_solve([task("p5", "What is the capital of France?")], RouterConfig(), search, policy,
+                             decisions=[probe_decision(0.2)])
+    assert policy.calls[0][0][0][-1]["content"].startswith("This request needs no function")
+    assert traj.steps[0].chosen_candidate.text.startswith("This request needs no function")
+    assert traj.final_answer == "Paris"

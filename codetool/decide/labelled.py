@@ -1,7 +1,9 @@
-"""The labelled set of the decide-first benchmark (``codetool eval-decision``).
+"""The labelled set of the decide-first benchmark (``codetool eval-decision``, ``codetool train-probe``).
 
 Tool-needing queries come from the StableToolBench test groups (the gold functions are the
-query's ``relevant APIs``); tool-free queries from ``codetool/resources/tool_free_queries.jsonl``
+query's ``relevant APIs``), optionally RestBench-TMDB (``n_restbench``; gold: the first API of the
+gold path) and ToolBench's example queries (``n_toolbench``); tool-free queries from
+``codetool/resources/tool_free_queries.jsonl``
 (general knowledge, arithmetic, unit conversion, writing, definitions, reasoning, code, language,
 advice, maths). A tool-free query is offered the tool list of one of the sampled tool-needing
 queries, so both kinds see the same tool lists. Queries whose gold APIs are not among their
@@ -41,6 +43,7 @@ class DecisionItem:
         category (`str`): the tool-free category, or the group.
         answer (`str` or `None`): the reference answer of a tool-free query, when there is one.
         tools_from (`str` or `None`): the StableToolBench query whose tools a tool-free query is offered.
+        benchmark (`str`): ``stabletoolbench``, ``restbench-tmdb``, ``toolbench``, ``tool_free`` or ``when2tool``.
     """
 
     item_id: str
@@ -52,6 +55,7 @@ class DecisionItem:
     category: str
     answer: str | None = None
     tools_from: str | None = None
+    benchmark: str = "stabletoolbench"
 
 
 def load_tool_free(path: str | Path | None = None) -> list[dict]:
@@ -81,20 +85,9 @@ def load_tool_free(path: str | Path | None = None) -> list[dict]:
     return rows
 
 
-def build_items(cfg: DecisionEvalConfig) -> tuple[list[DecisionItem], dict[str, int]]:
-    """Draw the labelled set: ``n_tool`` StableToolBench queries and ``n_free`` tool-free ones.
+def _usable(pool, skipped: Counter) -> list:
+    from codetool.tools import assign_function_names
 
-    Returns:
-        The items (tool-needing first, then tool-free; each part in draw order) and the counts of
-        skipped StableToolBench queries by reason (``no_apis``, ``gold_not_offered``).
-    """
-    from codetool.tools import assign_function_names, load_stabletoolbench
-
-    root = Path(cfg.data) if cfg.data else None
-    pool = [q for group in cfg.groups for q in load_stabletoolbench(group, root)]
-    rng = random.Random(cfg.seed)
-    rng.shuffle(pool)
-    skipped: Counter = Counter()
     usable = []
     for q in pool:
         if not q.apis:
@@ -103,18 +96,66 @@ def build_items(cfg: DecisionEvalConfig) -> tuple[list[DecisionItem], dict[str, 
         if not all(a.name for a in q.apis) or len({a.name for a in q.apis}) != len(q.apis):
             assign_function_names(q.apis)
         usable.append(q)
+    return usable
+
+
+def _draw(usable, n: int, prefix: str, benchmark: str, skipped: Counter, *, first_gold: bool = False
+          ) -> list[DecisionItem]:
+    """The first ``n`` usable queries whose gold APIs are offered (``first_gold``: only the first
+    gold API counts, RestBench's first call of its gold path)."""
     items = []
     for q in usable:
-        if len(items) >= cfg.n_tool:
+        if len(items) >= n:
             break
         by_key = {a.key: a.name for a in q.apis}
-        gold = sorted({by_key[tuple(p)] for p in q.relevant_apis if tuple(p) in by_key})
+        relevant = q.relevant_apis[:1] if first_gold else q.relevant_apis
+        gold = sorted({by_key[tuple(p)] for p in relevant if tuple(p) in by_key})
         if not gold:
             skipped["gold_not_offered"] += 1
             continue
-        items.append(DecisionItem(f"stb-{q.group}-{q.query_id}", q.query, True, gold, q.apis, q.group, q.group))
+        group = q.group or benchmark
+        items.append(DecisionItem(f"{prefix}-{group}-{q.query_id}", q.query, True, gold, q.apis, group, group,
+                                  benchmark=benchmark))
+    return items
+
+
+def build_items(cfg: DecisionEvalConfig) -> tuple[list[DecisionItem], dict[str, int]]:
+    """Draw the labelled set: ``n_tool`` StableToolBench queries, ``n_restbench`` RestBench-TMDB and
+    ``n_toolbench`` ToolBench example queries (when ``cfg`` has those fields), ``n_free`` tool-free ones.
+
+    Returns:
+        The items (tool-needing first: StableToolBench, RestBench, ToolBench; then tool-free; each
+        part in draw order) and the counts of skipped queries by reason (``no_apis``,
+        ``gold_not_offered``). Ids: ``stb-<group>-<id>``, ``restbench-tmdb-<id>``,
+        ``toolbench-<file>-<id>``, the tool-free id.
+    """
+    from codetool.tools import (
+        data_root,
+        load_restbench,
+        load_stabletoolbench,
+        load_toolbench_queries,
+    )
+
+    root = Path(cfg.data) if cfg.data else None
+    pool = [q for group in cfg.groups for q in load_stabletoolbench(group, root)]
+    rng = random.Random(cfg.seed)
+    rng.shuffle(pool)
+    skipped: Counter = Counter()
+    usable = _usable(pool, skipped)
+    items = _draw(usable, cfg.n_tool, "stb", "stabletoolbench", skipped)
     if len(items) < cfg.n_tool:
         logger.warning("only %d usable tool-needing queries in %s (asked for %d)", len(items), cfg.groups, cfg.n_tool)
+    stb_items = list(items)
+    n_rest, n_tb = getattr(cfg, "n_restbench", 0), getattr(cfg, "n_toolbench", 0)
+    if n_rest:
+        rest = load_restbench(root, source="codetool")  # its 20 candidate APIs per query (54 make 6k-token prompts)
+        rng.shuffle(rest)
+        items += _draw(_usable(rest, skipped), n_rest, "restbench", "restbench-tmdb", skipped, first_gold=True)
+    if n_tb:
+        folder = (root if root is not None else data_root()) / "ToolBench" / "data_example" / "instruction"
+        examples = load_toolbench_queries(folder)
+        rng.shuffle(examples)
+        items += _draw(_usable(examples, skipped), n_tb, "toolbench", "toolbench", skipped)
     free = load_tool_free(cfg.free_queries or None)
     rng.shuffle(free)
     if len(free) < cfg.n_free:
@@ -123,9 +164,10 @@ def build_items(cfg: DecisionEvalConfig) -> tuple[list[DecisionItem], dict[str, 
         raise CodetoolError(f"no StableToolBench query with APIs in {cfg.groups}: tool-free queries need a tool list.")
     # each tool-free query is offered the tool list of a sampled tool-needing query (a matched pair
     # that shares the content-free calibration pass), or of any usable query when none is sampled
-    donors = [q for q in usable if f"stb-{q.group}-{q.query_id}" in {i.item_id for i in items}] or usable
+    donors = [q for q in usable if f"stb-{q.group}-{q.query_id}" in {i.item_id for i in stb_items}] or usable
     for k, row in enumerate(free[:cfg.n_free]):
         donor = donors[k % len(donors)]
         items.append(DecisionItem(str(row["id"]), row["query"], False, [], donor.apis, "tool_free", row["category"],
-                                  answer=row.get("answer"), tools_from=f"{donor.group}-{donor.query_id}"))
+                                  answer=row.get("answer"), tools_from=f"{donor.group}-{donor.query_id}",
+                                  benchmark="tool_free"))
     return items, dict(skipped)

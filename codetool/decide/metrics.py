@@ -89,13 +89,14 @@ def trajectory_cost(traj: Trajectory | None) -> Cost | None:
     return Cost(tokens=traj.prompt_tokens + traj.completion_tokens, seconds=seconds)
 
 
-def route_at(record: DecisionRecord, t_none: float, t_tool: float) -> str:
-    """The route of a benchmark record's decision under thresholds ``t_none``/``t_tool``."""
-    d = Decision(record.choice, record.confidence, record.method)
-    return route_for(d, RouterConfig(t_none=t_none, t_tool=t_tool))
+def route_at(record: DecisionRecord, t_none: float, t_tool: float, prefill: str = "soft") -> str:
+    """The route of a benchmark record's decision under thresholds ``t_none``/``t_tool`` (a probe
+    decision reads ``t_tool`` as ``t_probe``, with ``prefill``)."""
+    d = Decision(record.choice, record.confidence, record.method, p_tool=record.p_tool)
+    return route_for(d, RouterConfig(t_none=t_none, t_tool=t_tool, t_probe=t_tool, prefill=prefill))
 
 
-def threshold_row(records: list[DecisionRecord], t_none: float, t_tool: float) -> dict[str, Any]:
+def threshold_row(records: list[DecisionRecord], t_none: float, t_tool: float, prefill: str = "soft") -> dict[str, Any]:
     """Metrics, route counts and cost per query of routing at one pair of thresholds.
 
     The first action of a query is ``NONE`` on the direct route; on the fast route the first call
@@ -106,7 +107,7 @@ def threshold_row(records: list[DecisionRecord], t_none: float, t_tool: float) -
     """
     actions, tokens, seconds, routes = [], [], [], Counter()
     for r in records:
-        route = route_at(r, t_none, t_tool)
+        route = route_at(r, t_none, t_tool, prefill)
         routes[route] += 1
         if route == "direct":
             actions.append(NONE)
@@ -137,11 +138,12 @@ def baseline_row(records: list[DecisionRecord]) -> dict[str, Any] | None:
             "seconds_per_query": sum(c.seconds for c in searched) / n}
 
 
-def sweep_thresholds(records: list[DecisionRecord], thresholds: list[float] | None = None) -> list[dict[str, Any]]:
+def sweep_thresholds(records: list[DecisionRecord], thresholds: list[float] | None = None,
+                     prefill: str = "soft") -> list[dict[str, Any]]:
     """:func:`threshold_row` at ``t_none = t_tool = t`` for each ``t`` (default: 0, every recorded
-    confidence, and 1), in increasing order."""
-    grid = thresholds or [0.0, 1.0] + [round(r.confidence, 4) for r in records]
-    return [threshold_row(records, t, t) for t in sorted(set(grid))]
+    confidence (a probe's P(tool necessary)), and 1), in increasing order."""
+    grid = thresholds or [0.0, 1.0] + [round(r.p_tool if r.method == "probe" else r.confidence, 4) for r in records]
+    return [threshold_row(records, t, t, prefill) for t in sorted(set(grid))]
 
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")

@@ -63,6 +63,9 @@ class RouteCosts:
                    fast=Cost.from_dict(data.get("fast")), search=Cost.from_dict(data.get("search")))
 
 
+_ADDED = ("benchmark", "p_tool", "necessity", "search_tool_calls", "search_success")  # issue 30
+
+
 @dataclass
 class DecisionRecord:
     """One query of the decision benchmark: its label, the decision, each route's measured cost.
@@ -88,6 +91,11 @@ class DecisionRecord:
         fast_first_action, search_first_action (`str`, *optional*): first executed call of each
             route's trajectory (``NONE`` when it called none; ``None`` when not run).
         fast_fallback (`str`, *optional*): why the fast path fell back to the search.
+        benchmark (`str`): where the query comes from (``stabletoolbench``, ``tool_free``, ...).
+        p_tool (`float`, *optional*): the decision's P(tool necessary).
+        necessity (`dict[str, float]`): P(tool necessary) under each compared method.
+        search_tool_calls (`int`, *optional*), search_success (`bool`, *optional*): executed tool
+            calls and grounded success of the always-search trajectory (``run_search``).
     """
 
     item_id: str = ""
@@ -114,11 +122,19 @@ class DecisionRecord:
     fast_first_action: str | None = None
     fast_fallback: str | None = None
     search_first_action: str | None = None
+    benchmark: str = ""
+    p_tool: float | None = None
+    necessity: dict[str, float] = field(default_factory=dict)
+    search_tool_calls: int | None = None
+    search_success: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The line of ``records.jsonl`` (keys and order as in earlier files: ``id`` first)."""
         data = {("id" if f.name == "item_id" else f.name): getattr(self, f.name) for f in dataclasses.fields(self)}
         data["costs"] = self.costs.to_dict()
+        for key in _ADDED:  # left out while unset, so earlier lines read back unchanged
+            if data[key] in ("", None, {}):
+                del data[key]
         return data
 
     @classmethod

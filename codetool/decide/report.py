@@ -51,8 +51,10 @@ def build_report(cfg: DecisionEvalConfig, records: list[DecisionRecord], skipped
     """``report.json``: counts, the decision layer, routing at the configured thresholds, the
     always-search baseline and saving, the sweep, per-category accuracy, direct-answer accuracy."""
     method = records[0].method if records else None
-    at = threshold_row(records, cfg.router.t_none, cfg.router.t_tool)
-    at["fast_fallbacks"] = sum(1 for r in records if route_at(r, cfg.router.t_none, cfg.router.t_tool) == "fast"
+    r_cfg = cfg.router
+    t_tool = r_cfg.t_probe if method == "probe" else r_cfg.t_tool
+    at = threshold_row(records, r_cfg.t_none, t_tool, r_cfg.prefill)
+    at["fast_fallbacks"] = sum(1 for r in records if route_at(r, r_cfg.t_none, t_tool, r_cfg.prefill) == "fast"
                                and r.fast_fallback)
     base = baseline_row(records)
     saving = None
@@ -74,7 +76,8 @@ def build_report(cfg: DecisionEvalConfig, records: list[DecisionRecord], skipped
     return {
         "benchmark": "decision", "model": cfg.model, "decider": cfg.decider or cfg.model, "method": method,
         "scoring": (("pmi-" if cfg.router.calibrate else "") + cfg.router.length_norm) if method == "logprobs" else None,
-        "thresholds": {"t_none": cfg.router.t_none, "t_tool": cfg.router.t_tool},
+        "thresholds": {"t_none": cfg.router.t_none, "t_tool": cfg.router.t_tool} if method != "probe"
+        else {"t_probe": cfg.router.t_probe},
         "counts": {"tool": sum(r.needs_tool for r in records), "free": sum(not r.needs_tool for r in records),
                    "groups": dict(Counter(r.group for r in records)),
                    "categories": dict(Counter(r.category for r in records)),
@@ -86,8 +89,9 @@ def build_report(cfg: DecisionEvalConfig, records: list[DecisionRecord], skipped
         if method == "logprobs" else None,
         "decision_cost": {"tokens_per_query": sum(r.costs.decision.tokens for r in records) / n,
                           "seconds_per_query": sum(r.costs.decision.seconds for r in records) / n},
-        "at_threshold": at, "always_act": threshold_row(records, 0.0, 0.0), "always_search": base, "saving": saving,
-        "sweep": sweep_thresholds(records, cfg.thresholds or None), "by_category": by_category,
+        "at_threshold": at, "always_act": threshold_row(records, 0.0, 0.0, r_cfg.prefill), "always_search": base,
+        "saving": saving, "sweep": sweep_thresholds(records, cfg.thresholds or None, r_cfg.prefill),
+        "by_category": by_category,
         "direct_answers": {"with_reference": len(judged), "correct": sum(r.answer_correct for r in judged),
                            "accuracy": sum(r.answer_correct for r in judged) / len(judged) if judged else None},
         "seconds_total": seconds, "notes": notes, "config": to_dict(cfg),
@@ -109,7 +113,7 @@ def render_markdown(report: dict) -> str:
     lines += _table(["metric (%)", *cols], [[label, *(pct(m[key]) for m in cols.values())] for key, label in _ROWS])
     cost = report["decision_cost"]
     lines += [f"Decision cost: {cost['tokens_per_query']:.0f} tokens and {cost['seconds_per_query']:.2f} s per query.", "",
-              f"## Routing at t_none = {t['t_none']}, t_tool = {t['t_tool']}", ""]
+              f"## Routing at {', '.join(f'{k} = {v}' for k, v in t.items())}", ""]
     cols = {"router": report["at_threshold"], "always act (t = 0)": report["always_act"]}
     if report["always_search"]:
         cols["always search"] = report["always_search"]
@@ -135,6 +139,7 @@ def render_markdown(report: dict) -> str:
                       pct(r["tool_invocation_accuracy"]), pct(r["hallucination_rate"]),
                       pct(r["unnecessary_tool_rate"]), _num(r["tokens_per_query"], 0), _num(r["seconds_per_query"], 2)]
                      for r in shown])
+    lines += necessity_markdown(report.get("necessity"))
     lines += ["## Decision accuracy by category", ""]
     lines += _table(["category", "n", "decision acc %", "necessity acc %"],
                     [[k, v["n"], pct(v["decision_accuracy"]), pct(v["necessity_accuracy"])]
@@ -152,6 +157,38 @@ def render_markdown(report: dict) -> str:
               "- decision accuracy: right first action over T and F; necessity accuracy: tool-or-not right.", "",
               "## Notes", "", *(f"- {n}" for n in report["notes"]), ""]
     return "\n".join(lines)
+
+
+def necessity_markdown(nec: dict | None) -> list[str]:
+    """The ``report.md`` section of the side-by-side necessity comparison (empty without one)."""
+    if not nec:
+        return []
+    from codetool.decide.compare import LABEL
+
+    where = "held-out queries of the probe" if nec["heldout"] else "queries of this draw"
+    lines = [f"## Tool necessity: probe, verbalised and log-prob confidence ({nec['n']} {where}, "
+             f"{nec['needs_tool']} need a tool)", "", f"Labels: {nec['labels_from']}. Tool outcome: {nec['tool_outcome']}.",
+             "", "![accuracy against total tool calls](decision_tradeoff.png)", ""]
+    rows = []
+    for name, m in nec["methods"].items():
+        ci = m["auroc_ci95"]
+        rows.append([LABEL.get(name, name), _num(m["auroc"], 3), f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "n/a"])
+    lines += _table(["method", "AUROC", "95% bootstrap interval"], rows)
+    header = ["method", "t", "accuracy %", "total tool calls", "unnecessary tool calls", "missed tool calls"]
+    rows = [[LABEL.get(name, name), f"{pt['t']:.1f}", pct(pt["accuracy"]), pt["total_tool_calls"],
+             pt["unnecessary_tool_calls"], pt["missed_tool_calls"]]
+            for name, m in nec["methods"].items() for pt in m["sweep"]]
+    lines += ["### Accuracy against tool calls, per threshold (tool side iff P(tool) >= t)", ""] + _table(header, rows)
+    if nec["baselines"]:
+        rows = [[b["mode"], b["reasoning"], pct(b["accuracy"]), b["total_tool_calls"], b["unnecessary_tool_calls"],
+                 b["missed_tool_calls"], _num(b["reasoning_tokens_per_query"], 1)] for b in nec["baselines"]]
+        lines += ["### Prompt-only baselines (one first reply per query)", ""] + _table(
+            ["mode", "reasoning", "accuracy %", "total tool calls", "unnecessary tool calls", "missed tool calls",
+             "tokens before the first action"], rows)
+    lines += ["Accuracy: a no-tool answer is right when the query needs no tool (the no-tool run's label); a "
+              "tool-side query is right when its tool outcome is (see above). Unnecessary tool calls: calls on "
+              "queries that need none; missed: tool-needing queries answered without one.", ""]
+    return lines
 
 
 def plot_sweep(report: dict, path: str | Path) -> Path:

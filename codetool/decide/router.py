@@ -10,6 +10,15 @@ confidence >= ``t_tool`` -> ``fast`` (one code step, prompted to call that funct
 ``finish``, executed once; if it fails, the full search continues from that state and history);
 otherwise -> ``search``. Every trajectory records its decision in ``Trajectory.routing``.
 
+**Probe&Prefill** (``method: probe``, When2Tool): a hidden-state probe gives P(tool necessary)
+for the policy's first-step prompt (:mod:`codetool.decide.probe`); below ``t_probe`` the query
+takes the no-tool side, else the tool side, and the prefill opens the first reply accordingly.
+``soft``: the no-tool side takes the fast path with its reply opened by a steering sentence
+(``prompts/probe_prefill_none.txt``; the model may still call a tool, and a step that does not
+finish falls back to the full search as today); the tool side runs the full search with its first
+reply opened by ``prompts/probe_prefill_tool.txt``. ``hard``: the no-tool side is the direct answer
+(no tool can be called); the tool side's first reply opens a code block (no prose answer).
+
 Limits: a fast-path fallback gets the search's full step budget after the fast step (so it may use
 ``max_steps + 1`` steps), which can only make the router look more expensive, never cheaper.
 """
@@ -32,7 +41,7 @@ from codetool.decide.stage import (
     route_for,
 )
 from codetool.search.expand import Node, expand
-from codetool.search.prompt import history_entry, prompt_text
+from codetool.search.prompt import CODE_PREFIX, history_entry, prompt_text
 from codetool.search.records import Step, Trajectory
 from codetool.search.search import SearchTask, StepwiseSearch
 
@@ -49,12 +58,23 @@ def _available_tools(env) -> list[dict[str, Any]]:
     return [{"name": a.name, "tool": a.tool, "api": a.api} for a in getattr(env, "apis", [])]
 
 
-def fast_failure(expanded) -> str | None:
+def prefill_text(decision: Decision, route: str, cfg: RouterConfig) -> str:
+    """What opens the first reply of a probe-routed query on ``route`` (empty for other methods,
+    and for the direct route, whose prompt allows no tool)."""
+    if decision.method != "probe" or route == "direct":
+        return ""
+    if route == "fast":
+        return prompt_text("probe_prefill_none").strip() + "\n"
+    return CODE_PREFIX if cfg.prefill == "hard" else prompt_text("probe_prefill_tool").strip() + "\n"
+
+
+def fast_failure(expanded, need_tool: bool = True) -> str | None:
     """Why a fast-path step failed, or ``None`` when it succeeded.
 
-    A success ran without error, had no failed tool call, called at least one tool and called
-    ``finish``. Reasons: ``no_code``, ``code_error``, ``tool_error``, ``give_up``, ``no_finish``,
-    ``no_tool_call`` (finished without calling any function: an unsupported answer).
+    A success ran without error, had no failed tool call, called at least one tool (unless
+    ``need_tool`` is False: Probe&Prefill's no-tool fast path) and called ``finish``. Reasons:
+    ``no_code``, ``code_error``, ``tool_error``, ``give_up``, ``no_finish``, ``no_tool_call``
+    (finished without calling any function: an unsupported answer).
     """
     cand = expanded.candidate
     result = cand.result
@@ -69,7 +89,7 @@ def fast_failure(expanded) -> str | None:
         return "give_up"
     if expanded.ended != "finish":
         return "no_finish"
-    if not calls:
+    if not calls and need_tool:
         return "no_tool_call"
     return None
 
@@ -85,6 +105,8 @@ def routing_record(decision: Decision, route: str, cfg: RouterConfig, fallback: 
             "confidence": round(decision.confidence, 6), "method": decision.method,
             "scoring": (("pmi-" if cfg.calibrate else "") + cfg.length_norm) if decision.method == "logprobs" else None,
             "t_none": cfg.t_none, "t_tool": cfg.t_tool, "fallback": fallback,
+            **({"p_tool": round(decision.p_tool, 6), "t_probe": cfg.t_probe, "prefill": cfg.prefill,
+                "prefill_text": prefill_text(decision, route, cfg)} if decision.method == "probe" else {}),
             "top": [[name, round(p, 6)] for name, p in ranked], "samples": list(decision.samples),
             "tokens": {"prompt": decision.prompt_tokens, "completion": decision.completion_tokens,
                        "scored": decision.scored_tokens},
@@ -113,15 +135,41 @@ class Router:
         make_executor (`Callable[[SearchTask], Executor]`, *optional*): executors for fast paths
             (default: ``search.make_executor``); a failed fast path hands its executor to the search.
         decider (`LLMBackend`, *optional*): the deciding model (default: ``policy``).
+        probe (`Probe`, *optional*): method probe's probe (default: loaded from ``config.probe``).
+        probe_backend (`TransformersBackend`, *optional*): whose hidden states the probe reads
+            (default: ``config.probe_model`` when set, else the decider).
     """
 
     def __init__(self, config: RouterConfig, search: StepwiseSearch, policy=None,
-                 make_executor: Callable[[SearchTask], Any] | None = None, decider=None):
+                 make_executor: Callable[[SearchTask], Any] | None = None, decider=None, *, probe=None,
+                 probe_backend=None):
         self.cfg, self.search = config, search
         self.policy = policy if policy is not None else search.policy
         self.make_executor = make_executor or search.make_executor
         self.decider = decider if decider is not None else self.policy
         self.method = f"{search.cfg.method}+router"
+        self.probe, self.probe_backend = probe, probe_backend
+
+    def _decide(self, tasks: list[SearchTask]) -> list[Decision]:
+        if self.cfg.method != "probe":
+            return decide(self.decider, [(t.query, candidates_of(t.env)) for t in tasks], self.cfg)
+        from codetool.decide.probe import Probe, probe_decisions, probe_messages
+
+        if self.probe is None:
+            self.probe = Probe.load(self.cfg.probe)
+        if self.probe_backend is None:
+            if self.cfg.probe_model:
+                from codetool.assemble import make_policy
+                from codetool.models.spec import ModelSpec
+
+                self.probe_backend = make_policy(ModelSpec.parse(self.cfg.probe_model))
+            else:
+                self.probe_backend = self.decider
+        step_format = self.search.cfg.step_format
+        if step_format != self.probe.step_format:
+            logger.warning("the probe was trained on %s prompts; the search uses %s", self.probe.step_format, step_format)
+        prompts = [probe_messages(t.query, t.env, step_format) for t in tasks]
+        return probe_decisions(self.probe_backend, prompts, self.probe, self.cfg)
 
     def run(self, tasks: Sequence[SearchTask], on_done: Callable[[Trajectory], None] | None = None,
             decisions: Sequence[Decision] | None = None) -> list[Trajectory]:
@@ -140,7 +188,7 @@ class Router:
             dup = next(i for i in ids if ids.count(i) > 1)
             raise CodetoolError(f"the router got query id {dup!r} twice; query ids of one run must be unique.")
         if decisions is None:
-            decisions = decide(self.decider, [(t.query, candidates_of(t.env)) for t in tasks], self.cfg)
+            decisions = self._decide(tasks)
         pending = [_Pending(t, d, route_for(d, self.cfg)) for t, d in zip(tasks, decisions, strict=True)]
         for p in pending:
             logger.debug("%s: %s (%s %.3f) -> %s", p.task.query_id, p.decision.choice, p.decision.method,
@@ -170,8 +218,10 @@ class Router:
 
             runner = StepwiseSearch(self.search.policy, self.search.cfg, make, scorer=self.search.scorer,
                                     config_hash=self.search.config_hash)
-            search_tasks = [p.task if p.fast_step is None else replace(p.task, history=[
-                history_entry(p.fast_step.chosen_candidate, p.fast_step.observation)]) for p in rest.values()]
+            search_tasks = [replace(p.task, prefill=prefill_text(p.decision, p.route, self.cfg)) if p.fast_step is None
+                            else replace(p.task, history=[history_entry(p.fast_step.chosen_candidate,
+                                                                        p.fast_step.observation)])
+                            for p in rest.values()]
             runner.run(search_tasks, on_done=finished)
         for state in held.values():  # only left when the search failed to start an episode
             state.close()
@@ -227,7 +277,10 @@ class Router:
         hint = prompt_text("decide_fast")
         nodes = []
         for p in pending:
-            hinted = replace(p.task, query=p.task.query + "\n\n" + hint.replace("{tool}", p.decision.tool).strip())
+            if p.decision.method == "probe":  # steered by the prefill, no function named
+                hinted = replace(p.task, prefill=prefill_text(p.decision, "fast", self.cfg))
+            else:
+                hinted = replace(p.task, query=p.task.query + "\n\n" + hint.replace("{tool}", p.decision.tool).strip())
             nodes.append(Node(self.make_executor(p.task), [], hinted))
         timings: dict[str, float] = {}
         start = time.perf_counter()
@@ -241,7 +294,7 @@ class Router:
             cand = e.candidate
             cand.chosen = True
             step = Step(index=0, candidates=[cand], chosen=0, observation=e.observation)
-            reason = fast_failure(e)
+            reason = fast_failure(e, need_tool=p.decision.method != "probe")
             if reason is None:
                 if e.state is not None:
                     e.state.close()
@@ -286,11 +339,11 @@ class Router:
 def route_and_solve(tasks: Sequence[SearchTask], router_cfg: RouterConfig, search: StepwiseSearch, policy=None,
                     make_executor: Callable[[SearchTask], Any] | None = None, *, decider=None,
                     on_done: Callable[[Trajectory], None] | None = None,
-                    decisions: Sequence[Decision] | None = None) -> list[Trajectory]:
+                    decisions: Sequence[Decision] | None = None, probe=None) -> list[Trajectory]:
     """Decide first for every task, then answer directly, take the fast path, or search.
 
     A thin wrapper over :class:`Router` (see it for the arguments); returns trajectories in task
     order, each with its decision in ``Trajectory.routing``.
     """
-    return Router(router_cfg, search, policy, make_executor, decider).run(tasks, on_done=on_done,
-                                                                           decisions=decisions)
+    return Router(router_cfg, search, policy, make_executor, decider, probe=probe).run(tasks, on_done=on_done,
+                                                                                        decisions=decisions)

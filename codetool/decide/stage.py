@@ -25,7 +25,13 @@ When2Tool idea of deciding whether a tool is needed before planning with tools.
   by the option's length in characters; ``codetool eval-decision`` reports every variant.
 - ``agreement`` (any backend): ``samples`` sampled replies are parsed into names
   (:func:`parse_choice`); the confidence is the share of samples naming the top answer
-  (unparseable replies count in the denominator).
+  (unparseable replies count in the denominator). This is the *verbalised* confidence.
+- ``probe`` (local transformers models): no question is asked; a probe reads the hidden states
+  of the policy's first-step prompt and gives P(tool necessary) (:mod:`codetool.decide.probe`,
+  routed by :func:`route_for` with ``t_probe`` and ``prefill``).
+
+Every decision carries ``p_tool``, its probability that a tool is needed, so the methods can be
+compared on one scale (``codetool eval-decision``'s ``compare``).
 
 Limits: the decision prompt lists names and one-line descriptions only (no signatures). Option
 scoring treats a name that is a prefix of another as at least as likely as the longer one; set
@@ -52,6 +58,7 @@ from codetool.secrets import redact
 
 NONE = "NONE"
 RESERVED = ("finish", "give_up")
+PREFILLS = ("soft", "hard")
 
 
 @dataclass
@@ -60,8 +67,9 @@ class RouterConfig:
 
     enabled: bool = option(False, "send each query through the decision stage before the search")
     method: str = option("auto", "confidence source: logprobs (token probabilities), agreement (samples), "
-                         "or auto (logprobs when the backend supports them)",
-                         choices=["auto", "logprobs", "agreement"])
+                         "probe (a hidden-state probe of tool necessity, When2Tool's Probe&Prefill; needs "
+                         "router.probe), or auto (logprobs when the backend supports them)",
+                         choices=["auto", "logprobs", "agreement", "probe"])
     t_none: float = option(0.6, "answer directly when NONE has at least this confidence")
     t_tool: float = option(0.6, "take the one-step fast path when a function has at least this confidence")
     calibrate: bool = option(True, "subtract each option's log-probability under a content-free request "
@@ -77,9 +85,18 @@ class RouterConfig:
     answer_max_new_tokens: int = option(160, "tokens of a direct answer")
     fast_temperature: float = option(0.0, "sampling temperature of the fast-path step (0 = greedy)")
     seed: int | None = option(0, "sampling seed (none = nondeterministic)")
+    probe: str = option("", "folder of a probe trained by `codetool train-probe` (method probe)")
+    probe_model: str = option("", "model whose hidden states the probe reads, when the decider is not a local "
+                              "transformers model (vLLM and HTTP servers expose none); default: the decider")
+    t_probe: float = option(0.5, "method probe: P(tool necessary) below this takes the no-tool side")
+    prefill: str = option("soft", "method probe: soft (a steering sentence opens the first reply; the model may "
+                          "override it) or hard (no tool side: the direct answer; tool side: the reply opens "
+                          "a code block)", choices=list(PREFILLS))
+    probe_temperature: float = option(0.0, "method probe: divide the probe's logit by this before the sigmoid "
+                                      "(0: the probe's own, 1 unless trained otherwise)")
 
     def __post_init__(self):
-        for name in ("t_none", "t_tool"):
+        for name in ("t_none", "t_tool", "t_probe"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0 + 1e-9:
                 raise ConfigError(f"router.{name} must lie in [0, 1] (a probability), got {value}; "
@@ -91,6 +108,12 @@ class RouterConfig:
                               f"(greedy samples always agree), got temperature {self.temperature}.")
         if self.max_new_tokens < 1 or self.answer_max_new_tokens < 1:
             raise ConfigError("router.max_new_tokens and router.answer_max_new_tokens must be >= 1.")
+        if self.prefill not in PREFILLS:
+            raise ConfigError(f"router.prefill must be one of {', '.join(PREFILLS)}, got {self.prefill!r}.")
+        if self.method == "probe" and not self.probe:
+            raise ConfigError("router.method probe needs router.probe, the folder `codetool train-probe` wrote.")
+        if self.probe_temperature < 0:
+            raise ConfigError(f"router.probe_temperature must be >= 0 (0: the probe's own), got {self.probe_temperature}.")
 
 
 @dataclass
@@ -111,6 +134,8 @@ class Decision:
         prompt_tokens, completion_tokens, scored_tokens (`int`): tokens read, generated, and
             scored as options.
         seconds (`float`): this query's share of the batched call's wall time.
+        p_tool (`float`, *optional*): the decision's probability that a tool is needed: the
+            probe's output, ``1 - P(NONE)`` for logprobs, ``1 -`` NONE's vote share for agreement.
     """
 
     choice: str | None
@@ -124,6 +149,7 @@ class Decision:
     completion_tokens: int = 0
     scored_tokens: int = 0
     seconds: float = 0.0
+    p_tool: float | None = None
 
     @property
     def tool(self) -> str | None:
@@ -242,6 +268,8 @@ def _text_tokens(backend, texts: Sequence[str]) -> int:
 def resolve_method(backend, cfg: RouterConfig) -> str:
     """``logprobs`` or ``agreement`` for this backend (``auto`` picks logprobs when supported)."""
     supported = bool(getattr(backend, "supports_logprobs", False))
+    if cfg.method == "probe":
+        return "probe"
     if cfg.method == "logprobs" and not supported:
         raise CodetoolError(f"router.method is logprobs but the backend {getattr(backend, 'name', backend)!r} "
                             f"cannot score options; use router.method agreement (or auto).")
@@ -265,6 +293,9 @@ def decide(backend, items: Sequence[tuple[str, Sequence[tuple[str, str]]]], cfg:
     if not items:
         return []
     method = resolve_method(backend, cfg)
+    if method == "probe":
+        raise CodetoolError("decide() scores named options; the probe reads the policy prompt instead: call "
+                            "codetool.decide.probe.probe_decisions (the router does).")
     prompts = [decision_messages(q, cands, cfg.max_description_chars) for q, cands in items]
     names = [[n for n, _ in cands] for _, cands in items]
     start = time.perf_counter()
@@ -303,7 +334,8 @@ def _by_logprobs(backend, prompts, items, cfg: RouterConfig) -> list[Decision]:
             best = max(range(len(options)), key=lambda j: (probs[j], -j))  # ties go to the earlier option
             out[i] = Decision(choice=options[best], confidence=probs[best], method="logprobs",
                               scores=dict(zip(options, probs)), logprobs=raw, null_logprobs=null,
-                              prompt_tokens=_prompt_tokens(backend, prompts[i]) + extra, scored_tokens=scored_tokens)
+                              prompt_tokens=_prompt_tokens(backend, prompts[i]) + extra, scored_tokens=scored_tokens,
+                              p_tool=1.0 - probs[0])  # options[0] is NONE
     return out  # type: ignore[return-value]
 
 
@@ -323,12 +355,23 @@ def _by_agreement(backend, prompts, names, cfg: RouterConfig) -> list[Decision]:
         decisions.append(Decision(choice=choice, confidence=confidence, method="agreement",
                                   scores={v: c / len(completions) for v, c in counts.items()},
                                   samples=[v or "?" for v in votes], prompt_tokens=completions[0].prompt_tokens,
-                                  completion_tokens=sum(c.completion_tokens for c in completions)))
+                                  completion_tokens=sum(c.completion_tokens for c in completions),
+                                  p_tool=1.0 - counts.get(NONE, 0) / len(completions)))
     return decisions
 
 
 def route_for(decision: Decision, cfg: RouterConfig) -> str:
-    """``direct``, ``fast`` or ``search`` for a decision under the thresholds of ``cfg``."""
+    """``direct``, ``fast`` or ``search`` for a decision under the thresholds of ``cfg``.
+
+    A probe decision (When2Tool's Probe&Prefill) goes by ``p_tool`` against ``t_probe``: below it,
+    ``hard`` answers directly (no tool can be called) and ``soft`` takes the fast path, one step
+    whose reply opens with the no-tool steering sentence (the model may still call a tool);
+    otherwise the full search, its first reply opened by the tool-side prefill.
+    """
+    if decision.method == "probe":
+        if (decision.p_tool if decision.p_tool is not None else 1.0) < cfg.t_probe:
+            return "direct" if cfg.prefill == "hard" else "fast"
+        return "search"
     if decision.choice == NONE and decision.confidence >= cfg.t_none:
         return "direct"
     if decision.tool is not None and decision.confidence >= cfg.t_tool:

@@ -107,20 +107,27 @@ def expand(policy, nodes: list[Node], n: int, cfg: SearchConfig, *,
                                observation_history=cfg.observation_history) for node in nodes]
     stop = None
     prefixed = cfg.code_prefix and cfg.step_format == "code_only"
+    # A first step may open with the router's prefill; the fence of code_prefix follows it.
+    leads = []
+    for node in nodes:
+        lead = "" if node.history else getattr(node.task, "prefill", "")
+        if prefixed and not lead.endswith(CODE_PREFIX):
+            lead += CODE_PREFIX
+        leads.append(lead)
+    prompts = [p + [{"role": "assistant", "content": lead}] if lead else p for p, lead in zip(prompts, leads)]
     if prefixed:
-        prompts = [p + [{"role": "assistant", "content": CODE_PREFIX}] for p in prompts]
         stop = ["```"]
     extra = {}
     if cfg.constrain != "off":  # from the first generated character, or from the fence the model opens
         shape, constraints = "opening" if cfg.constrain == "call" else "line", []
-        for node in nodes:
+        for node, lead in zip(nodes, leads):
             history, task = node.history, node.task
             # A first step (nothing known yet) calls a tool as `result = tool(...)`; the last one answers.
             first = not history and cfg.constrain_first_tool
             last = cfg.constrain_last_finish and len(history) + 1 >= cfg.max_steps and not first
             constraints.append(CallConstraint.for_functions(
                 [] if last else [a.name for a in task.env.apis], ends=not first, assign=first, shape=shape,
-                trigger="" if prefixed else CODE_PREFIX, answer_openings=ANSWER_OPENINGS,
+                trigger="" if prefixed or CODE_PREFIX in lead else CODE_PREFIX, answer_openings=ANSWER_OPENINGS,
                 arguments=cfg.constrain_arguments))
         extra["constraint"] = constraints
     t0 = time.perf_counter()
@@ -129,13 +136,15 @@ def expand(policy, nodes: list[Node], n: int, cfg: SearchConfig, *,
     timings["generation"] = timings.get("generation", 0.0) + time.perf_counter() - t0
     t0 = time.perf_counter()
     expanded = []
-    for node, completions in zip(nodes, outputs):
+    for node, completions, lead in zip(nodes, outputs, leads):
         state, task = node.state, node.task
         row = []
         for i, completion in enumerate(completions):
             text = completion.text
             if prefixed and not text.lstrip().startswith("```"):
-                text = f"{CODE_PREFIX}{text}\n```"
+                text = f"{lead}{text}\n```"
+            elif lead and not prefixed:
+                text = lead + text
             parsed = parse_candidate(text)
             cand = Candidate(index=i, text=text, code=parsed.code,
                              prompt_tokens=completion.prompt_tokens if i == 0 else 0,

@@ -151,6 +151,8 @@ class SearchTask:
         extra (`dict`): copied into the trajectory (e.g. RestBench ``gold_path``).
         history (`list[dict]`): steps already taken (``{"code", "observation"}``) when an episode
             continues from a given state (rollouts, a router's fallback); empty for a new query.
+        prefill (`str`): text that opens the first step's reply (the model continues it; the
+            candidate's text includes it): the decide-first router's Probe&Prefill steering.
     """
 
     query_id: str
@@ -160,6 +162,7 @@ class SearchTask:
     group: str | None = None
     extra: dict = field(default_factory=dict)
     history: list[dict] = field(default_factory=list)
+    prefill: str = ""
 
 
 def select(candidates: list[Candidate], cfg: SearchConfig, *, tie_key: str = "") -> int:
