@@ -3,15 +3,23 @@ executor forked from it, directly or not).
 
 A family is one root process (``sandbox_root.py``) started either inside bubblewrap
 (``bwrap`` mode: new network, pid, ipc and uts namespaces, a read-only root built from ``/usr``
-and a few ``/etc`` files, a size-capped tmpfs at ``/tmp`` as working directory, ``/proc`` of the
-new pid namespace, a minimal ``/dev``) or directly (``fallback`` mode: a private scratch directory,
-plus a network namespace when the host is root and the kernel allows it). In both modes the
-environment is :func:`codetool.secrets.sandbox_environment`, stdin is ``/dev/null``, and when the
-host is root every worker runs as a fresh unprivileged uid, picked at random per family, with
-``no_new_privs`` set and rlimits applied before the drop.
+and a few ``/etc`` files, ``/proc`` of the new pid namespace (each principal sees only its own
+processes there), a minimal ``/dev``, and a ``/tmp`` where only the root may create anything)
+or directly (``fallback`` mode: a family directory, plus network and mount namespaces when the
+host is root). In both modes the environment is :func:`codetool.secrets.sandbox_environment`
+and stdin is ``/dev/null``.
 
-The root never runs model code; it spawns fresh workers, kills process trees, reaps orphans, and
-on close kills everything left. In bubblewrap it keeps only CAP_SETUID, CAP_SETGID and CAP_KILL.
+Every executor is a *principal* (``sandbox_principals``): when the host is root, its own uid
+(picked here at random, for every spawn and every fork), its own scratch directory (a tmpfs of
+``scratch_mb`` and ``max_files`` inodes, mounted by the root), its own memory budget (a cgroup
+where the host may create one, see ``codetool.executor.cgroups``, else polled by the root). A
+worker runs only while the host talks to it: the root resumes it at ``begin`` and, at ``end``,
+stops it (threads an earlier step left included) and kills every other process of its principal.
+
+The root never runs model code. In bubblewrap it keeps CAP_SETUID, CAP_SETGID, CAP_KILL (uids,
+stop and kill), CAP_SYS_ADMIN (scratch mounts, ``/proc`` options), CAP_CHOWN, CAP_DAC_OVERRIDE
+and CAP_FOWNER (copying a parent's scratch for a fork); a worker keeps only CAP_SETUID, whose
+every use goes through the root (``codetool.executor.seccomp``).
 """
 
 from __future__ import annotations
@@ -32,15 +40,17 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from codetool import CodetoolError
-from codetool.executor import scratch
+from codetool.executor import cgroups, scratch
 from codetool.executor.channel import Conn, ProtocolError, log_safe, read_available
 from codetool.executor.config import ExecutorConfig
+from codetool.executor.root_link import RootLink
 from codetool.executor.seccomp import filter_program, syscall_numbers
 from codetool.secrets import sandbox_environment
 
@@ -53,12 +63,20 @@ BOOTSTRAP = ("import json,sys,types\n"
              "    m=sys.modules[name]=types.ModuleType(name)\n"
              "    exec(compile(source,'<'+name+'>','exec'),m.__dict__)\n"
              "m.main()")
-SANDBOX_MODULES = ("sandbox_worker", "sandbox_root")  # in import order; the last one has main()
+SANDBOX_MODULES = ("sandbox_kernel", "sandbox_copy", "sandbox_worker", "sandbox_principals",
+                   "sandbox_root")  # in import order; the last one has main()
 NAMESPACES = "net,pid,ipc,uts,mount"
 SYSTEM_PYTHON = "/usr/bin/python3"
 START_TIMEOUT_S = 20.0
 REQUEST_TIMEOUT_S = 10.0
+FORK_TIMEOUT_S = 1.0  # a fork whose state does not copy within this fails (one failed candidate)
+UID_BASE, UID_SPAN = 1_000_000_000, 3_000_000_000  # principals' uids (below 2**32 - 1)
+CGROUP_MOUNT = "/run/codetool-cgroup"  # where bubblewrap shows the family's cgroup to its root
+ROOT_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_SYS_ADMIN", "CAP_CHOWN", "CAP_DAC_OVERRIDE",
+             "CAP_FOWNER")
 _LIVE: weakref.WeakSet[Sandbox] = weakref.WeakSet()
+_KEYS: set[int] = set()  # uids of the live principals of this process
+_KEYS_LOCK = threading.Lock()
 
 
 class ExecutorError(CodetoolError):
@@ -122,14 +140,15 @@ def others_can_use(info: dict) -> bool:
     return walk(info["executable"], stat.S_IXOTH) and walk(info["stdlib"], stat.S_IROTH)
 
 
-def _bwrap_argv(bwrap: str, info: dict, scratch_mb: int, as_root: bool) -> list[str]:
+def _bwrap_argv(bwrap: str, info: dict, as_root: bool, cgroup: str | None = None) -> list[str]:
     # No --die-with-parent: it fires when the *thread* that started bwrap exits. The root notices
     # the end of its control channel instead and kills the family when the host goes away.
     argv = [bwrap, "--new-session", "--unshare-net", "--unshare-pid",
             "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]
-    if as_root:  # the root process keeps only what it needs: drop workers to their uid, kill them
-        argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
-                 "--cap-add", "CAP_KILL"]
+    if as_root:  # the root process keeps only what it needs (see the module docstring)
+        argv += ["--cap-drop", "ALL"]
+        for cap in ROOT_CAPS:
+            argv += ["--cap-add", cap]
     argv += ["--ro-bind", "/usr", "/usr"]
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
         path = "/" + name
@@ -146,8 +165,12 @@ def _bwrap_argv(bwrap: str, info: dict, scratch_mb: int, as_root: bool) -> list[
     for path in sorted(extra):
         if not (path + "/").startswith("/usr/"):
             argv += ["--ro-bind", path, path]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(scratch_mb << 20), "--perms", "1777",
-             "--tmpfs", "/tmp", "--remount-ro", "/", "--chdir", "/tmp", "--"]
+    # /tmp holds only the principals' scratch mounts: nobody but the root creates anything there
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(1 << 20), "--perms", "0711" if as_root else "0700",
+             "--tmpfs", "/tmp"]
+    if cgroup:
+        argv += ["--bind", cgroup, CGROUP_MOUNT]
+    argv += ["--remount-ro", "/", "--chdir", "/tmp", "--"]
     return argv
 
 
@@ -166,7 +189,7 @@ def _bwrap_problem(python: str) -> str | None:
         info = interpreter_info(python)
     except ExecutorError as exc:
         return str(exc)
-    argv = _bwrap_argv(bwrap, info, 1, os.geteuid() == 0) + [python, "-I", "-c", "pass"]
+    argv = _bwrap_argv(bwrap, info, os.geteuid() == 0) + [python, "-I", "-c", "pass"]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=sandbox_environment())
     except (OSError, subprocess.SubprocessError) as exc:
@@ -185,11 +208,15 @@ def _sandbox_sources() -> bytes:
 @dataclass
 class WorkerHandle:
     """The host's view of one worker: its channel, the read end of its output pipe, its pid (in the
-    sandbox's pid namespace) and the CPU seconds it reported after its last run."""
+    sandbox's pid namespace), its principal (``key``; its ``uid`` when uids are per principal),
+    its scratch directory and the CPU seconds it reported after its last run."""
 
     conn: Conn
     output_fd: int
     pid: int
+    key: int
+    uid: int | None = None
+    scratch: str = ""
     cpu_s: float = 0.0
     info: dict = field(default_factory=dict)
     reap: bool = False  # processes of its last step were killed; it must reap them
@@ -212,6 +239,37 @@ class WorkerHandle:
             pass
 
 
+class ForkFailed(Exception):
+    """A fork that did not give a working copy of the state.
+
+    Args:
+        kind (`str`): ``violation`` (the state's worker sent something that is not a valid
+            frame) or ``lost`` (it did not answer, or the copy did not start, within
+            ``FORK_TIMEOUT_S``).
+        parent_lost (`bool`): the state's worker itself misbehaved and was killed.
+    """
+
+    def __init__(self, kind: str, message: str, parent_lost: bool):
+        super().__init__(message)
+        self.kind, self.parent_lost = kind, parent_lost
+
+
+def _new_key() -> int:
+    """A fresh principal key (its uid when uids are per principal): random, and no live principal
+    of this process has it. (Hosts in other processes draw from 3e9 values too.)"""
+    with _KEYS_LOCK:
+        while True:
+            key = UID_BASE + secrets.randbelow(UID_SPAN)
+            if key not in _KEYS:
+                _KEYS.add(key)
+                return key
+
+
+def _free_key_globally(key: int) -> None:
+    with _KEYS_LOCK:
+        _KEYS.discard(key)
+
+
 class Sandbox:
     """The processes of one executor family; shared (reference-counted) by its executors.
 
@@ -228,27 +286,32 @@ class Sandbox:
         self.python = resolve_python(config.python)
         self.info = interpreter_info(self.python)
         self.mode = self._choose_mode()
-        as_root = os.geteuid() == 0
-        self.uid: int | None = None
-        if config.drop_uid and as_root:
+        self.as_root = os.geteuid() == 0
+        self.principals = False  # a uid per principal (the host is root and may drop)
+        self.gid: int | None = None
+        if config.drop_uid and self.as_root:
             if others_can_use(self.info):
-                self.uid = 1_000_000_000 + secrets.randbelow(1_000_000_000)
+                self.principals = True
+                self.gid = UID_BASE + secrets.randbelow(UID_SPAN)  # the family's group
             else:
                 _warn_once("sandbox interpreter %s is not usable by an unprivileged uid; code runs as "
                            "root (no RLIMIT_NPROC). Set executor.python to a system Python.", self.python)
-        if self.uid is None and (as_root or self.mode == "fallback"):
-            _warn_once("executor sandbox (%s) runs the code as the host user (uid %d)%s. Use bubblewrap, "
-                       "and run the host as root with executor.drop_uid true.", self.mode, os.geteuid(),
-                       "" if self.mode == "bwrap" else
-                       " without namespaces: it can signal and read what this user can")
+        if not self.principals and (self.as_root or self.mode == "fallback"):
+            _warn_once("executor sandbox (%s) runs the code as the host user (uid %d)%s; candidates are "
+                       "not separate principals. Use bubblewrap, and run the host as root with "
+                       "executor.drop_uid true.", self.mode, os.geteuid(),
+                       "" if self.mode == "bwrap" else " without namespaces: it can signal and read what this user can")
+        host_reserve = (2 * config.max_step_mb + 4) << 20  # what the host itself may hold for a step
+        self.memory_bytes = max(64 << 20, (config.memory_mb << 20) - host_reserve)
         self.isolation = ""
         self._refs = 0
         self._lock = threading.RLock()
         self._proc: subprocess.Popen | None = None
-        self._control: Conn | None = None
+        self._link: RootLink | None = None
         self._scratch: str | None = None
+        self._cgroup: tuple[str, int] | None = None
         self._ready: dict = {}
-        self._workers: set[int] = set()  # pids of live workers (kills spare them)
+        self._keys: set[int] = set()  # this family's live principals
         self._start()
         _LIVE.add(self)
 
@@ -271,64 +334,97 @@ class Sandbox:
         return {"as": cfg.memory_mb << 20, "cpu": [cpu, cpu + 1], "fsize": cfg.max_file_mb << 20,
                 "nofile": cfg.max_open_files, "nproc": cfg.max_processes, "core": 0}
 
+    def scratch_of(self, key: int) -> str:
+        """The scratch directory of principal ``key``, as its processes see it."""
+        return os.path.join("/tmp" if self.mode == "bwrap" else self._scratch, f"c{key}")
+
+    def _settings(self) -> dict:
+        machine = platform.machine()
+        numbers = syscall_numbers(machine) if filter_program(machine) else {}
+        program, plain = filter_program(machine), filter_program(machine, notify=False)
+        cgroup = None
+        if self._cgroup is not None:
+            cgroup = {"path": CGROUP_MOUNT if self.mode == "bwrap" else self._cgroup[0], "version": self._cgroup[1]}
+        fallback_root = self.mode == "fallback" and self.as_root
+        return {"limits": self._limits(), "principals": self.principals, "gid": self.gid,
+                "unshare_net": fallback_root, "unshare_mount": fallback_root,
+                "hidepid": self.mode == "bwrap" and self.as_root, "mount_scratch": self.as_root,
+                "scratch_parent": "/tmp" if self.mode == "bwrap" else self._scratch, "scratch": self._scratch,
+                "scratch_bytes": self.config.scratch_mb << 20, "scratch_inodes": self.config.max_files,
+                "memory_bytes": self.memory_bytes, "cgroup": cgroup,
+                "seccomp": program.hex() if program else "", "seccomp_plain": plain.hex() if plain else "",
+                "seccomp_nr": numbers.get("seccomp"), "setresuid_nr": numbers.get("setresuid"),
+                "keyctl_nr": numbers.get("keyctl")}
+
     def _start(self) -> None:
-        as_root = os.geteuid() == 0
-        program = filter_program()
-        settings = {"uid": self.uid, "limits": self._limits(),
-                    "unshare_net": self.mode == "fallback" and as_root,
-                    "seccomp": program.hex() if program else "",
-                    "keyctl_nr": syscall_numbers(platform.machine())["keyctl"] if program else None}
+        if self.config.cgroup and self.as_root and self._cgroup is None:
+            self._cgroup = cgroups.family_cgroup()
         cwd, extra, prefix = "/", {}, []
         if self.mode == "bwrap":
-            prefix = _bwrap_argv(shutil.which("bwrap") or "bwrap", self.info, self.config.scratch_mb, as_root)
+            prefix = _bwrap_argv(shutil.which("bwrap") or "bwrap", self.info, self.as_root,
+                                 self._cgroup[0] if self._cgroup else None)
         else:
             if self._scratch is None:  # a restart gets a fresh one (_abort removed the old one)
-                self._scratch = scratch.make(self.config.scratch_dir, self.uid)
+                self._scratch = scratch.make(self.config.scratch_dir, None)
+                if self.principals:
+                    os.chmod(self._scratch, 0o711)  # principals reach their own directory only
             cwd, extra = self._scratch, {"HOME": self._scratch, "TMPDIR": self._scratch}
-            settings["scratch"] = self._scratch  # the root removes it if the host dies first
+        if os.environ.get("CODETOOL_SANDBOX_DEBUG") == "1":
+            extra["CODETOOL_SANDBOX_DEBUG"] = "1"
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        command = prefix + [self.python, "-I", "-B", "-c", BOOTSTRAP, str(child.fileno()), json.dumps(settings)]
+        command = prefix + [self.python, "-I", "-B", "-c", BOOTSTRAP, str(child.fileno()),
+                            json.dumps(self._settings())]
         errors = tempfile.TemporaryFile()
+        debug = os.environ.get("CODETOOL_SANDBOX_DEBUG") == "1"  # the root's stderr stays the host's
         try:
             self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                          stderr=errors, pass_fds=(child.fileno(),), cwd=cwd,
+                                          stderr=None if debug else errors, pass_fds=(child.fileno(),), cwd=cwd,
                                           env=sandbox_environment(extra), start_new_session=True)
         except OSError as exc:
             self._abort()
             raise ExecutorError(f"could not start the sandbox ({self.mode}): {exc}") from None
         finally:
             child.close()
-        self._control = Conn(parent)
+        self._link = RootLink(parent)
         try:
             self._proc.stdin.write(_sandbox_sources())
             self._proc.stdin.close()
-            self._ready = self._control.wait_frame(START_TIMEOUT_S)
-        except (OSError, EOFError, TimeoutError) as exc:
+            self._ready = self._link.conn.wait_frame(START_TIMEOUT_S)
+        except (OSError, EOFError, TimeoutError, ProtocolError) as exc:
             self._abort()
             errors.seek(0)
             detail = errors.read().decode("utf-8", "replace").strip()[-500:] or str(exc)
             raise ExecutorError(f"the {self.mode} sandbox did not start: {detail}") from None
         finally:
             errors.close()
-        logger.debug("sandbox started: mode=%s uid=%s python=%s", self.mode, self.uid, self.python)
+        if self._cgroup is not None and not cgroups.move_tree(self._proc.pid, os.path.join(self._cgroup[0], "root")):
+            logger.debug("could not move the sandbox root into its cgroup")
+        logger.debug("sandbox started: mode=%s principals=%s python=%s", self.mode, self.principals, self.python)
 
     def _describe(self, hello: dict) -> str:
         layers = [f"bwrap({NAMESPACES})" if self.mode == "bwrap"
                   else "fallback(net)" if self._ready.get("netns") else "fallback"]
         if hello.get("uid") not in (None, 0) and hello.get("uid") != os.geteuid():
             layers.append("uid")
+        if self.principals:
+            layers.append("principals")
         if hello.get("limits"):
             layers.append(f"rlimits({','.join(hello['limits'])})")
-        if self._ready.get("seccomp"):
+        if hello.get("seccomp"):
             layers.append("seccomp")
         if self._ready.get("keyring"):
             layers.append("keyring")
-        layers.append("no-cgroup")  # see the package docstring: no per-candidate cgroup limits yet
+        if self._cgroup is not None:
+            layers.append(f"memory(cgroup-v{self._cgroup[1]})")
+        elif self.principals or self.mode == "bwrap":
+            layers.append("memory(poll)")
+        else:
+            layers.append("no-cgroup")
         return "+".join(layers)
 
     @property
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None and not self._control.eof
+        return self._proc is not None and self._proc.poll() is None and self._link is not None and not self._link.eof
 
     def acquire(self) -> None:
         with self._lock:
@@ -347,25 +443,29 @@ class Sandbox:
                 return
             clean = False
             try:
-                self._control.queue({"op": "exit"})
-                self._control.flush_blocking(1.0)
+                self._link.send({"op": "exit"})
                 clean = self._proc.wait(timeout=3.0) == 0
-            except (EOFError, OSError, TimeoutError, subprocess.TimeoutExpired):
+            except (EOFError, OSError, subprocess.TimeoutExpired):
                 pass
             self._abort(clean)
             _LIVE.discard(self)
 
     def _abort(self, clean: bool = False) -> None:
         """Kill the family without its root's help (unless ``clean``: the root already did it) and
-        remove its scratch directory; the next start makes a fresh one."""
+        remove its scratch directory and cgroup; the next start makes fresh ones."""
         proc, self._proc = self._proc, None
-        self._workers.clear()
-        if self._control is not None:
-            self._control.close()
+        if self._link is not None:
+            self._link.close()
         if proc is not None and not clean:
             self._kill_family(proc)
         scratch.remove(self._scratch)
         self._scratch = None
+        if self._cgroup is not None:
+            for _ in range(50):  # the kernel frees a cgroup a moment after its last process
+                if cgroups.remove(self._cgroup[0]):
+                    break
+                time.sleep(0.01)
+            self._cgroup = None
 
     def _kill_family(self, proc: subprocess.Popen) -> None:
         if proc.poll() is None:
@@ -377,139 +477,207 @@ class Sandbox:
                 proc.wait(timeout=5.0)
             except subprocess.TimeoutExpired:
                 logger.warning("sandbox process %d did not exit after SIGKILL", proc.pid)
-        if self.mode == "fallback" and self.uid is not None:
-            _kill_uid(self.uid)  # workers outlive a dead root in this mode; the uid is ours alone
+        if self.mode == "fallback" and self.principals:
+            _kill_uids(set(self._keys))  # workers outlive a dead root in this mode
+
+    def _new_key(self) -> int:
+        key = _new_key()
+        self._keys.add(key)
+        return key
+
+    def _free_key(self, key: int) -> None:
+        self._keys.discard(key)
+        _free_key_globally(key)
 
     # ---------------------------------------------------------------------------- requests
-    def _request(self, frame: dict, fds: list[int] | None = None) -> dict:
+    def _current_link(self) -> RootLink:
         with self._lock:
             if not self.alive:
                 self._abort()
                 self._start()
-            try:
-                if fds:
-                    self._control.send_with_fds(frame, fds)
-                else:
-                    self._control.queue(frame)
-                    self._control.flush_blocking(REQUEST_TIMEOUT_S)
-                return self._control.wait_frame(REQUEST_TIMEOUT_S)
-            except (EOFError, TimeoutError, OSError) as exc:
-                logger.warning("sandbox root stopped answering (%s); restarting the family", exc)
-                self._abort()
-                raise ExecutorError(f"the sandbox root process failed: {exc}") from None
+            return self._link
+
+    def _call(self, frame: dict, fds: list[int] | None = None, timeout: float = REQUEST_TIMEOUT_S) -> dict:
+        """A request the root answers; the family restarts first when its root is gone."""
+        link = self._current_link()
+        try:
+            return link.wait(link.send(frame, fds, reply=True), timeout)
+        except (EOFError, TimeoutError, OSError) as exc:
+            logger.warning("sandbox root stopped answering (%s); restarting the family", exc)
+            with self._lock:
+                if self._link is link:
+                    self._abort()
+            raise ExecutorError(f"the sandbox root process failed: {exc}") from None
+
+    def _tell(self, frame: dict) -> None:
+        """A request without an answer (a dead family is left for the next request to restart)."""
+        with self._lock:
+            link = self._link if self.alive else None
+        if link is None:
+            return
+        try:
+            link.send(frame)
+        except EOFError as exc:
+            logger.warning("sandbox root stopped answering (%s)", exc)
+            with self._lock:
+                if self._link is link:
+                    self._abort()
 
     def spawn(self) -> WorkerHandle:
-        """A fresh worker with an empty state."""
+        """A fresh worker with an empty state (a new principal)."""
+        key = self._new_key()
         host_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         read_fd, write_fd = os.pipe()
         try:
-            self._request({"op": "spawn", "tools": self.tool_names,
-                           "max_output_chars": self.config.max_output_chars},
-                          [worker_end.fileno(), write_fd])
+            reply = self._call({"op": "spawn", "key": key, "tools": self.tool_names,
+                                "max_output_chars": self.config.max_output_chars},
+                               [worker_end.fileno(), write_fd])
+            if reply.get("op") != "spawned":
+                raise ExecutorError(f"a sandbox worker did not start: {log_safe(reply.get('error'), 300)}")
         except ExecutorError:
             host_end.close()
             os.close(read_fd)
+            self._free_key(key)
             raise
         finally:
             worker_end.close()
             os.close(write_fd)
-        handle = self._handshake(host_end, read_fd)
+        handle = self._handshake(host_end, read_fd, key)
+        if self.principals and not handle.info.get("principal"):
+            _warn_once("the kernel gives the sandbox no seccomp listener (Linux >= 5.5 needed): forks "
+                       "share their parent's uid, so candidates are not separate principals")
+            self.principals = False
+            handle.uid = None
         if not self.isolation:
             self.isolation = self._describe(handle.info)
         return handle
 
-    def fork_worker(self, parent: WorkerHandle, timeout: float = REQUEST_TIMEOUT_S) -> WorkerHandle:
-        """A new worker holding a copy of ``parent``'s state (``os.fork`` inside the sandbox).
-
-        Returns as soon as the parent has forked; the copy finishes setting itself up while the
-        host goes on (its first frame is the reply to the first request sent to it)."""
-        host_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        read_fd, write_fd = os.pipe()
-        try:
-            parent.conn.send_with_fds({"op": "fork"}, [worker_end.fileno(), write_fd])
-            reply = parent.conn.wait_frame(timeout)
-        except (EOFError, TimeoutError, OSError) as exc:
-            host_end.close()
-            os.close(read_fd)
-            raise ExecutorError(f"could not fork the executor: the worker did not answer ({exc})") from None
-        finally:
-            worker_end.close()
-            os.close(write_fd)
-        if reply.get("op") != "forked" or not isinstance(reply.get("pid"), int):
-            host_end.close()
-            os.close(read_fd)
-            raise ExecutorError(f"could not fork the executor: {log_safe(reply.get('error', reply.get('op')))}")
-        os.set_blocking(read_fd, False)
-        with self._lock:
-            self._workers.add(reply["pid"])
-        return WorkerHandle(conn=Conn(host_end), output_fd=read_fd, pid=reply["pid"])
-
-    def _handshake(self, host_end: socket.socket, read_fd: int) -> WorkerHandle:
+    def _handshake(self, host_end: socket.socket, read_fd: int, key: int) -> WorkerHandle:
         os.set_blocking(read_fd, False)
         conn = Conn(host_end)
         try:
             hello = conn.wait_frame(REQUEST_TIMEOUT_S)
             if hello.get("op") != "hello" or not isinstance(hello.get("pid"), int):
                 raise EOFError(f"unexpected first frame {hello.get('op')!r}")
-        except (EOFError, TimeoutError, ValueError) as exc:
+        except (EOFError, TimeoutError, ValueError, ProtocolError) as exc:
             detail = (read_available(read_fd) or b"").decode("utf-8", "replace").strip()[-500:]
             conn.close()
             os.close(read_fd)
+            self._tell({"op": "release", "key": key})
+            self._free_key(key)
             raise ExecutorError(f"a sandbox worker did not start: {log_safe(detail or exc, 500)}") from None
-        with self._lock:
-            self._workers.add(hello["pid"])
-        return WorkerHandle(conn=conn, output_fd=read_fd, pid=hello["pid"], info=hello)
+        return WorkerHandle(conn=conn, output_fd=read_fd, pid=hello["pid"], key=key,
+                            uid=key if self.principals else None, scratch=self.scratch_of(key), info=hello)
 
-    def sweep(self) -> None:
-        """Kill the processes that left their workers' trees and wait until they are reaped."""
-        with self._lock:
-            frame = {"op": "sweep", "spare": sorted(self._workers)}
-        try:
-            self._request(frame)
-        except ExecutorError:
-            pass
+    def fork_worker(self, parent: WorkerHandle) -> WorkerHandle:
+        """A new worker holding a copy of ``parent``'s state (``os.fork`` inside the sandbox), its
+        own principal with a copy of ``parent``'s scratch.
 
-    def kill(self, pid: int, keep_root: bool = False, wait: bool = True) -> dict | None:
-        """Kill worker ``pid`` (in the sandbox's pid namespace) with its whole process tree, or only
-        its descendants when ``keep_root``; the workers forked from it (live executors) are spared.
-
-        Args:
-            wait (`bool`, *optional*, defaults to `True`): wait until it is done and return how the
-                worker ended (``{"signal": n}`` / ``{"exit": n}``, when the root is its parent);
-                otherwise the root does it in the background (the host does not need the answer).
+        Raises:
+            ForkFailed: the copy did not start within ``FORK_TIMEOUT_S`` (or the parent answered
+                with something that is not a frame).
+            ExecutorError: the family's root is gone.
         """
-        with self._lock:
-            if not keep_root:
-                self._workers.discard(pid)
-            frame = {"op": "kill", "pid": pid, "keep_root": keep_root, "reply": wait,
-                     "spare": sorted(self._workers - {pid})}
+        key = self._new_key()
+        link = self._current_link()
+        deadline = time.monotonic() + FORK_TIMEOUT_S
+        host_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        read_fd, write_fd = os.pipe()
+        try:
+            try:
+                rid = link.send({"op": "expect", "key": key, "parent": parent.key}, reply=True)
+            except EOFError as exc:
+                raise ExecutorError(f"the sandbox root process failed: {exc}") from None
+            frame = {"op": "fork", "uid": key if self.principals else None, "scratch": self.scratch_of(key)}
+            try:
+                parent.conn.send_with_fds(frame, [worker_end.fileno(), write_fd], timeout=FORK_TIMEOUT_S)
+                reply = _fork_reply(parent.conn, deadline)
+            except ProtocolError as exc:
+                raise ForkFailed("violation", f"the state's worker sent malformed data ({exc})", True) from None
+            except (EOFError, TimeoutError, OSError) as exc:
+                raise ForkFailed("lost", f"the state's worker did not fork within {FORK_TIMEOUT_S:g} s ({exc})",
+                                 True) from None
+            if reply.get("op") != "forked" or not isinstance(reply.get("pid"), int):
+                raise ForkFailed("lost", f"the state's worker could not fork: {log_safe(reply.get('error'))}", False)
+            try:
+                adopted = link.wait(rid, max(0.001, deadline - time.monotonic()))
+            except TimeoutError:
+                raise ForkFailed("lost", f"the copy of the state did not start within {FORK_TIMEOUT_S:g} s",
+                                 False) from None
+            except EOFError as exc:
+                raise ExecutorError(f"the sandbox root process failed: {exc}") from None
+            if adopted.get("op") not in ("adopted", "prepared"):
+                raise ForkFailed("lost", f"the copy of the state did not start: {log_safe(adopted.get('error'))}",
+                                 False)
+        except (ForkFailed, ExecutorError):
+            host_end.close()
+            os.close(read_fd)
+            self._tell({"op": "release", "key": key})
+            self._free_key(key)
+            raise
+        finally:
+            worker_end.close()
+            os.close(write_fd)
+        pid = adopted["pid"] if adopted.get("op") == "adopted" else reply["pid"]
+        os.set_blocking(read_fd, False)
+        return WorkerHandle(conn=Conn(host_end), output_fd=read_fd, pid=pid, key=key,
+                            uid=key if self.principals else None, scratch=self.scratch_of(key))
+
+    def begin(self, worker: WorkerHandle) -> None:
+        """A step of ``worker`` starts: the root resumes it (and polls its memory)."""
+        self._tell({"op": "begin", "key": worker.key})
+
+    def end(self, worker: WorkerHandle) -> dict:
+        """A step of ``worker`` ended: the root stops it and kills every other process of its
+        principal. Returns ``{"reason": str | None, "oom": int}`` (``reason`` is ``memory`` when
+        the root killed the principal at its memory budget; ``oom`` counts the processes the
+        kernel killed at the cgroup's limit during the step)."""
+        try:
+            return self._call({"op": "end", "key": worker.key})
+        except ExecutorError:
+            return {}
+
+    def release_worker(self, worker: WorkerHandle, wait: bool = True) -> dict | None:
+        """Kill ``worker``'s whole principal and remove its scratch. With ``wait``, returns how the
+        worker ended (``{"signal": n}`` / ``{"exit": n}`` when the root is its parent) and why the
+        root killed it (``reason``), else ``None`` at once."""
+        frame = {"op": "release", "key": worker.key}
+        self._free_key(worker.key)
         if not wait:
-            with self._lock:
-                if self.alive:
-                    try:
-                        self._control.queue(frame)
-                        self._control.flush_blocking(REQUEST_TIMEOUT_S)
-                    except (EOFError, TimeoutError, OSError) as exc:
-                        logger.warning("sandbox root stopped answering (%s)", exc)
-                        self._abort()
+            self._tell(frame)
             return None
         try:
-            reply = self._request(frame)
+            reply = self._call(frame)
         except ExecutorError:
             return None
-        status = reply.get("status")
-        return status if isinstance(status, dict) else None
+        status = dict(reply.get("status") or {})
+        if reply.get("reason"):
+            status["reason"] = reply["reason"]
+        if reply.get("oom"):
+            status["oom"] = reply["oom"]
+        return status
 
 
-def _kill_uid(uid: int) -> None:
-    """SIGKILL every process whose real uid is ``uid`` (a family uid, unique to this sandbox)."""
+def _fork_reply(conn: Conn, deadline: float) -> dict:
+    """The parent worker's answer to ``fork`` (frames its code sent between runs are skipped)."""
+    while True:
+        frame = conn.wait_frame(max(0.0, deadline - time.monotonic()))
+        if frame.get("op") in ("forked", "fork_failed"):
+            return frame
+
+
+def _kill_uids(uids: set[int]) -> None:
+    """SIGKILL every process whose real uid is one of ``uids`` (principals of this host)."""
+    if not uids:
+        return
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/status") as f:
                 line = next((x for x in f if x.startswith("Uid:")), "")
-            if line.split()[1:2] == [str(uid)]:
+            parts = line.split()
+            if len(parts) > 1 and parts[1].isdigit() and int(parts[1]) in uids:
                 os.kill(int(entry), signal.SIGKILL)
         except (OSError, IndexError, StopIteration):
             continue

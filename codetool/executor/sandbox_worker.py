@@ -19,6 +19,7 @@ close-on-exec: a program the code starts never holds a channel. The worker's std
 
 import builtins
 import errno
+import gc
 import io
 import itertools
 import json
@@ -32,6 +33,11 @@ import threading
 import time
 import traceback
 import types
+
+try:
+    from sandbox_copy import become_independent
+except ImportError:  # imported on the host (documentation tools): the package's copy
+    from codetool.executor.sandbox_copy import become_independent
 
 HEADER = struct.Struct(">I")
 MAX_TOOL_PAYLOAD = 1 << 20  # bytes of JSON arguments one tool call may send to the host
@@ -73,19 +79,30 @@ class Channel:
 
     def recv(self):
         while True:
-            if len(self.buf) >= 4:
-                size = HEADER.unpack_from(self.buf)[0]
-                if len(self.buf) >= 4 + size:
-                    frame = bytes(self.buf[4:4 + size])
-                    del self.buf[:4 + size]
-                    return json.loads(frame)
-            data, fds, _, _ = socket.recv_fds(self.sock, 1 << 18, 4)
-            for fd in fds:
-                os.set_inheritable(fd, False)
-            self.fds.extend(fds)
-            if not data:
-                raise EOFError
-            self.buf += data
+            frame = self.buffered()
+            if frame is not None:
+                return frame
+            self.fill()
+
+    def buffered(self):
+        """The next whole frame already received, or ``None``."""
+        if len(self.buf) >= 4:
+            size = HEADER.unpack_from(self.buf)[0]
+            if len(self.buf) >= 4 + size:
+                frame = bytes(self.buf[4:4 + size])
+                del self.buf[:4 + size]
+                return json.loads(frame)
+        return None
+
+    def fill(self):
+        """One ``recv`` (blocking); raises ``EOFError`` at the end of the stream."""
+        data, fds, _, _ = socket.recv_fds(self.sock, 1 << 18, 4)
+        for fd in fds:
+            os.set_inheritable(fd, False)
+        self.fds.extend(fds)
+        if not data:
+            raise EOFError
+        self.buf += data
 
     def close(self):
         self.sock.close()
@@ -222,7 +239,10 @@ class Worker:
         self.copies = set()
         self.old_threads = set()  # threads alive when the current step started
         self.call_lock = threading.Lock()  # one tool call in flight at a time
+        self.scratch = config.get("scratch") or os.getcwd()
+        self.uid = config.get("uid")
         signal.signal(signal.SIGCHLD, self._reap_copies)
+        sys.addaudithook(_refuse_audit_hooks)
         module = types.ModuleType("__main__")
         module.__dict__["__builtins__"] = builtins
         sys.modules["__main__"] = module
@@ -303,6 +323,11 @@ class Worker:
     def run(self, msg):
         if msg.get("reap"):  # the host killed what the previous step left running: reap it
             self._reap_all()
+        # What an earlier step may have left that would change how this step's code runs without
+        # being part of its state: a tracer, a profiler, other builtins for the namespace.
+        sys.settrace(None)
+        sys.setprofile(None)
+        self.namespace["__builtins__"] = builtins
         self.step += 1
         filename = f"<step {self.step}>"
         code = msg["code"]
@@ -395,17 +420,23 @@ class Worker:
         return source[frame.lineno - 1].strip()[:200] if frame.lineno <= len(source) else ""
 
     # -- fork: the copy becomes a new worker with the channel and output pipe the host sent
-    def fork(self, chan):
+    def fork(self, chan, msg):
         """A single ``os.fork``: this worker is the zygote of its copies and reaps them; when it
         dies first, the root (a child subreaper) adopts them. Returns the channel to serve next
-        (the copy's own one in the copy)."""
+        (the copy's own one in the copy). The garbage collector stays off until the copy is its
+        own principal, so no finalizer of the state runs in between."""
         fds, chan.fds = chan.fds[:2], chan.fds[2:]
         if len(fds) != 2:
             chan.send({"op": "fork_failed", "error": "no channel was passed"})
             return chan
+        self._reap_all()  # what the root killed at the end of the last step holds no process slot
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             pid = os.fork()
         except OSError as exc:
+            if collecting:
+                gc.enable()
             for fd in fds:
                 _close(fd)
             chan.send({"op": "fork_failed", "error": str(exc)})
@@ -413,7 +444,12 @@ class Worker:
         if pid == 0:
             self.copies = set()
             chan.sock.close()
-            return self._become_copy(fds)
+            chan = self._become_copy(fds, msg)
+            if collecting:
+                gc.enable()
+            return chan
+        if collecting:
+            gc.enable()
         for fd in fds:
             _close(fd)
         self.copies.add(pid)
@@ -440,12 +476,29 @@ class Worker:
             if finished:
                 self.copies.discard(pid)
 
-    def _become_copy(self, fds):
+    def _become_copy(self, fds, msg):
+        """Take the new channel and output pipe, become the principal the host named (one
+        ``setresuid`` the root lets through), then stop sharing anything with the zygote."""
         os.setsid()
         self.chan = Channel(fds[0])
         os.dup2(fds[1], 1)
         os.dup2(fds[1], 2)
         _close(fds[1])
+        uid = msg.get("uid")
+        if isinstance(uid, int) and uid != self.uid:
+            try:
+                os.setresuid(uid, uid, uid)
+            except OSError:
+                os._exit(71)  # the root refused: the host sees the channel close
+            if os.getresuid() != (uid, uid, uid):
+                os._exit(71)
+            self.uid = uid
+        scratch = msg.get("scratch")
+        if isinstance(scratch, str) and scratch != self.scratch:
+            parent_fd = self.config.get("scratch_parent_fd")
+            become_independent(self.scratch, scratch, keep_fds=(0, 1, 2, self.chan.sock.fileno(), parent_fd),
+                               parent_fd=parent_fd)
+            self.scratch = scratch
         return self.chan
 
     def serve(self):
@@ -465,10 +518,17 @@ class Worker:
             if op == "run":
                 chan.send(run(msg))
             elif op == "fork":
-                chan = fork(chan)
+                chan = fork(chan, msg)
             elif op == "exit":
                 os._exit(0)
             # anything else (a stale tool_result after a timeout) is ignored
+
+
+def _refuse_audit_hooks(event, args):
+    """The sandbox's own audit hook, added before any model code: it only refuses further hooks
+    (an audit hook sees, and can interrupt, every step the worker starts)."""
+    if event == "sys.addaudithook":
+        raise RuntimeError("audit hooks cannot be added in the sandbox")
 
 
 def classify(exc):
