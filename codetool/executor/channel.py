@@ -107,10 +107,12 @@ class Conn:
         max_frame (`int`): largest frame accepted from the sandbox, in bytes.
     """
 
-    def __init__(self, sock: socket.socket, max_frame: int = 4 << 20):
+    def __init__(self, sock: socket.socket, max_frame: int = 4 << 20, receive_fds: bool = False):
         sock.setblocking(False)
         self.sock = sock
         self.max_frame = max_frame
+        self.receive_fds = receive_fds  # (the root's channel only) descriptors sent along, in order
+        self.fds: deque[int] = deque()
         self.inbuf = bytearray()
         self.out = bytearray()
         self.out_pos = 0
@@ -182,7 +184,11 @@ class Conn:
         taken = 0
         while taken < limit:
             try:
-                data = self.sock.recv(1 << 18)
+                if self.receive_fds:
+                    data, fds, _, _ = socket.recv_fds(self.sock, 1 << 18, 4)
+                    self.fds.extend(fds)
+                else:
+                    data = self.sock.recv(1 << 18)
             except BlockingIOError:
                 break
             except OSError:

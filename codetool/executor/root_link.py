@@ -30,7 +30,7 @@ class RootLink:
     """
 
     def __init__(self, sock: socket.socket):
-        self.conn = Conn(sock)  # the reading side (non-blocking)
+        self.conn = Conn(sock, receive_fds=True)  # the reading side (non-blocking)
         self._tx = socket.socket(fileno=os.dup(sock.fileno()))  # the sending side, its own timeout
         self._tx.settimeout(SEND_TIMEOUT_S)
         self._send_lock = threading.Lock()
@@ -112,8 +112,18 @@ class RootLink:
                     self._reading = False
                     self._cond.notify_all()
 
+    def take_fd(self) -> int | None:
+        """The next file descriptor the root sent along with a reply (in the order sent)."""
+        with self._cond:
+            return self.conn.fds.popleft() if self.conn.fds else None
+
     def close(self) -> None:
         self.closed = True
+        for fd in self.conn.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
         self.conn.close()
         try:
             self._tx.close()

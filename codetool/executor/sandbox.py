@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from codetool import CodetoolError
-from codetool.executor import cgroups, scratch
+from codetool.executor import adoption, cgroups, scratch
 from codetool.executor.channel import Conn, ProtocolError, log_safe, read_available
 from codetool.executor.config import ExecutorConfig
 from codetool.executor.root_link import RootLink
@@ -217,6 +217,9 @@ class WorkerHandle:
     key: int
     uid: int | None = None
     scratch: str = ""
+    host_pid: int | None = None  # its pid on the host (when the host manages its principal)
+    stopped: bool = False  # stopped between runs (it had threads of its own)
+    oom_seen: int = 0
     cpu_s: float = 0.0
     info: dict = field(default_factory=dict)
     reap: bool = False  # processes of its last step were killed; it must reap them
@@ -312,6 +315,7 @@ class Sandbox:
         self._cgroup: tuple[str, int] | None = None
         self._ready: dict = {}
         self._keys: set[int] = set()  # this family's live principals
+        self._host: adoption.Principals | None = None  # the host manages the principals (cgroup mode)
         self._start()
         _LIVE.add(self)
 
@@ -354,11 +358,14 @@ class Sandbox:
                 "memory_bytes": self.memory_bytes, "cgroup": cgroup,
                 "seccomp": program.hex() if program else "", "seccomp_plain": plain.hex() if plain else "",
                 "seccomp_nr": numbers.get("seccomp"), "setresuid_nr": numbers.get("setresuid"),
-                "keyctl_nr": numbers.get("keyctl")}
+                "keyctl_nr": numbers.get("keyctl"), "host_listeners": self._host is not None}
 
     def _start(self) -> None:
         if self.config.cgroup and self.as_root and self._cgroup is None:
             self._cgroup = cgroups.family_cgroup()
+        numbers = syscall_numbers(platform.machine()) if filter_program() else {}
+        if self.principals and self._cgroup is not None and numbers:
+            self._host = adoption.Principals(self._cgroup[0], numbers["setresuid"])
         cwd, extra, prefix = "/", {}, []
         if self.mode == "bwrap":
             prefix = _bwrap_argv(shutil.which("bwrap") or "bwrap", self.info, self.as_root,
@@ -456,6 +463,9 @@ class Sandbox:
         proc, self._proc = self._proc, None
         if self._link is not None:
             self._link.close()
+        if self._host is not None:
+            self._host.close()
+            self._host = None
         if proc is not None and not clean:
             self._kill_family(proc)
         scratch.remove(self._scratch)
@@ -534,6 +544,10 @@ class Sandbox:
                                [worker_end.fileno(), write_fd])
             if reply.get("op") != "spawned":
                 raise ExecutorError(f"a sandbox worker did not start: {log_safe(reply.get('error'), 300)}")
+            if reply.get("listener"):
+                listener = self._link.take_fd()
+                if listener is not None and self._host is not None:
+                    self._host.add_listener(listener)
         except ExecutorError:
             host_end.close()
             os.close(read_fd)
@@ -543,6 +557,8 @@ class Sandbox:
             worker_end.close()
             os.close(write_fd)
         handle = self._handshake(host_end, read_fd, key)
+        if self._host is not None:
+            handle.host_pid = adoption.host_pid_of(self._host.cgroup_of(key))
         if self.principals and not handle.info.get("principal"):
             _warn_once("the kernel gives the sandbox no seccomp listener (Linux >= 5.5 needed): forks "
                        "share their parent's uid, so candidates are not separate principals")
@@ -580,10 +596,17 @@ class Sandbox:
         """
         key = self._new_key()
         link = self._current_link()
+        host = self._host
         deadline = time.monotonic() + FORK_TIMEOUT_S
         host_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         read_fd, write_fd = os.pipe()
+        resumed = False
         try:
+            if host is not None:
+                host.expect(key, parent.host_pid, parent.uid)
+                if parent.stopped:  # it has threads: they run only while the fork is made
+                    host.resume(parent.host_pid, parent.uid)
+                    parent.stopped, resumed = False, True
             try:
                 rid = link.send({"op": "expect", "key": key, "parent": parent.key}, reply=True)
             except EOFError as exc:
@@ -600,49 +623,77 @@ class Sandbox:
             if reply.get("op") != "forked" or not isinstance(reply.get("pid"), int):
                 raise ForkFailed("lost", f"the state's worker could not fork: {log_safe(reply.get('error'))}", False)
             try:
-                adopted = link.wait(rid, max(0.001, deadline - time.monotonic()))
+                prepared = link.wait(rid, max(0.001, deadline - time.monotonic()))
             except TimeoutError:
                 raise ForkFailed("lost", f"the copy of the state did not start within {FORK_TIMEOUT_S:g} s",
                                  False) from None
             except EOFError as exc:
                 raise ExecutorError(f"the sandbox root process failed: {exc}") from None
-            if adopted.get("op") not in ("adopted", "prepared"):
-                raise ForkFailed("lost", f"the copy of the state did not start: {log_safe(adopted.get('error'))}",
+            if prepared.get("op") not in ("adopted", "prepared"):
+                raise ForkFailed("lost", f"the copy of the state did not start: {log_safe(prepared.get('error'))}",
                                  False)
+            host_pid = None
+            if host is not None:
+                host.prepared(key)
+                try:
+                    host_pid = host.wait(key, deadline)
+                except TimeoutError:
+                    raise ForkFailed("lost", f"the copy of the state did not start within {FORK_TIMEOUT_S:g} s",
+                                     False) from None
         except (ForkFailed, ExecutorError):
             host_end.close()
             os.close(read_fd)
+            if host is not None:
+                host.forget(key)
             self._tell({"op": "release", "key": key})
             self._free_key(key)
             raise
         finally:
             worker_end.close()
             os.close(write_fd)
-        pid = adopted["pid"] if adopted.get("op") == "adopted" else reply["pid"]
+            if resumed:  # stop it again, and kill what its threads started meanwhile
+                parent.stopped = host.stop(parent.key, parent.host_pid, parent.uid)
+                host.sweep(parent.key, parent.uid, spare=parent.host_pid)
+        pid = prepared["pid"] if prepared.get("op") == "adopted" else reply["pid"]
         os.set_blocking(read_fd, False)
         return WorkerHandle(conn=Conn(host_end), output_fd=read_fd, pid=pid, key=key,
-                            uid=key if self.principals else None, scratch=self.scratch_of(key))
+                            uid=key if self.principals else None, scratch=self.scratch_of(key), host_pid=host_pid)
 
     def begin(self, worker: WorkerHandle) -> None:
-        """A step of ``worker`` starts: the root resumes it (and polls its memory)."""
-        self._tell({"op": "begin", "key": worker.key})
+        """A step of ``worker`` starts: it is resumed if it was stopped (and its memory polled)."""
+        if self._host is None:
+            self._tell({"op": "begin", "key": worker.key})
+        elif worker.stopped:
+            self._host.resume(worker.host_pid, worker.uid)
+            worker.stopped = False
 
     def end(self, worker: WorkerHandle) -> dict:
-        """A step of ``worker`` ended: the root stops it and kills every other process of its
-        principal. Returns ``{"reason": str | None, "oom": int}`` (``reason`` is ``memory`` when
-        the root killed the principal at its memory budget; ``oom`` counts the processes the
-        kernel killed at the cgroup's limit during the step)."""
-        try:
-            return self._call({"op": "end", "key": worker.key})
-        except ExecutorError:
-            return {}
+        """A step of ``worker`` ended: it is stopped (if it has threads of its own) and every other
+        process of its principal is killed. Returns ``{"reason": str | None, "oom": int}``
+        (``reason`` is ``memory`` when the root killed the principal at its memory budget; ``oom``
+        counts the processes the kernel killed at the cgroup's limit during the step)."""
+        host = self._host
+        if host is None:
+            try:
+                return self._call({"op": "end", "key": worker.key})
+            except ExecutorError:
+                return {}
+        worker.stopped = host.stop(worker.key, worker.host_pid, worker.uid)
+        host.sweep(worker.key, worker.uid, spare=worker.host_pid)
+        seen = host.oom_kills(worker.key, self._cgroup[1])
+        oom, worker.oom_seen = seen - worker.oom_seen, seen
+        return {"oom": oom}
 
     def release_worker(self, worker: WorkerHandle, wait: bool = True) -> dict | None:
         """Kill ``worker``'s whole principal and remove its scratch. With ``wait``, returns how the
-        worker ended (``{"signal": n}`` / ``{"exit": n}`` when the root is its parent) and why the
-        root killed it (``reason``), else ``None`` at once."""
+        worker ended (``{"signal": n}`` / ``{"exit": n}`` when the root is its parent) and why it
+        was killed (``reason``, ``oom``), else ``None`` at once."""
         frame = {"op": "release", "key": worker.key}
         self._free_key(worker.key)
+        oom = 0
+        if self._host is not None:
+            oom = self._host.oom_kills(worker.key, self._cgroup[1]) - worker.oom_seen
+            self._host.sweep(worker.key, worker.uid, spare=None, wait=wait)
         if not wait:
             self._tell(frame)
             return None
@@ -653,8 +704,8 @@ class Sandbox:
         status = dict(reply.get("status") or {})
         if reply.get("reason"):
             status["reason"] = reply["reason"]
-        if reply.get("oom"):
-            status["oom"] = reply["oom"]
+        if reply.get("oom") or oom:
+            status["oom"] = reply.get("oom") or oom
         return status
 
 

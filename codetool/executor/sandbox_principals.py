@@ -293,6 +293,18 @@ class Principals:
                     time.sleep(0.0002)
 
     def _kill_loop(self, principal, spare, root_pid, killed):
+        if principal.cgroup:  # exactly its processes, wherever they are in the tree
+            for _ in range(200):
+                victims = [pid for pid in _cgroup_pids(principal.cgroup) if pid != spare and pid not in killed]
+                if not victims:
+                    return
+                for pid in victims:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                killed.update(victims)
+            return
         for _ in range(200):
             workers = self._workers()  # another principal's worker is never this one's leftover
             victims = [pid for pid, _, _, state, owner in self.family(root_pid)
@@ -506,6 +518,14 @@ def _write(directory, name, value, required=True):
     except OSError:
         if required:
             raise
+
+
+def _cgroup_pids(directory):
+    try:
+        with open(os.path.join(directory, "cgroup.procs")) as f:
+            return [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return []
 
 
 def _status(pid):
