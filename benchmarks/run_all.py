@@ -25,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 
 # name -> (script, arguments, quick arguments)
 BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
-    "executor": ("bench_executor.py", [], ["--iterations", "30"]),
+    "executor": ("bench_executor.py", [], ["--iterations", "30", "--rounds", "2"]),
     "simulator": ("bench_simulator.py", [], ["--rounds", "1"]),
     "mock_server": ("bench_mock_server.py", ["--requests", "200"], ["--requests", "50", "--concurrency", "1", "8"]),
     "generation": ("bench_generation.py", [], ["--max-new-tokens", "16"]),

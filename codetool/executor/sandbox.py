@@ -338,9 +338,15 @@ class Sandbox:
         return {"as": cfg.memory_mb << 20, "cpu": [cpu, cpu + 1], "fsize": cfg.max_file_mb << 20,
                 "nofile": cfg.max_open_files, "nproc": cfg.max_processes, "core": 0}
 
+    @property
+    def _scratch_parent(self) -> str:
+        """Where the principals' scratch directories are, as the sandbox sees it: ``/tmp`` in
+        bubblewrap and in the fallback as root (the root hides the host's behind its own)."""
+        return "/tmp" if self.mode == "bwrap" or self.as_root else self._scratch
+
     def scratch_of(self, key: int) -> str:
         """The scratch directory of principal ``key``, as its processes see it."""
-        return os.path.join("/tmp" if self.mode == "bwrap" else self._scratch, f"c{key}")
+        return os.path.join(self._scratch_parent, f"c{key}")
 
     def _settings(self) -> dict:
         machine = platform.machine()
@@ -353,7 +359,7 @@ class Sandbox:
         return {"limits": self._limits(), "principals": self.principals, "gid": self.gid,
                 "unshare_net": fallback_root, "unshare_mount": fallback_root,
                 "hidepid": self.mode == "bwrap" and self.as_root, "mount_scratch": self.as_root,
-                "scratch_parent": "/tmp" if self.mode == "bwrap" else self._scratch, "scratch": self._scratch,
+                "scratch_parent": self._scratch_parent, "scratch": self._scratch,
                 "scratch_bytes": self.config.scratch_mb << 20, "scratch_inodes": self.config.max_files,
                 "memory_bytes": self.memory_bytes, "cgroup": cgroup,
                 "seccomp": program.hex() if program else "", "seccomp_plain": plain.hex() if plain else "",

@@ -57,13 +57,27 @@ class Root:
         os.close(null)
 
     def start(self):
+        family_dir = self.config.get("scratch") or ""
+        self.family_parent = None  # (descriptor of its parent, its name): reachable once /tmp is hidden
+        if os.path.basename(family_dir).startswith("codetool-sandbox-"):
+            try:
+                parent_fd = os.open(os.path.dirname(family_dir), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                self.family_parent = (parent_fd, os.path.basename(family_dir))
+            except OSError:
+                pass
         subreaper = kernel.prctl(kernel.PR_SET_CHILD_SUBREAPER, 1)
         kernel.prctl(kernel.PR_SET_NO_NEW_PRIVS, 1)
         netns = bool(self.config.get("unshare_net")) and kernel.unshare(kernel.CLONE_NEWNET)
         if self.config.get("unshare_mount") and kernel.unshare(kernel.CLONE_NEWNS):
-            # the fallback's mounts (scratch tmpfs, /proc) stay in this family's namespace
+            # the fallback's mounts stay in this family's namespace: its own /proc (each principal
+            # sees its own processes), and the host's world-writable folders hidden behind empty
+            # ones that only the root may write (the scratch mounts go to the new /tmp)
             kernel.mount("none", "/", "", MS_REC | MS_PRIVATE, "")
             kernel.mount("proc", "/proc", "proc", kernel.MS_NOSUID | kernel.MS_NODEV | MS_NOEXEC, "hidepid=2,gid=0")
+            for path, mode in (("/tmp", "0711"), ("/var/tmp", "0755"), ("/dev/shm", "0755"), ("/run/lock", "0755"),
+                               ("/var/lock", "0755")):
+                if os.path.isdir(path) and not os.path.islink(path):
+                    kernel.mount("tmpfs", path, "tmpfs", kernel.MS_NOSUID | kernel.MS_NODEV, f"size=1m,mode={mode}")
         elif self.config.get("hidepid"):  # a principal sees no other principal's processes
             kernel.mount("proc", "/proc", "proc",
                          kernel.MS_REMOUNT | kernel.MS_NOSUID | kernel.MS_NODEV | MS_NOEXEC, "hidepid=2,gid=0")
@@ -357,11 +371,11 @@ class Root:
             self._wait_all(2.0)
             self.principals.tidy()
         finally:
-            family_dir = self.config.get("scratch") or ""
-            if remove_scratch and os.path.basename(family_dir).startswith("codetool-sandbox-"):
+            family = getattr(self, "family_parent", None)
+            if remove_scratch and family is not None:
                 import shutil
 
-                shutil.rmtree(family_dir, ignore_errors=True)
+                shutil.rmtree(family[1], dir_fd=family[0], ignore_errors=True)
             os._exit(0)
 
     def _wait_all(self, timeout):
