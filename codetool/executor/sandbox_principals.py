@@ -306,7 +306,7 @@ class Principals:
                 killed.update(victims)
             return
         for _ in range(200):
-            workers = self._workers()  # another principal's worker is never this one's leftover
+            workers = self._workers() - {principal.pid}  # another principal's worker is not its leftover
             victims = [pid for pid, _, _, state, owner in self.family(root_pid)
                        if pid != spare and pid not in killed and state not in ("Z", "X") and pid not in workers
                        and (owner == principal.key or owner is None)]

@@ -235,6 +235,7 @@ class Worker:
         self.sources = {}
         self.call_ids = itertools.count(1)
         self.in_step = False
+        self.alarmed = False
         self.answered = False
         self.copies = set()
         self.old_threads = set()  # threads alive when the current step started
@@ -340,6 +341,7 @@ class Worker:
         sys.stdout = sys.stderr = out
         signal.signal(signal.SIGALRM, self._on_alarm)
         signal.signal(signal.SIGXCPU, self._on_xcpu)
+        self.alarmed = False
         outcome, error_type, error_message = "ok", None, None
         try:
             try:
@@ -370,6 +372,9 @@ class Worker:
             out.flush()
             signal.signal(signal.SIGCHLD, self._reap_copies)  # the code may have replaced it
             self._reap_copies()
+        if self.alarmed and outcome != "timeout":  # the code caught the interrupt: still a timeout
+            outcome, error_type = "timeout", "Timeout"
+            error_message = f"Timeout: the step ran longer than {msg['timeout']:g} s and was stopped"
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return {"op": "done", "outcome": outcome, "error_type": error_type,
                 "error_message": error_message, "output_dropped": out.dropped,
@@ -377,6 +382,7 @@ class Worker:
 
     def _on_alarm(self, signum, frame):
         if self.in_step:
+            self.alarmed = True
             raise _StepTimeout()
 
     def _on_xcpu(self, signum, frame):
