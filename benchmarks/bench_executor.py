@@ -236,7 +236,7 @@ def bench_layers(mode: str) -> dict[str, str]:
 SIBLING_PROBES = [
     # (what a candidate tries against a sibling, the attack, the sibling's check, expected output)
     ("signal every process it can", "import os, signal\nos.kill(-1, signal.SIGKILL)", "print('alive')", "alive\n"),
-    ("leave a module in /tmp for python -c", "open('/tmp/json.py', 'w').write('raise SystemExit(3)')",
+    ("leave a module for python -c", "open('json.py', 'w').write('raise SystemExit(3)')",
      "import subprocess, sys\nprint(subprocess.run([sys.executable, '-c', 'import json']).returncode)", "0\n"),
     ("fill its scratch", "open('fill.bin', 'wb').write(b'0' * (30 << 20))",
      "open('mine.txt', 'w').write('x' * 1000)\nprint('written')", "written\n"),
