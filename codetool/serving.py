@@ -44,6 +44,7 @@ logger = logging.getLogger(__name__)
 HEADER_TIMEOUT_S = 10.0
 MAX_HEADER_BYTES = 65_536
 MAX_CONNECTIONS_PER_CLIENT = 64
+NEW_CONNECTIONS_PER_S = 200  # per client address, sustained (the bucket holds one second's worth)
 READ_TIMEOUT_S = 30.0
 MAX_JSON_DEPTH = 100
 _THREAD_BODY_BYTES = 65_536  # bodies larger than this are checked off the event loop
@@ -102,6 +103,39 @@ def json_depth_exceeds(body: bytes, limit: int) -> bool:
     return bool(step.size) and int(np.cumsum(step, dtype=np.int32).max()) > limit
 
 
+class ClientTurns:
+    """At most ``per_client`` requests of one client address are worked on at once (the others
+    of that client wait their turn on the event loop, costing nothing), so that a client sending
+    many expensive requests holds at most that many worker threads.
+
+    Example:
+        ```python
+        turns = ClientTurns()
+        async with turns.turn(request.client.host):
+            answer = await asyncio.to_thread(work, body)
+        ```
+    """
+
+    PER_CLIENT = 2
+
+    def __init__(self, per_client: int = PER_CLIENT):
+        self.per_client = per_client
+        self._slots: dict[str, asyncio.Semaphore] = {}
+        self._users: dict[str, int] = {}
+
+    @contextlib.asynccontextmanager
+    async def turn(self, client: str):
+        slot = self._slots.setdefault(client, asyncio.Semaphore(self.per_client))
+        self._users[client] = self._users.get(client, 0) + 1
+        try:
+            async with slot:
+                yield
+        finally:
+            self._users[client] -= 1
+            if not self._users[client]:
+                del self._users[client], self._slots[client]
+
+
 class ServerGuard:
     """ASGI middleware in front of every codetool server (see the module docstring).
 
@@ -119,9 +153,13 @@ class ServerGuard:
             :func:`uvicorn_config`).
         max_inflight_bytes (`int`, *optional*): request-body bytes being received or served at
             once, over all clients (defaults to 16 bodies of ``max_body_bytes``, at most 256 MB);
-            a request whose ``Content-Length`` does not fit is a 503 before its body is read.
+            a request whose ``Content-Length`` does not fit waits, unread, for room (a 503 after
+            ``read_timeout_s``).
         max_client_inflight_bytes (`int`, *optional*): the same for one client address (defaults
             to a quarter of ``max_inflight_bytes``, at least two bodies).
+        max_requests_per_client (`int`, *optional*, defaults to 8): requests of one client address
+            worked on at once (body read, checks, the app); its others wait their turn at no cost,
+            so one client never holds most of the worker threads (:class:`ClientTurns`).
     Raises:
         CodetoolError: ``api_key`` is blank, or a limit is not positive.
     """
@@ -130,7 +168,7 @@ class ServerGuard:
                  read_timeout_s: float = READ_TIMEOUT_S, request_timeout_s: float = 120.0,
                  max_json_depth: int = MAX_JSON_DEPTH, error_field: str = "error", key_header: str | None = None,
                  max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT, max_inflight_bytes: int | None = None,
-                 max_client_inflight_bytes: int | None = None):
+                 max_client_inflight_bytes: int | None = None, max_requests_per_client: int = 8):
         if api_key is not None and not api_key.strip():
             raise CodetoolError("the server's API key is blank; set a real key, or none on loopback.")
         if not (max_body_bytes > 0 and read_timeout_s > 0 and request_timeout_s > 0 and max_json_depth > 0):
@@ -147,6 +185,8 @@ class ServerGuard:
                                                                           self.max_inflight_bytes // 4)
         self._inflight = 0  # touched on the event loop only
         self._client_inflight: dict[str, int] = {}
+        self._turns = ClientTurns(max(1, int(max_requests_per_client)))
+        self._room: asyncio.Condition | None = None  # made on the event loop, at the first request
 
     def _authorised(self, headers: dict[str, str]) -> bool:
         given = headers.get("authorization", "")
@@ -189,20 +229,47 @@ class ServerGuard:
         if length is not None and int(length) > self.max_body_bytes:
             return await self._reply(send, 413, f"body of {int(length)} bytes; the limit is {self.max_body_bytes}")
         size, client = int(length or 0), (scope.get("client") or ("?", 0))[0]
-        held = self._client_inflight.get(client, 0)
-        if size and (self._inflight + size > self.max_inflight_bytes or held + size > self.max_client_inflight_bytes):
-            return await self._reply(send, 503, "the server holds too many request bytes right now; retry shortly")
-        self._inflight += size
-        self._client_inflight[client] = held + size
-        try:
-            return await self._guarded(scope, receive, send)
-        finally:
-            self._inflight -= size
-            left = self._client_inflight.get(client, size) - size
-            if left > 0:
-                self._client_inflight[client] = left
-            else:
-                self._client_inflight.pop(client, None)
+        async with self._turns.turn(client):  # the client's other requests wait here, holding nothing
+            if size and not await self._reserve(size, client):
+                return await self._reply(send, 503, "the server holds too many request bytes right now; retry shortly")
+            try:
+                return await self._guarded(scope, receive, send)
+            finally:
+                if size:
+                    self._release(size, client)
+
+    async def _reserve(self, size: int, client: str) -> bool:
+        """Count ``size`` body bytes against the budgets, waiting (up to ``read_timeout_s``) for
+        room; ``False`` when none came."""
+        if self._room is None:
+            self._room = asyncio.Condition()
+
+        def fits() -> bool:
+            return (self._inflight + size <= self.max_inflight_bytes
+                    and self._client_inflight.get(client, 0) + size <= self.max_client_inflight_bytes)
+
+        async with self._room:
+            try:
+                await asyncio.wait_for(self._room.wait_for(fits), self.read_timeout_s)
+            except asyncio.TimeoutError:
+                return False
+            self._inflight += size
+            self._client_inflight[client] = self._client_inflight.get(client, 0) + size
+        return True
+
+    def _release(self, size: int, client: str) -> None:
+        self._inflight -= size
+        left = self._client_inflight.get(client, size) - size
+        if left > 0:
+            self._client_inflight[client] = left
+        else:
+            self._client_inflight.pop(client, None)
+
+        async def wake():
+            async with self._room:
+                self._room.notify_all()
+
+        asyncio.get_running_loop().create_task(wake())
 
     async def _guarded(self, scope, receive, send):
         try:
@@ -267,6 +334,7 @@ def _guarded_h11_protocol(header_timeout_s: float, max_per_client: int):
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     open_by_client: dict[str, int] = {}  # one dict per server (this protocol class)
+    opened_recently: dict[str, list[float]] = {}  # [tokens, time]: new connections per client
 
     class GuardedH11Protocol(H11Protocol):
         head_timer = None
@@ -275,6 +343,16 @@ def _guarded_h11_protocol(header_timeout_s: float, max_per_client: int):
         def connection_made(self, transport):
             super().connection_made(transport)
             client = (self.client or ("?", 0))[0]
+            now = time.monotonic()
+            bucket = opened_recently.setdefault(client, [float(NEW_CONNECTIONS_PER_S), now])
+            bucket[0] = min(float(NEW_CONNECTIONS_PER_S), bucket[0] + (now - bucket[1]) * NEW_CONNECTIONS_PER_S)
+            bucket[1] = now
+            if bucket[0] < 1.0:  # a client opening connections faster than this gets no answer at all
+                transport.abort()
+                return
+            bucket[0] -= 1.0
+            if len(opened_recently) > 10_000:
+                opened_recently.clear()
             if open_by_client.get(client, 0) >= max_per_client:
                 body = b'{"error": "too many connections from this client"}'
                 transport.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"

@@ -406,6 +406,7 @@ def create_app(scorer, *, api_key: str | None = None, name: str = "prm", max_bod
             return error(500, f"scoring failed ({type(e).__name__}); see the server log")
         return {"scores": scores}
 
+    guard_limits.setdefault("max_requests_per_client", 64)  # a search sends many at once; the scheduler is fair
     return ServerGuard(app, api_key=api_key, max_body_bytes=max_body_bytes, read_timeout_s=read_timeout_s,
                        request_timeout_s=request_timeout_s + GUARD_GRACE_S, error_field="error", **guard_limits)
 
