@@ -49,6 +49,7 @@ from codetool.jsonl import clean_text
 from codetool.rewards import PRMItem
 from codetool.secrets import key_from_env
 from codetool.serving import (
+    ClientTurns,
     ServerGuard,
     check_bind,
     json_internal_errors,
@@ -375,6 +376,7 @@ def create_app(scorer, *, api_key: str | None = None, name: str = "prm", max_bod
         state.pop("scheduler").stop()
 
     app = FastAPI(title="codetool PRM", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    parsing = ClientTurns(2)  # large bodies are parsed in threads, two per client at a time
 
     def error(status: int, reason: str) -> JSONResponse:
         return JSONResponse({"error": reason}, status_code=status)
@@ -388,14 +390,15 @@ def create_app(scorer, *, api_key: str | None = None, name: str = "prm", max_bod
     @app.post("/score")
     async def score(request: Request):
         body = await request.body()  # already read (within read_timeout_s) and size-checked by the guard
+        client = request.client.host if request.client else "?"
         try:
             if len(body) > 65_536:  # parse big bodies off the event loop, so other requests keep flowing
-                items = await asyncio.to_thread(parse_items, body, max_items, max_history_steps)
+                async with parsing.turn(client):
+                    items = await asyncio.to_thread(parse_items, body, max_items, max_history_steps)
             else:
                 items = parse_items(body, max_items, max_history_steps)
         except _Reject as e:
             return error(e.status, e.reason)
-        client = request.client.host if request.client else "?"
         try:
             scores = await state["scheduler"].submit(items, request_timeout_s, client)
         except asyncio.TimeoutError:
@@ -406,7 +409,7 @@ def create_app(scorer, *, api_key: str | None = None, name: str = "prm", max_bod
             return error(500, f"scoring failed ({type(e).__name__}); see the server log")
         return {"scores": scores}
 
-    guard_limits.setdefault("max_requests_per_client", 64)  # a search sends many at once; the scheduler is fair
+    guard_limits.setdefault("max_requests_per_client", 32)  # a search sends many at once; the scheduler is fair
     return ServerGuard(app, api_key=api_key, max_body_bytes=max_body_bytes, read_timeout_s=read_timeout_s,
                        request_timeout_s=request_timeout_s + GUARD_GRACE_S, error_field="error", **guard_limits)
 
