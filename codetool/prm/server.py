@@ -169,13 +169,13 @@ class _Job:
 class _Scheduler:
     """Scores the items of every request in worker threads, fairly between clients.
 
-    Clients (by address) are served in deficit round robin by **token count**: each turn a
-    client may add up to its share of ``max_batch_tokens`` to the batch being built, items are
-    taken one by one (a large request is spread over many batches, so a one-item request of
-    another client goes into the next one), and the tokens an item really had once encoded are
-    charged to its client. While other clients wait, a client has at most one batch being scored,
-    so with two workers one client's long items never hold every worker. An item's cost before
-    encoding is estimated from its characters (capped at the format's ``max_length``).
+    Clients (by address) take turns, and a turn is one batch of that client's items, of at most
+    ``max_batch_tokens`` **tokens** (a large request is spread over many batches, so a one-item
+    request of another client is served at the next turn, not after it). The tokens an item
+    really had once encoded are charged to its client (deficit round robin), and while other
+    clients wait a client has at most one batch being scored, so with two workers one client's
+    long items never hold every worker. An item's cost before encoding is estimated from its
+    characters (capped at the format's ``max_length``).
 
     If scoring a batch fails, its items are scored one by one: only the request holding the bad
     item gets its error (422, naming the item). Work for a request whose deadline passed is
@@ -271,31 +271,31 @@ class _Scheduler:
                 self.deficit[client] = 0.0
 
     def _fill(self) -> list[tuple[_Job, int, int]]:
-        batch, tokens = [], 0
+        """Items of one client, the next in turn that has no batch being scored (any client
+        when all have one), up to ``max_batch_tokens`` and what its deficit allows. One client
+        per batch: a small request never waits for another client's long items in the same
+        forward pass (requests of one client, e.g. one search, still share one)."""
         idle = [c for c in self.ring if self.busy.get(c, 0) == 0]
-        order = idle if idle else list(self.ring)  # one batch at a time per client while others wait
-        share = self.max_tokens / max(1, len(order))
-        for client in order:
-            if len(batch) >= self.max_items or tokens >= self.max_tokens:
+        client = (idle or list(self.ring))[0]
+        queue = self.queues[client]
+        self.deficit[client] = min(self.deficit.get(client, 0.0) + self.max_tokens, float(self.max_tokens))
+        batch, tokens = [], 0
+        while queue and self.deficit[client] > 0 and len(batch) < self.max_items:
+            job = queue[0]
+            cost = self._estimate(job.items[job.taken])
+            if batch and tokens + cost > self.max_tokens:
                 break
-            queue = self.queues[client]
-            self.deficit[client] = min(self.deficit.get(client, 0.0) + share, float(self.max_tokens))
-            while queue and self.deficit[client] > 0 and len(batch) < self.max_items:
-                job = queue[0]
-                cost = self._estimate(job.items[job.taken])
-                if batch and tokens + cost > self.max_tokens:
-                    break
-                batch.append((job, job.taken, cost))
-                job.taken += 1
-                tokens += cost
-                self.deficit[client] -= cost
-                if job.taken == len(job.items):
-                    queue.popleft()
-            self.ring.remove(client)  # its turn is over: to the back of the ring, or out
-            if queue:
-                self.ring.append(client)
-            else:
-                self.deficit[client] = 0.0
+            batch.append((job, job.taken, cost))
+            job.taken += 1
+            tokens += cost
+            self.deficit[client] -= cost
+            if job.taken == len(job.items):
+                queue.popleft()
+        self.ring.remove(client)  # its turn is over: to the back of the ring, or out
+        if queue:
+            self.ring.append(client)
+        else:
+            self.deficit[client] = 0.0
         return batch
 
     def _score(self, batch: list[tuple[_Job, int, int]]) -> None:
