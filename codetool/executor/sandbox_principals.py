@@ -25,19 +25,19 @@ at the next sweep of any principal).
 
 import os
 import signal
-import stat
 import time
 
 try:
     import sandbox_kernel as kernel
-except ImportError:  # imported on the host (documentation tools): the package's copy
+    from sandbox_scratch import copy_tree, remove_tree
+except ImportError:  # imported on the host (documentation tools): the package's copies
     from codetool.executor import sandbox_kernel as kernel
+    from codetool.executor.sandbox_scratch import copy_tree, remove_tree
 
 EXPECT_TIMEOUT_S = 1.0  # a fork copy must ask for its uid within this
 DEFER_S = 0.2  # how long a setresuid that no expectation matches yet may wait for one
 POLL_S = 0.01  # memory polling period while a principal runs (no cgroup)
 INODE_BYTES = 1024  # kernel memory counted per scratch inode by the polling fallback
-MAX_COPY_DEPTH = 64
 
 
 class Principal:
@@ -141,7 +141,7 @@ class Principals:
             kernel.umount(principal.scratch)
             principal.mounted = False
         else:
-            _remove_tree(principal.scratch)
+            remove_tree(principal.scratch)
         for path in (principal.scratch, principal.cgroup):
             if path and not _rmdir(path):
                 self.leftover_paths.append(path)
@@ -233,8 +233,6 @@ class Principals:
         parent = self.by_key.get(expectation.parent) if expectation else None
         principal = self.by_key.get(key)
         if parent is None or principal is None or not self._is_copy(note.pid, parent):
-            _debug("no verdict", note.pid, key, sorted(self.expected), parent and parent.pid,
-                   principal and principal.key, _status(note.pid) and {k: _status(note.pid).get(k) for k in ("PPid", "Tgid", "Threads", "Uid")})
             return None
         return expectation, principal
 
@@ -390,117 +388,6 @@ class Principals:
 
 
 # ------------------------------------------------------------------------------------ helpers
-def _debug(*parts):
-    if os.environ.get("CODETOOL_SANDBOX_DEBUG") == "1":
-        os.write(2, (" ".join(map(str, parts)) + "\n").encode())
-
-
-def copy_tree(source, target, uid, gid):
-    """Copy the directory ``source`` into the existing ``target``: directories, regular files and
-    symbolic links (as links), owned by ``uid``/``gid`` when given. Nothing is followed: every
-    name is opened relative to its directory with ``O_NOFOLLOW``, so a link or a file swapped
-    meanwhile by a process of the source's owner cannot make the root read or write elsewhere."""
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-    src = os.open(source, flags)
-    try:
-        dst = os.open(target, flags)
-        try:
-            _copy_dir(src, dst, uid, gid, 0)
-        finally:
-            os.close(dst)
-    finally:
-        os.close(src)
-
-
-def _copy_dir(src, dst, uid, gid, depth):
-    if depth > MAX_COPY_DEPTH:
-        return
-    for name in os.listdir(src):
-        try:
-            info = os.stat(name, dir_fd=src, follow_symlinks=False)
-        except OSError:
-            continue
-        mode = stat.S_IMODE(info.st_mode) & 0o777
-        try:
-            if stat.S_ISDIR(info.st_mode):
-                os.mkdir(name, 0o700, dir_fd=dst)
-                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-                sub_src, sub_dst = os.open(name, flags, dir_fd=src), os.open(name, flags, dir_fd=dst)
-                try:
-                    _copy_dir(sub_src, sub_dst, uid, gid, depth + 1)
-                    _own(sub_dst, uid, gid, mode)
-                finally:
-                    os.close(sub_src)
-                    os.close(sub_dst)
-            elif stat.S_ISREG(info.st_mode):
-                _copy_file(name, src, dst, uid, gid, mode)
-            elif stat.S_ISLNK(info.st_mode):
-                os.symlink(os.readlink(name, dir_fd=src), name, dir_fd=dst)
-                if uid is not None:
-                    os.chown(name, uid, gid if gid is not None else uid, dir_fd=dst, follow_symlinks=False)
-        except OSError:
-            continue  # a name that vanished or cannot be copied is left out
-
-
-def _copy_file(name, src, dst, uid, gid, mode):
-    fin = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=src)
-    try:
-        if not stat.S_ISREG(os.fstat(fin).st_mode):
-            return
-        fout = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dst)
-        try:
-            while os.sendfile(fout, fin, None, 1 << 24) > 0:
-                pass
-            _own(fout, uid, gid, mode)
-        finally:
-            os.close(fout)
-    finally:
-        os.close(fin)
-
-
-def _own(fd, uid, gid, mode):
-    if uid is not None:
-        os.fchown(fd, uid, gid if gid is not None else uid)
-    os.fchmod(fd, mode)
-
-
-def _remove_tree(path):
-    """Remove a scratch directory that is not a mount (the code cannot make the root follow a link)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError:
-        return
-    try:
-        _empty_dir(fd, 0)
-    finally:
-        os.close(fd)
-
-
-def _empty_dir(fd, depth):
-    for name in os.listdir(fd):
-        try:
-            os.unlink(name, dir_fd=fd)
-            continue
-        except IsADirectoryError:
-            pass
-        except OSError:
-            continue
-        if depth >= MAX_COPY_DEPTH:
-            continue
-        try:
-            sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-        except OSError:
-            continue
-        try:
-            _empty_dir(sub, depth + 1)
-        finally:
-            os.close(sub)
-        try:
-            os.rmdir(name, dir_fd=fd)
-        except OSError:
-            pass
-
-
 def _rmdir(path):
     try:
         os.rmdir(path)

@@ -39,7 +39,8 @@ PREIMPORTS = ("json", "math", "re", "datetime", "time", "collections", "itertool
               "copy", "typing", "dataclasses", "heapq", "bisect", "operator", "pprint", "subprocess", "tempfile")
 LIMITS = (("as", "RLIMIT_AS"), ("cpu", "RLIMIT_CPU"), ("fsize", "RLIMIT_FSIZE"),
           ("nofile", "RLIMIT_NOFILE"), ("nproc", "RLIMIT_NPROC"), ("core", "RLIMIT_CORE"))
-SANDBOX_MODULES = ("sandbox_kernel", "sandbox_copy", "sandbox_worker", "sandbox_principals", "sandbox_root")
+SANDBOX_MODULES = ("sandbox_kernel", "sandbox_copy", "sandbox_worker", "sandbox_scratch", "sandbox_principals",
+                   "sandbox_root")
 MS_REC, MS_PRIVATE, MS_NOEXEC = 16384, 1 << 18, 8
 
 
@@ -151,14 +152,6 @@ class Root:
         self.principals.tidy()
 
     def handle(self, msg):
-        started = time.perf_counter()
-        try:
-            self._handle(msg)
-        finally:
-            if os.environ.get("CODETOOL_SANDBOX_DEBUG") == "1":
-                os.write(2, f"root {msg.get('op')} {1000 * (time.perf_counter() - started):.3f} ms\n".encode())
-
-    def _handle(self, msg):
         op, key = msg.get("op"), msg.get("key")
         principal = self.principals.by_key.get(key)
         if op == "spawn":
