@@ -13,14 +13,21 @@ benchmarks. Every codetool server is wrapped in :class:`ServerGuard` and started
 - **Body.** A ``Content-Length`` over ``max_body_bytes`` is a 413 before anything is read; a body
   without one (chunked) is a 411; a non-numeric one a 400. The body is read by the guard within
   ``read_timeout_s`` (408 otherwise: a client trickling its body cannot hold a connection) and
-  handed to the app; JSON nested deeper than ``max_json_depth`` is a 400 (the parser would
-  otherwise recurse until it fails).
+  handed to the app; JSON nested deeper than ``max_json_depth`` is a 400, checked in linear time
+  (:func:`json_depth_exceeds`; the parser would otherwise recurse until it fails).
+- **Clients** (issue 27), by address: at most ``max_connections_per_client`` open connections
+  (more get 503 and are closed at once) and ``NEW_CONNECTIONS_PER_S`` new ones per second (more
+  are reset); at most ``max_requests_per_client`` requests worked on at once (the others wait
+  their turn, holding nothing but their connection, :class:`ClientTurns`); body bytes in flight
+  within ``max_client_inflight_bytes`` per client and ``max_inflight_bytes`` in all, reserved
+  from ``Content-Length`` before the body is read (a request that does not fit waits unread, 503
+  after ``read_timeout_s``). So one client can hold neither the memory nor the workers of the
+  others. (Clients behind one address, e.g. one machine, share its limits.)
 - **Time.** An answer not started within ``request_timeout_s`` is a 504, and the app's work on
-  the request is cancelled. Request heads must arrive within ``header_timeout_s``
-  (:func:`uvicorn_config`: a slow-loris client that trickles headers, or opens sockets and sends
-  nothing, is closed; uvicorn alone only times out idle *kept-alive* connections), headers are
-  capped at 64 KB, and at most ``limit_concurrency`` connections/requests are served at once (the
-  rest get 503).
+  the request is cancelled. A request head must be complete within ``header_timeout_s`` of the
+  connection or of the previous answer (:func:`uvicorn_config`), however slowly it trickles in
+  (uvicorn's own timer stopped at the first byte), headers are capped at 64 KB, and at most
+  ``limit_concurrency`` connections/requests are served at once (the rest get 503).
 - **Errors.** Every refusal is a JSON body ``{<error_field>: "<one line>"}`` (``error`` for the
   PRM server, ``detail`` for the FastAPI-style mocks); an exception in the app is a one-line 500,
   never a traceback (:func:`json_internal_errors` for FastAPI routes).

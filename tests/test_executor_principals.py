@@ -284,6 +284,8 @@ def test_the_workers_modules_are_not_importable_and_builtins_reset_each_step(roo
         assert r.error_type == "NameError", r
         ex.run("import sys\nsys.settrace(lambda *a: None)")
         assert ex.run("import sys\nprint(sys.gettrace())").stdout == "None\n"
+        ex.run("import builtins\nbuiltins.exec = lambda *a, **k: None")  # later steps would run nothing
+        assert ex.run("undefined_name").error_type == "NameError"
     finally:
         ex.close()
 

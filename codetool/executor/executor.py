@@ -6,10 +6,12 @@ step and no earlier tool call is repeated); ``close`` kills the worker and every
 See the package docstring for the isolation layers and their limits.
 
 What the result reports is checked here, not trusted: frames are validated (``channel``), stamped
-with the run's nonce and numbered, tool calls and bytes are budgeted per step, answers capped.
-Residual risk: ``outcome``, ``error_*`` and ``final_answer`` still come from the interpreter that
-ran the step, so the step's own code can forge them (and, with deliberate effort, those of later
-steps of the same state); a sibling candidate cannot.
+with the run's nonce and numbered, tool calls and every byte the host holds are budgeted per step,
+answers capped, timeouts and limits decided here. Residual risk (see the package docstring):
+``outcome``, ``error_*`` and ``final_answer`` come from the interpreter that ran the step, so the
+step's code can forge them for itself and, with one ordinary line that reaches the worker's
+objects, for every later step of its state and of its forks; a sibling candidate, another
+episode or the host cannot.
 """
 
 from __future__ import annotations

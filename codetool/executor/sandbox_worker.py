@@ -6,7 +6,10 @@ they become the modules ``sandbox_worker`` and ``sandbox_root`` (see ``sandbox.B
 
 A worker (one per executor) holds one state (a ``__main__`` namespace), runs steps, forwards tool
 calls to the host, and forks itself when the host asks for an independent copy of the state (the
-copy is reaped by the worker it came from, or by the root once that one is gone).
+copy is reaped by the worker it came from, or by the root once that one is gone). The copy
+becomes its own principal (``setresuid`` to the uid the host named, let through by the host or
+the root, see ``sandbox_principals``) and stops sharing descriptors and mappings with the worker
+it came from (``sandbox_copy``).
 
 Host and sandbox talk over Unix stream sockets in frames: a 4-byte big-endian length, then JSON.
 Nothing is ever pickled. Every frame carries the nonce of the run it belongs to (sent by the host
@@ -40,6 +43,8 @@ except ImportError:  # imported on the host (documentation tools): the package's
     from codetool.executor.sandbox_copy import become_independent
 
 HEADER = struct.Struct(">I")
+# Taken before any model code runs: rebinding builtins.exec or builtins.compile changes nothing here.
+_EXEC, _COMPILE = exec, compile
 MAX_TOOL_PAYLOAD = 1 << 20  # bytes of JSON arguments one tool call may send to the host
 MAX_ANSWER_CHARS = 100_000
 MAX_ARGUMENT_DEPTH = 28  # nesting of tool arguments (the host refuses frames nested past 32)
@@ -345,10 +350,10 @@ class Worker:
         outcome, error_type, error_message = "ok", None, None
         try:
             try:
-                compiled = compile(code, filename, "exec", dont_inherit=True)
+                compiled = _COMPILE(code, filename, "exec", dont_inherit=True)
                 self.in_step = True
                 signal.setitimer(signal.ITIMER_REAL, max(float(msg["timeout"]), 0.001))
-                exec(compiled, self.namespace)
+                _EXEC(compiled, self.namespace)
             finally:
                 self.in_step = False
                 signal.setitimer(signal.ITIMER_REAL, 0)

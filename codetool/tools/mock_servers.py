@@ -19,8 +19,9 @@ or StableToolBench's own scripts (``--service_url http://127.0.0.1:8080/virtual`
 Safety (DESIGN.md §5b): both apps come wrapped in ``codetool.serving.ServerGuard``, the guard
 of every codetool server (:func:`guard`): binds 127.0.0.1 by default; any other address needs an
 API key in an environment variable, checked on every request as ``Authorization: Bearer <key>``
-(or a ``toolbench_key`` header, for StableToolBench's scripts). Request bodies over
-``max_body_bytes`` get 413, chunked bodies 411, bodies not received in time 408, JSON nested too
+(or a ``toolbench_key`` header, for StableToolBench's scripts), and per-client limits on
+connections, requests in work (two) and bytes in flight. Request bodies over ``max_body_bytes``
+(64 KB by default: a call's arguments are small) get 413, chunked bodies 411, bodies not received in time 408, JSON nested too
 deeply 400, requests over ``timeout_s`` 504, malformed requests a 4xx with a one-line reason; an
 internal error is a one-line 500, never a traceback.
 """
