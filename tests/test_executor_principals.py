@@ -179,11 +179,10 @@ def test_results_the_step_never_reads_count_against_its_budget(mode):
         r = ex.run("import gc\nw = next(o for o in gc.get_objects() if type(o).__name__ == 'Worker')\n"
                    "for i in range(1000):\n"
                    "    w.chan.send({'op': 'tool', 'call': i, 'name': 'big', 'args': [], 'kwargs': {}})")
-        # what the host queued and the step never read stays under max_step_mb (4 MiB here): the
-        # answers past it are refused, and the step ends at its tool budget
-        assert r.outcome == "resource_limit" and r.duration_s < 3, r
-        refused = [c for c in r.tool_calls if c.status == "error" and "more than this step may still" in c.error]
-        assert 4 <= len(r.tool_calls) - len(refused) <= 9 and refused, [c.status for c in r.tool_calls][:12]
+        # what the host queued and the step did not read stays under max_step_mb (4 MiB here): an
+        # answer that would not fit is refused, and the step ends at a budget (bytes or calls)
+        assert r.outcome == "resource_limit" and r.error_type in ("StepLimit", "ToolLimit") and r.duration_s < 3, r
+        assert any(c.status == "error" and "more than this step may still" in c.error for c in r.tool_calls)
 
 
 @pytest.mark.parametrize("cgroup", [pytest.param(True, marks=pytest.mark.slow), False], ids=["cgroup", "poll"])

@@ -98,7 +98,7 @@ def others_can_use(info: dict) -> bool:
     return walk(info["executable"], stat.S_IXOTH) and walk(info["stdlib"], stat.S_IROTH)
 
 
-def _bwrap_argv(bwrap: str, info: dict, as_root: bool, cgroup: str | None = None) -> list[str]:
+def _bwrap_argv(bwrap: str, info: dict, as_root: bool, cgroup: str | None = None, scratch_mb: int = 1) -> list[str]:
     # No --die-with-parent: it fires when the *thread* that started bwrap exits. The root notices
     # the end of its control channel instead and kills the family when the host goes away.
     argv = [bwrap, "--new-session", "--unshare-net", "--unshare-pid",
@@ -123,9 +123,10 @@ def _bwrap_argv(bwrap: str, info: dict, as_root: bool, cgroup: str | None = None
     for path in sorted(extra):
         if not (path + "/").startswith("/usr/"):
             argv += ["--ro-bind", path, path]
-    # /tmp holds only the principals' scratch mounts: nobody but the root creates anything there
-    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(1 << 20), "--perms", "0711" if as_root else "0700",
-             "--tmpfs", "/tmp"]
+    # /tmp holds only the principals' scratch mounts: nobody but the root creates anything there.
+    # (Not root: no mounts, so the scratch directories share /tmp, of scratch_mb.)
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(1 << 20 if as_root else scratch_mb << 20),
+             "--perms", "0711" if as_root else "0700", "--tmpfs", "/tmp"]
     if cgroup:
         argv += ["--bind", cgroup, CGROUP_MOUNT]
     argv += ["--remount-ro", "/", "--chdir", "/tmp", "--"]

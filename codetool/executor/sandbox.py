@@ -72,7 +72,7 @@ _LIVE: weakref.WeakSet[Sandbox] = weakref.WeakSet()
 _KEYS: set[int] = set()  # uids of the live principals of this process
 _KEYS_LOCK = threading.Lock()
 
-@dataclass
+@dataclass(eq=False)  # compared (and hashed) by identity
 class WorkerHandle:
     """The host's view of one worker: its channel, the read end of its output pipe, its pid (in the
     sandbox's pid namespace), its principal (``key``; its ``uid`` when uids are per principal),
@@ -86,6 +86,7 @@ class WorkerHandle:
     scratch: str = ""
     host_pid: int | None = None  # its pid on the host (when the host manages its principal)
     stopped: bool = False  # stopped between runs (it had threads of its own)
+    pidfd: int | None = None  # (fallback mode as the host user) to kill it when its root is gone
     oom_seen: int = 0
     cpu_s: float = 0.0
     info: dict = field(default_factory=dict)
@@ -103,10 +104,13 @@ class WorkerHandle:
 
     def close(self) -> None:
         self.conn.close()
-        try:
-            os.close(self.output_fd)
-        except OSError:
-            pass
+        for fd in (self.output_fd, self.pidfd):
+            try:
+                if fd is not None:
+                    os.close(fd)
+            except OSError:
+                pass
+        self.pidfd = None
 
 
 class ForkFailed(Exception):
@@ -182,6 +186,7 @@ class Sandbox:
         self._cgroup: tuple[str, int] | None = None
         self._ready: dict = {}
         self._keys: set[int] = set()  # this family's live principals
+        self._handles: weakref.WeakSet[WorkerHandle] = weakref.WeakSet()
         self._host: adoption.Principals | None = None  # the host manages the principals (cgroup mode)
         self._start()
         _LIVE.add(self)
@@ -242,7 +247,7 @@ class Sandbox:
         cwd, extra, prefix = "/", {}, []
         if self.mode == "bwrap":
             prefix = _bwrap_argv(shutil.which("bwrap") or "bwrap", self.info, self.as_root,
-                                 self._cgroup[0] if self._cgroup else None)
+                                 self._cgroup[0] if self._cgroup else None, self.config.scratch_mb)
         else:
             if self._scratch is None:  # a restart gets a fresh one (_abort removed the old one)
                 self._scratch = scratch.make(self.config.scratch_dir, None)
@@ -254,6 +259,8 @@ class Sandbox:
                             json.dumps(self._settings())]
         errors = tempfile.TemporaryFile()
         debug = os.environ.get("CODETOOL_SANDBOX_DEBUG") == "1"  # the root's stderr stays the host's
+        if os.environ.get("CODETOOL_SANDBOX_DEBUG_FILE"):
+            errors = open(os.environ["CODETOOL_SANDBOX_DEBUG_FILE"], "ab")
         try:
             self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                           stderr=None if debug else errors, pass_fds=(child.fileno(),), cwd=cwd,
@@ -360,6 +367,13 @@ class Sandbox:
                 logger.warning("sandbox process %d did not exit after SIGKILL", proc.pid)
         if self.mode == "fallback" and self.principals:
             _kill_uids(set(self._keys))  # workers outlive a dead root in this mode
+        elif self.mode == "fallback":  # one uid for all: through the pidfds of the workers handed out
+            for handle in list(self._handles):
+                if handle.pidfd is not None:
+                    try:
+                        signal.pidfd_send_signal(handle.pidfd, signal.SIGKILL)
+                    except OSError:
+                        pass
 
     def _new_key(self) -> int:
         key = _new_key()
@@ -453,8 +467,8 @@ class Sandbox:
             self._tell({"op": "release", "key": key})
             self._free_key(key)
             raise ExecutorError(f"a sandbox worker did not start: {log_safe(detail or exc, 500)}") from None
-        return WorkerHandle(conn=conn, output_fd=read_fd, pid=hello["pid"], key=key,
-                            uid=key if self.principals else None, scratch=self.scratch_of(key), info=hello)
+        return self._track(WorkerHandle(conn=conn, output_fd=read_fd, pid=hello["pid"], key=key,
+                                        uid=key if self.principals else None, scratch=self.scratch_of(key), info=hello))
 
     def fork_worker(self, parent: WorkerHandle) -> WorkerHandle:
         """A new worker holding a copy of ``parent``'s state (``os.fork`` inside the sandbox), its
@@ -482,6 +496,9 @@ class Sandbox:
                 rid = link.send({"op": "expect", "key": key, "parent": parent.key}, reply=True)
             except EOFError as exc:
                 raise ExecutorError(f"the sandbox root process failed: {exc}") from None
+            prepared = None
+            if not self.principals:  # no setresuid to hold the copy back: its scratch must exist first
+                prepared = self._fork_prepared(link, rid, deadline)
             frame = {"op": "fork", "uid": key if self.principals else None, "scratch": self.scratch_of(key)}
             try:
                 parent.conn.send_with_fds(frame, [worker_end.fileno(), write_fd], timeout=FORK_TIMEOUT_S)
@@ -493,16 +510,8 @@ class Sandbox:
                                  True) from None
             if reply.get("op") != "forked" or not isinstance(reply.get("pid"), int):
                 raise ForkFailed("lost", f"the state's worker could not fork: {log_safe(reply.get('error'))}", False)
-            try:
-                prepared = link.wait(rid, max(0.001, deadline - time.monotonic()))
-            except TimeoutError:
-                raise ForkFailed("lost", f"the copy of the state did not start within {FORK_TIMEOUT_S:g} s",
-                                 False) from None
-            except EOFError as exc:
-                raise ExecutorError(f"the sandbox root process failed: {exc}") from None
-            if prepared.get("op") not in ("adopted", "prepared"):
-                raise ForkFailed("lost", f"the copy of the state did not start: {log_safe(prepared.get('error'))}",
-                                 False)
+            if prepared is None:
+                prepared = self._fork_prepared(link, rid, deadline)
             host_pid = None
             if host is not None:
                 host.prepared(key)
@@ -526,9 +535,35 @@ class Sandbox:
                 parent.stopped = host.stop(parent.key, parent.host_pid, parent.uid)
                 host.sweep(parent.key, parent.uid, spare=parent.host_pid)
         pid = prepared["pid"] if prepared.get("op") == "adopted" else reply["pid"]
+        if not self.principals:  # the root learns the copy's pid from its zygote (there is no setresuid)
+            self._tell({"op": "adopt", "key": key, "pid": pid})
         os.set_blocking(read_fd, False)
-        return WorkerHandle(conn=Conn(host_end), output_fd=read_fd, pid=pid, key=key,
-                            uid=key if self.principals else None, scratch=self.scratch_of(key), host_pid=host_pid)
+        return self._track(WorkerHandle(conn=Conn(host_end), output_fd=read_fd, pid=pid, key=key,
+                                        uid=key if self.principals else None, scratch=self.scratch_of(key),
+                                        host_pid=host_pid))
+
+    def _track(self, handle: WorkerHandle) -> WorkerHandle:
+        if self.mode == "fallback" and not self.principals:  # its pid is a host pid here
+            try:
+                handle.pidfd = os.pidfd_open(handle.pid)
+            except OSError:
+                handle.pidfd = None
+            self._handles.add(handle)
+        return handle
+
+    @staticmethod
+    def _fork_prepared(link: RootLink, rid: int, deadline: float) -> dict:
+        """The root's answer to ``expect``: the new principal is ready (or its copy adopted)."""
+        try:
+            prepared = link.wait(rid, max(0.001, deadline - time.monotonic()))
+        except TimeoutError:
+            raise ForkFailed("lost", f"the copy of the state did not start within {FORK_TIMEOUT_S:g} s",
+                             False) from None
+        except EOFError as exc:
+            raise ExecutorError(f"the sandbox root process failed: {exc}") from None
+        if prepared.get("op") not in ("adopted", "prepared"):
+            raise ForkFailed("lost", f"the copy of the state did not start: {log_safe(prepared.get('error'))}", False)
+        return prepared
 
     def begin(self, worker: WorkerHandle) -> None:
         """A step of ``worker`` starts: it is resumed if it was stopped (and its memory polled)."""

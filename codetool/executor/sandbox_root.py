@@ -158,6 +158,8 @@ class Root:
             self.spawn(msg)
         elif op == "expect":
             self.expect(msg)
+        elif op == "adopt" and principal is not None and not self.principals.uids and principal.pid is None:
+            principal.pid = int(msg["pid"])  # (one uid for all: the zygote's word is all there is)
         elif op == "begin" and principal is not None:
             principal.active = True
             principal.reason = None
