@@ -269,6 +269,66 @@ def bench_siblings(mode: str) -> dict[str, str]:
     return found
 
 
+MEMORY_ATTACKS = [
+    # (attack, code): each run with the default limits (memory_mb 1024)
+    ("8 children of 300 MiB", "import subprocess, sys, time\n"
+     "code = 'import time\\nb = bytearray(300 << 20)\\nfor i in range(0, len(b), 4096):\\n    b[i] = 1\\ntime.sleep(30)'\n"
+     "ps = [subprocess.Popen([sys.executable, '-c', code]) for _ in range(8)]\ntime.sleep(8)"),
+    ("scratch 200 MiB + 900 MiB", "open('f.bin', 'wb').write(b'1' * (200 << 20))\n"
+     "b = bytearray(900 << 20)\nfor i in range(0, len(b), 4096):\n    b[i] = 1"),
+    ("200,000 empty files", "for i in range(200_000):\n    open(f'e{i}', 'w').close()"),
+    ("2,000,000 file locks", "import fcntl\nf = open('locks', 'w')\n"
+     "for i in range(2_000_000):\n    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 2 * i)"),
+    ("24 processes x 30,000 mappings", "import mmap, os, time\n"
+     "def split():\n    m = mmap.mmap(-1, 30_000 * 8192)\n    import ctypes\n"
+     "    libc = ctypes.CDLL(None)\n    base = ctypes.addressof(ctypes.c_char.from_buffer(m))\n"
+     "    for i in range(0, 30_000 * 8192, 8192):\n        libc.mprotect(ctypes.c_void_p(base + i), 4096, 1)\n"
+     "    time.sleep(30)\n"
+     "for _ in range(24):\n    if os.fork() == 0:\n        split()\n        os._exit(0)\ntime.sleep(8)"),
+]
+
+
+def _available() -> int:
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("MemAvailable:"))
+
+
+def _sample(low: list[int], stop) -> None:
+    while not stop.is_set():
+        low[0] = min(low[0], _available())
+        time.sleep(0.01)
+
+
+def bench_memory(mode: str, cgroup: bool) -> dict[str, tuple[str, float, float]]:
+    """Each attack: ``(outcome, peak drop of the machine's MemAvailable in MiB, the candidate
+    cgroup's peak in MiB or nan)``. MemAvailable moves with the other processes of this machine
+    too, so the cgroup's own figure is the precise one where there is a cgroup."""
+    import threading
+
+    found = {}
+    cfg = ExecutorConfig(isolation=mode, timeout_s=20, cpu_time_s=20, cgroup=cgroup)
+    with Executor(cfg) as root:
+        for name, code in MEMORY_ATTACKS:
+            ex = root.fork()
+            base, low, stop = _available(), [_available()], threading.Event()
+            sampler = threading.Thread(target=_sample, args=(low, stop))
+            sampler.start()
+            r = ex.run(code)
+            stop.set()
+            sampler.join()
+            peak = float("nan")
+            host = ex._sandbox._host
+            if host is not None and ex._slot.worker is not None:
+                try:
+                    with open(os.path.join(host.cgroup_of(ex._slot.worker.key), "memory.max_usage_in_bytes")) as f:
+                        peak = int(f.read()) / 2**20
+                except OSError:
+                    pass
+            found[name] = (r.error_type or r.outcome, (base - low[0]) / 2**20, peak)
+            ex.close()
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--iterations", type=int, default=100, help="fork+run+close repetitions per round")
@@ -312,13 +372,24 @@ def main() -> None:
         print(f"{name:<34} " + " ".join(f"{siblings[m][name]:>9}" for m in available))
     with Executor(ExecutorConfig(isolation=available[-1])) as ex:
         print(f"\nactive isolation ({available[-1]}): {ex.isolation}")
+
+    print("\n4. host memory held by one step under attack, default limits (memory_mb 1024), MiB")
+    print(f"{'attack':<32} {'variant':<12} {'outcome':<16} {'MemAvailable drop':>18} {'cgroup peak':>12}")
+    worst = 0.0
+    for variant, cgroup in (("cgroup", True), ("poll", False)):
+        if variant == "cgroup" and os.geteuid() != 0:
+            continue
+        for name, (outcome, drop, peak) in bench_memory(available[-1], cgroup).items():
+            worst = max(worst, drop)
+            print(f"{name:<32} {variant:<12} {outcome:<16} {drop:>18.0f} {peak:>12.0f}")
     mode = available[-1]
     ours = sorted(samples[f"{mode} ours"])
     base = sorted(samples[f"{mode} {args.compare}"])
     emit(mode=mode, fork_run_close_ms=ours[len(ours) // 2] * 1e3, compared_ms=base[len(base) // 2] * 1e3,
          ratio=ratios[f"{mode} ours"], tool_calls=t["ours"]["calls"], baseline_tool_calls=t["baseline"]["calls"],
          seconds=t["ours"]["seconds"], baseline_seconds=t["baseline"]["seconds"],
-         siblings_held=sum(v == "held" for v in siblings[mode].values()), siblings_probed=len(SIBLING_PROBES))
+         siblings_held=sum(v == "held" for v in siblings[mode].values()), siblings_probed=len(SIBLING_PROBES),
+         worst_memory_drop_mb=worst)
 
 
 if __name__ == "__main__":
