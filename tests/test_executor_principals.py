@@ -306,3 +306,27 @@ def test_program_output_is_cleaned_of_terminal_control_sequences(root):
         assert r.stdout == "ared b\nhidden evil\n", r
     finally:
         ex.close()
+
+
+def test_a_candidate_cannot_answer_its_own_setresuid(root):
+    """A worker keeps CAP_SETUID for its copies' one switch; a candidate that installed its own
+    seccomp listener could let its own setresuid through and become its sibling. The kernel
+    refuses a second listener in the chain (EBUSY), and the host refuses the call."""
+    need(root, "principals")
+    attacker, sibling = pair(root)
+    try:
+        r = attacker.run(
+            "import ctypes, os, platform, struct\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "nr = {'x86_64': (317, 117), 'aarch64': (277, 147)}[platform.machine()]\n"
+            "op = lambda c, k, jt=0, jf=0: struct.pack('=HBBI', c, jt, jf, k)\n"
+            "prog = op(0x20, 0) + op(0x15, nr[1], 0, 1) + op(0x06, 0x7FC00000) + op(0x06, 0x7FFF0000)\n"
+            "class F(ctypes.Structure):\n    _fields_ = [('len', ctypes.c_ushort), ('filter', ctypes.c_void_p)]\n"
+            "buf = ctypes.create_string_buffer(prog, len(prog))\n"
+            "fd = libc.syscall(nr[0], 1, 8, ctypes.byref(F(len(prog) // 8, ctypes.addressof(buf))))\n"
+            "print(fd, ctypes.get_errno())\n"
+            f"try:\n    os.setresuid({sibling._slot.worker.uid}, {sibling._slot.worker.uid}, {sibling._slot.worker.uid})\n"
+            "except OSError as e:\n    print('refused', e.errno)")
+        assert r.stdout == "-1 16\nrefused 1\n", r
+    finally:
+        attacker.close()
+        sibling.close()

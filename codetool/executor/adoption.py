@@ -111,8 +111,9 @@ class Principals:
         self._expected: dict[int, _Expected] = {}
         self._adopted: dict[int, int] = {}
         self._pending: list[tuple[int, kernel.Notification]] = []
-        self._lock = threading.Lock()  # one thread reads the listeners at a time
         self._cond = threading.Condition()
+        self._closed = False
+        self._reader: threading.Thread | None = None
 
     def cgroup_of(self, key: int) -> str:
         return os.path.join(self.cgroup_dir, f"c{key}")
@@ -121,13 +122,17 @@ class Principals:
         os.set_blocking(fd, False)
         with self._cond:
             self.listeners.append(fd)
+            if self._reader is None:  # one thread per family answers every call at once
+                self._reader = threading.Thread(target=self._serve, name="codetool-sandbox-listener", daemon=True)
+                self._reader.start()
 
     def close(self) -> None:
         with self._cond:
-            for fd in self.listeners:
-                kernel.close(fd)
-            self.listeners = []
-            self._pending = []
+            self._closed = True
+            fds, self.listeners, self._pending = self.listeners, [], []
+            self._cond.notify_all()
+        for fd in fds:
+            kernel.close(fd)
 
     # ------------------------------------------------------------------------------ adoption
     def expect(self, key: int, parent_pid: int, parent_uid: int) -> None:
@@ -138,6 +143,7 @@ class Principals:
         with self._cond:
             if key in self._expected:
                 self._expected[key].prepared = True
+            self._cond.notify_all()
 
     def forget(self, key: int) -> None:
         with self._cond:
@@ -145,62 +151,65 @@ class Principals:
             self._adopted.pop(key, None)
 
     def wait(self, key: int, deadline: float) -> int:
-        """The host pid of the copy that became principal ``key``.
+        """The host pid of the copy that became principal ``key``, once the kernel has made the
+        change.
 
         Raises:
             TimeoutError: it did not ask for its uid by ``deadline`` (``time.monotonic()``).
         """
+        with self._cond:
+            while key not in self._adopted:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closed:
+                    self._expected.pop(key, None)
+                    raise TimeoutError("the copy did not ask for its uid in time")
+                self._cond.wait(left)
+            pid = self._adopted.pop(key)
+        while time.monotonic() < deadline:  # let through: the change happens when it runs again
+            fields = _status(pid)
+            if fields is None or _uid(fields) == key:
+                break
+            time.sleep(0.0001)
+        return pid
+
+    def _serve(self) -> None:
+        """Read the listeners and answer what can be answered (see :meth:`_decide`)."""
         while True:
             with self._cond:
-                pid = self._adopted.get(key)
-            if pid is not None:  # let through: wait until the kernel has made the change
-                fields = _status(pid)
-                if fields is None or _uid(fields) == key or time.monotonic() >= deadline:
-                    with self._cond:
-                        self._adopted.pop(key, None)
-                    return pid
-                time.sleep(0.0001)
-                continue
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.forget(key)
-                raise TimeoutError("the copy did not ask for its uid in time")
-            if not self._lock.acquire(timeout=min(left, 0.01)):
-                continue
+                if self._closed:
+                    return
+                fds = list(self.listeners)
+                waiting = bool(self._pending)
+            poller = select.poll()
+            for fd in fds:
+                poller.register(fd, select.POLLIN)
             try:
-                self._read(min(left, 0.01))
-                self._decide(final=time.monotonic() >= deadline)
-            finally:
-                self._lock.release()
+                events = poller.poll(5 if waiting else 200)
+            except OSError:
+                events = []
+            for fd, mask in events:
+                if mask & select.POLLIN:
+                    note = kernel.receive_notification(fd)
+                    if note is not None:
+                        with self._cond:
+                            self._pending.append((fd, note))
+                elif mask & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                    with self._cond:
+                        if fd in self.listeners:  # every worker of that lineage is gone
+                            self.listeners.remove(fd)
+                            kernel.close(fd)
+            self._decide()
 
-    def _read(self, timeout: float) -> None:
+    def _decide(self) -> None:
+        """Let an expected copy's own call through (once its scratch is ready); fail any other
+        with ``EPERM`` at once; a copy whose scratch is not ready yet waits a little (its thread
+        is blocked in the kernel meanwhile)."""
         with self._cond:
-            fds = list(self.listeners)
-        if not fds:
-            time.sleep(timeout)
-            return
-        poller = select.poll()
-        for fd in fds:
-            poller.register(fd, select.POLLIN)
-        for fd, events in poller.poll(timeout * 1000):
-            if events & select.POLLIN:
-                note = kernel.receive_notification(fd)
-                if note is not None:
-                    self._pending.append((fd, note))
-            elif events & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
-                with self._cond:
-                    if fd in self.listeners:  # every worker of that lineage is gone
-                        self.listeners.remove(fd)
-                        kernel.close(fd)
-
-    def _decide(self, final: bool) -> None:
-        """Answer what can be answered: an expected copy's own call (once its scratch is ready) is
-        let through, any other call fails with ``EPERM``; a copy whose scratch is not ready yet
-        waits (its thread is blocked in the kernel meanwhile)."""
+            pending, self._pending = self._pending, []
         waiting = []
-        for fd, note in self._pending:
+        for fd, note in pending:
             verdict = self._verdict(note)
-            if verdict == "wait" and not final and kernel.notification_alive(fd, note.id):
+            if verdict == "wait" and kernel.notification_alive(fd, note.id):
                 waiting.append((fd, note))
                 continue
             allow = False
@@ -216,9 +225,13 @@ class Principals:
                     with self._cond:
                         self._adopted[key] = note.pid
                         self._expected.pop(key, None)
-                        self._cond.notify_all()
             kernel.answer_notification(fd, note.id, allow)
-        self._pending = waiting
+            if allow:
+                with self._cond:
+                    self._cond.notify_all()
+        if waiting:
+            with self._cond:
+                self._pending.extend(waiting)
 
     def _verdict(self, note: kernel.Notification):
         uids = note.args[:3]
