@@ -22,29 +22,15 @@ import time
 from dataclasses import dataclass
 
 from codetool.executor import sandbox_kernel as kernel
+from codetool.executor.sandbox_principals import (
+    all_stopped,
+    cgroup_pids,
+    real_uid,
+    state_of,
+    status,
+)
 
 SWEEP_WAIT_S = 0.5  # how long a sweep waits for the processes it killed to die
-
-
-def _status(pid: int) -> dict[str, str] | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return dict(line.split(":\t", 1) for line in f.read().splitlines() if ":\t" in line)
-    except OSError:
-        return None
-
-
-def _uid(fields: dict[str, str]) -> int | None:
-    parts = fields.get("Uid", "").split()
-    return int(parts[0]) if parts and parts[0].isdigit() else None
-
-
-def cgroup_pids(directory: str) -> list[int]:
-    try:
-        with open(os.path.join(directory, "cgroup.procs")) as f:
-            return [int(x) for x in f.read().split()]
-    except (OSError, ValueError):
-        return []
 
 
 def signal_if(pid: int, uid: int, sig: int) -> bool:
@@ -55,8 +41,8 @@ def signal_if(pid: int, uid: int, sig: int) -> bool:
     except OSError:
         return False
     try:
-        fields = _status(pid)
-        if fields is None or _uid(fields) != uid:
+        fields = status(pid)
+        if fields is None or real_uid(fields) != uid:
             return False
         signal.pidfd_send_signal(fd, sig)
         return True
@@ -64,29 +50,6 @@ def signal_if(pid: int, uid: int, sig: int) -> bool:
         return False
     finally:
         os.close(fd)
-
-
-def _stopped(pid: int) -> bool:
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return True
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] not in ("T", "t", "Z", "X"):
-                    return False
-        except (OSError, IndexError):
-            continue
-    return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
 
 
 @dataclass
@@ -166,8 +129,8 @@ class Principals:
                 self._cond.wait(left)
             pid = self._adopted.pop(key)
         while time.monotonic() < deadline:  # let through: the change happens when it runs again
-            fields = _status(pid)
-            if fields is None or _uid(fields) == key:
+            fields = status(pid)
+            if fields is None or real_uid(fields) == key:
                 break
             time.sleep(0.0001)
         return pid
@@ -242,9 +205,9 @@ class Principals:
             expected = self._expected.get(key)
         if expected is None:  # the host registers a fork before the worker hears of it
             return None
-        fields = _status(note.pid)
+        fields = status(note.pid)
         if (fields is None or fields.get("PPid") != str(expected.parent_pid) or fields.get("Tgid") != str(note.pid)
-                or fields.get("Threads") != "1" or _uid(fields) != expected.parent_uid):
+                or fields.get("Threads") != "1" or real_uid(fields) != expected.parent_uid):
             return None
         return (key, expected) if expected.prepared else "wait"
 
@@ -252,13 +215,13 @@ class Principals:
     def stop(self, key: int, pid: int, uid: int) -> bool:
         """Stop the worker ``pid`` if it has threads besides its own loop (an idle candidate runs
         nothing); returns whether it was stopped."""
-        fields = _status(pid)
+        fields = status(pid)
         if fields is None or fields.get("Threads") == "1":
             return False
         if not signal_if(pid, uid, signal.SIGSTOP):
             return False
         end = time.monotonic() + 0.2
-        while time.monotonic() < end and not _stopped(pid):
+        while time.monotonic() < end and not all_stopped(pid):
             time.sleep(0.0001)
         return True
 
@@ -277,10 +240,10 @@ class Principals:
             for pid in victims:
                 if signal_if(pid, uid, signal.SIGKILL):
                     killed.add(pid)
-                elif not _alive(pid):
+                elif state_of(pid) in (None, "Z", "X"):
                     killed.add(pid)
             if not victims:
-                if not wait or not any(_alive(pid) for pid in killed):
+                if not wait or not any(state_of(pid) not in (None, 'Z', 'X') for pid in killed):
                     return
                 time.sleep(0.0002)
 

@@ -238,9 +238,9 @@ class Principals:
 
     def _is_copy(self, pid, parent):
         """A fresh fork of ``parent``'s worker: its child, single-threaded, still of its uid."""
-        fields = _status(pid)
+        fields = status(pid)
         return (fields is not None and fields.get("PPid") == str(parent.pid) and fields.get("Tgid") == str(pid)
-                and fields.get("Threads") == "1" and _uid(fields) == parent.uid)
+                and fields.get("Threads") == "1" and real_uid(fields) == parent.uid)
 
     def expired(self):
         """Expectations whose copy never asked in time (removed; the host is told)."""
@@ -264,10 +264,10 @@ class Principals:
                 continue
             seen.add(pid)
             if pid != root_pid:
-                fields = _status(pid)
+                fields = status(pid)
                 if fields is None:
                     continue
-                uid = _uid(fields)
+                uid = real_uid(fields)
                 owner = by_uid.get(uid) if self.uids else workers.get(pid, owner)
                 rss = fields.get("VmRSS", "0 kB").split()[0]
                 found.append((pid, uid, int(rss) * 1024 if rss.isdigit() else 0,
@@ -287,27 +287,12 @@ class Principals:
         finally:
             end = time.monotonic() + (0.5 if wait else 0.0)
             for pid in killed:
-                while time.monotonic() < end and _state(pid) not in (None, "Z", "X"):
+                while time.monotonic() < end and state_of(pid) not in (None, "Z", "X"):
                     time.sleep(0.0002)
 
     def _kill_loop(self, principal, spare, root_pid, killed):
-        if principal.cgroup:  # exactly its processes, wherever they are in the tree
-            for _ in range(200):
-                victims = [pid for pid in _cgroup_pids(principal.cgroup) if pid != spare and pid not in killed]
-                if not victims:
-                    return
-                for pid in victims:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except OSError:
-                        pass
-                killed.update(victims)
-            return
         for _ in range(200):
-            workers = self._workers() - {principal.pid}  # another principal's worker is not its leftover
-            victims = [pid for pid, _, _, state, owner in self.family(root_pid)
-                       if pid != spare and pid not in killed and state not in ("Z", "X") and pid not in workers
-                       and (owner == principal.key or owner is None)]
+            victims = [pid for pid in self._members(principal, root_pid) if pid != spare and pid not in killed]
             if not victims:
                 return
             for pid in victims:
@@ -316,6 +301,15 @@ class Principals:
                 except OSError:
                     pass
             killed.update(victims)
+
+    def _members(self, principal, root_pid):
+        """The live processes of ``principal``: its cgroup's, exactly, wherever they are in the tree;
+        else those the family walk attributes to it, and those that belong to nobody."""
+        if principal.cgroup:
+            return cgroup_pids(principal.cgroup)
+        workers = self._workers() - {principal.pid}  # another principal's worker is not its leftover
+        return [pid for pid, _, _, state, owner in self.family(root_pid)
+                if state not in ("Z", "X") and pid not in workers and (owner == principal.key or owner is None)]
 
     def _workers(self):
         return {p.pid for p in self.by_key.values() if p.pid}
@@ -327,7 +321,7 @@ class Principals:
         per-principal uids nothing is stopped (the processes of a family are one principal)."""
         if not principal.pid or not self.uids:
             return
-        fields = _status(principal.pid)
+        fields = status(principal.pid)
         if fields is None or fields.get("Threads") == "1":
             return
         try:
@@ -336,7 +330,7 @@ class Principals:
             return
         principal.stopped = True
         end = time.monotonic() + 0.2
-        while time.monotonic() < end and not _stopped(principal.pid):
+        while time.monotonic() < end and not all_stopped(principal.pid):
             time.sleep(0.0001)
 
     def resume(self, principal):
@@ -407,7 +401,7 @@ def _write(directory, name, value, required=True):
             raise
 
 
-def _cgroup_pids(directory):
+def cgroup_pids(directory):
     try:
         with open(os.path.join(directory, "cgroup.procs")) as f:
             return [int(x) for x in f.read().split()]
@@ -415,7 +409,7 @@ def _cgroup_pids(directory):
         return []
 
 
-def _status(pid):
+def status(pid):
     """``/proc/<pid>/status`` as a dict (``None`` when the process is gone)."""
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -424,7 +418,7 @@ def _status(pid):
         return None
 
 
-def _uid(fields):
+def real_uid(fields):
     parts = fields.get("Uid", "").split()
     return int(parts[0]) if parts and parts[0].isdigit() else None
 
@@ -444,7 +438,7 @@ def _children(pid):
     return found
 
 
-def _state(pid):
+def state_of(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0]
@@ -452,7 +446,7 @@ def _state(pid):
         return None
 
 
-def _stopped(pid):
+def all_stopped(pid):
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
