@@ -248,16 +248,7 @@ class Principals:
                 time.sleep(0.0002)
 
     def oom_kills(self, key: int, version: int) -> int:
-        name = "memory.oom_control" if version == 1 else "memory.events"
-        try:
-            with open(os.path.join(self.cgroup_of(key), name)) as f:
-                for line in f:
-                    parts = line.split()
-                    if len(parts) == 2 and parts[0] == "oom_kill":
-                        return int(parts[1])
-        except (OSError, ValueError):
-            pass
-        return 0
+        return oom_kills(self.cgroup_of(key), version)
 
 
 def host_pid_of(directory: str) -> int | None:

@@ -168,16 +168,7 @@ class Principals:
         """How many processes of the principal the kernel killed at its memory limit so far."""
         if not principal.cgroup:
             return 0
-        name = "memory.oom_control" if self.cgroup_version == 1 else "memory.events"
-        try:
-            with open(os.path.join(principal.cgroup, name)) as f:
-                for line in f:
-                    parts = line.split()
-                    if len(parts) == 2 and parts[0] == "oom_kill":
-                        return int(parts[1])
-        except (OSError, ValueError):
-            pass
-        return 0
+        return oom_kills(principal.cgroup, self.cgroup_version)
 
     # ---------------------------------------------------------------------- uid notifications
     def add_listener(self, fd):
@@ -399,6 +390,20 @@ def _write(directory, name, value, required=True):
     except OSError:
         if required:
             raise
+
+
+def oom_kills(directory, version):
+    """``oom_kill`` of a memory cgroup: processes the kernel killed at its limit so far."""
+    name = "memory.oom_control" if version == 1 else "memory.events"
+    try:
+        with open(os.path.join(directory, name)) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 2 and parts[0] == "oom_kill":
+                    return int(parts[1])
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def cgroup_pids(directory):
