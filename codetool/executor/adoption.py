@@ -25,6 +25,7 @@ from codetool.executor import sandbox_kernel as kernel
 from codetool.executor.sandbox_principals import (
     all_stopped,
     cgroup_pids,
+    oom_kills,
     real_uid,
     state_of,
     status,
@@ -248,6 +249,7 @@ class Principals:
                 time.sleep(0.0002)
 
     def oom_kills(self, key: int, version: int) -> int:
+        """Processes of principal ``key`` the kernel killed at its memory limit so far."""
         return oom_kills(self.cgroup_of(key), version)
 
 
