@@ -274,7 +274,7 @@ MEMORY_ATTACKS = [
     ("8 children of 300 MiB", "import subprocess, sys, time\n"
      "code = 'import time\\nb = bytearray(300 << 20)\\nfor i in range(0, len(b), 4096):\\n    b[i] = 1\\ntime.sleep(30)'\n"
      "ps = [subprocess.Popen([sys.executable, '-c', code]) for _ in range(8)]\ntime.sleep(8)"),
-    ("scratch 200 MiB + 900 MiB", "open('f.bin', 'wb').write(b'1' * (200 << 20))\n"
+    ("scratch 180 MiB + 900 MiB", "for i in range(3):\n    open(f'f{i}.bin', 'wb').write(b'1' * (60 << 20))\n"
      "b = bytearray(900 << 20)\nfor i in range(0, len(b), 4096):\n    b[i] = 1"),
     ("200,000 empty files", "for i in range(200_000):\n    open(f'e{i}', 'w').close()"),
     ("2,000,000 file locks", "import fcntl\nf = open('locks', 'w')\n"
@@ -299,23 +299,47 @@ def _sample(low: list[int], stop) -> None:
         time.sleep(0.01)
 
 
+def _host_peak() -> str | None:
+    """The ``memory.max_usage_in_bytes`` of this process's own memory cgroup (v1), which holds the
+    host and every sandbox it starts: what this benchmark's process family adds, whatever the
+    other processes of the machine do."""
+    from codetool.executor.cgroups import memory_base
+
+    found = memory_base()
+    if found is None or found[1] != 1:
+        return None
+    path = os.path.join(found[0], "memory.max_usage_in_bytes")
+    return path if os.access(path, os.W_OK) else None
+
+
 def bench_memory(mode: str, cgroup: bool) -> dict[str, tuple[str, float, float]]:
-    """Each attack: ``(outcome, peak drop of the machine's MemAvailable in MiB, the candidate
-    cgroup's peak in MiB or nan)``. MemAvailable moves with the other processes of this machine
-    too, so the cgroup's own figure is the precise one where there is a cgroup."""
+    """Each attack: ``(outcome, MiB the host's process family grew by at its peak, the candidate
+    cgroup's peak in MiB or nan)``. The growth is read from this process's own memory cgroup
+    where there is one (precise), else from the machine's MemAvailable (which moves with the
+    other processes of the machine too)."""
     import threading
 
     found = {}
+    peak_file = _host_peak()
     cfg = ExecutorConfig(isolation=mode, timeout_s=20, cpu_time_s=20, cgroup=cgroup)
     with Executor(cfg) as root:
         for name, code in MEMORY_ATTACKS:
             ex = root.fork()
             base, low, stop = _available(), [_available()], threading.Event()
+            if peak_file:
+                usage = os.path.join(os.path.dirname(peak_file), "memory.usage_in_bytes")
+                with open(peak_file, "w") as f:
+                    f.write("0")
+                with open(usage) as f:
+                    base = int(f.read())
             sampler = threading.Thread(target=_sample, args=(low, stop))
             sampler.start()
             r = ex.run(code)
             stop.set()
             sampler.join()
+            if peak_file:
+                with open(peak_file) as f:
+                    low = [base - (int(f.read()) - base)]
             peak = float("nan")
             host = ex._sandbox._host
             if host is not None and ex._slot.worker is not None:
@@ -374,14 +398,15 @@ def main() -> None:
         print(f"\nactive isolation ({available[-1]}): {ex.isolation}")
 
     print("\n4. host memory held by one step under attack, default limits (memory_mb 1024), MiB")
-    print(f"{'attack':<32} {'variant':<12} {'outcome':<16} {'MemAvailable drop':>18} {'cgroup peak':>12}")
+    print("   (growth: of this process's memory cgroup where it has one, else of the machine's MemAvailable)")
+    print(f"{'attack':<32} {'variant':<12} {'outcome':<16} {'host growth':>12} {'candidate peak':>15}")
     worst = 0.0
     for variant, cgroup in (("cgroup", True), ("poll", False)):
         if variant == "cgroup" and os.geteuid() != 0:
             continue
         for name, (outcome, drop, peak) in bench_memory(available[-1], cgroup).items():
             worst = max(worst, drop)
-            print(f"{name:<32} {variant:<12} {outcome:<16} {drop:>18.0f} {peak:>12.0f}")
+            print(f"{name:<32} {variant:<12} {outcome:<16} {drop:>12.0f} {peak:>15.0f}")
     mode = available[-1]
     ours = sorted(samples[f"{mode} ours"])
     base = sorted(samples[f"{mode} {args.compare}"])
@@ -389,7 +414,7 @@ def main() -> None:
          ratio=ratios[f"{mode} ours"], tool_calls=t["ours"]["calls"], baseline_tool_calls=t["baseline"]["calls"],
          seconds=t["ours"]["seconds"], baseline_seconds=t["baseline"]["seconds"],
          siblings_held=sum(v == "held" for v in siblings[mode].values()), siblings_probed=len(SIBLING_PROBES),
-         worst_memory_drop_mb=worst)
+         worst_host_growth_mb=worst)
 
 
 if __name__ == "__main__":
