@@ -142,7 +142,10 @@ def abuse(url: str, server: str, attacks: list[str], stop: threading.Event, outc
     host, port = url[len("http://"):].split(":")
     port = int(port)
     path = {"prm": "/score", "stabletoolbench": "/virtual", "tmdb": "/movie/550"}[server]
-    from codetool.tools.mock_servers import MOCK_MAX_BODY_BYTES
+    try:
+        from codetool.tools.mock_servers import MOCK_MAX_BODY_BYTES
+    except ImportError:  # an older codetool (--compare runs): its 1 MB default
+        MOCK_MAX_BODY_BYTES = 1_000_000  # noqa: N806
 
     limit = 4_000_000 if server == "prm" else MOCK_MAX_BODY_BYTES
     held: list[socket.socket] = []
