@@ -25,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 
 # name -> (script, arguments, quick arguments)
 BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
-    "executor": ("bench_executor.py", [], ["--iterations", "30"]),
+    "executor": ("bench_executor.py", [], ["--iterations", "30", "--rounds", "2"]),
     "simulator": ("bench_simulator.py", [], ["--rounds", "1"]),
     "mock_server": ("bench_mock_server.py", ["--requests", "200"], ["--requests", "50", "--concurrency", "1", "8"]),
     "generation": ("bench_generation.py", [], ["--max-new-tokens", "16"]),
@@ -41,7 +41,8 @@ def _x(ours: float, base: float) -> str:
 def rows(name: str, r: dict) -> list[tuple[str, str, str, str, str]]:
     """(benchmark, what, ours, baseline, ratio) rows of one result."""
     if name == "executor":
-        return [("executor", "fork + run('pass') + close", f"{r['fork_run_close_ms']:.1f} ms", "-", r["mode"]),
+        return [("executor", f"fork + run('pass') + close ({r['mode']})", f"{r['fork_run_close_ms']:.1f} ms",
+                 f"{r['compared_ms']:.1f} ms (main)", f"{r['ratio']:.2f}x"),
                 ("executor", "5 steps x 2 candidates: tool calls", str(r["tool_calls"]), str(r["baseline_tool_calls"]),
                  _x(r["baseline_tool_calls"], r["tool_calls"]) + " fewer"),
                 ("executor", "5 steps x 2 candidates: wall time", f"{r['seconds']:.2f} s",

@@ -13,14 +13,21 @@ benchmarks. Every codetool server is wrapped in :class:`ServerGuard` and started
 - **Body.** A ``Content-Length`` over ``max_body_bytes`` is a 413 before anything is read; a body
   without one (chunked) is a 411; a non-numeric one a 400. The body is read by the guard within
   ``read_timeout_s`` (408 otherwise: a client trickling its body cannot hold a connection) and
-  handed to the app; JSON nested deeper than ``max_json_depth`` is a 400 (the parser would
-  otherwise recurse until it fails).
+  handed to the app; JSON nested deeper than ``max_json_depth`` is a 400, checked in linear time
+  (:func:`json_depth_exceeds`; the parser would otherwise recurse until it fails).
+- **Clients** (issue 27), by address: at most ``max_connections_per_client`` open connections
+  (more get 503 and are closed at once) and ``NEW_CONNECTIONS_PER_S`` new ones per second (more
+  are reset); at most ``max_requests_per_client`` requests worked on at once (the others wait
+  their turn, holding nothing but their connection, :class:`ClientTurns`); body bytes in flight
+  within ``max_client_inflight_bytes`` per client and ``max_inflight_bytes`` in all, reserved
+  from ``Content-Length`` before the body is read (a request that does not fit waits unread, 503
+  after ``read_timeout_s``). So one client can hold neither the memory nor the workers of the
+  others. (Clients behind one address, e.g. one machine, share its limits.)
 - **Time.** An answer not started within ``request_timeout_s`` is a 504, and the app's work on
-  the request is cancelled. Request heads must arrive within ``header_timeout_s``
-  (:func:`uvicorn_config`: a slow-loris client that trickles headers, or opens sockets and sends
-  nothing, is closed; uvicorn alone only times out idle *kept-alive* connections), headers are
-  capped at 64 KB, and at most ``limit_concurrency`` connections/requests are served at once (the
-  rest get 503).
+  the request is cancelled. A request head must be complete within ``header_timeout_s`` of the
+  connection or of the previous answer (:func:`uvicorn_config`), however slowly it trickles in
+  (uvicorn's own timer stopped at the first byte), headers are capped at 64 KB, and at most
+  ``limit_concurrency`` connections/requests are served at once (the rest get 503).
 - **Errors.** Every refusal is a JSON body ``{<error_field>: "<one line>"}`` (``error`` for the
   PRM server, ``detail`` for the FastAPI-style mocks); an exception in the app is a one-line 500,
   never a traceback (:func:`json_internal_errors` for FastAPI routes).
@@ -34,7 +41,6 @@ import hmac
 import ipaddress
 import json
 import logging
-import re
 import threading
 import time
 
@@ -44,6 +50,8 @@ logger = logging.getLogger(__name__)
 
 HEADER_TIMEOUT_S = 10.0
 MAX_HEADER_BYTES = 65_536
+MAX_CONNECTIONS_PER_CLIENT = 64
+NEW_CONNECTIONS_PER_S = 200  # per client address, sustained (the bucket holds one second's worth)
 READ_TIMEOUT_S = 30.0
 MAX_JSON_DEPTH = 100
 _THREAD_BODY_BYTES = 65_536  # bodies larger than this are checked off the event loop
@@ -84,24 +92,55 @@ def check_bind(host: str, api_key: str | None, *, what: str = "the server", api_
                         "or bind 127.0.0.1.")
 
 
-_JSON_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
-
-
 def json_depth_exceeds(body: bytes, limit: int) -> bool:
     """Whether ``body`` opens more than ``limit`` nested JSON arrays/objects (brackets inside
-    strings do not count). Linear in the body; invalid JSON is judged by its brackets only."""
+    strings do not count). Linear in the body and vectorised (numpy releases the GIL for the
+    long passes): escaped backslashes and quotes are dropped first, a running parity of the
+    quotes left marks what is inside a string, and the depth is the running sum of the brackets
+    outside. Invalid JSON is judged by its brackets only (the parser refuses it later anyway)."""
     if body.count(b"[") + body.count(b"{") <= limit:
         return False
-    depth = 0
-    for match in _JSON_TOKENS.finditer(body):
-        char = match.group()[:1]
-        if char in (b"[", b"{"):
-            depth += 1
-            if depth > limit:
-                return True
-        elif char in (b"]", b"}"):
-            depth -= 1
-    return False
+    import numpy as np
+
+    text = body.replace(b"\\\\", b"").replace(b'\\"', b"")
+    chars = np.frombuffer(text, dtype=np.uint8)
+    step = ((chars == 91).view(np.int8) + (chars == 123).view(np.int8)
+            - (chars == 93).view(np.int8) - (chars == 125).view(np.int8))
+    step[np.logical_xor.accumulate(chars == 34)] = 0  # inside a string (a closing quote is not a bracket)
+    return bool(step.size) and int(np.cumsum(step, dtype=np.int32).max()) > limit
+
+
+class ClientTurns:
+    """At most ``per_client`` requests of one client address are worked on at once (the others
+    of that client wait their turn on the event loop, costing nothing), so that a client sending
+    many expensive requests holds at most that many worker threads.
+
+    Example:
+        ```python
+        turns = ClientTurns()
+        async with turns.turn(request.client.host):
+            answer = await asyncio.to_thread(work, body)
+        ```
+    """
+
+    PER_CLIENT = 2
+
+    def __init__(self, per_client: int = PER_CLIENT):
+        self.per_client = per_client
+        self._slots: dict[str, asyncio.Semaphore] = {}
+        self._users: dict[str, int] = {}
+
+    @contextlib.asynccontextmanager
+    async def turn(self, client: str):
+        slot = self._slots.setdefault(client, asyncio.Semaphore(self.per_client))
+        self._users[client] = self._users.get(client, 0) + 1
+        try:
+            async with slot:
+                yield
+        finally:
+            self._users[client] -= 1
+            if not self._users[client]:
+                del self._users[client], self._slots[client]
 
 
 class ServerGuard:
@@ -116,13 +155,27 @@ class ServerGuard:
         max_json_depth (`int`, *optional*, defaults to 100): deepest JSON nesting accepted (400).
         error_field (`str`, *optional*, defaults to `"error"`): the key of the one-line error text.
         key_header (`str`, *optional*): a header that may carry the key instead of ``Authorization``.
+        max_connections_per_client (`int`, *optional*, defaults to 64): open connections one client
+            address may hold; more are answered 503 and closed at once (read by
+            :func:`uvicorn_config`).
+        max_inflight_bytes (`int`, *optional*): request-body bytes being received or served at
+            once, over all clients (defaults to 16 bodies of ``max_body_bytes``, at most 256 MB);
+            a request whose ``Content-Length`` does not fit waits, unread, for room (a 503 after
+            ``read_timeout_s``).
+        max_client_inflight_bytes (`int`, *optional*): the same for one client address (defaults
+            to a quarter of ``max_inflight_bytes``, at least two bodies).
+        max_requests_per_client (`int`, *optional*, defaults to 8): requests of one client address
+            worked on at once (body read, checks, the app); its others wait their turn at no cost,
+            so one client never holds most of the worker threads (:class:`ClientTurns`).
     Raises:
         CodetoolError: ``api_key`` is blank, or a limit is not positive.
     """
 
     def __init__(self, app, *, api_key: str | None = None, max_body_bytes: int = 1_000_000,
                  read_timeout_s: float = READ_TIMEOUT_S, request_timeout_s: float = 120.0,
-                 max_json_depth: int = MAX_JSON_DEPTH, error_field: str = "error", key_header: str | None = None):
+                 max_json_depth: int = MAX_JSON_DEPTH, error_field: str = "error", key_header: str | None = None,
+                 max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT, max_inflight_bytes: int | None = None,
+                 max_client_inflight_bytes: int | None = None, max_requests_per_client: int = 8):
         if api_key is not None and not api_key.strip():
             raise CodetoolError("the server's API key is blank; set a real key, or none on loopback.")
         if not (max_body_bytes > 0 and read_timeout_s > 0 and request_timeout_s > 0 and max_json_depth > 0):
@@ -133,6 +186,14 @@ class ServerGuard:
         self.max_body_bytes, self.read_timeout_s = max_body_bytes, read_timeout_s
         self.request_timeout_s, self.max_json_depth = request_timeout_s, max_json_depth
         self.error_field, self.key_header = error_field, key_header.lower() if key_header else None
+        self.max_connections_per_client = max(1, int(max_connections_per_client))
+        self.max_inflight_bytes = max_inflight_bytes or min(16 * max_body_bytes, 256 << 20)
+        self.max_client_inflight_bytes = max_client_inflight_bytes or max(2 * max_body_bytes,
+                                                                          self.max_inflight_bytes // 4)
+        self._inflight = 0  # touched on the event loop only
+        self._client_inflight: dict[str, int] = {}
+        self._turns = ClientTurns(max(1, int(max_requests_per_client)))
+        self._room: asyncio.Condition | None = None  # made on the event loop, at the first request
 
     def _authorised(self, headers: dict[str, str]) -> bool:
         given = headers.get("authorization", "")
@@ -174,6 +235,50 @@ class ServerGuard:
             return await self._reply(send, 400, "invalid Content-Length header")
         if length is not None and int(length) > self.max_body_bytes:
             return await self._reply(send, 413, f"body of {int(length)} bytes; the limit is {self.max_body_bytes}")
+        size, client = int(length or 0), (scope.get("client") or ("?", 0))[0]
+        async with self._turns.turn(client):  # the client's other requests wait here, holding nothing
+            if size and not await self._reserve(size, client):
+                return await self._reply(send, 503, "the server holds too many request bytes right now; retry shortly")
+            try:
+                return await self._guarded(scope, receive, send)
+            finally:
+                if size:
+                    self._release(size, client)
+
+    async def _reserve(self, size: int, client: str) -> bool:
+        """Count ``size`` body bytes against the budgets, waiting (up to ``read_timeout_s``) for
+        room; ``False`` when none came."""
+        if self._room is None:
+            self._room = asyncio.Condition()
+
+        def fits() -> bool:
+            return (self._inflight + size <= self.max_inflight_bytes
+                    and self._client_inflight.get(client, 0) + size <= self.max_client_inflight_bytes)
+
+        async with self._room:
+            try:
+                await asyncio.wait_for(self._room.wait_for(fits), self.read_timeout_s)
+            except asyncio.TimeoutError:
+                return False
+            self._inflight += size
+            self._client_inflight[client] = self._client_inflight.get(client, 0) + size
+        return True
+
+    def _release(self, size: int, client: str) -> None:
+        self._inflight -= size
+        left = self._client_inflight.get(client, size) - size
+        if left > 0:
+            self._client_inflight[client] = left
+        else:
+            self._client_inflight.pop(client, None)
+
+        async def wake():
+            async with self._room:
+                self._room.notify_all()
+
+        asyncio.get_running_loop().create_task(wake())
+
+    async def _guarded(self, scope, receive, send):
         try:
             body = await asyncio.wait_for(self._read_body(receive), self.read_timeout_s)
         except asyncio.TimeoutError:
@@ -227,18 +332,80 @@ def json_internal_errors(app, error_field: str = "error") -> None:
     app.add_exception_handler(Exception, internal)
 
 
-def _guarded_h11_protocol(header_timeout_s: float):
-    """uvicorn's h11 protocol that closes a connection whose request headers do not arrive in time."""
+def _guarded_h11_protocol(header_timeout_s: float, max_per_client: int):
+    """uvicorn's h11 protocol with two more guards: a request head must be complete within
+    ``header_timeout_s`` of the connection (or of the previous response), whatever arrives
+    meanwhile (uvicorn's own timer is cancelled by the first byte, so a head trickled a line at a
+    time kept a connection forever); and one client address holds at most ``max_per_client``
+    connections (more are answered 503 and closed)."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class HeaderDeadlineH11Protocol(H11Protocol):
+    open_by_client: dict[str, int] = {}  # one dict per server (this protocol class)
+    opened_recently: dict[str, list[float]] = {}  # [tokens, time]: new connections per client
+
+    class GuardedH11Protocol(H11Protocol):
+        head_timer = None
+        counted = None
+
         def connection_made(self, transport):
             super().connection_made(transport)
-            # Reuse the keep-alive timer: cancelled when a whole request head arrives, and its
-            # handler closes the connection otherwise.
-            self.timeout_keep_alive_task = self.loop.call_later(header_timeout_s, self.timeout_keep_alive_handler)
+            client = (self.client or ("?", 0))[0]
+            now = time.monotonic()
+            bucket = opened_recently.setdefault(client, [float(NEW_CONNECTIONS_PER_S), now])
+            bucket[0] = min(float(NEW_CONNECTIONS_PER_S), bucket[0] + (now - bucket[1]) * NEW_CONNECTIONS_PER_S)
+            bucket[1] = now
+            if bucket[0] < 1.0:  # a client opening connections faster than this gets no answer at all
+                transport.abort()
+                return
+            bucket[0] -= 1.0
+            if len(opened_recently) > 10_000:
+                opened_recently.clear()
+            if open_by_client.get(client, 0) >= max_per_client:
+                body = b'{"error": "too many connections from this client"}'
+                transport.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+                                b"connection: close\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+                transport.close()
+                return
+            self.counted = client
+            open_by_client[client] = open_by_client.get(client, 0) + 1
+            self._arm_head_timer()
 
-    return HeaderDeadlineH11Protocol
+        def _arm_head_timer(self):
+            if self.head_timer is not None:
+                self.head_timer.cancel()
+            self.head_timer = self.loop.call_later(header_timeout_s, self._head_too_slow)
+
+        def _head_too_slow(self):
+            self.head_timer = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def handle_events(self):
+            cycle = self.cycle
+            super().handle_events()
+            if self.cycle is not cycle and self.head_timer is not None:  # a whole head arrived
+                self.head_timer.cancel()
+                self.head_timer = None
+
+        def on_response_complete(self):
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm_head_timer()  # the next request head, on a kept-alive connection
+
+        def connection_lost(self, exc):
+            if self.head_timer is not None:
+                self.head_timer.cancel()
+                self.head_timer = None
+            if self.counted is not None:
+                left = open_by_client.get(self.counted, 1) - 1
+                if left > 0:
+                    open_by_client[self.counted] = left
+                else:
+                    open_by_client.pop(self.counted, None)
+                self.counted = None
+            super().connection_lost(exc)
+
+    return GuardedH11Protocol
 
 
 def uvicorn_config(app, host: str = "127.0.0.1", port: int = 0, *, lifespan: str = "auto",
@@ -246,8 +413,9 @@ def uvicorn_config(app, host: str = "127.0.0.1", port: int = 0, *, lifespan: str
     """The ``uvicorn.Config`` every codetool server uses (see the module docstring for the guards)."""
     import uvicorn
 
+    per_client = getattr(app, "max_connections_per_client", MAX_CONNECTIONS_PER_CLIENT)
     return uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan=lifespan,
-                          timeout_keep_alive=5, http=_guarded_h11_protocol(header_timeout_s),
+                          timeout_keep_alive=5, http=_guarded_h11_protocol(header_timeout_s, per_client),
                           h11_max_incomplete_event_size=MAX_HEADER_BYTES, limit_concurrency=limit_concurrency)
 
 

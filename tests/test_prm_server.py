@@ -138,3 +138,54 @@ def test_real_prm_over_http_matches_local_scores(tiny_model_dir):
     with serve_in_thread(create_app(scorer)) as url:
         remote = HTTPScorer(url).score(items)
     assert remote == pytest.approx(local, abs=1e-6)
+
+
+class TokenCostScorer:
+    """Takes 20 us per token (four characters of the candidate), like a forward pass: what a
+    batch costs depends on its tokens, not on the request's body size."""
+
+    class _Encoder:
+        class fmt:
+            max_length = 2048
+
+        @staticmethod
+        def encode(item):
+            return type("Encoded", (), {"input_ids": [0] * max(1, len(item.candidate) // 4)})()
+
+    encoder = _Encoder()
+
+    def score(self, items):
+        time.sleep(2e-5 * sum(max(1, len(item.candidate) // 4) for item in items))
+        return [0.5] * len(items)
+
+
+def test_a_one_item_request_is_not_queued_behind_another_clients_large_ones():
+    """Issue 27: 30 large in-flight requests moved a one-item request from 0.05 s to 14.8 s, and
+    items just under the old large-body threshold rode the normal lane. Fair turns by token count
+    keep the small request's wait to about one batch."""
+    app = create_app(TokenCostScorer(), max_batch_tokens=4096, workers=2, request_timeout_s=60)
+    big = json.dumps({"items": [{**ITEM, "candidate": "x" * 8000}] * 16}).encode()  # 16 x 2000 tokens
+    with serve_in_thread(app) as url:
+        victim = httpx.Client(base_url=url, timeout=60)
+        normal = []
+        for _ in range(5):
+            start = time.perf_counter()
+            assert victim.post("/score", json={"items": [ITEM]}).status_code == 200
+            normal.append(time.perf_counter() - start)
+        attacker = httpx.Client(base_url=url, timeout=60, transport=httpx.HTTPTransport(local_address="127.0.0.2"))
+        threads = [threading.Thread(target=attacker.post, args=("/score",), kwargs={"content": big})
+                   for _ in range(10)]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)  # the large requests are queued and being scored
+        waited = []
+        for _ in range(5):
+            start = time.perf_counter()
+            assert victim.post("/score", json={"items": [ITEM]}).status_code == 200
+            waited.append(time.perf_counter() - start)
+        for t in threads:
+            t.join()
+        attacker.close()
+        victim.close()
+    # one batch of the other client (4096 tokens = 82 ms here) at most, against ~6 s before
+    assert sorted(waited)[2] < sorted(normal)[2] + 0.3, (normal, waited)

@@ -107,3 +107,66 @@ def test_a_policy_failure_for_one_prompt_ends_only_its_episode(tasks):
     trajs = {t.query_id: t for t in search.run(list(tasks))}
     assert trajs["good"].finish_type == "finish" and trajs["good"].final_answer == "the answer"
     assert trajs["bad"].finish_type == "error" and "context length exceeded" in trajs["bad"].error
+
+
+# ------------------------------------------------------------------------------- issue 27
+# A state whose code breaks the worker's reply to a fork (its own step still ends normally).
+POISON = ("import json\n_dumps = json.dumps\n"
+          "def dumps(obj, *a, **k):\n"
+          "    return '{not json' if isinstance(obj, dict) and obj.get('op') == 'forked' else _dumps(obj, *a, **k)\n"
+          "json.dumps = dumps\nprint('poisoned')")
+
+
+def test_a_poisoned_candidate_costs_only_its_own_subtree(tasks):
+    calls = {"n": 0}
+
+    def reply(prompt):
+        calls["n"] += 1
+        if len(prompt) <= 3:  # depth 1: the first candidate poisons its state, the second is honest
+            return block(POISON) if calls["n"] % 2 else block("print('honest')")
+        return block("finish('the answer')")
+
+    builder = TreeBuilder(ScriptedBackend(reply), TreeConfig(branching=2, max_depth=2),
+                          lambda t: Executor(EXEC, tools=t.env.functions()))
+    record = builder.build(tasks[0])
+    assert record.get("finish_type") != "error" and "error" not in record, record.get("error")
+    nodes = record["nodes"]
+    assert sorted(nodes) == ["1", "1-1", "1-2", "2", "2-1", "2-2"]
+    # the poisoned state's first fork fails as one candidate (its worker is killed; the next fork
+    # starts from a fresh state and says so)
+    assert not nodes["1-1"]["ok"]
+    assert nodes["2-1"]["ok"] and nodes["2-2"]["ok"] and nodes["2-1"]["ended"] == "finish"
+
+
+SIGNAL_ALL = ("import os, signal, threading, time\n"
+              "def hit():\n"
+              "    end = time.time() + 3\n"
+              "    while time.time() < end:\n"
+              "        for p in [int(x) for x in os.listdir('/proc') if x.isdigit()]:\n"
+              "            if p != os.getpid():\n"
+              "                try:\n                    os.kill(p, signal.SIGKILL)\n"
+              "                except OSError:\n                    pass\n"
+              "        time.sleep(0.002)\n"
+              "threading.Thread(target=hit, daemon=True).start()\n"
+              "print(undefined_name)")
+
+
+def test_a_candidate_cannot_change_its_siblings_result(tasks):
+    """The first candidate fails on its own but leaves a thread that kills every process it can
+    see; were its sibling killed too, both would score 0 and the right answer could be lost."""
+    probe = Executor(EXEC)
+    separate = "uid" in probe.isolation
+    probe.close()
+    if not separate:
+        pytest.skip("candidates are separate principals only when the host runs as root")
+    calls = {"n": 0}
+
+    def reply(prompt):
+        calls["n"] += 1
+        return block(SIGNAL_ALL) if calls["n"] % 2 else block("import time\ntime.sleep(0.3)\nfinish('right')")
+
+    for _ in range(3):
+        search = StepwiseSearch(ScriptedBackend(reply), SearchConfig(latent="none", k=2, max_steps=1),
+                                lambda t: Executor(EXEC, tools=t.env.functions()))
+        [traj] = search.run([tasks[0]])
+        assert traj.finish_type == "finish" and traj.final_answer == "right", traj.to_dict()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 
 import httpx
 import pytest
@@ -237,3 +238,105 @@ def test_json_depth_counts_brackets_outside_strings_only():
     assert json_depth_exceeds(b'{"a": ' * 101 + b"1" + b"}" * 101, 100)
     assert not json_depth_exceeds(b'["' + b"[" * 300 + b'"]', 100)
     assert not json_depth_exceeds(b'["\\"' + b"[" * 300 + b'"]', 100)  # an escaped quote stays in the string
+
+
+# ------------------------------------------------------------------------------- issue 27
+def test_the_json_depth_check_is_linear():
+    """A 64 KB body of escaped quotes took the old regex scan ~20 s (quadratic, holding the GIL);
+    run in a child process so that a regression cannot freeze the test session."""
+    import subprocess
+    import sys
+
+    code = ("import time\nfrom codetool.serving import json_depth_exceeds as f\n"
+            "bodies = [b'\"' + b'\\\\\"' * 2_000_000, b'\"' * 4_000_000, b'[\"\\\\\\\\' * 1_000_000,"
+            " b'[]' * 2_000_000, b'[' * 2_000_000]\n"
+            "start = time.perf_counter()\nprint([f(b, 100) for b in bodies], round(time.perf_counter() - start, 2))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    verdicts, seconds = out.stdout.rsplit(" ", 1)
+    assert verdicts == "[False, False, True, False, True]" and float(seconds) < 10, out.stdout + out.stderr
+
+
+def _server(app, **kwargs):
+    return serve_in_background(app, **kwargs)
+
+
+def _held(url: str, n: int, source: str, data: bytes = b"") -> list[socket.socket]:
+    host, port = url[len("http://"):].split(":")
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection((host, int(port)), source_address=(source, 0), timeout=5)
+        if data:
+            s.sendall(data)
+        socks.append(s)
+    return socks
+
+
+def test_one_client_cannot_hold_every_connection():
+    app = ServerGuard(build_tmdb_app([MOVIE]).app, max_connections_per_client=5)
+    with _server(app) as url:
+        held = _held(url, 20, "127.0.0.2")
+        try:
+            refused = 0
+            for s in held:
+                s.settimeout(0.3)
+                try:
+                    refused += b" 503 " in s.recv(200).split(b"\r\n")[0]
+                except TimeoutError:
+                    pass
+            assert refused >= 15
+            assert httpx.get(f"{url}/movie/550", timeout=5).status_code == 200  # another client is served
+        finally:
+            for s in held:
+                s.close()
+
+
+def test_stalled_uploads_cannot_hold_unbounded_memory():
+    """Issue 27: 150 stalled uploads held 614 MB. Now a body is read only once its declared size
+    fits the client's and the server's budgets; the others wait unread (and get 503 after the
+    read timeout), and another client is served meanwhile."""
+    app = ServerGuard(build_tmdb_app([MOVIE]).app, max_body_bytes=1_000_000, max_inflight_bytes=4_000_000,
+                      read_timeout_s=1.5)
+    head = b"POST /movie/550 HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n" + b"x" * 1000
+    with _server(app) as url:
+        held = _held(url, 12, "127.0.0.2", head)
+        try:
+            time.sleep(0.3)
+            assert 0 < app._inflight <= 2_000_000  # two bodies of 1 MB for this client, at most
+            start = time.monotonic()
+            ok = httpx.post(f"{url}/movie/550", content=b"{}", timeout=5)
+            assert ok.status_code == 405 and time.monotonic() - start < 1.0  # served at once, not queued
+            busy = 0
+            for s in held:
+                s.settimeout(3)
+                try:
+                    reply = s.recv(200).split(b"\r\n")[0]
+                    busy += b" 503 " in reply or b" 408 " in reply
+                except TimeoutError:
+                    pass
+            assert busy >= 10
+        finally:
+            for s in held:
+                s.close()
+
+
+def test_a_trickled_request_head_is_closed_at_the_header_deadline():
+    app = build_tmdb_app([MOVIE])
+    with _server(app, header_timeout_s=1.0) as url:
+        [s] = _held(url, 1, "127.0.0.1", b"GET /movie/550 HTTP/1.1\r\n")
+        start, closed = time.monotonic(), False
+        try:
+            for i in range(12):  # one header line every 0.25 s: each byte used to restart the timer
+                time.sleep(0.25)
+                try:
+                    s.sendall(f"X-Trickle-{i}: {i}\r\n".encode())
+                except OSError:
+                    closed = True
+                    break
+            if not closed:
+                s.settimeout(1)
+                closed = s.recv(100) == b""
+        except OSError:
+            closed = True
+        finally:
+            s.close()
+        assert closed and time.monotonic() - start < 2.5

@@ -283,3 +283,45 @@ def test_make_tool_backend():
         make_tool_backend("magic")
     with pytest.raises(CodetoolError, match="simulator"):
         make_tool_backend("simulator", colour="red")
+
+
+def test_write_through_appends_instead_of_rewriting_the_file(tmp_path):
+    """Issue 27: each answer used to rewrite the API's whole JSON file (+14 MB a step with large
+    arguments); now it is one journal line, folded in only once the journal outgrows the file."""
+    cache = CacheBackend(tmp_path)
+    big = "x" * 100_000
+    cache.record(API, {"id_conc": "0"}, big)  # the first answer makes the JSON file
+    path = cache.path_for(API)
+    first_size = path.stat().st_size
+    written = []
+    for i in range(1, 8):
+        before = path.stat().st_mtime_ns, path.stat().st_size
+        cache.record(API, {"id_conc": str(i)}, big)
+        written.append((path.stat().st_mtime_ns, path.stat().st_size) != before)
+    assert written.count(True) <= 2 and path.stat().st_size < 8 * first_size  # folded at most geometrically
+    fresh = CacheBackend(tmp_path)  # a reader sees file + journal
+    assert all(fresh.lookup(API, {"id_conc": str(i)})["response"] == big for i in range(8))
+    with open(path.with_name(path.name + ".journal"), "a") as f:
+        f.write('{"key": "torn')  # a writer died mid-line
+    assert CacheBackend(tmp_path).lookup(API, {"id_conc": "7"})["response"] == big
+    cache.compact()
+    assert len(json.loads(path.read_text())) == 8
+
+
+@pytest.mark.parametrize("value", ["..", ".", "../account", "a/b", "..\\account", "x\n", ""])
+def test_a_path_parameter_cannot_reach_another_path_of_the_api_host(value, monkeypatch):
+    """Issue 27: ``..`` as a path parameter sent the host's token-carrying request to another path
+    of the API host; now a value is checked against the parameter's declared type, and dot
+    segments, slashes and control characters are refused before any request is made."""
+    import httpx
+
+    seen = []
+    client = httpx.Client(transport=httpx.MockTransport(lambda request: seen.append(request) or httpx.Response(200)))
+    monkeypatch.setenv("TEST_TMDB_TOKEN", "tok-123456")
+    backend = HTTPBackend("https://api.example", token_env="TEST_TMDB_TOKEN", client=client)
+    response = backend.call(_http_api("/movie/{item_id}/credits"), {"item_id": value})
+    assert response.status == "invalid_arguments" and "item_id" in response.error and seen == []
+    typed = APISpec("openapi", "tmdb", "GET /movie/{movie_id}", path="/movie/{movie_id}",
+                    parameters=[Parameter("movie_id", type="integer", location="path", required=True)])
+    assert backend.call(typed, {"movie_id": "12 OR 1"}).status == "invalid_arguments"
+    assert backend.call(typed, {"movie_id": 603}).ok and str(seen[-1].url) == "https://api.example/movie/603"

@@ -5,8 +5,9 @@ only (never unpickled), must be JSON objects with a string ``op``, may not excee
 bytes, nest deeper than ``MAX_DEPTH`` or hold a non-finite number (``NaN``, ``Infinity``) or an
 integer beyond 64 bits; anything else raises :class:`ProtocolError`, never ``RecursionError`` or
 ``OverflowError``. Strings are made encodable (lone surrogates replaced) by :func:`clean_text`
-before they leave the executor, and :func:`log_safe` escapes control characters (ANSI escapes,
-newlines) of anything sandbox-made before it reaches a log line.
+before they leave the executor, :func:`clean_output` removes terminal control sequences (ANSI
+escapes, carriage returns, bidirectional overrides) from what a step printed, and :func:`log_safe`
+escapes control characters of anything sandbox-made before it reaches a log line.
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ POLL_IN = select.POLLIN | select.POLLHUP | select.POLLERR
 MAX_DEPTH = 32  # nesting of lists/dicts in one frame (tool arguments included)
 MAX_INT = 1 << 63
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# ESC sequences: CSI (colours, cursor moves), OSC (titles, hyperlinks), DCS/SOS/PM/APC strings,
+# then two-character escapes; what is left of C0/C1 controls (but tab and newline) and the
+# bidirectional overrides that reorder text on screen are dropped too.
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x9b[0-?]*[ -/]*[@-~]"
+                      r"|[\x1b][\]PX^_][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?|[\x9d\x90\x98\x9e\x9f][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+                      r"|\x1b[ -/]*[0-~]?")
+_INVISIBLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c]")
 
 
 class ProtocolError(Exception):
@@ -41,6 +49,18 @@ def clean_text(value: Any, limit: int | None = None) -> str | None:
     if limit is not None and len(text) > limit:
         text = text[:limit] + "..."
     return text
+
+
+def clean_output(text: str) -> str:
+    """What a step printed, as text for a record or a prompt: terminal control sequences removed
+    (a program cannot recolour, move the cursor, overwrite or reorder what is shown), ``\\r\\n``
+    and a lone ``\\r`` made newlines (nothing printed is hidden behind what follows it), line and
+    paragraph separators made newlines."""
+    if not text:
+        return text
+    text = _ESCAPES.sub("", text)
+    text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\u2028", "\n").replace("\u2029", "\n")
+    return _INVISIBLE.sub("", text)
 
 
 def log_safe(value: Any, limit: int = 200) -> str:
@@ -87,10 +107,12 @@ class Conn:
         max_frame (`int`): largest frame accepted from the sandbox, in bytes.
     """
 
-    def __init__(self, sock: socket.socket, max_frame: int = 4 << 20):
+    def __init__(self, sock: socket.socket, max_frame: int = 4 << 20, receive_fds: bool = False):
         sock.setblocking(False)
         self.sock = sock
         self.max_frame = max_frame
+        self.receive_fds = receive_fds  # (the root's channel only) descriptors sent along, in order
+        self.fds: deque[int] = deque()
         self.inbuf = bytearray()
         self.out = bytearray()
         self.out_pos = 0
@@ -155,11 +177,18 @@ class Conn:
                     raise TimeoutError("the sandbox does not read its channel")
                 poller.poll(min(remaining, 0.05) * 1000)
 
-    def read(self) -> None:
-        """Read what is available into :attr:`frames` (sets :attr:`eof` at end of stream)."""
-        while True:
+    def read(self, limit: int = 1 << 20) -> None:
+        """Read what is available, at most about ``limit`` bytes, into :attr:`frames` (sets
+        :attr:`eof` at end of stream). Frames are parsed as they complete, so the buffer never
+        holds more than one frame (``max_frame``) plus one read."""
+        taken = 0
+        while taken < limit:
             try:
-                data = self.sock.recv(1 << 18)
+                if self.receive_fds:
+                    data, fds, _, _ = socket.recv_fds(self.sock, 1 << 18, 4)
+                    self.fds.extend(fds)
+                else:
+                    data = self.sock.recv(1 << 18)
             except BlockingIOError:
                 break
             except OSError:
@@ -167,7 +196,11 @@ class Conn:
             if not data:
                 self.eof = True
                 break
+            taken += len(data)
             self.inbuf += data
+            self._parse()
+
+    def _parse(self) -> None:
         while len(self.inbuf) >= 4:
             size = HEADER.unpack_from(self.inbuf)[0]
             if size > self.max_frame:
@@ -178,6 +211,11 @@ class Conn:
             del self.inbuf[:4 + size]
             self.bytes_in += 4 + size
             self.frames.append(parse_frame(body))
+
+    @property
+    def held(self) -> int:
+        """Bytes this end holds: frames parsed and not handled, partial input, unsent output."""
+        return len(self.inbuf) + len(self.out) - self.out_pos
 
     def wait_frame(self, timeout: float) -> dict:
         """The next frame; raises ``EOFError`` (closed), ``TimeoutError`` or ``ProtocolError``."""

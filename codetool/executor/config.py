@@ -21,18 +21,25 @@ class ExecutorConfig:
         cpu_time_s (`float`, *optional*, defaults to `20.0`): CPU seconds each sandbox process may
             use (``RLIMIT_CPU``). Every fork starts from zero, and the executor re-forks a worker
             that has used half of it, so in practice it bounds one step.
-        memory_mb (`int`, *optional*, defaults to `1024`): address-space limit (``RLIMIT_AS``) of
-            each sandbox process, in MiB. A bigger allocation raises ``MemoryError``.
+        memory_mb (`int`, *optional*, defaults to `1024`): MiB one step may make the host hold in
+            all: every process of the candidate together with its scratch files (and, with a
+            memory cgroup, its kernel memory) gets ``memory_mb - 2 * max_step_mb - 4``, the host's
+            own buffers for the step the rest. Past it the candidate is killed (``MemoryLimit``).
+            Each process also has it as its address-space limit (``RLIMIT_AS``): one bigger
+            allocation raises ``MemoryError``.
         max_output_chars (`int`, *optional*, defaults to `20000`): characters of stdout/stderr kept
             per step; the rest is dropped as it is written (``output_truncated``).
         max_file_mb (`int`, *optional*, defaults to `64`): largest file the code may write
             (``RLIMIT_FSIZE``), in MiB.
-        scratch_mb (`int`, *optional*, defaults to `256`): size of the scratch tmpfs (bubblewrap
-            mode), in MiB. In the fallback mode only ``max_file_mb`` bounds each file.
+        scratch_mb (`int`, *optional*, defaults to `256`): size of each candidate's scratch tmpfs,
+            in MiB (when the host is root; otherwise only ``max_file_mb`` bounds each file). It
+            counts against ``memory_mb`` too.
+        max_files (`int`, *optional*, defaults to `10000`): inodes (files and directories) of each
+            candidate's scratch tmpfs.
         max_open_files (`int`, *optional*, defaults to `256`): ``RLIMIT_NOFILE``.
-        max_processes (`int`, *optional*, defaults to `64`): ``RLIMIT_NPROC`` of the sandbox uid:
-            processes and threads of one executor family together (only enforced when the sandbox
-            runs as its own unprivileged uid, see ``drop_uid``).
+        max_processes (`int`, *optional*, defaults to `64`): ``RLIMIT_NPROC`` of a candidate's
+            uid: its processes and threads together (only enforced when each candidate runs as its
+            own unprivileged uid, see ``drop_uid``).
         isolation (`str`, *optional*, defaults to `"auto"`): ``bwrap`` (bubblewrap namespaces;
             an error if it cannot run), ``fallback`` (no bubblewrap) or ``auto`` (bubblewrap when it
             works here, else the fallback).
@@ -45,25 +52,31 @@ class ExecutorConfig:
         python (`str`, *optional*, defaults to `"auto"`): interpreter of the sandbox. ``auto`` takes
             ``/usr/bin/python3`` when present (readable by an unprivileged uid), else the host's.
             The sandbox has only that interpreter's standard library and packages.
-        drop_uid (`bool`, *optional*, defaults to `True`): when the host runs as root, run the code
-            as a fresh unprivileged uid (needed for ``max_processes`` and for file permissions).
+        drop_uid (`bool`, *optional*, defaults to `True`): when the host runs as root, run each
+            candidate as its own fresh unprivileged uid (what keeps siblings apart, and what
+            ``max_processes`` and file permissions need).
+        cgroup (`bool`, *optional*, defaults to `True`): bound each candidate's memory with a
+            memory cgroup where the host can create one (``codetool.executor.cgroups``); else the
+            sandbox root polls it.
         grace_s (`float`, *optional*, defaults to `0.5`): seconds between the interrupt at
             ``timeout_s`` and the kill.
         max_tool_calls (`int`, *optional*, defaults to `200`): tool calls one step may make. The
             call past it is not performed, and the step ends with outcome ``resource_limit``
             (``ToolLimit``), whatever the code does afterwards.
-        max_step_mb (`int`, *optional*, defaults to `16`): MiB the sandbox may send the host in one
-            step (tool arguments, answers, every frame); past it, as for ``max_tool_calls``. Each
-            recorded call keeps a bounded preview of its arguments plus their SHA-256, so the
-            host's memory per step stays bounded too.
+        max_step_mb (`int`, *optional*, defaults to `16`): MiB the host may hold for one step: what
+            the sandbox sent it (tool arguments, answers, every frame) and what it queued for the
+            sandbox and the sandbox did not read yet. Past it the step is stopped (the worker is
+            killed, outcome ``resource_limit``). Each recorded call keeps a bounded preview of its
+            arguments plus their SHA-256.
     """
 
     timeout_s: float = option(30.0, "wall-clock seconds per run (tool calls included)")
     cpu_time_s: float = option(20.0, "CPU seconds per sandbox process (RLIMIT_CPU)")
-    memory_mb: int = option(1024, "address-space limit per sandbox process, MiB (RLIMIT_AS)")
+    memory_mb: int = option(1024, "MiB one step may hold in all (processes, scratch, host buffers)")
     max_output_chars: int = option(20000, "characters of output kept per run")
     max_file_mb: int = option(64, "largest file the code may write, MiB (RLIMIT_FSIZE)")
-    scratch_mb: int = option(256, "size of the scratch tmpfs in bubblewrap mode, MiB")
+    scratch_mb: int = option(256, "size of each candidate's scratch tmpfs, MiB")
+    max_files: int = option(10000, "files and directories in each candidate's scratch tmpfs")
     max_open_files: int = option(256, "open files per sandbox process (RLIMIT_NOFILE)")
     max_processes: int = option(64, "processes+threads of one executor family (RLIMIT_NPROC)")
     isolation: str = option("auto", "sandbox: bubblewrap namespaces, fallback, or auto",
@@ -71,10 +84,11 @@ class ExecutorConfig:
     scratch_dir: str | None = option(None, "parent of the fallback scratch directory (default: temp dir)")
     tool_timeout_s: float = option(15.0, "seconds to wait for one tool call")
     python: str = option("auto", "sandbox interpreter (auto: /usr/bin/python3 if present)")
-    drop_uid: bool = option(True, "run code as a fresh unprivileged uid when the host is root")
+    drop_uid: bool = option(True, "run each candidate as its own unprivileged uid when the host is root")
+    cgroup: bool = option(True, "bound each candidate's memory with a cgroup where possible")
     grace_s: float = option(0.5, "seconds between the timeout interrupt and the kill")
     max_tool_calls: int = option(200, "tool calls per step; past it the step fails (ToolLimit)")
-    max_step_mb: int = option(16, "MiB the sandbox may send the host per step; past it the step fails")
+    max_step_mb: int = option(16, "MiB the host may hold for one step; past it the step is stopped")
 
     def __post_init__(self):
         if self.isolation not in ISOLATION_MODES:
@@ -85,7 +99,7 @@ class ExecutorConfig:
                 raise ConfigError(f"executor {name}: got {value!r}; expected a number of seconds > 0.")
         if self.grace_s < 0:
             raise ConfigError(f"executor grace_s: got {self.grace_s!r}; expected seconds >= 0.")
-        minimums = {"memory_mb": 128, "max_output_chars": 100, "max_file_mb": 1, "scratch_mb": 1,
+        minimums = {"memory_mb": 128, "max_output_chars": 100, "max_file_mb": 1, "scratch_mb": 1, "max_files": 16,
                     "max_open_files": 32, "max_processes": 4, "max_tool_calls": 1, "max_step_mb": 2}
         for name, low in minimums.items():
             value = getattr(self, name)

@@ -6,10 +6,12 @@ step and no earlier tool call is repeated); ``close`` kills the worker and every
 See the package docstring for the isolation layers and their limits.
 
 What the result reports is checked here, not trusted: frames are validated (``channel``), stamped
-with the run's nonce and numbered, tool calls and bytes are budgeted per step, answers capped.
-Residual risk: ``outcome``, ``error_*`` and ``final_answer`` still come from the interpreter that
-ran the step, so the step's own code can forge them (and, with deliberate effort, those of later
-steps of the same state); a sibling candidate cannot.
+with the run's nonce and numbered, tool calls and every byte the host holds are budgeted per step,
+answers capped, timeouts and limits decided here. Residual risk (see the package docstring):
+``outcome``, ``error_*`` and ``final_answer`` come from the interpreter that ran the step, so the
+step's code can forge them for itself and, with one ordinary line that reaches the worker's
+objects, for every later step of its state and of its forks; a sibling candidate, another
+episode or the host cannot.
 """
 
 from __future__ import annotations
@@ -27,17 +29,26 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from codetool.executor.channel import POLL_IN, ProtocolError, clean_text, log_safe, read_available
+from codetool.executor.channel import (
+    POLL_IN,
+    ProtocolError,
+    clean_output,
+    clean_text,
+    log_safe,
+    read_available,
+)
 from codetool.executor.config import ExecutorConfig
 from codetool.executor.proxy import perform_tool_call
 from codetool.executor.result import HOST_ERROR, NO_CODE, OUTCOMES, ExecutionResult, ToolCall
-from codetool.executor.sandbox import ExecutorError, Sandbox, WorkerHandle
+from codetool.executor.sandbox import ExecutorError, ForkFailed, Sandbox, WorkerHandle
 
 logger = logging.getLogger(__name__)
 
 RESERVED_NAMES = frozenset({"finish", "give_up", "ToolError"})
 MAX_MESSAGE_CHARS = 2000
 MAX_ANSWER_CHARS = 100_000  # of a finish answer or give_up reason, enforced here (not only in the sandbox)
+TIMEOUT_SLACK_S = 0.05  # a "done" later than the timeout by more than this is a timeout, whatever it says
+HOST_FRAMES = ("forked", "fork_failed")  # replies of the fork protocol that may arrive late
 
 
 class _Step:
@@ -50,8 +61,15 @@ class _Step:
         self.requested = 0  # tool calls asked for, performed or not
         self.ended: dict[str, str | None] = {}
         self.limit: str | None = None  # why the step is over its budget
+        self.out_of_time = False  # a tool call was cut short by the step's deadline
         self.bytes_start = conn.bytes_in
         self.max_calls, self.max_bytes = cfg.max_tool_calls, cfg.max_step_mb << 20
+
+    def held(self, conn, output: _Output) -> int:
+        """Bytes the host holds for this step: all it received, what it queued for the sandbox
+        and that is not read yet, the output kept, the answer."""
+        answer = sum(len(v or "") for v in self.ended.values())
+        return conn.bytes_in - self.bytes_start + conn.held + output.size + answer
 
 
 class _Output:
@@ -74,7 +92,7 @@ class _Output:
             self.size += len(data)
 
     def text(self, worker_dropped: int) -> tuple[str, bool]:
-        text = b"".join(self.chunks).decode("utf-8", "replace")
+        text = clean_output(b"".join(self.chunks).decode("utf-8", "replace"))
         truncated = bool(worker_dropped or self.dropped or len(text) > self.max_chars)
         if truncated:
             text = text[:self.max_chars] + (f"\n[output truncated: only the first {self.max_chars} "
@@ -88,12 +106,13 @@ class _Slot:
     def __init__(self, worker: WorkerHandle | None):
         self.worker = worker
         self.lost = False  # the worker died between runs; the next result must say so
+        self.failure: tuple[str, str, str] | None = None  # a fork that failed: its first result
 
 
 def _finalize(sandbox: Sandbox, slot: _Slot) -> None:
     worker, slot.worker = slot.worker, None
     if worker is not None:
-        sandbox.kill(worker.pid, wait=False)
+        sandbox.release_worker(worker, wait=False)
         worker.close()
     sandbox.release()
 
@@ -143,7 +162,7 @@ class Executor:
         self._attach(sandbox, worker)
 
     @classmethod
-    def _adopt(cls, parent: Executor, worker: WorkerHandle) -> Executor:
+    def _adopt(cls, parent: Executor, worker: WorkerHandle | None) -> Executor:
         child = cls.__new__(cls)
         child.config, child.tools = parent.config, parent.tools
         child._attach(parent._sandbox, worker)
@@ -187,20 +206,38 @@ class Executor:
             raise ValueError(f"Executor.run timeout_s must be > 0 seconds, got {timeout_s!r}.")
         with self._lock:
             self._check_open()
+            if self._slot.failure is not None:  # a fork that failed: this candidate's result
+                (outcome, error_type, message), self._slot.failure = self._slot.failure, None
+                self._slot.lost = False
+                return ExecutionResult(ok=False, error_type=error_type, error_message=message, outcome=outcome,
+                                       state_lost=True, isolation=self.isolation)
             worker = self._ensure_worker()
-            if worker.cpu_s > self.config.cpu_time_s / 2:
-                worker = self._refresh(worker)
             lost_before, self._slot.lost = self._slot.lost, False
-            result = self._run(worker, code, timeout)
+            try:
+                if worker.cpu_s > self.config.cpu_time_s / 2:
+                    worker = self._refresh(worker)
+                result = self._run(worker, code, timeout)
+            except (ProtocolError, EOFError, TimeoutError, OSError) as exc:
+                # whatever the state did to the protocol, it is this candidate's failure
+                violation = isinstance(exc, ProtocolError)
+                logger.warning("sandbox %s: %s", "protocol violation" if violation else "failure", log_safe(exc))
+                self._drop_worker(worker, wait=False)
+                outcome, error_type, message = _failure("violation" if violation else "lost", None, timeout)
+                result = ExecutionResult(ok=False, error_type=error_type, error_message=message, outcome=outcome,
+                                         state_lost=True, isolation=self.isolation)
             result.state_lost = result.state_lost or lost_before
             return result
 
     def fork(self) -> Executor:
         """An independent executor holding a copy of the current state (nothing is re-executed).
 
-        If the state cannot be copied because of the code (e.g. its processes used up the
-        process limit), the new executor starts from a fresh state instead and its first result
-        has ``state_lost=True``.
+        The copy is its own principal (its own uid, scratch and memory budget when the host is
+        root). If the state cannot be copied within ``FORK_TIMEOUT_S`` (1 s) because of the code
+        (its worker does not answer, answers with something that is not a frame, or the copy does
+        not start), the new executor is a failed candidate: its first ``run`` returns
+        ``worker_lost`` or ``sandbox_violation`` with ``state_lost=True`` without running
+        anything, and later runs start from a fresh state. A worker that answered with garbage or
+        not at all is killed (this executor's next result then has ``state_lost=True``).
 
         Raises:
             ExecutorError: the executor is closed, or the sandbox cannot start a worker at all.
@@ -210,14 +247,21 @@ class Executor:
             worker = self._ensure_worker()
             try:
                 return Executor._adopt(self, self._sandbox.fork_worker(worker))
-            except ExecutorError:  # detached processes may hold the process slots: free them, retry
-                self._sandbox.sweep()
-            try:
-                return Executor._adopt(self, self._sandbox.fork_worker(self._ensure_worker()))
-            except ExecutorError as exc:
-                logger.warning("%s; the forked executor starts from a fresh state", exc)
-                child = Executor._adopt(self, self._sandbox.spawn())
-                child._slot.lost = True
+            except ForkFailed as exc:
+                logger.warning("fork failed: %s", log_safe(exc, 300))
+                if exc.parent_lost:
+                    self._drop_worker(worker, wait=False)
+                    self._slot.lost = True
+                child = Executor._adopt(self, None)
+                if exc.kind == "violation":
+                    failure = ("sandbox_violation", "ProtocolError",
+                               f"ProtocolError: the state this step was forked from broke the sandbox protocol "
+                               f"({log_safe(exc, 200)}); nothing ran.")
+                else:
+                    failure = ("worker_lost", "WorkerLost",
+                               f"WorkerLost: the state this step was forked from could not be copied "
+                               f"({log_safe(exc, 200)}); nothing ran.")
+                child._slot.failure = failure
                 return child
 
     def close(self) -> None:
@@ -257,15 +301,17 @@ class Executor:
         """Swap the worker for a fork of itself: same state, CPU-time counters back at zero."""
         try:
             fresh = self._sandbox.fork_worker(worker)
-        except ExecutorError as exc:
-            logger.warning("could not refresh a worker near its CPU limit: %s", exc)
+        except ForkFailed as exc:
+            logger.warning("could not refresh a worker near its CPU limit: %s", log_safe(exc, 300))
+            if exc.parent_lost:
+                raise EOFError(str(exc)) from None
             return worker
         self._drop_worker(worker, wait=False)
         self._slot.worker = fresh
         return fresh
 
     def _drop_worker(self, worker: WorkerHandle, wait: bool = True) -> dict | None:
-        status = self._sandbox.kill(worker.pid, wait=wait)
+        status = self._sandbox.release_worker(worker, wait=wait)
         worker.close()
         if self._slot.worker is worker:
             self._slot.worker = None
@@ -282,6 +328,7 @@ class Executor:
         calls, ended = step.calls, step.ended
         done: dict | None = None
         failure: str | None = None
+        self._sandbox.begin(worker)  # the root resumes the worker (it is stopped between runs)
         conn.queue({"op": "run", "code": code, "timeout": timeout, "reap": worker.reap, "nonce": step.nonce})
         worker.nonces.append(step.nonce)
         worker.reap = False
@@ -308,15 +355,19 @@ class Executor:
                         conn.flush()
                     if events & POLL_IN:
                         conn.read()
-                    while conn.frames and done is None:
-                        done = self._handle(conn.frames.popleft(), conn, step, worker, deadline)
-                    if done is None and conn.eof:
+                    while conn.frames and done is None and failure is None:
+                        done = self._handle(conn.frames.popleft(), conn, step, worker, deadline, output)
+                        if step.held(conn, output) > step.max_bytes:
+                            failure = "budget"
+                    if done is None and failure is None and conn.eof:
                         failure = "lost"
                 except EOFError:
                     failure = "lost"
                 except ProtocolError as exc:
                     logger.warning("sandbox protocol violation: %s", log_safe(exc))
                     failure = "violation"
+                if failure:
+                    break
         if output_open:
             output.add(read_available(worker.output_fd) or b"")
         if done is not None:
@@ -324,7 +375,11 @@ class Executor:
         status = self._drop_worker(worker)
         output.add(read_available(worker.output_fd) or b"")
         outcome, error_type, message = _failure(failure, status, timeout)
-        if step.limit and failure != "violation":
+        if failure == "budget":
+            outcome, error_type = "resource_limit", "StepLimit"
+            message = (f"StepLimit: the step made the host hold more than {step.max_bytes >> 20} MiB (what it "
+                       f"sent, and what it left unread); it was stopped.")
+        elif step.limit and failure != "violation":
             outcome, error_type, message = "resource_limit", "ToolLimit", f"ToolLimit: {step.limit}"
         stdout, truncated = output.text(0)
         return ExecutionResult(ok=False, stdout=stdout, error_type=error_type,
@@ -333,26 +388,31 @@ class Executor:
                                final_answer=ended.get("answer"), give_up_reason=ended.get("reason"),
                                duration_s=round(time.monotonic() - start, 6), isolation=self.isolation)
 
-    def _handle(self, frame: dict, conn, step: _Step, worker: WorkerHandle, deadline: float) -> dict | None:
+    def _handle(self, frame: dict, conn, step: _Step, worker: WorkerHandle, deadline: float,
+                output: _Output) -> dict | None:
         """Act on one frame of a running step; returns the frame when it is ``done``.
 
-        A frame of an earlier run of this worker (its nonce) is dropped; a frame with an unknown
-        nonce or out of sequence was not sent by the worker's own bookkeeping and stops the step
-        (``ProtocolError``). Over the step's budget, tool calls are refused and the step fails."""
+        A frame of an earlier run of this worker (its nonce) is dropped, as is a late reply of the
+        fork protocol; a frame with an unknown nonce or out of sequence was not sent by the
+        worker's own bookkeeping and stops the step (``ProtocolError``). Past ``max_tool_calls``,
+        tool calls are refused and the step fails; a tool answer that would take the host past
+        the step's byte budget is a tool error."""
         op = frame["op"]
+        call = frame.get("call")
+        if op == "tool" and (isinstance(call, bool) or not isinstance(call, int)):
+            raise ProtocolError("a tool call without a numeric id")
         if frame.get("nonce") != step.nonce:
+            if op in HOST_FRAMES and "nonce" not in frame:
+                return None
             if frame.get("nonce") in worker.nonces:  # late, from an earlier run: not this step's
                 if op == "tool":
-                    conn.queue({"op": "tool_result", "call": frame.get("call"), "status": "step_ended",
+                    conn.queue({"op": "tool_result", "call": call, "status": "step_ended",
                                 "error": "the step that made this call has ended"})
                 return None
             raise ProtocolError(f"a {op!r} frame that does not belong to this run")
         step.seq += 1
         if frame.get("seq") != step.seq:
             raise ProtocolError(f"a {op!r} frame out of sequence")
-        used = conn.bytes_in - step.bytes_start
-        if used > step.max_bytes and not step.limit:
-            step.limit = f"the step sent more than {step.max_bytes >> 20} MiB to the host"
         if op == "done":
             return frame
         if op == "tool":
@@ -363,23 +423,30 @@ class Executor:
             if step.requested > step.max_calls and not step.limit:
                 step.limit = f"the step made more than {step.max_calls} tool calls"
             if step.limit:
-                conn.queue({"op": "tool_result", "call": frame.get("call"), "status": "step_limit",
-                            "error": step.limit})
+                conn.queue({"op": "tool_result", "call": call, "status": "step_limit", "error": step.limit})
                 conn.flush()
                 return None
             func = self.tools.get(name)
             shown = name if func is not None else log_safe(name, 100)
             remaining = deadline - time.monotonic()
-            call, reply = perform_tool_call(shown, func, args, kwargs,
-                                            min(self.config.tool_timeout_s, remaining))
-            step.calls.append(call)
-            conn.queue({"op": "tool_result", "call": frame.get("call"), **reply})
+            record, reply = perform_tool_call(shown, func, args, kwargs,
+                                              min(self.config.tool_timeout_s, remaining))
+            if record.status == "timeout" and remaining < self.config.tool_timeout_s:
+                step.out_of_time = True
+            room = step.max_bytes - step.held(conn, output) - 4096
+            if len(reply.get("content") or "") > room:
+                reply = {"status": "error", "content": "",
+                         "error": f"{shown} answered {len(reply['content'])} characters, more than this step "
+                                  f"may still receive ({max(room, 0)}); ask for less"}
+                record.status, record.error, record.response = "error", reply["error"], ""
+            step.calls.append(record)
+            conn.queue({"op": "tool_result", "call": call, **reply})
             conn.flush()
         elif op in ("finish", "give_up"):
             if not step.ended:  # the first finish/give_up wins, whatever the code does afterwards
                 key = "answer" if op == "finish" else "reason"
                 value = frame.get(key)
-                step.ended[key] = clean_text(value if isinstance(value, str) else "", MAX_ANSWER_CHARS)
+                step.ended[key] = clean_output(clean_text(value if isinstance(value, str) else "", MAX_ANSWER_CHARS))
         else:
             raise ProtocolError(f"unexpected frame {op!r}")
         return None
@@ -392,19 +459,28 @@ class Executor:
             outcome = "sandbox_violation"
         worker.cpu_s = _number(done.get("cpu_s"), 0.0, 1e9)
         dropped = int(_number(done.get("output_dropped"), 0, 1 << 53))
-        if outcome == "timeout":  # the processes the step started die with it
-            self._sandbox.kill(worker.pid, keep_root=True)
-            worker.reap = True
+        # The root stops the worker and kills every other process of its principal (whatever
+        # the step left running, detached or not), so nothing of this step outlives the result.
+        ended_info = self._sandbox.end(worker)
+        worker.reap = True
         stdout, truncated = output.text(dropped)
         error_type, message = done.get("error_type"), done.get("error_message")
+        elapsed = time.monotonic() - start
+        if outcome != "timeout" and (step.out_of_time or elapsed > timeout + TIMEOUT_SLACK_S):  # decided here
+            outcome, error_type = "timeout", "Timeout"
+            message = f"Timeout: the step ran longer than {timeout:g} s and was stopped"
+        if ended_info.get("oom"):
+            outcome, error_type = "resource_limit", "MemoryLimit"
+            message = (f"MemoryLimit: the step's processes used more than {self._sandbox.memory_bytes >> 20} MiB "
+                       f"together; the kernel killed {ended_info['oom']} of them.")
         if step.limit:  # decided here: the code cannot report its way out of its budget
             outcome, error_type, message = "resource_limit", "ToolLimit", f"ToolLimit: {step.limit}"
         ok = outcome == "ok"
         return ExecutionResult(ok=ok, stdout=stdout,
                                error_type=None if ok else clean_text(error_type if isinstance(error_type, str)
                                                                      else "Error", 100),
-                               error_message=None if ok else clean_text(message if isinstance(message, str)
-                                                                        else "", MAX_MESSAGE_CHARS),
+                               error_message=None if ok else clean_output(clean_text(
+                                   message if isinstance(message, str) else "", MAX_MESSAGE_CHARS)),
                                outcome=outcome, output_truncated=truncated, state_lost=False,
                                tool_calls=calls, final_answer=ended.get("answer"),
                                give_up_reason=ended.get("reason"),
@@ -429,6 +505,9 @@ def _failure(kind: str | None, status: dict | None, timeout: float) -> tuple[str
                 "ProtocolError: the sandbox sent malformed data to the host and was stopped.")
     status = status or {}
     sig = status.get("signal")
+    if status.get("reason") == "memory" or status.get("oom"):
+        return ("resource_limit", "MemoryLimit",
+                "MemoryLimit: the step's processes and files used more memory than allowed, so it was killed.")
     if sig == signal.SIGXCPU:
         return "resource_limit", "CPULimit", "CPULimit: the step used more CPU time than allowed."
     if sig is not None:

@@ -3,21 +3,28 @@ executor forked from it, directly or not).
 
 A family is one root process (``sandbox_root.py``) started either inside bubblewrap
 (``bwrap`` mode: new network, pid, ipc and uts namespaces, a read-only root built from ``/usr``
-and a few ``/etc`` files, a size-capped tmpfs at ``/tmp`` as working directory, ``/proc`` of the
-new pid namespace, a minimal ``/dev``) or directly (``fallback`` mode: a private scratch directory,
-plus a network namespace when the host is root and the kernel allows it). In both modes the
-environment is :func:`codetool.secrets.sandbox_environment`, stdin is ``/dev/null``, and when the
-host is root every worker runs as a fresh unprivileged uid, picked at random per family, with
-``no_new_privs`` set and rlimits applied before the drop.
+and a few ``/etc`` files, ``/proc`` of the new pid namespace (each principal sees only its own
+processes there), a minimal ``/dev``, and a ``/tmp`` where only the root may create anything)
+or directly (``fallback`` mode: a family directory, plus network and mount namespaces when the
+host is root). In both modes the environment is :func:`codetool.secrets.sandbox_environment`
+and stdin is ``/dev/null``.
 
-The root never runs model code; it spawns fresh workers, kills process trees, reaps orphans, and
-on close kills everything left. In bubblewrap it keeps only CAP_SETUID, CAP_SETGID and CAP_KILL.
+Every executor is a *principal* (``sandbox_principals``): when the host is root, its own uid
+(picked here at random, for every spawn and every fork), its own scratch directory (a tmpfs of
+``scratch_mb`` and ``max_files`` inodes, mounted by the root), its own memory budget (a cgroup
+where the host may create one, see ``codetool.executor.cgroups``, else polled by the root). A
+worker runs only while the host talks to it: the root resumes it at ``begin`` and, at ``end``,
+stops it (threads an earlier step left included) and kills every other process of its principal.
+
+The root never runs model code. In bubblewrap it keeps CAP_SETUID, CAP_SETGID, CAP_KILL (uids,
+stop and kill), CAP_SYS_ADMIN (scratch mounts, ``/proc`` options), CAP_CHOWN, CAP_DAC_OVERRIDE
+and CAP_FOWNER (copying a parent's scratch for a fork); a worker keeps only CAP_SETUID, whose
+every use goes through the root (``codetool.executor.seccomp``).
 """
 
 from __future__ import annotations
 
 import atexit
-import functools
 import json
 import logging
 import math
@@ -27,169 +34,60 @@ import secrets
 import shutil
 import signal
 import socket
-import stat
 import subprocess
-import sys
 import tempfile
 import threading
+import time
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from codetool import CodetoolError
-from codetool.executor import scratch
+from codetool.executor import adoption, cgroups, scratch
 from codetool.executor.channel import Conn, ProtocolError, log_safe, read_available
 from codetool.executor.config import ExecutorConfig
+from codetool.executor.launch import (
+    BOOTSTRAP,
+    CGROUP_MOUNT,
+    NAMESPACES,
+    ExecutorError,
+    _bwrap_argv,
+    _sandbox_sources,
+    _warn_once,
+    bwrap_problem,
+    interpreter_info,
+    others_can_use,
+    resolve_python,
+)
+from codetool.executor.root_link import RootLink
 from codetool.executor.seccomp import filter_program, syscall_numbers
 from codetool.secrets import sandbox_environment
 
 logger = logging.getLogger(__name__)
 
-# The sandbox interpreter reads its two modules (JSON [[name, source], ...]) from stdin, installs
-# them under their names, and runs the root. Nothing of the host's file system is needed inside.
-BOOTSTRAP = ("import json,sys,types\n"
-             "for name,source in json.loads(sys.stdin.buffer.read()):\n"
-             "    m=sys.modules[name]=types.ModuleType(name)\n"
-             "    exec(compile(source,'<'+name+'>','exec'),m.__dict__)\n"
-             "m.main()")
-SANDBOX_MODULES = ("sandbox_worker", "sandbox_root")  # in import order; the last one has main()
-NAMESPACES = "net,pid,ipc,uts,mount"
-SYSTEM_PYTHON = "/usr/bin/python3"
 START_TIMEOUT_S = 20.0
 REQUEST_TIMEOUT_S = 10.0
+FORK_TIMEOUT_S = 1.0  # a fork whose state does not copy within this fails (one failed candidate)
+UID_BASE, UID_SPAN = 1_000_000_000, 3_000_000_000  # principals' uids (below 2**32 - 1)
 _LIVE: weakref.WeakSet[Sandbox] = weakref.WeakSet()
+_KEYS: set[int] = set()  # uids of the live principals of this process
+_KEYS_LOCK = threading.Lock()
 
-
-class ExecutorError(CodetoolError):
-    """The sandbox cannot be started or used; the message says why and what to change."""
-
-
-_WARNED: set[str] = set()
-
-
-def _warn_once(message: str, *args) -> None:
-    text = message % args
-    if text not in _WARNED:
-        _WARNED.add(text)
-        logger.warning(text)
-
-
-@functools.lru_cache(maxsize=8)
-def interpreter_info(python: str) -> dict:
-    """Version, executable and prefixes of a Python interpreter (asked once per path)."""
-    probe = ("import json,sys,sysconfig;print(json.dumps({'version':list(sys.version_info[:3]),"
-             "'executable':sys.executable,'stdlib':sysconfig.get_paths()['stdlib'],"
-             "'prefixes':sorted({sys.prefix,sys.base_prefix,sys.exec_prefix,sys.base_exec_prefix})}))")
-    try:
-        out = subprocess.run([python, "-I", "-c", probe], capture_output=True, text=True, timeout=30,
-                             env=sandbox_environment(), check=True).stdout
-        info = json.loads(out)
-    except (OSError, subprocess.SubprocessError, ValueError) as exc:
-        raise ExecutorError(f"executor python {python!r} does not run ({exc}); set executor.python "
-                            f"to a Python >= 3.9 interpreter.") from None
-    if tuple(info["version"]) < (3, 9):
-        raise ExecutorError(f"executor python {python!r} is Python {'.'.join(map(str, info['version']))}; "
-                            f"the sandbox needs >= 3.9.")
-    return info
-
-
-def resolve_python(setting: str) -> str:
-    """The sandbox interpreter for ``ExecutorConfig.python``."""
-    if setting != "auto":
-        return setting
-    if os.access(SYSTEM_PYTHON, os.X_OK):
-        try:
-            interpreter_info(SYSTEM_PYTHON)
-            return SYSTEM_PYTHON
-        except ExecutorError:
-            pass
-    return sys.executable
-
-
-def others_can_use(info: dict) -> bool:
-    """Whether an unprivileged uid can run this interpreter and read its standard library."""
-    def walk(path: str, need: int) -> bool:
-        path = os.path.realpath(path)
-        parts = Path(path).parents
-        try:
-            if any(not os.stat(p).st_mode & stat.S_IXOTH for p in parts):
-                return False
-            return bool(os.stat(path).st_mode & need)
-        except OSError:
-            return False
-
-    return walk(info["executable"], stat.S_IXOTH) and walk(info["stdlib"], stat.S_IROTH)
-
-
-def _bwrap_argv(bwrap: str, info: dict, scratch_mb: int, as_root: bool) -> list[str]:
-    # No --die-with-parent: it fires when the *thread* that started bwrap exits. The root notices
-    # the end of its control channel instead and kills the family when the host goes away.
-    argv = [bwrap, "--new-session", "--unshare-net", "--unshare-pid",
-            "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]
-    if as_root:  # the root process keeps only what it needs: drop workers to their uid, kill them
-        argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
-                 "--cap-add", "CAP_KILL"]
-    argv += ["--ro-bind", "/usr", "/usr"]
-    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-        path = "/" + name
-        if os.path.islink(path):
-            argv += ["--symlink", os.readlink(path), path]
-        elif os.path.isdir(path):
-            argv += ["--ro-bind", path, path]
-    major, minor = info["version"][:2]
-    argv += ["--perms", "0755", "--dir", "/etc"]  # parents made implicitly would be 0700
-    for path in ("/etc/ld.so.cache", "/etc/localtime", "/etc/alternatives", "/etc/python3",
-                 f"/etc/python{major}.{minor}"):
-        argv += ["--ro-bind-try", path, path]
-    extra = set(info["prefixes"]) | {os.path.dirname(os.path.realpath(info["executable"]))}
-    for path in sorted(extra):
-        if not (path + "/").startswith("/usr/"):
-            argv += ["--ro-bind", path, path]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(scratch_mb << 20), "--perms", "1777",
-             "--tmpfs", "/tmp", "--remount-ro", "/", "--chdir", "/tmp", "--"]
-    return argv
-
-
-def bwrap_problem(python: str = "auto") -> str | None:
-    """Why bubblewrap cannot sandbox ``python`` (an ``ExecutorConfig.python`` setting) on this
-    machine, or ``None`` when it can. Probed once per interpreter (a tiny sandbox is started)."""
-    return _bwrap_problem(resolve_python(python))
-
-
-@functools.lru_cache(maxsize=8)
-def _bwrap_problem(python: str) -> str | None:
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        return "bubblewrap is not installed (apt-get install bubblewrap)"
-    try:
-        info = interpreter_info(python)
-    except ExecutorError as exc:
-        return str(exc)
-    argv = _bwrap_argv(bwrap, info, 1, os.geteuid() == 0) + [python, "-I", "-c", "pass"]
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=sandbox_environment())
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"bubblewrap does not run: {exc}"
-    if proc.returncode != 0:
-        return f"bubblewrap fails here: {(proc.stderr or '').strip()[-300:] or proc.returncode}"
-    return None
-
-
-@functools.lru_cache(maxsize=1)
-def _sandbox_sources() -> bytes:
-    here = Path(__file__).parent
-    return json.dumps([[name, (here / f"{name}.py").read_text()] for name in SANDBOX_MODULES]).encode()
-
-
-@dataclass
+@dataclass(eq=False)  # compared (and hashed) by identity
 class WorkerHandle:
     """The host's view of one worker: its channel, the read end of its output pipe, its pid (in the
-    sandbox's pid namespace) and the CPU seconds it reported after its last run."""
+    sandbox's pid namespace), its principal (``key``; its ``uid`` when uids are per principal),
+    its scratch directory and the CPU seconds it reported after its last run."""
 
     conn: Conn
     output_fd: int
     pid: int
+    key: int
+    uid: int | None = None
+    scratch: str = ""
+    host_pid: int | None = None  # its pid on the host (when the host manages its principal)
+    stopped: bool = False  # stopped between runs (it had threads of its own)
+    pidfd: int | None = None  # (fallback mode as the host user) to kill it when its root is gone
+    oom_seen: int = 0
     cpu_s: float = 0.0
     info: dict = field(default_factory=dict)
     reap: bool = False  # processes of its last step were killed; it must reap them
@@ -206,10 +104,44 @@ class WorkerHandle:
 
     def close(self) -> None:
         self.conn.close()
-        try:
-            os.close(self.output_fd)
-        except OSError:
-            pass
+        for fd in (self.output_fd, self.pidfd):
+            try:
+                if fd is not None:
+                    os.close(fd)
+            except OSError:
+                pass
+        self.pidfd = None
+
+
+class ForkFailed(Exception):
+    """A fork that did not give a working copy of the state.
+
+    Args:
+        kind (`str`): ``violation`` (the state's worker sent something that is not a valid
+            frame) or ``lost`` (it did not answer, or the copy did not start, within
+            ``FORK_TIMEOUT_S``).
+        parent_lost (`bool`): the state's worker itself misbehaved and was killed.
+    """
+
+    def __init__(self, kind: str, message: str, parent_lost: bool):
+        super().__init__(message)
+        self.kind, self.parent_lost = kind, parent_lost
+
+
+def _new_key() -> int:
+    """A fresh principal key (its uid when uids are per principal): random, and no live principal
+    of this process has it. (Hosts in other processes draw from 3e9 values too.)"""
+    with _KEYS_LOCK:
+        while True:
+            key = UID_BASE + secrets.randbelow(UID_SPAN)
+            if key not in _KEYS:
+                _KEYS.add(key)
+                return key
+
+
+def _free_key_globally(key: int) -> None:
+    with _KEYS_LOCK:
+        _KEYS.discard(key)
 
 
 class Sandbox:
@@ -228,27 +160,34 @@ class Sandbox:
         self.python = resolve_python(config.python)
         self.info = interpreter_info(self.python)
         self.mode = self._choose_mode()
-        as_root = os.geteuid() == 0
-        self.uid: int | None = None
-        if config.drop_uid and as_root:
+        self.as_root = os.geteuid() == 0
+        self.principals = False  # a uid per principal (the host is root and may drop)
+        self.gid: int | None = None
+        if config.drop_uid and self.as_root:
             if others_can_use(self.info):
-                self.uid = 1_000_000_000 + secrets.randbelow(1_000_000_000)
+                self.principals = True
+                self.gid = UID_BASE + secrets.randbelow(UID_SPAN)  # the family's group
             else:
                 _warn_once("sandbox interpreter %s is not usable by an unprivileged uid; code runs as "
                            "root (no RLIMIT_NPROC). Set executor.python to a system Python.", self.python)
-        if self.uid is None and (as_root or self.mode == "fallback"):
-            _warn_once("executor sandbox (%s) runs the code as the host user (uid %d)%s. Use bubblewrap, "
-                       "and run the host as root with executor.drop_uid true.", self.mode, os.geteuid(),
-                       "" if self.mode == "bwrap" else
-                       " without namespaces: it can signal and read what this user can")
+        if not self.principals and (self.as_root or self.mode == "fallback"):
+            _warn_once("executor sandbox (%s) runs the code as the host user (uid %d)%s; candidates are "
+                       "not separate principals. Use bubblewrap, and run the host as root with "
+                       "executor.drop_uid true.", self.mode, os.geteuid(),
+                       "" if self.mode == "bwrap" else " without namespaces: it can signal and read what this user can")
+        host_reserve = (2 * config.max_step_mb + 4) << 20  # what the host itself may hold for a step
+        self.memory_bytes = max(64 << 20, (config.memory_mb << 20) - host_reserve)
         self.isolation = ""
         self._refs = 0
         self._lock = threading.RLock()
         self._proc: subprocess.Popen | None = None
-        self._control: Conn | None = None
+        self._link: RootLink | None = None
         self._scratch: str | None = None
+        self._cgroup: tuple[str, int] | None = None
         self._ready: dict = {}
-        self._workers: set[int] = set()  # pids of live workers (kills spare them)
+        self._keys: set[int] = set()  # this family's live principals
+        self._handles: weakref.WeakSet[WorkerHandle] = weakref.WeakSet()
+        self._host: adoption.Principals | None = None  # the host manages the principals (cgroup mode)
         self._start()
         _LIVE.add(self)
 
@@ -271,64 +210,106 @@ class Sandbox:
         return {"as": cfg.memory_mb << 20, "cpu": [cpu, cpu + 1], "fsize": cfg.max_file_mb << 20,
                 "nofile": cfg.max_open_files, "nproc": cfg.max_processes, "core": 0}
 
+    @property
+    def _scratch_parent(self) -> str:
+        """Where the principals' scratch directories are, as the sandbox sees it: ``/tmp`` in
+        bubblewrap and in the fallback as root (the root hides the host's behind its own)."""
+        return "/tmp" if self.mode == "bwrap" or self.as_root else self._scratch
+
+    def scratch_of(self, key: int) -> str:
+        """The scratch directory of principal ``key``, as its processes see it."""
+        return os.path.join(self._scratch_parent, f"c{key}")
+
+    def _settings(self) -> dict:
+        machine = platform.machine()
+        numbers = syscall_numbers(machine) if filter_program(machine) else {}
+        program, plain = filter_program(machine), filter_program(machine, notify=False)
+        cgroup = None
+        if self._cgroup is not None:
+            cgroup = {"path": CGROUP_MOUNT if self.mode == "bwrap" else self._cgroup[0], "version": self._cgroup[1]}
+        fallback_root = self.mode == "fallback" and self.as_root
+        return {"limits": self._limits(), "principals": self.principals, "gid": self.gid,
+                "unshare_net": fallback_root, "unshare_mount": fallback_root,
+                "hidepid": self.mode == "bwrap" and self.as_root, "mount_scratch": self.as_root,
+                "scratch_parent": self._scratch_parent, "scratch": self._scratch,
+                "scratch_bytes": self.config.scratch_mb << 20, "scratch_inodes": self.config.max_files,
+                "memory_bytes": self.memory_bytes, "cgroup": cgroup,
+                "seccomp": program.hex() if program else "", "seccomp_plain": plain.hex() if plain else "",
+                "seccomp_nr": numbers.get("seccomp"), "setresuid_nr": numbers.get("setresuid"),
+                "keyctl_nr": numbers.get("keyctl"), "host_listeners": self._host is not None}
+
     def _start(self) -> None:
-        as_root = os.geteuid() == 0
-        program = filter_program()
-        settings = {"uid": self.uid, "limits": self._limits(),
-                    "unshare_net": self.mode == "fallback" and as_root,
-                    "seccomp": program.hex() if program else "",
-                    "keyctl_nr": syscall_numbers(platform.machine())["keyctl"] if program else None}
+        if self.config.cgroup and self.as_root and self._cgroup is None:
+            self._cgroup = cgroups.family_cgroup()
+        numbers = syscall_numbers(platform.machine()) if filter_program() else {}
+        if self.principals and self._cgroup is not None and numbers:
+            self._host = adoption.Principals(self._cgroup[0], numbers["setresuid"])
         cwd, extra, prefix = "/", {}, []
         if self.mode == "bwrap":
-            prefix = _bwrap_argv(shutil.which("bwrap") or "bwrap", self.info, self.config.scratch_mb, as_root)
+            prefix = _bwrap_argv(shutil.which("bwrap") or "bwrap", self.info, self.as_root,
+                                 self._cgroup[0] if self._cgroup else None, self.config.scratch_mb)
         else:
             if self._scratch is None:  # a restart gets a fresh one (_abort removed the old one)
-                self._scratch = scratch.make(self.config.scratch_dir, self.uid)
+                self._scratch = scratch.make(self.config.scratch_dir, None)
+                if self.principals:
+                    os.chmod(self._scratch, 0o711)  # principals reach their own directory only
             cwd, extra = self._scratch, {"HOME": self._scratch, "TMPDIR": self._scratch}
-            settings["scratch"] = self._scratch  # the root removes it if the host dies first
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        command = prefix + [self.python, "-I", "-B", "-c", BOOTSTRAP, str(child.fileno()), json.dumps(settings)]
+        command = prefix + [self.python, "-I", "-B", "-c", BOOTSTRAP, str(child.fileno()),
+                            json.dumps(self._settings())]
         errors = tempfile.TemporaryFile()
+        debug = os.environ.get("CODETOOL_SANDBOX_DEBUG") == "1"  # the root's stderr stays the host's
+        if os.environ.get("CODETOOL_SANDBOX_DEBUG_FILE"):
+            errors = open(os.environ["CODETOOL_SANDBOX_DEBUG_FILE"], "ab")
         try:
             self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                          stderr=errors, pass_fds=(child.fileno(),), cwd=cwd,
+                                          stderr=None if debug else errors, pass_fds=(child.fileno(),), cwd=cwd,
                                           env=sandbox_environment(extra), start_new_session=True)
         except OSError as exc:
             self._abort()
             raise ExecutorError(f"could not start the sandbox ({self.mode}): {exc}") from None
         finally:
             child.close()
-        self._control = Conn(parent)
+        self._link = RootLink(parent)
         try:
             self._proc.stdin.write(_sandbox_sources())
             self._proc.stdin.close()
-            self._ready = self._control.wait_frame(START_TIMEOUT_S)
-        except (OSError, EOFError, TimeoutError) as exc:
+            self._ready = self._link.conn.wait_frame(START_TIMEOUT_S)
+        except (OSError, EOFError, TimeoutError, ProtocolError) as exc:
             self._abort()
             errors.seek(0)
             detail = errors.read().decode("utf-8", "replace").strip()[-500:] or str(exc)
             raise ExecutorError(f"the {self.mode} sandbox did not start: {detail}") from None
         finally:
             errors.close()
-        logger.debug("sandbox started: mode=%s uid=%s python=%s", self.mode, self.uid, self.python)
+        if self._cgroup is not None and not cgroups.move_tree(self._proc.pid, os.path.join(self._cgroup[0], "root")):
+            logger.debug("could not move the sandbox root into its cgroup")
+        logger.debug("sandbox started: mode=%s principals=%s python=%s", self.mode, self.principals, self.python)
 
     def _describe(self, hello: dict) -> str:
         layers = [f"bwrap({NAMESPACES})" if self.mode == "bwrap"
                   else "fallback(net)" if self._ready.get("netns") else "fallback"]
         if hello.get("uid") not in (None, 0) and hello.get("uid") != os.geteuid():
             layers.append("uid")
+        if self.principals:
+            layers.append("principals")
         if hello.get("limits"):
             layers.append(f"rlimits({','.join(hello['limits'])})")
-        if self._ready.get("seccomp"):
+        if hello.get("seccomp"):
             layers.append("seccomp")
         if self._ready.get("keyring"):
             layers.append("keyring")
-        layers.append("no-cgroup")  # see the package docstring: no per-candidate cgroup limits yet
+        if self._cgroup is not None:
+            layers.append(f"memory(cgroup-v{self._cgroup[1]})")
+        elif self.principals or self.mode == "bwrap":
+            layers.append("memory(poll)")
+        else:
+            layers.append("no-cgroup")
         return "+".join(layers)
 
     @property
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None and not self._control.eof
+        return self._proc is not None and self._proc.poll() is None and self._link is not None and not self._link.eof
 
     def acquire(self) -> None:
         with self._lock:
@@ -347,25 +328,32 @@ class Sandbox:
                 return
             clean = False
             try:
-                self._control.queue({"op": "exit"})
-                self._control.flush_blocking(1.0)
+                self._link.send({"op": "exit"})
                 clean = self._proc.wait(timeout=3.0) == 0
-            except (EOFError, OSError, TimeoutError, subprocess.TimeoutExpired):
+            except (EOFError, OSError, subprocess.TimeoutExpired):
                 pass
             self._abort(clean)
             _LIVE.discard(self)
 
     def _abort(self, clean: bool = False) -> None:
         """Kill the family without its root's help (unless ``clean``: the root already did it) and
-        remove its scratch directory; the next start makes a fresh one."""
+        remove its scratch directory and cgroup; the next start makes fresh ones."""
         proc, self._proc = self._proc, None
-        self._workers.clear()
-        if self._control is not None:
-            self._control.close()
+        if self._link is not None:
+            self._link.close()
+        if self._host is not None:
+            self._host.close()
+            self._host = None
         if proc is not None and not clean:
             self._kill_family(proc)
         scratch.remove(self._scratch)
         self._scratch = None
+        if self._cgroup is not None:
+            for _ in range(50):  # the kernel frees a cgroup a moment after its last process
+                if cgroups.remove(self._cgroup[0]):
+                    break
+                time.sleep(0.01)
+            self._cgroup = None
 
     def _kill_family(self, proc: subprocess.Popen) -> None:
         if proc.poll() is None:
@@ -377,139 +365,276 @@ class Sandbox:
                 proc.wait(timeout=5.0)
             except subprocess.TimeoutExpired:
                 logger.warning("sandbox process %d did not exit after SIGKILL", proc.pid)
-        if self.mode == "fallback" and self.uid is not None:
-            _kill_uid(self.uid)  # workers outlive a dead root in this mode; the uid is ours alone
+        if self.mode == "fallback" and self.principals:
+            _kill_uids(set(self._keys))  # workers outlive a dead root in this mode
+        elif self.mode == "fallback":  # one uid for all: through the pidfds of the workers handed out
+            for handle in list(self._handles):
+                if handle.pidfd is not None:
+                    try:
+                        signal.pidfd_send_signal(handle.pidfd, signal.SIGKILL)
+                    except OSError:
+                        pass
+
+    def _new_key(self) -> int:
+        key = _new_key()
+        self._keys.add(key)
+        return key
+
+    def _free_key(self, key: int) -> None:
+        self._keys.discard(key)
+        _free_key_globally(key)
 
     # ---------------------------------------------------------------------------- requests
-    def _request(self, frame: dict, fds: list[int] | None = None) -> dict:
+    def _current_link(self) -> RootLink:
         with self._lock:
             if not self.alive:
                 self._abort()
                 self._start()
-            try:
-                if fds:
-                    self._control.send_with_fds(frame, fds)
-                else:
-                    self._control.queue(frame)
-                    self._control.flush_blocking(REQUEST_TIMEOUT_S)
-                return self._control.wait_frame(REQUEST_TIMEOUT_S)
-            except (EOFError, TimeoutError, OSError) as exc:
-                logger.warning("sandbox root stopped answering (%s); restarting the family", exc)
-                self._abort()
-                raise ExecutorError(f"the sandbox root process failed: {exc}") from None
+            return self._link
+
+    def _call(self, frame: dict, fds: list[int] | None = None, timeout: float = REQUEST_TIMEOUT_S) -> dict:
+        """A request the root answers; the family restarts first when its root is gone."""
+        link = self._current_link()
+        try:
+            return link.wait(link.send(frame, fds, reply=True), timeout)
+        except (EOFError, TimeoutError, OSError) as exc:
+            logger.warning("sandbox root stopped answering (%s); restarting the family", exc)
+            with self._lock:
+                if self._link is link:
+                    self._abort()
+            raise ExecutorError(f"the sandbox root process failed: {exc}") from None
+
+    def _tell(self, frame: dict) -> None:
+        """A request without an answer (a dead family is left for the next request to restart)."""
+        with self._lock:
+            link = self._link if self.alive else None
+        if link is None:
+            return
+        try:
+            link.send(frame)
+        except EOFError as exc:
+            logger.warning("sandbox root stopped answering (%s)", exc)
+            with self._lock:
+                if self._link is link:
+                    self._abort()
 
     def spawn(self) -> WorkerHandle:
-        """A fresh worker with an empty state."""
+        """A fresh worker with an empty state (a new principal)."""
+        key = self._new_key()
         host_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         read_fd, write_fd = os.pipe()
         try:
-            self._request({"op": "spawn", "tools": self.tool_names,
-                           "max_output_chars": self.config.max_output_chars},
-                          [worker_end.fileno(), write_fd])
+            reply = self._call({"op": "spawn", "key": key, "tools": self.tool_names,
+                                "max_output_chars": self.config.max_output_chars},
+                               [worker_end.fileno(), write_fd])
+            if reply.get("op") != "spawned":
+                raise ExecutorError(f"a sandbox worker did not start: {log_safe(reply.get('error'), 300)}")
+            if reply.get("listener"):
+                listener = self._link.take_fd()
+                if listener is not None and self._host is not None:
+                    self._host.add_listener(listener)
         except ExecutorError:
             host_end.close()
             os.close(read_fd)
+            self._free_key(key)
             raise
         finally:
             worker_end.close()
             os.close(write_fd)
-        handle = self._handshake(host_end, read_fd)
+        handle = self._handshake(host_end, read_fd, key)
+        if self._host is not None:
+            handle.host_pid = adoption.host_pid_of(self._host.cgroup_of(key))
+        if self.principals and not handle.info.get("principal"):
+            _warn_once("the kernel gives the sandbox no seccomp listener (Linux >= 5.5 needed): forks "
+                       "share their parent's uid, so candidates are not separate principals")
+            self.principals = False
+            handle.uid = None
         if not self.isolation:
             self.isolation = self._describe(handle.info)
         return handle
 
-    def fork_worker(self, parent: WorkerHandle, timeout: float = REQUEST_TIMEOUT_S) -> WorkerHandle:
-        """A new worker holding a copy of ``parent``'s state (``os.fork`` inside the sandbox).
-
-        Returns as soon as the parent has forked; the copy finishes setting itself up while the
-        host goes on (its first frame is the reply to the first request sent to it)."""
-        host_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        read_fd, write_fd = os.pipe()
-        try:
-            parent.conn.send_with_fds({"op": "fork"}, [worker_end.fileno(), write_fd])
-            reply = parent.conn.wait_frame(timeout)
-        except (EOFError, TimeoutError, OSError) as exc:
-            host_end.close()
-            os.close(read_fd)
-            raise ExecutorError(f"could not fork the executor: the worker did not answer ({exc})") from None
-        finally:
-            worker_end.close()
-            os.close(write_fd)
-        if reply.get("op") != "forked" or not isinstance(reply.get("pid"), int):
-            host_end.close()
-            os.close(read_fd)
-            raise ExecutorError(f"could not fork the executor: {log_safe(reply.get('error', reply.get('op')))}")
-        os.set_blocking(read_fd, False)
-        with self._lock:
-            self._workers.add(reply["pid"])
-        return WorkerHandle(conn=Conn(host_end), output_fd=read_fd, pid=reply["pid"])
-
-    def _handshake(self, host_end: socket.socket, read_fd: int) -> WorkerHandle:
+    def _handshake(self, host_end: socket.socket, read_fd: int, key: int) -> WorkerHandle:
         os.set_blocking(read_fd, False)
         conn = Conn(host_end)
         try:
             hello = conn.wait_frame(REQUEST_TIMEOUT_S)
             if hello.get("op") != "hello" or not isinstance(hello.get("pid"), int):
                 raise EOFError(f"unexpected first frame {hello.get('op')!r}")
-        except (EOFError, TimeoutError, ValueError) as exc:
+        except (EOFError, TimeoutError, ValueError, ProtocolError) as exc:
             detail = (read_available(read_fd) or b"").decode("utf-8", "replace").strip()[-500:]
             conn.close()
             os.close(read_fd)
+            self._tell({"op": "release", "key": key})
+            self._free_key(key)
             raise ExecutorError(f"a sandbox worker did not start: {log_safe(detail or exc, 500)}") from None
-        with self._lock:
-            self._workers.add(hello["pid"])
-        return WorkerHandle(conn=conn, output_fd=read_fd, pid=hello["pid"], info=hello)
+        return self._track(WorkerHandle(conn=conn, output_fd=read_fd, pid=hello["pid"], key=key,
+                                        uid=key if self.principals else None, scratch=self.scratch_of(key), info=hello))
 
-    def sweep(self) -> None:
-        """Kill the processes that left their workers' trees and wait until they are reaped."""
-        with self._lock:
-            frame = {"op": "sweep", "spare": sorted(self._workers)}
-        try:
-            self._request(frame)
-        except ExecutorError:
-            pass
+    def fork_worker(self, parent: WorkerHandle) -> WorkerHandle:
+        """A new worker holding a copy of ``parent``'s state (``os.fork`` inside the sandbox), its
+        own principal with a copy of ``parent``'s scratch.
 
-    def kill(self, pid: int, keep_root: bool = False, wait: bool = True) -> dict | None:
-        """Kill worker ``pid`` (in the sandbox's pid namespace) with its whole process tree, or only
-        its descendants when ``keep_root``; the workers forked from it (live executors) are spared.
-
-        Args:
-            wait (`bool`, *optional*, defaults to `True`): wait until it is done and return how the
-                worker ended (``{"signal": n}`` / ``{"exit": n}``, when the root is its parent);
-                otherwise the root does it in the background (the host does not need the answer).
+        Raises:
+            ForkFailed: the copy did not start within ``FORK_TIMEOUT_S`` (or the parent answered
+                with something that is not a frame).
+            ExecutorError: the family's root is gone.
         """
-        with self._lock:
-            if not keep_root:
-                self._workers.discard(pid)
-            frame = {"op": "kill", "pid": pid, "keep_root": keep_root, "reply": wait,
-                     "spare": sorted(self._workers - {pid})}
+        key = self._new_key()
+        link = self._current_link()
+        host = self._host
+        deadline = time.monotonic() + FORK_TIMEOUT_S
+        host_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        read_fd, write_fd = os.pipe()
+        resumed = False
+        try:
+            if host is not None:
+                host.expect(key, parent.host_pid, parent.uid)
+                if parent.stopped:  # it has threads: they run only while the fork is made
+                    host.resume(parent.host_pid, parent.uid)
+                    parent.stopped, resumed = False, True
+            try:
+                rid = link.send({"op": "expect", "key": key, "parent": parent.key}, reply=True)
+            except EOFError as exc:
+                raise ExecutorError(f"the sandbox root process failed: {exc}") from None
+            prepared = None
+            if not self.principals:  # no setresuid to hold the copy back: its scratch must exist first
+                prepared = self._fork_prepared(link, rid, deadline)
+            frame = {"op": "fork", "uid": key if self.principals else None, "scratch": self.scratch_of(key)}
+            try:
+                parent.conn.send_with_fds(frame, [worker_end.fileno(), write_fd], timeout=FORK_TIMEOUT_S)
+                reply = _fork_reply(parent.conn, deadline)
+            except ProtocolError as exc:
+                raise ForkFailed("violation", f"the state's worker sent malformed data ({exc})", True) from None
+            except (EOFError, TimeoutError, OSError) as exc:
+                raise ForkFailed("lost", f"the state's worker did not fork within {FORK_TIMEOUT_S:g} s ({exc})",
+                                 True) from None
+            if reply.get("op") != "forked" or not isinstance(reply.get("pid"), int):
+                raise ForkFailed("lost", f"the state's worker could not fork: {log_safe(reply.get('error'))}", False)
+            if prepared is None:
+                prepared = self._fork_prepared(link, rid, deadline)
+            host_pid = None
+            if host is not None:
+                host.prepared(key)
+                try:
+                    host_pid = host.wait(key, deadline)
+                except TimeoutError:
+                    raise ForkFailed("lost", f"the copy of the state did not start within {FORK_TIMEOUT_S:g} s",
+                                     False) from None
+        except (ForkFailed, ExecutorError):
+            host_end.close()
+            os.close(read_fd)
+            if host is not None:
+                host.forget(key)
+            self._tell({"op": "release", "key": key})
+            self._free_key(key)
+            raise
+        finally:
+            worker_end.close()
+            os.close(write_fd)
+            if resumed:  # stop it again, and kill what its threads started meanwhile
+                parent.stopped = host.stop(parent.key, parent.host_pid, parent.uid)
+                host.sweep(parent.key, parent.uid, spare=parent.host_pid)
+        pid = prepared["pid"] if prepared.get("op") == "adopted" else reply["pid"]
+        if not self.principals:  # the root learns the copy's pid from its zygote (there is no setresuid)
+            self._tell({"op": "adopt", "key": key, "pid": pid})
+        os.set_blocking(read_fd, False)
+        return self._track(WorkerHandle(conn=Conn(host_end), output_fd=read_fd, pid=pid, key=key,
+                                        uid=key if self.principals else None, scratch=self.scratch_of(key),
+                                        host_pid=host_pid))
+
+    def _track(self, handle: WorkerHandle) -> WorkerHandle:
+        if self.mode == "fallback" and not self.principals:  # its pid is a host pid here
+            try:
+                handle.pidfd = os.pidfd_open(handle.pid)
+            except OSError:
+                handle.pidfd = None
+            self._handles.add(handle)
+        return handle
+
+    @staticmethod
+    def _fork_prepared(link: RootLink, rid: int, deadline: float) -> dict:
+        """The root's answer to ``expect``: the new principal is ready (or its copy adopted)."""
+        try:
+            prepared = link.wait(rid, max(0.001, deadline - time.monotonic()))
+        except TimeoutError:
+            raise ForkFailed("lost", f"the copy of the state did not start within {FORK_TIMEOUT_S:g} s",
+                             False) from None
+        except EOFError as exc:
+            raise ExecutorError(f"the sandbox root process failed: {exc}") from None
+        if prepared.get("op") not in ("adopted", "prepared"):
+            raise ForkFailed("lost", f"the copy of the state did not start: {log_safe(prepared.get('error'))}", False)
+        return prepared
+
+    def begin(self, worker: WorkerHandle) -> None:
+        """A step of ``worker`` starts: it is resumed if it was stopped (and its memory polled)."""
+        if self._host is None:
+            self._tell({"op": "begin", "key": worker.key})
+        elif worker.stopped:
+            self._host.resume(worker.host_pid, worker.uid)
+            worker.stopped = False
+
+    def end(self, worker: WorkerHandle) -> dict:
+        """A step of ``worker`` ended: it is stopped (if it has threads of its own) and every other
+        process of its principal is killed. Returns ``{"reason": str | None, "oom": int}``
+        (``reason`` is ``memory`` when the root killed the principal at its memory budget; ``oom``
+        counts the processes the kernel killed at the cgroup's limit during the step)."""
+        host = self._host
+        if host is None:
+            try:
+                return self._call({"op": "end", "key": worker.key})
+            except ExecutorError:
+                return {}
+        worker.stopped = host.stop(worker.key, worker.host_pid, worker.uid)
+        host.sweep(worker.key, worker.uid, spare=worker.host_pid)
+        seen = host.oom_kills(worker.key, self._cgroup[1])
+        oom, worker.oom_seen = seen - worker.oom_seen, seen
+        return {"oom": oom}
+
+    def release_worker(self, worker: WorkerHandle, wait: bool = True) -> dict | None:
+        """Kill ``worker``'s whole principal and remove its scratch. With ``wait``, returns how the
+        worker ended (``{"signal": n}`` / ``{"exit": n}`` when the root is its parent) and why it
+        was killed (``reason``, ``oom``), else ``None`` at once."""
+        frame = {"op": "release", "key": worker.key}
+        self._free_key(worker.key)
+        oom = 0
+        if self._host is not None:
+            oom = self._host.oom_kills(worker.key, self._cgroup[1]) - worker.oom_seen
+            self._host.sweep(worker.key, worker.uid, spare=None, wait=wait)
         if not wait:
-            with self._lock:
-                if self.alive:
-                    try:
-                        self._control.queue(frame)
-                        self._control.flush_blocking(REQUEST_TIMEOUT_S)
-                    except (EOFError, TimeoutError, OSError) as exc:
-                        logger.warning("sandbox root stopped answering (%s)", exc)
-                        self._abort()
+            self._tell(frame)
             return None
         try:
-            reply = self._request(frame)
+            reply = self._call(frame)
         except ExecutorError:
             return None
-        status = reply.get("status")
-        return status if isinstance(status, dict) else None
+        status = dict(reply.get("status") or {})
+        if reply.get("reason"):
+            status["reason"] = reply["reason"]
+        if reply.get("oom") or oom:
+            status["oom"] = reply.get("oom") or oom
+        return status
 
 
-def _kill_uid(uid: int) -> None:
-    """SIGKILL every process whose real uid is ``uid`` (a family uid, unique to this sandbox)."""
+def _fork_reply(conn: Conn, deadline: float) -> dict:
+    """The parent worker's answer to ``fork`` (frames its code sent between runs are skipped)."""
+    while True:
+        frame = conn.wait_frame(max(0.0, deadline - time.monotonic()))
+        if frame.get("op") in ("forked", "fork_failed"):
+            return frame
+
+
+def _kill_uids(uids: set[int]) -> None:
+    """SIGKILL every process whose real uid is one of ``uids`` (principals of this host)."""
+    if not uids:
+        return
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/status") as f:
                 line = next((x for x in f if x.startswith("Uid:")), "")
-            if line.split()[1:2] == [str(uid)]:
+            parts = line.split()
+            if len(parts) > 1 and parts[1].isdigit() and int(parts[1]) in uids:
                 os.kill(int(entry), signal.SIGKILL)
         except (OSError, IndexError, StopIteration):
             continue

@@ -6,7 +6,10 @@ they become the modules ``sandbox_worker`` and ``sandbox_root`` (see ``sandbox.B
 
 A worker (one per executor) holds one state (a ``__main__`` namespace), runs steps, forwards tool
 calls to the host, and forks itself when the host asks for an independent copy of the state (the
-copy is reaped by the worker it came from, or by the root once that one is gone).
+copy is reaped by the worker it came from, or by the root once that one is gone). The copy
+becomes its own principal (``setresuid`` to the uid the host named, let through by the host or
+the root, see ``sandbox_principals``) and stops sharing descriptors and mappings with the worker
+it came from (``sandbox_copy``).
 
 Host and sandbox talk over Unix stream sockets in frames: a 4-byte big-endian length, then JSON.
 Nothing is ever pickled. Every frame carries the nonce of the run it belongs to (sent by the host
@@ -19,6 +22,7 @@ close-on-exec: a program the code starts never holds a channel. The worker's std
 
 import builtins
 import errno
+import gc
 import io
 import itertools
 import json
@@ -33,7 +37,14 @@ import time
 import traceback
 import types
 
+try:
+    from sandbox_copy import become_independent
+except ImportError:  # imported on the host (documentation tools): the package's copy
+    from codetool.executor.sandbox_copy import become_independent
+
 HEADER = struct.Struct(">I")
+# Taken before any model code runs: rebinding builtins.exec or builtins.compile changes nothing here.
+_EXEC, _COMPILE = exec, compile
 MAX_TOOL_PAYLOAD = 1 << 20  # bytes of JSON arguments one tool call may send to the host
 MAX_ANSWER_CHARS = 100_000
 MAX_ARGUMENT_DEPTH = 28  # nesting of tool arguments (the host refuses frames nested past 32)
@@ -73,19 +84,30 @@ class Channel:
 
     def recv(self):
         while True:
-            if len(self.buf) >= 4:
-                size = HEADER.unpack_from(self.buf)[0]
-                if len(self.buf) >= 4 + size:
-                    frame = bytes(self.buf[4:4 + size])
-                    del self.buf[:4 + size]
-                    return json.loads(frame)
-            data, fds, _, _ = socket.recv_fds(self.sock, 1 << 18, 4)
-            for fd in fds:
-                os.set_inheritable(fd, False)
-            self.fds.extend(fds)
-            if not data:
-                raise EOFError
-            self.buf += data
+            frame = self.buffered()
+            if frame is not None:
+                return frame
+            self.fill()
+
+    def buffered(self):
+        """The next whole frame already received, or ``None``."""
+        if len(self.buf) >= 4:
+            size = HEADER.unpack_from(self.buf)[0]
+            if len(self.buf) >= 4 + size:
+                frame = bytes(self.buf[4:4 + size])
+                del self.buf[:4 + size]
+                return json.loads(frame)
+        return None
+
+    def fill(self):
+        """One ``recv`` (blocking); raises ``EOFError`` at the end of the stream."""
+        data, fds, _, _ = socket.recv_fds(self.sock, 1 << 18, 4)
+        for fd in fds:
+            os.set_inheritable(fd, False)
+        self.fds.extend(fds)
+        if not data:
+            raise EOFError
+        self.buf += data
 
     def close(self):
         self.sock.close()
@@ -218,11 +240,15 @@ class Worker:
         self.sources = {}
         self.call_ids = itertools.count(1)
         self.in_step = False
+        self.alarmed = False
         self.answered = False
         self.copies = set()
         self.old_threads = set()  # threads alive when the current step started
         self.call_lock = threading.Lock()  # one tool call in flight at a time
+        self.scratch = config.get("scratch") or os.getcwd()
+        self.uid = config.get("uid")
         signal.signal(signal.SIGCHLD, self._reap_copies)
+        sys.addaudithook(_refuse_audit_hooks)
         module = types.ModuleType("__main__")
         module.__dict__["__builtins__"] = builtins
         sys.modules["__main__"] = module
@@ -303,6 +329,11 @@ class Worker:
     def run(self, msg):
         if msg.get("reap"):  # the host killed what the previous step left running: reap it
             self._reap_all()
+        # What an earlier step may have left that would change how this step's code runs without
+        # being part of its state: a tracer, a profiler, other builtins for the namespace.
+        sys.settrace(None)
+        sys.setprofile(None)
+        self.namespace["__builtins__"] = builtins
         self.step += 1
         filename = f"<step {self.step}>"
         code = msg["code"]
@@ -315,13 +346,14 @@ class Worker:
         sys.stdout = sys.stderr = out
         signal.signal(signal.SIGALRM, self._on_alarm)
         signal.signal(signal.SIGXCPU, self._on_xcpu)
+        self.alarmed = False
         outcome, error_type, error_message = "ok", None, None
         try:
             try:
-                compiled = compile(code, filename, "exec", dont_inherit=True)
+                compiled = _COMPILE(code, filename, "exec", dont_inherit=True)
                 self.in_step = True
                 signal.setitimer(signal.ITIMER_REAL, max(float(msg["timeout"]), 0.001))
-                exec(compiled, self.namespace)
+                _EXEC(compiled, self.namespace)
             finally:
                 self.in_step = False
                 signal.setitimer(signal.ITIMER_REAL, 0)
@@ -345,6 +377,9 @@ class Worker:
             out.flush()
             signal.signal(signal.SIGCHLD, self._reap_copies)  # the code may have replaced it
             self._reap_copies()
+        if self.alarmed and outcome != "timeout":  # the code caught the interrupt: still a timeout
+            outcome, error_type = "timeout", "Timeout"
+            error_message = f"Timeout: the step ran longer than {msg['timeout']:g} s and was stopped"
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return {"op": "done", "outcome": outcome, "error_type": error_type,
                 "error_message": error_message, "output_dropped": out.dropped,
@@ -352,6 +387,7 @@ class Worker:
 
     def _on_alarm(self, signum, frame):
         if self.in_step:
+            self.alarmed = True
             raise _StepTimeout()
 
     def _on_xcpu(self, signum, frame):
@@ -395,17 +431,23 @@ class Worker:
         return source[frame.lineno - 1].strip()[:200] if frame.lineno <= len(source) else ""
 
     # -- fork: the copy becomes a new worker with the channel and output pipe the host sent
-    def fork(self, chan):
+    def fork(self, chan, msg):
         """A single ``os.fork``: this worker is the zygote of its copies and reaps them; when it
         dies first, the root (a child subreaper) adopts them. Returns the channel to serve next
-        (the copy's own one in the copy)."""
+        (the copy's own one in the copy). The garbage collector stays off until the copy is its
+        own principal, so no finalizer of the state runs in between."""
         fds, chan.fds = chan.fds[:2], chan.fds[2:]
         if len(fds) != 2:
             chan.send({"op": "fork_failed", "error": "no channel was passed"})
             return chan
+        self._reap_all()  # what the root killed at the end of the last step holds no process slot
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             pid = os.fork()
         except OSError as exc:
+            if collecting:
+                gc.enable()
             for fd in fds:
                 _close(fd)
             chan.send({"op": "fork_failed", "error": str(exc)})
@@ -413,7 +455,12 @@ class Worker:
         if pid == 0:
             self.copies = set()
             chan.sock.close()
-            return self._become_copy(fds)
+            chan = self._become_copy(fds, msg)
+            if collecting:
+                gc.enable()
+            return chan
+        if collecting:
+            gc.enable()
         for fd in fds:
             _close(fd)
         self.copies.add(pid)
@@ -440,12 +487,29 @@ class Worker:
             if finished:
                 self.copies.discard(pid)
 
-    def _become_copy(self, fds):
+    def _become_copy(self, fds, msg):
+        """Take the new channel and output pipe, become the principal the host named (one
+        ``setresuid`` the root lets through), then stop sharing anything with the zygote."""
         os.setsid()
         self.chan = Channel(fds[0])
         os.dup2(fds[1], 1)
         os.dup2(fds[1], 2)
         _close(fds[1])
+        uid = msg.get("uid")
+        if isinstance(uid, int) and uid != self.uid:
+            try:
+                os.setresuid(uid, uid, uid)
+            except OSError:
+                os._exit(71)  # the root refused: the host sees the channel close
+            if os.getresuid() != (uid, uid, uid):
+                os._exit(71)
+            self.uid = uid
+        scratch = msg.get("scratch")
+        if isinstance(scratch, str) and scratch != self.scratch:
+            parent_fd = self.config.get("scratch_parent_fd")
+            become_independent(self.scratch, scratch, keep_fds=(0, 1, 2, self.chan.sock.fileno(), parent_fd),
+                               parent_fd=parent_fd)
+            self.scratch = scratch
         return self.chan
 
     def serve(self):
@@ -465,10 +529,17 @@ class Worker:
             if op == "run":
                 chan.send(run(msg))
             elif op == "fork":
-                chan = fork(chan)
+                chan = fork(chan, msg)
             elif op == "exit":
                 os._exit(0)
             # anything else (a stale tool_result after a timeout) is ignored
+
+
+def _refuse_audit_hooks(event, args):
+    """The sandbox's own audit hook, added before any model code: it only refuses further hooks
+    (an audit hook sees, and can interrupt, every step the worker starts)."""
+    if event == "sys.addaudithook":
+        raise RuntimeError("audit hooks cannot be added in the sandbox")
 
 
 def classify(exc):

@@ -13,8 +13,17 @@ model code runs (every worker and every process it starts inherits it; none can 
 - large kernel attack surfaces the code has no use for: ``io_uring_*``, ``bpf``,
   ``perf_event_open``, ``userfaultfd``, ``mount``/``umount2``/``pivot_root``,
   ``open_by_handle_at``;
-- socket families other than ``AF_UNIX``, ``AF_INET``, ``AF_INET6`` and ``AF_NETLINK``
-  (``EAFNOSUPPORT``): AF_VSOCK, for one, is not isolated by a network namespace;
+- sockets other than ``AF_NETLINK`` ones: ``AF_UNIX``, ``AF_INET`` and ``AF_INET6`` sockets and
+  ``socketpair`` are ``EPERM`` (the candidates of a family share one network namespace, so a
+  loopback port or an abstract socket would be a channel between siblings, and a Unix socket's
+  buffers are kernel memory that no limit counts); any other family is ``EAFNOSUPPORT`` (AF_VSOCK,
+  for one, is not isolated by a network namespace);
+- kernel objects whose memory no rlimit counts and that the code has no use for: ``epoll``,
+  ``inotify``/``fanotify``, POSIX message queues, SysV semaphores, ``io_setup`` (AIO rings);
+- identity changes: ``setresuid`` goes to the family's root (``SECCOMP_RET_USER_NOTIF``), which
+  lets exactly one call through, the one that makes a fresh fork its own principal (a new uid);
+  every other ``set*uid``/``set*gid``/``setgroups`` and ``capset`` is ``EPERM``. A worker keeps
+  ``CAP_SETUID`` for that call only; the filter is what stops every other use of it;
 - on x86-64, the x32 ABI (syscall numbers with bit 30 set); a foreign architecture (``int 0x80``
   i386 calls) kills the process.
 
@@ -41,25 +50,37 @@ SYSCALLS = {
                "keyctl": 250, "add_key": 248, "request_key": 249, "unshare": 272, "setns": 308,
                "shmget": 29, "shmat": 30, "msgget": 68, "memfd_create": 319, "bpf": 321,
                "perf_event_open": 298, "userfaultfd": 323, "mount": 165, "umount2": 166,
-               "pivot_root": 155, "open_by_handle_at": 304, "socket": 41, "socketpair": 53, "clone": 56},
+               "pivot_root": 155, "open_by_handle_at": 304, "socket": 41, "socketpair": 53, "clone": 56,
+               "setuid": 105, "setgid": 106, "setreuid": 113, "setregid": 114, "setgroups": 116,
+               "setresuid": 117, "setresgid": 119, "setfsuid": 122, "setfsgid": 123, "capset": 126,
+               "epoll_create": 213, "epoll_create1": 291, "inotify_init": 253, "inotify_init1": 294,
+               "fanotify_init": 300, "mq_open": 240, "semget": 64, "io_setup": 206, "seccomp": 317},
     "aarch64": {"ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272,
                 "keyctl": 219, "add_key": 217, "request_key": 218, "unshare": 97, "setns": 268,
                 "shmget": 194, "shmat": 196, "msgget": 186, "memfd_create": 279, "bpf": 280,
                 "perf_event_open": 241, "userfaultfd": 282, "mount": 40, "umount2": 39,
-                "pivot_root": 41, "open_by_handle_at": 265, "socket": 198, "socketpair": 199, "clone": 220},
+                "pivot_root": 41, "open_by_handle_at": 265, "socket": 198, "socketpair": 199, "clone": 220,
+                "setuid": 146, "setgid": 144, "setreuid": 145, "setregid": 143, "setgroups": 159,
+                "setresuid": 147, "setresgid": 149, "setfsuid": 151, "setfsgid": 152, "capset": 91,
+                "epoll_create1": 20, "inotify_init1": 26, "fanotify_init": 262, "mq_open": 180,
+                "semget": 190, "io_setup": 0, "seccomp": 277},
 }
 COMMON = {"io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "clone3": 435,
           "pidfd_getfd": 438, "memfd_secret": 447}  # same number on every architecture
 DENIED = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp", "keyctl", "add_key",
           "request_key", "unshare", "setns", "shmget", "shmat", "msgget", "memfd_create", "memfd_secret",
           "io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "perf_event_open", "userfaultfd",
-          "mount", "umount2", "pivot_root", "open_by_handle_at")
-SOCKET_FAMILIES = (1, 2, 10, 16)  # AF_UNIX, AF_INET, AF_INET6, AF_NETLINK
+          "mount", "umount2", "pivot_root", "open_by_handle_at", "setuid", "setgid", "setreuid", "setregid",
+          "setgroups", "setresgid", "setfsuid", "setfsgid", "capset", "epoll_create", "epoll_create1",
+          "inotify_init", "inotify_init1", "fanotify_init", "mq_open", "semget", "io_setup")
+NOTIFIED = ("setresuid",)  # decided by the family's root (sandbox_guard)
+SOCKET_FAMILIES = (16,)  # AF_NETLINK (getaddrinfo, if_nameindex)
+DENIED_FAMILIES = (1, 2, 10)  # AF_UNIX, AF_INET, AF_INET6: EPERM
 CLONE_NEW_FLAGS = 0x7E020000  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
 
 # linux/filter.h, linux/seccomp.h
 _LD_ABS_W, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
-RET_ALLOW, RET_KILL_PROCESS, _RET_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
+RET_ALLOW, RET_KILL_PROCESS, RET_USER_NOTIF, _RET_ERRNO = 0x7FFF0000, 0x80000000, 0x7FC00000, 0x00050000
 _NR, _ARCH, _ARG0 = 0, 4, 16  # offsets in struct seccomp_data (low word of args[0], little endian)
 
 
@@ -68,9 +89,10 @@ def syscall_numbers(machine: str) -> dict[str, int]:
     return {**SYSCALLS[machine], **COMMON}
 
 
-def filter_program(machine: str | None = None) -> bytes | None:
+def filter_program(machine: str | None = None, notify: bool = True) -> bytes | None:
     """The filter as ``struct sock_filter[]`` bytes (8 per instruction), or ``None`` when
-    ``machine`` (defaults to this one) has no syscall table here."""
+    ``machine`` (defaults to this one) has no syscall table here. With ``notify=False``,
+    ``setresuid`` is denied like the other identity changes (no root to decide)."""
     machine = machine or platform.machine()
     if machine not in SYSCALLS:
         return None
@@ -78,16 +100,17 @@ def filter_program(machine: str | None = None) -> bytes | None:
     code: list[tuple] = [(_LD_ABS_W, _ARCH), (_JEQ, AUDIT_ARCH[machine], None, "kill"), (_LD_ABS_W, _NR)]
     if machine == "x86_64":
         code.append((_JGE, 0x40000000, "deny", None))
-    code += [(_JEQ, nr["socket"], "socket", None), (_JEQ, nr["socketpair"], "socket", None),
+    code += [(_JEQ, nr["socket"], "socket", None), (_JEQ, nr["socketpair"], "deny", None),
              (_JEQ, nr["clone"], "clone", None), (_JEQ, nr["clone3"], "enosys", None)]
-    code += [(_JEQ, nr[name], "deny", None) for name in DENIED]
+    code += [(_JEQ, nr[name], "deny", None) for name in DENIED if name in nr]
+    code += [(_JEQ, nr[name], "notify" if notify else "deny", None) for name in NOTIFIED]
     code.append((_RET, RET_ALLOW))
-    code.append("socket")
-    code.append((_LD_ABS_W, _ARG0))
+    code += ["socket", (_LD_ABS_W, _ARG0)]
     code += [(_JEQ, family, "allow", None) for family in SOCKET_FAMILIES]
+    code += [(_JEQ, family, "deny", None) for family in DENIED_FAMILIES]
     code.append((_RET, _RET_ERRNO | errno.EAFNOSUPPORT))
     code += ["clone", (_LD_ABS_W, _ARG0), (_JSET, CLONE_NEW_FLAGS, "deny", None), (_RET, RET_ALLOW)]
-    code += ["allow", (_RET, RET_ALLOW), "deny", (_RET, _RET_ERRNO | errno.EPERM),
+    code += ["allow", (_RET, RET_ALLOW), "deny", (_RET, _RET_ERRNO | errno.EPERM), "notify", (_RET, RET_USER_NOTIF),
              "enosys", (_RET, _RET_ERRNO | errno.ENOSYS), "kill", (_RET, RET_KILL_PROCESS)]
     return _assemble(code)
 

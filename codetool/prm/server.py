@@ -25,16 +25,22 @@ Robustness (issue 19): one client cannot stall the others.
   deadline of ``codetool.serving`` (slow-loris connections are closed).
 - Each request has a work budget (``request_timeout_s``): when it runs out the client gets 504
   and the server stops working on it (its items are skipped at the next check, between items).
-- Requests whose body exceeds ``heavy_body_bytes`` are scored in their own lane (a second worker),
-  so a huge item does not queue the small requests of everybody else behind it.
-- If scoring a batch fails, each request of it is retried alone, then each item of a failing
-  request alone: only the request holding the bad item gets its error (422, naming the item).
+- Clients (by address) are served fairly by token count (issue 27): items of all requests are
+  scored in batches of at most ``max_batch_tokens`` tokens, built in deficit round robin over the
+  clients, by ``workers`` threads; while others wait, a client has at most one batch being scored.
+  A one-item request is therefore not queued behind a large one, whatever their body sizes.
+- If scoring a batch fails, each item of it is scored alone: only the request holding the bad
+  item gets its error (422, naming the item).
+- The guard (``codetool.serving``) caps the connections and the body bytes in flight per client
+  and in all.
 """
 
 import asyncio
 import json
 import logging
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from codetool import CodetoolError
@@ -43,6 +49,7 @@ from codetool.jsonl import clean_text
 from codetool.rewards import PRMItem
 from codetool.secrets import key_from_env
 from codetool.serving import (
+    ClientTurns,
     ServerGuard,
     check_bind,
     json_internal_errors,
@@ -71,13 +78,16 @@ class ServePRMConfig:
     request_timeout_s: float = option(120.0, "a request not scored by then gets 504 (and its work stops)")
     read_timeout_s: float = option(30.0, "a request body not received by then gets 408")
     max_history_steps: int = option(1000, "an item with a longer history gets 413 (a work budget)")
-    heavy_body_bytes: int = option(262_144, "bodies larger than this are scored in their own lane")
+    max_batch_tokens: int = option(8192, "tokens of one batch handed to the scorer (fair turns are cut in these)")
+    workers: int = option(2, "threads scoring batches at once")
+    max_connections_per_client: int = option(64, "open connections one client address may hold")
     device: str = option("auto", "auto, cpu or cuda")
 
     def __post_init__(self):
         if not 0 < self.port < 65536:
             raise ConfigError(f"port must be in 1..65535, got {self.port}.")
-        for name in ("max_body_bytes", "max_items", "max_batch_items", "max_history_steps", "heavy_body_bytes"):
+        for name in ("max_body_bytes", "max_items", "max_batch_items", "max_history_steps", "max_batch_tokens",
+                     "workers", "max_connections_per_client"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}.")
         for name in ("request_timeout_s", "read_timeout_s"):
@@ -129,128 +139,222 @@ def parse_items(body: bytes, max_items: int, max_history_steps: int = 1000) -> l
 
 
 class _Job:
-    """One request in the queue: its items, its future, and its work deadline (monotonic s)."""
+    """One request in the queue: its items, their scores so far, its client (address) and its
+    work deadline (monotonic s). The future belongs to the event loop that waits for it."""
 
-    def __init__(self, items: list[PRMItem], future: asyncio.Future, deadline: float):
-        self.items, self.future, self.deadline = items, future, deadline
+    def __init__(self, items: list[PRMItem], future: asyncio.Future, loop, deadline: float, client: str):
+        self.items, self.future, self.loop, self.deadline, self.client = items, future, loop, deadline, client
+        self.scores: list[float | None] = [None] * len(items)
+        self.taken = 0  # items handed to a worker so far
+        self.left = len(items)  # items not scored yet
+        self.failed = False
 
     def abandoned(self) -> bool:
-        # Read from the worker thread: a done future (timed out, client gone) is never set again.
-        return self.future.done() or time.monotonic() > self.deadline
+        # Read from the worker threads: a done future (timed out, client gone) is never set again.
+        return self.failed or self.future.done() or time.monotonic() > self.deadline
+
+    def deliver(self, outcome) -> None:
+        def settle():
+            if not self.future.done():
+                if isinstance(outcome, BaseException):
+                    self.future.set_exception(outcome)
+                else:
+                    self.future.set_result(outcome)
+        try:
+            self.loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # the server stopped meanwhile: nobody waits for it
+            pass
 
 
-class _Batcher:
-    """Collects concurrent requests and scores them in one worker thread, one batch at a time.
+class _Scheduler:
+    """Scores the items of every request in worker threads, fairly between clients.
 
-    A failing batch is retried request by request, and a failing request item by item, so only
-    the request with the bad item fails. Work for a request whose deadline passed is skipped.
+    Clients (by address) take turns, and a turn is one batch of that client's items, of at most
+    ``max_batch_tokens`` **tokens** (a large request is spread over many batches, so a one-item
+    request of another client is served at the next turn, not after it). The tokens an item
+    really had once encoded are charged to its client (deficit round robin), and while other
+    clients wait a client has at most one batch being scored, so with two workers one client's
+    long items never hold every worker. An item's cost before encoding is estimated from its
+    characters (capped at the format's ``max_length``).
+
+    If scoring a batch fails, its items are scored one by one: only the request holding the bad
+    item gets its error (422, naming the item). Work for a request whose deadline passed is
+    skipped.
     """
 
-    def __init__(self, scorer, max_batch_items: int, wait_s: float):
-        self.scorer, self.max_batch_items, self.wait_s = scorer, max_batch_items, wait_s
-        self.queue: asyncio.Queue = asyncio.Queue()
+    def __init__(self, scorer, *, max_batch_items: int, max_batch_tokens: int, wait_s: float, workers: int):
+        self.scorer, self.max_items, self.max_tokens, self.wait_s = scorer, max_batch_items, max_batch_tokens, wait_s
+        encoder = getattr(scorer, "encoder", None)
+        self.encode = getattr(encoder, "encode", None)
+        self.max_length = getattr(getattr(encoder, "fmt", None), "max_length", 2048)
+        self.cond = threading.Condition()
+        self.queues: dict[str, deque[_Job]] = {}
+        self.deficit: dict[str, float] = {}
+        self.busy: dict[str, int] = {}  # batches in the workers holding the client's items
+        self.ring: deque[str] = deque()  # clients with work, in turn order
+        self.oldest = 0.0  # when the oldest waiting item arrived
+        self.stopped = False
+        self.threads = [threading.Thread(target=self._work, name=f"codetool-prm-worker-{i}", daemon=True)
+                        for i in range(max(1, workers))]
+        for thread in self.threads:
+            thread.start()
 
-    async def submit(self, items: list[PRMItem], timeout_s: float) -> list[float]:
-        future = asyncio.get_running_loop().create_future()
-        await self.queue.put(_Job(items, future, time.monotonic() + timeout_s))
-        return await asyncio.wait_for(future, timeout_s)
+    def stop(self) -> None:
+        with self.cond:
+            self.stopped = True
+            self.cond.notify_all()
 
-    def _prepare(self, jobs: list[_Job]) -> list[_Job | tuple[_Job, Exception]]:
-        """Encode each job's items (filling the scorer's prefix cache) with a deadline check between
-        items; a job whose item fails to encode is returned with its error."""
-        encode = getattr(getattr(self.scorer, "encoder", None), "encode", None)
-        out: list = []
-        for job in jobs:
-            if job.abandoned():
-                continue
-            if encode is None:
-                out.append(job)
-                continue
-            try:
-                for i, item in enumerate(job.items):
-                    if job.abandoned():
-                        break
-                    try:
-                        encode(item)
-                    except Exception as e:
-                        raise _Reject(422, f"items[{i}] cannot be scored ({type(e).__name__}: {str(e)[:120]})") from e
-                else:
-                    out.append(job)
-            except _Reject as e:
-                out.append((job, e))
-        return out
-
-    def _score_jobs(self, jobs: list[_Job]) -> list[tuple[_Job, list[float] | Exception]]:
-        """Scores for ``jobs``, together if possible; on failure each job alone, then item by item."""
-        flat = [item for job in jobs for item in job.items]
-        try:
-            scores = self.scorer.score(flat) if flat else []
-        except Exception as e:
-            if len(jobs) == 1:
-                return [(jobs[0], self._locate(jobs[0], e))]
-            logger.warning("PRM scoring of a %d-request batch failed (%s); scoring each request alone",
-                           len(jobs), type(e).__name__)
-            return [pair for job in jobs if not job.abandoned() for pair in self._score_jobs([job])]
-        results, start = [], 0
-        for job in jobs:
-            results.append((job, scores[start:start + len(job.items)]))
-            start += len(job.items)
-        return results
-
-    def _locate(self, job: _Job, error: Exception) -> Exception:
-        """The error of a failing request, naming its first item that fails alone when there is one."""
-        if len(job.items) > 1:
-            for i, item in enumerate(job.items):
-                if job.abandoned():
-                    break
-                try:
-                    self.scorer.score([item])
-                except Exception as e:
-                    logger.warning("PRM item %d of a request failed: %s: %s", i, type(e).__name__, e)
-                    return _Reject(422, f"items[{i}] cannot be scored ({type(e).__name__}); the other items are fine")
-        logger.error("PRM scoring failed: %s: %s", type(error).__name__, error)
-        return error
-
-    def _work(self, jobs: list[_Job]):
-        prepared = self._prepare(jobs)
-        failed = [p for p in prepared if isinstance(p, tuple)]
-        ready = [p for p in prepared if not isinstance(p, tuple) and not p.abandoned()]
-        return failed + (self._score_jobs(ready) if ready else [])
-
-    async def run(self) -> None:
+    async def submit(self, items: list[PRMItem], timeout_s: float, client: str) -> list[float]:
         loop = asyncio.get_running_loop()
+        job = _Job(items, loop.create_future(), loop, time.monotonic() + timeout_s, client)
+        with self.cond:
+            if client not in self.queues or not self.queues[client]:
+                self.queues.setdefault(client, deque())
+                if client not in self.ring:
+                    self.ring.append(client)
+            if not any(self.queues.values()):
+                self.oldest = time.monotonic()
+            self.queues[client].append(job)
+            self.cond.notify()
+        return await asyncio.wait_for(job.future, timeout_s)
+
+    def _estimate(self, item: PRMItem) -> int:
+        chars = len(item.query) + len(item.tools) + len(item.candidate) + len(item.candidate_output) + sum(
+            len(h.get("code", "")) + len(h.get("output", "")) for h in item.history)
+        return min(self.max_length, 16 + chars // 4)
+
+    # -------------------------------------------------------------------------- the workers
+    def _work(self) -> None:
         while True:
-            batch = [await self.queue.get()]
-            total, deadline = len(batch[0].items), loop.time() + self.wait_s
-            while total < self.max_batch_items and (left := deadline - loop.time()) > 0:
+            batch = self._take()
+            if batch is None:
+                return
+            if batch:
                 try:
-                    batch.append(await asyncio.wait_for(self.queue.get(), left))
-                except asyncio.TimeoutError:
-                    break
-                total += len(batch[-1].items)
-            batch = [job for job in batch if not job.abandoned()]  # drop timed-out requests
-            if not batch:
-                continue
-            try:
-                outcomes = await asyncio.to_thread(self._work, batch)
-            except Exception as e:  # a bug here must not kill the worker
-                logger.exception("PRM batch worker failed")
-                outcomes = [(job, e) for job in batch]
-            for job, outcome in outcomes:
-                if job.future.done():
+                    self._score(batch)
+                finally:
+                    with self.cond:
+                        for client in {job.client for job, _, _ in batch}:
+                            self.busy[client] -= 1
+                        self.cond.notify_all()
+
+    def _pending(self) -> int:
+        return sum(len(job.items) - job.taken for q in self.queues.values() for job in q)
+
+    def _take(self) -> list[tuple[_Job, int, int]] | None:
+        """The next batch: ``[(job, item index, estimated tokens)]`` (``None`` once stopped)."""
+        with self.cond:
+            while True:
+                if self.stopped:
+                    return None
+                self._drop_abandoned()
+                if self.ring:
+                    wait = self.oldest + self.wait_s - time.monotonic()
+                    if wait > 0 and self._pending() < self.max_items and all(self.busy.get(c, 0) == 0 for c in self.ring):
+                        self.cond.wait(wait)  # a moment for company: concurrent requests share a forward
+                        continue
+                    batch = self._fill()
+                    if batch:
+                        for client in {job.client for job, _, _ in batch}:
+                            self.busy[client] = self.busy.get(client, 0) + 1
+                        self.oldest = time.monotonic()
+                        return batch
+                self.cond.wait(0.5)
+
+    def _drop_abandoned(self) -> None:
+        for client in list(self.ring):
+            queue = self.queues.get(client)
+            while queue and queue[0].abandoned():
+                queue.popleft()
+            if not queue:
+                self.ring.remove(client)
+                self.deficit[client] = 0.0
+
+    def _fill(self) -> list[tuple[_Job, int, int]]:
+        """Items of one client, the next in turn that has no batch being scored (any client
+        when all have one), up to ``max_batch_tokens`` and what its deficit allows. One client
+        per batch: a small request never waits for another client's long items in the same
+        forward pass (requests of one client, e.g. one search, still share one)."""
+        idle = [c for c in self.ring if self.busy.get(c, 0) == 0]
+        client = (idle or list(self.ring))[0]
+        queue = self.queues[client]
+        self.deficit[client] = min(self.deficit.get(client, 0.0) + self.max_tokens, float(self.max_tokens))
+        batch, tokens = [], 0
+        while queue and self.deficit[client] > 0 and len(batch) < self.max_items:
+            job = queue[0]
+            cost = self._estimate(job.items[job.taken])
+            if batch and tokens + cost > self.max_tokens:
+                break
+            batch.append((job, job.taken, cost))
+            job.taken += 1
+            tokens += cost
+            self.deficit[client] -= cost
+            if job.taken == len(job.items):
+                queue.popleft()
+        self.ring.remove(client)  # its turn is over: to the back of the ring, or out
+        if queue:
+            self.ring.append(client)
+        else:
+            self.deficit[client] = 0.0
+        return batch
+
+    def _score(self, batch: list[tuple[_Job, int, int]]) -> None:
+        live = [(job, i, cost) for job, i, cost in batch if not job.abandoned()]
+        if not live:
+            return
+        if self.encode is not None:  # tokenise (filling the scorer's prefix cache) and charge the real count
+            charged = []
+            for job, i, cost in live:
+                try:
+                    tokens = len(self.encode(job.items[i]).input_ids)
+                except Exception as e:  # noqa: BLE001 - this item cannot be scored
+                    self._fail(job, _Reject(422, f"items[{i}] cannot be scored ({type(e).__name__}: {str(e)[:120]})"))
                     continue
-                if isinstance(outcome, Exception):
-                    job.future.set_exception(outcome)
-                else:
-                    job.future.set_result(outcome)
+                with self.cond:
+                    self.deficit[job.client] = self.deficit.get(job.client, 0.0) - (tokens - cost)
+                charged.append((job, i, cost))
+            live = [entry for entry in charged if not entry[0].abandoned()]
+        if not live:
+            return
+        try:
+            scores = self.scorer.score([job.items[i] for job, i, _ in live])
+        except Exception as e:  # noqa: BLE001 - each item alone, to find the bad one
+            if len(live) > 1:
+                logger.warning("PRM scoring of a %d-item batch failed (%s); scoring each item alone",
+                               len(live), type(e).__name__)
+                for entry in live:
+                    self._score([entry])
+                return
+            job, i, _ = live[0]
+            logger.warning("PRM item %d of a request failed: %s: %s", i, type(e).__name__, e)
+            self._fail(job, _Reject(422, f"items[{i}] cannot be scored ({type(e).__name__}); the other items are fine")
+                       if len(job.items) > 1 else e)
+            return
+        for (job, i, _), score in zip(live, scores):
+            job.scores[i] = score
+            job.left -= 1
+            if job.left == 0 and not job.failed:
+                job.deliver(list(job.scores))
+
+    def _fail(self, job: _Job, error: BaseException) -> None:
+        if not job.failed:
+            job.failed = True
+            job.deliver(error)
 
 
 def create_app(scorer, *, api_key: str | None = None, name: str = "prm", max_body_bytes: int = 4_000_000,
                max_items: int = 256, max_batch_items: int = 64, batch_wait_ms: float = 5.0,
                request_timeout_s: float = 120.0, read_timeout_s: float = 30.0, max_history_steps: int = 1000,
-               heavy_body_bytes: int = 262_144):
+               max_batch_tokens: int = 8192, workers: int = 2, **guard_limits):
     """The guarded app around ``scorer`` (any object with ``score(items)``); see the module docstring.
 
+    Args:
+        max_batch_tokens (`int`, *optional*, defaults to 8192): tokens of one batch handed to the
+            scorer (the unit of work that cannot be interrupted; one item at least).
+        workers (`int`, *optional*, defaults to 2): threads scoring batches at once (the scorer is
+            called from each; LocalPRMScorer and the HTTP ones are safe so).
+        guard_limits: the connection limits of :class:`codetool.serving.ServerGuard`
+            (``max_connections_per_client``, ``max_inflight_bytes``...).
     Returns:
         A :class:`codetool.serving.ServerGuard` around the FastAPI app. Its own request deadline
         is ``request_timeout_s`` plus a grace of ``GUARD_GRACE_S``: a backstop, so the scorer's
@@ -262,17 +366,17 @@ def create_app(scorer, *, api_key: str | None = None, name: str = "prm", max_bod
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
 
-    batcher = _Batcher(scorer, max_batch_items, batch_wait_ms / 1000.0)
-    heavy = _Batcher(scorer, max_batch_items, 0.0)  # the lane of large bodies
+    state: dict = {}
 
     @asynccontextmanager
     async def lifespan(app):
-        tasks = [asyncio.create_task(batcher.run()), asyncio.create_task(heavy.run())]
+        state["scheduler"] = _Scheduler(scorer, max_batch_items=max_batch_items, max_batch_tokens=max_batch_tokens,
+                                        wait_s=batch_wait_ms / 1000.0, workers=workers)
         yield
-        for task in tasks:
-            task.cancel()
+        state.pop("scheduler").stop()
 
     app = FastAPI(title="codetool PRM", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    parsing = ClientTurns(2)  # large bodies are parsed in threads, two per client at a time
 
     def error(status: int, reason: str) -> JSONResponse:
         return JSONResponse({"error": reason}, status_code=status)
@@ -286,16 +390,17 @@ def create_app(scorer, *, api_key: str | None = None, name: str = "prm", max_bod
     @app.post("/score")
     async def score(request: Request):
         body = await request.body()  # already read (within read_timeout_s) and size-checked by the guard
+        client = request.client.host if request.client else "?"
         try:
             if len(body) > 65_536:  # parse big bodies off the event loop, so other requests keep flowing
-                items = await asyncio.to_thread(parse_items, body, max_items, max_history_steps)
+                async with parsing.turn(client):
+                    items = await asyncio.to_thread(parse_items, body, max_items, max_history_steps)
             else:
                 items = parse_items(body, max_items, max_history_steps)
         except _Reject as e:
             return error(e.status, e.reason)
-        lane = heavy if len(body) > heavy_body_bytes else batcher
         try:
-            scores = await lane.submit(items, request_timeout_s)
+            scores = await state["scheduler"].submit(items, request_timeout_s, client)
         except asyncio.TimeoutError:
             return error(504, f"not scored within {request_timeout_s:g} s; retry or send fewer items")
         except _Reject as e:
@@ -304,8 +409,9 @@ def create_app(scorer, *, api_key: str | None = None, name: str = "prm", max_bod
             return error(500, f"scoring failed ({type(e).__name__}); see the server log")
         return {"scores": scores}
 
+    guard_limits.setdefault("max_requests_per_client", 32)  # a search sends many at once; the scheduler is fair
     return ServerGuard(app, api_key=api_key, max_body_bytes=max_body_bytes, read_timeout_s=read_timeout_s,
-                       request_timeout_s=request_timeout_s + GUARD_GRACE_S, error_field="error")
+                       request_timeout_s=request_timeout_s + GUARD_GRACE_S, error_field="error", **guard_limits)
 
 
 def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0):
@@ -328,7 +434,8 @@ def serve_prm(cfg: ServePRMConfig) -> int:
                      max_items=cfg.max_items, max_batch_items=cfg.max_batch_items,
                      batch_wait_ms=cfg.batch_wait_ms, request_timeout_s=cfg.request_timeout_s,
                      read_timeout_s=cfg.read_timeout_s, max_history_steps=cfg.max_history_steps,
-                     heavy_body_bytes=cfg.heavy_body_bytes)
+                     max_batch_tokens=cfg.max_batch_tokens, workers=cfg.workers,
+                     max_connections_per_client=cfg.max_connections_per_client)
     logger.info("serving PRM %s on http://%s:%d (auth %s)", cfg.prm, cfg.host, cfg.port,
                 "on" if api_key else "off")
     serve_forever(app, cfg.host, cfg.port)

@@ -95,8 +95,23 @@ def truncate_middle(text: str, max_chars: int) -> str:
     return f"{text[:head]}\n...[{cut} characters cut]...\n{text[-tail:] if tail else ''}"
 
 
+# Lines the host writes into an observation; a printed line that starts like one of them is
+# marked, so a step cannot make its output read as the host's verdict (issue 27).
+HOST_LINES = ("Output:", "Error (", "The step ran and printed nothing.", "Tool calls that failed:",
+              STATE_LOST_NOTE[:24], "[output truncated", "...[")
+PRINTED_MARK = "(printed) "
+
+
+def mark_printed(stdout: str) -> str:
+    """``stdout`` with :data:`PRINTED_MARK` before each line that imitates a host line."""
+    return "\n".join(PRINTED_MARK + line if line.lstrip().startswith(HOST_LINES) else line
+                     for line in stdout.split("\n"))
+
+
 def format_observation(result: ExecutionResult | None, *, max_chars: int = 1500, parse_error: str | None = None) -> str:
     """What the policy sees after a step: its output, its error, tool failures, lost state.
+    Printed lines that start like the host's own lines are marked (:func:`mark_printed`); the
+    executor already removed terminal control sequences from the output.
 
     Args:
         result (`ExecutionResult` or `None`): what the step's run gave (``None``: nothing ran).
@@ -110,7 +125,7 @@ def format_observation(result: ExecutionResult | None, *, max_chars: int = 1500,
         return "Error (Error): the step failed"
     stdout = (result.stdout or "").rstrip()
     if stdout:
-        parts.append("Output:\n" + truncate_middle(stdout, max_chars))
+        parts.append("Output:\n" + mark_printed(truncate_middle(stdout, max_chars)))
     if not result.ok:
         kind = result.error_type or result.outcome or "Error"
         parts.append(f"Error ({kind}): {result.error_message or 'the step failed'}")

@@ -23,9 +23,11 @@ Not done: rate limiting, RapidAPI's own key headers, request signing, or non-JSO
 from __future__ import annotations
 
 import ast
+import fcntl
 import json
 import logging
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -201,7 +203,17 @@ class CacheBackend:
         write (`bool`, *optional*, defaults to `True`): allow :meth:`record` to add responses.
 
     A lookup ignores argument order and compares scalars as text (``1`` == ``"1"``).
+
+    Writing through appends: a recorded answer is one line of ``<api>.json.journal`` next to the
+    API's JSON file (under an exclusive ``flock``, so processes sharing the cache do not mix
+    lines); the journal is folded into the JSON file once it is larger than that file (and at
+    least ``COMPACT_BYTES``; the first answer makes the file), so each answer costs its own size, amortised, instead of a rewrite
+    of everything cached for the API. Reading takes the JSON file, then the journal (a torn last
+    line, from a writer that died mid-line, is skipped). :meth:`compact` folds every journal now
+    (StableToolBench's own scripts read the JSON files only).
     """
+
+    COMPACT_BYTES = 1 << 20
 
     name = "cache"
     real = False
@@ -223,14 +235,8 @@ class CacheBackend:
     def _entries(self, path: Path) -> dict[str, dict]:
         if path not in self._index:
             index: dict[str, dict] = {}
-            if path.is_file():
-                try:
-                    raw = json.loads(path.read_text(encoding="utf-8"))
-                except (ValueError, OSError) as e:
-                    logger.warning("unreadable cache file %s (%s); treating it as empty", path, type(e).__name__)
-                    raw = {}
-                for key, entry in (raw.items() if isinstance(raw, dict) else []):
-                    index[self._key(_parse_cache_key(key))] = entry
+            for key, entry in _read_cache_file(path).items():
+                index[self._key(_parse_cache_key(key))] = entry
             self._index[path] = index
         return self._index[path]
 
@@ -240,22 +246,39 @@ class CacheBackend:
             return self._entries(self.path_for(api)).get(self._key(arguments))
 
     def record(self, api: APISpec, arguments: dict, content: str, error: str = "") -> None:
-        """Add one response (keyed like StableToolBench: ``str(arguments)``); atomic file rewrite."""
+        """Add one response (keyed like StableToolBench: ``str(arguments)``), appended to the
+        API's journal (see the class docstring)."""
         if not self.write:
             return
         path = self.path_for(api)
         entry = redact_obj({"error": error, "response": content})
+        line = json.dumps({"key": redact(str(dict(arguments))), "entry": entry}, ensure_ascii=False) + "\n"
         with self._lock:
-            try:
-                on_disk = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-            except (ValueError, OSError):
-                on_disk = {}
-            on_disk[redact(str(dict(arguments)))] = entry
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(on_disk, ensure_ascii=False, indent=1), encoding="utf-8")
-            os.replace(tmp, path)
+            journal = _journal(path)
+            with open(journal, "a", encoding="utf-8") as f:
+                fcntl.flock(f, fcntl.LOCK_EX)
+                try:
+                    f.write(line)
+                    f.flush()
+                    size = os.fstat(f.fileno()).st_size
+                    main = path.stat().st_size if path.is_file() else 0
+                    if main == 0 or size >= max(self.COMPACT_BYTES, main):  # (the first answer makes the file)
+                        _fold(path, f)
+                finally:
+                    fcntl.flock(f, fcntl.LOCK_UN)
             self._entries(path)[self._key(arguments)] = entry
+
+    def compact(self) -> None:
+        """Fold every journal under ``root`` into its JSON file."""
+        with self._lock:
+            for journal in self.root.rglob("*.json.journal"):
+                with open(journal, "a", encoding="utf-8") as f:
+                    fcntl.flock(f, fcntl.LOCK_EX)
+                    try:
+                        _fold(journal.with_name(journal.name[:-len(".journal")]), f)
+                    finally:
+                        fcntl.flock(f, fcntl.LOCK_UN)
 
     def call(self, api: APISpec, arguments: dict) -> ToolResponse:
         start = time.perf_counter()
@@ -269,6 +292,45 @@ class CacheBackend:
         error = str(entry.get("error") or "").strip()
         return ToolResponse("api_error" if error else "ok", content=content, error=error[:300] or None,
                             latency_s=time.perf_counter() - start, source=self.name)
+
+
+def _journal(path: Path) -> Path:
+    return path.with_name(path.name + ".journal")
+
+
+def _read_cache_file(path: Path) -> dict:
+    """An API's cache: its JSON file, then the lines of its journal (a torn line is skipped)."""
+    raw: dict = {}
+    if path.is_file():
+        try:
+            loaded = json.loads(path.read_text(encoding="utf-8"))
+            raw = loaded if isinstance(loaded, dict) else {}
+        except (ValueError, OSError) as e:
+            logger.warning("unreadable cache file %s (%s); treating it as empty", path, type(e).__name__)
+    journal = _journal(path)
+    if journal.is_file():
+        try:
+            lines = journal.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            lines = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("key"), str):
+                raw[record["key"]] = record.get("entry")
+    return raw
+
+
+def _fold(path: Path, journal_file) -> None:
+    """Rewrite ``path`` with its journal folded in, then empty the journal (whose ``flock`` the
+    caller holds)."""
+    merged = _read_cache_file(path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(merged, ensure_ascii=False, indent=1), encoding="utf-8")
+    os.replace(tmp, path)
+    journal_file.truncate(0)
 
 
 class HTTPBackend:
@@ -296,14 +358,18 @@ class HTTPBackend:
         self.client = _client(client)
 
     def request_parts(self, api: APISpec, arguments: dict) -> tuple[str, dict, dict, dict | None]:
-        """(url, query params, headers, JSON body) for one call, without credentials."""
-        locations = {p.name: p.location for p in api.parameters}
+        """(url, query params, headers, JSON body) for one call, without credentials.
+
+        Raises:
+            ValueError: a path parameter that does not fit its declared type (see :func:`path_segment`).
+        """
+        declared = {p.name: p for p in api.parameters}
         url = (self.base_url + api.path) if self.base_url and api.path else (api.url or "")
         params, headers, body = {}, {}, {}
         for name, value in arguments.items():
-            where = locations.get(name, "query")
+            where = declared[name].location if name in declared else "query"
             if where == "path":
-                url = url.replace("{" + name + "}", quote(str(value), safe=""))
+                url = url.replace("{" + name + "}", path_segment(declared[name], value))
             elif where == "header":
                 headers[name] = str(value)
             elif where == "body":
@@ -313,7 +379,10 @@ class HTTPBackend:
         return url, params, headers, body or None
 
     def call(self, api: APISpec, arguments: dict) -> ToolResponse:
-        url, params, headers, body = self.request_parts(api, arguments)
+        try:
+            url, params, headers, body = self.request_parts(api, arguments)
+        except ValueError as e:
+            return ToolResponse("invalid_arguments", error=str(e), source=self.name)
         if not url.startswith(("http://", "https://")) or "{" in url:
             return ToolResponse("invalid_arguments" if "{" in url else "error",
                                 error=f"cannot build the URL of {api.api}: got {url or 'no URL'!r}", source=self.name)
@@ -322,6 +391,44 @@ class HTTPBackend:
             headers[self.key_header or "Authorization"] = token if self.key_header else f"Bearer {token}"
         return http_call(self.client, api.method, url, source=self.name, timeout_s=self.timeout_s,
                          max_body_bytes=self.max_body_bytes, params=params, json_body=body, headers=headers)
+
+
+_INTEGER = re.compile(r"-?\d{1,19}")
+_NUMBER = re.compile(r"-?\d{1,30}(\.\d{1,30})?([eE][-+]?\d{1,3})?")
+
+
+def path_segment(param, value: Any) -> str:
+    """``value`` as one URL path segment for the path parameter ``param``, checked against its
+    declared type: an ``integer`` is digits, a ``number`` a decimal, a ``boolean`` true/false, an
+    enum one of its values; any value is refused if it is empty, ``.`` or ``..``, or holds a
+    slash, a backslash or a control character (so no value can reach another path of the API
+    host, with the host's credentials), then percent-encoded.
+
+    Raises:
+        ValueError: with a one-line reason the model can act on.
+    """
+    kind = (param.type or "string").lower()
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, (int, float)):
+        text = repr(value) if isinstance(value, float) else str(value)
+    elif isinstance(value, str):
+        text = value
+    else:
+        raise ValueError(f"path parameter {param.name!r} must be a single value, got a {type(value).__name__}")
+    if kind == "integer" and not _INTEGER.fullmatch(text):
+        raise ValueError(f"path parameter {param.name!r} must be an integer, got {text[:40]!r}")
+    if kind == "number" and not _NUMBER.fullmatch(text):
+        raise ValueError(f"path parameter {param.name!r} must be a number, got {text[:40]!r}")
+    if kind == "boolean" and text.lower() not in ("true", "false"):
+        raise ValueError(f"path parameter {param.name!r} must be true or false, got {text[:40]!r}")
+    if param.enum and text not in {str(v) for v in param.enum}:
+        raise ValueError(f"path parameter {param.name!r} must be one of {[str(v) for v in param.enum][:10]}, "
+                         f"got {text[:40]!r}")
+    if text in ("", ".", "..") or any(c in text for c in "/\\") or any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise ValueError(f"path parameter {param.name!r} cannot be {text[:40]!r} (no empty value, dot segment, "
+                         f"slash or control character)")
+    return quote(text, safe="")
 
 
 DEFAULT_FALLBACK_ON = ("http_error", "timeout", "not_found", "error", "api_error")

@@ -19,8 +19,9 @@ or StableToolBench's own scripts (``--service_url http://127.0.0.1:8080/virtual`
 Safety (docs/DESIGN.md §5b): both apps come wrapped in ``codetool.serving.ServerGuard``, the guard
 of every codetool server (:func:`guard`): binds 127.0.0.1 by default; any other address needs an
 API key in an environment variable, checked on every request as ``Authorization: Bearer <key>``
-(or a ``toolbench_key`` header, for StableToolBench's scripts). Request bodies over
-``max_body_bytes`` get 413, chunked bodies 411, bodies not received in time 408, JSON nested too
+(or a ``toolbench_key`` header, for StableToolBench's scripts), and per-client limits on
+connections, requests in work (two) and bytes in flight. Request bodies over ``max_body_bytes``
+(64 KB by default: a call's arguments are small) get 413, chunked bodies 411, bodies not received in time 408, JSON nested too
 deeply 400, requests over ``timeout_s`` 504, malformed requests a 4xx with a one-line reason; an
 internal error is a one-line 500, never a traceback.
 """
@@ -35,7 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from codetool.config import ConfigError, option
-from codetool.serving import READ_TIMEOUT_S, ServerGuard, check_bind, json_internal_errors
+from codetool.serving import (
+    READ_TIMEOUT_S,
+    ServerGuard,
+    check_bind,
+    json_internal_errors,
+)
 from codetool.tools.backends import CacheBackend, FallbackBackend
 from codetool.tools.names import change_name, standardize
 from codetool.tools.simulator import SimulatorBackend
@@ -43,6 +49,9 @@ from codetool.tools.spec import APISpec
 
 logger = logging.getLogger(__name__)
 
+# A StableToolBench call is a few hundred bytes (its arguments), a TMDB one has no body: 64 KB is
+# generous, and keeps every request cheap to read and parse (a client cannot buy another's time).
+MOCK_MAX_BODY_BYTES = 65_536
 TMDB_NOT_FOUND = {"success": False, "status_code": 34, "status_message": "The resource you requested could not be found."}
 
 
@@ -60,7 +69,7 @@ class ServeMockConfig:
                                 "the APIs [default: the six test groups]")
     cache_dir: str | None = option(None, "StableToolBench response cache to replay before simulating")
     seed: int = option(0, "simulator seed")
-    max_body_bytes: int = option(1_000_000, "largest accepted request body, in bytes")
+    max_body_bytes: int = option(MOCK_MAX_BODY_BYTES, "largest accepted request body, in bytes")
     timeout_s: float = option(30.0, "longest time a request may take, in seconds")
 
     def __post_init__(self):
@@ -70,13 +79,13 @@ class ServeMockConfig:
             raise ConfigError("max_body_bytes and timeout_s must be positive.")
 
 
-def guard(app, *, api_key: str | None = None, max_body_bytes: int = 1_000_000, timeout_s: float = 30.0):
+def guard(app, *, api_key: str | None = None, max_body_bytes: int | None = None, timeout_s: float = 30.0):
     """``app`` behind the guard of every codetool server (``codetool.serving.ServerGuard``): the key
     may also come as a ``toolbench_key`` header (StableToolBench's scripts send it), errors are
     ``{"detail": ...}`` as FastAPI's own, and the body must arrive within ``min(timeout_s, 30)`` s."""
-    return ServerGuard(app, api_key=api_key, max_body_bytes=max_body_bytes,
+    return ServerGuard(app, api_key=api_key, max_body_bytes=max_body_bytes or MOCK_MAX_BODY_BYTES,
                        read_timeout_s=min(timeout_s, READ_TIMEOUT_S), request_timeout_s=timeout_s,
-                       error_field="detail", key_header="toolbench_key")
+                       error_field="detail", key_header="toolbench_key", max_requests_per_client=2)
 
 
 def _fastapi_app(title: str):
@@ -166,11 +175,18 @@ def _tool_input(value: Any) -> dict | str:
     return parsed if isinstance(parsed, dict) else "Tool input parse error: expected a JSON object"
 
 
+def _encode(obj) -> bytes:
+    return json.dumps(obj, ensure_ascii=False).encode("utf-8")
+
+
 def build_stabletoolbench_app(apis: list[APISpec], *, cache_dir: str | Path | None = None, seed: int = 0, **limits):
     """The guarded app answering StableToolBench's ``POST /virtual`` from the cache, then the
-    simulator; ``limits`` (``api_key``, ``max_body_bytes``, ``timeout_s``) go to :func:`guard`."""
+    simulator; ``limits`` (``api_key``, ``max_body_bytes``, ``timeout_s``) go to :func:`guard`.
+    Each call is answered (parsed, simulated, encoded) in a worker thread; the guard lets a
+    client address have two calls in work at once, so one client's large calls do not queue
+    everybody else's."""
     from fastapi import Request
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import Response
 
     app = _fastapi_app("StableToolBench-compatible simulator (codetool)")
     index = {(standardize(api.tool), change_name(standardize(api.api))): api for api in apis}
@@ -181,29 +197,36 @@ def build_stabletoolbench_app(apis: list[APISpec], *, cache_dir: str | Path | No
     async def health():
         return {"ok": True, "apis": len(index)}
 
-    @app.post("/virtual")
-    async def virtual(request: Request):
+    def answer(body: bytes) -> tuple[int, bytes]:
+        """The whole answer, encoded, off the event loop (a large call costs its own thread)."""
         try:
-            data = json.loads(await request.body() or b"null")
+            data = json.loads(body or b"null")
         except ValueError:
-            return JSONResponse({"detail": "request body is not valid JSON"}, status_code=400)
+            return 400, _encode({"detail": "request body is not valid JSON"})
         if not isinstance(data, dict):
-            return JSONResponse({"detail": "request body must be a JSON object"}, status_code=400)
+            return 400, _encode({"detail": "request body must be a JSON object"})
         for name in ("tool_name", "api_name"):
             if not isinstance(data.get(name), str) or not data[name].strip():
-                return JSONResponse({"detail": f"field '{name}' is required (text)"}, status_code=422)
+                return 422, _encode({"detail": f"field '{name}' is required (text)"})
         arguments = _tool_input(data.get("tool_input"))
         if isinstance(arguments, str):
-            return {"error": arguments, "response": ""}
+            return 200, _encode({"error": arguments, "response": ""})
         category = str(data.get("category") or "")
         tool = standardize(data["tool_name"])
         suffix = f"_for_{standardize(category)}"
         tool = tool[: -len(suffix)] if category and tool.endswith(suffix) else tool
         api_name = change_name(standardize(data["api_name"])).split(f"_for_{tool}")[0]
         api = index.get((tool, api_name)) or APISpec(category=category, tool=data["tool_name"], api=data["api_name"])
-        response = await asyncio.to_thread(backend.call, api, arguments)
-        return {"error": "" if response.ok else (response.error or response.status), "response": response.content,
-                "simulated": response.simulated, "source": response.source}
+        response = backend.call(api, arguments)
+        return 200, _encode({"error": "" if response.ok else (response.error or response.status),
+                             "response": response.content, "simulated": response.simulated,
+                             "source": response.source})
+
+    @app.post("/virtual")
+    async def virtual(request: Request):
+        body = await request.body()  # read and size-checked by the guard, which also takes turns per client
+        status, payload = await asyncio.to_thread(answer, body)
+        return Response(payload, status_code=status, media_type="application/json")
 
     return guard(app, **limits)
 

@@ -1,0 +1,121 @@
+"""Sandbox side of :mod:`codetool.executor`, run by the family's root: copying a parent's scratch
+directory for a fork, and emptying one. Standard library only.
+
+The files belong to a principal whose processes may still be running (an ancestor's threads, when
+a fork is made), so nothing is followed: every name is opened relative to its directory with
+``O_NOFOLLOW``, links are copied as links, anything but directories, regular files and links is
+left out, set-id bits are dropped.
+"""
+
+import os
+import stat
+
+MAX_COPY_DEPTH = 64
+
+
+def copy_tree(source, target, uid, gid):
+    """Copy the directory ``source`` into the existing ``target``: directories, regular files and
+    symbolic links (as links), owned by ``uid``/``gid`` when given. Nothing is followed: every
+    name is opened relative to its directory with ``O_NOFOLLOW``, so a link or a file swapped
+    meanwhile by a process of the source's owner cannot make the root read or write elsewhere."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    src = os.open(source, flags)
+    try:
+        dst = os.open(target, flags)
+        try:
+            _copy_dir(src, dst, uid, gid, 0)
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+
+
+def _copy_dir(src, dst, uid, gid, depth):
+    if depth > MAX_COPY_DEPTH:
+        return
+    for name in os.listdir(src):
+        try:
+            info = os.stat(name, dir_fd=src, follow_symlinks=False)
+        except OSError:
+            continue
+        mode = stat.S_IMODE(info.st_mode) & 0o777
+        try:
+            if stat.S_ISDIR(info.st_mode):
+                os.mkdir(name, 0o700, dir_fd=dst)
+                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                sub_src, sub_dst = os.open(name, flags, dir_fd=src), os.open(name, flags, dir_fd=dst)
+                try:
+                    _copy_dir(sub_src, sub_dst, uid, gid, depth + 1)
+                    _own(sub_dst, uid, gid, mode)
+                finally:
+                    os.close(sub_src)
+                    os.close(sub_dst)
+            elif stat.S_ISREG(info.st_mode):
+                _copy_file(name, src, dst, uid, gid, mode)
+            elif stat.S_ISLNK(info.st_mode):
+                os.symlink(os.readlink(name, dir_fd=src), name, dir_fd=dst)
+                if uid is not None:
+                    os.chown(name, uid, gid if gid is not None else uid, dir_fd=dst, follow_symlinks=False)
+        except OSError:
+            continue  # a name that vanished or cannot be copied is left out
+
+
+def _copy_file(name, src, dst, uid, gid, mode):
+    fin = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=src)
+    try:
+        if not stat.S_ISREG(os.fstat(fin).st_mode):
+            return
+        fout = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dst)
+        try:
+            while os.sendfile(fout, fin, None, 1 << 24) > 0:
+                pass
+            _own(fout, uid, gid, mode)
+        finally:
+            os.close(fout)
+    finally:
+        os.close(fin)
+
+
+def _own(fd, uid, gid, mode):
+    if uid is not None:
+        os.fchown(fd, uid, gid if gid is not None else uid)
+    os.fchmod(fd, mode)
+
+
+def remove_tree(path):
+    """Remove a scratch directory that is not a mount (the code cannot make the root follow a link)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return
+    try:
+        _empty_dir(fd, 0)
+    finally:
+        os.close(fd)
+
+
+def _empty_dir(fd, depth):
+    for name in os.listdir(fd):
+        try:
+            os.unlink(name, dir_fd=fd)
+            continue
+        except IsADirectoryError:
+            pass
+        except OSError:
+            continue
+        if depth >= MAX_COPY_DEPTH:
+            continue
+        try:
+            sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+        except OSError:
+            continue
+        try:
+            _empty_dir(sub, depth + 1)
+        finally:
+            os.close(sub)
+        try:
+            os.rmdir(name, dir_fd=fd)
+        except OSError:
+            pass
+
+
