@@ -43,6 +43,7 @@ from codetool.resume import (
     unit_key,
 )
 from codetool.search.answer import AnswerConfig, needs_answer, write_final_answers
+from codetool.search.reference import record_reference_steps
 from codetool.search.search import SearchConfig, StepwiseSearch
 
 logger = logging.getLogger(__name__)
@@ -268,7 +269,10 @@ def _run_queries(cfg: RunConfig, todo: list, out: Path, chash: str, policy, scor
             waiting.clear()
 
         def done(traj) -> None:
-            if answers and needs_answer(traj):  # CodeTool: every trajectory gets a final answer
+            task = by_key.get(_unit_key(traj))
+            if cfg.search.reference_steps and task is not None:  # the public code's step statuses (SCEP)
+                record_reference_steps(traj, task, executor_factory(cfg.executor))
+            if answers and needs_answer(traj, cfg.answer):  # CodeTool: every trajectory gets a final answer
                 waiting.append(traj)
                 if len(waiting) >= cfg.search.concurrency:
                     flush()
@@ -300,6 +304,7 @@ def _run_queries(cfg: RunConfig, todo: list, out: Path, chash: str, policy, scor
             else:
                 search.run(batch, on_done=on_done)
 
+        by_key = {_unit_key(t): t for t in tasks}
         failed += run_isolated(tasks, run_batch, _unit_key, done, failed_unit)
         flush()
         failed += len(episode_errors)
@@ -334,7 +339,10 @@ def print_summary(path: Path, query_ids: list[str] | None = None) -> dict[str, A
     table = Table(title=f"{path} ({m.n} queries)", show_header=False)
     rows = [("finished", m.finish_types.get("finish", 0)), ("gave up", m.finish_types.get("give_up", 0)),
             ("hit max steps", m.finish_types.get("max_steps", 0)), ("errors", m.finish_types.get("error", 0)),
-            ("SCEP (chosen steps whose code ran)", "n/a" if m.scep is None else f"{100 * m.scep:.1f}%"),
+            ("SCEP (public code's count: every chosen step, re-run)", "n/a" if m.scep is None
+             else f"{100 * m.scep:.1f}%"),
+            ("  chosen code steps that ran (ours)", "n/a" if m.scep_code_steps is None
+             else f"{100 * m.scep_code_steps:.1f}%"),
             ("  over all sampled candidates", "n/a" if m.scep_all_candidates is None
              else f"{100 * m.scep_all_candidates:.1f}%"),
             ("answers written after the search", m.answer_sources.get("generated", 0)),

@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import SHARED_DATA
 
 CONFORMANCE = SHARED_DATA.parent / "conformance"

@@ -11,7 +11,15 @@ from conformance_stubs import jsonl, stub_runner
 
 from codetool import CodetoolError
 from codetool.search.reference import python_blocks, step_program, strip_prints
-from codetool.tree.reference import label_reference, layout, pair, program_key, run_paths, score, sft_rows
+from codetool.tree.reference import (
+    label_reference,
+    layout,
+    pair,
+    program_key,
+    run_paths,
+    score,
+    sft_rows,
+)
 
 TOL = 1e-12  # the corpus README's tolerance for floats
 

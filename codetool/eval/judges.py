@@ -547,6 +547,9 @@ class JudgeConfig:
                                        "to this many characters; 0: never cut (StableToolBench's evaluator "
                                        "shows them whole; a cut is reported as a deviation)")
     seed: int = option(0, "seed of the win rate's coin flips (identical answers, undecided comparisons)")
+    blank_finish: str = option("unsolved", "a finish with an empty or blank answer: unsolved (ours: no judge call) "
+                               "or judge (StableToolBench: its export holds ToolBench's JSON text there, which its "
+                               "evaluator judges)", choices=["unsolved", "judge"])
 
     def __post_init__(self):
         if self.protocol not in PROTOCOLS:

@@ -209,7 +209,7 @@ def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
     for run in judged:
         report["inputs"].append({"method": run.method, "source": run.source, "trajectories": len(run.trajectories)})
         verdicts = judge_pass(run.trajectories, judge, rounds, max_trajectory_chars=cfg.judge.max_trajectory_chars,
-                              protocol=cfg.judge.protocol) if judge else None
+                              protocol=cfg.judge.protocol, blank_finish=cfg.judge.blank_finish) if judge else None
         labels[run.method] = [[v.label for v in row] for row in verdicts] if verdicts else None
         for i, traj in enumerate(run.trajectories):
             row = verdicts[i] if verdicts else []

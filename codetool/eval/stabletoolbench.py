@@ -63,16 +63,23 @@ logger = logging.getLogger(__name__)
 GIVE_UP_MARK = "give_up_and_restart"  # ToolBench's give-up return type, also inside answer texts
 
 
-def rule_verdict(traj: Trajectory) -> Verdict | None:
+def rule_verdict(traj: Trajectory, blank_finish: str = "unsolved") -> Verdict | None:
     """Unsolved without a judge call (give-up, no answer, empty answer), else ``None``. An episode
-    without ``finish`` is judged only when an answer was generated for it after the search."""
+    without ``finish`` is judged only when an answer was generated for it after the search (under
+    ``answer.final_answer: reference`` a given-up one too, as CodeTool judges every answer it
+    wrote). ``blank_finish="judge"``: a ``finish`` with an empty or blank answer goes to the judge,
+    as in StableToolBench (its export holds ToolBench's JSON text there, and only an exactly empty
+    ``final_answer`` is ruled out); ``unsolved`` (ours) rules it out."""
     generated = (traj.extra or {}).get("answer_source") == "generated"
-    if traj.finish_type == "give_up":
+    regenerated = (traj.extra or {}).get("answer_procedure") == "reference"
+    if traj.finish_type == "give_up" and not regenerated:
         return Verdict("Unsolved", "the episode gave up", "rule")
     if traj.finish_type != "finish" and not generated:
         return Verdict("Unsolved", f"no finish call (episode ended with {traj.finish_type})", "rule")
     answer = (traj.final_answer or "").strip()
     if not answer:
+        if blank_finish == "judge" and traj.finish_type == "finish" and not generated:
+            return None
         return Verdict("Unsolved", "empty final answer", "rule")
     if GIVE_UP_MARK in answer:
         return Verdict("Unsolved", "the answer gives up", "rule")
@@ -120,8 +127,20 @@ def answer_details(traj: Trajectory) -> str:
                              ensure_ascii=False))
 
 
+def judged_answer(traj: Trajectory) -> str:
+    """The answer text the judge reads: the final answer, or for a ``finish`` with an empty or
+    blank one, StableToolBench's converted ``final_answer`` (ToolBench's JSON text)."""
+    answer = traj.final_answer or ""
+    if answer.strip() or traj.finish_type != "finish":
+        return answer
+    from codetool.eval.convert import trajectory_to_converted
+
+    return str(trajectory_to_converted(traj)["answer"]["final_answer"])
+
+
 def judge_pass(trajs: Sequence[Trajectory], judge: Judge | None, rounds: int = 3, *,
-               max_trajectory_chars: int = 0, protocol: str = "stabletoolbench") -> list[list[Verdict]]:
+               max_trajectory_chars: int = 0, protocol: str = "stabletoolbench",
+               blank_finish: str = "unsolved") -> list[list[Verdict]]:
     """Pass-rate verdicts: ``(len(trajs), rounds)``, one :class:`Verdict` per trajectory and round.
 
     The rule (:func:`rule_verdict`) decides without the judge where it can; the rest go to the
@@ -132,6 +151,7 @@ def judge_pass(trajs: Sequence[Trajectory], judge: Judge | None, rounds: int = 3
     Args:
         max_trajectory_chars (`int`, *optional*, defaults to 0): cut the details to this many
             characters (0: never).
+        blank_finish (`str`, *optional*, defaults to ``"unsolved"``): see :func:`rule_verdict`.
 
     Raises:
         CodetoolError: a trajectory needs a judge but ``judge`` is ``None``.
@@ -139,7 +159,7 @@ def judge_pass(trajs: Sequence[Trajectory], judge: Judge | None, rounds: int = 3
     out: list[list[Verdict | None]] = [[None] * rounds for _ in trajs]
     todo = []
     for i, traj in enumerate(trajs):
-        rule = rule_verdict(traj)
+        rule = rule_verdict(traj, blank_finish)
         for r in range(rounds):
             if rule is not None:
                 out[i][r] = rule
@@ -148,7 +168,7 @@ def judge_pass(trajs: Sequence[Trajectory], judge: Judge | None, rounds: int = 3
     if todo and judge is None:
         raise CodetoolError(f"{len(todo)} answers need a judge for the pass rate, but none is configured; "
                             f"set --judge.model (a local model or an http(s):// server).")
-    first = judge.judge_answers([AnswerRequest(trajs[i].query, trajs[i].final_answer or "", None, r)
+    first = judge.judge_answers([AnswerRequest(trajs[i].query, judged_answer(trajs[i]), None, r)
                                  for i, r in todo]) if todo else []
     unsure = []
     for (i, r), verdict in zip(todo, first):
@@ -159,7 +179,7 @@ def judge_pass(trajs: Sequence[Trajectory], judge: Judge | None, rounds: int = 3
         texts = {i: answer_details(trajs[i]) for i, _ in unsure}
         if max_trajectory_chars:
             texts = {i: clip(t, max_trajectory_chars) for i, t in texts.items()}
-        second = judge.judge_answers([AnswerRequest(trajs[i].query, trajs[i].final_answer or "", texts[i], r)
+        second = judge.judge_answers([AnswerRequest(trajs[i].query, judged_answer(trajs[i]), texts[i], r)
                                       for i, r in unsure])
         for (i, r), verdict in zip(unsure, second):
             verdict.source = "trajectory"

@@ -95,13 +95,23 @@ def truncate_middle(text: str, max_chars: int) -> str:
     return f"{text[:head]}\n...[{cut} characters cut]...\n{text[-tail:] if tail else ''}"
 
 
-def format_observation(result: ExecutionResult | None, *, max_chars: int = 1500, parse_error: str | None = None) -> str:
+def cut_output(text: str, max_chars: int, cut: str = "middle") -> str:
+    """``text`` within ``max_chars``: ``middle`` keeps head and tail (:func:`truncate_middle`),
+    ``head`` its first ``max_chars`` characters (the public CodeTool code's ``[0:500]``)."""
+    if cut == "head":
+        return text[:max_chars] if max_chars > 0 else text
+    return truncate_middle(text, max_chars)
+
+
+def format_observation(result: ExecutionResult | None, *, max_chars: int = 1500, parse_error: str | None = None,
+                       cut: str = "middle") -> str:
     """What the policy sees after a step: its output, its error, tool failures, lost state.
 
     Args:
         result (`ExecutionResult` or `None`): what the step's run gave (``None``: nothing ran).
         max_chars (`int`, *optional*, defaults to 1500): cap on the printed output shown.
         parse_error (`str`, *optional*): set when the reply had no code (nothing ran).
+        cut (`str`, *optional*, defaults to ``"middle"``): how a longer output is cut (:func:`cut_output`).
     """
     if parse_error:
         return parse_error
@@ -110,7 +120,7 @@ def format_observation(result: ExecutionResult | None, *, max_chars: int = 1500,
         return "Error (Error): the step failed"
     stdout = (result.stdout or "").rstrip()
     if stdout:
-        parts.append("Output:\n" + truncate_middle(stdout, max_chars))
+        parts.append("Output:\n" + cut_output(stdout, max_chars, cut))
     if not result.ok:
         kind = result.error_type or result.outcome or "Error"
         parts.append(f"Error ({kind}): {result.error_message or 'the step failed'}")
