@@ -262,3 +262,15 @@ def test_two_runs_without_answers_flip_a_coin_without_a_judge():
     b.steps[0].candidates[0].code = "print(2)"  # different trajectories, still nothing to compare
     win = compare_runs({"q": a}, {"q": b}, {"q": ["Unsolved"]}, {"q": ["Unsolved"]}, None, rounds=1)
     assert win.tie == 0.0 and win.per_query["q"].judged == 0 and win.coin_flips == 1
+
+
+def test_blank_finishes_go_to_the_judge_as_stabletoolbench_does():
+    """judge.blank_finish judge: finish("") and finish("   ") are judged on ToolBench's JSON text (what
+    StableToolBench's evaluator reads in our export); ours rules them Unsolved."""
+    judge = ScriptedJudge("Unsure")
+    trajs = [traj("1", answer=""), traj("2", answer="   "), traj("3", finish="max_steps", answer="")]
+    assert [row[0].source for row in judge_pass(trajs, judge, rounds=1)] == ["rule"] * 3
+    verdicts = judge_pass(trajs, judge, rounds=1, blank_finish="judge")
+    assert [row[0].source for row in verdicts] == ["trajectory", "trajectory", "rule"]  # judged twice (Unsure)
+    first = [r.answer for r in judge.answer_calls if r.trajectory is None]
+    assert all('"return_type": "give_answer"' in a and '"final_answer"' in a for a in first) and len(first) == 2

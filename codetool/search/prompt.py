@@ -26,6 +26,7 @@ from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING
 
+from codetool.search.reference import reference_output
 from codetool.secrets import redact
 
 if TYPE_CHECKING:
@@ -168,10 +169,21 @@ def step_plan(text: str | None) -> str:
 
 
 def history_entry(candidate, observation: str) -> dict:
-    """One chosen step as a history entry: ``{"code", "text", "observation"}`` (the parsed code, the
-    whole reply, the observation shown), the form :func:`policy_messages` and
-    :func:`visible_history` read."""
-    return {"code": candidate.code, "text": candidate.text, "observation": observation}
+    """One chosen step as a history entry: ``{"code", "text", "observation", "result"}`` (the parsed
+    code, the whole reply, the observation shown, and its output in the public code's form for the
+    reference PRM interface), the form :func:`policy_messages` and :func:`visible_history` read."""
+    return {"code": candidate.code, "text": candidate.text, "observation": observation,
+            "result": reference_output(candidate.result) if candidate.code is not None else ""}
+
+
+def reference_prm_fields(history: list[dict], text: str | None) -> dict[str, str]:
+    """What the public CodeTool PRM reads when it scores a candidate reply ``text`` after the
+    chosen steps ``history`` (``infer/step_infer.py``): the reply with its stop word, the earlier
+    replies with theirs joined by the two characters ``/n`` (as it joins them), and the last
+    step's output."""
+    replies = [f"{h.get('text') or ''}[Step {k} Finished]\n" for k, h in enumerate(history, 1)]
+    return {"step_text": f"{text or ''}[Step {len(history) + 1} Finished]\n", "previous_steps": "/n".join(replies),
+            "parent_result": str(history[-1].get("result") or "") if history else ""}
 
 
 def visible_history(history: list[dict], observation_history: str = "all",

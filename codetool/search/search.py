@@ -41,6 +41,7 @@ from codetool.search.prompt import (
     OBSERVATION_HISTORIES,
     STEP_FORMATS,
     history_entry,
+    reference_prm_fields,
     step_plan,
     visible_history,
 )
@@ -365,7 +366,8 @@ class StepwiseSearch:
         return PRMItem(query=task.query, tools=task.env.render(),
                        history=visible_history(history, cfg.observation_history, cfg.step_format),
                        candidate=candidate.code, candidate_output=observation,
-                       candidate_plan=step_plan(candidate.text) if cfg.step_format == "step_text" else "")
+                       candidate_plan=step_plan(candidate.text) if cfg.step_format == "step_text" else "",
+                       **reference_prm_fields(history, candidate.text))
 
     def _advance(self, ep: _Episode, row: list[Expanded]) -> bool:
         """Record the step, keep the chosen fork, close the rest; True when the episode ended."""
