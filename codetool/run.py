@@ -268,7 +268,10 @@ def _run_queries(cfg: RunConfig, todo: list, out: Path, chash: str, policy, scor
                 land(traj)
             waiting.clear()
 
+        settings = fidelity_settings(cfg, scorer)
+
         def done(traj) -> None:
+            traj.extra["fidelity"] = settings
             task = by_key.get(_unit_key(traj))
             if cfg.search.reference_steps and task is not None:  # the public code's step statuses (SCEP)
                 record_reference_steps(traj, task, executor_factory(cfg.executor))
@@ -310,6 +313,21 @@ def _run_queries(cfg: RunConfig, todo: list, out: Path, chash: str, policy, scor
         failed += len(episode_errors)
     logger.info("ran %d queries in %.1f s (%d failed)", len(todo), time.perf_counter() - start, failed)
     return failed
+
+
+def fidelity_settings(cfg: RunConfig, scorer=None) -> dict[str, Any]:
+    """The settings of this run where a reference behaviour is an option (docs/FIDELITY.md), for
+    each trajectory's ``extra["fidelity"]``: the evaluation's comparability block names each one
+    that is not the public code's. ``prm`` holds the PRM's interface and the tree label rules of
+    its training rows where the scorer knows them (a local checkpoint)."""
+    meta = getattr(scorer, "meta", None) or {}
+    fmt = getattr(getattr(scorer, "encoder", None), "fmt", None)
+    prm = None if scorer is None else {"interface": getattr(fmt, "interface", None),
+                                       "label_rules": meta.get("label_rules")}
+    return {"tie_break": cfg.search.tie_break, "observation_cut": cfg.search.observation_cut,
+            "max_observation_chars": cfg.search.max_observation_chars,
+            "observation_history": cfg.search.observation_history, "step_format": cfg.search.step_format,
+            "reference_steps": cfg.search.reference_steps, "final_answer": cfg.answer.final_answer, "prm": prm}
 
 
 def run_command(cfg: RunConfig) -> int:

@@ -205,3 +205,54 @@ def test_statuses_of_all_trees_rerun_on_the_stub_tools():
                     status = gens[record["query_id"]]["exec_res"][p["path_name"]]["status"]
                     assert record["reference"]["nodes"][p["path_name"][2:]]["status"] == status
     json.dumps(trees)  # the records stay JSON-able
+
+
+# -- the product path: build-trees with label_rule reference --------------------------------------
+
+def _policy():
+    """Depth 1: a tool call that runs / a KeyError outside a print. Depth 2: finish / a reply without code."""
+    from codetool.models.backends import ScriptedBackend
+
+    counter = {"n": 0}
+
+    def reply(prompt):
+        counter["n"] += 1
+        first = counter["n"] % 2 == 1
+        if len(prompt) <= 2:
+            return "```python\nprint(checkhealth_for_squake())\n```" if first else "```python\nx = {}['k']\nprint(x)\n```"
+        return "```python\nfinish('the answer')\n```" if first else "I would rather not write code here."
+    return ScriptedBackend(reply)
+
+
+def test_build_trees_with_the_reference_rule_writes_the_public_codes_rows(shared_data, tmp_path):
+    from codetool.executor import Executor, ExecutorConfig
+    from codetool.search.search import SearchConfig, SearchTask
+    from codetool.tools.backends import make_tool_backend
+    from codetool.tools.environment import ToolEnvironment
+    from codetool.tools.loaders import load_toolbench_queries
+    from codetool.tree.build import TreeBuilder, TreeConfig, label_record
+    from codetool.tree.dataset import export_dataset, tree_rows
+
+    q = load_toolbench_queries(shared_data / "ToolBench" / "data_example" / "instruction" / "G1_query.json")[0]
+    task = SearchTask("G1_query/1", q.query, ToolEnvironment.from_query(q, make_tool_backend("simulator")))
+    search = SearchConfig(method="tree", step_format="step_text", code_prefix=False)
+    make = lambda t: Executor(ExecutorConfig(isolation="fallback", timeout_s=10), tools=t.env.functions())  # noqa: E731
+    cfg = TreeConfig(branching=2, max_depth=2, label_rule="reference", search=search)
+    record = TreeBuilder(_policy(), cfg, make).build(task)
+    ref = record["reference"]["nodes"]
+    assert [ref[n]["status"] for n in ("1", "1-1", "1-2", "2", "2-1", "2-2")] == [0, 0, 0, 1, 1, 0]
+    assert not record["nodes"]["1-2"]["ok"]  # ours: a reply without code failed; the public code: a success
+    assert record["pairs"] == [["1", "2"], ["2-1", "2-2"]]  # (1-1, 1-2) alike: dropped
+    rows, skipped = tree_rows(record)
+    assert [(r["source"], r["label"]) for r in rows] == [("G1_query/1:1", 1), ("G1_query/1:2", 0),
+                                                           ("G1_query/1:2-1", 0), ("G1_query/1:2-2", 1)]
+    assert skipped == 0 and rows[3]["step_text"] == "\n" and rows[3]["candidate"] == ""
+    assert rows[2]["previous_steps"].endswith("[Step 1 Finished]") and "KeyError" in rows[2]["parent_result"]
+    # ours on the same tree: its own-fork executability, code-less rows left out
+    ours = label_record(json.loads(json.dumps(record)), TreeConfig(branching=2, max_depth=2, label_rule="ours"))
+    assert tree_rows(ours)[0] and all(r["candidate"] for r in tree_rows(ours)[0])
+    # a relabel reads the cached runs: no sandbox
+    again = label_record(json.loads(json.dumps(record)), cfg, runner=None)
+    assert again["reference"]["rows"] == record["reference"]["rows"]
+    stats = export_dataset([record], tmp_path / "ds", val_fraction=0.0)
+    assert stats["train"] == 4 and stats["pair_counts"]["decided"]["executability"] == 2

@@ -70,8 +70,10 @@ class LocalPRMScorer:
         """Load a ``codetool train-prm`` output folder (see ``codetool.prm.modeling.load_prm``)."""
         from codetool.prm.modeling import load_prm
 
-        model, tokenizer, fmt, _ = load_prm(path, device=device, dtype=dtype, merge=merge)
-        return cls(model, tokenizer, fmt, **kwargs)
+        model, tokenizer, fmt, meta = load_prm(path, device=device, dtype=dtype, merge=merge)
+        scorer = cls(model, tokenizer, fmt, **kwargs)
+        scorer.meta = meta  # what it was trained on (label rules, interface): for the comparability block
+        return scorer
 
     def score(self, items: list[PRMItem]) -> list[float]:
         import torch

@@ -350,6 +350,13 @@ def _datasets(cfg: PRMConfig, encoder):
     return Dataset.from_list(train_tok), eval_ds
 
 
+def _label_rules(cfg: PRMConfig) -> list[str]:
+    """The tree label rules (``trees.label_rule``) the training rows were made with, as the rows say."""
+    from codetool.prm.data import read_rows
+
+    return sorted({str(r["label_rule"]) for r in read_rows(cfg.dataset) if r.get("label_rule")})
+
+
 def _compute_metrics(prediction) -> dict[str, float]:
     import numpy as np
 
@@ -394,6 +401,7 @@ def build_trainer(cfg) -> PRMTrainer:
         cfg.eval_strategy = "no"
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     meta = {"base_model": cfg.model, "format": dataclasses.asdict(cfg.format), "seed": cfg.seed,
+            "label_rules": _label_rules(cfg),
             "finetune": cfg.finetune, "split": {"eval_fraction": 0.0 if cfg.eval_dataset else cfg.eval_fraction,
                       "seed": cfg.split_seed, "eval_dataset": list(cfg.eval_dataset)},
             "codetool_version": __version__}

@@ -36,7 +36,7 @@ from codetool.tree.reference import interface_fields
 logger = logging.getLogger(__name__)
 
 PRM_FIELDS = ("query_id", "query", "tools", "history", "candidate", "candidate_output", "candidate_plan",
-              "label", "latent_reward", "source", "step_text", "previous_steps", "parent_result")
+              "label", "latent_reward", "source", "label_rule", "step_text", "previous_steps", "parent_result")
 
 
 def _row(record: dict[str, Any], node_id: str, label: int, reference: dict | None = None) -> dict[str, Any]:
@@ -49,7 +49,8 @@ def _row(record: dict[str, Any], node_id: str, label: int, reference: dict | Non
            "history": history, "candidate": node["code"] or "", "candidate_output": node["observation"],
            "candidate_plan": step_plan(node.get("text")) if step_format == "step_text" else "",
            "label": int(label), "latent_reward": float(node["latent_reward"]),
-           "source": f"{record['query_id']}:{node_id}", **interface_fields(record, node_id)}
+           "source": f"{record['query_id']}:{node_id}", "label_rule": record.get("label_rule", "ours"),
+           **interface_fields(record, node_id)}
     if reference is not None:  # the public code's row: its texts and its latent reward
         row.update({k: reference[k] for k in ("step_text", "previous_steps", "parent_result")})
         row["latent_reward"] = float(record["reference"]["nodes"][node_id]["latent_reward"])
