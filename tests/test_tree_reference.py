@@ -256,3 +256,31 @@ def test_build_trees_with_the_reference_rule_writes_the_public_codes_rows(shared
     assert again["reference"]["rows"] == record["reference"]["rows"]
     stats = export_dataset([record], tmp_path / "ds", val_fraction=0.0)
     assert stats["train"] == 4 and stats["pair_counts"]["decided"]["executability"] == 2
+
+
+def test_relabel_to_the_reference_rule_reruns_the_missing_programs(shared_data, tmp_path):
+    from codetool.config import load_config
+    from codetool.executor import Executor, ExecutorConfig
+    from codetool.jsonl import read_jsonl
+    from codetool.search.search import SearchConfig, SearchTask
+    from codetool.tools.backends import make_tool_backend
+    from codetool.tools.environment import ToolEnvironment
+    from codetool.tools.loaders import load_toolbench_queries
+    from codetool.tree.build import TreeBuilder, TreeConfig, build_trees_command
+
+    q = load_toolbench_queries(shared_data / "ToolBench" / "data_example" / "instruction" / "G1_query.json")[0]
+    task = SearchTask("G1_query/1", q.query, ToolEnvironment.from_query(q, make_tool_backend("simulator")))
+    search = SearchConfig(method="tree", step_format="step_text", code_prefix=False)
+    make = lambda t: Executor(ExecutorConfig(isolation="fallback", timeout_s=10), tools=t.env.functions())  # noqa: E731
+    record = TreeBuilder(_policy(), TreeConfig(branching=2, max_depth=2, search=search), make).build(task)
+    assert record["label_rule"] == "ours" and "reference_runs" not in record
+    out = tmp_path / "trees.jsonl"
+    out.write_text(json.dumps(record) + "\n")
+    cfg = load_config(TreeConfig, overrides={"output": str(out), "dataset_dir": str(tmp_path / "ds"), "relabel": True,
+                                             "label_rule": "reference", "val_fraction": 0.0,
+                                             "executor.isolation": "fallback"})
+    assert build_trees_command(cfg) == 0
+    relabelled = next(iter(read_jsonl(out)))
+    assert relabelled["label_rule"] == "reference" and len(relabelled["reference_runs"]) == 4  # four programs
+    assert relabelled["pairs"] == [["1", "2"], ["2-1", "2-2"]]
+    assert [r["label"] for r in read_jsonl(tmp_path / "ds" / "train.jsonl")] == [1, 0, 0, 1]
