@@ -31,6 +31,7 @@ def test_paper_recipe_reproduces_the_reference_settings():
     assert {m.k for m in cfg.methods if m.name != "single-sample"} == {2}
     assert (cfg.search.tie_break, cfg.search.observation_cut, cfg.search.reference_steps) == ("reference", "head", True)
     assert cfg.answer.final_answer == "reference" and cfg.judge.blank_finish == "judge"
+    assert (cfg.train.format.interface, cfg.train.max_samples) == ("reference", 10000)
     tmdb = [e for e in cfg.evals if e.benchmark == "restbench-tmdb"]
     assert tmdb and all(e.max_observation_chars == 1500 for e in tmdb)
     assert all(e.max_observation_chars is None for e in cfg.evals if e.benchmark != "restbench-tmdb")

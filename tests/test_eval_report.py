@@ -63,7 +63,8 @@ def test_report_end_to_end(tmp_path, canary_env):
     assert stb["greedy"]["groups"]["G1"]["pass_rate"]["mean"] == 0.5
     assert stb["greedy"]["overall"]["pass_rate"]["mean"] == 0.25
     assert stb["spot+latent"]["overall"]["pass_rate"]["mean"] == 1.0
-    assert stb["greedy"]["overall"]["metrics"]["scep"] == 1.0   # chosen steps all ran
+    assert stb["greedy"]["overall"]["metrics"]["scep_code_steps"] == 1.0   # chosen steps all ran
+    assert stb["greedy"]["overall"]["metrics"]["scep"] is None  # the public count needs reference re-runs
     assert stb["greedy"]["overall"]["metrics"]["scep_all_candidates"] == pytest.approx(1 / 2)
     rest = report["benchmarks"]["restbench-tmdb"]["methods"]["greedy"]["overall"]
     assert rest["path"]["correct_path_rate"] == 0.5 and rest["pass_rate"]["mean"] == 0.0  # "director" is Unsolved
@@ -169,11 +170,12 @@ def test_scep_counts_chosen_steps_only(tmp_path):
         Step(0, [cand(0, False, True), cand(1, True, False)], 0),
         Step(1, [cand(0, True, True), cand(1, False, False), cand(2, False, False)], 0)],
         final_answer="a", finish_type="finish")
+    traj.extra["reference_steps"] = [{"status": 1, "res": ""}, {"status": 0, "res": ""}]  # the public re-runs
     path = tmp_path / "run.jsonl"
     write_jsonl(path, [traj.to_dict()])
     report = run_eval(EvalConfig(trajectories=[str(path)], out=str(tmp_path / "o"), plots=False), None)
     metrics = report["benchmarks"]["stabletoolbench"]["methods"]["m"]["overall"]["metrics"]
-    assert metrics["scep"] == 0.5                   # chosen: failed, ran
+    assert metrics["scep"] == 0.5 and metrics["scep_code_steps"] == 0.5  # chosen: failed, ran
     assert metrics["scep_all_candidates"] == 0.4    # all five: 2 ran
     assert "| **overall** | 1 | n/a | 50.0 | 40.0 |" in (tmp_path / "o" / "report.md").read_text()
 

@@ -62,7 +62,8 @@ def tree_rows(record: dict[str, Any], emit: str = "pairs") -> tuple[list[dict[st
     (none under ``label_rule: reference``, whose rows keep replies without code)."""
     nodes = record["nodes"]
     rows, skipped = [], 0
-    if emit == "pairs" and record.get("label_rule") == "reference":
+    if emit == "pairs" and record.get("label_rule") == "reference" and "reference" in record:
+        # (records written before the reference rows existed called our rule "reference": their pairs stand)
         return [_row(record, r["node"], r["label"], r) for r in record["reference"]["rows"]], 0
     if emit == "nodes":
         for node_id, node in nodes.items():
