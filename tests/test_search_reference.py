@@ -39,12 +39,14 @@ def test_the_runner_reports_status_output_and_the_marker(tmp_path):
         silent = runner.run("print(top_headlines_for_news(topic='x'))")  # no marker: status 0
         broken = runner.run("x = (")
         answered = runner.run("finish('forty-two')\nprint('after')")  # finish prints; the step goes on
+        big = runner.run("print('%s' % ('x' * 50000))")  # longer than our executor keeps: the verdict stands
     assert (ok.status, ok.res) == (0, "9")
     assert (raised.status, raised.res) == (1, "Exception Type: KeyError, Exception Value: 'humidity'")
     assert marker.status == 2 and marker.res.startswith("{'error': \"Function executing from")
     assert silent.status == 0 and "Rate limit" in silent.res
     assert broken.status == 1 and broken.res.startswith("Exception Type: SyntaxError")
     assert (answered.status, answered.res) == (0, "forty-two\nafter")
+    assert big.status == 0 and set(big.res) == {"x"} and 10000 < len(big.res) <= 20000
 
 
 def test_a_runner_from_a_task_wraps_its_tools_and_asks_each_call_once():

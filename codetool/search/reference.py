@@ -57,6 +57,7 @@ PRINT_CALL = re.compile(rf"print\({_FLAT}(?:\({_FLAT}\))*{_FLAT}\)")
 MARKER = "function executing from"
 STATUS_OK, STATUS_RAISED, STATUS_MARKER = 0, 1, 2
 MAX_OUTPUT_CHARS = 20000
+TRUNCATION_NOTE = "\n[output truncated: only the first"  # what our executor appends to a cut output
 
 _PRELUDE = """\
 import io as _ref_io, json as _ref_json, sys as _ref_sys
@@ -135,7 +136,11 @@ def _wrapped(program: str, sentinel: str, limit: int) -> str:
         "    _ref_text = _ref_sys.stdout.getvalue()\n"
         "    _ref_sys.stdout, _ref_ran = _ref_keep, True\n"
         "_ref_text = _ref_text.strip()\n"
-        f"print({sentinel!r} + _ref_json.dumps([_ref_ran, {MARKER!r} in _ref_text.lower(), _ref_text[:{limit}]]))\n")
+        f"_ref_marked = {MARKER!r} in _ref_text.lower()\n"
+        f"_ref_text = _ref_text[:{int(limit)}]\n"
+        # the verdict first, on a line of its own, then the output: a cut output keeps the verdict
+        f"print({sentinel!r} + _ref_json.dumps([_ref_ran, _ref_marked, len(_ref_text)]))\n"
+        "print(_ref_text)\n")
 
 
 @dataclass
@@ -239,15 +244,18 @@ class ReferenceRunner:
             fork.close()
         if not result.ok:
             return ReferenceOutcome(STATUS_RAISED, exception_text(result))
-        for line in reversed((result.stdout or "").splitlines()):
-            if line.startswith(sentinel):
-                try:
-                    ran, marked, text = json.loads(line[len(sentinel):])
-                except ValueError:
-                    break
-                status = STATUS_RAISED if not ran else STATUS_MARKER if marked else STATUS_OK
-                return ReferenceOutcome(status, str(text))
-        return ReferenceOutcome(STATUS_RAISED, (result.stdout or "").strip()[: self.max_chars])
+        stdout = result.stdout or ""
+        start = stdout.find(sentinel)
+        end = stdout.find("\n", start)
+        try:
+            ran, marked, length = json.loads(stdout[start + len(sentinel):end]) if start >= 0 and end > 0 else ()
+        except ValueError:
+            return ReferenceOutcome(STATUS_RAISED, stdout.strip()[: self.max_chars])
+        text = stdout[end + 1:]
+        if result.output_truncated:  # our executor's cap came first: drop its note
+            text = text.split(TRUNCATION_NOTE)[0]
+        status = STATUS_RAISED if not ran else STATUS_MARKER if marked else STATUS_OK
+        return ReferenceOutcome(status, text[:int(length)])
 
     def close(self) -> None:
         self.root.close()
