@@ -6,7 +6,7 @@
         [--epochs 1] [--bootstrap 2000] [--max-folds N] [--max-length 1024 --max-suffix-length 256]
 
 The trees (``codetool build-trees`` records) are relabelled under the current defaults
-(``success: grounded``, ``label_rule: reference``) and exported as a PRM dataset. The queries are
+(``success: grounded``, ``label_rule: ours``) and exported as a PRM dataset. The queries are
 split into ``--folds`` groups; for each fold and each of ``show``/``hide`` the PRM is trained
 with ``codetool train-prm`` on the other folds' rows and scored with ``codetool eval-prm`` on the
 fold's rows, so every held-out pair is scored by a PRM that never saw its query (``--max-folds``

@@ -46,6 +46,9 @@ class PRMItem:
         candidate_output (`str`): what executing the candidate printed or raised.
         candidate_plan (`str`, *optional*, defaults to `""`): the candidate reply's plan line (the
             public code's step text before the code), empty for code-only replies.
+        step_text, previous_steps, parent_result (`str`, *optional*): what the public CodeTool
+            PRM reads (``format.interface: reference``): the candidate's reply with its stop word,
+            the earlier steps' replies, and the parent step's output.
     """
 
     query: str
@@ -54,6 +57,9 @@ class PRMItem:
     candidate: str = ""
     candidate_output: str = ""
     candidate_plan: str = ""
+    step_text: str = ""
+    previous_steps: str = ""
+    parent_result: str = ""
 
 
 

@@ -48,6 +48,7 @@ from codetool.resume import (
     unit_key,
 )
 from codetool.search.answer import AnswerConfig, needs_answer, write_final_answers
+from codetool.search.reference import record_reference_steps
 from codetool.search.search import SearchConfig, StepwiseSearch
 
 logger = logging.getLogger(__name__)
@@ -318,8 +319,14 @@ class QueryRunner(UnitRunner):
                 land(traj)
             waiting.clear()
 
+        settings = fidelity_settings(cfg, self.scorer)
+
         def done(traj) -> None:
-            if answers and needs_answer(traj):  # CodeTool: every trajectory gets a final answer
+            traj.extra["fidelity"] = settings
+            task = by_key.get(_unit_key(traj))
+            if cfg.search.reference_steps and task is not None:  # the public code's step statuses (SCEP)
+                record_reference_steps(traj, task, executor_factory(cfg.executor))
+            if answers and needs_answer(traj, cfg.answer):  # CodeTool: every trajectory gets a final answer
                 waiting.append(traj)
                 if len(waiting) >= cfg.search.concurrency:
                     flush()
@@ -350,9 +357,25 @@ class QueryRunner(UnitRunner):
             else:
                 self.search.run(batch, on_done=on_done)
 
+        by_key = {_unit_key(t): t for t in tasks}
         run_isolated(tasks, run_batch, _unit_key, done, failed_unit)
         flush()
         return failed
+
+
+def fidelity_settings(cfg: RunConfig, scorer=None) -> dict[str, Any]:
+    """The settings of this run where a reference behaviour is an option (docs/FIDELITY.md), for
+    each trajectory's ``extra["fidelity"]``: the evaluation's comparability block names each one
+    that is not the public code's. ``prm`` holds the PRM's interface and the tree label rules of
+    its training rows where the scorer knows them (a local checkpoint)."""
+    meta = getattr(scorer, "meta", None) or {}
+    fmt = getattr(getattr(scorer, "encoder", None), "fmt", None)
+    prm = None if scorer is None else {"interface": getattr(fmt, "interface", None),
+                                       "label_rules": meta.get("label_rules")}
+    return {"tie_break": cfg.search.tie_break, "observation_cut": cfg.search.observation_cut,
+            "max_observation_chars": cfg.search.max_observation_chars,
+            "observation_history": cfg.search.observation_history, "step_format": cfg.search.step_format,
+            "reference_steps": cfg.search.reference_steps, "final_answer": cfg.answer.final_answer, "prm": prm}
 
 
 def run_command(cfg: RunConfig) -> int:
@@ -382,7 +405,10 @@ def print_summary(path: Path, query_ids: list[str] | None = None) -> dict[str, A
     table = Table(title=f"{path} ({m.n} queries)", show_header=False)
     rows = [("finished", m.finish_types.get("finish", 0)), ("gave up", m.finish_types.get("give_up", 0)),
             ("hit max steps", m.finish_types.get("max_steps", 0)), ("errors", m.finish_types.get("error", 0)),
-            ("SCEP (chosen steps whose code ran)", "n/a" if m.scep is None else f"{100 * m.scep:.1f}%"),
+            ("SCEP (public code's count: every chosen step, re-run)", "n/a" if m.scep is None
+             else f"{100 * m.scep:.1f}%"),
+            ("  chosen code steps that ran (ours)", "n/a" if m.scep_code_steps is None
+             else f"{100 * m.scep_code_steps:.1f}%"),
             ("  over all sampled candidates", "n/a" if m.scep_all_candidates is None
              else f"{100 * m.scep_all_candidates:.1f}%"),
             ("answers written after the search", m.answer_sources.get("generated", 0)),

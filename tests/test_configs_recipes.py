@@ -29,6 +29,9 @@ def test_paper_recipe_reproduces_the_reference_settings():
         assert (search.temperature, search.top_p) == (0.9, 0.95)
     assert (cfg.search.alpha, cfg.search.beta, cfg.search.max_len, cfg.search.max_steps) == (0.9, 0.95, 20.0, 5)
     assert {m.k for m in cfg.methods if m.name != "single-sample"} == {2}
+    assert (cfg.search.tie_break, cfg.search.observation_cut, cfg.search.reference_steps) == ("reference", "head", True)
+    assert cfg.answer.final_answer == "reference" and cfg.judge.blank_finish == "judge"
+    assert (cfg.train.format.interface, cfg.train.max_samples) == ("reference", 10000)
     tmdb = [e for e in cfg.evals if e.benchmark == "restbench-tmdb"]
     assert tmdb and all(e.max_observation_chars == 1500 for e in tmdb)
     assert all(e.max_observation_chars is None for e in cfg.evals if e.benchmark != "restbench-tmdb")
@@ -45,6 +48,7 @@ def test_paper_prm_training_recipe():
     assert (cfg.batch_size, cfg.gradient_accumulation_steps) == (1, 2)
     assert cfg.format.max_length == 8192 and cfg.format.candidate_output == "hide"
     assert cfg.eval_fraction == 0.1
+    assert (cfg.format.interface, cfg.format.label_tokens, cfg.max_samples) == ("reference", ["yes", "no"], 10000)
 
 
 def test_improved_recipe_differs_only_where_it_says():
@@ -53,12 +57,14 @@ def test_improved_recipe_differs_only_where_it_says():
     assert (improved.trees.success, improved.trees.tau_mode) == ("grounded", "mean")
     assert (improved.search.observation_history, improved.search.max_observation_chars) == ("all", 1500)
     # everything else is the paper recipe's
-    changed = {"success", "tau_mode", "search"}
+    assert (improved.trees.label_rule, improved.search.tie_break, improved.search.observation_cut) == (
+        "ours", "random", "middle")
+    changed = {"success", "tau_mode", "search", "label_rule"}
     for name in vars(paper.trees):
         if name not in changed:
             assert getattr(improved.trees, name) == getattr(paper.trees, name), name
     for name in vars(paper.search):
-        if name not in ("observation_history", "max_observation_chars"):
+        if name not in ("observation_history", "max_observation_chars", "tie_break", "observation_cut"):
             assert getattr(improved.search, name) == getattr(paper.search, name), name
     assert improved.methods == paper.methods and improved.evals == paper.evals
     assert improved.prm_checkpoint != paper.prm_checkpoint

@@ -26,8 +26,9 @@ def test_run_metrics_by_hand():
         phase_seconds={"generation": 1.0})
     m = run_metrics([a, b])
     assert m.n == 2 and m.executed_candidates == 5
-    assert m.scep == pytest.approx(3 / 3)          # the paper's SCEP, chosen steps: a0c0, a1c1, b0c1 all ran
-    assert m.scep_chosen == m.scep and m.executed_chosen == 3
+    assert m.scep is None  # the public code's SCEP needs the reference re-runs (none recorded here)
+    assert m.scep_code_steps == pytest.approx(3 / 3)  # ours, chosen code steps: a0c0, a1c1, b0c1 all ran
+    assert m.scep_chosen == m.scep_code_steps and m.executed_chosen == 3
     assert m.scep_all_candidates == pytest.approx(3 / 5)   # every candidate with code: ran a0c0, a1c1, b0c1
     assert m.answer_sources == {"finish": 1, "none": 1}
     assert m.mean_steps == 1.5 and m.mean_tool_calls == 1.5
@@ -43,4 +44,14 @@ def test_empty_and_codeless_runs():
     m = run_metrics([])
     assert m.n == 0 and m.scep is None and m.mean_steps == 0.0
     t = Trajectory("1", "q", steps=[Step(0, [cand(0, None, code=None)], 0)])
-    assert run_metrics([t]).scep is None
+    assert run_metrics([t]).scep is None and run_metrics([t]).scep_code_steps is None
+
+
+def test_scep_counts_every_chosen_step_as_the_public_code():
+    """eval_SCEP.py: status 0 over all recorded steps, a code-less chosen step is a failure (1)."""
+    t = Trajectory("1", "q", steps=[Step(0, [cand(0, None, code=None)], 0), Step(1, [cand(0, True)], 0)],
+                   extra={"reference_steps": [{"status": 1, "res": ""}, {"status": 0, "res": "ok"}]})
+    u = Trajectory("2", "q", steps=[Step(0, [cand(0, True)], 0)], extra={"reference_steps": [{"status": 0, "res": ""}]})
+    m = run_metrics([t, u, Trajectory("3", "q", steps=[Step(0, [cand(0, True)], 0)])])  # 3 has no re-runs: left out
+    assert (m.scep, m.reference_steps, m.reference_successful) == (pytest.approx(2 / 3), 3, 2)
+    assert m.scep_code_steps == 1.0  # ours leaves the code-less step out

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from codetool.checkout import CHECKOUT_ENV
 from codetool.cli import main
 from codetool.config import ConfigError
 from codetool.eval.judges import AnswerRequest, CompareRequest, JudgeConfig, make_judge
-from codetool.eval.reference_prompts import REFERENCE_ENV, load_reference_prompts
+from codetool.eval.reference_prompts import load_reference_prompts
 
 STB_FUNCTIONS = ["check_answer_status", "parse_answer_status", "check_task_solvable", "select_better_answer"]
 
@@ -87,10 +88,12 @@ def test_codetool_files_are_read_with_ast_never_run(tmp_path):
 
 
 def test_without_a_checkout_the_command_fails_in_one_line(tmp_path, monkeypatch, capsys):
-    monkeypatch.delenv(REFERENCE_ENV, raising=False)
+    for name in CHECKOUT_ENV.values():
+        monkeypatch.delenv(name, raising=False)
     with pytest.raises(ConfigError, match="git clone it") as err:
         make_judge(JudgeConfig(model="http://127.0.0.1:9/v1", prompts="stabletoolbench"))
-    assert "https://github.com/THUNLP-MT/StableToolBench" in str(err.value) and REFERENCE_ENV in str(err.value)
+    assert "https://github.com/THUNLP-MT/StableToolBench" in str(err.value)
+    assert "CODETOOL_STABLETOOLBENCH_DIR" in str(err.value)
     with pytest.raises(ConfigError, match="eval/utils.py not found"):
         load_reference_prompts("codetool", str(tmp_path))
     traj = tmp_path / "t.jsonl"
@@ -99,6 +102,21 @@ def test_without_a_checkout_the_command_fails_in_one_line(tmp_path, monkeypatch,
                    "--judge.model", "http://127.0.0.1:9/v1"])
     err_text = capsys.readouterr().err.strip()
     assert status != 0 and len(err_text.splitlines()) == 1 and "https://github.com/LimOkii/CodeTool" in err_text
+
+
+def test_each_reference_repository_has_its_own_variable(tmp_path, monkeypatch):
+    """$CODETOOL_STABLETOOLBENCH_DIR names the StableToolBench clone, $CODETOOL_CODETOOL_DIR the
+    CodeTool one (the judge's prompts and the reference final answers read the same clone)."""
+    from codetool.checkout import reference_dir
+
+    monkeypatch.setenv("CODETOOL_STABLETOOLBENCH_DIR", str(stb_checkout(tmp_path / "stb")))
+    monkeypatch.setenv("CODETOOL_CODETOOL_DIR", str(codetool_checkout(tmp_path / "ct")))
+    assert load_reference_prompts("stabletoolbench").root == str(tmp_path / "stb")
+    assert load_reference_prompts("codetool").root == str(tmp_path / "ct")
+    assert reference_dir("") == tmp_path / "ct" and reference_dir("", "stabletoolbench") == tmp_path / "stb"
+    monkeypatch.delenv("CODETOOL_CODETOOL_DIR")
+    with pytest.raises(ConfigError, match="CODETOOL_CODETOOL_DIR"):
+        load_reference_prompts("codetool")
 
 
 def test_the_reference_prompt_and_function_are_sent_as_the_reference_sends_them(tmp_path, monkeypatch):
@@ -114,13 +132,14 @@ def test_the_reference_prompt_and_function_are_sent_as_the_reference_sends_them(
         call = {"id": "c0", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
         return ({"choices": [{"index": 0, "message": {"content": None, "tool_calls": [call]}}]}, 200)
     server, url = _fake_server(reply)
-    monkeypatch.setenv(REFERENCE_ENV, str(stb_checkout(tmp_path / "stb")))
+    monkeypatch.setenv("CODETOOL_STABLETOOLBENCH_DIR", str(stb_checkout(tmp_path / "stb")))
     try:
         judge = make_judge(JudgeConfig(model=url, prompts="stabletoolbench", cache=str(tmp_path / "c.jsonl")))
         assert judge.describe()["prompts"] == "stabletoolbench" and judge.mode == "tools"
         first, second = judge.judge_answers([AnswerRequest("Q", "A", None, 0, reason=True),
                                              AnswerRequest("Q", "A", '{"whole": 1}', 0, reason=False)])
         assert (first.label, second.label) == ("Unsure", "Solved")
+        seen.sort(key=lambda body: "whole" in body["messages"][0]["content"])  # one batch: sent concurrently
         assert seen[0]["messages"] == [{"role": "user", "content": "\nPLACEHOLDER-1 q=Q a=A {literal}\n"}]
         assert seen[0]["tools"][0]["function"]["name"] == "check_answer_status"
         assert "reason" in seen[0]["tools"][0]["function"]["parameters"]["properties"]

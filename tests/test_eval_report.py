@@ -63,7 +63,8 @@ def test_report_end_to_end(tmp_path, canary_env):
     assert stb["greedy"]["groups"]["G1"]["pass_rate"]["mean"] == 0.5
     assert stb["greedy"]["overall"]["pass_rate"]["mean"] == 0.25
     assert stb["spot+latent"]["overall"]["pass_rate"]["mean"] == 1.0
-    assert stb["greedy"]["overall"]["metrics"]["scep"] == 1.0   # chosen steps all ran
+    assert stb["greedy"]["overall"]["metrics"]["scep_code_steps"] == 1.0   # chosen steps all ran
+    assert stb["greedy"]["overall"]["metrics"]["scep"] is None  # the public count needs reference re-runs
     assert stb["greedy"]["overall"]["metrics"]["scep_all_candidates"] == pytest.approx(1 / 2)
     rest = report["benchmarks"]["restbench-tmdb"]["methods"]["greedy"]["overall"]
     assert rest["path"]["correct_path_rate"] == 0.5 and rest["pass_rate"]["mean"] == 0.0  # "director" is Unsolved
@@ -171,11 +172,12 @@ def test_scep_counts_chosen_steps_only(tmp_path):
         Step(0, [cand(0, False, True), cand(1, True, False)], 0),
         Step(1, [cand(0, True, True), cand(1, False, False), cand(2, False, False)], 0)],
         final_answer="a", finish_type="finish")
+    traj.extra["reference_steps"] = [{"status": 1, "res": ""}, {"status": 0, "res": ""}]  # the public re-runs
     path = tmp_path / "run.jsonl"
     write_jsonl(path, [traj.to_dict()])
     report = run_eval(EvalConfig(trajectories=[str(path)], out=str(tmp_path / "o"), plots=False), None)
     metrics = report["benchmarks"]["stabletoolbench"]["methods"]["m"]["overall"]["metrics"]
-    assert metrics["scep"] == 0.5                   # chosen: failed, ran
+    assert metrics["scep"] == 0.5 and metrics["scep_code_steps"] == 0.5  # chosen: failed, ran
     assert metrics["scep_all_candidates"] == 0.4    # all five: 2 ran
     assert "| **overall** | 1 | n/a | 50.0 | 40.0 |" in (tmp_path / "o" / "report.md").read_text()
 
@@ -247,3 +249,19 @@ def test_a_judge_request_that_fails_after_its_retries_is_that_querys_error_recor
     monkeypatch.setattr(report_mod, "make_judge", lambda cfg, cache_path=None: judge2)
     assert report_mod.eval_command(cfg) == 0
     assert len(backend2.prompts) == 2 and all("doomed" in p for p in backend2.prompts)
+
+
+@pytest.mark.parametrize(("blank_finish", "protocol", "mean"), [("unsolved", "stabletoolbench", 0.5),
+                                                                 ("judge", "stabletoolbench", 1.0),
+                                                                 ("unsolved", "codetool", 1.0)])
+def test_judge_blank_finish_decides_a_blank_finish(tmp_path, blank_finish, protocol, mean):
+    """judge.blank_finish (default unsolved) rules a finish("   ") out under the stabletoolbench
+    protocol; judge sends its JSON text to the judge; the codetool protocol judges every answer."""
+    assert JudgeConfig().blank_finish == "unsolved"
+    trajs = [t for t in make_run("m", [("G1", "good"), ("G1", "   ")]) if t.benchmark == "stabletoolbench"]
+    path = tmp_path / "run.jsonl"
+    write_jsonl(path, [t.to_dict() for t in trajs])
+    cfg = EvalConfig(trajectories=[str(path)], out=str(tmp_path / "o"), plots=False,
+                     judge=JudgeConfig(rounds=1, blank_finish=blank_finish, protocol=protocol))
+    report = run_eval(cfg, ScriptedJudge("Solved"))
+    assert report["benchmarks"]["stabletoolbench"]["methods"]["m"]["overall"]["pass_rate"]["mean"] == mean

@@ -292,3 +292,28 @@ def test_blank_finish_ours_rules_blank_answers_out():
     assert [(row[0].label, row[0].source) for row in ours] == [("Unsolved", "rule")] * 2 + [("Solved", "answer")]
     assert blank_answer('{"return_type": "give_answer", "final_answer": " "}') and blank_answer("  ")
     assert not blank_answer('{"return_type": "give_up_and_restart"}') and not blank_answer("x")
+
+
+def test_blank_finish_judge_sends_toolbench_json_text_through_both_stages():
+    """judge.blank_finish judge: finish("") and finish("   ") are judged on ToolBench's JSON text (what
+    StableToolBench's evaluator reads in our export), an Unsure one again from the whole answer; an
+    episode without a finish stays ruled out under both settings."""
+    trajs = [traj("1", answer=""), traj("2", answer="   "), traj("3", finish="max_steps", answer="")]
+    ours = judge_pass(trajs, ScriptedJudge("Unsure"), rounds=1, blank_finish="unsolved")
+    assert [row[0].source for row in ours] == ["rule"] * 3
+    judge = ScriptedJudge("Unsure")
+    verdicts = judge_pass(trajs, judge, rounds=1, blank_finish="judge")
+    assert [row[0].source for row in verdicts] == ["trajectory", "trajectory", "rule"]
+    first = [r.answer for r in judge.answer_calls if r.trajectory is None]
+    assert len(first) == 2 and all(json.loads(a)["return_type"] == "give_answer" for a in first)
+
+
+def test_a_give_up_whose_answer_was_regenerated_is_judged():
+    """answer.final_answer reference writes an answer for a given-up trajectory too; its export is a
+    give_answer Finish call, so the converted-answer rule sends it to the judge (CodeTool judges
+    every answer it wrote), while a plain give-up stays ruled out."""
+    plain = traj("1", finish="give_up", answer="")
+    again = traj("2", finish="give_up", answer="Paris has 2.1 million people.")
+    again.extra.update({"answer_source": "generated", "answer_procedure": "reference"})
+    verdicts = judge_pass([plain, again], ScriptedJudge("Solved"), rounds=1)
+    assert [(row[0].label, row[0].source) for row in verdicts] == [("Unsolved", "rule"), ("Solved", "answer")]

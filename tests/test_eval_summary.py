@@ -38,14 +38,23 @@ def test_judge_free_counts_listed_calls_and_grounded_success():
              traj(3, "max_steps", [("lookup", "ok"), ("lookup", "ok")])]
     m = judge_free(trajs)
     assert m["finish"] == 0.75 and m["grounded"] == 0.25 and m["tool_calls"] == 1.0  # (1+0+1+2)/4
-    assert m["scep"] == 1.0 and m["correct_path"] is None
+    assert m["scep"] is None and m["correct_path"] is None  # no reference re-runs recorded
+    for t in trajs:
+        t.extra["reference_steps"] = [{"status": 0, "res": ""}]
+    assert judge_free(trajs)["scep"] == 1.0
+
+
+def ran(t: Trajectory) -> dict:
+    """``t`` as a record whose chosen step ran when re-run as the public code runs it."""
+    t.extra["reference_steps"] = [{"status": 0, "res": ""}]
+    return t.to_dict()
 
 
 def test_seed_summary_gives_mean_and_spread_per_method(tmp_path):
-    write_jsonl(tmp_path / "G1.seed0.jsonl", [traj(0, "finish", [("lookup", "ok")]).to_dict(),
-                                             traj(1, "give_up", []).to_dict()])
-    write_jsonl(tmp_path / "G1.seed1.jsonl", [traj(0, "finish", [("lookup", "ok")]).to_dict(),
-                                             traj(1, "finish", [("lookup", "ok")]).to_dict()])
+    write_jsonl(tmp_path / "G1.seed0.jsonl", [ran(traj(0, "finish", [("lookup", "ok")])),
+                                             ran(traj(1, "give_up", []))])
+    write_jsonl(tmp_path / "G1.seed1.jsonl", [ran(traj(0, "finish", [("lookup", "ok")])),
+                                             ran(traj(1, "finish", [("lookup", "ok")]))])
     summary = seed_summary([str(tmp_path / "G1.seed0.jsonl"), str(tmp_path / "G1.seed1.jsonl")])
     cell = summary["methods"]["m"]["stabletoolbench"]
     assert summary["seeds"] == ["0", "1"] and cell["n"] == [2, 2]

@@ -83,6 +83,8 @@ def test_a_stabletoolbench_run_writes_the_missing_answers_in_one_batch(shared_da
     assert len(records) == 3 and all(r["finish_type"] == "max_steps" for r in records)
     assert all(r["final_answer"] == "The answer from the log." and r["extra"]["answer_source"] == "generated"
                for r in records)
+    # the public code's re-run of each chosen step (SCEP as it counts it): `x = 1; print(x)` ran
+    assert all(r["extra"]["reference_steps"] == [{"status": 0, "res": "1"}] for r in records)
     answer_calls = [c for c in policy.calls if "## Execution log" in c[0][0][-1]["content"]]
     assert len(answer_calls) == 1 and len(answer_calls[0][0]) == 3   # one batch of three
     # off by option, and off by default outside StableToolBench

@@ -66,7 +66,7 @@ def test_success_modes_by_hand():
         leaf_success(tree, "1", "answered")
 
 
-@pytest.mark.parametrize("rule", ["reference", "latent"])
+@pytest.mark.parametrize("rule", ["ours", "latent"])
 @pytest.mark.parametrize("mode", ["grounded", "judged"])
 def test_tool_free_finish_loses_to_a_tool_calling_success(rule, mode):
     tree = tool_free_finish_tree()
@@ -85,7 +85,7 @@ def test_tool_free_finish_under_executed_success():
     tree = tool_free_finish_tree()
     success_of(tree, "executed")
     label_tree(tree)
-    pairs, counts = sibling_pairs(tree, "reference")
+    pairs, counts = sibling_pairs(tree, "ours")
     assert ("2", "1") not in pairs and ("1", "2") not in pairs
     assert counts["dropped"]["no_success_difference"] == 2  # (1, 2) and (2-1, 2-2)
 
@@ -102,7 +102,7 @@ def give_up_tree():
     }
 
 
-@pytest.mark.parametrize("rule,reason", [("reference", "no_success_difference"), ("latent", "both_failed")])
+@pytest.mark.parametrize("rule,reason", [("ours", "no_success_difference"), ("latent", "both_failed")])
 def test_immediate_give_up_beside_an_explorer_when_all_fail_gives_no_pair(rule, reason):
     tree = give_up_tree()
     success_of(tree, "grounded")
@@ -132,7 +132,7 @@ def test_a_tau_only_difference_decides_only_under_latent():
     label_tree(tree)
     assert tree["1"]["latent_reward"] == pytest.approx(latent_reward(1.0, 1.0))
     assert tree["2"]["latent_reward"] == pytest.approx(latent_reward(1.0, 2.0))
-    pairs, counts = sibling_pairs(tree, "reference")
+    pairs, counts = sibling_pairs(tree, "ours")
     assert ("1", "2") not in pairs and counts["decided"]["success_share"] == 0
     assert counts["dropped"]["no_success_difference"] == 5  # one pair per sibling group
     pairs, counts = sibling_pairs(tree, "latent")
@@ -166,4 +166,4 @@ def test_tree_config_rejects_bad_success_and_missing_judge():
         load_config(TreeConfig, overrides={"success": "answered"})
     with pytest.raises(ConfigError, match="reference"):
         load_config(TreeConfig, overrides={"label_rule": "tau"})
-    assert TreeConfig().success == "grounded" and TreeConfig().label_rule == "reference"
+    assert TreeConfig().success == "grounded" and TreeConfig().label_rule == "ours"

@@ -94,13 +94,13 @@ CHECKS: tuple[Check, ...] = (
     Check("judge.codetool_instruction", {"codetool": "v2"}, "v2", "run_pass_rate.sh passes --inst_version v2"),
     Check("judge.stabletoolbench_evaluator", {"stabletoolbench": STB_EVALUATOR}, STB_EVALUATOR,
           "eval_pass_rate.py and eval_preference.py load this evaluator by default"),
-    Check("judge.blank_finish", {"stabletoolbench": "judge"}, "judge",
+    Check("judge.blank_finish", {"stabletoolbench": "judge"}, "unsolved",
           "StableToolBench rules out only an exactly empty final_answer: a blank answer's JSON text is judged"),
     # the run: final answers, the PRM and its training rows, the search
     Check("answer.final_answer", {"codetool": "reference", "stabletoolbench": "off"}, "auto",
           "CodeTool writes a new final answer from each execution log for every trajectory, StableToolBench "
           "judges its runs' Finish answers"),
-    Check("trees.label_rule", dict.fromkeys(BOTH, "reference"), "reference",
+    Check("trees.label_rule", dict.fromkeys(BOTH, "reference"), "ours",
           "CodeTool's get_pair_data / get_sft_data rows"),
     Check("trees.success", dict.fromkeys(BOTH, "executed"), "grounded", "a leaf succeeds when its path ran"),
     Check("trees.tau_mode", dict.fromkeys(BOTH, "sum"), "mean", "tau sums the leaf depths"),

@@ -71,7 +71,7 @@ def _function_schema(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def _finish_arguments(traj: Trajectory) -> str:
-    if traj.finish_type == "give_up":
+    if traj.finish_type == "give_up" and traj.extra.get("answer_procedure") != "reference":
         return json.dumps({"return_type": "give_up_and_restart"}, indent=2)
     return json.dumps({"return_type": "give_answer", "final_answer": traj.final_answer or ""}, indent=2,
                       ensure_ascii=False)

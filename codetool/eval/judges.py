@@ -28,7 +28,6 @@ from codetool import CodetoolError
 from codetool.config import ConfigError, option
 from codetool.eval.reference_prompts import (
     PROMPT_SETS,
-    REFERENCE_ENV,
     STB_EVALUATOR,
     load_reference_prompts,
 )
@@ -227,8 +226,8 @@ class JudgeConfig:
     answer on the query and final answer at temperature 0, one round, no rule).
     ``rounds``, ``temperature`` and ``max_new_tokens`` left empty take the protocol's / prompts'.
     ``prompts`` picks the wording: ``ours`` (``codetool/prompts/judge_*.txt``) or a reference's,
-    read from the user's checkout (``reference_dir`` or ``$CODETOOL_JUDGE_REFERENCE_DIR``, see
-    :mod:`codetool.eval.reference_prompts`).
+    read from the user's checkout (``reference_dir``, else ``$CODETOOL_STABLETOOLBENCH_DIR`` or
+    ``$CODETOOL_CODETOOL_DIR``, see :mod:`codetool.eval.reference_prompts`).
     """
 
     model: str = option("default", "'none' (judge-free metrics only), 'default' (the embedded local "
@@ -254,7 +253,7 @@ class JudgeConfig:
                           "codetool (CodeTool's eval/utils.py instruction), the last two read from your own checkout "
                           "(judge.reference_dir)", choices=list(PROMPT_SETS))
     reference_dir: str = option("", "your clone of StableToolBench or CodeTool for judge.prompts stabletoolbench / "
-                                f"codetool (default: ${REFERENCE_ENV})")
+                                "codetool (default: $CODETOOL_STABLETOOLBENCH_DIR / $CODETOOL_CODETOOL_DIR)")
     stabletoolbench_evaluator: str = option(STB_EVALUATOR, "StableToolBench evaluator folder the prompts are read "
                                             "from (toolbench/tooleval/evaluators/<name>)")
     codetool_instruction: str = option("v2", "CodeTool's judge instruction: v2 (EVAL_INST_V2, what its "
@@ -271,6 +270,10 @@ class JudgeConfig:
                                        "shows them whole; a cut is reported as a deviation)")
     seed: int = option(0, "seed of the win rate's random draws: the order of the two answers in each comparison "
                        "and the pick between identical answers")
+    blank_finish: str = option("unsolved", "under protocol stabletoolbench, a finish with an empty or blank answer: "
+                               "unsolved (ours: Unsolved, no judge call) or judge (StableToolBench: its export "
+                               "holds ToolBench's JSON text there, which its evaluator judges); protocol codetool "
+                               "judges every answer", choices=["unsolved", "judge"])
 
     def __post_init__(self):
         if self.protocol not in PROTOCOLS:

@@ -1,13 +1,18 @@
 """Judge-free metrics of a run, computed on every trajectory file.
 
-- **SCEP** (successful code execution percentage, CodeTool paper §4): among the *chosen*
-  (recorded) steps that carried code, the share whose code ran without an error
-  (``result["ok"]``). This is the paper's measure: it sees what the selection rule did (the
-  paper's ablation without the on-the-spot reward loses 17.4 points of it).
-  ``scep_all_candidates`` is the same share over every sampled candidate with code, chosen or not
-  (it mostly measures the policy's sampling, not the selection); ``scep_chosen`` is kept as an
-  alias of ``scep`` for older readers. Candidates without code (no code block, or runs imported
-  from StableToolBench) are not executed steps; each share is ``None`` when there are none.
+- **SCEP** (successful code execution percentage, CodeTool paper §4), as the public code counts
+  it (``eval/eval_SCEP.py`` over the search's ``exec_res``): every *chosen* step counts, and it
+  succeeded when its reference status is 0 (``traj.extra["reference_steps"]``, written after the
+  search by :mod:`codetool.search.reference`: the step re-run after the earlier steps' first code
+  blocks with their prints stripped; a reply without a ```` ```python ```` block, a bare fence
+  included, is a failed step; a printed ``Function executing from`` is a failure). Pooled over
+  the trajectories that have reference statuses; ``None`` when none has (runs imported from
+  StableToolBench, or ``search.reference_steps: false``).
+- ``scep_code_steps`` (ours): among the chosen steps that carried code (our parser, bare fences
+  included), the share whose own run in the search succeeded (``result.ok``); code-less steps
+  are left out. ``scep_chosen`` is its older name. ``scep_all_candidates`` is the same share over
+  every sampled candidate with code, chosen or not (it mostly measures the policy's sampling).
+  Each is ``None`` when there are no such steps.
 - Mean steps per query; tokens in / out per query (``prompt_tokens`` / ``completion_tokens``, all
   generations of the episode); seconds per query (``wall_time_s``) and per phase
   (``phase_seconds``, where present); mean tool cost per query (``tool_cost``, LIT); counts of how
@@ -35,8 +40,11 @@ class RunMetrics:
 
     Args:
         n (`int`): trajectories.
-        scep (`float` or `None`): share in [0, 1] of chosen steps with code whose code ran (the paper's).
-        scep_chosen (`float` or `None`): the same number as ``scep`` (older name).
+        scep (`float` or `None`): the public code's SCEP in [0, 1]: chosen steps with reference
+            status 0 over all chosen steps with a reference status (``reference_steps``).
+        scep_chosen (`float` or `None`): the same number as ``scep_code_steps`` (older name).
+        scep_code_steps (`float` or `None`): ours: chosen steps with code whose own run succeeded.
+        reference_steps (`int`), reference_successful (`int`): SCEP's denominator and numerator.
         executed_candidates (`int`): every candidate with code (``scep_all_candidates``' denominator).
         scep_all_candidates (`float` or `None`): share of every candidate with code that ran.
         executed_chosen (`int`): chosen steps with code (SCEP's denominator).
@@ -64,6 +72,9 @@ class RunMetrics:
     scep_all_candidates: float | None = None
     executed_chosen: int = 0
     answer_sources: dict[str, int] = field(default_factory=dict)
+    scep_code_steps: float | None = None
+    reference_steps: int = 0
+    reference_successful: int = 0
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -73,6 +84,7 @@ def _mean(values: Sequence[float]) -> float:
 def run_metrics(trajs: Sequence[Trajectory]) -> RunMetrics:
     """:class:`RunMetrics` of ``trajs`` (zeros for an empty list)."""
     ran = executed = ran_chosen = executed_chosen = 0
+    recorded, successful = reference_counts(trajs)
     phases: dict[str, list[float]] = {}
     for traj in trajs:
         for step in traj.steps:
@@ -88,10 +100,14 @@ def run_metrics(trajs: Sequence[Trajectory]) -> RunMetrics:
         for phase, seconds in (traj.phase_seconds or {}).items():
             phases.setdefault(phase, []).append(float(seconds))
     finish = Counter(t.finish_type for t in trajs)
+    ours = ran_chosen / executed_chosen if executed_chosen else None
     return RunMetrics(
         n=len(trajs),
-        scep=ran_chosen / executed_chosen if executed_chosen else None,
-        scep_chosen=ran_chosen / executed_chosen if executed_chosen else None,
+        scep=successful / recorded if recorded else None,
+        scep_chosen=ours,
+        scep_code_steps=ours,
+        reference_steps=recorded,
+        reference_successful=successful,
         executed_candidates=executed,
         mean_steps=_mean([len(t.steps) for t in trajs]),
         mean_prompt_tokens=_mean([t.prompt_tokens for t in trajs]),
@@ -105,6 +121,19 @@ def run_metrics(trajs: Sequence[Trajectory]) -> RunMetrics:
         executed_chosen=executed_chosen,
         answer_sources=dict(Counter(answer_source(t) for t in trajs)),
     )
+
+
+def reference_counts(trajs: Sequence[Trajectory]) -> tuple[int, int]:
+    """``(recorded, successful)``: the chosen steps with a reference status and those with status 0
+    (``eval_SCEP.py``'s two sums), over the trajectories that have ``extra["reference_steps"]``."""
+    recorded = successful = 0
+    for traj in trajs:
+        steps = (traj.extra or {}).get("reference_steps")
+        if not steps:
+            continue
+        recorded += len(steps)
+        successful += sum(1 for s in steps if int(s.get("status", 1)) == 0)
+    return recorded, successful
 
 
 def answer_source(traj: Trajectory) -> str:

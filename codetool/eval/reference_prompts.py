@@ -21,16 +21,17 @@ cloned; none of it is copied into this repository:
   function ``eval_tool`` and the ids ``Filter_Map`` leaves out of each test set; ``eval/config.yaml``
   gives the judge model and temperature.
 
-The checkout is ``judge.reference_dir``, else the environment variable
-``CODETOOL_JUDGE_REFERENCE_DIR``. Without one (or without the files in it) the command stops
-with a one-line :class:`ConfigError` that says where to get it.
+The checkout is ``judge.reference_dir``, else the environment variable of that repository
+(``$CODETOOL_STABLETOOLBENCH_DIR`` or ``$CODETOOL_CODETOOL_DIR``, :data:`codetool.checkout.CHECKOUT_ENV`;
+the CodeTool one is also where ``answer.final_answer: reference`` reads its texts). Without one (or
+without the files in it) the command stops with a one-line :class:`ConfigError` that says where to
+get it.
 """
 
 from __future__ import annotations
 
 import ast
 import copy
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,12 +39,11 @@ from typing import Any
 
 import yaml
 
+from codetool.checkout import CHECKOUT_ENV, REPOS, checkout_setting
 from codetool.config import ConfigError
 
-REFERENCE_ENV = "CODETOOL_JUDGE_REFERENCE_DIR"
 PROMPT_SETS = ("ours", "stabletoolbench", "codetool")
-SOURCES = {"stabletoolbench": "https://github.com/THUNLP-MT/StableToolBench",
-           "codetool": "https://github.com/LimOkii/CodeTool"}
+SOURCES = REPOS  # the repository each reference prompt set is read from
 STB_EVALUATOR = "tooleval_gpt-3.5-turbo_default"
 # our task name -> (StableToolBench function, the field its reply carries)
 _STB_TASKS = {"answer": ("check_answer_status", "answer_status"),
@@ -127,23 +127,24 @@ class ReferencePrompts:
 
 
 def reference_dir(kind: str, configured: str = "") -> Path:
-    """The checkout for ``kind``: ``configured``, else ``$CODETOOL_JUDGE_REFERENCE_DIR``.
+    """The checkout for ``kind``: ``configured``, else ``$CODETOOL_STABLETOOLBENCH_DIR`` /
+    ``$CODETOOL_CODETOOL_DIR`` (:data:`codetool.checkout.CHECKOUT_ENV`).
 
     Raises:
         ConfigError: neither names an existing folder (the message says where to get one).
     """
-    raw = configured or os.environ.get(REFERENCE_ENV, "")
-    where = f"--judge.reference_dir {raw}" if configured else (f"${REFERENCE_ENV}={raw}" if raw else "")
+    raw, how = checkout_setting(kind, configured)
+    where = (f"--judge.reference_dir {raw}" if how == "the setting" else f"{how}={raw}") if raw else ""
     if not raw or not Path(raw).expanduser().is_dir():
         found = f"{where} is not a folder" if where else "no checkout was given"
         raise ConfigError(f"judge.prompts {kind} reads the judge's prompts from your own checkout of {SOURCES[kind]} "
-                          f"({found}): git clone it and pass --judge.reference_dir DIR or set {REFERENCE_ENV}.")
+                          f"({found}): git clone it and pass --judge.reference_dir DIR or set {CHECKOUT_ENV[kind]}.")
     return Path(raw).expanduser()
 
 
 def _missing(kind: str, root: Path, path: Path) -> ConfigError:
     return ConfigError(f"judge.prompts {kind}: {path} not found in the checkout {root}; pass the root of a clone of "
-                       f"{SOURCES[kind]} as --judge.reference_dir (or {REFERENCE_ENV}).")
+                       f"{SOURCES[kind]} as --judge.reference_dir (or {CHECKOUT_ENV[kind]}).")
 
 
 def load_stabletoolbench(root: Path, evaluator: str = STB_EVALUATOR) -> ReferencePrompts:

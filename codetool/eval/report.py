@@ -227,7 +227,7 @@ def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
     for run in judged:
         report["inputs"].append({"method": run.method, "source": run.source, "trajectories": len(run.trajectories)})
         verdicts = judge_pass(run.trajectories, judge, rounds, max_trajectory_chars=cfg.judge.max_trajectory_chars,
-                              protocol=cfg.judge.protocol, blank_finish=_blank_finish(cfg.judge)) if judge else None
+                              protocol=cfg.judge.protocol, blank_finish=cfg.judge.blank_finish) if judge else None
         labels[run.method] = [[v.label for v in row] for row in verdicts] if verdicts else None
         for i, traj in enumerate(run.trajectories):
             row = verdicts[i] if verdicts else []
@@ -315,7 +315,7 @@ def _win_rates(report: dict, shown: list[Run], reference: Run, judge: Judge | No
                     continue
                 win = compare_runs(cand, ref, judge, rounds, seed=judge_cfg.seed,
                                    max_details_chars=judge_cfg.max_trajectory_chars,
-                                   blank_finish=_blank_finish(judge_cfg))
+                                   blank_finish=judge_cfg.blank_finish)
                 groups[group] = {"win": win.win, "lose": win.lose, "tie": win.tie, "n": win.n,
                                  "judged_pairs": sum(c.judged for c in win.per_query.values()),
                                  "random_picks": win.random_picks, "undecided": win.undecided,
@@ -325,11 +325,6 @@ def _win_rates(report: dict, shown: list[Run], reference: Run, judge: Judge | No
                 result[bench] = {"groups": groups, "average": average}
         if result:
             report["win_rates"][f"{run.method} vs {reference.method}"] = result
-
-
-def _blank_finish(judge_cfg: JudgeConfig) -> str:
-    """``judge.blank_finish`` where the config has it (the fidelity branch), else StableToolBench's."""
-    return getattr(judge_cfg, "blank_finish", "judge")
 
 
 def _path_warnings(warnings: list[str], method: str, path: dict | None) -> None:

@@ -13,7 +13,9 @@ ToolBench's JSON text ``{"return_type": ..., "final_answer": ...}`` for our runs
   contain ``'name': 'Finish'`` in its text (a dict message reads as ``str(dict)``; JSON text with
   double quotes does not match), when ``final_answer`` is exactly ``""``, or when it contains
   ``give_up_and_restart`` (case-sensitive, anywhere). A JSON text with an empty or blank inner
-  answer, or a blank string, goes to the judge.
+  answer, or a blank string, goes to the judge (``blank_finish="judge"``, the functions' default
+  and ``configs/eval/stabletoolbench.yaml``'s); ``judge.blank_finish: unsolved``, the config's
+  default (ours), rules such a blank finish Unsolved without a call.
 - otherwise the judge labels the query and ``final_answer`` (stage one, StableToolBench's
   ``check_answer_status``) and an **Unsure** answer is judged again from the whole answer as
   JSON (``json.dumps(answer)``: method, total steps, final answer and the chain; stage two,

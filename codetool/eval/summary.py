@@ -3,7 +3,8 @@ mean and spread over the seeds of a run, and what the PRM learned (issue 16).
 
 Judge-free metrics (they need no judge, so they mean something even with a 135M policy):
 
-- ``scep``: chosen-step SCEP, the share of chosen code steps that ran without an error;
+- ``scep``: SCEP as the public CodeTool code counts it (every chosen step, re-run;
+  :mod:`codetool.eval.metrics`);
 - ``tool_calls``: calls of the query's listed tools per episode (chosen path);
 - ``finish``: share of episodes that ended with ``finish``;
 - ``grounded``: share of episodes that finished with a non-empty answer after >= 1 successful call

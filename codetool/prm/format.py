@@ -11,6 +11,11 @@ A PRM example (query, tools, history, candidate step, candidate output) becomes 
   + the question + chat-template tail. The label token follows the suffix: the PRM's score is
   read at the suffix's last position.
 
+``interface``: ``ours`` (default) is everything above; ``reference`` is the public CodeTool PRM's
+interface (:mod:`codetool.prm.reference`: a system turn with the API docs, the earlier steps, the
+parent's result and four criteria, the step as the user turn, ``yes``/``no`` as vocabulary words,
+full-vocabulary SFT, the raw-logit ratio as the score).
+
 ``candidate_output``: the paper's PRM judges a step from the history (earlier steps and the
 parent's output), before the step's own result is known; with its output in view the latent
 reward largely repeats the on-the-spot reward. ``hide`` (default and the paper recipe) leaves
@@ -37,10 +42,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from importlib import resources
 
 from codetool.config import ConfigError, option
 from codetool.jsonl import clean_text
+from codetool.prm.encoded import EncodedPrompt, clip_text, prompt_template
 from codetool.rewards import PRMItem
 from codetool.secrets import redact
 
@@ -66,10 +71,15 @@ class PRMFormat:
             already single tokens of the vocabulary (e.g. ``["+", "-"]``).
         candidate_output (`str`, *optional*, defaults to `"hide"`): ``show`` puts the candidate's
             own execution output in the suffix; ``hide`` leaves it out (the paper's PRM input).
+        interface (`str`, *optional*, defaults to `"ours"`): ``ours`` or ``reference`` (the public
+            PRM's prompt, label words, loss and score; label tokens default to ``yes``/``no``).
+        reference_result_chars (`int`, *optional*, defaults to 2000): under ``reference``, the
+            parent's output is cut to this many characters when scoring (whole in training).
     """
 
     max_length: int = option(2048, "tokens per PRM row, label token included")
-    max_suffix_length: int = option(512, "token budget of the candidate part (code, output, question)")
+    max_suffix_length: int = option(512, "token budget of the candidate part (code, output, question); not used "
+                                    "by interface reference")
     max_tools_chars: int = option(6000, "tool docs are clipped to this many characters")
     max_output_chars: int = option(1500, "each step's output is clipped to this many characters")
     chat_template: bool = option(True, "wrap the prompt in the tokenizer's chat template")
@@ -79,6 +89,13 @@ class PRMFormat:
                              choices=("special", "existing"))
     candidate_output: str = option("hide", "show the candidate's own execution output to the PRM, or hide it "
                                    "(the paper: the PRM judges the step from the history)", choices=("show", "hide"))
+    interface: str = option("ours", "PRM interface: ours (our prompt, two label tokens, two-way loss, softmax) or "
+                            "reference (the public CodeTool PRM: system prompt with API docs, earlier code, the "
+                            "parent's result and four criteria; yes/no words; full-vocabulary SFT; score "
+                            "logit_yes / (logit_yes + logit_no); no candidate token budget)",
+                            choices=("ours", "reference"))
+    reference_result_chars: int = option(2000, "interface reference: the parent's output is cut to this many "
+                                         "characters when scoring (whole in training)")
 
     @classmethod
     def from_saved(cls, saved: dict) -> PRMFormat:
@@ -87,9 +104,13 @@ class PRMFormat:
         return cls(**{"candidate_output": "show", **saved})
 
     def __post_init__(self):
+        if self.interface not in ("ours", "reference"):
+            raise ConfigError(f"format.interface must be ours or reference, got {self.interface!r}.")
+        if self.interface == "reference" and list(self.label_tokens) == ["<|prm_pos|>", "<|prm_neg|>"]:
+            self.label_tokens, self.label_mode = ["yes", "no"], "existing"  # the public PRM's answer words
         if len(self.label_tokens) != 2 or self.label_tokens[0] == self.label_tokens[1]:
             raise ConfigError(f"format.label_tokens: need two different strings, got {self.label_tokens!r}.")
-        if self.max_suffix_length < 32 or self.max_length - self.max_suffix_length < 64:
+        if self.interface == "ours" and (self.max_suffix_length < 32 or self.max_length - self.max_suffix_length < 64):
             raise ConfigError(
                 f"format: max_length {self.max_length} and max_suffix_length {self.max_suffix_length} "
                 "leave no room; keep max_suffix_length >= 32 and max_length >= max_suffix_length + 64.")
@@ -98,41 +119,6 @@ class PRMFormat:
     def prefix_budget(self) -> int:
         """Tokens the prefix may use: ``max_length - max_suffix_length - 1`` (1 for the label)."""
         return self.max_length - self.max_suffix_length - 1
-
-
-@dataclass
-class EncodedPrompt:
-    """Token ids of one example: ``prefix_ids + suffix_ids`` is the model input; the label token
-    is predicted at its last position.
-
-    Args:
-        prefix_ids (`list[int]`): shared by every candidate of a step.
-        suffix_ids (`list[int]`): this candidate's part; never empty.
-        truncated (`bool`): whether anything was cut to fit the token budgets.
-        dropped_steps (`int`): history steps left out (oldest first).
-    """
-
-    prefix_ids: list[int]
-    suffix_ids: list[int]
-    truncated: bool = False
-    dropped_steps: int = 0
-
-    @property
-    def input_ids(self) -> list[int]:
-        return self.prefix_ids + self.suffix_ids
-
-
-def clip_text(text: str, limit: int) -> str:
-    """Keep the head and tail of ``text`` within ``limit`` characters, marking the cut."""
-    text = text or ""
-    if len(text) <= limit:
-        return text
-    half = max(limit // 2, 1)
-    return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
-
-
-def _template(name: str) -> str:
-    return resources.files("codetool.prompts").joinpath(name).read_text(encoding="utf-8").rstrip("\n")
 
 
 def render_history(history: list[dict], output_chars: int, dropped: int = 0) -> str:
@@ -155,22 +141,29 @@ class PromptEncoder:
         tokenizer (`PreTrainedTokenizerBase`): must already contain the label tokens
             (see ``codetool.prm.modeling.add_label_tokens``).
         fmt (`PRMFormat`): lengths, template choice and label tokens.
+        training (`bool`, *optional*, defaults to `False`): rows for training (``interface:
+            reference`` shows the parent's output whole there).
 
     Raises:
         CodetoolError: if a label token is not one token of ``tokenizer``.
     """
 
-    def __init__(self, tokenizer, fmt: PRMFormat):
+    def __init__(self, tokenizer, fmt: PRMFormat, training: bool = False):
         self.tokenizer = tokenizer
         self.fmt = fmt
-        self.prefix_template = _template("prm_prefix.txt")
-        self.suffix_template = _template("prm_suffix.txt" if fmt.candidate_output == "show"
+        self.prefix_template = prompt_template("prm_prefix.txt")
+        self.suffix_template = prompt_template("prm_suffix.txt" if fmt.candidate_output == "show"
                                          else "prm_suffix_hidden.txt")
         self.head, self.tail = self._wrapper()
         self.head_ids = self._special(self.head)
         self.tail_ids = self._special(self.tail)
         self.label_ids = label_token_ids(tokenizer, fmt)
         self._prefix_cache: dict[str, tuple[list[int], bool, int]] = {}
+        self.reference = None
+        if fmt.interface == "reference":
+            from codetool.prm.reference import ReferencePrompt
+
+            self.reference = ReferencePrompt(self, training)
 
     def _wrapper(self) -> tuple[str, str]:
         if self.fmt.chat_template and getattr(self.tokenizer, "chat_template", None):
@@ -254,6 +247,8 @@ class PromptEncoder:
 
     def encode(self, item: PRMItem) -> EncodedPrompt:
         """The token ids of one example (see the module docstring for the budgets)."""
+        if self.reference is not None:
+            return self.reference.encode(item)
         prefix, p_cut, dropped = self.encode_prefix(item)
         suffix, s_cut = self.encode_suffix(item)
         return EncodedPrompt(prefix, suffix, truncated=p_cut or s_cut, dropped_steps=dropped)
@@ -363,4 +358,6 @@ def item_from_row(row: dict) -> PRMItem:
         raise ConfigError(f"PRM row 'history' must be a list of {{'code', 'output'}} dicts, got {type(history).__name__}.")
     return PRMItem(query=row["query"], tools=str(row.get("tools") or ""), history=history,
                    candidate=str(row.get("candidate") or ""), candidate_output=str(row.get("candidate_output") or ""),
-                   candidate_plan=str(row.get("candidate_plan") or ""))
+                   candidate_plan=str(row.get("candidate_plan") or ""), step_text=str(row.get("step_text") or ""),
+                   previous_steps=str(row.get("previous_steps") or ""),
+                   parent_result=str(row.get("parent_result") or ""))

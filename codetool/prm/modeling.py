@@ -176,6 +176,7 @@ class PRMModel(nn.Module):
         self.max_packed_tokens = 4096  # packed row width bound (attention is quadratic in it)
         self.activation_checkpointing = False
         self.no_trie = False  # set under FSDP: its wrapped layers expect one call per forward
+        self.full_vocab = False  # format.interface reference in training: label log-probs over the vocabulary
         self._no_split_modules = getattr(lm, "_no_split_modules", None)
 
     def add_model_tags(self, tags) -> None:
@@ -212,8 +213,26 @@ class PRMModel(nn.Module):
         self.activation_checkpointing_enable(gradient_checkpointing_kwargs, **kwargs)
 
     def label_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(n, hidden) states -> (n, 2) float32 logits of [positive, negative]."""
+        """(n, hidden) states -> (n, 2) float32 logits of [positive, negative]; with ``full_vocab``
+        set, their log-probabilities under the whole vocabulary (:meth:`vocab_log_probs`)."""
+        if self.full_vocab:
+            return self.vocab_log_probs(hidden)
         return (hidden.to(self.label_head.dtype) @ self.label_head.T).float()
+
+    def vocab_log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(n, hidden) states -> (n, 2) float32 log-probabilities of the two labels under the whole
+        output vocabulary, the label rows taken from ``label_head`` (plain SFT on the answer word,
+        ``format.interface: reference``). The output layer is called as a module, so ZeRO-3
+        gathers its weight."""
+        out = self.lm.get_output_embeddings()
+        if out is None:  # no separate head: the tied input embedding
+            out_logits = hidden @ self.lm.get_input_embeddings().weight.T
+        else:
+            out_logits = out(hidden.to(out.weight.dtype))
+        ids = torch.tensor(self.label_ids, device=out_logits.device)
+        pair = (hidden.to(self.label_head.dtype) @ self.label_head.T).float()
+        logits = out_logits.float().index_copy(1, ids, pair)
+        return torch.log_softmax(logits, dim=-1).index_select(1, ids)
 
     def forward(self, input_ids: torch.Tensor, last_index: torch.Tensor, share_prefix: bool | str = False) -> torch.Tensor:
         """(batch, 2) float32 label logits of right-padded ``input_ids`` read at ``last_index``.

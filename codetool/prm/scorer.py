@@ -1,8 +1,10 @@
 """Scoring with a PRM: ``PRMScorer.score(items) -> list[float]`` and ``codetool score``.
 
 The score of a candidate step is ``softmax([logit_pos, logit_neg])[0]`` at the label position
-(DESIGN.md §4; never a ratio of raw logits), a float in [0, 1]. :class:`LocalPRMScorer` computes
-it fast on one machine:
+(DESIGN.md §4), a float in [0, 1]; a PRM trained with ``format.interface: reference`` scores as
+the public CodeTool server does, ``logit_yes / (logit_yes + logit_no)`` on the raw logits
+(:func:`codetool.prm.reference.label_scores`). :class:`LocalPRMScorer` computes it fast on one
+machine:
 
 - items are encoded with the one prompt renderer (``codetool.prm.format``); candidates whose
   prefix ids are equal (the K candidates of one search step) form a group;
@@ -26,6 +28,7 @@ from pathlib import Path
 
 from codetool import CodetoolError
 from codetool.config import option
+from codetool.prm.reference import label_scores
 from codetool.rewards import PRMItem
 
 logger = logging.getLogger(__name__)
@@ -54,6 +57,7 @@ class LocalPRMScorer:
         from codetool.prm.format import PromptEncoder
 
         self.model = model.eval()
+        self.model.full_vocab = False  # scoring reads the two raw label logits
         self.encoder = PromptEncoder(tokenizer, fmt)
         self.max_batch_tokens = max(int(max_batch_tokens), 1)
         self.share_prefix = model.resolve_share_mode(share_prefix)
@@ -66,8 +70,10 @@ class LocalPRMScorer:
         """Load a ``codetool train-prm`` output folder (see ``codetool.prm.modeling.load_prm``)."""
         from codetool.prm.modeling import load_prm
 
-        model, tokenizer, fmt, _ = load_prm(path, device=device, dtype=dtype, merge=merge)
-        return cls(model, tokenizer, fmt, **kwargs)
+        model, tokenizer, fmt, meta = load_prm(path, device=device, dtype=dtype, merge=merge)
+        scorer = cls(model, tokenizer, fmt, **kwargs)
+        scorer.meta = meta  # what it was trained on (label rules, interface): for the comparability block
+        return scorer
 
     def score(self, items: list[PRMItem]) -> list[float]:
         import torch
@@ -87,7 +93,7 @@ class LocalPRMScorer:
             for batch in self._batches(cost):
                 rows = [encoded[order[k]].input_ids for k in batch]
                 logits = self.model.logits_of_rows(rows, share_prefix=self.share_prefix)  # (n, 2) float32
-                for k, value in zip(batch, torch.softmax(logits, dim=-1)[:, 0].tolist()):
+                for k, value in zip(batch, label_scores(logits, self.encoder.fmt.interface)):
                     scores[order[k]] = value
         self.stats["calls"] += 1
         self.stats["items"] += len(items)
@@ -113,7 +119,8 @@ class LocalPRMScorer:
 
 def reference_scores(model, encoder, items: list[PRMItem]) -> list[float]:
     """The plain way, for tests and benchmarks: one full forward of the whole causal LM per item,
-    logits at the last position only (``logits_to_keep=1``), softmax over the two label ids."""
+    logits at the last position only (``logits_to_keep=1``), the score of the two label logits
+    (:func:`~codetool.prm.reference.label_scores`)."""
     import torch
 
     pos, neg = encoder.label_ids
@@ -122,7 +129,7 @@ def reference_scores(model, encoder, items: list[PRMItem]) -> list[float]:
         for item in items:
             ids = torch.tensor([encoder.encode(item).input_ids], device=next(model.parameters()).device)
             logits = model.lm(input_ids=ids, logits_to_keep=1).logits[0, -1]
-            out.append(torch.softmax(logits[[pos, neg]].float(), dim=-1)[0].item())
+            out.append(label_scores(logits[[pos, neg]].float()[None], encoder.fmt.interface)[0])
     return out
 
 

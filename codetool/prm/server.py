@@ -59,7 +59,8 @@ from codetool.serving import (
 
 logger = logging.getLogger(__name__)
 
-_TEXT_FIELDS = ("query", "tools", "candidate", "candidate_output", "candidate_plan")
+_TEXT_FIELDS = ("query", "tools", "candidate", "candidate_output", "candidate_plan", "step_text", "previous_steps",
+                "parent_result")
 GUARD_GRACE_S = 5.0  # the guard's deadline is the scoring budget plus this (see create_app)
 
 
@@ -134,7 +135,8 @@ def parse_items(body: bytes, max_items: int, max_history_steps: int = 1000) -> l
             history=[{"code": clean_text(h.get("code", "")), "output": clean_text(h.get("output", "")),
                       **({"plan": clean_text(h["plan"])} if h.get("plan") else {})} for h in history],
             candidate=clean_text(raw.get("candidate", "")), candidate_output=clean_text(raw.get("candidate_output", "")),
-            candidate_plan=clean_text(raw.get("candidate_plan", ""))))
+            candidate_plan=clean_text(raw.get("candidate_plan", "")),
+            **{name: clean_text(raw.get(name, "")) for name in _TEXT_FIELDS[5:]}))
     return items
 
 

@@ -9,7 +9,9 @@ keeps the recipe keys of ``configs/train/*.yaml``; any other ``SFTConfig`` /
 The loss is the cross-entropy over the two label logits at the label position (the same two
 numbers the scorer softmaxes), computed from the hidden state of that one position only
 (``PRMModel``): no logits over the vocabulary, no loss on EOS, exactly one supervised token per
-row. This is a small ``transformers.Trainer`` subclass, so DDP, DeepSpeed ZeRO-2/3, FSDP,
+row; under ``format.interface: reference`` (the public CodeTool PRM) it is plain SFT on the answer
+word instead: the cross-entropy over the whole vocabulary (``codetool.prm.reference``), with at most
+``max_samples`` rows (10,000 there). This is a small ``transformers.Trainer`` subclass, so DDP, DeepSpeed ZeRO-2/3, FSDP,
 gradient accumulation, bf16, checkpoints, resume and ``report_to`` come from the Trainer; run it
 unchanged under ``accelerate launch --config_file configs/accelerate/<setup>.yaml``.
 
@@ -76,6 +78,8 @@ class TrainConfig:
     resume: str = option("auto", "auto (last checkpoint in output_dir), none, or a checkpoint folder")
     seed: int = option(0, "seed of LoRA init, label rows, shuffling")
     num_workers: int = option(0, "data loader worker processes")
+    max_samples: int | None = option(None, "train on at most this many rows, the first of the files (LLaMA-Factory's "
+                                     "max_samples); none: all (10000 under format.interface reference)")
     trainer_options: dict = option(default_factory=dict, help="any other SFTConfig / TrainingArguments option, "
                                    "e.g. {optim: adamw_torch_fused} (see 'codetool train-prm --help')")
 

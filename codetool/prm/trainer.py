@@ -3,7 +3,8 @@
 ``codetool train-prm --config configs/train/<recipe>.yaml`` runs :func:`train_command`. The loss
 is the cross-entropy over the two label logits at the label position (the numbers the scorer
 softmaxes), computed from the hidden state of that one position (``PRMModel``): no logits over
-the vocabulary, no loss on EOS, one supervised token per row. DDP, DeepSpeed ZeRO-2/3, FSDP,
+the vocabulary, no loss on EOS, one supervised token per row (``format.interface: reference``:
+the answer word's cross-entropy over the whole vocabulary, ``PRMModel.full_vocab``). DDP, DeepSpeed ZeRO-2/3, FSDP,
 gradient accumulation, bf16, checkpoints, resume, ``report_to`` and ``push_to_hub`` come from
 the Trainer: run it unchanged under ``accelerate launch --config_file configs/accelerate/<x>.yaml``.
 
@@ -42,6 +43,8 @@ from codetool.config import ConfigError, from_dict, option
 from codetool.prm.format import PRMFormat
 
 logger = logging.getLogger(__name__)
+
+REFERENCE_MAX_SAMPLES = 10_000  # the public CodeTool training command (LLaMA-Factory --max_samples)
 
 # recipe keys of earlier versions (configs/train/*.yaml, TrainConfig) -> SFTConfig fields
 ALIASES = {"epochs": "num_train_epochs", "batch_size": "per_device_train_batch_size",
@@ -100,6 +103,9 @@ class PRMConfig(SFTConfig):
                             choices=("auto", "bf16", "fp32"))
     model_dtype: str = option("auto", "dtype the base weights are loaded in", choices=("auto", "float32", "bfloat16"))
     resume: str = option("auto", "auto (last checkpoint in output_dir), none, or a checkpoint folder")
+    max_samples: int | None = option(None, "train on at most this many rows, the first of the dataset files "
+                                     "(LLaMA-Factory's max_samples); none: all (10000 under format.interface "
+                                     "reference, the public training command's value)")
     # ---- SFTConfig / TrainingArguments fields whose default differs for a PRM
     output_dir: str = option("checkpoints/prm/quickstart", "checkpoints and the final PRM go here")
     learning_rate: float = option(2e-4, "peak learning rate")
@@ -264,7 +270,11 @@ class PRMTrainer(SFTTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         logits = model(input_ids=inputs["input_ids"], last_index=inputs["last_index"],
                        share_prefix=self.share_prefix)  # (batch, 2)
-        loss = F.cross_entropy(logits, inputs["target"].to(logits.device))
+        target = inputs["target"].to(logits.device)
+        if self.args.format.interface == "reference":  # log-probs over the vocabulary: plain SFT on the word
+            loss = F.nll_loss(logits, target)
+        else:
+            loss = F.cross_entropy(logits, target)
         return (loss, logits) if return_outputs else loss
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
@@ -368,9 +378,12 @@ def build_model(cfg: PRMConfig, dtype: str = "float32"):
             target_modules=targets[0] if targets == ["all-linear"] else targets))
     else:
         lm.requires_grad_(True)
-        if not is_tied(lm):  # the label head replaces the LM head in training; unused params break DDP
+        # the label head replaces the LM head in training (unused params break DDP), except under the
+        # reference interface, whose loss runs over the whole vocabulary
+        if not is_tied(lm) and cfg.format.interface != "reference":
             lm.get_output_embeddings().requires_grad_(False)
     model = PRMModel(lm, label_ids)
+    model.full_vocab = cfg.format.interface == "reference"
     model.max_packed_tokens = cfg.max_packed_tokens
     model.label_head.requires_grad_(cfg.train_label_head)
     if cfg.gradient_checkpointing:
@@ -387,6 +400,11 @@ def _datasets(cfg: PRMConfig, encoder, rows: list[dict], eval_rows: list[dict] |
 
     from codetool.prm.data import split_rows, tokenize_rows
 
+    cap = cfg.max_samples if cfg.max_samples is not None else (
+        REFERENCE_MAX_SAMPLES if cfg.format.interface == "reference" else None)
+    if cap is not None and len(rows) > cap:  # LLaMA-Factory's max_samples: the first rows of the file
+        logger.info("max_samples %d: training on the first %d of %d rows", cap, cap, len(rows))
+        rows = rows[:cap]
     if eval_rows is not None:
         train_rows = rows
     else:
@@ -399,6 +417,11 @@ def _datasets(cfg: PRMConfig, encoder, rows: list[dict], eval_rows: list[dict] |
                 stats.truncated, len(eval_rows))
     eval_ds = Dataset.from_list(tokenize_rows(eval_rows, encoder)[0]) if eval_rows else None
     return Dataset.from_list(train_tok), eval_ds
+
+
+def _label_rules(rows: list[dict]) -> list[str]:
+    """The tree label rules (``trees.label_rule``) the training rows were made with, as the rows say."""
+    return sorted({str(r["label_rule"]) for r in rows if r.get("label_rule")})
 
 
 def _compute_metrics(prediction) -> dict[str, float]:
@@ -443,12 +466,13 @@ def build_trainer(cfg) -> PRMTrainer:
     set_seed(cfg.seed)
     logger.info("training on %d process(es), device %s", cfg.world_size, cfg.device)
     model, tokenizer = build_model(cfg, _load_dtype(cfg, cfg))  # after the args: ZeRO-3 loads it partitioned
-    encoder = PromptEncoder(tokenizer, cfg.format)
+    encoder = PromptEncoder(tokenizer, cfg.format, training=True)
     train_ds, eval_ds = _datasets(cfg, encoder, rows, eval_rows)
     if eval_ds is None and cfg.eval_strategy != "no":
         cfg.eval_strategy = "no"
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     meta = {"base_model": cfg.model, "format": dataclasses.asdict(cfg.format), "seed": cfg.seed,
+            "label_rules": _label_rules(rows),
             "finetune": cfg.finetune, "split": {"eval_fraction": 0.0 if cfg.eval_dataset else cfg.eval_fraction,
                       "seed": cfg.split_seed, "eval_dataset": list(cfg.eval_dataset)},
             "codetool_version": __version__}

@@ -15,6 +15,12 @@ distribution. The score is ``softmax([logit_pos, logit_neg])[0] = 1 / (1 + exp(l
 lp_pos))`` (DESIGN.md §4; the log-normaliser cancels). vLLM's prefix caching computes a shared
 prefix (the K candidates of one step) once, like the local scorer's shared prefix.
 
+A PRM trained with ``format.interface: reference`` (the public CodeTool PRM, whose score is the
+raw-logit ratio ``logit_yes / (logit_yes + logit_no)``) is refused with a one-line
+:class:`ConfigError`: vLLM's raw logits (``logprobs_mode="raw_logits"``) with
+``logprob_token_ids`` could give that ratio, but that pair is not tested yet (the CPU build lives
+only in CI's vLLM stage); score such a PRM with the checkpoint folder itself (transformers).
+
 Agreement with ``LocalPRMScorer`` on the same checkpoint and items is tested in CI's vLLM stage
 (``scripts/ci_vllm.sh``, ``tests/test_prm_vllm_backend.py``): float32 on CPU, single and batched calls, prefix
 caching on and off, within 1e-4 of the score.
@@ -27,6 +33,7 @@ import math
 from pathlib import Path
 
 from codetool import CodetoolError
+from codetool.config import ConfigError
 from codetool.rewards import PRMItem
 
 logger = logging.getLogger(__name__)
@@ -78,10 +85,18 @@ class VLLMScorer:
     Raises:
         CodetoolError: if vLLM is not installed or too old for ``logprob_token_ids``, or the
             folder is not a PRM checkpoint.
+        ConfigError: the PRM was trained with ``format.interface: reference`` (module docstring).
     """
 
     def __init__(self, path: str, *, dtype: str = "auto", enable_prefix_caching: bool = True,
                  gpu_memory_utilization: float = 0.85, tensor_parallel_size: int = 1, **llm_kwargs):
+        from codetool.prm.modeling import PRM_CONFIG, read_prm_config
+
+        saved = read_prm_config(path) if (Path(path) / PRM_CONFIG).is_file() else {}  # else: refused below
+        if (saved.get("format") or {}).get("interface") == "reference":
+            raise ConfigError(f"--prm vllm:{path}: this PRM uses format.interface reference (score logit_yes / "
+                              "(logit_yes + logit_no) on raw logits), which the vLLM scorer does not compute yet; "
+                              f"pass --prm {path} to score it with transformers.")
         try:
             from vllm import LLM, SamplingParams
         except ImportError:
@@ -99,7 +114,7 @@ class VLLMScorer:
 
         from codetool.models.vllm_backend import engine_defaults
         from codetool.prm.format import PRMFormat, PromptEncoder
-        from codetool.prm.modeling import checkpoint_dtype, read_prm_config
+        from codetool.prm.modeling import checkpoint_dtype
 
         folder = served_folder(path, dtype)
         meta = read_prm_config(folder)

@@ -157,7 +157,8 @@ def expand(policy, nodes: list[Node], n: int, cfg: SearchConfig, *,
             cand.r_spot = on_the_spot(cand.result, tool_error_is_failure=cfg.tool_error_is_failure)
             called = [task.env.api_for(c.name) for c in cand.result.tool_calls]
             cand.cost = step_cost(parsed.code or "", [a for a in called if a is not None], _cost_table(cfg))
-            obs = format_observation(cand.result, max_chars=cfg.max_observation_chars, parse_error=parsed.error)
+            obs = format_observation(cand.result, max_chars=cfg.max_observation_chars, parse_error=parsed.error,
+                                     cut=getattr(cfg, "observation_cut", "middle"))
             row.append(Expanded(cand, child, obs, parsed.error))
         expanded.append(row)
     timings["execution"] = timings.get("execution", 0.0) + time.perf_counter() - t0

@@ -26,6 +26,7 @@ from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING
 
+from codetool.search.reference import reference_output
 from codetool.secrets import redact
 
 if TYPE_CHECKING:
@@ -108,7 +109,16 @@ def mark_printed(stdout: str) -> str:
                      for line in stdout.split("\n"))
 
 
-def format_observation(result: ExecutionResult | None, *, max_chars: int = 1500, parse_error: str | None = None) -> str:
+def cut_output(text: str, max_chars: int, cut: str = "middle") -> str:
+    """``text`` within ``max_chars``: ``middle`` keeps head and tail (:func:`truncate_middle`),
+    ``head`` its first ``max_chars`` characters (the public CodeTool code's ``[0:500]``)."""
+    if cut == "head":
+        return text[:max_chars] if max_chars > 0 else text
+    return truncate_middle(text, max_chars)
+
+
+def format_observation(result: ExecutionResult | None, *, max_chars: int = 1500, parse_error: str | None = None,
+                       cut: str = "middle") -> str:
     """What the policy sees after a step: its output, its error, tool failures, lost state.
     Printed lines that start like the host's own lines are marked (:func:`mark_printed`); the
     executor already removed terminal control sequences from the output.
@@ -117,6 +127,7 @@ def format_observation(result: ExecutionResult | None, *, max_chars: int = 1500,
         result (`ExecutionResult` or `None`): what the step's run gave (``None``: nothing ran).
         max_chars (`int`, *optional*, defaults to 1500): cap on the printed output shown.
         parse_error (`str`, *optional*): set when the reply had no code (nothing ran).
+        cut (`str`, *optional*, defaults to ``"middle"``): how a longer output is cut (:func:`cut_output`).
     """
     if parse_error:
         return parse_error
@@ -125,7 +136,7 @@ def format_observation(result: ExecutionResult | None, *, max_chars: int = 1500,
         return "Error (Error): the step failed"
     stdout = (result.stdout or "").rstrip()
     if stdout:
-        parts.append("Output:\n" + mark_printed(truncate_middle(stdout, max_chars)))
+        parts.append("Output:\n" + mark_printed(cut_output(stdout, max_chars, cut)))
     if not result.ok:
         kind = result.error_type or result.outcome or "Error"
         parts.append(f"Error ({kind}): {result.error_message or 'the step failed'}")
@@ -173,10 +184,21 @@ def step_plan(text: str | None) -> str:
 
 
 def history_entry(candidate, observation: str) -> dict:
-    """One chosen step as a history entry: ``{"code", "text", "observation"}`` (the parsed code, the
-    whole reply, the observation shown), the form :func:`policy_messages` and
-    :func:`visible_history` read."""
-    return {"code": candidate.code, "text": candidate.text, "observation": observation}
+    """One chosen step as a history entry: ``{"code", "text", "observation", "result"}`` (the parsed
+    code, the whole reply, the observation shown, and its output in the public code's form for the
+    reference PRM interface), the form :func:`policy_messages` and :func:`visible_history` read."""
+    return {"code": candidate.code, "text": candidate.text, "observation": observation,
+            "result": reference_output(candidate.result) if candidate.code is not None else ""}
+
+
+def reference_prm_fields(history: list[dict], text: str | None) -> dict[str, str]:
+    """What the public CodeTool PRM reads when it scores a candidate reply ``text`` after the
+    chosen steps ``history`` (``infer/step_infer.py``): the reply with its stop word, the earlier
+    replies with theirs joined by the two characters ``/n`` (as it joins them), and the last
+    step's output."""
+    replies = [f"{h.get('text') or ''}[Step {k} Finished]\n" for k, h in enumerate(history, 1)]
+    return {"step_text": f"{text or ''}[Step {len(history) + 1} Finished]\n", "previous_steps": "/n".join(replies),
+            "parent_result": str(history[-1].get("result") or "") if history else ""}
 
 
 def visible_history(history: list[dict], observation_history: str = "all",

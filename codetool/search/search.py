@@ -41,6 +41,7 @@ from codetool.search.prompt import (
     OBSERVATION_HISTORIES,
     STEP_FORMATS,
     history_entry,
+    reference_prm_fields,
     step_plan,
     visible_history,
 )
@@ -98,8 +99,16 @@ class SearchConfig:
     cost_table: str | None = option(None, "YAML of tool costs (default: the packaged table)")
     seed: int | None = option(0, "sampling seed (none = nondeterministic)")
     tie_break: str = option("random", "equal selection scores: random (a pick seeded by search.seed, the query "
-                            "and the step; the reference ablation) or first (the earlier sample)",
-                            choices=["random", "first"])
+                            "and the step; the reference ablation), first (the earlier sample among scores equal "
+                            "to 1e-9) or reference (the public code's main method: exact comparison, the "
+                            "earliest of the best wins)", choices=["random", "first", "reference"])
+    reference_steps: bool = option(True, "after each episode, re-run its chosen steps as the public CodeTool code "
+                                   "does (earlier steps' first code blocks with prints stripped, then the step; one "
+                                   "sandbox per trajectory) and record their status and output: SCEP as the public "
+                                   "code counts it and answer.final_answer reference read them")
+    observation_cut: str = option("middle", "how an output longer than max_observation_chars is cut: middle (head "
+                                  "and tail, ours) or head (its first characters, as the public code's [0:500])",
+                                  choices=["middle", "head"])
     strategy: str = option("greedy", "search over steps: greedy (CodeTool: keep the best candidate per step), "
                            "best_of_n, beam or lookahead (codetool.search.strategies)",
                            choices=["greedy", "best_of_n", "beam", "lookahead"])
@@ -179,7 +188,9 @@ def select(candidates: list[Candidate], cfg: SearchConfig, *, tie_key: str = "")
        cost plays no part (a tool-free ``finish`` does not beat an equally good tool call);
     4. ``tie_break='random'``: a pick seeded by ``cfg.seed`` and ``tie_key`` (e.g. query id and
        step), like the reference ablation's random choice among equal candidates; ``first``: the
-       earlier sample.
+       earlier sample. ``reference`` skips the rounding of 2: the public code's main method keeps
+       candidate 1 unless candidate 2's score is strictly greater (``>=`` on the raw sums), so
+       the earliest of the exactly best wins.
 
     Args:
         candidates (`list[Candidate]`): the step's executed candidates (``index`` = sample order).
@@ -196,6 +207,9 @@ def select(candidates: list[Candidate], cfg: SearchConfig, *, tie_key: str = "")
         top = max(quality.values())
         floor = max(c.r_spot for c in pool if quality[c.index] >= top - 1e-9)
         pool = [c for c in pool if c.r_spot >= floor]
+    if cfg.tie_break == "reference":
+        top = max(c.score for c in pool)
+        return min(c.index for c in pool if c.score == top)
     best = max(round(c.score, 9) for c in pool)
     pool = [c for c in pool if round(c.score, 9) == best]
     if cfg.w_cost > 0:
@@ -355,7 +369,8 @@ class StepwiseSearch:
         return PRMItem(query=task.query, tools=task.env.render(),
                        history=visible_history(history, cfg.observation_history, cfg.step_format),
                        candidate=candidate.code, candidate_output=observation,
-                       candidate_plan=step_plan(candidate.text) if cfg.step_format == "step_text" else "")
+                       candidate_plan=step_plan(candidate.text) if cfg.step_format == "step_text" else "",
+                       **reference_prm_fields(history, candidate.text))
 
     def _advance(self, ep: _Episode, row: list[Expanded]) -> bool:
         """Record the step, keep the chosen fork, close the rest; True when the episode ended."""

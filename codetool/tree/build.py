@@ -11,8 +11,12 @@ Leaf success (``success``, see :func:`codetool.tree.labels.leaf_success`): ``exe
 public code's notion: every step on the path ran without an exception or a tool error),
 ``grounded`` (default: ``finish`` with a non-empty answer after at least one successful call of a
 listed tool; a tool-free finish never succeeds), or ``judged`` (grounded, and a judge from
-``codetool.eval`` says Solved). Sibling labels follow ``label_rule`` (``reference`` or ``latent``);
-every tree's summary counts its pairs by what decided them and its drops by reason.
+``codetool.eval`` says Solved). Sibling labels follow ``label_rule``: ``ours`` (default) or
+``latent`` (:func:`codetool.tree.labels.sibling_pairs`), or ``reference``, the public code's rows
+exactly (:mod:`codetool.tree.reference`): after a tree is built, each node's path is re-run as the
+public code runs it (earlier steps with their prints stripped, then the node; one sandbox per
+tree), and the statuses and outputs are cached in the record, so ``--relabel`` needs no sandbox.
+Every tree's summary counts its pairs by what decided them and its drops by reason.
 
 Output: one JSON line per finished tree (``kill -9`` loses at most the tree in progress; a rerun
 skips finished query ids, refuses an output written with other settings unless ``--force_resume``,
@@ -52,6 +56,7 @@ from codetool.tree.labels import (
     pair_counts,
     sibling_pairs,
 )
+from codetool.tree.reference import LazyRunner, label_reference, reference_runner
 
 logger = logging.getLogger(__name__)
 
@@ -77,9 +82,14 @@ class TreeConfig:
     success: str = option("grounded", "leaf success: executed (public code: the path ran cleanly), grounded (finish "
                           "with an answer after a successful tool call), judged (grounded + a judge says Solved)",
                           choices=list(SUCCESS_MODES))
-    label_rule: str = option("reference", "sibling labels: reference (public code: executability, then hard/soft LR; "
-                             "tau never decides) or latent (paper wording: compare R_latent; both-LR-0 pairs dropped)",
-                             choices=list(LABEL_RULES))
+    label_rule: str = option("ours", "sibling labels: ours (every sibling pair; executability of the step's own "
+                             "run, then hard/soft LR; no success difference: no pair), reference (the public "
+                             "code's rows exactly: paths re-run with prints stripped, x-1/x-2 and x-3/x-2 pairs, "
+                             "both-'no' rows, replies without code as successful leaves) or latent (paper "
+                             "wording: compare R_latent; both-LR-0 pairs dropped)", choices=list(LABEL_RULES))
+    generator_quirks: bool = option(False, "with label_rule reference: also the public generator's history "
+                                    "bookkeeping after a reply without code (it drops that reply's later siblings "
+                                    "and one ancestor step from the nodes after it)")
     judge: str = option("default", "judge model for success=judged: default (the embedded model), a path, Hub id "
                         "or http(s) URL")
     alpha: float = option(0.9, "latent reward alpha")
@@ -188,12 +198,16 @@ class TreeBuilder:
         config (`TreeConfig`): tree settings.
         make_executor (`Callable[[SearchTask], Executor]`): a fresh executor for a task.
         judge (*optional*): ``judge(query, answer) -> bool`` when ``success='judged'``.
+        make_reference_runner (`Callable[[SearchTask], ReferenceRunner]`, *optional*): the
+            re-runs of ``label_rule: reference`` (default: a sandbox from ``make_executor`` on the
+            task's tools as the public code's programs see them).
     """
 
-    def __init__(self, policy, config: TreeConfig, make_executor, judge=None):
+    def __init__(self, policy, config: TreeConfig, make_executor, judge=None, make_reference_runner=None):
         if config.success == "judged" and judge is None:
             raise ConfigError("success=judged needs a judge; pass one or use success=grounded.")
         self.policy, self.cfg, self.make_executor, self.judge = policy, config, make_executor, judge
+        self.make_reference_runner = make_reference_runner or (lambda task: reference_runner(task, make_executor))
         # max_steps = max_depth: a constrained policy's last step then answers (search.constrain_last_finish)
         self.sample_cfg = replace(config.search, k=config.branching, max_steps=config.max_depth)
 
@@ -276,10 +290,14 @@ class TreeBuilder:
                   "step_format": cfg.search.step_format,
                   "config_hash": tree_hash(cfg),
                   "nodes": tree, "summary": {"seconds": seconds}}
-        return label_record(record, cfg)
+        if cfg.label_rule != "reference":
+            return label_record(record, cfg)
+        with LazyRunner(lambda: self.make_reference_runner(task)) as runner:
+            return label_record(record, cfg, runner=runner)
 
 
-def label_record(record: dict[str, Any], cfg: TreeConfig, *, recompute_success: bool = False) -> dict[str, Any]:
+def label_record(record: dict[str, Any], cfg: TreeConfig, *, recompute_success: bool = False,
+                 runner=None) -> dict[str, Any]:
     """Label a tree record in place: LR, tau and latent reward per node, sibling ``pairs`` under
     ``cfg.label_rule``, and the ``summary`` (pairs by what decided them, drops by reason).
 
@@ -288,8 +306,12 @@ def label_record(record: dict[str, Any], cfg: TreeConfig, *, recompute_success: 
         cfg (`TreeConfig`): alpha, beta, L, tau_mode, label_rule (and success when recomputing).
         recompute_success (`bool`, *optional*): derive each leaf's success again under
             ``cfg.success`` (``executed`` or ``grounded``; ``judged`` keeps the stored verdicts).
+        runner (`ReferenceRunner`, *optional*): runs the programs ``label_rule: reference`` needs
+            that the record's ``reference_runs`` does not hold yet.
     Returns:
         The same record.
+    Raises:
+        CodetoolError: ``label_rule: reference`` needs a run that is neither cached nor runnable.
     """
     tree = record["nodes"]
     if recompute_success and cfg.success != "judged":
@@ -298,7 +320,12 @@ def label_record(record: dict[str, Any], cfg: TreeConfig, *, recompute_success: 
             if node["leaf"]:
                 node["success"] = leaf_success(tree, node_id, cfg.success, tool_names=names)
     label_tree(tree, alpha=cfg.alpha, beta=cfg.beta, max_len=cfg.max_len, tau_mode=cfg.tau_mode)
-    pairs, counts = sibling_pairs(tree, cfg.label_rule)
+    if cfg.label_rule == "reference":
+        counts = label_reference(record, runner, generator=cfg.generator_quirks, alpha=cfg.alpha, beta=cfg.beta,
+                                 max_len=cfg.max_len)
+        pairs = record["pairs"]
+    else:
+        pairs, counts = sibling_pairs(tree, cfg.label_rule)
     leaves = [n for n in tree.values() if n["leaf"]]
     record["pairs"] = pairs
     record["label_rule"], record["success_mode"] = cfg.label_rule, cfg.success
@@ -444,7 +471,7 @@ def build_trees_command(cfg: TreeConfig) -> int:
     """
     from codetool.jsonl import read_jsonl, write_jsonl
     from codetool.resume import OutputLock
-    from codetool.tree.jobs import build_missing, export_atomically, merge_shards
+    from codetool.tree.jobs import build_missing, export_atomically, merge_shards, relabel
 
     out = Path(cfg.output)
     queries = load_training_queries(cfg)
@@ -452,8 +479,7 @@ def build_trees_command(cfg: TreeConfig) -> int:
     if cfg.relabel:
         if not out.is_file():
             raise ConfigError(f"--relabel needs the tree records of --output; {out} does not exist.")
-        records = [r if r.get("finish_type") == "error" else label_record(r, cfg, recompute_success=True)
-                   for r in read_jsonl(out)]
+        records = relabel(cfg, list(read_jsonl(out)), queries)
         for r in records:  # the records now hold this run's settings: resume and --retry_failed accept them
             r["config_hash"] = tree_hash(cfg)
         write_jsonl(out, records)
@@ -490,3 +516,4 @@ def _report_failed(records: list[dict]) -> bool:
         logger.warning("%d trees ended with an error (e.g. %s: %s); rerun with --retry_failed to rebuild only those",
                        len(failed), failed[0].get("query_id"), failed[0].get("error"))
     return bool(failed)
+

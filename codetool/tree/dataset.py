@@ -9,6 +9,12 @@ With ``emit='nodes'`` every node becomes a row with its soft target (``latent_re
 ``label = 1 if lr_soft >= 0.5``. Candidates whose reply had no code block are left out: the search
 never asks the PRM about them (they get latent reward 0), so they would only waste training.
 
+Under ``label_rule: reference`` the rows are the public code's (:mod:`codetool.tree.reference`),
+in its order: two per kept pair, first sibling first, both possibly ``0``, replies without code
+included (their ``step_text`` is empty), ``latent_reward`` the public code's. Every row also
+carries what the reference PRM interface shows (``prm.format.interface: reference``):
+``step_text``, ``previous_steps`` and ``parent_result`` (uncut).
+
 The train/validation split is by query id, never by row, so no query leaks across the split; it is
 :func:`codetool.split.heldout_query_ids`, the split ``train-prm`` and ``eval-prm`` use.
 """
@@ -25,30 +31,40 @@ from codetool.jsonl import write_jsonl
 from codetool.search.prompt import step_plan, visible_history
 from codetool.split import heldout_query_ids
 from codetool.tree.labels import add_counts, pair_counts, path_to
+from codetool.tree.reference import interface_fields
 
 logger = logging.getLogger(__name__)
 
 PRM_FIELDS = ("query_id", "query", "tools", "history", "candidate", "candidate_output", "candidate_plan",
-              "label", "latent_reward", "source")
+              "label", "latent_reward", "source", "label_rule", "step_text", "previous_steps", "parent_result")
 
 
-def _row(record: dict[str, Any], node_id: str, label: int) -> dict[str, Any]:
+def _row(record: dict[str, Any], node_id: str, label: int, reference: dict | None = None) -> dict[str, Any]:
     nodes = record["nodes"]
     node = nodes[node_id]
     step_format = record.get("step_format", "code_only")
     history = visible_history([nodes[n] for n in path_to(nodes, node_id)[:-1]],
                               record.get("observation_history", "all"), step_format)
-    return {"query_id": str(record["query_id"]), "query": record["query"], "tools": record["tools"],
-            "history": history, "candidate": node["code"], "candidate_output": node["observation"],
-            "candidate_plan": step_plan(node.get("text")) if step_format == "step_text" else "",
-            "label": int(label), "latent_reward": float(node["latent_reward"]),
-            "source": f"{record['query_id']}:{node_id}"}
+    row = {"query_id": str(record["query_id"]), "query": record["query"], "tools": record["tools"],
+           "history": history, "candidate": node["code"] or "", "candidate_output": node["observation"],
+           "candidate_plan": step_plan(node.get("text")) if step_format == "step_text" else "",
+           "label": int(label), "latent_reward": float(node["latent_reward"]),
+           "source": f"{record['query_id']}:{node_id}", "label_rule": record.get("label_rule", "ours"),
+           **interface_fields(record, node_id)}
+    if reference is not None:  # the public code's row: its texts and its latent reward
+        row.update({k: reference[k] for k in ("step_text", "previous_steps", "parent_result")})
+        row["latent_reward"] = float(record["reference"]["nodes"][node_id]["latent_reward"])
+    return row
 
 
 def tree_rows(record: dict[str, Any], emit: str = "pairs") -> tuple[list[dict[str, Any]], int]:
-    """PRM rows of one tree record; returns the rows and how many were skipped for lacking code."""
+    """PRM rows of one tree record; returns the rows and how many were skipped for lacking code
+    (none under ``label_rule: reference``, whose rows keep replies without code)."""
     nodes = record["nodes"]
     rows, skipped = [], 0
+    if emit == "pairs" and record.get("label_rule") == "reference" and "reference" in record:
+        # (records written before the reference rows existed called our rule "reference": their pairs stand)
+        return [_row(record, r["node"], r["label"], r) for r in record["reference"]["rows"]], 0
     if emit == "nodes":
         for node_id, node in nodes.items():
             if node["code"] is None:

@@ -5,6 +5,8 @@ dataset is written (issue 28).
   :class:`~codetool.tree.build.TreeBuilder`, tool backend); :func:`build_missing` runs it here or
   through :func:`codetool.distributed.run_on_ray` (``--ray``), appending one record per query to
   the (shard's) output, with resume, lock and error records from :mod:`codetool.resume`;
+- :func:`relabel` labels the built trees again (``--relabel``), re-running in a sandbox the
+  programs ``label_rule: reference`` needs that a record does not hold yet;
 - :func:`merge_shards` joins the ``--shard i/n`` files and refuses while a shard is missing trees,
   naming the shards to run again (they resume);
 - :func:`export_atomically` writes the PRM dataset into a staging folder and moves it in whole, so
@@ -21,7 +23,7 @@ from typing import Any
 from codetool import CodetoolError
 from codetool.config import ConfigError
 from codetool.resume import UnitRunner
-from codetool.tree.build import TreeBuilder, TreeConfig, judge_fn, tree_hash
+from codetool.tree.build import TreeBuilder, TreeConfig, judge_fn, label_record, tree_hash
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +55,29 @@ def merge_shards(cfg: TreeConfig, out: Path, queries: list, order: dict) -> list
     records = sorted(merged.values(), key=lambda r: order.get(str(r["query_id"]), len(order)))
     write_jsonl(out, records)
     logger.info("merged %d shard files into %s (%d trees)", len(shards), out, len(records))
+    return records
+
+
+def relabel(cfg: TreeConfig, records: list[dict], queries: list) -> list[dict]:
+    """``--relabel``: :func:`label_record` on every built tree. Under ``label_rule: reference`` a
+    program missing from a record's run cache is run in a sandbox on the query's tools (started
+    only when one is missing)."""
+    built = [r for r in records if r.get("finish_type") != "error"]
+    if cfg.label_rule != "reference":
+        for r in built:
+            label_record(r, cfg, recompute_success=True)
+        return records
+    from codetool.assemble import executor_factory, make_task, tool_backend
+    from codetool.tree.reference import LazyRunner, reference_runner
+
+    by_id, make_executor = {str(q.query_id): q for q in queries}, executor_factory(cfg.executor)
+    with tool_backend(cfg.tools_backend, server_url=cfg.tool_server_url, cache_dir=cfg.tool_cache_dir) as backend:
+        for r in built:
+            q = by_id.get(str(r["query_id"]))
+            start = None if q is None else (lambda q=q: reference_runner(make_task(q, backend, tool_doc=cfg.tool_doc),
+                                                                          make_executor))
+            with LazyRunner(start) as runner:
+                label_record(r, cfg, recompute_success=True, runner=runner)
     return records
 
 

@@ -12,11 +12,13 @@ query are ``1..b``; ``1-2`` is the second child of ``1``). A node record holds a
 - ``latent_reward``: ``alpha^(1 - lr_soft) * beta^(tau / L)``.
 
 :func:`leaf_success` decides whether a leaf succeeded (``trees.success``) and
-:func:`sibling_pairs` turns siblings into PRM labels (``trees.label_rule``): under both rules the
-sibling whose code ran beats one whose code failed; then ``reference`` (the public CodeTool code,
-our default) compares success only (hard, then soft LR) and ``latent`` (the paper's wording)
-compares the latent reward. Pairs are counted by what decided them, drops by reason
-(docs/FIDELITY.md).
+:func:`sibling_pairs` turns siblings into PRM labels (``trees.label_rule``): under both of its rules
+the sibling whose code ran (in its own fork: ``ok``) beats one whose code failed; then ``ours``
+(our default: the public code's comparison without its quirks) compares success only (hard,
+then soft LR) and ``latent`` (the paper's wording) compares the latent reward. Every pair of
+siblings is compared. Pairs are counted by what decided them, drops by reason (docs/FIDELITY.md).
+``label_rule: reference`` (the public code's rows exactly, its notion of a failed step included)
+is :mod:`codetool.tree.reference`.
 """
 
 from __future__ import annotations
@@ -78,7 +80,8 @@ def label_tree(tree: dict[str, dict], *, alpha: float = 0.9, beta: float = 0.95,
     return tree
 
 
-LABEL_RULES = ("reference", "latent")
+LABEL_RULES = ("ours", "latent", "reference")
+PAIR_RULES = ("ours", "latent")  # the rules of sibling_pairs; reference is codetool.tree.reference
 SUCCESS_MODES = ("executed", "grounded", "judged")
 DECIDED_BY = ("executability", "success_share", "latent_reward")
 DROPPED_FOR = ("no_success_difference", "both_failed", "tie")
@@ -89,14 +92,14 @@ def pair_counts() -> dict[str, dict[str, int]]:
     return {"decided": dict.fromkeys(DECIDED_BY, 0), "dropped": dict.fromkeys(DROPPED_FOR, 0)}
 
 
-def sibling_pairs(tree: dict[str, dict], rule: str = "reference") -> tuple[list[tuple[str, str]], dict]:
+def sibling_pairs(tree: dict[str, dict], rule: str = "ours") -> tuple[list[tuple[str, str]], dict]:
     """Ordered ``(more promising, less promising)`` node-id pairs over all sibling groups.
 
     Both rules look at executability first: a sibling whose own code ran (``ok``) beats one whose
     code failed. Then:
 
-    - ``reference`` (the public CodeTool code): the sibling with the strictly greater hard LR, or
-      else the strictly greater soft LR, wins ("success share"). A pair with no success
+    - ``ours`` (the public CodeTool code's comparison): the sibling with the strictly greater hard
+      LR, or else the strictly greater soft LR, wins ("success share"). A pair with no success
       difference is dropped (``no_success_difference``): tau never decides a label.
     - ``latent`` (the paper's wording): the higher ``latent_reward`` wins, with one guard: two
       siblings that both have LR 0 (and ran alike) are dropped (``both_failed``), since tau alone
@@ -104,15 +107,16 @@ def sibling_pairs(tree: dict[str, dict], rule: str = "reference") -> tuple[list[
 
     Args:
         tree (`dict[str, dict]`): nodes labelled by :func:`label_tree`.
-        rule (`str`, *optional*, defaults to ``"reference"``): ``reference`` or ``latent``.
+        rule (`str`, *optional*, defaults to ``"ours"``): ``ours`` or ``latent``.
     Returns:
         ``(pairs, counts)``; ``counts`` as from :func:`pair_counts`: pairs by what decided them
         (``executability``, ``success_share``, ``latent_reward``) and drops by reason.
     Raises:
         ValueError: on an unknown rule.
     """
-    if rule not in LABEL_RULES:
-        raise ValueError(f"label rule must be one of {LABEL_RULES}, got {rule!r}.")
+    if rule not in PAIR_RULES:
+        raise ValueError(f"label rule must be one of {PAIR_RULES} here (reference: codetool.tree.reference), "
+                         f"got {rule!r}.")
     pairs, counts = [], pair_counts()
     for siblings in children_of(tree).values():
         for a, b in combinations(siblings, 2):
@@ -129,7 +133,7 @@ def _compare(na: dict, nb: dict, rule: str) -> tuple[int | None, str]:
     """``(0 or 1, reason)`` for the winning sibling, or ``(None, drop reason)``."""
     if bool(na.get("ok")) != bool(nb.get("ok")):
         return (0 if na.get("ok") else 1), "executability"
-    if rule == "reference":
+    if rule == "ours":
         for key in ("lr_hard", "lr_soft"):
             if na[key] != nb[key]:
                 return (0 if na[key] > nb[key] else 1), "success_share"
