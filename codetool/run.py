@@ -33,6 +33,7 @@ from codetool.config import ConfigError, config_hash, option
 from codetool.decide.stage import RouterConfig
 from codetool.executor import ExecutorConfig
 from codetool.jsonl import append_jsonl
+from codetool.models.remote import RemoteConfig
 from codetool.models.spec import ModelSpec
 from codetool.resume import (
     FatalError,
@@ -65,7 +66,8 @@ class RunConfig:
     offset: int = option(0, "skip this many queries of the benchmark")
     limit: int | None = option(None, "run at most this many queries")
     output: str = option("runs/run/trajectories.jsonl", "trajectory file (JSONL, appended, resumable)")
-    policy: str = option("default", "policy: default, a model path, Hub id, http(s) URL of an OpenAI-compatible server, or vllm:<model>")
+    policy: str = option("default", "policy: default, a model path, Hub id, http(s) URL of an OpenAI-compatible server "
+                         "(several endpoints of one model: comma-separated), or vllm:<model>")
     policy_dtype: str = option("auto", "policy dtype (local models)", choices=["auto", "float32", "bfloat16", "float16"])
     policy_max_batch_size: int = option(16, "sequences decoded together (local models)")
     remote_model: str | None = option(None, "model name sent to an http(s) policy server")
@@ -77,9 +79,12 @@ class RunConfig:
     max_response_chars: int = option(20000, "characters of one tool response handed to the code")
     tool_doc: str = option("full", "tool docs in the prompt: full docstrings, compact one-liners, or brief (names and one short line: small models on CPU)",
                            choices=["full", "compact", "brief"])
-    prm: str = option("none", "latent reward: a PRM checkpoint dir, a serve-prm URL, rollout, or none")
+    prm: str = option("none", "latent reward: a PRM checkpoint dir, a serve-prm URL (several: comma-separated), "
+                      "rollout, or none")
     prm_device: str = option("auto", "device of a local PRM")
     router: bool = option(False, "decide first (When2Tool): route easy queries past the full search")
+    policy_client: RemoteConfig = field(default_factory=RemoteConfig)
+    prm_client: RemoteConfig = field(default_factory=RemoteConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     routing: RouterConfig = field(default_factory=RouterConfig)
@@ -111,7 +116,7 @@ class RunConfig:
 def policy_spec(cfg: RunConfig) -> ModelSpec:
     """The run's policy, parsed once from ``policy`` and the options beside it."""
     return ModelSpec.parse(cfg.policy, role="policy", remote_model=cfg.remote_model, api_key_env=cfg.api_key_env,
-                           dtype=cfg.policy_dtype, max_batch_size=cfg.policy_max_batch_size)
+                           dtype=cfg.policy_dtype, max_batch_size=cfg.policy_max_batch_size, client=cfg.policy_client)
 
 
 def load_benchmark(cfg: RunConfig) -> list:
@@ -165,7 +170,7 @@ def single_query(cfg: RunConfig):
 def run_hash(cfg: RunConfig) -> str:
     """The config hash stored in trajectories (what changes results; not paths or limits)."""
     return config_hash(cfg, ignore=("output", "offset", "limit", "data_dir", "prm_device", "retry_failed",
-                                    "force_resume"))
+                                    "force_resume", "policy_client", "prm_client"))
 
 
 def _query_key(q) -> str:
@@ -217,17 +222,19 @@ def execute_run(cfg: RunConfig, *, policy=None, scorer=None, show_summary: bool 
         todo = [q for q in queries if _query_key(q) not in plan.done]
         if plan.done:
             logger.info("resuming: %d of %d queries already in %s", len(queries) - len(todo), len(queries), out)
+        serving: dict[str, Any] = {}
         if todo:
-            _run_queries(cfg, todo, out, chash, policy, scorer)
+            _run_queries(cfg, todo, out, chash, policy, scorer, serving)
         else:
             logger.info("nothing to do: all %d queries are in %s", len(queries), out)
     if show_summary:
-        print_summary(out, [q.query_id for q in queries])
+        print_summary(out, [q.query_id for q in queries], clients=serving)
     return out
 
 
-def _run_queries(cfg: RunConfig, todo: list, out: Path, chash: str, policy, scorer) -> int:
-    """Search every query of ``todo``, one error record per failing query; returns the failures."""
+def _run_queries(cfg: RunConfig, todo: list, out: Path, chash: str, policy, scorer, serving: dict) -> int:
+    """Search every query of ``todo``, one error record per failing query; returns the failures.
+    ``serving`` receives the remote clients' measurements (``stats()``) for the summary."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     import codetool.assemble as assemble  # read at call time: tests substitute a scripted policy
@@ -235,8 +242,11 @@ def _run_queries(cfg: RunConfig, todo: list, out: Path, chash: str, policy, scor
 
     policy = policy or assemble.make_policy(policy_spec(cfg))
     if scorer is None:
-        scorer = make_scorer(cfg.prm, cfg.prm_device)
+        scorer = make_scorer(cfg.prm, cfg.prm_device, client=cfg.prm_client)
     search = StepwiseSearch(policy, cfg.search, executor_factory(cfg.executor), scorer=scorer, config_hash=chash)
+    for name, part in (("policy", policy), ("prm", scorer)):
+        if callable(getattr(part, "stats", None)):
+            serving[name] = part
     start, failed = time.perf_counter(), 0
     with tool_backend(cfg.tools_backend, benchmark=cfg.benchmark, data_dir=cfg.data_dir, server_url=cfg.tool_server_url,
                       cache_dir=cfg.tool_cache_dir) as backend, Progress(
@@ -270,7 +280,7 @@ def _run_queries(cfg: RunConfig, todo: list, out: Path, chash: str, policy, scor
         def done(traj) -> None:
             if answers and needs_answer(traj):  # CodeTool: every trajectory gets a final answer
                 waiting.append(traj)
-                if len(waiting) >= cfg.search.concurrency:
+                if len(waiting) >= search.episodes:
                     flush()
             else:
                 land(traj)
@@ -319,8 +329,34 @@ def run_command(cfg: RunConfig) -> int:
     return 0
 
 
-def print_summary(path: Path, query_ids: list[str] | None = None) -> dict[str, Any]:
-    """Print the one-screen summary of a trajectory file (restricted to ``query_ids``)."""
+def serving_rows(trajs: list, clients: dict) -> list[tuple[str, str]]:
+    """Summary rows for remote servers: the client limits and adaptations recorded in the
+    trajectories (the last one that has them), and for each live client of this run its
+    requests, retries, failovers, timeouts and sequences in flight (peak and effective)."""
+    rows: list[tuple[str, str]] = []
+    record = next((t.serving for t in reversed(trajs) if t.serving), {})
+    for name in ("policy", "prm"):
+        part = record.get(name)
+        if not part:
+            continue
+        rows.append((f"{name} server", f"{', '.join(part.get('endpoints', []))}: {part.get('client', '')}"))
+        rows += [(f"  {name} adapted", text) for text in part.get("adaptations", [])]
+        if part.get("identical_samples"):
+            rows.append((f"  {name} identical samples", part["identical_samples"]))
+    if record.get("schedule"):
+        rows.append(("schedule", record["schedule"]))
+    for name, client in clients.items():
+        s = client.stats()
+        rows.append((f"  {name} requests", f"{s['requests']} ({s['retries']} retries, {s['failovers']} failovers, "
+                                           f"{s['timeouts']} timeouts)"))
+        rows.append((f"  {name} in flight", f"peak {s['in_flight_peak']} of {s['max_in_flight']}, effective "
+                                            f"{s['in_flight_effective']:.1f} over {s['in_flight_busy_s']:.0f} s"))
+    return rows
+
+
+def print_summary(path: Path, query_ids: list[str] | None = None, clients: dict | None = None) -> dict[str, Any]:
+    """Print the one-screen summary of a trajectory file (restricted to ``query_ids``), with how
+    remote servers were used (from the trajectories) and what this run's ``clients`` measured."""
     from rich.console import Console
     from rich.table import Table
 
@@ -343,6 +379,7 @@ def print_summary(path: Path, query_ids: list[str] | None = None) -> dict[str, A
             ("seconds per query", f"{m.mean_seconds:.1f}"),
             *((f"  {phase} s/query", f"{s:.1f}") for phase, s in m.phase_seconds.items()),
             ("mean tool cost (LIT)", f"{m.mean_tool_cost:.2f}")]
+    rows += serving_rows(trajs, clients or {})
     for k, v in rows:
         table.add_row(k, str(v))
     Console().print(table)

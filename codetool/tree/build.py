@@ -34,8 +34,10 @@ from codetool import CodetoolError
 from codetool.config import ConfigError, config_hash, option
 from codetool.executor import ExecutorConfig
 from codetool.executor.channel import log_safe
-from codetool.search.expand import Node, expand_each
+from codetool.models.remote import RemoteConfig
+from codetool.search.expand import Node, check_constraints, expand_each
 from codetool.search.prompt import history_entry
+from codetool.search.schedule import is_continuous, serving_records, units_in_flight
 from codetool.search.search import SearchConfig, SearchTask
 from codetool.secrets import redact
 from codetool.tree.labels import (
@@ -90,8 +92,11 @@ class TreeConfig:
                            "in --output under the current settings, then export; nothing is sampled")
     limit: int | None = option(None, "build at most this many trees")
     seed: int = option(0, "base seed; each tree's seed mixes in its query id")
-    batch_trees: int = option(8, "trees grown together, level by level, so their samples share forward passes "
-                                 "(1: each tree's samples depend on its query id alone, whatever the sharding)")
+    batch_trees: int | None = option(None, "trees grown together (none: 8 with a local policy, level by level, so "
+                                     "their samples share forward passes (1: each tree's samples depend on its "
+                                     "query id alone); with a remote policy, node by node as samples return, "
+                                     "enough trees to fill policy_client.max_in_flight)")
+    policy_client: RemoteConfig = field(default_factory=RemoteConfig)
     search: SearchConfig = field(default_factory=lambda: SearchConfig(method="tree", max_new_tokens=192))
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     retry_failed: bool = option(False, "rebuild the trees recorded as finish_type error (and only those)")
@@ -100,7 +105,7 @@ class TreeConfig:
     def __post_init__(self):
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"--limit must be >= 1, got {self.limit}.")
-        if self.batch_trees < 1:
+        if self.batch_trees is not None and self.batch_trees < 1:
             raise ConfigError(f"batch_trees must be >= 1, got {self.batch_trees}.")
         if self.branching < 1 or self.max_depth < 1:
             raise ConfigError(f"branching and max_depth must be >= 1, got {self.branching} and {self.max_depth}.")
@@ -135,7 +140,8 @@ class TreeConfig:
 def tree_hash(cfg: TreeConfig) -> str:
     """The config hash stored in tree records and checked on resume (not paths, sharding or speed)."""
     return config_hash(cfg, ignore=("output", "dataset_dir", "shard", "merge", "limit", "batch_trees",
-                                    "policy_max_batch_size", "retry_failed", "force_resume", "relabel"))
+                                    "policy_max_batch_size", "retry_failed", "force_resume", "relabel",
+                                    "policy_client"))
 
 
 def tree_seed(base: int, query_id: str) -> int:
@@ -187,6 +193,12 @@ class TreeBuilder:
         self.policy, self.cfg, self.make_executor, self.judge = policy, config, make_executor, judge
         # max_steps = max_depth: a constrained policy's last step then answers (search.constrain_last_finish)
         self.sample_cfg = replace(config.search, k=config.branching, max_steps=config.max_depth)
+        check_constraints(policy, self.sample_cfg)
+        self.continuous = is_continuous(policy, config.search.schedule)
+        # Under continuous scheduling a tree asks for up to all its frontier at once: fewer trees
+        # than episodes fill the client (codetool.tree.grow).
+        self.trees = units_in_flight(config.batch_trees, policy, self.continuous, local_default=8,
+                                     per_unit=2 * config.branching)
 
     def build(self, task: SearchTask) -> dict[str, Any]:
         """Build, label and summarise the tree of one query; returns its JSON-able record."""
@@ -267,6 +279,9 @@ class TreeBuilder:
                   "step_format": cfg.search.step_format,
                   "config_hash": tree_hash(cfg),
                   "nodes": tree, "summary": {"seconds": seconds}}
+        serving = serving_records(policy=self.policy)
+        if serving:
+            record["serving"] = serving
         return label_record(record, cfg)
 
 
@@ -489,7 +504,8 @@ def _build_missing(cfg: TreeConfig, mine: list, path: Path, append_jsonl) -> int
         logger.info("resuming: %d of %d trees already in %s", len(mine) - len(todo), len(mine), path)
     if not todo:
         return 0
-    policy = make_policy(cfg.policy, max_batch_size=cfg.policy_max_batch_size, remote_model=cfg.remote_model)
+    policy = make_policy(cfg.policy, max_batch_size=cfg.policy_max_batch_size, remote_model=cfg.remote_model,
+                         client=cfg.policy_client)
     builder = TreeBuilder(policy, cfg, executor_factory(cfg.executor), judge=_judge_fn(cfg))
     tools = tool_backend(cfg.tools_backend, server_url=cfg.tool_server_url, cache_dir=cfg.tool_cache_dir)
 
@@ -514,8 +530,27 @@ def _build_missing(cfg: TreeConfig, mine: list, path: Path, append_jsonl) -> int
     failed = 0
     with tools as backend, Progress() as bar:
         job = bar.add_task("trees", total=len(todo))
-        for b in range(0, len(todo), cfg.batch_trees):
-            batch = todo[b:b + cfg.batch_trees]
-            failed += run_isolated(batch, build_batch, key, write, failed_unit)
-            bar.update(job, advance=len(batch))
+        if builder.continuous:  # node by node, a new tree as soon as one is done (codetool.tree.grow)
+            from codetool.tree.grow import grow
+
+            def landed(record: dict) -> None:
+                write(record)
+                bar.update(job, advance=1)
+
+            def grow_batch(batch: list, on_done) -> None:
+                grow(builder, (make_task(q, backend, tool_doc=cfg.tool_doc) for q in batch), on_done,
+                     trees=builder.trees, workers=max(8, getattr(policy, "max_in_flight", 8)))
+
+            failed += run_isolated(todo, grow_batch, key, landed, failed_unit)
+        else:
+            for b in range(0, len(todo), builder.trees):
+                batch = todo[b:b + builder.trees]
+                failed += run_isolated(batch, build_batch, key, write, failed_unit)
+                bar.update(job, advance=len(batch))
+    if callable(getattr(policy, "stats", None)):
+        stats = policy.stats()
+        logger.info("policy server: %d requests (%d retries, %d failovers, %d timeouts); sequences in flight: peak "
+                    "%s of %s, effective %.1f", stats["requests"], stats["retries"], stats["failovers"],
+                    stats["timeouts"], stats["in_flight_peak"], stats["max_in_flight"],
+                    stats["in_flight_effective"])
     return failed
