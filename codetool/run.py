@@ -44,6 +44,7 @@ from codetool.resume import (
     unit_key,
 )
 from codetool.search.answer import AnswerConfig, needs_answer, write_final_answers
+from codetool.search.schedule import closed_on_interrupt
 from codetool.search.search import SearchConfig, StepwiseSearch
 
 logger = logging.getLogger(__name__)
@@ -248,8 +249,9 @@ def _run_queries(cfg: RunConfig, todo: list, out: Path, chash: str, policy, scor
         if callable(getattr(part, "stats", None)):
             serving[name] = part
     start, failed = time.perf_counter(), 0
-    with tool_backend(cfg.tools_backend, benchmark=cfg.benchmark, data_dir=cfg.data_dir, server_url=cfg.tool_server_url,
-                      cache_dir=cfg.tool_cache_dir) as backend, Progress(
+    with closed_on_interrupt(policy, scorer), tool_backend(
+            cfg.tools_backend, benchmark=cfg.benchmark, data_dir=cfg.data_dir, server_url=cfg.tool_server_url,
+            cache_dir=cfg.tool_cache_dir) as backend, Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TextColumn("{task.fields[last]}")) as bar:
         job = bar.add_task(f"{cfg.search.method} on {cfg.benchmark or 'query'}", total=len(todo), last="")

@@ -434,3 +434,31 @@ def test_split_tokens_keeps_total():
 def test_bad_base_url():
     with pytest.raises(CodetoolError, match="http://host:port/v1"):
         OpenAIBackend("localhost:8000")
+
+
+def test_close_ends_the_requests_in_flight(stub):
+    """An interrupted run closes its client: the server sees every request in flight go away."""
+    stub.script = [(200, {"choices": []}, 5.0, {})] * 3
+    b = backend(stub, retries=0)
+    errors = []
+    threads = [threading.Thread(target=lambda: errors.append(_error(b.generate, ["hi"]))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 2
+    while stub.active < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    b.close()
+    for t in threads:
+        t.join(timeout=3)
+    deadline = time.monotonic() + 2
+    while stub.disconnects < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert stub.disconnects == 3 and len(errors) == 3 and all(errors)
+
+
+def _error(func, *args):
+    try:
+        func(*args)
+    except Exception as e:  # noqa: BLE001 - the test looks at it
+        return e
+    return None

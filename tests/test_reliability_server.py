@@ -136,7 +136,7 @@ class _Flaky:
 
 def _scorer(transport, **kwargs) -> HTTPScorer:
     client = HTTPScorer("http://prm.invalid", backoff_s=0.001, **kwargs)
-    client.remote._client = httpx.Client(transport=httpx.MockTransport(transport))
+    client.remote._client = httpx.AsyncClient(transport=httpx.MockTransport(transport))
     return client
 
 

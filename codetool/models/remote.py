@@ -20,6 +20,10 @@ requests through one :class:`RemoteClient`, configured by one :class:`RemoteConf
   5xx) is left out for ``failover_s`` and its keys go to their next endpoint at once, without
   waiting out a backoff; when every endpoint is out, the backoff applies.
 
+The exchanges run on one asyncio loop per client (httpx's async client, in a daemon thread);
+the threads that wait for them (episodes, tree nodes) hold the in-flight limit, sleep out the
+backoff and see the errors. Closing the client cancels what is in flight.
+
 Limits: the limit is per client object, not per server: two processes against one server each
 hold their own ``max_in_flight``. Streaming responses are not used, so a request's whole reply
 counts against ``timeout_s``.
@@ -27,6 +31,8 @@ counts against ``timeout_s``.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import email.utils
 import hashlib
 import logging
@@ -212,13 +218,54 @@ class RemoteClient:
         self._lock = threading.Lock()
         self.counts = {"requests": 0, "retries": 0, "failovers": 0, "timeouts": 0}
         connections = config.max_in_flight + 4
-        self._client = httpx.Client(
+        self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(config.timeout_s, connect=min(config.timeout_s, 10.0)),
             limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: set[concurrent.futures.Future] = set()
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        """The asyncio loop (in its own daemon thread) that carries every exchange of this client."""
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="codetool-http", daemon=True).start()
+                self._loop = loop
+            return self._loop
+
+    def _exchange(self, method: str, url: str, body: Any):
+        """One HTTP exchange on the loop; the calling thread waits for it. Cancelling it (close,
+        or an interrupt of the waiting thread) closes its connection, so the server sees the
+        request go away."""
+        async def send():
+            return await self._client.request(method, url, json=body, headers=self._headers())
+
+        future = asyncio.run_coroutine_threadsafe(send(), self._event_loop())
+        with self._lock:
+            self._pending.add(future)
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            raise CodetoolError(f"{url}: the request was cancelled (its client was closed).") from None
+        except BaseException:
+            future.cancel()
+            raise
+        finally:
+            with self._lock:
+                self._pending.discard(future)
 
     def close(self) -> None:
-        """Close every connection (requests still in flight end with an error)."""
-        self._client.close()
+        """Cancel the requests in flight (their connections close) and close the client."""
+        with self._lock:
+            pending, loop, self._loop = list(self._pending), self._loop, None
+        for future in pending:
+            future.cancel()
+        if loop is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(self._client.aclose(), loop).result(timeout=10)
+            except (concurrent.futures.TimeoutError, RuntimeError):
+                logger.debug("the HTTP client did not close in time", exc_info=True)
+            loop.call_soon_threadsafe(loop.stop)
 
     def ranked(self, key: str) -> list[str]:
         """The endpoints in the order ``key`` prefers them (rendezvous hashing), those left out
@@ -279,7 +326,7 @@ class RemoteClient:
             self._count("requests")
             with self.in_flight.hold(units):
                 try:
-                    response = self._client.request(method, url, json=body, headers=self._headers())
+                    response = self._exchange(method, url, body)
                 except httpx.TimeoutException:
                     self._count("timeouts")
                     problem = f"no answer within {cfg.timeout_s:g} s (the request was closed)"

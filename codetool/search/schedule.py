@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -146,3 +147,18 @@ def serving_records(**parts) -> dict[str, Any]:
         if callable(record):
             out[name] = record()
     return out
+
+
+@contextmanager
+def closed_on_interrupt(*parts) -> Iterator[None]:
+    """Close the remote clients among ``parts`` (``continuous`` ones) when the block is
+    interrupted (Ctrl-C): their requests in flight are cancelled and their connections closed, so
+    the servers stop generating, and the worker threads waiting on them end."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        for part in parts:
+            close = getattr(part, "close", None)
+            if getattr(part, "continuous", False) and callable(close):
+                close()
+        raise

@@ -37,7 +37,12 @@ from codetool.executor.channel import log_safe
 from codetool.models.remote import RemoteConfig
 from codetool.search.expand import Node, check_constraints, expand_each
 from codetool.search.prompt import history_entry
-from codetool.search.schedule import is_continuous, serving_records, units_in_flight
+from codetool.search.schedule import (
+    closed_on_interrupt,
+    is_continuous,
+    serving_records,
+    units_in_flight,
+)
 from codetool.search.search import SearchConfig, SearchTask
 from codetool.secrets import redact
 from codetool.tree.labels import (
@@ -528,7 +533,7 @@ def _build_missing(cfg: TreeConfig, mine: list, path: Path, append_jsonl) -> int
         return str(x["query_id"] if isinstance(x, dict) else x.query_id)
 
     failed = 0
-    with tools as backend, Progress() as bar:
+    with closed_on_interrupt(policy), tools as backend, Progress() as bar:
         job = bar.add_task("trees", total=len(todo))
         if builder.continuous:  # node by node, a new tree as soon as one is done (codetool.tree.grow)
             from codetool.tree.grow import grow
