@@ -108,7 +108,7 @@ class StubServer:
         for i in range(n):
             text = "qx1" if regex == CONSTRAINT_REGEX else (f"re:{content}:{i}" if samples else f"re:{content}")
             if samples and self.profile == "tfserve":
-                text = f"s{body.get('seed')}:{text}"
+                text = f"{text}:s{body.get('seed')}"
             choice = {"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
             if body.get("logprobs") and self.profile != "tfserve":
                 choice["logprobs"] = {"content": [{"token": "yes", "logprob": -0.1,
@@ -190,7 +190,7 @@ def test_transformers_serve_like_server_is_adapted(tfserve, caplog):
     assert len(real) == 2 and all(body["n"] == 1 for body in real)
     assert sorted(body["seed"] for body in real) == sorted([5, sample_seed(5, 1)]) and sample_seed(5, 1) != 5
     for body in real:
-        assert "continue_final_message" not in body and body["stop"] == ["\n```"]
+        assert "continue_final_message" not in body and "stop" not in body  # applied to the reply instead
         assert [m["role"] for m in body["messages"]] == ["user"]  # the fence is asked for in the prompt
         assert "```python" in body["messages"][0]["content"] and "Begin your reply" in body["messages"][0]["content"]
     assert len({c.text for c in row}) == 2  # distinct samples
@@ -199,14 +199,20 @@ def test_transformers_serve_like_server_is_adapted(tfserve, caplog):
     assert "code prefix: asked for in the prompt" in adaptations
 
 
-def test_reply_that_writes_the_prefix_has_it_cut(tfserve):
-    reply = {"choices": [{"index": 0, "message": {"content": "```python\nx = 1\nprint(x)"},
-                          "finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 5}}
+@pytest.mark.parametrize("reply,code", [
+    ("```python\nx = 1\nprint(x)\n```\nThat prints 1.", "x = 1\nprint(x)\n"),
+    ("Here is the step:\n```python\ny = 2\n```", "y = 2\n"),
+    ("```\nz = 3\n```", "z = 3\n"),
+    ("w = 4", "w = 4"),
+])
+def test_reply_that_writes_the_prefix_reads_as_its_continuation(tfserve, reply, code):
+    body = {"choices": [{"index": 0, "message": {"content": reply}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 5}}
     b = backend(tfserve)
     b.feature("continuation")  # probed before the scripted reply
-    tfserve.script = [(200, reply, 0, {})]
+    tfserve.script = [(200, body, 0, {})]
     [[c]] = b.generate([FENCED], n=1, stop=["```"])
-    assert c.text == "x = 1\nprint(x)"
+    assert c.text == code
 
 
 def test_server_that_ignores_n_gets_new_seeds_never_the_same(tfserve):

@@ -10,7 +10,6 @@ the server lacks. Slow: the server decodes on a shared CPU (about 2 minutes).
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -20,13 +19,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_run_remote import write_tools
+
 pytestmark = pytest.mark.slow
 
 MODEL = Path(__file__).resolve().parents[1] / "checkpoints" / "base" / "smollm2-135m-instruct"
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(tmp_path_factory):
     pytest.importorskip("openai", reason="transformers serve needs transformers[serving] (the serving extra)")
     pytest.importorskip("fastapi")
     if not (MODEL / "config.json").is_file():
@@ -37,15 +38,16 @@ def server():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "2"}
+    log = tmp_path_factory.mktemp("serve") / "serve.log"  # a file, not a pipe: a full pipe would stall the server
     proc = subprocess.Popen([sys.executable, "-c", "from transformers.cli.transformers import main; main()", "serve",
                              str(MODEL), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"))
     url = f"http://127.0.0.1:{port}/v1"
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                pytest.fail(f"transformers serve exited: {proc.stderr.read()[-2000:]}")
+                pytest.fail(f"transformers serve exited: {log.read_text()[-2000:]}")
             try:
                 if httpx.get(f"{url}/models", timeout=2).status_code == 200:
                     break
@@ -64,20 +66,18 @@ def server():
 
 @pytest.fixture
 def tools(tmp_path):
-    path = tmp_path / "tools.json"
-    path.write_text(json.dumps([{"category_name": "Data", "tool_name": "weather", "api_name": "forecast",
-                                 "api_description": "the weather forecast of a city", "method": "GET",
-                                 "required_parameters": [{"name": "city", "type": "STRING", "description": "city"}],
-                                 "optional_parameters": []}]))
-    return path
+    return write_tools(tmp_path)
 
 
 def _run(url, tools, out, *extra):
     from codetool.cli import main
 
+    # Short steps, and a timeout for a busy 2-core machine; everything about the server is left
+    # to the defaults (probing and adapting).
     return main(["run", "--query", "What is the weather in Paris?", "--tools", str(tools), "--policy", url,
-                 "--output", str(out), "--search.max_steps", "2", "--search.max_new_tokens", "40",
-                 "--tool_doc", "brief", "--executor.isolation", "fallback", *extra])
+                 "--output", str(out), "--search.max_steps", "2", "--search.max_new_tokens", "24",
+                 "--tool_doc", "brief", "--executor.isolation", "fallback", "--policy_client.timeout_s", "600",
+                 *extra])
 
 
 def test_run_on_transformers_serve_gives_distinct_candidates(server, tools, tmp_path, capsys):

@@ -16,14 +16,19 @@ from codetool.jsonl import read_jsonl
 from tests.test_models_openai import StubServer
 
 
-@pytest.fixture
-def tools(tmp_path):
-    path = tmp_path / "tools.json"
+def write_tools(folder):
+    """A ``--tools`` file with one API (a city's weather forecast)."""
+    path = folder / "tools.json"
     path.write_text(json.dumps([{"category_name": "Data", "tool_name": "weather", "api_name": "forecast",
-                                 "api_description": "the forecast of a city", "method": "GET",
+                                 "api_description": "the weather forecast of a city", "method": "GET",
                                  "required_parameters": [{"name": "city", "type": "STRING", "description": "city"}],
                                  "optional_parameters": []}]))
     return path
+
+
+@pytest.fixture
+def tools(tmp_path):
+    return write_tools(tmp_path)
 
 
 def _run(url, tools, out, *extra):

@@ -8,8 +8,9 @@ the first time it matters (:mod:`codetool.models.openai_probe`), once per backen
 is read off the first forced function call), and the requests adapt:
 
 - **continuation** refused: the final assistant message (the search's opening code fence) is
-  asked for in the last user message instead (``prompts/reply_prefix.txt``), a stop string that
-  the prefix contains is sent as ``"\\n" + stop``, and the prefix is cut off the reply;
+  asked for in the last user message instead (``prompts/reply_prefix.txt``); a stop string that
+  the prefix contains is not sent (it would end the reply at its own opening fence) but applied
+  to the reply, from the prefix on (:func:`_without_prefix`);
 - **n** ignored: each sample is its own request with its own seed (``seed``, ``seed'``...), sent
   together; missing choices are re-requested with new seeds, never the same one;
 - **sampling** only with ``generation_config`` (``transformers serve``): sent with ``do_sample``;
@@ -31,8 +32,8 @@ names the variable to set).
 Limits: the server reports token usage per request, so with ``n > 1`` the completion tokens are
 split among the samples in proportion to their length (the total is exact). ``option_logprobs``
 is exact for an option that the greedy reply spells out and an upper bound for one that leaves it.
-The continuation fallback relies on the model following the instruction; a reply that starts with
-prose before its code fence is cut at that fence.
+The continuation fallback relies on the model following the instruction, and without the stop
+string on the server a reply runs to its end of turn or ``max_new_tokens``.
 """
 
 from __future__ import annotations
@@ -88,19 +89,18 @@ PROBE_RETRIES = 2  # a probe is a set-up step: an unreachable server should fail
 # Constructor keywords of earlier versions -> RemoteConfig fields.
 _LEGACY = {"timeout": "timeout_s", "max_concurrency": "max_in_flight"}
 _PROBES = {"sampling": probe_sampling, "continuation": probe_continuation, "logprobs": probe_logprobs}
-_CONSTRAINT_FIELDS = ("structured_outputs", "guided_regex", "regex", "none")
 # Which setting puts a request field there, per role (named in HTTP 4xx errors).
 FIELD_SETTINGS = {
     "policy": {"model": "remote_model", "n": "search.k (trees: branching)", "max_tokens": "search.max_new_tokens",
                "temperature": "search.temperature", "top_p": "search.top_p", "stop": "search.code_prefix",
                "seed": "search.seed", "continue_final_message": "search.code_prefix",
                "add_generation_prompt": "search.code_prefix", "structured_outputs": "search.constrain",
-               "guided_regex": "search.constrain", "regex": "search.constrain", "logprobs": "routing.mode",
-               "top_logprobs": "routing.mode", "tools": "judge.mode", "tool_choice": "judge.mode",
+               "guided_regex": "search.constrain", "regex": "search.constrain", "logprobs": "routing.method",
+               "top_logprobs": "routing.method", "tools": "judge.mode", "tool_choice": "judge.mode",
                "generation_config": "search.temperature",
                "messages": "the prompt's length (tool_doc, search.max_observation_chars, search.max_steps)"},
     "judge": {"model": "judge.remote_model", "max_tokens": "judge.max_new_tokens", "temperature": "judge.temperature",
-              "seed": "judge.temperature", "logprobs": "judge.mode", "top_logprobs": "judge.mode",
+              "logprobs": "judge.mode", "top_logprobs": "judge.mode",
               "tools": "judge.mode", "tool_choice": "judge.mode", "generation_config": "judge.temperature",
               "messages": "the prompt's length (judge.max_answer_chars, judge.max_trajectory_chars)"},
 }
@@ -287,7 +287,7 @@ class OpenAIBackend:
                     return self._post({"model": model, **body}, retries=PROBE_RETRIES)
 
                 if name == "constraint":
-                    fields = _CONSTRAINT_FIELDS if self.config.constraint_field == "auto" else (
+                    fields = CONSTRAINT_FIELDS if self.config.constraint_field == "auto" else (
                         self.config.constraint_field,)
                     probe_constraint(send, self.features, fields)
                 else:
@@ -310,9 +310,6 @@ class OpenAIBackend:
         elif name == "continuation" and not f.continuation:
             self._adapt("code prefix: asked for in the prompt (the server does not continue a final assistant "
                         f"message: {notes.get('continuation', '')})")
-        elif name == "constraint":
-            if f.constraint_field:
-                self._adapt(f"constraint: sent as {f.constraint_field}")
 
     def check_constraints(self, setting: str = "search.constrain", value: str = "call") -> None:
         """Make sure the server can apply call constraints before a run relies on them.
@@ -390,14 +387,14 @@ class OpenAIBackend:
         """``n`` completions of one prompt, adapted to the server (module docstring)."""
         messages, extra, prefix = self._messages(to_messages(prompt))
         stop = params.get("stop")
-        if prefix and stop:
-            stop = [("\n" + s) if s in prefix else s for s in stop]
+        if prefix and stop:  # the reply writes the prefix itself: a stop string in it would end it there
+            stop = [s for s in stop if s not in prefix] or None
         body = {"model": self.resolved_model(), "messages": messages, **extra, **params, "stop": stop}
         if constraint is not None and not self._constraints_off and self.feature("constraint"):
             if prefix and not constraint.trigger:  # the reply now writes the prefix itself
                 constraint = dataclasses.replace(constraint, trigger=prefix)
             body.update(constraint_body(self.features.constraint_field, constraint.regex()))
-        elif constraint is not None:
+        elif constraint is not None and not self._constraints_off:  # (check_constraints said so already)
             self._adapt(f"constraint: not sent ({self.features.notes.get('constraint', 'turned off')}); replies are "
                         "unconstrained", warn=True)
         seed = params.get("seed")
@@ -521,12 +518,16 @@ def _parallel(func, items: list, workers: int) -> list:
 
 
 def _without_prefix(completion: Completion, prefix: str, stop: list[str] | None) -> Completion:
-    """A reply to a prompt that asked for ``prefix``: the prefix cut off its start, then cut at
-    the first original stop string (the text the server would have continued)."""
-    text = completion.text
-    stripped, want = text.lstrip(), prefix.strip()
-    if want and stripped.startswith(want):
-        text = stripped[len(want):].lstrip(" ").removeprefix("\n")
+    """A reply to a prompt that asked for ``prefix``, as the continuation of the prefix would be:
+    what follows the prefix's first occurrence (a model may write a line of prose first) or, for a
+    reply that opens another code fence, what follows that fence's line; then cut at the first of
+    the original stop strings (the closing fence)."""
+    text, want = completion.text, prefix.strip()
+    at = text.find(want) if want else -1
+    if at >= 0:
+        text = text[at + len(want):].lstrip(" ").removeprefix("\n")
+    elif want.startswith("```") and text.lstrip().startswith("```"):
+        text = text.lstrip().partition("\n")[2]
     cut = find_stop(text, stop)
     if cut >= 0:
         text = text[:cut]
