@@ -213,8 +213,10 @@ def scenarios(url: str, out: Path, queries: int, only: list[str], baseline: Path
     run = ["run", "--benchmark", "stabletoolbench", "--group", "G1_instruction", "--subset", "full", "--limit",
            str(queries), "--search.max_steps", str(CHAIN["run"]), *common]
     argv = {"run": run + ["--prm", "none"], "run+prm": run + ["--prm", f"{url}/prm"],
+            # --search.max_new_tokens 192 (the trees' default) in every variant: a --search.* flag on
+            # build-trees otherwise starts the group from SearchConfig's defaults (256 tokens).
             "trees": ["build-trees", "--queries", str(QUERIES), "--limit", str(queries), "--max_depth",
-                      str(CHAIN["trees"]), *common],
+                      str(CHAIN["trees"]), "--search.max_new_tokens", "192", *common],
             "eval": ["eval", str(out / "run-1.jsonl"), "--judge.model", f"{url}/v1", "--judge.mode", "json",
                      "--judge.protocol", "codetool", "--plots", "false"]}
     found = []

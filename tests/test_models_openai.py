@@ -468,3 +468,15 @@ def _error(func, *args):
     except Exception as e:  # noqa: BLE001 - the test looks at it
         return e
     return None
+
+
+def test_probe_notes_and_serving_records_never_carry_a_key(tfserve, canary_env, tmp_path):
+    from codetool.jsonl import append_jsonl
+
+    tfserve.script = [(422, {"detail": f"Unexpected fields; your key {canary_env}"}, 0, {})]
+    b = backend(tfserve)
+    b.generate([FENCED], n=1)
+    record = b.serving_record()
+    assert canary_env not in json.dumps(record) and "[REDACTED]" in record["features"]["notes"]["continuation"]
+    append_jsonl(tmp_path / "t.jsonl", {"serving": record})
+    assert canary_env not in (tmp_path / "t.jsonl").read_text()

@@ -53,6 +53,7 @@ class HTTPScorer:
     def __init__(self, url: str | list[str], *, api_key_env: str = DEFAULT_KEY_ENV, client: RemoteConfig | None = None,
                  max_items: int = 256, **overrides):
         self.urls = [u.rstrip("/") for u in split_urls(url)]
+        self.api_key_env = api_key_env
         self.url = self.urls[0] if self.urls else ""
         key = key_from_env(api_key_env)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -64,7 +65,7 @@ class HTTPScorer:
         body = {"items": [dataclasses.asdict(item) for item in chunk]}
 
         def describe(url: str, status: int, text: str) -> str:
-            return f"PRM server {url} answered {status}: {_reason(text)}"
+            return f"PRM server {url} answered {status}: {_reason(text)}{_hint(status, text, self.api_key_env)}"
 
         try:
             response = self.remote.request("POST", "/score", body, key=f"{chunk[0].query}\x00{chunk[0].tools}",
@@ -97,6 +98,18 @@ class HTTPScorer:
 
     def close(self) -> None:
         self.remote.close()
+
+
+def _hint(status: int, text: str, key_env: str) -> str:
+    """What setting to change for a PRM server's refusal (``""`` when nothing on our side is)."""
+    if status in (401, 403):
+        return f". Set {key_env} to the key the server was started with."
+    if status == 413 and "items in one request" in text:
+        return ". Start the server with a larger --max_items (it takes one step's candidates at least)."
+    if status == 413:
+        return (". The PRM items are larger than the server accepts: shorten what it sees (search.max_observation_chars, "
+                "tool_doc) or start it with larger limits (--max_body_bytes, --max_history_steps).")
+    return ""
 
 
 def _reason(text: str) -> str:
