@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_run_remote import write_tools
+from tests.test_run_remote import run_against, write_tools
 
 pytestmark = pytest.mark.slow
 
@@ -70,14 +70,10 @@ def tools(tmp_path):
 
 
 def _run(url, tools, out, *extra):
-    from codetool.cli import main
-
     # Short steps, and a timeout for a busy 2-core machine; everything about the server is left
     # to the defaults (probing and adapting).
-    return main(["run", "--query", "What is the weather in Paris?", "--tools", str(tools), "--policy", url,
-                 "--output", str(out), "--search.max_steps", "2", "--search.max_new_tokens", "24",
-                 "--tool_doc", "brief", "--executor.isolation", "fallback", "--policy_client.timeout_s", "600",
-                 *extra])
+    return run_against(url, tools, out, "--search.max_new_tokens", "24", "--tool_doc", "brief",
+                       "--policy_client.timeout_s", "600", "--policy_client.retries", "8", *extra)
 
 
 def test_run_on_transformers_serve_gives_distinct_candidates(server, tools, tmp_path, capsys):

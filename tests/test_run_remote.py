@@ -31,7 +31,8 @@ def tools(tmp_path):
     return write_tools(tmp_path)
 
 
-def _run(url, tools, out, *extra):
+def run_against(url, tools, out, *extra):
+    """``codetool run`` of one weather query with the policy at ``url`` (two steps)."""
     return main(["run", "--query", "What is the weather in Paris?", "--tools", str(tools), "--policy", url,
                  "--output", str(out), "--search.max_steps", "2", "--executor.isolation", "fallback",
                  "--policy_client.retries", "0", *extra])
@@ -41,7 +42,7 @@ def _run(url, tools, out, *extra):
 def test_run_with_default_settings_gives_distinct_candidates(tmp_path, tools, capsys, profile):
     server = StubServer(profile)
     try:
-        assert _run(server.url, tools, tmp_path / "t.jsonl") == 0
+        assert run_against(server.url, tools, tmp_path / "t.jsonl") == 0
     finally:
         server.close()
     [traj] = read_jsonl(tmp_path / "t.jsonl")
@@ -64,13 +65,13 @@ def test_run_with_default_settings_gives_distinct_candidates(tmp_path, tools, ca
 def test_constraints_a_server_cannot_apply_stop_the_run_in_one_line(tmp_path, tools, capsys):
     server = StubServer("tfserve")
     try:
-        assert _run(server.url, tools, tmp_path / "t.jsonl", "--search.constrain", "line") == 2
+        assert run_against(server.url, tools, tmp_path / "t.jsonl", "--search.constrain", "line") == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("codetool run: error: search.constrain is 'line'") and "\n" not in err
         assert "policy_client.constraint_field" in err and "Traceback" not in err
         assert not (tmp_path / "t.jsonl").exists() or not list(read_jsonl(tmp_path / "t.jsonl"))
         # or run unconstrained when the recipe says constraints are not required
-        assert _run(server.url, tools, tmp_path / "u.jsonl", "--search.constrain", "line",
+        assert run_against(server.url, tools, tmp_path / "u.jsonl", "--search.constrain", "line",
                     "--policy_client.require_constraints", "false") == 0
     finally:
         server.close()

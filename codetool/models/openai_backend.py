@@ -10,7 +10,7 @@ is read off the first forced function call), and the requests adapt:
 - **continuation** refused: the final assistant message (the search's opening code fence) is
   asked for in the last user message instead (``prompts/reply_prefix.txt``); a stop string that
   the prefix contains is not sent (it would end the reply at its own opening fence) but applied
-  to the reply, from the prefix on (:func:`_without_prefix`);
+  to the reply, from the prefix on (:func:`~codetool.models.openai_probe.without_prefix`);
 - **n** ignored: each sample is its own request with its own seed (``seed``, ``seed'``...), sent
   together; missing choices are re-requested with new seeds, never the same one;
 - **sampling** only with ``generation_config`` (``transformers serve``): sent with ``do_sample``;
@@ -42,7 +42,6 @@ import dataclasses
 import logging
 import math
 import os
-import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
@@ -56,7 +55,6 @@ from codetool.models.completion import (
     Constraints,
     Prompt,
     check_sampling,
-    find_stop,
     per_prompt,
     to_messages,
 )
@@ -65,11 +63,14 @@ from codetool.models.openai_probe import (
     DO_SAMPLE,
     ServerFeatures,
     constraint_body,
+    describe_refusal,
     note_tool_choice,
     probe_constraint,
     probe_continuation,
     probe_logprobs,
     probe_sampling,
+    sample_seed,
+    without_prefix,
 )
 from codetool.models.remote import (
     CONSTRAINT_FIELDS,
@@ -82,30 +83,13 @@ from codetool.secrets import key_from_env, redact
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CONSTRAINT_FIELDS", "EndpointError", "OpenAIBackend"]
+__all__ = ["CONSTRAINT_FIELDS", "EndpointError", "OpenAIBackend", "sample_seed"]
 
 TOP_LOGPROBS = 20  # the most the OpenAI API (and vLLM by default) returns per position
 PROBE_RETRIES = 2  # a probe is a set-up step: an unreachable server should fail fast
 # Constructor keywords of earlier versions -> RemoteConfig fields.
 _LEGACY = {"timeout": "timeout_s", "max_concurrency": "max_in_flight"}
 _PROBES = {"sampling": probe_sampling, "continuation": probe_continuation, "logprobs": probe_logprobs}
-# Which setting puts a request field there, per role (named in HTTP 4xx errors).
-FIELD_SETTINGS = {
-    "policy": {"model": "remote_model", "n": "search.k (trees: branching)", "max_tokens": "search.max_new_tokens",
-               "temperature": "search.temperature", "top_p": "search.top_p", "stop": "search.code_prefix",
-               "seed": "search.seed", "continue_final_message": "search.code_prefix",
-               "add_generation_prompt": "search.code_prefix", "structured_outputs": "search.constrain",
-               "guided_regex": "search.constrain", "regex": "search.constrain", "logprobs": "routing.method",
-               "top_logprobs": "routing.method", "tools": "judge.mode", "tool_choice": "judge.mode",
-               "generation_config": "search.temperature",
-               "messages": "the prompt's length (tool_doc, search.max_observation_chars, search.max_steps)"},
-    "judge": {"model": "judge.remote_model", "max_tokens": "judge.max_new_tokens", "temperature": "judge.temperature",
-              "logprobs": "judge.mode", "top_logprobs": "judge.mode",
-              "tools": "judge.mode", "tool_choice": "judge.mode", "generation_config": "judge.temperature",
-              "messages": "the prompt's length (judge.max_answer_chars, judge.max_trajectory_chars)"},
-}
-
-
 def _split_tokens(total: int, texts: list[str]) -> list[int]:
     """Split ``total`` tokens among ``texts`` in proportion to their length (largest remainder)."""
     weights = [max(len(t), 1) for t in texts]
@@ -115,14 +99,6 @@ def _split_tokens(total: int, texts: list[str]) -> list[int]:
     for i in by_remainder[:total - sum(counts)]:
         counts[i] += 1
     return counts
-
-
-def sample_seed(seed: int | None, i: int) -> int | None:
-    """The seed of sample ``i`` when samples are requested one by one: ``seed`` itself for the
-    first, a different 31-bit seed for each other (never the same one twice)."""
-    if seed is None or i == 0:
-        return seed
-    return (int(seed) * 1_000_003 + 7_919 * i) & 0x7FFFFFFF
 
 
 def _base_url(url: str) -> str:
@@ -215,28 +191,9 @@ class OpenAIBackend:
         return " ".join(text.split())[:200]
 
     def _describe(self, body: dict | None):
-        """The message of an HTTP error for ``body``: 401/403 name the key variable, other 4xx
-        the settings behind the request fields the server names (or all that were sent)."""
+        """The message of an HTTP error for ``body`` (:func:`~codetool.models.openai_probe.describe_refusal`)."""
         def describe(url: str, status: int, text: str) -> str:
-            if status in (401, 403):
-                state = "is not set" if not os.environ.get(self.api_key_env) else "holds a key the server rejected"
-                return (f"{url} answered HTTP {status}: the environment variable {self.api_key_env} {state}. "
-                        f"Set {self.api_key_env} to a valid API key.")
-            settings = FIELD_SETTINGS.get(self.role, FIELD_SETTINGS["policy"])
-            sent = [k for k in (body or {}) if k in settings]
-            lowered = text.lower()
-            named = [k for k in sent if re.search(rf"(?<![a-z_]){re.escape(k)}(?![a-z_])", lowered)]
-            if re.search(r"context|too long|maximum.*tokens|tokens.*maximum", lowered):
-                named = [k for k in ("messages", "max_tokens") if k in sent] + named
-            if status == 404 and not named:
-                hint = f"check the URL (it usually ends in /v1) and {settings['model']}"
-            else:
-                shown = named or [k for k in sent if k not in ("messages", "model")]
-                causes = dict.fromkeys(f"{settings[k]} ('{k}')" for k in shown)
-                hint = (f"the refused field comes from {', '.join(causes)}" if named else
-                        f"the request's fields come from {', '.join(causes) or 'the prompt'}")
-                hint += "; change that setting, or use a server that accepts the field"
-            return f"{url} answered HTTP {status}: {text}. Hint: {hint}."
+            return describe_refusal(url, status, text, body, role=self.role, key_env=self.api_key_env)
         return describe
 
     def _post(self, body: dict, *, key: str = "", units: int = 1, retries: int | None = None) -> dict[str, Any]:
@@ -419,7 +376,7 @@ class OpenAIBackend:
             completions += ask((n - len(completions), sample_seed(seed, len(completions) + n)))
         completions = completions[:n]
         if prefix:
-            completions = [_without_prefix(c, prefix, params.get("stop")) for c in completions]
+            completions = [without_prefix(c, prefix, params.get("stop")) for c in completions]
         if n > 1 and sampling:
             self._count_identical(completions)
         return completions
@@ -515,20 +472,3 @@ def _parallel(func, items: list, workers: int) -> list:
         return [func(x) for x in items]
     with ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
         return list(pool.map(func, items))
-
-
-def _without_prefix(completion: Completion, prefix: str, stop: list[str] | None) -> Completion:
-    """A reply to a prompt that asked for ``prefix``, as the continuation of the prefix would be:
-    what follows the prefix's first occurrence (a model may write a line of prose first) or, for a
-    reply that opens another code fence, what follows that fence's line; then cut at the first of
-    the original stop strings (the closing fence)."""
-    text, want = completion.text, prefix.strip()
-    at = text.find(want) if want else -1
-    if at >= 0:
-        text = text[at + len(want):].lstrip(" ").removeprefix("\n")
-    elif want.startswith("```") and text.lstrip().startswith("```"):
-        text = text.lstrip().partition("\n")[2]
-    cut = find_stop(text, stop)
-    if cut >= 0:
-        text = text[:cut]
-    return dataclasses.replace(completion, text=text)

@@ -6,7 +6,11 @@ know, silently returns one choice for ``n``, and samples only when its ``generat
 says ``do_sample``; hosted APIs refuse vLLM's extensions. :class:`ServerFeatures` holds what one
 server was found to do; each ``probe_*`` function sends one to three requests of a few tokens and
 fills in its part, once per backend (the backend calls them when a feature is first needed);
-``tool_choice`` is read off the first real forced function call (:func:`note_tool_choice`).
+``tool_choice`` is read off the first real forced function call (:func:`note_tool_choice`). The
+rest of the module is how the backend adapts: a refused request's message names the setting
+behind the refused field (:func:`describe_refusal`), samples asked for one by one get seeds of
+their own (:func:`sample_seed`), and a reply to a prompt that asked for the code prefix reads as
+its continuation (:func:`without_prefix`).
 
 A probe only trusts what it can see: ``n`` counts the choices, sampling compares replies drawn
 with different seeds at temperature 1, a constraint field must make the reply match its regular
@@ -17,13 +21,16 @@ start a new message instead; nothing cheap tells the two apart).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import os
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from codetool.models.completion import Completion, find_stop
 from codetool.models.remote import EndpointError
 
 logger = logging.getLogger(__name__)
@@ -181,3 +188,70 @@ def note_tool_choice(reply: dict, features: ServerFeatures) -> None:
     features.tool_choice = bool(calls)
     if not calls:
         features.notes["tool_choice"] = "a forced function call came back as text"
+
+
+# Which setting puts a request field there, per role (named in HTTP 4xx errors).
+FIELD_SETTINGS = {
+    "policy": {"model": "remote_model", "n": "search.k (trees: branching)", "max_tokens": "search.max_new_tokens",
+               "temperature": "search.temperature", "top_p": "search.top_p", "stop": "search.code_prefix",
+               "seed": "search.seed", "continue_final_message": "search.code_prefix",
+               "add_generation_prompt": "search.code_prefix", "structured_outputs": "search.constrain",
+               "guided_regex": "search.constrain", "regex": "search.constrain", "logprobs": "routing.method",
+               "top_logprobs": "routing.method", "tools": "judge.mode", "tool_choice": "judge.mode",
+               "generation_config": "search.temperature",
+               "messages": "the prompt's length (tool_doc, search.max_observation_chars, search.max_steps)"},
+    "judge": {"model": "judge.remote_model", "max_tokens": "judge.max_new_tokens", "temperature": "judge.temperature",
+              "logprobs": "judge.mode", "top_logprobs": "judge.mode",
+              "tools": "judge.mode", "tool_choice": "judge.mode", "generation_config": "judge.temperature",
+              "messages": "the prompt's length (judge.max_answer_chars, judge.max_trajectory_chars)"},
+}
+
+
+def describe_refusal(url: str, status: int, text: str, body: dict | None, *, role: str = "policy",
+                     key_env: str = "OPENAI_API_KEY") -> str:
+    """The one-line message of a refused request: HTTP 401/403 name the key variable; another 4xx
+    names the settings behind the request fields that the server's reason names (all that were
+    sent when it names none; the URL and model for a 404)."""
+    if status in (401, 403):
+        state = "is not set" if not os.environ.get(key_env) else "holds a key the server rejected"
+        return f"{url} answered HTTP {status}: the environment variable {key_env} {state}. Set {key_env} to a valid API key."
+    settings = FIELD_SETTINGS.get(role, FIELD_SETTINGS["policy"])
+    sent = [k for k in (body or {}) if k in settings]
+    lowered = text.lower()
+    named = [k for k in sent if re.search(rf"(?<![a-z_]){re.escape(k)}(?![a-z_])", lowered)]
+    if re.search(r"context|too long|maximum.*tokens|tokens.*maximum", lowered):
+        named = [k for k in ("messages", "max_tokens") if k in sent] + named
+    if status == 404 and not named:
+        hint = f"check the URL (it usually ends in /v1) and {settings['model']}"
+    else:
+        shown = named or [k for k in sent if k not in ("messages", "model")]
+        causes = dict.fromkeys(f"{settings[k]} ('{k}')" for k in shown)
+        hint = (f"the refused field comes from {', '.join(causes)}" if named else
+                f"the request's fields come from {', '.join(causes) or 'the prompt'}")
+        hint += "; change that setting, or use a server that accepts the field"
+    return f"{url} answered HTTP {status}: {text}. Hint: {hint}."
+
+
+def sample_seed(seed: int | None, i: int) -> int | None:
+    """The seed of sample ``i`` when samples are requested one by one: ``seed`` itself for the
+    first, a different 31-bit seed for each other (never the same one twice)."""
+    if seed is None or i == 0:
+        return seed
+    return (int(seed) * 1_000_003 + 7_919 * i) & 0x7FFFFFFF
+
+
+def without_prefix(completion: Completion, prefix: str, stop: list[str] | None) -> Completion:
+    """A reply to a prompt that asked for ``prefix``, as the continuation of the prefix would be:
+    what follows the prefix's first occurrence (a model may write a line of prose first) or, for a
+    reply that opens another code fence, what follows that fence's line; then cut at the first of
+    the original stop strings (the closing fence)."""
+    text, want = completion.text, prefix.strip()
+    at = text.find(want) if want else -1
+    if at >= 0:
+        text = text[at + len(want):].lstrip(" ").removeprefix("\n")
+    elif want.startswith("```") and text.lstrip().startswith("```"):
+        text = text.lstrip().partition("\n")[2]
+    cut = find_stop(text, stop)
+    if cut >= 0:
+        text = text[:cut]
+    return dataclasses.replace(completion, text=text)
