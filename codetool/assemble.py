@@ -29,29 +29,33 @@ logger = logging.getLogger(__name__)
 
 
 def make_policy(spec: str | ModelSpec, *, dtype: str = "auto", max_batch_size: int = 16,
-                remote_model: str | None = None, api_key_env: str = "OPENAI_API_KEY"):
+                remote_model: str | None = None, api_key_env: str = "OPENAI_API_KEY", client=None):
     """The policy backend for a model spec (see :class:`~codetool.models.spec.ModelSpec`).
 
     Args:
-        spec (`str` or `ModelSpec`): ``default``, a path, a Hub id, an http(s) URL or ``vllm:<model>``;
-            a parsed :class:`ModelSpec` is used as it is (the keyword options are then ignored).
+        spec (`str` or `ModelSpec`): ``default``, a path, a Hub id, an http(s) URL (several:
+            comma-separated) or ``vllm:<model>``; a parsed :class:`ModelSpec` is used as it is
+            (the keyword options are then ignored).
+        client (`RemoteConfig`, *optional*): a server's client limits (``policy_client``).
     Raises:
         ConfigError: ``remote_model`` with a spec that is not a server URL.
         CodetoolError: what the backend raises (a missing model, a missing API key variable).
     """
     if not isinstance(spec, ModelSpec):
         spec = ModelSpec.parse(spec, role="policy", remote_model=remote_model, api_key_env=api_key_env,
-                               dtype=dtype, max_batch_size=max_batch_size)
+                               dtype=dtype, max_batch_size=max_batch_size, client=client)
     return spec.build()
 
 
-def make_scorer(spec: str, device: str = "auto"):
-    """``None`` for ``none``/``rollout``, else a PRM scorer (checkpoint folder, server URL, ``vllm:``)."""
-    if ModelSpec.parse(spec, role="prm").kind in ("none", "rollout"):
+def make_scorer(spec: str, device: str = "auto", client=None):
+    """``None`` for ``none``/``rollout``, else a PRM scorer (checkpoint folder, server URL(s) with
+    the ``client`` limits (``prm_client``), ``vllm:``)."""
+    kind = ModelSpec.parse(spec, role="prm").kind
+    if kind in ("none", "rollout"):
         return None
     from codetool.prm.scorer import load_scorer
 
-    return load_scorer(spec, device=device)
+    return load_scorer(spec, device=device, **({"client": client} if kind == "server" and client else {}))
 
 
 def executor_factory(executor_cfg: ExecutorConfig) -> Callable[[SearchTask], Any]:

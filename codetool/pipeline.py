@@ -42,6 +42,7 @@ from codetool.config import ConfigError, config_hash, option, to_dict
 from codetool.eval.judges import JudgeConfig
 from codetool.executor import ExecutorConfig
 from codetool.models.memory import release_host_memory
+from codetool.models.remote import RemoteConfig
 from codetool.models.spec import ModelSpec
 from codetool.prm.train import TrainConfig
 from codetool.search.answer import AnswerConfig
@@ -97,7 +98,7 @@ def _default_methods() -> list[MethodConfig]:
 
 
 # Settings the pipeline passes down to its trees stage (the top-level value wins; see __post_init__).
-PIPELINE_WIDE = ("policy", "remote_model", "policy_max_batch_size", "tool_doc")
+PIPELINE_WIDE = ("policy", "remote_model", "policy_max_batch_size", "tool_doc", "policy_client")
 
 
 @dataclass
@@ -109,6 +110,8 @@ class PipelineConfig:
     policy: str = option("default", "policy for trees and search: default, a path, Hub id, http(s) URL, vllm:<model>")
     policy_max_batch_size: int = option(16, "sequences decoded together (local policy)")
     remote_model: str | None = option(None, "model name sent to an http(s) policy server")
+    policy_client: RemoteConfig = field(default_factory=RemoteConfig)
+    prm_client: RemoteConfig = field(default_factory=RemoteConfig)
     tool_doc: str = option("full", "tool docs in prompts: full, compact or brief (one line each)", choices=["full", "compact", "brief"])
     prm_checkpoint: str | None = option(None, "use this PRM (dir or serve-prm URL) and skip the train stage")
     stages: list[str] = option(default_factory=lambda: list(STAGES), help="stages to run, in order")
@@ -141,7 +144,8 @@ class PipelineConfig:
             raise ConfigError("a pipeline needs at least one method and one evaluation set.")
         # One policy per pipeline: the top-level settings are given to the trees; a different value
         # under trees: would be replaced silently, so it is refused (issue 18).
-        tree_defaults = {f.name: f.default for f in dataclasses.fields(TreeConfig)}
+        tree_defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                         for f in dataclasses.fields(TreeConfig) if f.name in PIPELINE_WIDE}
         for name in PIPELINE_WIDE:
             value, top = getattr(self.trees, name), getattr(self, name)
             if value != tree_defaults[name] and value != top:
@@ -206,6 +210,7 @@ def _hash(*parts: Any) -> str:
 def _tree_cfg(cfg: PipelineConfig) -> TreeConfig:
     return dataclasses.replace(cfg.trees, policy=cfg.policy, policy_max_batch_size=cfg.policy_max_batch_size,
                                remote_model=cfg.remote_model, tool_doc=cfg.tool_doc, executor=cfg.executor,
+                               policy_client=cfg.policy_client,
                                output=str(cfg.root / "trees" / "trees.jsonl"),
                                dataset_dir=str(cfg.root / "trees" / "prm_dataset"), shard=None, merge=False)
 
@@ -236,6 +241,7 @@ def _run_cfgs(cfg: PipelineConfig, prm: str) -> list:
                                   limit=ev.limit, tools_backend=ev.tools_backend, tool_server_url=ev.tool_server_url,
                                   tool_cache_dir=ev.tool_cache_dir, policy=cfg.policy,
                                   policy_max_batch_size=cfg.policy_max_batch_size, remote_model=cfg.remote_model,
+                                  policy_client=cfg.policy_client, prm_client=cfg.prm_client,
                                   tool_doc=ev.tool_doc or cfg.tool_doc,
                                   prm=prm if method.latent == "prm" else method.latent,
                                   search=run_search, executor=cfg.executor, answer=cfg.answer,
@@ -254,13 +260,16 @@ def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
     root.mkdir(parents=True, exist_ok=True)
     (root / "pipeline.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
     tree_cfg, train_cfg = _tree_cfg(cfg), _train_cfg(cfg)
-    h_trees = _hash(tree_cfg)
+    # Client limits (in flight, timeouts, retries) change how fast a stage runs, not what it writes.
+    h_trees = _hash(dataclasses.replace(tree_cfg, policy_client=RemoteConfig()))
     h_train = _hash(cfg.prm_checkpoint) if cfg.prm_checkpoint else _hash(train_cfg, h_trees)
     prm = cfg.prm_checkpoint or train_cfg.output_dir
     run_cfgs = _run_cfgs(cfg, prm)
     needs_prm = any(m.latent == "prm" for m in cfg.methods)
-    h_search = _hash([dataclasses.replace(r, output="") for r in run_cfgs], h_train if needs_prm else "")
-    h_eval = _hash(cfg.judge, cfg.reference, h_search) if cfg.reference else _hash(cfg.judge, h_search)
+    h_search = _hash([dataclasses.replace(r, output="", policy_client=RemoteConfig(), prm_client=RemoteConfig())
+                      for r in run_cfgs], h_train if needs_prm else "")
+    judge = dataclasses.replace(cfg.judge, client=RemoteConfig())
+    h_eval = _hash(judge, cfg.reference, h_search) if cfg.reference else _hash(judge, h_search)
     plan = {"trees": h_trees, "train": h_train, "search": h_search, "eval": h_eval}
     status: dict[str, Any] = {}
     changed = False  # once a stage reruns, every later stage reruns too
@@ -311,8 +320,9 @@ def _stage_search(cfg: PipelineConfig, *, run_cfgs: list, prm: str, **_) -> dict
     from codetool.assemble import make_policy, make_scorer
     from codetool.run import execute_run
 
-    policy = make_policy(cfg.policy, max_batch_size=cfg.policy_max_batch_size, remote_model=cfg.remote_model)
-    scorer = make_scorer(prm) if any(r.prm not in ("none", "rollout") for r in run_cfgs) else None
+    policy = make_policy(cfg.policy, max_batch_size=cfg.policy_max_batch_size, remote_model=cfg.remote_model,
+                         client=cfg.policy_client)
+    scorer = make_scorer(prm, client=cfg.prm_client) if any(r.prm not in ("none", "rollout") for r in run_cfgs) else None
     # One evaluation set at a time (every seed and method on it): their prompts start alike, so the
     # policy's prompt cache (models/prompt_cache.py) serves each query's prompts to all of them.
     order = sorted(range(len(run_cfgs)), key=lambda i: (run_cfgs[i].benchmark, run_cfgs[i].group, i))

@@ -18,6 +18,9 @@ mean tool cost). ``--prm`` picks the latent reward: a PRM checkpoint directory, 
 the config is refused. The parts are composed by :mod:`codetool.assemble` (:class:`QueryRunner`
 holds them). ``--ray ADDRESS`` runs the queries on the workers of a Ray cluster
 (:mod:`codetool.distributed`); this process still plans the resume and writes ``--output``.
+Against a policy server the episodes advance on their own (``search.schedule``,
+:mod:`codetool.search.schedule`) inside :class:`QueryRunner`, on one machine and in each Ray
+worker alike, and the summary shows the servers' client limits and use.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from codetool.decide.stage import RouterConfig
 from codetool.distributed.ray_cluster import ClusterConfig
 from codetool.executor import ExecutorConfig
 from codetool.jsonl import append_jsonl
+from codetool.models.remote import RemoteConfig
 from codetool.models.spec import ModelSpec
 from codetool.resume import (
     FatalError,
@@ -49,6 +53,7 @@ from codetool.resume import (
 )
 from codetool.search.answer import AnswerConfig, needs_answer, write_final_answers
 from codetool.search.reference import record_reference_steps
+from codetool.search.schedule import closed_on_interrupt, planned_units
 from codetool.search.search import SearchConfig, StepwiseSearch
 
 logger = logging.getLogger(__name__)
@@ -71,7 +76,8 @@ class RunConfig:
     offset: int = option(0, "skip this many queries of the benchmark")
     limit: int | None = option(None, "run at most this many queries")
     output: str = option("runs/run/trajectories.jsonl", "trajectory file (JSONL, appended, resumable)")
-    policy: str = option("default", "policy: default, a model path, Hub id, http(s) URL of an OpenAI-compatible server, or vllm:<model>")
+    policy: str = option("default", "policy: default, a model path, Hub id, http(s) URL of an OpenAI-compatible server "
+                         "(several endpoints of one model: comma-separated), or vllm:<model>")
     policy_dtype: str = option("auto", "policy dtype (local models)", choices=["auto", "float32", "bfloat16", "float16"])
     policy_max_batch_size: int = option(16, "sequences decoded together (local models)")
     remote_model: str | None = option(None, "model name sent to an http(s) policy server")
@@ -83,9 +89,12 @@ class RunConfig:
     max_response_chars: int = option(20000, "characters of one tool response handed to the code")
     tool_doc: str = option("full", "tool docs in the prompt: full docstrings, compact one-liners, or brief (names and one short line: small models on CPU)",
                            choices=["full", "compact", "brief"])
-    prm: str = option("none", "latent reward: a PRM checkpoint dir, a serve-prm URL, rollout, or none")
+    prm: str = option("none", "latent reward: a PRM checkpoint dir, a serve-prm URL (several: comma-separated), "
+                      "rollout, or none")
     prm_device: str = option("auto", "device of a local PRM")
     router: bool = option(False, "decide first (When2Tool): route easy queries past the full search")
+    policy_client: RemoteConfig = field(default_factory=RemoteConfig)
+    prm_client: RemoteConfig = field(default_factory=RemoteConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     routing: RouterConfig = field(default_factory=RouterConfig)
@@ -120,7 +129,7 @@ class RunConfig:
 def policy_spec(cfg: RunConfig) -> ModelSpec:
     """The run's policy, parsed once from ``policy`` and the options beside it."""
     return ModelSpec.parse(cfg.policy, role="policy", remote_model=cfg.remote_model, api_key_env=cfg.api_key_env,
-                           dtype=cfg.policy_dtype, max_batch_size=cfg.policy_max_batch_size)
+                           dtype=cfg.policy_dtype, max_batch_size=cfg.policy_max_batch_size, client=cfg.policy_client)
 
 
 def load_benchmark(cfg: RunConfig) -> list:
@@ -175,7 +184,7 @@ def single_query(cfg: RunConfig):
 def run_hash(cfg: RunConfig) -> str:
     """The config hash stored in trajectories (what changes results; not paths or limits)."""
     return config_hash(cfg, ignore=("output", "offset", "limit", "data_dir", "prm_device", "retry_failed",
-                                    "force_resume", "ray", "cluster"))
+                                    "force_resume", "ray", "cluster", "policy_client", "prm_client"))
 
 
 def _query_key(q) -> str:
@@ -227,18 +236,21 @@ def execute_run(cfg: RunConfig, *, policy=None, scorer=None, show_summary: bool 
         todo = [q for q in queries if _query_key(q) not in plan.done]
         if plan.done:
             logger.info("resuming: %d of %d queries already in %s", len(queries) - len(todo), len(queries), out)
+        serving: dict[str, Any] = {}
         if todo:
-            _run_queries(cfg, todo, out, chash, policy, scorer)
+            _run_queries(cfg, todo, out, chash, policy, scorer, serving)
         else:
             logger.info("nothing to do: all %d queries are in %s", len(queries), out)
     if show_summary:
-        print_summary(out, [q.query_id for q in queries])
+        print_summary(out, [q.query_id for q in queries], clients=serving)
     return out
 
 
-def _run_queries(cfg: RunConfig, todo: list, out: Path, chash: str, policy, scorer) -> int:
+def _run_queries(cfg: RunConfig, todo: list, out: Path, chash: str, policy, scorer, serving: dict) -> int:
     """Search every query of ``todo`` here, or on Ray workers with ``--ray``; one record per query
-    appended to ``out`` (a query that fails gets an error record). Returns the failures."""
+    appended to ``out`` (a query that fails gets an error record). ``serving`` receives this
+    process's remote clients, whose ``stats()`` the summary shows (a Ray worker's stay on the
+    worker; its trajectories still carry their ``serving`` records). Returns the failures."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     start, counts = time.perf_counter(), {"failed": 0}
@@ -260,12 +272,20 @@ def _run_queries(cfg: RunConfig, todo: list, out: Path, chash: str, policy, scor
 
             run_on_ray(cfg.ray, cfg.cluster, todo, unit_key=_query_key, record_key=_record_key,
                        runner=(QueryRunner, (cfg, chash)), on_record=land,
-                       on_error=lambda q, e: land(error_record(cfg, chash, q, e)), batch=cfg.search.concurrency)
+                       on_error=lambda q, e: land(error_record(cfg, chash, q, e)), batch=ray_batch(cfg))
         else:
             with QueryRunner(cfg, chash, policy, scorer) as runner:
+                serving.update(runner.clients())
                 runner.run(todo, land)
     logger.info("ran %d queries in %.1f s (%d failed)", len(todo), time.perf_counter() - start, counts["failed"])
     return counts["failed"]
+
+
+def ray_batch(cfg: RunConfig) -> int:
+    """Queries per call to a Ray worker (unless ``cluster.batch`` is set): as many as one worker
+    keeps in flight, ``search.concurrency`` or what its search picks for its policy."""
+    return planned_units(cfg.search.concurrency, policy_spec(cfg).remote, cfg.search.schedule, cfg.policy_client,
+                         local_default=4, per_unit=cfg.search.k)
 
 
 def error_record(cfg: RunConfig, chash: str, unit, error: BaseException | str) -> dict:
@@ -293,7 +313,7 @@ class QueryRunner(UnitRunner):
 
         self.cfg, self.chash = cfg, chash
         self.policy = policy or assemble.make_policy(policy_spec(cfg))
-        self.scorer = make_scorer(cfg.prm, cfg.prm_device) if scorer is None else scorer
+        self.scorer = make_scorer(cfg.prm, cfg.prm_device, client=cfg.prm_client) if scorer is None else scorer
         self.search = StepwiseSearch(self.policy, cfg.search, executor_factory(cfg.executor), scorer=self.scorer,
                                      config_hash=chash)
         self.backend = self.open(tool_backend(cfg.tools_backend, benchmark=cfg.benchmark, data_dir=cfg.data_dir,
@@ -328,7 +348,7 @@ class QueryRunner(UnitRunner):
                 record_reference_steps(traj, task, executor_factory(cfg.executor))
             if answers and needs_answer(traj, cfg.answer):  # CodeTool: every trajectory gets a final answer
                 waiting.append(traj)
-                if len(waiting) >= cfg.search.concurrency:
+                if len(waiting) >= self.search.episodes:
                     flush()
             else:
                 land(traj)
@@ -358,9 +378,16 @@ class QueryRunner(UnitRunner):
                 self.search.run(batch, on_done=on_done)
 
         by_key = {_unit_key(t): t for t in tasks}
-        run_isolated(tasks, run_batch, _unit_key, done, failed_unit)
-        flush()
+        with closed_on_interrupt(self.policy, self.scorer):  # Ctrl-C cancels what servers are generating
+            run_isolated(tasks, run_batch, _unit_key, done, failed_unit)
+            flush()
         return failed
+
+    def clients(self) -> dict[str, Any]:
+        """The remote clients among the policy and the PRM (``{"policy": ..., "prm": ...}``: what
+        has ``stats()``), for the run summary."""
+        return {name: part for name, part in (("policy", self.policy), ("prm", self.scorer))
+                if callable(getattr(part, "stats", None))}
 
 
 def fidelity_settings(cfg: RunConfig, scorer=None) -> dict[str, Any]:
@@ -390,8 +417,34 @@ def run_command(cfg: RunConfig) -> int:
     return 0
 
 
-def print_summary(path: Path, query_ids: list[str] | None = None) -> dict[str, Any]:
-    """Print the one-screen summary of a trajectory file (restricted to ``query_ids``)."""
+def serving_rows(trajs: list, clients: dict) -> list[tuple[str, str]]:
+    """Summary rows for remote servers: the client limits and adaptations recorded in the
+    trajectories (the last one that has them), and for each live client of this run its
+    requests, retries, failovers, timeouts and sequences in flight (peak and effective)."""
+    rows: list[tuple[str, str]] = []
+    record = next((t.serving for t in reversed(trajs) if t.serving), {})
+    for name in ("policy", "prm"):
+        part = record.get(name)
+        if not part:
+            continue
+        rows.append((f"{name} server", f"{', '.join(part.get('endpoints', []))}: {part.get('client', '')}"))
+        rows += [(f"  {name} adapted", text) for text in part.get("adaptations", [])]
+        if part.get("identical_samples"):
+            rows.append((f"  {name} identical samples", part["identical_samples"]))
+    if record.get("schedule"):
+        rows.append(("schedule", record["schedule"]))
+    for name, client in clients.items():
+        s = client.stats()
+        rows.append((f"  {name} requests", f"{s['requests']} ({s['retries']} retries, {s['failovers']} failovers, "
+                                           f"{s['timeouts']} timeouts)"))
+        rows.append((f"  {name} in flight", f"peak {s['in_flight_peak']} of {s['max_in_flight']}, effective "
+                                            f"{s['in_flight_effective']:.1f} over {s['in_flight_busy_s']:.0f} s"))
+    return rows
+
+
+def print_summary(path: Path, query_ids: list[str] | None = None, clients: dict | None = None) -> dict[str, Any]:
+    """Print the one-screen summary of a trajectory file (restricted to ``query_ids``), with how
+    remote servers were used (from the trajectories) and what this run's ``clients`` measured."""
     from rich.console import Console
     from rich.table import Table
 
@@ -417,6 +470,7 @@ def print_summary(path: Path, query_ids: list[str] | None = None) -> dict[str, A
             ("seconds per query", f"{m.mean_seconds:.1f}"),
             *((f"  {phase} s/query", f"{s:.1f}") for phase, s in m.phase_seconds.items()),
             ("mean tool cost (LIT)", f"{m.mean_tool_cost:.2f}")]
+    rows += serving_rows(trajs, clients or {})
     for k, v in rows:
         table.add_row(k, str(v))
     Console().print(table)

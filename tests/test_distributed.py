@@ -113,6 +113,25 @@ def test_cluster_settings_are_checked_and_reach_both_commands():
     assert tree_hash(trees) == tree_hash(TreeConfig())  # a Ray run resumes a local one and back
 
 
+def test_a_workers_batch_is_what_it_keeps_in_flight():
+    from codetool.run import RunConfig, ray_batch
+    from codetool.tree.build import TreeConfig
+    from codetool.tree.jobs import ray_batch as tree_batch
+
+    def run(**overrides):
+        return ray_batch(load_config(RunConfig, overrides={"benchmark": "restbench-tmdb", **overrides}))
+
+    server = "http://a:8000/v1,http://b:8000/v1"
+    assert run() == 4  # a local policy: search.concurrency's rounds default
+    assert run(policy=server) == 64  # continuous: 2 x 64 in flight / k 2
+    assert run(policy=server, **{"policy_client.max_in_flight": 8, "search.k": 4}) == 4  # at least 4
+    assert run(policy=server, **{"search.concurrency": 3}) == 3
+    assert run(policy=server, **{"search.schedule": "rounds"}) == 4
+    assert tree_batch(TreeConfig()) == 8
+    assert tree_batch(TreeConfig(policy=server)) == 32  # 2 x 64 / (2 x branching 2)
+    assert tree_batch(TreeConfig(policy=server, batch_trees=2)) == 2
+
+
 def test_without_ray_installed_the_error_says_how_to_get_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(CodetoolError, match=r"pip install 'codetool\[ray\]'"):

@@ -181,7 +181,9 @@ def stub():
     ("regex", lambda r: {"regex": r}),
     ("none", lambda r: {}),
 ])
-def test_openai_request_carries_the_constraint(stub, field, expected):
+def test_openai_request_carries_the_constraint(field, expected):
+    # The field is probed first: the stub plays a server that applies it (SGLang's is regex).
+    stub = StubServer("sglang" if field == "regex" else "vllm")
     c1, c2 = CallConstraint.for_functions(["f_a"]), CallConstraint.for_functions(["g_b"], trigger=FENCE)
     b = OpenAIBackend(stub.url, model="m", retries=0, timeout=5.0, constraint_field=field)
     b.generate(["p1", "p2", "p3"], n=2, max_new_tokens=5, constraint=[c1, c2, None])
@@ -193,6 +195,7 @@ def test_openai_request_carries_the_constraint(stub, field, expected):
     assert not any(k in bodies["p3"] for k in fields)
     with pytest.raises(CodetoolError, match="constraint_field"):
         OpenAIBackend(stub.url, model="m", constraint_field="grammar")
+    stub.close()
 
 
 def test_search_sends_one_constraint_per_query(shared_data):

@@ -6,6 +6,7 @@ import pytest
 
 from codetool import CodetoolError
 from codetool.config import ConfigError
+from codetool.models.remote import RemoteConfig
 from codetool.models.spec import ModelSpec
 
 
@@ -34,8 +35,18 @@ def test_options_follow_the_kind():
     assert ModelSpec.parse("vllm:m", dtype="float16", device="cuda", max_batch_size=4).backend_kwargs() == {
         "dtype": "float16"}
     server = ModelSpec.parse("http://h/v1", remote_model="policy", api_key_env="VLLM_KEY", dtype="float16")
-    assert server.backend_kwargs() == {"model": "policy", "api_key_env": "VLLM_KEY"} and server.remote
-    assert ModelSpec.parse("http://h/v1", remote_model="").backend_kwargs() == {"model": None}
+    assert server.backend_kwargs() == {"model": "policy", "api_key_env": "VLLM_KEY", "setting": "policy_client",
+                                       "role": "policy"} and server.remote
+    assert ModelSpec.parse("http://h/v1", remote_model="").backend_kwargs() == {
+        "model": None, "setting": "policy_client", "role": "policy"}
+    limits = RemoteConfig(max_in_flight=16)
+    judge = ModelSpec.parse("http://a/v1,http://b/v1", role="judge", client=limits)
+    assert judge.backend_kwargs() == {"model": None, "client": limits, "setting": "judge.client", "role": "judge"}
+    assert judge.build().urls == ["http://a/v1", "http://b/v1"]
+    assert ModelSpec.parse("http://p:8600", role="prm", client=limits).backend_kwargs() == {
+        "model": None, "client": limits}
+    with pytest.raises(ConfigError, match="comma-separated http"):
+        ModelSpec.parse("http://a/v1,b:8000")
 
 
 def test_latent_of_a_prm_spec():
@@ -58,4 +69,4 @@ def test_build_goes_through_make_backend(monkeypatch):
     seen = []
     monkeypatch.setattr("codetool.models.backends.make_backend", lambda spec, **kw: seen.append((spec, kw)) or "B")
     assert ModelSpec.parse("http://h/v1", remote_model="m", api_key_env="K").build() == "B"
-    assert seen == [("http://h/v1", {"model": "m", "api_key_env": "K"})]
+    assert seen == [("http://h/v1", {"model": "m", "api_key_env": "K", "setting": "policy_client", "role": "policy"})]

@@ -89,7 +89,7 @@ def test_load_scorer_specs(tmp_path):
 
     client = load_scorer("http://127.0.0.1:9")
     assert isinstance(client, HTTPScorer) and isinstance(client, PRMScorer)
-    with pytest.raises(CodetoolError, match="unreachable"):
+    with pytest.raises(CodetoolError, match="cannot connect"):
         client.score(_items(1, candidates=2)[:1])
 
 

@@ -136,7 +136,7 @@ class _Flaky:
 
 def _scorer(transport, **kwargs) -> HTTPScorer:
     client = HTTPScorer("http://prm.invalid", backoff_s=0.001, **kwargs)
-    client._client = httpx.Client(base_url=client.url, transport=httpx.MockTransport(transport))
+    client.remote._client = httpx.AsyncClient(transport=httpx.MockTransport(transport))
     return client
 
 
@@ -171,3 +171,11 @@ def test_blank_key_is_refused(monkeypatch, value):
     monkeypatch.setenv("CODETOOL_PRM_API_KEY", value)
     with pytest.raises(CodetoolError, match="empty or whitespace"):
         key_from_env("CODETOOL_PRM_API_KEY")
+
+
+def test_client_4xx_names_what_to_change():
+    def handler(request):
+        return httpx.Response(413, json={"error": "300 items in one request; the limit is 256"})
+
+    with pytest.raises(CodetoolError, match="larger --max_items"):
+        _scorer(handler, max_items=300).score([PRMItem(**ITEM)] * 300)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
@@ -31,6 +31,7 @@ from codetool.eval.reference_prompts import (
     STB_EVALUATOR,
     load_reference_prompts,
 )
+from codetool.models.remote import RemoteConfig
 from codetool.secrets import redact
 
 logger = logging.getLogger(__name__)
@@ -259,7 +260,9 @@ class JudgeConfig:
     codetool_instruction: str = option("v2", "CodeTool's judge instruction: v2 (EVAL_INST_V2, what its "
                                        "run_pass_rate.sh passes) or v1", choices=["v1", "v2"])
     retries: int = option(2, "extra attempts when a judge reply does not parse")
-    batch_size: int = option(8, "prompts per judge call; verdicts are cached after each batch")
+    batch_size: int | None = option(None, "prompts per judge call; verdicts are cached after each batch (none: 8 "
+                                    "for a local judge, judge.client.max_in_flight for a server)")
+    client: RemoteConfig = field(default_factory=RemoteConfig)
     cache: str = option("", "JSONL file of cached verdicts (default: judge_cache.jsonl in the output folder)")
     weak: bool | None = option(None, "flag the judge as weak in reports (default: true for local models)")
     dtype: str = option("auto", "dtype of a local judge", choices=["auto", "float32", "bfloat16", "float16"])
@@ -292,7 +295,7 @@ class JudgeConfig:
             raise ConfigError(f"judge.rounds must be >= 1, got {self.rounds}.")
         if self.temperature < 0:
             raise ConfigError(f"judge.temperature must be >= 0, got {self.temperature}.")
-        if self.retries < 0 or self.batch_size < 1:
+        if self.retries < 0 or (self.batch_size is not None and self.batch_size < 1):
             raise ConfigError(f"need judge.retries >= 0 and judge.batch_size >= 1, got {self.retries}, "
                               f"{self.batch_size}.")
         if self.max_trajectory_chars < 0:
@@ -320,13 +323,17 @@ def make_judge(cfg: JudgeConfig, cache_path: str | None = None) -> Judge | None:
     from codetool.models.spec import ModelSpec
 
     spec = ModelSpec.parse(cfg.model, role="judge", remote_model=cfg.remote_model, api_key_env=cfg.api_key_env,
-                           dtype=cfg.dtype, device=cfg.device)
+                           dtype=cfg.dtype, device=cfg.device, client=cfg.client)
     remote = spec.remote
     if remote:
         backend = spec.build()
         # The model's name is part of every cache key: ask the server once when it was not given.
         served = cfg.remote_model or (backend.resolved_model() if hasattr(backend, "resolved_model") else "")
         name = f"openai:{served or 'server-default'}@{cfg.model}"
+        if cfg.mode == "options" and callable(getattr(backend, "feature", None)) and not backend.feature("logprobs"):
+            raise ConfigError(f"judge.mode is 'options' (labels scored by log-probabilities), but the judge server "
+                              f"{cfg.model} returns none ({backend.features.notes.get('logprobs', '')}); set "
+                              "--judge.mode json or tools.")
     else:
         from codetool.models.loading import resolve_model
 
@@ -341,7 +348,8 @@ def make_judge(cfg: JudgeConfig, cache_path: str | None = None) -> Judge | None:
         mode = "tools"
     return LLMJudge(backend, name=name, kind="openai" if remote else "local", weak=weak,
                     cache_path=cfg.cache or cache_path, mode=mode, temperature=cfg.temperature,
-                    max_new_tokens=cfg.max_new_tokens, retries=cfg.retries, batch_size=cfg.batch_size,
+                    max_new_tokens=cfg.max_new_tokens, retries=cfg.retries,
+                    batch_size=cfg.batch_size or (cfg.client.max_in_flight if remote else 8),
                     max_answer_chars=cfg.max_answer_chars,
                     max_trajectory_chars=cfg.max_trajectory_chars or 10**9, reference=reference)
 

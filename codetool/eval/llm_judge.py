@@ -31,6 +31,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from codetool import CodetoolError
+from codetool.config import ConfigError
 from codetool.eval.judges import (
     LABELS,
     AnswerRequest,
@@ -290,6 +291,8 @@ class LLMJudge(Judge):
         ask = {"options": self._ask_options, "tools": self._ask_tools}.get(self.mode, self._ask_json)
         try:
             return [(*v, None) for v in ask(prompts, keys, field, allowed, tools)]
+        except ConfigError:  # a setting the judge cannot follow (judge.mode options without log-probs)
+            raise
         except CodetoolError as e:
             if len(prompts) == 1:
                 error = redact(" ".join(f"{type(e).__name__}: {e}".split()))[:500]
@@ -399,7 +402,11 @@ class LLMJudge(Judge):
         # The log-probs do not depend on the round: score each distinct prompt once, sample per round.
         new = list(dict.fromkeys(p for p in prompts if (p, field) not in self._logps))
         if new:
-            scored = self.backend.option_logprobs([[{"role": "user", "content": p}] for p in new], options)
+            try:
+                scored = self.backend.option_logprobs([[{"role": "user", "content": p}] for p in new], options)
+            except NotImplementedError as e:  # every verdict would fail alike: the setting is wrong
+                raise ConfigError(f"judge {self.name}: judge.mode options needs token log-probabilities, but {e}; "
+                                  "set --judge.mode json or tools.") from None
             self._logps.update({(p, field): s for p, s in zip(new, scored)})
             self.calls += len(new)
         scores = [self._logps[(p, field)] for p in prompts]

@@ -353,6 +353,13 @@ def _warnings(report: dict, runs: list[Run], parse_failures: int) -> None:
     for run in runs:
         if run.trajectories and all(c.code is None for t in run.trajectories for s in t.steps for c in s.candidates):
             report["warnings"].append(f"{run.method}: no code steps (an imported function-calling run): SCEP is n/a.")
+        # How a policy server was used (codetool.models.openai_backend): what the run adapted to.
+        serving = next((t.serving for t in reversed(run.trajectories) if t.serving), {})
+        policy = serving.get("policy") or {}
+        report["warnings"] += [f"{run.method}: policy server: {text}" for text in policy.get("adaptations", [])]
+        if policy.get("identical_samples"):
+            report["warnings"].append(f"{run.method}: policy server: identical samples in "
+                                      f"{policy['identical_samples']}")
 
 
 def eval_command(cfg: EvalConfig) -> int:

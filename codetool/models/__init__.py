@@ -4,7 +4,10 @@
 - :mod:`codetool.models.setup`: ``codetool setup`` caches the embedded default model;
 - :mod:`codetool.models.backends`: ``TransformersBackend``, ``OpenAIBackend``, ``VLLMBackend``,
   ``ScriptedBackend``, ``make_backend`` and the ``codetool generate`` command;
-- :mod:`codetool.models.completion`: the interface itself (``Completion``, ``Prompt``, ``LLMBackend``).
+- :mod:`codetool.models.completion`: the interface itself (``Completion``, ``Prompt``, ``LLMBackend``);
+- :mod:`codetool.models.remote`: the HTTP client every remote model goes through (``RemoteConfig``:
+  sequences in flight, timeouts, retries, several endpoints); :mod:`codetool.models.openai_probe`:
+  what an OpenAI-compatible server does with our request fields.
 
 Importing this package does not import torch or transformers.
 """

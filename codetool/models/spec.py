@@ -6,14 +6,15 @@ spec instead of testing the string's prefix again (issue 18). The forms:
 
 | spec | kind (policy, judge) | kind (PRM) | options used |
 |---|---|---|---|
-| ``http://...``, ``https://...`` | ``openai`` (OpenAI-compatible server) | ``server`` (``codetool serve-prm``) | ``remote_model``, ``api_key_env`` |
+| ``http://...``, ``https://...`` (several: comma-separated) | ``openai`` (OpenAI-compatible server) | ``server`` (``codetool serve-prm``) | ``remote_model``, ``api_key_env``, ``client`` |
 | ``vllm:<model>`` | ``vllm`` (in-process, GPU) | ``vllm`` | ``dtype`` |
 | ``default``, a folder, a ``.gguf``, a Hub id | ``local`` (transformers) | ``local`` (a train-prm folder) | ``dtype``, ``device``, ``max_batch_size`` |
 | ``none`` / empty | (error) | ``none`` | |
 | ``rollout`` | (a local model of that name) | ``rollout`` (Monte Carlo rollouts with the policy) | |
 
 Settings that cannot apply to the kind are an error, not silently dropped: a ``remote_model``
-with a local or ``vllm:`` model raises :class:`~codetool.config.ConfigError`.
+with a local or ``vllm:`` model raises :class:`~codetool.config.ConfigError`. Several server
+URLs, comma-separated, are endpoints of the same model (``codetool.models.remote``).
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ from dataclasses import dataclass
 
 from codetool import CodetoolError
 from codetool.config import ConfigError
+from codetool.models.remote import RemoteConfig, split_urls
 
 POLICY_KINDS = ("local", "openai", "vllm")
 PRM_KINDS = ("none", "rollout", "server", "vllm", "local")
 ROLES = ("policy", "judge", "prm")
+# The settings group of each role's remote client (named in error messages).
+CLIENT_SETTINGS = {"policy": "policy_client", "judge": "judge.client", "prm": "prm_client"}
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,8 @@ class ModelSpec:
         role (`str`): ``policy``, ``judge`` or ``prm`` (names the setting in error messages).
         remote_model, api_key_env, dtype, device, max_batch_size: the options of the kind (see
             :meth:`backend_kwargs`); ``None`` leaves the backend's default.
+        client (`RemoteConfig`, *optional*): the limits of a server's client (``policy_client``,
+            ``prm_client``, ``judge.client``); ``None``: the defaults.
     """
 
     text: str
@@ -50,11 +56,12 @@ class ModelSpec:
     dtype: str | None = None
     device: str | None = None
     max_batch_size: int | None = None
+    client: RemoteConfig | None = None
 
     @classmethod
     def parse(cls, spec: str | None, *, role: str = "policy", remote_model: str | None = None,
               api_key_env: str | None = None, dtype: str | None = None, device: str | None = None,
-              max_batch_size: int | None = None) -> ModelSpec:
+              max_batch_size: int | None = None, client: RemoteConfig | None = None) -> ModelSpec:
         """Parse ``spec`` for ``role`` with the options given alongside it.
 
         Raises:
@@ -66,6 +73,10 @@ class ModelSpec:
         text = str(spec or "").strip()
         if text.startswith(("http://", "https://")):
             kind, location = ("server" if role == "prm" else "openai"), text
+            bad = [u for u in split_urls(text) if not u.startswith(("http://", "https://"))]
+            if bad:
+                raise ConfigError(f"the {role} {text!r} lists endpoints that are not http(s) URLs ({', '.join(bad)}); "
+                                  "give several endpoints as comma-separated http(s):// URLs.")
         elif text.startswith("vllm:"):
             kind, location = "vllm", text[len("vllm:"):] or "default"
         elif role == "prm" and text.lower() in ("", "none"):
@@ -81,7 +92,8 @@ class ModelSpec:
             raise ConfigError(f"remote_model {remote_model!r} names a model on an http(s) server, but the {role} "
                               f"{text!r} is not a server URL; drop remote_model or pass the server's http(s):// URL.")
         return cls(text=text, kind=kind, location=location, role=role, remote_model=remote_model or None,
-                   api_key_env=api_key_env, dtype=dtype, device=device, max_batch_size=max_batch_size)
+                   api_key_env=api_key_env, dtype=dtype, device=device, max_batch_size=max_batch_size,
+                   client=client)
 
     @property
     def remote(self) -> bool:
@@ -95,10 +107,13 @@ class ModelSpec:
 
     def backend_kwargs(self) -> dict:
         """Keyword options of the backend of this kind (``make_backend``): servers take
-        ``model``/``api_key_env``, ``vllm:`` takes ``dtype``, local models ``dtype``/``device``/
+        ``model``/``api_key_env``/``client`` (and, for policies and judges, the ``setting`` and
+        ``role`` their errors name), ``vllm:`` takes ``dtype``, local models ``dtype``/``device``/
         ``max_batch_size``; options left ``None`` are not passed."""
         if self.remote:
-            options = {"model": self.remote_model, "api_key_env": self.api_key_env}
+            options = {"model": self.remote_model, "api_key_env": self.api_key_env, "client": self.client}
+            if self.kind == "openai":
+                options.update(setting=CLIENT_SETTINGS[self.role], role=self.role)
             return {k: v for k, v in options.items() if v is not None or k == "model"}
         names = ("dtype",) if self.kind == "vllm" else ("dtype", "device", "max_batch_size")
         return {k: getattr(self, k) for k in names if getattr(self, k) is not None}

@@ -1,23 +1,26 @@
-"""A :class:`codetool.rewards.PRMScorer` that asks a ``codetool serve-prm`` server over HTTP.
+"""A :class:`codetool.rewards.PRMScorer` that asks ``codetool serve-prm`` servers over HTTP.
 
-The search uses it when ``--prm`` is a URL: the PRM runs in another process or on a GPU machine
-and several searches share it (the server batches their concurrent requests). The bearer key,
-when the server needs one, comes from an environment variable (``CODETOOL_PRM_API_KEY`` by
-default) and is only ever sent in the ``Authorization`` header.
+The search uses it when ``--prm`` is a URL (or several, comma-separated: one per server): the PRM
+runs in another process or on a GPU machine and several searches share it (the server batches
+their concurrent requests). Requests go through :class:`~codetool.models.remote.RemoteClient`
+with the ``prm_client`` settings: items in flight (an item is a sequence the server scores),
+timeout, retries with backoff honouring ``Retry-After``, and, with several servers, routing by
+query (a query's items share their prefix in that server's cache) and failover. A call with more
+items than ``max_items`` is split into requests sent together.
 
-Transient failures (connection errors, timeouts, HTTP 5xx and 429) are retried with exponential
-backoff (``retries`` times, ``backoff_s`` doubling, honouring a short ``Retry-After``); a 4xx
-other than 429 is the caller's fault and fails at once with the server's one-line reason.
+The bearer key, when the server needs one, comes from an environment variable
+(``CODETOOL_PRM_API_KEY`` by default) and is only ever sent in the ``Authorization`` header.
+A 4xx other than 429 is the caller's fault and fails at once with the server's one-line reason.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import time
+from concurrent.futures import ThreadPoolExecutor
 
 from codetool import CodetoolError
-from codetool.jsonl import clean_obj
+from codetool.models.remote import EndpointError, RemoteClient, RemoteConfig, split_urls
 from codetool.rewards import PRMItem
 from codetool.secrets import key_from_env
 
@@ -30,73 +33,91 @@ class HTTPScorer:
     """``score(items)`` by ``POST {url}/score``.
 
     Args:
-        url (`str`): base URL of the server, e.g. ``http://127.0.0.1:8600``.
+        url (`str` or `list[str]`): base URL of the server, e.g. ``http://127.0.0.1:8600``; several
+            servers of the same PRM as a list or comma-separated.
         api_key_env (`str`, *optional*, defaults to ``CODETOOL_PRM_API_KEY``): variable holding the
             bearer key; no header is sent when it is unset.
-        timeout_s (`float`, *optional*, defaults to 120): per request.
-        max_items (`int`, *optional*, defaults to 256): items per request; larger calls are split
-            (keep it <= the server's ``max_items``).
-        retries (`int`, *optional*, defaults to 4): further attempts after a transient failure.
-        backoff_s (`float`, *optional*, defaults to 1.0): first wait; doubles on each retry.
+        client (`RemoteConfig`, *optional*): limits, timeout, retries (``prm_client``).
+        max_items (`int`, *optional*, defaults to 256): items per request (keep it <= the
+            server's ``max_items``).
+        timeout_s, retries, backoff_s (*optional*): replace those fields of ``client``.
 
     Raises (from ``score``):
-        CodetoolError: when the server cannot be reached or answers with an error; the message
+        CodetoolError: when the servers cannot be reached or answer with an error; the message
             carries the server's one-line reason.
     """
 
-    def __init__(self, url: str, *, api_key_env: str = DEFAULT_KEY_ENV, timeout_s: float = 120.0,
-                 max_items: int = 256, retries: int = 4, backoff_s: float = 1.0):
-        import httpx
+    thread_safe = True  # episodes in flight may call score() together
+    continuous = True
 
-        self.url = url.rstrip("/")
+    def __init__(self, url: str | list[str], *, api_key_env: str = DEFAULT_KEY_ENV, client: RemoteConfig | None = None,
+                 max_items: int = 256, **overrides):
+        self.urls = [u.rstrip("/") for u in split_urls(url)]
+        self.api_key_env = api_key_env
+        self.url = self.urls[0] if self.urls else ""
         key = key_from_env(api_key_env)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.max_items = max(int(max_items), 1)
-        self.retries, self.backoff_s = max(int(retries), 0), backoff_s
-        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
+        self.config = dataclasses.replace(client or RemoteConfig(), **overrides)
+        self.remote = RemoteClient(self.urls, self.config, setting="prm_client", headers=lambda: dict(headers))
 
-    def _post(self, body: dict):
-        """``POST /score`` with retries on transient failures; returns the 200 response."""
-        import httpx
+    def _post(self, chunk: list[PRMItem]) -> list[float]:
+        body = {"items": [dataclasses.asdict(item) for item in chunk]}
 
-        problem = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                wait = self.backoff_s * 2 ** (attempt - 1)
-                logger.warning("PRM server %s: %s; retry %d of %d in %.1f s", self.url, problem, attempt,
-                               self.retries, wait)
-                time.sleep(wait)
-            try:
-                response = self._client.post("/score", json=body)
-            except httpx.HTTPError as e:
-                problem = f"unreachable ({type(e).__name__}: {e})"
-                continue
-            if response.status_code == 200:
-                return response
-            try:
-                reason = response.json().get("error", response.text[:200])
-            except (ValueError, AttributeError):
-                reason = response.text[:200]
-            problem = f"answered {response.status_code}: {' '.join(str(reason).split())[:200]}"
-            if response.status_code != 429 and response.status_code < 500:
-                raise CodetoolError(f"PRM server {self.url} {problem}")
-        raise CodetoolError(f"PRM server {self.url} {problem} after {self.retries + 1} attempts; start it with "
-                            "'codetool serve-prm' or check --prm.")
+        def describe(url: str, status: int, text: str) -> str:
+            return f"PRM server {url} answered {status}: {_reason(text)}{_hint(status, text, self.api_key_env)}"
+
+        try:
+            response = self.remote.request("POST", "/score", body, key=f"{chunk[0].query}\x00{chunk[0].tools}",
+                                           units=len(chunk), describe=describe)
+        except EndpointError:
+            raise
+        except CodetoolError as e:
+            raise CodetoolError(f"PRM server: {e} Start it with 'codetool serve-prm' or check --prm.") from None
+        try:
+            values = response.json().get("scores")
+        except (ValueError, AttributeError):
+            values = None
+        if not isinstance(values, list) or len(values) != len(chunk):
+            raise CodetoolError(f"PRM server {self.url} returned {values!r:.100} for {len(chunk)} items.")
+        return [float(v) for v in values]
 
     def score(self, items: list[PRMItem]) -> list[float]:
-        scores: list[float] = []
-        for start in range(0, len(items), self.max_items):
-            chunk = items[start:start + self.max_items]
-            body = clean_obj({"items": [dataclasses.asdict(item) for item in chunk]})
-            response = self._post(body)
-            try:
-                values = response.json().get("scores")
-            except (ValueError, AttributeError):
-                values = None
-            if not isinstance(values, list) or len(values) != len(chunk):
-                raise CodetoolError(f"PRM server {self.url} returned {values!r:.100} for {len(chunk)} items.")
-            scores += [float(v) for v in values]
-        return scores
+        chunks = [items[i:i + self.max_items] for i in range(0, len(items), self.max_items)]
+        if len(chunks) <= 1:
+            return [v for chunk in chunks for v in self._post(chunk)]
+        with ThreadPoolExecutor(max_workers=min(len(chunks), self.config.max_in_flight)) as pool:
+            return [v for values in pool.map(self._post, chunks) for v in values]
+
+    def serving_record(self) -> dict:
+        """The servers and the client limits (JSON-able), for trajectories and summaries."""
+        return {"endpoints": list(self.urls), "client": self.config.summary()}
+
+    def stats(self) -> dict:
+        return self.remote.stats()
 
     def close(self) -> None:
-        self._client.close()
+        self.remote.close()
+
+
+def _hint(status: int, text: str, key_env: str) -> str:
+    """What setting to change for a PRM server's refusal (``""`` when nothing on our side is)."""
+    if status in (401, 403):
+        return f". Set {key_env} to the key the server was started with."
+    if status == 413 and "items in one request" in text:
+        return ". Start the server with a larger --max_items (it takes one step's candidates at least)."
+    if status == 413:
+        return (". The PRM items are larger than the server accepts: shorten what it sees (search.max_observation_chars, "
+                "tool_doc) or start it with larger limits (--max_body_bytes, --max_history_steps).")
+    return ""
+
+
+def _reason(text: str) -> str:
+    """The server's one-line reason: the ``error`` of a JSON body, else the text."""
+    import json
+
+    try:
+        reason = json.loads(text).get("error", text)
+    except (ValueError, AttributeError):
+        reason = text
+    return " ".join(str(reason).split())[:200]

@@ -165,6 +165,15 @@ def expand(policy, nodes: list[Node], n: int, cfg: SearchConfig, *,
     return expanded
 
 
+def check_constraints(policy, cfg: SearchConfig) -> None:
+    """With ``search.constrain`` on, ask a policy that can tell (a server) whether it applies call
+    constraints before any episode relies on them: it raises ConfigError naming the setting, or
+    turns them off with one warning (``RemoteConfig.require_constraints``)."""
+    check = getattr(policy, "check_constraints", None)
+    if cfg.constrain != "off" and callable(check):
+        check("search.constrain", cfg.constrain)
+
+
 # Under a constraint, finish's argument starts as a text or the last result (a small model otherwise
 # passes invented variable names: NameError).
 ANSWER_OPENINGS = ('"', "'", 'f"', "result", "str(result)")

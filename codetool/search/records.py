@@ -202,6 +202,8 @@ class Trajectory:
         tool_calls (`int`): tool calls executed for this query, over all candidates.
         executor_forks (`int`): executor forks made for this query.
         strategy (`dict`): the search strategy and its choices (``codetool.search.strategies``).
+        serving (`dict`): how remote servers were used (``policy``/``prm``: endpoints, probed
+            features, adaptations, client limits; ``schedule``); empty for local models.
 
     The compute fields default to 0 so records written before they existed still load.
     """
@@ -230,6 +232,7 @@ class Trajectory:
     tool_calls: int = 0
     executor_forks: int = 0
     strategy: dict[str, Any] = field(default_factory=dict)
+    serving: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.finish_type not in FINISH_TYPES:

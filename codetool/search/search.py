@@ -10,8 +10,10 @@ cheapest correct plan); remaining ties go to a seeded random pick (the reference
 run is deterministic given the samples and the seed.
 
 Throughput: batch-1 decoding leaves a CPU or GPU idle, so :class:`StepwiseSearch` keeps
-``concurrency`` episodes in flight and sends the prompts of all of them to the policy in one
-``generate`` call per round, and all their candidates to the PRM in one ``score`` call.
+``concurrency`` episodes in flight. With a local policy it sends the prompts of all of them in
+one ``generate`` call per round, and all their candidates to the PRM in one ``score`` call; with
+a remote policy each episode advances on its own as its requests return (continuous scheduling,
+:mod:`codetool.search.schedule`). A step's seed comes from its query and step number either way.
 
 :func:`codetool.search.expand.expand` (sample + execute in forks) is shared with the tree builder (``codetool.tree``).
 Limits: executions inside a round run one after another (the policy dominates the time on CPU);
@@ -36,7 +38,7 @@ from codetool.rewards import (
     PRMItem,
     PRMScorer,
 )
-from codetool.search.expand import Expanded, Node, expand_each
+from codetool.search.expand import Expanded, Node, check_constraints, expand_each
 from codetool.search.prompt import (
     OBSERVATION_HISTORIES,
     STEP_FORMATS,
@@ -47,6 +49,14 @@ from codetool.search.prompt import (
 )
 from codetool.search.records import Candidate, Step, Trajectory
 from codetool.search.rollout import rollout_value
+from codetool.search.schedule import (
+    SCHEDULES,
+    is_continuous,
+    serving_records,
+    stream,
+    thread_safe,
+    units_in_flight,
+)
 from codetool.secrets import redact
 
 logger = logging.getLogger(__name__)
@@ -72,7 +82,13 @@ class SearchConfig:
     alpha: float = option(0.9, "latent reward: alpha^(1-LR)")
     beta: float = option(0.95, "latent reward: beta^(tau/L)")
     max_len: float = option(20.0, "latent reward: L, the path-length normaliser")
-    concurrency: int = option(4, "episodes in flight; their generations share forward passes")
+    concurrency: int | None = option(None, "episodes in flight (none: 4 under batched rounds, whose generations "
+                                     "share forward passes; under continuous scheduling enough to fill the policy "
+                                     "client twice over: 2 x policy_client.max_in_flight / k)")
+    schedule: str = option("auto", "how episodes share the policy: rounds (all episodes' prompts in one generate "
+                           "call per step, as a local model wants), continuous (each episode advances as soon as "
+                           "its own generation returns, as a server wants), auto (continuous for http(s) "
+                           "policies)", choices=list(SCHEDULES))
     max_observation_chars: int = option(1500, "output shown to the policy per step (public code: 500; 1,500 for TMDB)")
     observation_history: str = option("all", "past outputs the policy (and the PRM) sees: all, or only the last "
                                       "(public code)", choices=list(OBSERVATION_HISTORIES))
@@ -130,7 +146,7 @@ class SearchConfig:
             raise ConfigError(f"search.k must be >= 1, got {self.k}.")
         if self.max_steps < 1:
             raise ConfigError(f"search.max_steps must be >= 1, got {self.max_steps}.")
-        if self.concurrency < 1:
+        if self.concurrency is not None and self.concurrency < 1:
             raise ConfigError(f"search.concurrency must be >= 1, got {self.concurrency}.")
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
             raise ConfigError(f"search.temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}.")
@@ -259,7 +275,12 @@ class StepwiseSearch:
             raise ConfigError("search.rollout_value is 'prm' but no PRM was given: pass --prm PATH|URL, or set "
                               "search.rollout_value to success or auto.")
         self.policy, self.cfg, self.make_executor = policy, config, make_executor
-        self.scorer, self.config_hash = scorer, config_hash
+        self.config_hash = config_hash
+        self.continuous = is_continuous(policy, config.schedule)
+        self.scorer = thread_safe(scorer) if self.continuous else scorer
+        self.episodes = units_in_flight(config.concurrency, policy, self.continuous, local_default=4,
+                                        per_unit=config.k)
+        check_constraints(policy, config)
 
     def run(self, tasks: Iterable[SearchTask], on_done: Callable[[Trajectory], None] | None = None,
             progress: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
@@ -268,10 +289,21 @@ class StepwiseSearch:
         if self.cfg.strategy != "greedy":
             from codetool.search.strategies import run_strategy
             return run_strategy(self, tasks, on_done, progress)
-        pending, active, finished = iter(tasks), [], []
+        finished: list[Trajectory] = []
+
+        def land(traj: Trajectory) -> None:
+            finished.append(traj)
+            for hook in (on_done, progress):
+                if hook:
+                    hook(traj)
+
+        if self.continuous:
+            stream(self.episode, tasks, self.episodes, land)
+            return finished
+        pending, active = iter(tasks), []
         rounds = 0
         while True:
-            while len(active) < self.cfg.concurrency:
+            while len(active) < self.episodes:
                 task = next(pending, None)
                 if task is None:
                     break
@@ -282,15 +314,18 @@ class StepwiseSearch:
             rounds += 1
             for ep in done:
                 active.remove(ep)
-                traj = self._finish(ep)
-                finished.append(traj)
-                for hook in (on_done, progress):
-                    if hook:
-                        hook(traj)
+                land(self._finish(ep))
 
     def solve(self, task: SearchTask) -> Trajectory:
         """Solve one task."""
         return self.run([task])[0]
+
+    def episode(self, task: SearchTask) -> Trajectory:
+        """One whole episode on its own (continuous scheduling): each step is a round of one."""
+        ep = self._start(task)
+        while not self._round([ep], len(ep.traj.steps), quiet=True):
+            pass
+        return self._finish(ep)
 
     def _start(self, task: SearchTask) -> _Episode:
         traj = Trajectory(query_id=task.query_id, query=task.query, benchmark=task.benchmark,
@@ -304,7 +339,7 @@ class StepwiseSearch:
             self._fail(ep, exc)
         return ep
 
-    def _round(self, active: list[_Episode], round_index: int) -> list[_Episode]:
+    def _round(self, active: list[_Episode], round_index: int, *, quiet: bool = False) -> list[_Episode]:
         """One step for every active episode; returns the episodes that ended (an exception
         inside one episode ends it as ``finish_type='error'``; a failure of the batched policy
         call is retried episode by episode, so only the episodes that still fail end so)."""
@@ -334,7 +369,7 @@ class StepwiseSearch:
             if self._guarded_advance(ep, row):
                 ended.append(ep)
         # A user waits on these rounds (all episodes in flight end together): say what each did.
-        logger.info("search round %d: %d episodes, %d candidates; generation %.1f s, execution %.1f s, "
+        (logger.debug if quiet else logger.info)("search round %d: %d episodes, %d candidates; generation %.1f s, execution %.1f s, "
                     "scoring %.1f s; %d ended", round_index + 1, len(active), sum(map(len, expansions)),
                     timings.get("generation", 0.0), timings.get("execution", 0.0), timings["scoring"],
                     len(ended) + len(failed))
@@ -408,7 +443,16 @@ class StepwiseSearch:
         if ep.state is not None:
             ep.state.close()
         ep.traj.wall_time_s = time.perf_counter() - ep.started
+        ep.traj.serving = self.serving()
         return ep.traj
+
+    def serving(self) -> dict[str, Any]:
+        """How the remote policy and PRM were used (``serving_record`` of each; empty for local
+        models), with the schedule: recorded in every trajectory."""
+        record = serving_records(policy=self.policy, prm=getattr(self.scorer, "inner", self.scorer))
+        if record:
+            record["schedule"] = "continuous" if self.continuous else "rounds"
+        return record
 
     # -- episode isolation: a failure inside one episode ends that episode, not the run
     def _guarded_latent(self, active: list[_Episode], expansions: list[list[Expanded]]) -> None:

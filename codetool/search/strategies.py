@@ -37,6 +37,7 @@ from codetool.resume import unit_seed
 from codetool.search.expand import Expanded, Node, expand_each
 from codetool.search.prompt import history_entry
 from codetool.search.records import Candidate, Step, Trajectory
+from codetool.search.schedule import stream
 from codetool.search.search import (
     SearchTask,
     StepwiseSearch,
@@ -109,6 +110,7 @@ def run_strategy(search: StepwiseSearch, tasks: Iterable[SearchTask], on_done: H
     done: list[Trajectory] = []
 
     def finished(traj: Trajectory) -> None:
+        traj.serving = traj.serving or search.serving()
         done.append(traj)
         for hook in (on_done, progress):
             if hook:
@@ -127,6 +129,10 @@ def run_strategy(search: StepwiseSearch, tasks: Iterable[SearchTask], on_done: H
         sub.run(tasks, on_done=stamp)
         return done
     one = {"best_of_n": best_of_n, "beam": beam_search}[cfg.strategy]
+    if search.continuous:  # queries side by side, each with its N episodes or B beams in flight
+        width = cfg.n if cfg.strategy == "best_of_n" else cfg.beam_width * cfg.k
+        stream(lambda task: one(search, task), tasks, max(1, search.episodes // width), finished)
+        return done
     for task in tasks:
         finished(one(search, task))
     return done
@@ -136,7 +142,8 @@ def best_of_n(search: StepwiseSearch, task: SearchTask) -> Trajectory:
     """N independent greedy episodes of ``task`` (batched together); returns the best-scored one
     (ties: a finished answer first, then the earlier episode) with the compute of all N."""
     cfg, started = search.cfg, time.perf_counter()
-    sub = StepwiseSearch(search.policy, replace(cfg, strategy="greedy", concurrency=max(cfg.concurrency, cfg.n)),
+    sub = StepwiseSearch(search.policy, replace(cfg, strategy="greedy", concurrency=max(search.episodes, cfg.n)
+                                                if not search.continuous else cfg.n),
                          search.make_executor, scorer=search.scorer, config_hash=search.config_hash)
     subtasks = [replace(task, query_id=f"{task.query_id}#n{j}") for j in range(cfg.n)]
     trajs = sorted(sub.run(subtasks), key=lambda t: int(t.query_id.rsplit("#n", 1)[1]))

@@ -27,11 +27,13 @@ those (``codetool.resume``). :mod:`codetool.tree.jobs` runs the job: the PRM dat
 all or nothing (a full disk is an error that leaves the previous export), ``--ray ADDRESS`` builds
 the trees on a Ray cluster's workers (one ``TreeRunner`` each, :mod:`codetool.distributed`), and
 ``--merge`` refuses shards that did not finish, naming them (Slurm templates: ``scripts/slurm/``).
+A local policy grows a batch of trees level by level (:meth:`TreeBuilder.build_many`); a remote
+one node by node as its samples return (:mod:`codetool.tree.grow`, ``search.schedule``), on each
+Ray worker too; both label a finished tree the same way (:meth:`TreeBuilder.record`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -42,11 +44,11 @@ from codetool import CodetoolError
 from codetool.config import ConfigError, config_hash, option
 from codetool.distributed.ray_cluster import ClusterConfig
 from codetool.executor import ExecutorConfig
-from codetool.executor.channel import log_safe
-from codetool.search.expand import Node, expand_each
+from codetool.models.remote import RemoteConfig
+from codetool.search.expand import Node, check_constraints, expand_each
 from codetool.search.prompt import history_entry
+from codetool.search.schedule import is_continuous, serving_records, units_in_flight
 from codetool.search.search import SearchConfig, SearchTask
-from codetool.secrets import redact
 from codetool.tree.labels import (
     LABEL_RULES,
     SUCCESS_MODES,
@@ -55,6 +57,16 @@ from codetool.tree.labels import (
     leaf_success,
     pair_counts,
     sibling_pairs,
+)
+from codetool.tree.nodes import (
+    FrontierNode,
+    drop_failed,
+    error_record,
+    faulted,
+    guard,
+    node_record,
+    record_error,
+    tree_seed,
 )
 from codetool.tree.reference import LazyRunner, label_reference, reference_runner
 
@@ -105,8 +117,11 @@ class TreeConfig:
                            "in --output under the current settings, then export; nothing is sampled")
     limit: int | None = option(None, "build at most this many trees")
     seed: int = option(0, "base seed; each tree's seed mixes in its query id")
-    batch_trees: int = option(8, "trees grown together, level by level, so their samples share forward passes "
-                                 "(1: each tree's samples depend on its query id alone, whatever the sharding)")
+    batch_trees: int | None = option(None, "trees grown together (none: 8 with a local policy, level by level, so "
+                                     "their samples share forward passes (1: each tree's samples depend on its "
+                                     "query id alone); with a remote policy, node by node as samples return, "
+                                     "enough trees to fill policy_client.max_in_flight)")
+    policy_client: RemoteConfig = field(default_factory=RemoteConfig)
     search: SearchConfig = field(default_factory=lambda: SearchConfig(method="tree", max_new_tokens=192))
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     retry_failed: bool = option(False, "rebuild the trees recorded as finish_type error (and only those)")
@@ -118,7 +133,7 @@ class TreeConfig:
     def __post_init__(self):
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"--limit must be >= 1, got {self.limit}.")
-        if self.batch_trees < 1:
+        if self.batch_trees is not None and self.batch_trees < 1:
             raise ConfigError(f"batch_trees must be >= 1, got {self.batch_trees}.")
         if self.branching < 1 or self.max_depth < 1:
             raise ConfigError(f"branching and max_depth must be >= 1, got {self.branching} and {self.max_depth}.")
@@ -154,40 +169,7 @@ def tree_hash(cfg: TreeConfig) -> str:
     """The config hash stored in tree records and checked on resume (not paths, sharding or speed)."""
     return config_hash(cfg, ignore=("output", "dataset_dir", "shard", "merge", "limit", "batch_trees",
                                     "policy_max_batch_size", "retry_failed", "force_resume", "relabel", "ray",
-                                    "cluster"))
-
-
-def tree_seed(base: int, query_id: str) -> int:
-    """A per-tree seed that depends only on the base seed and the query id."""
-    return int(hashlib.sha256(f"{base}:{query_id}".encode()).hexdigest()[:8], 16)
-
-
-def _node_record(node_id: str, parent: str | None, depth: int, e) -> dict[str, Any]:
-    c = e.candidate
-    return {"id": node_id, "parent": parent, "depth": depth, "code": c.code, "text": c.text,
-            "observation": e.observation, "result": c.result.to_dict(), "ok": bool(c.r_spot),
-            "tool_calls": len(c.result.tool_calls), "final_answer": c.result.final_answer,
-            "ended": e.ended, "leaf": False, "success": None,
-            "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens}
-
-
-@dataclass
-class FrontierNode:
-    """An open node of a tree being grown (``TreeBuilder.build_many``).
-
-    Args:
-        tree (`int`): the index of its tree (task) in the batch.
-        node_id (`str` or `None`): its id (``"1-2"``), ``None`` for the root.
-        state: its executor (the parent's, forked), closed when the node is expanded or dropped.
-        history (`list[dict]`): the steps above it (``code``, ``text``, ``observation``).
-        depth (`int`): its depth (0 for the root).
-    """
-
-    tree: int
-    node_id: str | None
-    state: Any
-    history: list[dict]
-    depth: int
+                                    "cluster", "policy_client"))
 
 
 class TreeBuilder:
@@ -208,8 +190,15 @@ class TreeBuilder:
             raise ConfigError("success=judged needs a judge; pass one or use success=grounded.")
         self.policy, self.cfg, self.make_executor, self.judge = policy, config, make_executor, judge
         self.make_reference_runner = make_reference_runner or (lambda task: reference_runner(task, make_executor))
+        self.chash = tree_hash(config)  # in every record, error records included
         # max_steps = max_depth: a constrained policy's last step then answers (search.constrain_last_finish)
         self.sample_cfg = replace(config.search, k=config.branching, max_steps=config.max_depth)
+        check_constraints(policy, self.sample_cfg)
+        self.continuous = is_continuous(policy, config.search.schedule)
+        # Under continuous scheduling a tree asks for up to all its frontier at once: fewer trees
+        # than episodes fill the client (codetool.tree.grow).
+        self.trees = units_in_flight(config.batch_trees, policy, self.continuous, local_default=8,
+                                     per_unit=2 * config.branching)
 
     def build(self, task: SearchTask) -> dict[str, Any]:
         """Build, label and summarise the tree of one query; returns its JSON-able record."""
@@ -233,7 +222,7 @@ class TreeBuilder:
         trees: list[dict[str, dict]] = [{} for _ in tasks]
         errors: dict[int, str] = {}  # tree index -> why it failed
         frontier = [FrontierNode(t, None, st, [], 0) for t, task in enumerate(tasks)
-                    if (st := _guard(errors, t, self.make_executor, task)) is not None]
+                    if (st := guard(errors, t, self.make_executor, task)) is not None]
         try:
             while frontier:
                 level = time.perf_counter()
@@ -241,7 +230,7 @@ class TreeBuilder:
                                    cfg.branching, self.sample_cfg, seed=seed + sum(map(len, trees)))
                 for n, row in zip(frontier, rows):
                     if isinstance(row, Exception):  # this tree's policy call failed: it ends
-                        _record_error(errors, n.tree, row)
+                        record_error(errors, n.tree, row)
                 rows = [[] if isinstance(row, Exception) else row for row in rows]
                 logger.info("trees %s: depth %d, %d nodes sampled and executed in %.1f s",
                             ", ".join(str(t.query_id) for t in tasks[:3]) + (", ..." if len(tasks) > 3 else ""),
@@ -249,12 +238,12 @@ class TreeBuilder:
                 next_frontier = []
                 for n, row in zip(frontier, rows):
                     t, parent, state, history, depth = n.tree, n.node_id, n.state, n.history, n.depth
-                    if _faulted(errors, t, row):
+                    if faulted(errors, t, row):
                         state.close()
                         continue
                     for i, e in enumerate(row, 1):
                         node_id = f"{parent}-{i}" if parent else str(i)
-                        node = trees[t][node_id] = _node_record(node_id, parent, depth + 1, e)
+                        node = trees[t][node_id] = node_record(node_id, parent, depth + 1, e)
                         stop = cfg.failure_policy == "stop" and not node["ok"]
                         if e.ended or depth + 1 >= cfg.max_depth or stop:
                             node["leaf"] = True
@@ -265,17 +254,20 @@ class TreeBuilder:
                         step = history_entry(e.candidate, e.observation)
                         next_frontier.append(FrontierNode(t, node_id, child, history + [step], depth + 1))
                     state.close()
-                frontier = _drop_failed(next_frontier, errors)
+                frontier = drop_failed(next_frontier, errors)
         finally:
             for n in frontier:
                 n.state.close()
         seconds = (time.perf_counter() - start) / len(tasks)  # the batch's time, shared evenly
-        records = [_guard(errors, t, self._record, task, tree, seconds) if t not in errors else None
+        records = [guard(errors, t, self.record, task, tree, seconds) if t not in errors else None
                    for t, (task, tree) in enumerate(zip(tasks, trees))]
-        return [_error_record(task, errors[t], seconds, tree_hash(cfg)) if t in errors else record
+        return [error_record(task, errors[t], seconds, self.chash) if t in errors else record
                 for t, (task, record) in enumerate(zip(tasks, records))]
 
-    def _record(self, task: SearchTask, tree: dict[str, dict], seconds: float) -> dict[str, Any]:
+    def record(self, task: SearchTask, tree: dict[str, dict], seconds: float) -> dict[str, Any]:
+        """The JSON-able record of a grown tree: leaf success (the judge under ``success: judged``),
+        the policy server's ``serving`` record, labels and pairs (``label_rule: reference`` re-runs
+        the paths in a sandbox of its own, started only when needed); ``seconds`` is its build time."""
         cfg = self.cfg
         tool_names = sorted(api.name for api in task.env.apis)
         mode = "grounded" if cfg.success == "judged" else cfg.success
@@ -288,8 +280,11 @@ class TreeBuilder:
         record = {"query_id": task.query_id, "query": task.query, "tools": task.env.render(),
                   "tool_names": tool_names, "observation_history": cfg.search.observation_history,
                   "step_format": cfg.search.step_format,
-                  "config_hash": tree_hash(cfg),
+                  "config_hash": self.chash,
                   "nodes": tree, "summary": {"seconds": seconds}}
+        serving = serving_records(policy=self.policy)
+        if serving:
+            record["serving"] = serving
         if cfg.label_rule != "reference":
             return label_record(record, cfg)
         with LazyRunner(lambda: self.make_reference_runner(task)) as runner:
@@ -335,58 +330,6 @@ def label_record(record: dict[str, Any], cfg: TreeConfig, *, recompute_success: 
                          "tool_calls": sum(n["tool_calls"] for n in tree.values()),
                          "seconds": record.get("summary", {}).get("seconds", 0.0)}
     return record
-
-
-def _guard(errors: dict[int, str], trees: int | list[int], func, *args, **kwargs):
-    """``func(*args, **kwargs)``, or ``None`` with the exception recorded in ``errors`` for each
-    tree index in ``trees`` (a failure ends those trees, not the run)."""
-    try:
-        return func(*args, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - recorded on the tree(s), the run goes on
-        _record_error(errors, trees, exc)
-        return None
-
-
-def _record_error(errors: dict[int, str], trees: int | list[int], exc: BaseException) -> None:
-    """Record ``exc`` (redacted, cut to 2,000 characters) as the failure of each tree in ``trees``."""
-    message = redact(f"{type(exc).__name__}: {exc}")[:2000]
-    for t in [trees] if isinstance(trees, int) else trees:
-        errors.setdefault(t, message)
-    logger.warning("tree building failed (%s trees): %s", len(errors), log_safe(message, 500))
-
-
-def _faulted(errors: dict[int, str], t: int, row: list) -> bool:
-    """Whether tree ``t`` failed before or in this row (an executor fault: ``host_error``); the
-    row's forks are then closed."""
-    fault = next((e.candidate.result.host_error for e in row if e.candidate.result.host_error), None)
-    if fault:
-        errors.setdefault(t, fault)
-    if t not in errors:
-        return False
-    for e in row:
-        if e.state is not None:
-            e.state.close()
-    return True
-
-
-def _drop_failed(frontier: list[FrontierNode], errors: dict[int, str]) -> list[FrontierNode]:
-    """The frontier nodes of trees that have not failed; the others' executors are closed."""
-    kept = []
-    for node in frontier:
-        if node.tree in errors:
-            node.state.close()
-        else:
-            kept.append(node)
-    return kept
-
-
-def _error_record(task: SearchTask, error: str, seconds: float, config_hash: str) -> dict[str, Any]:
-    """The record of a tree whose building failed: its error, no nodes, no pairs."""
-    return {"query_id": task.query_id, "query": task.query, "tools": task.env.render(),
-            "config_hash": config_hash, "nodes": {},
-            "pairs": [], "error": error, "finish_type": "error",
-            "summary": {"nodes": 0, "leaves": 0, "successful_leaves": 0, "pairs": 0,
-                        "tool_calls": 0, "seconds": seconds, "error": True}}
 
 
 def load_training_queries(cfg: TreeConfig) -> list:
@@ -516,4 +459,3 @@ def _report_failed(records: list[dict]) -> bool:
         logger.warning("%d trees ended with an error (e.g. %s: %s); rerun with --retry_failed to rebuild only those",
                        len(failed), failed[0].get("query_id"), failed[0].get("error"))
     return bool(failed)
-

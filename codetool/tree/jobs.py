@@ -4,7 +4,9 @@ dataset is written (issue 28).
 - :class:`TreeRunner` holds what one machine, or one Ray worker, needs to build trees (policy,
   :class:`~codetool.tree.build.TreeBuilder`, tool backend); :func:`build_missing` runs it here or
   through :func:`codetool.distributed.run_on_ray` (``--ray``), appending one record per query to
-  the (shard's) output, with resume, lock and error records from :mod:`codetool.resume`;
+  the (shard's) output, with resume, lock and error records from :mod:`codetool.resume`; with a
+  remote policy the runner grows its units node by node (:mod:`codetool.tree.grow`), so each Ray
+  worker schedules continuously within its own client (:func:`ray_batch`: the units per call);
 - :func:`relabel` labels the built trees again (``--relabel``), re-running in a sandbox the
   programs ``label_rule: reference`` needs that a record does not hold yet;
 - :func:`merge_shards` joins the ``--shard i/n`` files and refuses while a shard is missing trees,
@@ -23,6 +25,7 @@ from typing import Any
 from codetool import CodetoolError
 from codetool.config import ConfigError
 from codetool.resume import UnitRunner
+from codetool.search.schedule import closed_on_interrupt, planned_units
 from codetool.tree.build import TreeBuilder, TreeConfig, judge_fn, label_record, tree_hash
 
 logger = logging.getLogger(__name__)
@@ -163,11 +166,33 @@ def build_missing(cfg: TreeConfig, mine: list, path: Path) -> int:
 
             run_on_ray(cfg.ray, cfg.cluster, todo, unit_key=lambda q: str(q.query_id),
                        record_key=lambda r: str(r["query_id"]), runner=(TreeRunner, (cfg, chash)), on_record=land,
-                       on_error=lambda q, e: land(tree_error_record(q, e, chash)), batch=cfg.batch_trees)
+                       on_error=lambda q, e: land(tree_error_record(q, e, chash)), batch=ray_batch(cfg))
         else:
             with TreeRunner(cfg, chash) as runner:
                 runner.run(todo, land)
+                log_client_stats(runner.builder.policy)
     return failed[0]
+
+
+def ray_batch(cfg: TreeConfig) -> int:
+    """Trees per call to a Ray worker (unless ``cluster.batch`` is set): as many as one worker keeps
+    in flight, ``batch_trees`` or what the worker's builder picks for its policy."""
+    from codetool.models.spec import ModelSpec
+
+    remote = ModelSpec.parse(cfg.policy, role="policy", remote_model=cfg.remote_model).remote
+    return planned_units(cfg.batch_trees, remote, cfg.search.schedule, cfg.policy_client, local_default=8,
+                         per_unit=2 * cfg.branching)
+
+
+def log_client_stats(policy) -> None:
+    """Log what a remote policy's client did (requests, retries, sequences in flight); nothing for
+    a local policy."""
+    if callable(getattr(policy, "stats", None)):
+        stats = policy.stats()
+        logger.info("policy server: %d requests (%d retries, %d failovers, %d timeouts); sequences in flight: peak "
+                    "%s of %s, effective %.1f", stats["requests"], stats["retries"], stats["failovers"],
+                    stats["timeouts"], stats["in_flight_peak"], stats["max_in_flight"],
+                    stats["in_flight_effective"])
 
 
 def tree_error_record(query, error: BaseException | str, config_hash: str) -> dict[str, Any]:
@@ -191,15 +216,18 @@ class TreeRunner(UnitRunner):
         from codetool.assemble import executor_factory, make_policy, tool_backend
 
         self.cfg, self.chash = cfg, chash
-        policy = make_policy(cfg.policy, max_batch_size=cfg.policy_max_batch_size, remote_model=cfg.remote_model)
+        policy = make_policy(cfg.policy, max_batch_size=cfg.policy_max_batch_size, remote_model=cfg.remote_model,
+                             client=cfg.policy_client)
         self.builder = TreeBuilder(policy, cfg, executor_factory(cfg.executor), judge=judge_fn(cfg))
         self.backend = self.open(tool_backend(cfg.tools_backend, server_url=cfg.tool_server_url,
                                               cache_dir=cfg.tool_cache_dir))
 
     def run(self, queries: list, on_record) -> int:
-        """Build the trees of ``queries`` (``BenchmarkQuery``), ``batch_trees`` at a time, and call
-        ``on_record(dict)`` once per query; a malformed query or a failed build gets an error
-        record. Returns the number of error records."""
+        """Build the trees of ``queries`` (``BenchmarkQuery``) and call ``on_record(dict)`` once per
+        query; a malformed query or a failed build gets an error record. A local policy grows
+        ``batch_trees`` trees at a time level by level; a remote one grows them node by node, a
+        new tree as soon as one is done (:mod:`codetool.tree.grow`). Returns the number of error
+        records."""
         from codetool.assemble import make_task
         from codetool.resume import run_isolated
 
@@ -229,6 +257,17 @@ class TreeRunner(UnitRunner):
                 failed_unit(q, f"CodetoolError: {q.extra['load_error']}")
             else:
                 good.append(q)
-        for b in range(0, len(good), cfg.batch_trees):
-            run_isolated(good[b:b + cfg.batch_trees], build_batch, key, land, failed_unit)
+        builder = self.builder
+        with closed_on_interrupt(builder.policy):
+            if builder.continuous:
+                from codetool.tree.grow import grow
+
+                def grow_batch(batch: list, on_done) -> None:
+                    grow(builder, (make_task(q, self.backend, tool_doc=cfg.tool_doc) for q in batch), on_done,
+                         trees=builder.trees, workers=max(8, getattr(builder.policy, "max_in_flight", 8)))
+
+                run_isolated(good, grow_batch, key, land, failed_unit)
+            else:
+                for b in range(0, len(good), builder.trees):
+                    run_isolated(good[b:b + builder.trees], build_batch, key, land, failed_unit)
         return failed

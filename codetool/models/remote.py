@@ -1,0 +1,380 @@
+"""HTTP to remote model servers within settings: in-flight limit, timeouts, retries, endpoints.
+
+Every remote client (the OpenAI-compatible policy and judge backend, the PRM client) sends its
+requests through one :class:`RemoteClient`, configured by one :class:`RemoteConfig` group:
+``--policy_client.*``, ``--prm_client.*`` and ``--judge.client.*`` (issue 28).
+
+- **In flight**: at most ``max_in_flight`` *sequences* at once, over all endpoints and threads:
+  a chat request for ``n`` samples holds ``n``, a PRM request holds one per item (what a vLLM
+  server batches, ``--max-num-seqs``). Waiters are served in arrival order.
+- **Timeouts**: a request that has no answer within ``timeout_s`` is closed, so a server that
+  aborts on disconnect (vLLM) stops generating, and it is retried like a connection error.
+- **Retries**: connection errors, timeouts, HTTP 429 and 5xx are retried ``retries`` times after
+  ``backoff_s``, doubling, at most ``max_backoff_s``; a ``Retry-After`` header (seconds or an
+  HTTP date) replaces the wait, capped alike. Other 4xx fail at once: the caller names the
+  setting that caused them. Until some endpoint has answered once, a connection error is retried
+  only twice (a wrong URL fails in seconds; a server that goes away mid-run gets every retry).
+- **Several endpoints** (one URL per vLLM data-parallel rank, say): each request carries an
+  affinity key (its prompt prefix); rendezvous hashing sends equal keys to the same endpoint, so
+  that server's prefix cache holds the query. An endpoint that fails (connection error, timeout,
+  5xx) is left out for ``failover_s`` and its keys go to their next endpoint at once, without
+  waiting out a backoff; when every endpoint is out, the backoff applies.
+
+The exchanges run on one asyncio loop per client (httpx's async client, in a daemon thread);
+the threads that wait for them (episodes, tree nodes) hold the in-flight limit, sleep out the
+backoff and see the errors. Closing the client cancels what is in flight.
+
+Limits: the limit is per client object, not per server: two processes against one server each
+hold their own ``max_in_flight``. Streaming responses are not used, so a request's whole reply
+counts against ``timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import email.utils
+import hashlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from codetool import CodetoolError
+from codetool.config import ConfigError, option
+from codetool.jsonl import clean_obj
+
+logger = logging.getLogger(__name__)
+
+# Connection errors before any endpoint ever answered are retried this often at most (a wrong URL
+# should fail in seconds; an outage after the server has answered gets every retry).
+NEVER_REACHED_RETRIES = 2
+# How a constraint's regex travels in the request body, per server family (constraint_field).
+CONSTRAINT_FIELDS = ("structured_outputs", "guided_regex", "regex", "none")
+
+
+@dataclass
+class RemoteConfig:
+    """Limits of one remote client: a policy or judge server, or a PRM server (issue 28).
+
+    The same group serves every role (``policy_client``, ``prm_client``, ``judge.client``);
+    ``constraint_field`` and ``require_constraints`` only matter for policy servers.
+    """
+
+    max_in_flight: int = option(64, "sequences in flight at once over all endpoints: a request for n samples "
+                                "(or n PRM items) holds n; match the server's batch (vLLM --max-num-seqs)")
+    timeout_s: float = option(120.0, "seconds one request may take; past it the request is closed (a vLLM "
+                              "server then stops generating it) and retried")
+    retries: int = option(8, "further attempts after a connection error, timeout, HTTP 429 or 5xx")
+    backoff_s: float = option(1.0, "wait before the first retry, doubling with each one")
+    max_backoff_s: float = option(60.0, "longest wait between two attempts, a server's Retry-After included")
+    failover_s: float = option(30.0, "with several endpoints: seconds an endpoint that failed is left out "
+                               "before it is tried again")
+    constraint_field: str = option("auto", "policy servers: the request field that carries search.constrain's "
+                                   "regex: auto (probe structured_outputs, guided_regex, regex in turn), "
+                                   "structured_outputs (vLLM >= 0.12), guided_regex (older vLLM), regex "
+                                   "(SGLang), none (send nothing)", choices=["auto", *CONSTRAINT_FIELDS])
+    require_constraints: bool = option(True, "policy servers: with search.constrain on, stop with an error when "
+                                       "the server cannot apply the constraint (false: warn once, sample "
+                                       "unconstrained, and record it in the trajectories)")
+
+    def __post_init__(self):
+        if self.max_in_flight < 1:
+            raise ConfigError(f"max_in_flight must be >= 1, got {self.max_in_flight}.")
+        if not self.timeout_s > 0:
+            raise ConfigError(f"timeout_s must be > 0 seconds, got {self.timeout_s}.")
+        if self.retries < 0:
+            raise ConfigError(f"retries must be >= 0, got {self.retries}.")
+        if self.backoff_s < 0 or self.max_backoff_s < 0 or self.failover_s < 0:
+            raise ConfigError(f"backoff_s, max_backoff_s and failover_s must be >= 0, got {self.backoff_s}, "
+                              f"{self.max_backoff_s}, {self.failover_s}.")
+
+    def summary(self) -> str:
+        """The limits in one line, for run summaries."""
+        return (f"{self.max_in_flight} in flight, timeout {self.timeout_s:g} s, {self.retries} retries "
+                f"(backoff {self.backoff_s:g} s doubling, at most {self.max_backoff_s:g} s)")
+
+
+class InFlight:
+    """A first-come, first-served counter of sequences in flight, with its measurements.
+
+    ``acquire(units)`` waits until ``units`` fit under ``limit`` (a request larger than the limit
+    waits until it is alone); ``stats()`` gives the peak and the mean number in flight while
+    anything was (the effective concurrency: sequence-seconds over busy seconds).
+    """
+
+    def __init__(self, limit: int):
+        self.limit = int(limit)
+        self.current = self.peak = 0
+        self._cond = threading.Condition()
+        self._queue: deque[object] = deque()
+        self._area = self._busy = 0.0
+        self._last = time.monotonic()
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if self.current:
+            self._area += self.current * (now - self._last)
+            self._busy += now - self._last
+        self._last = now
+
+    def acquire(self, units: int) -> int:
+        """Wait for ``units`` (cut to the limit); returns what was taken, for :meth:`release`."""
+        units = max(1, min(int(units), self.limit))
+        ticket = object()
+        with self._cond:
+            self._queue.append(ticket)
+            while self._queue[0] is not ticket or self.current + units > self.limit:
+                self._cond.wait()
+            self._queue.popleft()
+            self._tick()
+            self.current += units
+            self.peak = max(self.peak, self.current)
+            self._cond.notify_all()
+        return units
+
+    def release(self, units: int) -> None:
+        with self._cond:
+            self._tick()
+            self.current -= units
+            self._cond.notify_all()
+
+    @contextmanager
+    def hold(self, units: int):
+        taken = self.acquire(units)
+        try:
+            yield
+        finally:
+            self.release(taken)
+
+    def stats(self) -> dict[str, float]:
+        """``peak`` sequences in flight, ``effective`` (their mean while busy) and ``busy_s``."""
+        with self._cond:
+            self._tick()
+            return {"peak": self.peak, "effective": self._area / self._busy if self._busy else 0.0,
+                    "busy_s": self._busy}
+
+
+class EndpointError(CodetoolError):
+    """The server answered with an HTTP error that retrying does not fix; ``status`` is its code
+    and ``text`` the server's reason (cleaned, one line)."""
+
+    def __init__(self, message: str, status: int, text: str = ""):
+        super().__init__(message)
+        self.status, self.text = status, text
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """Seconds a ``Retry-After`` header asks for (a number or an HTTP date), or ``None``."""
+    value = (value or "").strip()
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def split_urls(spec: str | list[str]) -> list[str]:
+    """The endpoint URLs of a spec: a list, or one string of comma-separated URLs."""
+    parts = spec if isinstance(spec, (list, tuple)) else str(spec).split(",")
+    return [p.strip() for p in parts if p and p.strip()]
+
+
+class RemoteClient:
+    """Requests to the endpoints of one service within a :class:`RemoteConfig` (module docstring).
+
+    Args:
+        urls (`list[str]`): base URLs of equivalent endpoints (same model), at least one.
+        config (`RemoteConfig`): limits, timeouts, retries.
+        setting (`str`, *optional*, defaults to `"policy_client"`): the settings group, named in
+            error messages (``policy_client.timeout_s``).
+        headers (`Callable[[], dict]`, *optional*): headers for each request (read at request
+            time, so a key comes from the environment only when it is sent).
+        clean (`Callable[[str], str]`, *optional*): makes a server's text safe for a message.
+    """
+
+    def __init__(self, urls: list[str], config: RemoteConfig, *, setting: str = "policy_client",
+                 headers: Callable[[], dict[str, str]] | None = None, clean: Callable[[str], str] | None = None):
+        import httpx
+
+        if not urls:
+            raise CodetoolError(f"{setting}: no endpoint URL given.")
+        self.urls, self.config, self.setting = list(urls), config, setting
+        self.in_flight = InFlight(config.max_in_flight)
+        self._headers = headers or dict
+        self._clean = clean or (lambda text: " ".join(str(text).split())[:200])
+        self._down: dict[str, float] = {}  # endpoint -> monotonic time it may be tried again
+        self._answered: set[str] = set()  # endpoints that have answered (with any HTTP status)
+        self._lock = threading.Lock()
+        self.counts = {"requests": 0, "retries": 0, "failovers": 0, "timeouts": 0}
+        connections = config.max_in_flight + 4
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(config.timeout_s, connect=min(config.timeout_s, 10.0)),
+            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: set[concurrent.futures.Future] = set()
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        """The asyncio loop (in its own daemon thread) that carries every exchange of this client."""
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="codetool-http", daemon=True).start()
+                self._loop = loop
+            return self._loop
+
+    def _exchange(self, method: str, url: str, body: Any):
+        """One HTTP exchange on the loop; the calling thread waits for it. Cancelling it (close,
+        or an interrupt of the waiting thread) closes its connection, so the server sees the
+        request go away."""
+        async def send():
+            return await self._client.request(method, url, json=body, headers=self._headers())
+
+        future = asyncio.run_coroutine_threadsafe(send(), self._event_loop())
+        with self._lock:
+            self._pending.add(future)
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            raise CodetoolError(f"{url}: the request was cancelled (its client was closed).") from None
+        except BaseException:
+            future.cancel()
+            raise
+        finally:
+            with self._lock:
+                self._pending.discard(future)
+
+    def close(self) -> None:
+        """Cancel the requests in flight (their connections close) and close the client."""
+        with self._lock:
+            pending, loop, self._loop = list(self._pending), self._loop, None
+        for future in pending:
+            future.cancel()
+        if loop is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(self._client.aclose(), loop).result(timeout=10)
+            except (concurrent.futures.TimeoutError, RuntimeError):
+                logger.debug("the HTTP client did not close in time", exc_info=True)
+            loop.call_soon_threadsafe(loop.stop)
+
+    def ranked(self, key: str) -> list[str]:
+        """The endpoints in the order ``key`` prefers them (rendezvous hashing), those left out
+        after a failure last."""
+        def weight(url: str) -> bytes:
+            return hashlib.sha256(f"{url}|{key}".encode("utf-8", "replace")).digest()
+
+        order = sorted(self.urls, key=weight, reverse=True) if len(self.urls) > 1 else self.urls
+        now = time.monotonic()
+        with self._lock:
+            return [u for u in order if self._down.get(u, 0.0) <= now] + [
+                u for u in order if self._down.get(u, 0.0) > now]
+
+    def _mark_down(self, url: str) -> None:
+        if len(self.urls) > 1:
+            with self._lock:
+                self._down[url] = time.monotonic() + self.config.failover_s
+
+    def _healthy(self, url: str) -> bool:
+        with self._lock:
+            return self._down.get(url, 0.0) <= time.monotonic()
+
+    def _reached(self) -> bool:
+        with self._lock:
+            return bool(self._answered)
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            self.counts[name] += 1
+
+    def request(self, method: str, path: str, payload: dict | None = None, *, key: str = "", units: int = 1,
+                describe: Callable[[str, int, str], str] | None = None, retries: int | None = None):
+        """One call with the limits, retries and failover of the module docstring.
+
+        Args:
+            key (`str`, *optional*): the affinity key (equal keys go to the same endpoint).
+            units (`int`, *optional*, defaults to 1): sequences this request holds in flight.
+            describe (`Callable[[str, int, str], str]`, *optional*): the message of a non-retryable
+                HTTP error from ``(url, status, server text)``.
+            retries (`int`, *optional*): fewer retries than configured (probes).
+        Returns:
+            The ``httpx.Response`` of a 2xx answer.
+        Raises:
+            EndpointError: a non-retryable HTTP error (4xx other than 429).
+            CodetoolError: the retries ran out (unreachable, timeouts, 429/5xx).
+        """
+        import httpx
+
+        cfg = self.config
+        budget = cfg.retries if retries is None else min(retries, cfg.retries)
+        body = clean_obj(payload) if payload is not None else None
+        problem = fix = url = ""
+        attempt = 0
+        while True:
+            endpoint = self.ranked(key)[0]
+            url = endpoint + path
+            wait = min(cfg.backoff_s * 2 ** attempt, cfg.max_backoff_s)
+            self._count("requests")
+            with self.in_flight.hold(units):
+                try:
+                    response = self._exchange(method, url, body)
+                except httpx.TimeoutException:
+                    self._count("timeouts")
+                    problem = f"no answer within {cfg.timeout_s:g} s (the request was closed)"
+                    fix = f"raise {self.setting}.timeout_s, or check that the server is not overloaded"
+                    response = None
+                except httpx.TransportError as e:
+                    problem = f"cannot connect ({type(e).__name__})"
+                    fix = "check that the server is running and that the URL is right"
+                    response = None
+            failover = True
+            if response is not None:
+                with self._lock:
+                    self._answered.add(endpoint)
+                status = response.status_code
+                if status < 400:
+                    return response
+                text = self._clean(response.text)
+                if status != 429 and status < 500:
+                    raise EndpointError(describe(url, status, text) if describe else
+                                        f"{url} answered HTTP {status}: {text}.", status, text)
+                problem = f"HTTP {status} ({text})"
+                fix = f"the server is overloaded or failing; retry later or lower {self.setting}.max_in_flight"
+                asked = retry_after_s(response.headers.get("retry-after"))
+                if asked is not None:
+                    wait = min(asked, cfg.max_backoff_s)
+                failover = status != 429  # busy, not broken: stay on this endpoint
+            # Until an endpoint has answered once, a failure most likely means a wrong URL, not an
+            # outage: say so within seconds.
+            limit = budget if self._reached() else min(budget, NEVER_REACHED_RETRIES)
+            if attempt >= limit:
+                break
+            attempt += 1
+            self._count("retries")
+            if failover:
+                self._mark_down(endpoint)
+                following = self.ranked(key)[0]
+                if following != endpoint and self._healthy(following):
+                    self._count("failovers")
+                    logger.warning("%s: %s; failing over to %s", url, problem, following)
+                    continue
+            logger.warning("%s: %s; retry %d/%d in %.1f s", url, problem, attempt, limit, wait)
+            if wait > 0:
+                time.sleep(wait)
+        raise CodetoolError(f"{url}: {problem} after {attempt + 1} attempts; {fix}.")
+
+    def stats(self) -> dict[str, Any]:
+        """What the client did: requests, retries, failovers, timeouts, peak and effective in flight."""
+        with self._lock:
+            counts = dict(self.counts)
+        return {"endpoints": len(self.urls), "max_in_flight": self.config.max_in_flight, **counts,
+                **{f"in_flight_{k}": round(v, 2) for k, v in self.in_flight.stats().items()}}
