@@ -13,7 +13,8 @@ are TRL's. The subclass adds two things TRL cannot do from the outside, each a m
   prompt, tools, query: most of the row), so it runs each distinct prompt once and the group's
   completions on its KV cache, gradients flowing through the cache; the log-probabilities and
   entropies are TRL's (its fused LM head, at GRPO's temperature) to float rounding (tested).
-  Off with activation checkpointing (no cache there) or multimodal inputs.
+  Off with activation checkpointing (no cache there), several processes (DDP expects one
+  forward per backward) or multimodal inputs.
 
 :class:`TokenBudget` stops a run once its rollouts generated ``token_budget`` policy tokens (the
 compute matching of the reward-setting comparison) and is restored on resume.
@@ -135,8 +136,8 @@ class PolicyGRPOTrainer(GRPOTrainer):
                                            compute_entropy=False, compute_aux_loss=False, **multimodal):
         checkpointing = bool(getattr(self.args, "gradient_checkpointing", False)
                              or getattr(self.args, "activation_checkpointing", False))
-        if (not self.share_prompt or compute_aux_loss or checkpointing
-                or any(v is not None for v in multimodal.values())):
+        if (not self.share_prompt or compute_aux_loss or checkpointing or self.accelerator.num_processes > 1
+                or any(v is not None for v in multimodal.values())):  # DDP: one forward per backward
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
                 **multimodal)
