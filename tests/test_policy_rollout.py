@@ -156,3 +156,21 @@ def test_printing_the_hosts_observation_text_earns_no_more_than_a_plain_print(to
 def test_finishing_with_an_invented_answer_without_a_tool_call_earns_no_outcome(tokenizer, task):
     [ep], _ = run(tokenizer, task, ["finish('The API is healthy: Kestrel Ember.')"])
     assert ep.finish_type == "finish" and rewards(ep)["grounded"] == 0.0
+
+
+def test_a_key_printed_by_a_step_never_reaches_the_row_or_the_prm(tokenizer, task, canary_env):
+    # the code builds the key from pieces (the policy never wrote it), then prints it
+    half = len(canary_env) // 2
+    code = f"print({canary_env[:half]!r} + {canary_env[half:]!r})"
+    [ep], _ = run(tokenizer, task, [code, "finish('done')"])
+    row = tokenizer.decode(ep.prompt_ids + ep.completion_ids, skip_special_tokens=False)
+    assert canary_env not in row and canary_env not in ep.steps[0].observation
+
+    class Keep:
+        def score(self, items):
+            self.items = items
+            return [0.5] * len(items)
+
+    prm = Keep()
+    PRMReward(prm).per_step(ep)
+    assert canary_env not in repr(prm.items)

@@ -159,7 +159,8 @@ class TrainPolicyConfig(GRPOConfig):
                                 "activation checkpointing)")
     rollout_workers: int = option(1, "steps of a rollout round executed at once (threads; raise it when tool "
                                   "calls wait on a server)")
-    resume: str = option("auto", "auto (each run's last checkpoint), none, or a checkpoint folder (single run)")
+    resume: str = option("auto", "auto (each run's last checkpoint), none, or a checkpoint folder (single run; "
+                         "resume_from_checkpoint works too)")
     evaluate: bool = option(True, "evaluate the policy before and after training on the evals sets")
     # ---- prompts, evaluation, environment
     prompts: list[QuerySet] = option(default_factory=_default_prompts, help="training queries (never test queries)")
@@ -233,6 +234,11 @@ class TrainPolicyConfig(GRPOConfig):
         if any(s.judged for s in self.run_settings) and not self.judge.enabled:
             raise ConfigError("a setting weights the judged reward but judge.model is none; set judge.model "
                               "(an OpenAI-compatible URL or a local model) or the judged weight to 0.")
+        several = len(self.run_settings) > 1 or len(self.seeds) > 1
+        if several and (self.resume_from_checkpoint or self.resume not in ("auto", "none")):
+            raise ConfigError("resume_from_checkpoint (or a resume folder) names one run's checkpoint, but this "
+                              "config trains several settings or seeds; use resume auto (each run resumes from "
+                              "its own last checkpoint).")
         if self.report_to is None:
             self.report_to = "none"
         if self.bf16 is None:

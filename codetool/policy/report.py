@@ -59,13 +59,7 @@ def plot_curves(runs: dict[str, dict[str, dict]], path: Path) -> Path:
         mean = mean_curve(seeds)
         ax.plot(list(mean), list(mean.values()), color=color, lw=2.2, label=setting)
     ax.set_xlabel("GRPO step")
-    ax.set_ylabel("training reward (weighted, per episode)")
-    ax.set_title("Training reward (thin: seeds, bold: mean)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, path, "training reward (weighted, per episode)", "Training reward (thin: seeds, bold: mean)")
 
 
 def outcome_shares(runs: dict[str, dict]) -> dict[str, float]:
@@ -88,8 +82,12 @@ def plot_outcomes(runs: dict[str, dict[str, dict]], path: Path) -> Path:
     for k, (setting, values) in enumerate(shares.items()):
         ax.bar(np.arange(len(used)) + k * width, [100 * values[c] for c in used], width, label=setting)
     ax.set_xticks(np.arange(len(used)) + 0.4 - width / 2, used, rotation=30, ha="right")
-    ax.set_ylabel("% of training steps")
-    ax.set_title("Per-step outcomes of the training rollouts")
+    return _save(plt, fig, ax, path, "% of training steps", "Per-step outcomes of the training rollouts")
+
+
+def _save(plt, fig, ax, path: Path, ylabel: str, title: str) -> Path:
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

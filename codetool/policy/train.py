@@ -125,6 +125,8 @@ def reward_curve(log_history: list[dict]) -> list[dict]:
 def _resume_path(cfg: TrainPolicyConfig) -> str | None:
     from transformers.trainer_utils import get_last_checkpoint
 
+    if cfg.resume_from_checkpoint:
+        return cfg.resume_from_checkpoint
     if cfg.resume in ("none", "None", ""):
         return None
     if cfg.resume != "auto":
