@@ -45,13 +45,16 @@ def make_policy(spec: str | ModelSpec, *, dtype: str = "auto", max_batch_size: i
     return spec.build()
 
 
-def make_scorer(spec: str, device: str = "auto"):
-    """``None`` for ``none``/``rollout``, else a PRM scorer (checkpoint folder, server URL, ``vllm:``)."""
-    if ModelSpec.parse(spec, role="prm").kind in ("none", "rollout"):
+def make_scorer(spec: str, device: str = "auto", share_prefix: str = "auto"):
+    """``None`` for ``none``/``rollout``, else a PRM scorer (checkpoint folder, server URL, ``vllm:``);
+    ``share_prefix`` is a local scorer's prefix sharing (``LocalPRMScorer``)."""
+    parsed = ModelSpec.parse(spec, role="prm")
+    if parsed.kind in ("none", "rollout"):
         return None
     from codetool.prm.scorer import load_scorer
 
-    return load_scorer(spec, device=device)
+    options = {"share_prefix": share_prefix} if parsed.kind == "local" and share_prefix != "auto" else {}
+    return load_scorer(spec, device=device, **options)
 
 
 def executor_factory(executor_cfg: ExecutorConfig) -> Callable[[SearchTask], Any]:

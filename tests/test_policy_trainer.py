@@ -76,7 +76,7 @@ def test_shared_prompt_forward_equals_trls(tiny_model_dir, shared_data, tmp_path
 def test_one_grpo_step_end_to_end_writes_a_loadable_policy(tiny_model_dir, shared_data, tmp_path, monkeypatch):
     import codetool.commands.train_policy as command
 
-    monkeypatch.setattr(command, "make_scorer", lambda spec, device="auto": LengthPRM())
+    monkeypatch.setattr(command, "make_scorer", lambda *args, **kwargs: LengthPRM())
     out = tmp_path / "run"
     cfg = tiny_config(tiny_model_dir, out, shared_data, prm="given-in-test",
                       settings=[{"name": "outcome+spot+prm", "grounded": 1.0, "on_the_spot": 0.5, "prm": 1.0}])

@@ -53,7 +53,7 @@ def train_policy_command(cfg: TrainPolicyConfig) -> int:
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     prm_spec, prm_note = resolve_prm(cfg)
-    scorer = make_scorer(prm_spec, cfg.prm_device)
+    scorer = make_scorer(prm_spec, cfg.prm_device, cfg.prm_share_prefix)
     judge = make_judge(cfg.judge, str(out / "judge_cache.jsonl")) if any(s.judged for s in cfg.run_settings) else None
     train_queries = training_queries(cfg)
     eval_queries = evaluation_queries(cfg) if cfg.evaluate else {}

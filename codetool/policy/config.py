@@ -140,6 +140,10 @@ class TrainPolicyConfig(GRPOConfig):
     prm: str = option("auto", "the PRM: a train-prm folder, a serve-prm URL, none, or auto (the pipeline's "
                       "runs/quickstart/train/prm, else a small one trained here on synthetic rows)")
     prm_device: str = option("auto", "device of a local PRM (it may differ from the policy's)")
+    prm_share_prefix: str = option("auto", "how a local PRM shares an episode's prefixes: trie (nested: the query "
+                                   "and tools, then each earlier step; best on CPU), packed (one forward, the query "
+                                   "and tools once), none, or auto (timed on the first call)",
+                                   choices=("auto", "trie", "packed", "none"))
     prm_fallback_steps: int = option(6, "prm auto without a pipeline PRM: training steps of the synthetic-row PRM")
     rewards: RewardSetting = field(default_factory=RewardSetting,
                                    metadata={"help": "reward weights of a single run (when settings is empty)"})
