@@ -18,7 +18,9 @@ PRM side by side on the last step's episodes: every step of an episode scored in
 (``LocalPRMScorer``; its steps share the query and tools, and each step's history holds the
 earlier steps: ``trie`` computes each shared run once through the KV cache, ``packed`` shares the
 query and tools in one forward with a block mask) against one call per step (one forward per
-step), with the largest score difference. The training run uses the scorer's ``auto`` mode.
+step), with the largest score difference. The training run uses the scorer's ``auto`` mode. Last, one
+forward+backward of that batch's rows: TRL's per-row forward against the group's shared prompt
+run once (``PolicyGRPOTrainer``'s).
 """
 
 from __future__ import annotations
@@ -61,6 +63,38 @@ class StepClock(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.seconds.append(time.perf_counter() - self._t)
+
+
+def shared_prompt_timing(trainer, episodes, repeats: int) -> dict[str, float]:
+    """Seconds of one forward+backward of ``episodes``' rows: TRL's per-row forward against the
+    shared-prompt one (``codetool.policy.trainer.shared_prompt_logps``), best of ``repeats``."""
+    from trl import GRPOTrainer
+    from trl.trainer.utils import pad
+
+    from codetool.policy.trainer import shared_prompt_logps
+
+    tok = trainer.processing_class
+    prompts = pad([torch.tensor(e.prompt_ids) for e in episodes], padding_value=tok.pad_token_id, padding_side="left")
+    pmask = pad([torch.ones(len(e.prompt_ids), dtype=torch.long) for e in episodes], padding_value=0,
+                padding_side="left")
+    comps = pad([torch.tensor(e.completion_ids or [0]) for e in episodes], padding_value=tok.pad_token_id,
+                padding_side="right")
+    cmask = pad([torch.ones(len(e.completion_ids or [0]), dtype=torch.long) for e in episodes], padding_value=0,
+                padding_side="right")
+    ids, mask, width = torch.cat([prompts, comps], 1), torch.cat([pmask, cmask], 1), comps.shape[1]
+    model = trainer.model.train()
+    out = {}
+    for name, fn in (("trl_s", lambda: GRPOTrainer._get_per_token_logps_and_entropies(trainer, model, ids, mask, width)),
+                     ("shared_s", lambda: shared_prompt_logps(trainer, model, ids, mask, width, False))):
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            logps = fn()[0]
+            (logps * cmask).sum().backward()
+            best = min(best, time.perf_counter() - t0)
+            model.zero_grad(set_to_none=True)
+        out[name] = best
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,12 +194,16 @@ def main(argv: list[str] | None = None) -> int:
           "episode " + ", ".join(f"{m} {min(shared_t[m]):.2f} s ({ratios[m]:.2f}x)" for m in modes)
           + f" (largest score difference {diff:.1e})")
     best = max(ratios, key=ratios.get)
+    forward = shared_prompt_timing(trainer, batches[-1], args.repeats)
+    print(f"training forward+backward of that batch: TRL's {forward['trl_s']:.2f} s, the group's prompt once "
+          f"{forward['shared_s']:.2f} s ({forward['trl_s'] / forward['shared_s']:.2f}x)")
     emit(benchmark="policy_rl", queries=args.queries, episodes=args.episodes, steps=len(rows),
          generation_s=round(median["generation"], 2), execution_s=round(median["execution"], 3),
          prm_scoring_s=round(median["prm"], 3), optimisation_s=round(median["optimisation"], 2),
          step_s=round(median["total"], 2), prm_per_step_s=round(min(single_t), 3),
          **{f"prm_episode_{m}_s": round(min(t), 3) for m, t in shared_t.items()},
-         prm_shared_prefix_ratio=round(ratios[best], 2), prm_shared_mode=best, prm_max_diff=diff, prm=prm_name)
+         prm_shared_prefix_ratio=round(ratios[best], 2), prm_shared_mode=best, prm_max_diff=diff, prm=prm_name,
+         forward_trl_s=round(forward["trl_s"], 2), forward_shared_prompt_s=round(forward["shared_s"], 2))
     return 0
 
 

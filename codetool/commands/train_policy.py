@@ -49,6 +49,10 @@ def train_policy_command(cfg: TrainPolicyConfig) -> int:
     from codetool.policy.report import write_report
     from codetool.policy.train import train_run
 
+    if cfg.torch_threads:
+        import torch
+
+        torch.set_num_threads(cfg.torch_threads)
     start = time.time()
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)

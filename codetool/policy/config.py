@@ -163,6 +163,8 @@ class TrainPolicyConfig(GRPOConfig):
                                 "activation checkpointing)")
     rollout_workers: int = option(1, "steps of a rollout round executed at once (threads; raise it when tool "
                                   "calls wait on a server)")
+    torch_threads: int = option(0, "CPU threads of torch (0: its default); 1 keeps a shared 2-core machine from "
+                                "making two threads wait on each other")
     resume: str = option("auto", "auto (each run's last checkpoint), none, or a checkpoint folder (single run; "
                          "resume_from_checkpoint works too)")
     evaluate: bool = option(True, "evaluate the policy before and after training on the evals sets")
@@ -218,6 +220,8 @@ class TrainPolicyConfig(GRPOConfig):
                               f"{self.token_budget}, {self.prm_fallback_steps}, {self.lora_r}, {self.lora_layers}.")
         if self.learning_rate <= 0:
             raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate}.")
+        if self.torch_threads < 0:
+            raise ConfigError(f"torch_threads must be >= 0 (0: torch's default), got {self.torch_threads}.")
         if self.rollout_workers < 1:
             raise ConfigError(f"rollout_workers must be >= 1, got {self.rollout_workers}.")
         if self.rollout.observation_history != "all":
