@@ -20,6 +20,9 @@ each timed and recorded even when it fails:
 4. ``train_lora``: a 7B-shaped PRM, LoRA r=16 with gradient checkpointing, ``share_prefix: auto``,
    through ``train-prm``; saved, loaded (adapter merged) and scored on the device.
 5. ``generate``: the transformers backend generates on the device from the 0.5B checkpoint.
+5b. ``policy_rl``: one GRPO step of ``codetool train-policy``'s trainer with the PRM as a step reward
+   (a 0.5B-shaped policy with LoRA and a 0.5B-shaped PRM, both random, on the device): rollouts
+   in the executor with simulated tools, on-the-spot + PRM + outcome rewards, process advantages.
 6. ``fsdp`` (on a GPU when 90 s are left, or ``--fsdp yes``): ``accelerate launch`` with FSDP and
    one process, full fine-tuning with ``share_prefix: packed``. Accelerate's FSDP needs an
    accelerator: on CPU it fails ("no available devices"), so the CPU dry run skips it.
@@ -319,8 +322,67 @@ def section_fsdp(args, ctx) -> dict:
     return {"seconds": round(time.perf_counter() - start, 1), "saved": (out / "prm_config.json").is_file()}
 
 
+def _policy_tasks() -> dict:
+    """Two made-up queries with simulated tools (no benchmark files needed)."""
+    from codetool.search.search import SearchTask
+    from codetool.tools.backends import make_tool_backend
+    from codetool.tools.environment import ToolEnvironment
+    from codetool.tools.spec import APISpec, Parameter
+
+    backend = make_tool_backend("simulator")
+    tasks = {}
+    for i, (tool, city) in enumerate([("weather", "Paris"), ("forecast", "Lima")]):
+        api = APISpec("Weather", tool, "current", "Current weather of a city.",
+                      [Parameter("city", required=True, description="city name")],
+                      template_response={"city": "str", "temperature_c": "int"})
+        env = ToolEnvironment([api], backend, render_style="brief")
+        tasks[f"check/{tool}/{i}"] = SearchTask(query_id=str(i), query=f"What is the weather in {city}?", env=env,
+                                                benchmark="check")
+    return tasks
+
+
+def section_policy_rl(args, ctx) -> dict:
+    """One GRPO step of ``codetool train-policy``'s trainer with the PRM as a step reward: a random
+    Qwen2.5-shaped policy (LoRA) and PRM on the device, rollouts in the executor, process advantages."""
+    import torch
+
+    from codetool.config import load_config
+    from codetool.policy.config import TrainPolicyConfig
+    from codetool.policy.train import train_run
+    from codetool.prm.format import PRMFormat
+    from codetool.prm.modeling import new_prm
+    from codetool.prm.scorer import LocalPRMScorer
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    cuda = args.device.startswith("cuda")
+    base = ctx.get("base_small") or saved_model("tiny" if args.tiny else "0.5b", ctx["tok"], ctx["work"], _fp32())
+    fmt = PRMFormat(max_length=ctx["max_length"], max_suffix_length=128)
+    prm, prm_tok = new_prm(base, fmt, dtype="bfloat16" if cuda else "float32", device=args.device)
+    scorer = LocalPRMScorer(prm, prm_tok, fmt)
+    cfg = load_config(TrainPolicyConfig, None, {
+        "policy": base, "output_dir": str(ctx["work"] / "policy-rl"), "max_steps": 1, "num_generations": 2,
+        "per_device_train_batch_size": 2, "save_steps": 10**6, "learning_rate": 1e-4, "prompts": [
+            {"benchmark": "restbench-tmdb"}], "evals": [], "never_train_on": [], "prm": "given",
+        "settings": [{"name": "outcome+spot+prm", "grounded": 1.0, "on_the_spot": 0.5, "prm": 0.5}],
+        "rollout": {"k": 1, "max_steps": 2, "max_new_tokens": 16, "latent": "none", "w_latent": 0.0,
+                    "constrain": "line"}, "executor": {"timeout_s": 10}})
+    run = cfg.run_config(cfg.run_settings[0], 0, cfg.output_dir)
+    start = time.perf_counter()
+    summary = train_run(run, _policy_tasks(), scorer=scorer, prm_name="random Qwen2.5-shaped PRM")
+    seconds = time.perf_counter() - start
+    if summary["steps"] != 1 or not summary["curve"]:
+        raise RuntimeError(f"GRPO ran {summary['steps']} steps and logged {len(summary['curve'])} points")
+    out = {"seconds": round(seconds, 1), "steps": summary["steps"], "generated_tokens": summary["generated_tokens"],
+           "reward": summary["curve"][-1]["reward"], "prm_reward": summary["curve"][-1].get("prm"),
+           "timing": summary["timing"], "prm_on": str(next(prm.parameters()).device)}
+    if cuda:
+        out["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
+    return out
+
+
 SECTIONS = [("env", section_env), ("scoring", section_scoring), ("train_full", section_train_full),
-            ("train_lora", section_train_lora), ("generate", section_generate), ("fsdp", section_fsdp)]
+            ("train_lora", section_train_lora), ("generate", section_generate), ("policy_rl", section_policy_rl),
+            ("fsdp", section_fsdp)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,15 +47,21 @@ def make_policy(spec: str | ModelSpec, *, dtype: str = "auto", max_batch_size: i
     return spec.build()
 
 
-def make_scorer(spec: str, device: str = "auto", client=None):
+def make_scorer(spec: str, device: str = "auto", client=None, share_prefix: str = "auto"):
     """``None`` for ``none``/``rollout``, else a PRM scorer (checkpoint folder, server URL(s) with
-    the ``client`` limits (``prm_client``), ``vllm:``)."""
+    the ``client`` limits (``prm_client``), ``vllm:``); ``share_prefix`` is a local scorer's prefix
+    sharing (``LocalPRMScorer``)."""
     kind = ModelSpec.parse(spec, role="prm").kind
     if kind in ("none", "rollout"):
         return None
     from codetool.prm.scorer import load_scorer
 
-    return load_scorer(spec, device=device, **({"client": client} if kind == "server" and client else {}))
+    options = {}
+    if kind == "server" and client:
+        options["client"] = client
+    if kind == "local" and share_prefix != "auto":
+        options["share_prefix"] = share_prefix
+    return load_scorer(spec, device=device, **options)
 
 
 def executor_factory(executor_cfg: ExecutorConfig) -> Callable[[SearchTask], Any]:

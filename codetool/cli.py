@@ -51,6 +51,8 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
                     "label queries by a run without tools and train the hidden-state probe (When2Tool)"),
     "pipeline": ("codetool.pipeline", "PipelineConfig", "pipeline_command",
                  "trees -> PRM -> guided search -> evaluation, resumable by stage"),
+    "train-policy": ("codetool.commands.train_policy", "TrainPolicyConfig", "train_policy_command",
+                     "GRPO of the policy on code-tool episodes with on-the-spot, PRM and outcome rewards"),
 }
 
 logger = logging.getLogger("codetool")

@@ -19,7 +19,7 @@ ROOT = Path(codetool.__file__).resolve().parent
 # (package, packages it must not import). Lower floors first. ``assemble`` composes the stages
 # (models, prm, tools, executor, search) into what a command runs; the commands (``run``,
 # ``pipeline``, ``cli``, ``tree.build``'s and ``decide.benchmark``'s commands) sit above it.
-ABOVE_SEARCH = ("assemble", "run", "tree", "eval", "pipeline", "decide", "cli")
+ABOVE_SEARCH = ("assemble", "run", "tree", "eval", "pipeline", "decide", "cli", "policy", "commands")
 RULES = [
     ("codetool.tools", ("search", "prm", *ABOVE_SEARCH)),
     ("codetool.models", ("search", "prm", *ABOVE_SEARCH)),
@@ -29,13 +29,16 @@ RULES = [
     # the Ray driver runs any command's runner, which it is handed: it never imports a command
     ("codetool.distributed", ("tools", "models", "executor", "search", "prm", *ABOVE_SEARCH)),
     ("codetool.prm", ABOVE_SEARCH),
-    ("codetool.assemble", ("run", "tree", "eval", "pipeline", "decide", "cli")),
-    ("codetool.decide", ("run", "tree", "pipeline", "cli")),
-    ("codetool.eval", ("run", "tree", "pipeline", "decide", "cli")),
+    ("codetool.assemble", ("run", "tree", "eval", "pipeline", "decide", "cli", "policy", "commands")),
+    ("codetool.decide", ("run", "tree", "pipeline", "cli", "policy", "commands")),
+    ("codetool.eval", ("run", "tree", "pipeline", "decide", "cli", "policy", "commands")),
     # following the configuration of build-trees or run stays within the composition module and
     # the stage it configures: the two commands never reach into each other
-    ("codetool.tree", ("run", "pipeline", "decide", "cli")),
-    ("codetool.run", ("tree", "pipeline", "cli")),
+    ("codetool.tree", ("run", "pipeline", "decide", "cli", "policy", "commands")),
+    ("codetool.run", ("tree", "pipeline", "cli", "policy", "commands")),
+    # policy RL composes the stages (and eval's metrics and judges); the commands sit above it
+    ("codetool.policy", ("run", "tree", "pipeline", "decide", "cli", "commands")),
+    ("codetool.commands", ("cli",)),
 ]
 
 # Imports that run against the layering today (none since the composition module, issue 18).

@@ -37,12 +37,16 @@ class Completion:
             the stop string or the end-of-turn token; padding never counts.
         finish_reason (`str`): ``"stop"`` (stop string or end of turn) or ``"length"``
             (``max_new_tokens`` reached).
+        token_ids (`list[int]`, *optional*): the ``completion_tokens`` generated ids themselves,
+            where the backend exposes them (the local transformers backend does; policy RL trains
+            on exactly these ids, ``codetool.policy``); ``None`` otherwise.
     """
 
     text: str
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str
+    token_ids: list[int] | None = None
 
 
 @runtime_checkable

@@ -175,11 +175,20 @@ class TransformersBackend:
         Returns:
             `list[list[Completion]]`: (len(prompts), n).
         """
+        return self.generate_ids([self.encode(p) for p in prompts], n=n, temperature=temperature, top_p=top_p,
+                                 max_new_tokens=max_new_tokens, stop=stop, seed=seed, constraint=constraint)
+
+    def generate_ids(self, prompts: list[list[int]], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
+                     max_new_tokens: int = 256, stop: list[str] | None = None, seed: int | None = None,
+                     constraint: Constraints = None) -> list[list[Completion]]:
+        """:meth:`generate` from prompts given as token ids (no chat template applied): what policy
+        RL needs, whose episode rows grow by the exact ids sampled (``codetool.policy.rollout``).
+        Each :class:`Completion` carries its ``token_ids``; arguments as :meth:`generate`."""
         import torch
 
         check_sampling(n, temperature, top_p, max_new_tokens)
         stop = [s for s in (stop or []) if s]
-        encoded = [self.encode(p) for p in prompts]
+        encoded = [list(p) for p in prompts]
         constraints = per_prompt(constraint, len(prompts))
         greedy = temperature == 0
         samples = 1 if greedy else n
@@ -190,7 +199,7 @@ class TransformersBackend:
             if len(ids) >= context:  # one oversized prompt must not sink the whole batch
                 logger.warning("prompt %d has %d tokens, the model's context is %d: returning an empty "
                                "completion; shorten the prompt", i, len(ids), context)
-                results[i] = [Completion("", len(ids), 0, "length") for _ in range(n)]
+                results[i] = [Completion("", len(ids), 0, "length", []) for _ in range(n)]
         order = sorted((i for i in range(len(prompts)) if not results[i]), key=lambda i: len(encoded[i]))
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), torch.inference_mode():
@@ -202,7 +211,8 @@ class TransformersBackend:
                                             max_new_tokens, stop, [constraints[i] for i in chunk])
                 for i, completions in zip(chunk, outs):
                     results[i] = completions if not greedy else [
-                        Completion(**vars(completions[0])) for _ in range(n)]
+                        Completion(**{**vars(completions[0]), "token_ids": list(completions[0].token_ids or [])})
+                        for _ in range(n)]
         if self.device.type == "cpu":
             release_host_memory()  # decoding fragments the heap (see codetool.models.memory)
         return results
@@ -346,6 +356,7 @@ class TransformersBackend:
     def _completion(self, tokens: list[int], prompt_tokens: int, stop: list[str]) -> Completion:
         """Trim one generated row (end of turn, padding, stop string) into a Completion."""
         finish, paid = "length", len(tokens)
+        tokens_all = tokens  # paid ids: up to and including the end-of-turn token
         for j, token in enumerate(tokens):
             if token in self.eos_ids:  # the end-of-turn token counts but is not part of the text
                 tokens, finish, paid = tokens[:j], "stop", j + 1
@@ -361,8 +372,8 @@ class TransformersBackend:
                     hi = mid
                 else:
                     lo = mid + 1
-            return Completion(text[:cut], prompt_tokens, lo, "stop")
-        return Completion(text, prompt_tokens, paid, finish)
+            return Completion(text[:cut], prompt_tokens, lo, "stop", tokens[:lo])
+        return Completion(text, prompt_tokens, paid, finish, list(tokens_all[:paid]))
 
     def option_logprobs(self, prompts: list[Prompt], options: list[str]) -> list[list[float]]:
         """Log-probability (nats) of each option string as the start of the assistant's reply.

@@ -119,17 +119,8 @@ def expand(policy, nodes: list[Node], n: int, cfg: SearchConfig, *,
         stop = ["```"]
     extra = {}
     if cfg.constrain != "off":  # from the first generated character, or from the fence the model opens
-        shape, constraints = "opening" if cfg.constrain == "call" else "line", []
-        for node, lead in zip(nodes, leads):
-            history, task = node.history, node.task
-            # A first step (nothing known yet) calls a tool as `result = tool(...)`; the last one answers.
-            first = not history and cfg.constrain_first_tool
-            last = cfg.constrain_last_finish and len(history) + 1 >= cfg.max_steps and not first
-            constraints.append(CallConstraint.for_functions(
-                [] if last else [a.name for a in task.env.apis], ends=not first, assign=first, shape=shape,
-                trigger="" if prefixed or CODE_PREFIX in lead else CODE_PREFIX, answer_openings=ANSWER_OPENINGS,
-                arguments=cfg.constrain_arguments))
-        extra["constraint"] = constraints
+        extra["constraint"] = [step_constraint(node.task, len(node.history), cfg, lead)
+                               for node, lead in zip(nodes, leads)]
     t0 = time.perf_counter()
     outputs = policy.generate(prompts, n=n, temperature=cfg.temperature, top_p=cfg.top_p,
                               max_new_tokens=cfg.max_new_tokens, stop=stop, seed=seed, **extra)
@@ -172,6 +163,32 @@ def check_constraints(policy, cfg: SearchConfig) -> None:
     check = getattr(policy, "check_constraints", None)
     if cfg.constrain != "off" and callable(check):
         check("search.constrain", cfg.constrain)
+
+
+def step_constraint(task, steps_taken: int, cfg: SearchConfig, lead: str = "") -> CallConstraint | None:
+    """The constrained-decoding rule of the next step (``cfg.constrain``; ``None`` when off).
+
+    The constraint applies from the first generated character when the reply starts inside the
+    opening fence (``code_prefix``, or a ``lead`` such as the router's prefill that holds it), else
+    from the fence the model opens. A first step (nothing known yet, ``constrain_first_tool``) calls a listed tool as ``result = tool(...)``; the last
+    allowed step (``constrain_last_finish``, ``steps_taken + 1 >= max_steps``) calls ``finish`` or
+    ``give_up``. Shared by :func:`expand` and policy RL rollouts (``codetool.policy.rollout``).
+
+    Args:
+        task (`SearchTask`): its ``env.apis`` are the callable functions.
+        steps_taken (`int`): steps already in the episode's history.
+        cfg (`SearchConfig`): ``constrain``, ``constrain_*``, ``max_steps``, ``code_prefix``, ``step_format``.
+        lead (`str`): the text the reply already opens with (prefill and/or the fence).
+    """
+    if cfg.constrain == "off":
+        return None
+    prefixed = cfg.code_prefix and cfg.step_format == "code_only"
+    first = not steps_taken and cfg.constrain_first_tool
+    last = cfg.constrain_last_finish and steps_taken + 1 >= cfg.max_steps and not first
+    return CallConstraint.for_functions(
+        [] if last else [a.name for a in task.env.apis], ends=not first, assign=first,
+        shape="opening" if cfg.constrain == "call" else "line",
+        trigger="" if prefixed or CODE_PREFIX in lead else CODE_PREFIX, answer_openings=ANSWER_OPENINGS, arguments=cfg.constrain_arguments)
 
 
 # Under a constraint, finish's argument starts as a text or the last result (a small model otherwise

@@ -1,0 +1,282 @@
+"""``TrainPolicyConfig``: the settings of ``codetool train-policy`` (a TRL ``GRPOConfig``).
+
+Every ``GRPOConfig`` / ``TrainingArguments`` field is a recipe key and a ``--option`` (with TRL's
+help text), as for ``train-prm``; the fields below are the method's own: which policy and PRM,
+the reward weights (one :class:`RewardSetting`, or several ``settings`` compared at equal
+generated tokens), how step rewards become advantages, the rollout's step format (a
+:class:`~codetool.search.search.SearchConfig`, as the search uses), the training prompts and the
+held-out evaluation sets (:class:`QuerySet`), and the executor.
+
+Rollout sampling uses GRPO's ``temperature`` and ``top_p`` (TRL scales the trained log-probs by
+that same temperature); ``rollout.temperature``/``top_p`` are not read. ``max_completion_length``
+is set to ``rollout.max_new_tokens`` (tokens per step, what a vLLM generation call is given).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import torch
+from trl import GRPOConfig
+
+from codetool.config import ConfigError, option
+from codetool.eval.judges import JudgeConfig
+from codetool.executor import ExecutorConfig
+from codetool.search.search import SearchConfig
+
+REWARDS = ("grounded", "judged", "on_the_spot", "prm", "tool_cost")
+AGGREGATES = ("min", "mean", "last", "sum")
+ADVANTAGES = ("sequence", "process")
+BENCHMARKS = ("toolbench", "stabletoolbench", "restbench-tmdb")
+
+
+@dataclass
+class RewardSetting:
+    """Weights of the named reward functions of one training run (0 leaves a reward out).
+
+    ``on_the_spot``, ``prm`` and ``tool_cost`` are per step (CodeTool's R_spot, the PRM's latent
+    reward, LIT's cost, subtracted); ``grounded`` and ``judged`` score the episode's outcome.
+    """
+
+    name: str = option("", "label of this setting in reports (default: the names of its rewards joined by +)")
+    grounded: float = option(1.0, "weight of the outcome reward: a finish answer after a successful listed-tool call")
+    judged: float = option(0.0, "weight of the judge's verdict on the final answer (needs judge.model)")
+    on_the_spot: float = option(0.0, "weight of the on-the-spot reward of each step (its code ran, its tool calls succeeded)")
+    prm: float = option(0.0, "weight of the PRM's latent reward of each step")
+    tool_cost: float = option(0.0, "weight of the LIT tool cost of each step (subtracted)")
+
+    def __post_init__(self):
+        for key in REWARDS:
+            value = getattr(self, key)
+            if not math.isfinite(value) or value < 0:
+                raise ConfigError(f"reward weight {key} must be a finite number >= 0, got {value!r} "
+                                  "(tool_cost is subtracted: give it a positive weight).")
+        if not any(getattr(self, key) for key in REWARDS):
+            raise ConfigError(f"reward setting {self.name or '(unnamed)'}: every weight is 0; give at least one of "
+                              f"{', '.join(REWARDS)} a weight > 0.")
+        if not self.name:
+            self.name = self.label
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """The rewards this setting uses, in :data:`REWARDS` order, with their weights (> 0)."""
+        return {key: float(getattr(self, key)) for key in REWARDS if getattr(self, key)}
+
+    @property
+    def label(self) -> str:
+        short = {"grounded": "outcome", "judged": "judged", "on_the_spot": "spot", "prm": "prm", "tool_cost": "cost"}
+        return "+".join(short[k] for k in self.weights)
+
+
+@dataclass
+class QuerySet:
+    """A slice of a benchmark: training prompts or a held-out evaluation set.
+
+    ``toolbench`` reads ``queries`` (a ToolBench query file or folder; ToolBench's training
+    distribution); ``stabletoolbench`` a test group (evaluation only: its solvable queries are
+    test sets); ``restbench-tmdb`` the 100 TMDB queries (``subset`` codetool: 20 candidate APIs
+    each; restgpt: all 54).
+    """
+
+    benchmark: str = option("toolbench", "toolbench, stabletoolbench or restbench-tmdb", choices=BENCHMARKS)
+    queries: str | None = option(None, "toolbench: a query file or folder (relative to the data folder, or absolute)")
+    group: str = option("G1_instruction", "stabletoolbench: the test group")
+    subset: str = option("codetool", "stabletoolbench: codetool or full; restbench-tmdb: codetool or restgpt")
+    offset: int = option(0, "skip this many queries")
+    limit: int | None = option(None, "at most this many queries")
+
+    def __post_init__(self):
+        if self.offset < 0 or (self.limit is not None and self.limit < 1):
+            raise ConfigError(f"query set {self.benchmark}: offset must be >= 0 and limit >= 1, got "
+                              f"{self.offset} and {self.limit}.")
+        if self.benchmark == "toolbench" and not self.queries:
+            raise ConfigError("a toolbench query set needs queries: a ToolBench query file or folder "
+                              "(e.g. ToolBench/data_example/instruction).")
+
+    @property
+    def name(self) -> str:
+        part = {"stabletoolbench": self.group, "restbench-tmdb": "tmdb"}.get(self.benchmark, "")
+        return f"{self.benchmark}:{part}" if part else self.benchmark
+
+
+def _default_prompts() -> list[QuerySet]:
+    return [QuerySet("toolbench", queries="ToolBench/data_example/instruction"),
+            QuerySet("restbench-tmdb", subset="codetool")]
+
+
+def _default_evals() -> list[QuerySet]:
+    return [QuerySet("stabletoolbench", group="G1_instruction", subset="codetool", limit=8),
+            QuerySet("restbench-tmdb", subset="codetool", limit=8)]
+
+
+@dataclass
+class TrainPolicyConfig(GRPOConfig):
+    """Settings of ``codetool train-policy``: every TRL ``GRPOConfig`` option plus the method's own.
+
+    Method fields: ``policy`` (and ``finetune``, ``lora_*``), ``prm``, ``rewards`` / ``settings``,
+    ``aggregate``, ``advantage``, ``seeds``, ``token_budget``, ``prompts``, ``evals``,
+    ``never_train_on``, ``rollout``, ``eval_search``, ``executor``, ``judge`` and the tool backend.
+    Defaults that differ from ``GRPOConfig`` are redeclared below (no reference model, LoRA-sized
+    learning rate, checkpoints every 10 steps, fp32 on CPU, ...).
+
+    Raises:
+        ConfigError: on a value out of range (the message names the key and the fix).
+    """
+
+    # ---- the policy
+    policy: str = option("default", "the policy to train: default (the embedded 135M model), a folder or a Hub id")
+    policy_dtype: str = option("auto", "dtype the policy is loaded in", choices=("auto", "float32", "bfloat16"))
+    finetune: str = option("lora", "LoRA adapter or full fine-tuning", choices=("lora", "full"))
+    lora_r: int = option(16, "LoRA rank")
+    lora_alpha: int = option(32, "LoRA alpha")
+    lora_dropout: float = option(0.0, "LoRA dropout")
+    lora_target_modules: list[str] = option(default_factory=lambda: ["all-linear"],
+                                            help="modules that get LoRA ('all-linear' or names)")
+    lora_layers: int = option(0, "LoRA on the last N decoder layers only (the backward pass stops there: "
+                              "cheaper on a CPU); 0: every layer")
+    # ---- rewards and advantages
+    prm: str = option("auto", "the PRM: a train-prm folder, a serve-prm URL, none, or auto (the pipeline's "
+                      "runs/quickstart/train/prm, else a small one trained here on synthetic rows)")
+    prm_device: str = option("auto", "device of a local PRM (it may differ from the policy's)")
+    prm_share_prefix: str = option("auto", "how a local PRM shares an episode's prefixes: trie (nested: the query "
+                                   "and tools, then each earlier step; best on CPU), packed (one forward, the query "
+                                   "and tools once), none, or auto (timed on the first call)",
+                                   choices=("auto", "trie", "packed", "none"))
+    prm_fallback_steps: int = option(6, "prm auto without a pipeline PRM: training steps of the synthetic-row PRM")
+    rewards: RewardSetting = field(default_factory=RewardSetting,
+                                   metadata={"help": "reward weights of a single run (when settings is empty)"})
+    settings: list[RewardSetting] = option(default_factory=list, help="reward settings compared at equal generated "
+                                           "tokens, each trained once per seed (empty: rewards alone)")
+    aggregate: str = option("mean", "advantage sequence: how a per-step reward becomes one number per episode",
+                            choices=AGGREGATES)
+    advantage: str = option("process", "sequence (TRL's GRPO advantage of the weighted episode reward) or process "
+                            "(DeepSeekMath process supervision: step rewards normalised in the group, a token's "
+                            "advantage the sum over its own and later steps)", choices=ADVANTAGES)
+    judge: JudgeConfig = field(default_factory=lambda: JudgeConfig(model="none"),
+                               metadata={"help": "the judge of the judged reward (model none: no judged reward)"})
+    seeds: list[int] = option(default_factory=lambda: [0], help="training seeds; every setting trains once per seed")
+    token_budget: int = option(0, "stop a run once its rollouts generated this many policy tokens (compute "
+                               "matching across settings); 0: max_steps alone")
+    share_prompt: bool = option(True, "compute a group's shared prompt once in the training forward (not with "
+                                "activation checkpointing)")
+    rollout_workers: int = option(1, "steps of a rollout round executed at once (threads; raise it when tool "
+                                  "calls wait on a server)")
+    torch_threads: int = option(0, "CPU threads of torch (0: its default); 1 keeps a shared 2-core machine from "
+                                "making two threads wait on each other")
+    resume: str = option("auto", "auto (each run's last checkpoint), none, or a checkpoint folder (single run; "
+                         "resume_from_checkpoint works too)")
+    evaluate: bool = option(True, "evaluate the policy before and after training on the evals sets")
+    # ---- prompts, evaluation, environment
+    prompts: list[QuerySet] = option(default_factory=_default_prompts, help="training queries (never test queries)")
+    evals: list[QuerySet] = option(default_factory=_default_evals, help="held-out evaluation sets")
+    never_train_on: list[QuerySet] = option(default_factory=_default_evals, help="query sets kept out of training "
+                                            "besides evals (default: the pipeline quickstart's evaluation sets)")
+    rollout: SearchConfig = field(default_factory=lambda: SearchConfig(max_steps=3, k=1, latent="none", w_latent=0.0,
+                                                                       max_new_tokens=64, constrain="line"),
+                                  metadata={"help": "step format of rollouts, as the search's settings"})
+    eval_search: SearchConfig = field(default_factory=lambda: SearchConfig(method="policy", k=1, latent="none",
+                                                                           w_latent=0.0, max_steps=3,
+                                                                           max_new_tokens=64, constrain="line"),
+                                      metadata={"help": "the search that evaluates the policy before and after"})
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig, metadata={"help": "the sandbox"})
+    tool_doc: str = option("brief", "tool docs in prompts: full, compact or brief", choices=("full", "compact", "brief"))
+    tools_backend: str = option("auto", "tool backend of ToolBench/StableToolBench queries: auto (the simulator), "
+                                "simulator, cache, server, stabletoolbench")
+    restbench_backend: str = option("mock-tmdb", "tool backend of RestBench-TMDB queries: mock-tmdb (our mock "
+                                    "server) or tmdb (the real API, TMDB_ACCESS_TOKEN)", choices=("mock-tmdb", "tmdb"))
+    tool_server_url: str | None = option(None, "StableToolBench server URL (tools_backend server/stabletoolbench)")
+    tool_cache_dir: str | None = option(None, "StableToolBench response cache folder")
+    data_dir: str | None = option(None, "benchmark data folder (default: see `codetool data`)")
+    max_response_chars: int = option(20000, "characters of one tool response handed to the code")
+    # ---- GRPOConfig / TrainingArguments fields whose default differs here
+    output_dir: str = option("runs/policy", "runs, checkpoints, policies and the report go here")
+    learning_rate: float = option(1e-5, "peak learning rate")
+    num_generations: int = option(4, "episodes per query (the GRPO group)")
+    per_device_train_batch_size: int = option(4, "episodes per device per optimisation step")
+    max_steps: int = option(100, "optimisation steps per run (token_budget may stop it earlier)")
+    beta: float = option(0.0, "KL coefficient to the reference policy (0: no reference model)")
+    temperature: float = option(0.9, "sampling temperature of rollouts (and of the trained log-probs)")
+    top_p: float = option(0.95, "nucleus sampling of rollouts")
+    logging_steps: float = option(1, "log rewards every N steps")
+    save_steps: float = option(10, "write checkpoint-N every N steps")
+    save_total_limit: int | None = option(2, "keep at most this many checkpoint-N folders")
+    report_to: str | list[str] | None = option("none", "experiment tracker(s): none, wandb, tensorboard, ...")
+    bf16: bool | None = option(None, "bf16 mixed precision; unset: on a bf16 GPU")
+    gradient_checkpointing: bool = option(False, "recompute activations in backward (less memory; no shared prompt)")
+    remove_unused_columns: bool = option(False, "keep the task column for the rollout")
+    restore_callback_states_from_checkpoint: bool = option(True, "resume restores the generated-token count")
+    seed: int = option(0, "seed of a single run (settings runs use seeds)")
+
+    def __post_init__(self):
+        # what the user gave, before TrainingArguments rewrites fields: run_config() rebuilds from it
+        self._given = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                       if f.init and not f.name.startswith("_")}
+        if not self.seeds:
+            raise ConfigError("seeds: give at least one training seed, e.g. [0].")
+        if self.token_budget < 0 or self.prm_fallback_steps < 1 or self.lora_r < 1 or self.lora_layers < 0:
+            raise ConfigError(f"need token_budget >= 0, prm_fallback_steps >= 1, lora_r >= 1 and lora_layers >= 0; got "
+                              f"{self.token_budget}, {self.prm_fallback_steps}, {self.lora_r}, {self.lora_layers}.")
+        if self.learning_rate <= 0:
+            raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate}.")
+        if self.torch_threads < 0:
+            raise ConfigError(f"torch_threads must be >= 0 (0: torch's default), got {self.torch_threads}.")
+        if self.rollout_workers < 1:
+            raise ConfigError(f"rollout_workers must be >= 1, got {self.rollout_workers}.")
+        if self.rollout.observation_history != "all":
+            raise ConfigError(f"rollout.observation_history is {self.rollout.observation_history!r}: an episode's "
+                              "token row cannot hide an output it already showed; use all.")
+        if self.rollout.k != 1:
+            raise ConfigError(f"rollout.k is {self.rollout.k}: a rollout samples one step at a time (the GRPO group, "
+                              "num_generations, is the sampling); set rollout.k 1.")
+        if any(q.benchmark == "stabletoolbench" for q in self.prompts):
+            raise ConfigError("prompts: StableToolBench's solvable queries are its test sets; train on toolbench "
+                              "(ToolBench's training distribution) or restbench-tmdb queries, and evaluate on "
+                              "stabletoolbench in evals.")
+        if not self.prompts:
+            raise ConfigError("prompts: give at least one training query set (toolbench or restbench-tmdb).")
+        names = [s.name for s in self.run_settings]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"settings: names must differ, got {names}; give each a name.")
+        if any(s.judged for s in self.run_settings) and not self.judge.enabled:
+            raise ConfigError("a setting weights the judged reward but judge.model is none; set judge.model "
+                              "(an OpenAI-compatible URL or a local model) or the judged weight to 0.")
+        several = len(self.run_settings) > 1 or len(self.seeds) > 1
+        if several and (self.resume_from_checkpoint or self.resume not in ("auto", "none")):
+            raise ConfigError("resume_from_checkpoint (or a resume folder) names one run's checkpoint, but this "
+                              "config trains several settings or seeds; use resume auto (each run resumes from "
+                              "its own last checkpoint).")
+        if self.report_to is None:
+            self.report_to = "none"
+        if self.bf16 is None:
+            self.bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        if not torch.cuda.is_available():
+            self.use_cpu = True
+            self.dataloader_pin_memory = False
+        self.max_completion_length = self.rollout.max_new_tokens
+        try:
+            super().__post_init__()
+        except ValueError as e:
+            if isinstance(e, ConfigError):
+                raise
+            raise ConfigError(f"train-policy: {e}") from None
+
+    @property
+    def run_settings(self) -> list[RewardSetting]:
+        """The settings to train: ``settings``, or ``rewards`` alone."""
+        return list(self.settings) or [self.rewards]
+
+    def run_config(self, setting: RewardSetting, seed: int, output_dir: str) -> TrainPolicyConfig:
+        """This config for one run: ``setting``'s rewards, ``seed``, checkpoints in ``output_dir``."""
+        given = {**self._given, "rewards": setting, "settings": [], "seed": seed, "seeds": [seed],
+                 "output_dir": output_dir}
+        return type(self)(**given)
+
+    def to_dict(self):
+        out = super().to_dict()
+        for name in ("rewards", "judge", "rollout", "eval_search", "executor"):
+            out[name] = dataclasses.asdict(getattr(self, name))
+        for name in ("settings", "prompts", "evals", "never_train_on"):
+            out[name] = [dataclasses.asdict(x) for x in getattr(self, name)]
+        return out

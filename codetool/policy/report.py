@@ -1,0 +1,154 @@
+"""The train-policy report: reward curves, before/after table, compute, outcome histogram (JSON, Markdown, PNG).
+
+``report.md`` opens with what the numbers are worth at the run's scale (policy, prompts, episodes
+per group, steps, seeds), then the training reward per step (mean over seeds, and a PNG with one
+line per seed), the held-out before/after table of every reward setting (mean ± spread over
+seeds; the same evaluation search for all), the compute of each run (generated policy tokens:
+the settings are compared at equal tokens), and the per-step outcome histogram of the training
+rollouts (shares of each step category; a rising ``ok_no_tool`` or ``finish`` share without
+grounded answers is how reward hacking shows).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .episode import CATEGORIES
+from .evaluate import METRICS
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _cell(value: dict | None, pct: bool) -> str:
+    if value is None:
+        return "–"
+    scale, digits = (100, 1) if pct else (1, 1)
+    text = f"{scale * value['mean']:.{digits}f}"
+    return text + (f" ± {scale * value['spread']:.{digits}f}" if len(value.get("values", [])) > 1 else "")
+
+
+def mean_curve(runs: dict[str, dict]) -> dict[int, float]:
+    """Step -> mean training reward over the seeds that logged that step."""
+    by_step: dict[int, list[float]] = {}
+    for summary in runs.values():
+        for point in summary.get("curve", []):
+            by_step.setdefault(int(point["step"]), []).append(float(point["reward"]))
+    return {step: float(np.mean(v)) for step, v in sorted(by_step.items())}
+
+
+def plot_curves(runs: dict[str, dict[str, dict]], path: Path) -> Path:
+    """Training reward per step, one panel line per (setting, seed), the seed mean bold."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for k, (setting, seeds) in enumerate(runs.items()):
+        color = f"C{k}"
+        for summary in seeds.values():
+            curve = summary.get("curve", [])
+            ax.plot([p["step"] for p in curve], [p["reward"] for p in curve], color=color, alpha=0.35, lw=1)
+        mean = mean_curve(seeds)
+        ax.plot(list(mean), list(mean.values()), color=color, lw=2.2, label=setting)
+    ax.set_xlabel("GRPO step")
+    return _save(plt, fig, ax, path, "training reward (weighted, per episode)", "Training reward (thin: seeds, bold: mean)")
+
+
+def outcome_shares(runs: dict[str, dict]) -> dict[str, float]:
+    """Share of each step category over every training rollout of a setting's seeds."""
+    counts = {c: 0 for c in CATEGORIES}
+    for summary in runs.values():
+        for key, value in (summary.get("outcomes") or {}).items():
+            counts[key] = counts.get(key, 0) + int(value)
+    total = max(sum(counts.values()), 1)
+    return {k: v / total for k, v in counts.items()}
+
+
+def plot_outcomes(runs: dict[str, dict[str, dict]], path: Path) -> Path:
+    """Grouped bars: each setting's share of steps per outcome category (categories seen only)."""
+    plt = _pyplot()
+    shares = {s: outcome_shares(seeds) for s, seeds in runs.items()}
+    used = [c for c in CATEGORIES if any(v[c] for v in shares.values())] or list(CATEGORIES[:3])
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / max(len(shares), 1)
+    for k, (setting, values) in enumerate(shares.items()):
+        ax.bar(np.arange(len(used)) + k * width, [100 * values[c] for c in used], width, label=setting)
+    ax.set_xticks(np.arange(len(used)) + 0.4 - width / 2, used, rotation=30, ha="right")
+    return _save(plt, fig, ax, path, "% of training steps", "Per-step outcomes of the training rollouts")
+
+
+def _save(plt, fig, ax, path: Path, ylabel: str, title: str) -> Path:
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def render(results: dict[str, Any]) -> str:
+    """``report.md`` of a train-policy run (``results.json``'s content)."""
+    runs, settings = results["runs"], list(results["runs"])
+    lines = [f"# Policy RL: {results['name']}", "", f"**Scale.** {results['scale']}", "",
+             f"- policy: `{results['policy']}`; PRM: {results['prm']}",
+             f"- advantages: {results['advantage']} (per-step rewards aggregated by {results['aggregate']} where "
+             "sequence-level); compute matched by a budget of "
+             f"{results['token_budget'] or 'no'} generated policy tokens per run", ""]
+    lines += ["| setting | reward weights |", "|---|---|"]
+    lines += [f"| {s} | {', '.join(f'{k} {v:g}' for k, v in w.items())} |" for s, w in results["weights"].items()]
+    lines += ["", "## Training reward", "", "Mean over seeds of the weighted episode reward at each GRPO step "
+              "(settings weigh different rewards, so compare each curve with its own start).", ""]
+    curves = {s: mean_curve(runs[s]) for s in settings}
+    steps = sorted({step for c in curves.values() for step in c})
+    lines += ["| step | " + " | ".join(settings) + " |", "|---:|" + "---:|" * len(settings)]
+    for step in steps:
+        lines.append(f"| {step} | " + " | ".join(f"{curves[s][step]:.3f}" if step in curves[s] else "–"
+                                               for s in settings) + " |")
+    lines += ["", "![training reward](reward_curves.png)", ""]
+    if results.get("eval"):
+        columns = ["before", *settings]
+        lines += ["## Held-out before/after", "", f"The same evaluation search for every policy "
+                  f"({results['eval_search']}); mean ± {results['spread']}.", ""]
+        for name in results["eval_sets"]:
+            lines += [f"**{name}** ({results['eval_sizes'].get(name, '?')} queries)", "",
+                      "| metric | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+            for key, label, pct in METRICS:
+                cells = [_cell(results["eval"].get(c, {}).get(name, {}).get(key), pct) for c in columns]
+                if all(c == "–" for c in cells):
+                    continue
+                lines.append(f"| {label} | " + " | ".join(cells) + " |")
+            lines.append("")
+    lines += ["## Compute per run", "", "| setting | seed | steps | generated policy tokens | seconds |",
+              "|---|---:|---:|---:|---:|"]
+    for s in settings:
+        for seed, summary in runs[s].items():
+            lines.append(f"| {s} | {seed} | {summary['steps']} | {summary['generated_tokens']} | {summary['seconds']} |")
+    lines += ["", "## Per-step outcomes of the training rollouts", "", "| outcome | " + " | ".join(settings) + " |",
+              "|---|" + "---:|" * len(settings)]
+    shares = {s: outcome_shares(runs[s]) for s in settings}
+    for cat in CATEGORIES:
+        if any(shares[s][cat] for s in settings):
+            lines.append(f"| {cat} | " + " | ".join(f"{100 * shares[s][cat]:.1f}%" for s in settings) + " |")
+    lines += ["", "![per-step outcomes](outcome_histogram.png)", ""]
+    return "\n".join(lines)
+
+
+def write_report(out_dir: str | Path, results: dict[str, Any]) -> Path:
+    """Write ``results.json``, ``report.md`` and the two PNGs into ``out_dir``; returns the report path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    plot_curves(results["runs"], out / "reward_curves.png")
+    plot_outcomes(results["runs"], out / "outcome_histogram.png")
+    path = out / "report.md"
+    path.write_text(render(results))
+    return path

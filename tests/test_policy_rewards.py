@@ -1,0 +1,169 @@
+"""The reward functions of policy RL on scripted episodes, against hand-computed values."""
+
+from __future__ import annotations
+
+import pytest
+
+from codetool.eval.judges import ScriptedJudge
+from codetool.executor.result import ExecutionResult, ToolCall, no_code_result
+from codetool.policy.episode import Episode, EpisodeStep, step_category
+from codetool.policy.rewards import (
+    GroundedReward,
+    JudgedReward,
+    OnTheSpotReward,
+    PRMReward,
+    ToolCostReward,
+    aggregate,
+    build_rewards,
+)
+from codetool.search.prompt import history_entry
+from codetool.search.records import Candidate
+
+
+class _API:
+    def __init__(self, name):
+        self.name = name
+
+
+class _Env:
+    apis = [_API("get_weather_for_meteo"), _API("get_city_for_meteo")]
+
+    def render(self):
+        return "def get_weather_for_meteo(city): ...\ndef get_city_for_meteo(name): ..."
+
+
+class _Task:
+    query_id, query, env = "q1", "What is the weather in Paris?", _Env()
+
+
+def result(ok=True, calls=(), answer=None, outcome=None) -> ExecutionResult:
+    return ExecutionResult(ok=ok, outcome=outcome or ("ok" if ok else "runtime_error"),
+                           tool_calls=[ToolCall(name, status=status) for name, status in calls], final_answer=answer)
+
+
+def episode(*steps) -> Episode:
+    """An episode of ``(code, result, r_spot, cost)`` steps, histories built as the rollout builds them."""
+    ep = Episode(task=_Task(), prompt_ids=[1, 2, 3])
+    history: list[dict] = []
+    for i, (code, res, spot, cost) in enumerate(steps):
+        cand = Candidate(index=0, text=f"```python\n{code}\n```" if code else "no code", code=code, result=res,
+                         r_spot=spot, cost=cost)
+        step = EpisodeStep(cand, f"Output {i}", history=list(history), span=(10 * i, 10 * i + 5))
+        ep.steps.append(step)
+        history.append(history_entry(cand, step.observation))
+        if res.final_answer is not None:
+            ep.finish_type, ep.final_answer = "finish", res.final_answer
+    return ep
+
+
+def honest() -> Episode:
+    # step 1 calls a listed tool that answers; step 2 fails; step 3 finishes with an answer
+    return episode(("r = get_weather_for_meteo(city='Paris')\nprint(r)", result(calls=[("get_weather_for_meteo", "ok")]),
+                    1.0, 3.5),
+                   ("print(r['x'])", result(ok=False), 0.0, 0.5),
+                   ("finish('18 C and sunny')", result(answer="18 C and sunny"), 1.0, 0.5))
+
+
+class CountingPRM:
+    """Scores a step 0.2 + 0.1 x the number of earlier steps; records each call's items."""
+
+    def __init__(self):
+        self.calls = []
+
+    def score(self, items):
+        self.calls.append(items)
+        return [0.2 + 0.1 * len(it.history) for it in items]
+
+
+def test_aggregate_modes_skip_undefined_values():
+    values = [1.0, None, 0.0, 0.5]
+    assert aggregate(values, "min") == 0.0
+    assert aggregate(values, "mean") == pytest.approx(0.5)
+    assert aggregate(values, "last") == 0.5
+    assert aggregate(values, "sum") == 1.5
+    assert aggregate([None], "mean") == 0.0
+    with pytest.raises(ValueError):
+        aggregate(values, "median")
+
+
+def test_per_step_values_of_a_scripted_episode():
+    ep = honest()
+    assert OnTheSpotReward().per_step(ep) == [1.0, 0.0, 1.0]
+    assert ToolCostReward().per_step(ep) == [-3.5, -0.5, -0.5]
+    assert GroundedReward().per_step(ep) == [None, None, 1.0]
+    prm = CountingPRM()
+    assert PRMReward(prm).per_step(ep) == pytest.approx([0.2, 0.3, 0.4])
+    assert len(prm.calls) == 1 and len(prm.calls[0]) == 3  # one scorer call per episode
+
+
+def test_prm_items_are_what_the_search_would_score():
+    ep = honest()
+    prm = CountingPRM()
+    PRMReward(prm).per_step(ep)
+    items = prm.calls[0]
+    assert [it.candidate for it in items] == [s.candidate.code for s in ep.steps]
+    assert items[2].history == [{"code": ep.steps[0].candidate.code, "output": "Output 0"},
+                                {"code": "print(r['x'])", "output": "Output 1"}]
+    assert {it.query for it in items} == {ep.task.query} and items[0].tools == ep.task.env.render()
+    assert items[1].candidate_output == "Output 1"
+
+
+def test_a_step_without_code_gets_no_prm_call_and_zero():
+    ep = episode(("x = 1", result(), 1.0, 0.5), (None, no_code_result("no block"), 0.0, 0.0))
+    prm = CountingPRM()
+    assert PRMReward(prm).per_step(ep) == pytest.approx([0.2, 0.0])
+    assert len(prm.calls[0]) == 1
+
+
+def test_grounded_needs_a_successful_listed_tool_call_before_the_answer():
+    invented = episode(("finish('It is 18 C')", result(answer="It is 18 C"), 1.0, 0.5))
+    failed_call = episode(("get_weather_for_meteo(city='x')", result(calls=[("get_weather_for_meteo", "error")]), 0.0, 3),
+                          ("finish('18 C')", result(answer="18 C"), 1.0, 0.5))
+    unlisted = episode(("lookup(city='x')", result(calls=[("lookup", "ok")]), 1.0, 3),
+                       ("finish('18 C')", result(answer="18 C"), 1.0, 0.5))
+    empty = episode(("get_weather_for_meteo(city='x')", result(calls=[("get_weather_for_meteo", "ok")]), 1.0, 3),
+                    ("finish('  ')", result(answer="  "), 1.0, 0.5))
+    for ep in (invented, failed_call, unlisted, empty):
+        assert GroundedReward().per_step(ep)[-1] == 0.0
+    assert GroundedReward().per_step(honest())[-1] == 1.0
+
+
+def test_trl_calls_return_one_aggregated_value_per_episode_and_store_the_steps():
+    eps = [honest(), episode(("x = 1", result(), 1.0, 0.5), ("y = 2", result(), 1.0, 0.5))]
+    for mode, expected in (("mean", [2 / 3, 1.0]), ("min", [0.0, 1.0]), ("last", [1.0, 1.0]), ("sum", [2.0, 2.0])):
+        assert OnTheSpotReward(mode)(prompts=["a", "a"], completions=["", ""], episode=eps) == pytest.approx(expected)
+    assert eps[0].step_rewards["on_the_spot"] == [1.0, 0.0, 1.0]
+    # an outcome reward is its own value whatever the aggregate
+    assert GroundedReward("min")(episode=eps) == [1.0, 0.0]
+    assert GroundedReward().__name__ == "grounded"
+
+
+def test_judged_scores_only_answered_episodes_in_one_call():
+    asked = []
+
+    def label(request):
+        asked.append(request.answer)
+        return "Unsure"
+
+    eps = [honest(), episode(("x = 1", result(), 1.0, 0.5))]
+    assert JudgedReward(ScriptedJudge(label))(episode=eps) == [0.5, 0.0]
+    assert asked == ["18 C and sunny"]
+
+
+def test_build_rewards_keeps_the_weights_in_order_and_refuses_missing_parts():
+    funcs, weights = build_rewards({"grounded": 1.0, "on_the_spot": 0.5, "prm": 0.25}, aggregate="mean",
+                                   scorer=CountingPRM())
+    assert [f.name for f in funcs] == ["grounded", "on_the_spot", "prm"] and weights == [1.0, 0.5, 0.25]
+    with pytest.raises(ValueError, match="PRM scorer"):
+        build_rewards({"prm": 1.0}, aggregate="mean")
+    with pytest.raises(ValueError, match="judge"):
+        build_rewards({"judged": 1.0}, aggregate="mean")
+
+
+def test_step_categories_of_the_histogram():
+    names = {a.name for a in _Env.apis}
+    ep = honest()
+    assert [step_category(s, names) for s in ep.steps] == ["tool_ok", "runtime_error", "finish"]
+    odd = episode(("print('hi')", result(), 1.0, 0.5), ("f()", result(calls=[("get_city_for_meteo", "error")]), 0.0, 3),
+                  (None, no_code_result("none"), 0.0, 0.0), ("while 1: pass", result(ok=False, outcome="timeout"), 0, 1))
+    assert [step_category(s, names) for s in odd.steps] == ["ok_no_tool", "tool_error", "no_code", "timeout"]

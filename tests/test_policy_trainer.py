@@ -1,0 +1,147 @@
+"""GRPO end to end on a tiny model (offline): the command, the shared-prompt forward, resume after a kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from codetool.cli import main
+from codetool.config import load_config
+from codetool.policy.config import TrainPolicyConfig
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class LengthPRM:
+    """A PRM stand-in whose score grows with the step's code length (so rewards differ in a group)."""
+
+    def score(self, items):
+        return [min(len(it.candidate) / 80.0, 1.0) for it in items]
+
+
+def tiny_config(model_dir, out, shared_data, **over) -> dict:
+    base = {"policy": str(model_dir), "output_dir": str(out), "data_dir": str(shared_data),
+            "prompts": [{"benchmark": "toolbench", "queries": "ToolBench/data_example/instruction/G1_query.json",
+                         "limit": 2}],
+            "evals": [], "never_train_on": [], "max_steps": 1, "learning_rate": 5e-3, "num_generations": 2,
+            "per_device_train_batch_size": 2, "save_steps": 1, "seeds": [0],
+            "rollout": {"k": 1, "max_steps": 2, "max_new_tokens": 12, "latent": "none", "w_latent": 0.0,
+                        "constrain": "line"},
+            "executor": {"isolation": "fallback", "timeout_s": 10}, "prm": "none", "lora_layers": 1}
+    base.update(over)
+    return base
+
+
+def test_shared_prompt_forward_equals_trls(tiny_model_dir, shared_data, tmp_path):
+    from trl import GRPOTrainer
+
+    from codetool.policy.data import make_tasks, training_queries
+    from codetool.policy.train import build_trainer
+    from codetool.policy.trainer import shared_prompt_logps
+    from codetool.tools.backends import make_tool_backend
+
+    cfg = load_config(TrainPolicyConfig, None, tiny_config(tiny_model_dir, tmp_path, shared_data))
+    tasks = make_tasks(training_queries(cfg), {"toolbench": make_tool_backend("simulator")}, cfg)
+    trainer = build_trainer(cfg.run_config(cfg.rewards, 0, str(tmp_path / "r")), tasks)
+    model = trainer.model.train()
+    torch.manual_seed(0)
+    prompts = [torch.randint(5, 500, (9,)), torch.randint(5, 500, (12,))]
+    rows, masks = [], []
+    for prompt, copies in zip(prompts, (3, 2)):
+        for c in range(copies):
+            completion = torch.randint(5, 500, (7,))
+            keep = torch.tensor([1] * (4 + c) + [0] * (3 - c))
+            pad = 12 - len(prompt)
+            rows.append(torch.cat([torch.zeros(pad, dtype=torch.long), prompt, completion * keep]))
+            masks.append(torch.cat([torch.zeros(pad, dtype=torch.long), torch.ones(len(prompt), dtype=torch.long), keep]))
+    ids, mask = torch.stack(rows), torch.stack(masks)
+    ref, ref_h, _ = GRPOTrainer._get_per_token_logps_and_entropies(trainer, model, ids, mask, 7, compute_entropy=True)
+    got, got_h, _ = shared_prompt_logps(trainer, model, ids, mask, 7, True)
+    real = mask[:, 12:].bool()
+    assert (ref - got)[real].abs().max() < 1e-5 and (ref_h - got_h)[real].abs().max() < 1e-5
+    params = [p for p in model.parameters() if p.requires_grad]
+    g_ref = torch.autograd.grad(ref[real].sum(), params)
+    g_got = torch.autograd.grad(got[real].sum(), params)
+    assert max((a - b).abs().max().item() for a, b in zip(g_ref, g_got)) < 1e-5
+
+
+def test_one_grpo_step_end_to_end_writes_a_loadable_policy(tiny_model_dir, shared_data, tmp_path, monkeypatch):
+    import codetool.commands.train_policy as command
+
+    monkeypatch.setattr(command, "make_scorer", lambda *args, **kwargs: LengthPRM())
+    out = tmp_path / "run"
+    cfg = tiny_config(tiny_model_dir, out, shared_data, prm="given-in-test",
+                      settings=[{"name": "outcome+spot+prm", "grounded": 1.0, "on_the_spot": 0.5, "prm": 1.0}])
+    (tmp_path / "recipe.json").write_text(json.dumps(cfg))
+    status = main(["train-policy", "--config", str(tmp_path / "recipe.json")])
+    assert status == 0
+    run = json.loads((out / "outcome+spot+prm" / "seed0" / "run.json").read_text())
+    assert run["steps"] == 1 and run["generated_tokens"] > 0 and run["reward_weights"]["prm"] == 1.0
+    assert run["curve"] and set(run["curve"][0]) >= {"step", "reward", "prm", "on_the_spot", "grounded"}
+    policy = out / "policy"
+    card = (policy / "README.md").read_text()
+    assert "PRM: given-in-test" in card and "prm 1" in card
+    assert (out / "report.md").is_file() and (out / "reward_curves.png").is_file()
+    assert (out / "outcome_histogram.png").is_file()
+    assert (out / "outcome+spot+prm" / "seed0" / "outcomes.jsonl").is_file()
+    # the policy loads as `codetool run --policy DIR` loads it, and its weights moved
+    from transformers import AutoModelForCausalLM
+
+    from codetool.assemble import make_policy
+
+    backend = make_policy(str(policy))
+    [completions] = backend.generate(["hi"], max_new_tokens=3)
+    assert completions[0].completion_tokens >= 1
+    before = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    after = backend.model.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before if k in after)
+
+
+def test_stabletoolbench_prompts_are_refused(tiny_model_dir, shared_data, tmp_path):
+    from codetool.config import ConfigError
+
+    with pytest.raises(ConfigError, match="test sets"):
+        load_config(TrainPolicyConfig, None, tiny_config(tiny_model_dir, tmp_path, shared_data, prompts=[
+            {"benchmark": "stabletoolbench", "group": "G1_instruction"}]))
+    with pytest.raises(ConfigError, match="observation|rollout.k"):
+        load_config(TrainPolicyConfig, None, tiny_config(tiny_model_dir, tmp_path, shared_data,
+                                                         rollout={"k": 2}))
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_from_its_checkpoint(tiny_model_dir, shared_data, tmp_path):
+    out = tmp_path / "run"
+    cfg = tiny_config(tiny_model_dir, out, shared_data, max_steps=4, save_steps=1, save_total_limit=None)
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps(cfg))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "codetool.cli", "train-policy", "--config", str(recipe)]
+    run_dir = out / "outcome" / "seed0"
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while not (run_dir / "checkpoint-2").is_dir() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert (run_dir / "checkpoint-2").is_dir(), "no checkpoint before the kill"
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert not (run_dir / "run.json").exists()
+    state = json.loads((run_dir / "checkpoint-2" / "trainer_state.json").read_text())
+    counted = [c for c in state["stateful_callbacks"].values()][0]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["steps"] == 4
+    steps = [p["step"] for p in run["curve"]]
+    assert steps[-1] == 4 and 1 not in steps or steps.count(1) == 1  # resumed, not restarted
+    assert run["generated_tokens"] >= counted["attributes"]["generated"] > 0
