@@ -4,7 +4,8 @@ Every policy (the base one and each trained one) runs the same ``eval_search`` s
 with the training seed, on the same evaluation sets; trajectories are written as JSONL
 (``<set>.<label>.seed<k>.jsonl``, resumable: a complete file is read back, not rerun) and scored
 with the judge-free metrics of the pipeline's summary (``codetool.eval.summary.judge_free``:
-chosen-step SCEP, listed-tool calls per episode, finish rate, grounded success, and on
+chosen-step SCEP as ours counts it (``scep_code_steps``: chosen steps with code whose run in the
+search succeeded; the evaluation search writes no reference re-runs), listed-tool calls per episode, finish rate, grounded success, and on
 RestBench-TMDB the correct-path rate and path score) plus the policy tokens generated per query.
 :func:`summarise` gives each metric's mean and spread over seeds (half the range for two seeds,
 as the pipeline's summary).
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from codetool.eval.metrics import run_metrics
 from codetool.eval.summary import judge_free, spread
 from codetool.jsonl import read_jsonl, write_jsonl
 from codetool.resume import unit_key
@@ -27,7 +29,7 @@ from codetool.search.search import SearchConfig, StepwiseSearch
 
 logger = logging.getLogger(__name__)
 
-METRICS = (("grounded", "grounded success %", True), ("scep", "chosen-step SCEP %", True),
+METRICS = (("grounded", "grounded success %", True), ("scep", "chosen-step SCEP % (code steps)", True),
            ("finish", "finish %", True), ("tool_calls", "listed-tool calls / episode", False),
            ("correct_path", "TMDB correct path % (0/1)", True), ("path_score", "TMDB path score % (frac.)", True),
            ("tokens", "policy tokens / query", False))
@@ -60,7 +62,7 @@ def run_eval(policy, tasks: dict[str, list], search: SearchConfig, make_executor
             todo[name] = set_tasks
     keys = [unit_key(t.benchmark, t.group, t.query_id) for ts in todo.values() for t in ts]
     if todo and len(set(keys)) == len(keys):  # every set in one search: their episodes share forward passes
-        cfg = dataclasses.replace(cfg, concurrency=max(cfg.concurrency, len(keys)))
+        cfg = dataclasses.replace(cfg, concurrency=max(cfg.concurrency or 1, len(keys)))
         done = {unit_key(t.benchmark, t.group, t.query_id): t
                 for t in StepwiseSearch(policy, cfg, make_executor).run([t for ts in todo.values() for t in ts])}
         runs = {name: [done[unit_key(t.benchmark, t.group, t.query_id)] for t in ts] for name, ts in todo.items()}
@@ -81,6 +83,7 @@ def _path(out_dir: str | Path, name: str, label: str, seed: int) -> Path:
 def metrics(trajs: list[Trajectory]) -> dict[str, float | None]:
     """The judge-free metrics of one set (see the module docstring)."""
     out = judge_free(trajs)
+    out["scep"] = run_metrics(trajs).scep_code_steps
     out["tokens"] = float(np.mean([t.generated_tokens for t in trajs])) if trajs else None
     return out
 
