@@ -249,6 +249,22 @@ def _run_cfgs(cfg: PipelineConfig, prm: str) -> list:
     return runs
 
 
+def stage_hashes(cfg: PipelineConfig) -> dict[str, str]:
+    """``{stage: hash}`` of what determines each stage's output (``trees``, ``train``, ``search``,
+    ``eval``): a stage whose recorded hash equals this one is skipped. Client limits (in flight,
+    timeouts, retries) change how fast a stage runs, not what it writes, so they are left out."""
+    tree_cfg, train_cfg = _tree_cfg(cfg), _train_cfg(cfg)
+    h_trees = _hash(dataclasses.replace(tree_cfg, policy_client=RemoteConfig()))
+    h_train = _hash(cfg.prm_checkpoint) if cfg.prm_checkpoint else _hash(train_cfg, h_trees)
+    run_cfgs = _run_cfgs(cfg, cfg.prm_checkpoint or train_cfg.output_dir)
+    needs_prm = any(m.latent == "prm" for m in cfg.methods)
+    h_search = _hash([dataclasses.replace(r, output="", policy_client=RemoteConfig(), prm_client=RemoteConfig())
+                      for r in run_cfgs], h_train if needs_prm else "")
+    judge = dataclasses.replace(cfg.judge, client=RemoteConfig())
+    h_eval = _hash(judge, cfg.reference, h_search) if cfg.reference else _hash(judge, h_search)
+    return {"trees": h_trees, "train": h_train, "search": h_search, "eval": h_eval}
+
+
 def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
     """Run the stages of ``cfg`` in order; returns ``{stage: "ran" | "skipped"}``."""
     root = cfg.root
@@ -260,17 +276,10 @@ def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
     root.mkdir(parents=True, exist_ok=True)
     (root / "pipeline.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
     tree_cfg, train_cfg = _tree_cfg(cfg), _train_cfg(cfg)
-    # Client limits (in flight, timeouts, retries) change how fast a stage runs, not what it writes.
-    h_trees = _hash(dataclasses.replace(tree_cfg, policy_client=RemoteConfig()))
-    h_train = _hash(cfg.prm_checkpoint) if cfg.prm_checkpoint else _hash(train_cfg, h_trees)
     prm = cfg.prm_checkpoint or train_cfg.output_dir
     run_cfgs = _run_cfgs(cfg, prm)
     needs_prm = any(m.latent == "prm" for m in cfg.methods)
-    h_search = _hash([dataclasses.replace(r, output="", policy_client=RemoteConfig(), prm_client=RemoteConfig())
-                      for r in run_cfgs], h_train if needs_prm else "")
-    judge = dataclasses.replace(cfg.judge, client=RemoteConfig())
-    h_eval = _hash(judge, cfg.reference, h_search) if cfg.reference else _hash(judge, h_search)
-    plan = {"trees": h_trees, "train": h_train, "search": h_search, "eval": h_eval}
+    plan = stage_hashes(cfg)
     status: dict[str, Any] = {}
     changed = False  # once a stage reruns, every later stage reruns too
     for name in STAGES:
