@@ -275,9 +275,9 @@ def test_config_validation_and_tool_names():
 
 
 def test_bwrap_requested_but_unavailable(monkeypatch):
-    import codetool.executor.sandbox as sandbox
+    import codetool.executor.family as family
 
-    monkeypatch.setattr(sandbox, "bwrap_problem", lambda python="auto": "bubblewrap is not installed")
+    monkeypatch.setattr(family, "bwrap_problem", lambda python="auto": "bubblewrap is not installed")
     with pytest.raises(ExecutorError, match="bubblewrap is not installed"):
         Executor(ExecutorConfig(isolation="bwrap"))
 
