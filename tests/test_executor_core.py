@@ -275,9 +275,9 @@ def test_config_validation_and_tool_names():
 
 
 def test_bwrap_requested_but_unavailable(monkeypatch):
-    import codetool.executor.sandbox as sandbox
+    import codetool.executor.family as family
 
-    monkeypatch.setattr(sandbox, "bwrap_problem", lambda python="auto": "bubblewrap is not installed")
+    monkeypatch.setattr(family, "bwrap_problem", lambda python="auto": "bubblewrap is not installed")
     with pytest.raises(ExecutorError, match="bubblewrap is not installed"):
         Executor(ExecutorConfig(isolation="bwrap"))
 
@@ -285,3 +285,13 @@ def test_bwrap_requested_but_unavailable(monkeypatch):
 def test_run_rejects_non_text(ex):
     with pytest.raises(TypeError):
         ex.run(b"print(1)")
+
+
+def test_the_root_hides_every_module_the_host_sends():
+    """The sandbox installs ``launch.SANDBOX_MODULES`` from source, and its root removes its own
+    copy of that list from ``sys.modules`` before any model code runs: the two must agree, or a
+    module (``sandbox_io``, say) stays importable by the code."""
+    from codetool.executor import launch, sandbox_root
+
+    assert sandbox_root.SANDBOX_MODULES == launch.SANDBOX_MODULES
+    assert launch.SANDBOX_MODULES.index("sandbox_io") < launch.SANDBOX_MODULES.index("sandbox_worker")

@@ -174,17 +174,17 @@ def test_tool_frames_with_huge_call_ids_stop_the_step(root):
 
 
 def test_results_the_step_never_reads_count_against_its_budget(mode, monkeypatch):
-    from codetool.executor import executor as executor_module
+    from codetool.executor import step as step_module
 
     peak = [0]
-    held = executor_module._Step.held
+    held = step_module.StepLedger.held
 
     def watched(self, conn, output):
         value = held(self, conn, output)
         peak[0] = max(peak[0], value)
         return value
 
-    monkeypatch.setattr(executor_module._Step, "held", watched)
+    monkeypatch.setattr(step_module.StepLedger, "held", watched)
     tools = {"big": lambda: {"blob": "x" * 500_000}}
     with Executor(ExecutorConfig(isolation=mode, **CONFIG), tools=tools) as ex:
         r = ex.run("import gc\nw = next(o for o in gc.get_objects() if type(o).__name__ == 'Worker')\n"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from codetool.executor import Executor, ExecutorConfig, ExecutorError, scratch
-from codetool.executor import sandbox as sandbox_module
+from codetool.executor import family as family_module
 
 CONFIG = dict(isolation="fallback", timeout_s=5.0, memory_mb=512)
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +42,7 @@ def _host(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
     script = tmp_path.parent / f"{tmp_path.name}-host.py"
     script.write_text("import os, signal, sys\n"
                       "from codetool.executor import Executor, ExecutorConfig, scratch\n"
-                      "from codetool.executor import sandbox as sb\n"
+                      "from codetool.executor import family as sb\n"
                       "from codetool.executor.channel import Conn\n"
                       f"config = ExecutorConfig(scratch_dir={str(tmp_path)!r}, **{CONFIG!r})\n" + body)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
@@ -109,7 +109,7 @@ def test_a_restart_after_the_root_died_uses_a_fresh_directory(tmp_path):
 
 
 def test_a_failed_start_removes_its_directory(tmp_path, monkeypatch):
-    monkeypatch.setattr(sandbox_module, "_sandbox_sources", lambda: b"not json")
+    monkeypatch.setattr(family_module, "_sandbox_sources", lambda: b"not json")
     with pytest.raises(ExecutorError, match="did not start"):
         Executor(ExecutorConfig(scratch_dir=str(tmp_path), **CONFIG))
     assert _left(tmp_path) == []

@@ -125,8 +125,8 @@ whose worker was killed between runs), and the next run starts a fresh worker.
 
 from codetool.executor.config import ISOLATION_MODES, ExecutorConfig
 from codetool.executor.executor import Executor
+from codetool.executor.launch import ExecutorError, bwrap_problem
 from codetool.executor.result import OUTCOMES, ExecutionResult, ToolCall
-from codetool.executor.sandbox import ExecutorError, bwrap_problem
 
 __all__ = ["Executor", "ExecutorConfig", "ExecutionResult", "ToolCall", "ExecutorError", "OUTCOMES",
            "ISOLATION_MODES", "bwrap_problem"]

@@ -28,8 +28,8 @@ BOOTSTRAP = ("import json,sys,types\n"
              "    m=sys.modules[name]=types.ModuleType(name)\n"
              "    exec(compile(source,'<'+name+'>','exec'),m.__dict__)\n"
              "m.main()")
-SANDBOX_MODULES = ("sandbox_kernel", "sandbox_copy", "sandbox_worker", "sandbox_scratch", "sandbox_principals",
-                   "sandbox_root")  # in import order; the last one has main()
+SANDBOX_MODULES = ("sandbox_kernel", "sandbox_copy", "sandbox_io", "sandbox_worker", "sandbox_scratch",
+                   "sandbox_principals", "sandbox_root")  # in import order; the last one has main()
 NAMESPACES = "net,pid,ipc,uts,mount"
 SYSTEM_PYTHON = "/usr/bin/python3"
 CGROUP_MOUNT = "/run/codetool-cgroup"  # where bubblewrap shows the family's cgroup to its root

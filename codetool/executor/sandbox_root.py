@@ -26,12 +26,14 @@ import time
 
 try:
     import sandbox_kernel as kernel
+    from sandbox_io import Channel, close_fd
     from sandbox_principals import Principals
-    from sandbox_worker import Channel, Worker, _close
+    from sandbox_worker import Worker
 except ImportError:  # imported on the host (documentation tools): the package's copies
     from codetool.executor import sandbox_kernel as kernel
+    from codetool.executor.sandbox_io import Channel, close_fd
     from codetool.executor.sandbox_principals import Principals
-    from codetool.executor.sandbox_worker import Channel, Worker, _close
+    from codetool.executor.sandbox_worker import Worker
 
 # Imported once here, so that every worker (a fork of the root) has them already.
 PREIMPORTS = ("json", "math", "re", "datetime", "time", "collections", "itertools", "functools",
@@ -39,8 +41,8 @@ PREIMPORTS = ("json", "math", "re", "datetime", "time", "collections", "itertool
               "copy", "typing", "dataclasses", "heapq", "bisect", "operator", "pprint", "subprocess", "tempfile")
 LIMITS = (("as", "RLIMIT_AS"), ("cpu", "RLIMIT_CPU"), ("fsize", "RLIMIT_FSIZE"),
           ("nofile", "RLIMIT_NOFILE"), ("nproc", "RLIMIT_NPROC"), ("core", "RLIMIT_CORE"))
-SANDBOX_MODULES = ("sandbox_kernel", "sandbox_copy", "sandbox_worker", "sandbox_scratch", "sandbox_principals",
-                   "sandbox_root")
+SANDBOX_MODULES = ("sandbox_kernel", "sandbox_copy", "sandbox_io", "sandbox_worker", "sandbox_scratch",
+                   "sandbox_principals", "sandbox_root")
 MS_REC, MS_PRIVATE, MS_NOEXEC = 16384, 1 << 18, 8
 
 
@@ -223,13 +225,13 @@ class Root:
         request, key = msg.get("id"), int(msg["key"])
         if len(fds) != 2:
             for fd in fds:
-                _close(fd)
+                close_fd(fd)
             return self.chan.send({"op": "spawn_failed", "id": request, "error": "no channel was passed"})
         try:
             principal = self.principals.prepare(key)
         except OSError as exc:
             for fd in fds:
-                _close(fd)
+                close_fd(fd)
             return self.chan.send({"op": "spawn_failed", "id": request, "error": str(exc)[:200]})
         mine, theirs = socket.socketpair()
         try:
@@ -251,7 +253,7 @@ class Root:
             os._exit(0)
         theirs.close()
         for fd in fds:
-            _close(fd)
+            close_fd(fd)
         if pid < 0:
             mine.close()
             self.principals.release(key)
@@ -262,7 +264,7 @@ class Root:
         if listener is not None and self.config.get("host_listeners"):  # the host decides
             socket.send_fds(self.chan.sock, [_frame({"op": "spawned", "id": request, "pid": pid, "listener": True})],
                             [listener])
-            _close(listener)
+            close_fd(listener)
             return
         if listener is not None:
             self.principals.add_listener(listener)
@@ -272,7 +274,7 @@ class Root:
         os.setsid()
         os.dup2(fds[1], 1)
         os.dup2(fds[1], 2)
-        _close(fds[1])
+        close_fd(fds[1])
         _close_all_but({0, 1, 2, fds[0], handoff.fileno()})
         # a way into the scratch directories that needs no search permission on their ancestors
         parent_fd = os.open(self.principals.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -314,7 +316,7 @@ class Root:
                 seccomp = kernel.install_seccomp(bytes.fromhex(config["seccomp_plain"]))
         if listener is not None:
             socket.send_fds(handoff, [b"L"], [listener])
-            _close(listener)
+            close_fd(listener)
         else:
             handoff.send(b"N")
         handoff.close()
@@ -398,7 +400,7 @@ def _receive_listener(sock, timeout):
     if data == b"L" and fds:
         return fds[0]
     for fd in fds:
-        _close(fd)
+        close_fd(fd)
     return None
 
 
@@ -409,7 +411,7 @@ def _close_all_but(keep):
         return
     for fd in fds:
         if fd not in keep:
-            _close(fd)
+            close_fd(fd)
 
 
 def main():

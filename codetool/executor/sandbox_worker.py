@@ -1,8 +1,9 @@
 """Sandbox side of :mod:`codetool.executor`, the **worker** role. Standard library only.
 
-Not imported by the host: the host sends this source and ``sandbox_root.py`` to a fresh
-interpreter (the system ``python3`` by default, so that an unprivileged uid can run it), where
-they become the modules ``sandbox_worker`` and ``sandbox_root`` (see ``sandbox.BOOTSTRAP``).
+Not imported by the host: the host sends this source, ``sandbox_io.py`` and ``sandbox_root.py``
+(with the other ``sandbox_*`` modules) to a fresh interpreter (the system ``python3`` by default,
+so that an unprivileged uid can run it), where they become the modules ``sandbox_worker``,
+``sandbox_io`` and ``sandbox_root`` (see ``codetool.executor.launch.BOOTSTRAP``).
 
 A worker (one per executor) holds one state (a ``__main__`` namespace), runs steps, forwards tool
 calls to the host, and forks itself when the host asks for an independent copy of the state (the
@@ -11,26 +12,24 @@ becomes its own principal (``setresuid`` to the uid the host named, let through 
 the root, see ``sandbox_principals``) and stops sharing descriptors and mappings with the worker
 it came from (``sandbox_copy``).
 
-Host and sandbox talk over Unix stream sockets in frames: a 4-byte big-endian length, then JSON.
-Nothing is ever pickled. Every frame carries the nonce of the run it belongs to (sent by the host
-with the ``run`` frame) and its sequence number in that run, so the host drops the frames of an
-earlier run and rejects injected ones. Tool calls and ``finish`` from a thread that an earlier
-step started, or made between steps, are refused here. Received file descriptors are
-close-on-exec: a program the code starts never holds a channel. The worker's stdout and stderr
-(Python ``print`` and any process it starts) go to a pipe that the host reads and caps.
+Host and sandbox talk over Unix stream sockets in frames (``sandbox_io.Channel``): a 4-byte
+big-endian length, then JSON. Nothing is ever pickled. Every frame carries the nonce of the run
+it belongs to (sent by the host with the ``run`` frame) and its sequence number in that run, so
+the host drops the frames of an earlier run and rejects injected ones. Tool calls and ``finish``
+from a thread that an earlier step started, or made between steps, are refused here. Received
+file descriptors are close-on-exec: a program the code starts never holds a channel. The
+worker's stdout and stderr (Python ``print`` and any process it starts) go to a pipe that the
+host reads and caps (``sandbox_io.Output``).
 """
 
 import builtins
 import errno
 import gc
-import io
 import itertools
 import json
 import os
 import resource
 import signal
-import socket
-import struct
 import sys
 import threading
 import time
@@ -39,10 +38,11 @@ import types
 
 try:
     from sandbox_copy import become_independent
-except ImportError:  # imported on the host (documentation tools): the package's copy
+    from sandbox_io import Channel, Output, close_fd
+except ImportError:  # imported on the host (documentation tools): the package's copies
     from codetool.executor.sandbox_copy import become_independent
+    from codetool.executor.sandbox_io import Channel, Output, close_fd
 
-HEADER = struct.Struct(">I")
 # Taken before any model code runs: rebinding builtins.exec or builtins.compile changes nothing here.
 _EXEC, _COMPILE = exec, compile
 MAX_TOOL_PAYLOAD = 1 << 20  # bytes of JSON arguments one tool call may send to the host
@@ -51,157 +51,6 @@ MAX_ARGUMENT_DEPTH = 28  # nesting of tool arguments (the host refuses frames ne
 LINGER_S = 30.0  # how long a worker whose host end closed waits to be killed
 RESOURCE_ERRNOS = {errno.EFBIG, errno.ENOSPC, errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.EDQUOT}
 VIOLATION_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENETUNREACH}
-
-
-# ---------------------------------------------------------------------------------------- frames
-class Channel:
-    """Blocking frame I/O on a Unix stream socket; file descriptors sent with a frame are queued.
-    Each frame sent is stamped with the current run's ``nonce`` and the next ``seq``."""
-
-    def __init__(self, fd):
-        os.set_inheritable(fd, False)
-        self.sock = socket.socket(fileno=fd)
-        self.buf = bytearray()
-        self.fds = []
-        self.nonce = ""
-        self.seq = 0
-        self.old_threads = set()  # threads of earlier steps: their frames carry no valid nonce
-        self.lock = threading.Lock()  # threads of the code may call tools or finish at once
-
-    def begin(self, nonce, old_threads=()):
-        with self.lock:
-            self.nonce, self.seq, self.old_threads = nonce, 0, set(old_threads)
-
-    def send(self, obj):
-        with self.lock:
-            if threading.get_ident() in self.old_threads:  # the host rejects it (and the step)
-                data = json.dumps(dict(obj, nonce="stale", seq=0)).encode("ascii")
-                self.sock.sendall(HEADER.pack(len(data)) + data)
-                return
-            self.seq += 1
-            data = json.dumps(dict(obj, nonce=self.nonce, seq=self.seq)).encode("ascii")
-            self.sock.sendall(HEADER.pack(len(data)) + data)
-
-    def recv(self):
-        while True:
-            frame = self.buffered()
-            if frame is not None:
-                return frame
-            self.fill()
-
-    def buffered(self):
-        """The next whole frame already received, or ``None``."""
-        if len(self.buf) >= 4:
-            size = HEADER.unpack_from(self.buf)[0]
-            if len(self.buf) >= 4 + size:
-                frame = bytes(self.buf[4:4 + size])
-                del self.buf[:4 + size]
-                return json.loads(frame)
-        return None
-
-    def fill(self):
-        """One ``recv`` (blocking); raises ``EOFError`` at the end of the stream."""
-        data, fds, _, _ = socket.recv_fds(self.sock, 1 << 18, 4)
-        for fd in fds:
-            os.set_inheritable(fd, False)
-        self.fds.extend(fds)
-        if not data:
-            raise EOFError
-        self.buf += data
-
-    def close(self):
-        self.sock.close()
-        for fd in self.fds:
-            _close(fd)
-        self.fds = []
-
-
-def _close(fd):
-    try:
-        os.close(fd)
-    except OSError:
-        pass
-
-
-# ---------------------------------------------------------------------------------------- output
-class Output(io.TextIOBase):
-    """``sys.stdout``/``sys.stderr`` of a step: writes to fd 1 (a pipe the host reads), keeping at
-    most ``limit`` characters and counting the rest, so a print flood costs no I/O once capped."""
-
-    encoding = "utf-8"
-    errors = "replace"
-
-    def __init__(self, limit):
-        self.limit = limit
-        self.used = 0
-        self.dropped = 0
-        self.pending = []
-        self.pending_size = 0
-        self.buffer = _BinaryOutput(self)
-
-    def writable(self):
-        return True
-
-    def isatty(self):
-        return False
-
-    def fileno(self):
-        """fd 1, the same pipe (so ``subprocess.run(..., stdout=sys.stdout)`` works, in order)."""
-        self.flush()
-        return 1
-
-    def write(self, text):
-        if not isinstance(text, str):
-            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        kept = self._keep(text)
-        if kept:
-            self._add(kept.encode("utf-8", "replace"))
-        return len(text)
-
-    def _keep(self, data):
-        """The part of ``data`` (str: characters, bytes: bytes) that fits under the limit."""
-        room = self.limit - self.used
-        if len(data) > room:
-            self.dropped += len(data) - max(room, 0)
-            data = data[:max(room, 0)]
-        self.used += len(data)
-        return data
-
-    def _add(self, data):
-        self.pending.append(data)
-        self.pending_size += len(data)
-        if self.pending_size >= 8192:
-            self.flush()
-
-    def flush(self):
-        data, self.pending, self.pending_size = b"".join(self.pending), [], 0
-        while data:
-            try:
-                data = data[os.write(1, data):]
-            except InterruptedError:
-                continue
-            except OSError:
-                return
-
-
-class _BinaryOutput(io.RawIOBase):
-    """``sys.stdout.buffer``: bytes pass through unchanged (the host decodes with replacement)."""
-
-    def __init__(self, text):
-        self.text = text
-
-    def writable(self):
-        return True
-
-    def write(self, data):
-        view = memoryview(data).cast("B")
-        kept = self.text._keep(view)
-        if len(kept):
-            self.text._add(bytes(kept))
-        return view.nbytes
-
-    def flush(self):
-        self.text.flush()
 
 
 # ------------------------------------------------------------------------------- in-step signals
@@ -449,7 +298,7 @@ class Worker:
             if collecting:
                 gc.enable()
             for fd in fds:
-                _close(fd)
+                close_fd(fd)
             chan.send({"op": "fork_failed", "error": str(exc)})
             return chan
         if pid == 0:
@@ -462,7 +311,7 @@ class Worker:
         if collecting:
             gc.enable()
         for fd in fds:
-            _close(fd)
+            close_fd(fd)
         self.copies.add(pid)
         chan.send({"op": "forked", "pid": pid})
         return chan
@@ -494,7 +343,7 @@ class Worker:
         self.chan = Channel(fds[0])
         os.dup2(fds[1], 1)
         os.dup2(fds[1], 2)
-        _close(fds[1])
+        close_fd(fds[1])
         uid = msg.get("uid")
         if isinstance(uid, int) and uid != self.uid:
             try:

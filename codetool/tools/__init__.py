@@ -2,20 +2,15 @@
 
 Load APIs (:mod:`~codetool.tools.loaders`, :mod:`~codetool.tools.openapi`), render them for the
 prompt (:mod:`~codetool.tools.render`), answer calls through a backend
-(:mod:`~codetool.tools.backends`, :mod:`~codetool.tools.simulator`) and wrap one query's tools
+(:mod:`~codetool.tools.backends`, :mod:`~codetool.tools.clients`, :mod:`~codetool.tools.cache`,
+:mod:`~codetool.tools.simulator`) and wrap one query's tools
 as host callables (:mod:`~codetool.tools.environment`). Local mock servers live in
 :mod:`~codetool.tools.mock_servers`; ``codetool data fetch`` in :mod:`~codetool.tools.data`.
 """
 
-from codetool.tools.backends import (
-    BACKENDS,
-    CacheBackend,
-    FallbackBackend,
-    HTTPBackend,
-    StableToolBenchClient,
-    ToolBackend,
-    make_tool_backend,
-)
+from codetool.tools.backends import BACKENDS, FallbackBackend, make_tool_backend
+from codetool.tools.cache import CacheBackend
+from codetool.tools.clients import HTTPBackend, StableToolBenchClient
 from codetool.tools.data import data_root
 from codetool.tools.environment import CallRecord, ToolEnvironment
 from codetool.tools.loaders import (
@@ -31,7 +26,7 @@ from codetool.tools.names import assign_function_names, canonical_arguments
 from codetool.tools.openapi import load_openapi
 from codetool.tools.render import render_tools
 from codetool.tools.simulator import SimulatorBackend
-from codetool.tools.spec import TOOL_STATUSES, APISpec, Parameter, ToolResponse
+from codetool.tools.spec import TOOL_STATUSES, APISpec, Parameter, ToolBackend, ToolResponse
 
 __all__ = [
     "APISpec", "BACKENDS", "BenchmarkQuery", "CacheBackend", "CallRecord", "FallbackBackend", "HTTPBackend",

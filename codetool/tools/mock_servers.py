@@ -2,8 +2,8 @@
 ``/virtual`` server backed by the response cache and the simulator.
 
 Start them with ``codetool serve-mock tmdb --port 8000`` and
-``codetool serve-mock stabletoolbench --port 8080``; point :class:`~codetool.tools.backends.HTTPBackend`
-(``make_tool_backend("mock-tmdb", port=8000)``), :class:`~codetool.tools.backends.StableToolBenchClient`
+``codetool serve-mock stabletoolbench --port 8080``; point :class:`~codetool.tools.clients.HTTPBackend`
+(``make_tool_backend("mock-tmdb", port=8000)``), :class:`~codetool.tools.clients.StableToolBenchClient`
 or StableToolBench's own scripts (``--service_url http://127.0.0.1:8080/virtual``) at them.
 
 - TMDB: every operation of ``RestGPT/specs/tmdb_oas.json`` (54 GETs), at ``/<path>`` and ``/3/<path>``.
@@ -42,7 +42,8 @@ from codetool.serving import (
     check_bind,
     json_internal_errors,
 )
-from codetool.tools.backends import CacheBackend, FallbackBackend
+from codetool.tools.backends import FallbackBackend
+from codetool.tools.cache import CacheBackend
 from codetool.tools.names import change_name, standardize
 from codetool.tools.simulator import SimulatorBackend
 from codetool.tools.spec import APISpec

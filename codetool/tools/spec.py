@@ -1,5 +1,5 @@
-"""The two records every tool backend and the executor share: :class:`APISpec` and
-:class:`ToolResponse`.
+"""The two records every tool backend and the executor share, :class:`APISpec` and
+:class:`ToolResponse`, and the seam between them, :class:`ToolBackend`.
 
 An :class:`APISpec` describes one API (one endpoint of a tool, in ToolBench's words) whether it
 came from a StableToolBench/ToolBench query's ``api_list``, a ToolBench tool file, or an OpenAPI
@@ -10,7 +10,7 @@ hang, an HTTP error, an HTML page or a 10 MB body all come back as a structured 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 # ToolResponse.status values. Everything but "ok" is a tool failure (distinct from a code failure).
 TOOL_STATUSES = ("ok", "http_error", "timeout", "invalid_arguments", "not_found", "api_error", "error")
@@ -120,3 +120,12 @@ class ToolResponse:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+
+class ToolBackend(Protocol):
+    """The seam between tool functions and whatever answers them (``codetool.tools.backends``
+    builds one by kind). ``call`` never raises for a failed call."""
+
+    name: str
+
+    def call(self, api: APISpec, arguments: dict) -> ToolResponse: ...
