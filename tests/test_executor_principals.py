@@ -64,7 +64,7 @@ def test_a_thread_left_by_one_candidate_cannot_time_out_its_sibling(root):
     try:
         assert attacker.run(SIGNALLER).ok
         r = sibling.run("import time\ntime.sleep(0.05)\nprint(kept)")
-        assert r.ok and r.stdout == "state\n" and not r.state_lost and r.duration_s < 2, r
+        assert r.ok and r.stdout == "state\n" and not r.state_lost, r  # ok: no forged timeout (timeout_s is 4)
     finally:
         attacker.close()
         sibling.close()
@@ -164,11 +164,11 @@ def test_tool_frames_with_huge_call_ids_stop_the_step(root):
     grab = ("import gc\nw = next(o for o in gc.get_objects() if type(o).__name__ == 'Worker')\n"
             "for _ in range(64):\n"
             "    w.chan.send({'op': 'tool', 'call': 'x' * (1 << 20), 'name': 'lookup', 'args': [], 'kwargs': {}})\n"
-            "import time\ntime.sleep(3)")
+            "import time\ntime.sleep(30)")
     ex = root.fork()
     try:
         r = ex.run(grab)
-        assert r.outcome == "sandbox_violation" and r.duration_s < 2, r
+        assert r.outcome == "sandbox_violation", r  # stopped at once: left alone, the sleep would time out
     finally:
         ex.close()
 
@@ -191,8 +191,9 @@ def test_results_the_step_never_reads_count_against_its_budget(mode, monkeypatch
                    "for i in range(1000):\n"
                    "    w.chan.send({'op': 'tool', 'call': i, 'name': 'big', 'args': [], 'kwargs': {}})")
         # what the host queued and the step did not read stays under max_step_mb (4 MiB here): an
-        # answer that would not fit is refused, and the step ends at a budget (bytes or calls)
-        assert r.outcome == "resource_limit" and r.error_type in ("StepLimit", "ToolLimit") and r.duration_s < 3, r
+        # answer that would not fit is refused, and the step ends at a budget (bytes or calls), not at
+        # its timeout (no wall-clock bound here: the suite runs on loaded machines)
+        assert r.outcome == "resource_limit" and r.error_type in ("StepLimit", "ToolLimit"), r
         assert 0 < peak[0] <= (CONFIG["max_step_mb"] << 20) + 600_000, peak
 
 
