@@ -43,7 +43,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
               "score PRM examples from a JSONL file"),
     "serve-prm": ("codetool.prm.server", "ServePRMConfig", "serve_prm",
                   "serve a PRM over HTTP (batches concurrent requests)"),
-    "eval": ("codetool.eval.report", "EvalConfig", "eval_command",
+    "eval": ("codetool.commands.eval", "EvalConfig", "eval_command",
              "evaluate trajectory files: SoPR, SoWR, path rate, SCEP, cost; writes a report"),
     "eval-decision": ("codetool.decide.benchmark", "DecisionEvalConfig", "eval_decision_command",
                       "benchmark the decide-first stage (When2Tool metrics)"),

@@ -150,8 +150,6 @@ ALLOWED_CIRCLES: set[frozenset[str]] = {
     # the benchmark command module holds the config its parts import
     frozenset({"codetool.decide.benchmark", "codetool.decide.compare", "codetool.decide.labelled",
                "codetool.decide.necessity", "codetool.decide.report", "codetool.decide.when2tool"}),
-    # summary imports load_runs from the eval command, which imports summary and markdown
-    frozenset({"codetool.eval.markdown", "codetool.eval.report", "codetool.eval.summary"}),
     # the build-trees command (tree.build) calls jobs, and jobs imports the builder and its config back
     frozenset({"codetool.tree.build", "codetool.tree.jobs"}),
     # read_rows reads TRL's stepwise layout through stepwise, which renders rows with prm.data
