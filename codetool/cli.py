@@ -45,7 +45,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
                   "serve a PRM over HTTP (batches concurrent requests)"),
     "eval": ("codetool.commands.eval", "EvalConfig", "eval_command",
              "evaluate trajectory files: SoPR, SoWR, path rate, SCEP, cost; writes a report"),
-    "eval-decision": ("codetool.decide.benchmark", "DecisionEvalConfig", "eval_decision_command",
+    "eval-decision": ("codetool.commands.eval_decision", "DecisionEvalConfig", "eval_decision_command",
                       "benchmark the decide-first stage (When2Tool metrics)"),
     "train-probe": ("codetool.commands.train_probe", "TrainProbeConfig", "train_probe_command",
                     "label queries by a run without tools and train the hidden-state probe (When2Tool)"),
