@@ -24,8 +24,8 @@ import json
 import logging
 from pathlib import Path
 
+from codetool.commands.eval_decision import DecisionEvalConfig, eval_decision_command
 from codetool.config import load_config
-from codetool.decide.benchmark import DecisionEvalConfig, eval_decision_command
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 ROWS = [("decision_accuracy", "decision acc"), ("necessity_accuracy", "necessity acc"),

@@ -367,7 +367,7 @@ def _prm_heldout(cfg: PipelineConfig, prm: str) -> str:
 
 
 def _stage_eval(cfg: PipelineConfig, *, run_cfgs: list, prm: str = "", **_) -> dict:
-    from codetool.eval.report import EvalConfig, eval_command
+    from codetool.commands.eval import EvalConfig, eval_command
 
     first = [r.output for r in run_cfgs if r.search.seed == cfg.seeds[0]]
     others = [r.output for r in run_cfgs if r.search.seed != cfg.seeds[0]]

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
+from codetool.commands.eval_decision import DecisionEvalConfig, eval_decision_command
 from codetool.commands.train_probe import TrainProbeConfig, train_probe_command
-from codetool.decide.benchmark import DecisionEvalConfig, eval_decision_command
 from codetool.decide.probe import Probe, auroc, last_token_states, probe_messages
 from codetool.decide.stage import RouterConfig
 from codetool.decide.when2tool import load_when2tool

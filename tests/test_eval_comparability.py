@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from codetool.commands.eval import EvalConfig
 from codetool.config import load_config
 from codetool.eval.comparability import (
     CHECKS,
@@ -17,7 +18,6 @@ from codetool.eval.comparability import (
     target_of,
 )
 from codetool.eval.judges import JudgeConfig
-from codetool.eval.report import EvalConfig
 from codetool.pipeline import PipelineConfig
 from codetool.search.records import Trajectory
 

@@ -18,7 +18,7 @@ ROOT = Path(codetool.__file__).resolve().parent
 
 # (package, packages it must not import). Lower floors first. ``assemble`` composes the stages
 # (models, prm, tools, executor, search) into what a command runs; the commands (``run``,
-# ``pipeline``, ``cli``, ``tree.build``'s and ``decide.benchmark``'s commands) sit above it.
+# ``pipeline``, ``cli``, ``tree.build``'s command and ``commands``) sit above it.
 ABOVE_SEARCH = ("assemble", "run", "tree", "eval", "pipeline", "decide", "cli", "policy", "commands")
 RULES = [
     ("codetool.tools", ("search", "prm", *ABOVE_SEARCH)),
@@ -158,11 +158,6 @@ ALLOWED_CIRCLES: set[frozenset[str]] = {
     # one search body in four files: strategies/rollout import private _Episode and helpers back
     frozenset({"codetool.search.expand", "codetool.search.rollout", "codetool.search.search",
                "codetool.search.strategies"}),
-    # the benchmark command module holds the config its parts import
-    frozenset({"codetool.decide.benchmark", "codetool.decide.compare", "codetool.decide.labelled",
-               "codetool.decide.necessity", "codetool.decide.report", "codetool.decide.when2tool"}),
-    # summary imports load_runs from the eval command, which imports summary and markdown
-    frozenset({"codetool.eval.markdown", "codetool.eval.report", "codetool.eval.summary"}),
     # the build-trees command (tree.build) calls jobs, and jobs imports the builder and its config back
     frozenset({"codetool.tree.build", "codetool.tree.jobs"}),
     # read_rows reads TRL's stepwise layout through stepwise, which renders rows with prm.data

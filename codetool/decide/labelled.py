@@ -19,12 +19,8 @@ from collections import Counter
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from codetool import CodetoolError
-
-if TYPE_CHECKING:
-    from codetool.decide.benchmark import DecisionEvalConfig
 
 logger = logging.getLogger(__name__)
 
@@ -119,9 +115,15 @@ def _draw(usable, n: int, prefix: str, benchmark: str, skipped: Counter, *, firs
     return items
 
 
-def build_items(cfg: DecisionEvalConfig) -> tuple[list[DecisionItem], dict[str, int]]:
-    """Draw the labelled set: ``n_tool`` StableToolBench queries, ``n_restbench`` RestBench-TMDB and
-    ``n_toolbench`` ToolBench example queries (when ``cfg`` has those fields), ``n_free`` tool-free ones.
+def build_items(groups: list[str], n_tool: int, n_free: int, *, seed: int = 0, data: str = "", free_queries: str = "",
+                n_restbench: int = 0, n_toolbench: int = 0) -> tuple[list[DecisionItem], dict[str, int]]:
+    """Draw the labelled set: ``n_tool`` StableToolBench queries of ``groups``, ``n_restbench``
+    RestBench-TMDB and ``n_toolbench`` ToolBench example queries, ``n_free`` tool-free ones.
+
+    Args:
+        seed (`int`, *optional*, defaults to 0): seed of the draw (one stream for every part).
+        data (`str`, *optional*): the benchmark data folder (default: :func:`codetool.tools.data_root`).
+        free_queries (`str`, *optional*): JSONL of tool-free queries (default: the packaged set).
 
     Returns:
         The items (tool-needing first: StableToolBench, RestBench, ToolBench; then tool-free; each
@@ -136,36 +138,35 @@ def build_items(cfg: DecisionEvalConfig) -> tuple[list[DecisionItem], dict[str, 
         load_toolbench_queries,
     )
 
-    root = Path(cfg.data) if cfg.data else None
-    pool = [q for group in cfg.groups for q in load_stabletoolbench(group, root)]
-    rng = random.Random(cfg.seed)
+    root = Path(data) if data else None
+    pool = [q for group in groups for q in load_stabletoolbench(group, root)]
+    rng = random.Random(seed)
     rng.shuffle(pool)
     skipped: Counter = Counter()
     usable = _usable(pool, skipped)
-    items = _draw(usable, cfg.n_tool, "stb", "stabletoolbench", skipped)
-    if len(items) < cfg.n_tool:
-        logger.warning("only %d usable tool-needing queries in %s (asked for %d)", len(items), cfg.groups, cfg.n_tool)
+    items = _draw(usable, n_tool, "stb", "stabletoolbench", skipped)
+    if len(items) < n_tool:
+        logger.warning("only %d usable tool-needing queries in %s (asked for %d)", len(items), groups, n_tool)
     stb_items = list(items)
-    n_rest, n_tb = getattr(cfg, "n_restbench", 0), getattr(cfg, "n_toolbench", 0)
-    if n_rest:
+    if n_restbench:
         rest = load_restbench(root, source="codetool")  # its 20 candidate APIs per query (54 make 6k-token prompts)
         rng.shuffle(rest)
-        items += _draw(_usable(rest, skipped), n_rest, "restbench", "restbench-tmdb", skipped, first_gold=True)
-    if n_tb:
+        items += _draw(_usable(rest, skipped), n_restbench, "restbench", "restbench-tmdb", skipped, first_gold=True)
+    if n_toolbench:
         folder = (root if root is not None else data_root()) / "ToolBench" / "data_example" / "instruction"
         examples = load_toolbench_queries(folder)
         rng.shuffle(examples)
-        items += _draw(_usable(examples, skipped), n_tb, "toolbench", "toolbench", skipped)
-    free = load_tool_free(cfg.free_queries or None)
+        items += _draw(_usable(examples, skipped), n_toolbench, "toolbench", "toolbench", skipped)
+    free = load_tool_free(free_queries or None)
     rng.shuffle(free)
-    if len(free) < cfg.n_free:
-        logger.warning("only %d tool-free queries available (asked for %d)", len(free), cfg.n_free)
-    if free[:cfg.n_free] and not usable:
-        raise CodetoolError(f"no StableToolBench query with APIs in {cfg.groups}: tool-free queries need a tool list.")
+    if len(free) < n_free:
+        logger.warning("only %d tool-free queries available (asked for %d)", len(free), n_free)
+    if free[:n_free] and not usable:
+        raise CodetoolError(f"no StableToolBench query with APIs in {groups}: tool-free queries need a tool list.")
     # each tool-free query is offered the tool list of a sampled tool-needing query (a matched pair
     # that shares the content-free calibration pass), or of any usable query when none is sampled
     donors = [q for q in usable if f"stb-{q.group}-{q.query_id}" in {i.item_id for i in stb_items}] or usable
-    for k, row in enumerate(free[:cfg.n_free]):
+    for k, row in enumerate(free[:n_free]):
         donor = donors[k % len(donors)]
         items.append(DecisionItem(str(row["id"]), row["query"], False, [], donor.apis, "tool_free", row["category"],
                                   answer=row.get("answer"), tools_from=f"{donor.group}-{donor.query_id}",

@@ -178,7 +178,9 @@ def draw_items(cfg) -> tuple[list[DecisionItem], dict[str, int]]:
     from codetool.decide.labelled import build_items
     from codetool.decide.when2tool import load_when2tool
 
-    items, skipped = build_items(cfg)
+    items, skipped = build_items(cfg.groups, cfg.n_tool, cfg.n_free, seed=cfg.seed, data=cfg.data,
+                                 free_queries=cfg.free_queries, n_restbench=getattr(cfg, "n_restbench", 0),
+                                 n_toolbench=getattr(cfg, "n_toolbench", 0))
     if getattr(cfg, "when2tool", ""):
         items += load_when2tool(cfg.when2tool, getattr(cfg, "when2tool_envs", "") or None)
     ids = [it.item_id for it in items]

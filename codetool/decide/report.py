@@ -7,11 +7,11 @@ re-rendered without rerunning anything.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from codetool.config import to_dict
 from codetool.decide.metrics import (
     SCORINGS,
     action_metrics,
@@ -23,8 +23,8 @@ from codetool.decide.metrics import (
 )
 
 if TYPE_CHECKING:
-    from codetool.decide.benchmark import DecisionEvalConfig
     from codetool.decide.records import DecisionRecord
+    from codetool.decide.stage import RouterConfig
 
 _ROWS = [("decision_accuracy", "decision accuracy (first action right)"),
          ("necessity_accuracy", "necessity accuracy (tool vs none)"),
@@ -47,11 +47,22 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
         "| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows] + [""]
 
 
-def build_report(cfg: DecisionEvalConfig, records: list[DecisionRecord], skipped: dict[str, int], seconds: float) -> dict:
-    """``report.json``: counts, the decision layer, routing at the configured thresholds, the
-    always-search baseline and saving, the sweep, per-category accuracy, direct-answer accuracy."""
+def build_report(records: list[DecisionRecord], skipped: dict[str, int], seconds: float, *, router: RouterConfig,
+                 model: str, decider: str = "", thresholds: list[float] | None = None, run_search: bool = False,
+                 config: dict[str, Any] | None = None) -> dict:
+    """``report.json``: counts, the decision layer, routing at ``router``'s thresholds, the
+    always-search baseline and saving, the sweep (over ``thresholds``, default: every recorded
+    confidence), per-category accuracy, direct-answer accuracy.
+
+    Args:
+        model (`str`), decider (`str`, *optional*): the policy and deciding model as configured
+            (no decider: the policy decides).
+        run_search (`bool`, *optional*): whether the fast and search routes were run (a note says
+            what is missing when not).
+        config (`dict`, *optional*): the command's settings, written as the report's ``config``.
+    """
     method = records[0].method if records else None
-    r_cfg = cfg.router
+    r_cfg = router
     t_tool = r_cfg.t_probe if method == "probe" else r_cfg.t_tool
     at = threshold_row(records, r_cfg.t_none, t_tool, r_cfg.prefill)
     at["fast_fallbacks"] = sum(1 for r in records if route_at(r, r_cfg.t_none, t_tool, r_cfg.prefill) == "fast"
@@ -69,15 +80,15 @@ def build_report(cfg: DecisionEvalConfig, records: list[DecisionRecord], skipped
     judged = [r for r in records if r.answer_correct is not None]
     notes = ["Each tool-free query is offered the tool list of a sampled tool-needing query (tools_from).",
              "Direct-answer accuracy is a lenient string match against the reference, not a judge."]
-    if not cfg.run_search:
+    if not run_search:
         notes.append("run_search was off: the fast and search routes were not run, so their first tool is "
                      "unknown ('deferred') and tokens/seconds against always-search are not available.")
     n = max(1, len(records))
     return {
-        "benchmark": "decision", "model": cfg.model, "decider": cfg.decider or cfg.model, "method": method,
-        "scoring": (("pmi-" if cfg.router.calibrate else "") + cfg.router.length_norm) if method == "logprobs" else None,
-        "thresholds": {"t_none": cfg.router.t_none, "t_tool": cfg.router.t_tool} if method != "probe"
-        else {"t_probe": cfg.router.t_probe},
+        "benchmark": "decision", "model": model, "decider": decider or model, "method": method,
+        "scoring": (("pmi-" if r_cfg.calibrate else "") + r_cfg.length_norm) if method == "logprobs" else None,
+        "thresholds": {"t_none": r_cfg.t_none, "t_tool": r_cfg.t_tool} if method != "probe"
+        else {"t_probe": r_cfg.t_probe},
         "counts": {"tool": sum(r.needs_tool for r in records), "free": sum(not r.needs_tool for r in records),
                    "groups": dict(Counter(r.group for r in records)),
                    "categories": dict(Counter(r.category for r in records)),
@@ -90,13 +101,26 @@ def build_report(cfg: DecisionEvalConfig, records: list[DecisionRecord], skipped
         "decision_cost": {"tokens_per_query": sum(r.costs.decision.tokens for r in records) / n,
                           "seconds_per_query": sum(r.costs.decision.seconds for r in records) / n},
         "at_threshold": at, "always_act": threshold_row(records, 0.0, 0.0, r_cfg.prefill), "always_search": base,
-        "saving": saving, "sweep": sweep_thresholds(records, cfg.thresholds or None, r_cfg.prefill),
+        "saving": saving, "sweep": sweep_thresholds(records, thresholds or None, r_cfg.prefill),
         "by_category": by_category,
         "direct_answers": {"with_reference": len(judged), "correct": sum(r.answer_correct for r in judged),
                            "accuracy": sum(r.answer_correct for r in judged) / len(judged) if judged else None},
-        "seconds_total": seconds, "notes": notes, "config": to_dict(cfg),
+        "seconds_total": seconds, "notes": notes, "config": config or {},
     }
 
+
+def write_report(out: Path, report: dict, records: list[DecisionRecord]) -> None:
+    """Write ``records.jsonl``, ``report.json``, ``report.md``, ``decision_sweep.png`` and, with a
+    necessity comparison, ``decision_tradeoff.png`` into ``out`` (``report`` already redacted)."""
+    from codetool.decide.tradeoff import plot_tradeoff
+    from codetool.jsonl import write_jsonl
+
+    write_jsonl(out / "records.jsonl", [r.to_dict() for r in records])
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    (out / "report.md").write_text(render_markdown(report))
+    plot_sweep(report, out / "decision_sweep.png")
+    if report["necessity"]:
+        plot_tradeoff(report["necessity"], out / "decision_tradeoff.png")
 
 
 def render_markdown(report: dict) -> str:

@@ -1,4 +1,4 @@
-"""The Markdown page and the plots of an evaluation report (see :mod:`codetool.eval.report`).
+"""The Markdown page and the plots of an evaluation report (see :mod:`codetool.commands.eval`).
 
 ``render_markdown(report)`` turns the ``report.json`` data into ``report.md``: the judge (flagged
 when weak, and every judged column marked), the one-screen summary (:mod:`codetool.eval.summary`:

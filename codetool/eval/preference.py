@@ -198,3 +198,45 @@ def compare_runs(candidate: Mapping[str, Trajectory], reference: Mapping[str, Tr
 def _point(count: PairCount, who: str) -> None:
     setattr(count, who, getattr(count, who) + 1)
     count.round_winners.append(who)
+
+
+def win_rates(runs: Sequence, reference, judge: Judge, rounds: int, *, skip: Sequence[str] = (), seed: int = 0,
+              max_details_chars: int = 0, blank_finish: str = "judge") -> dict[str, Any]:
+    """SoWR of each run of ``runs`` against ``reference`` (:class:`codetool.eval.runs.Run`), per
+    benchmark and group (:func:`compare_runs`; the keyword arguments are its own); a group the
+    reference did not run is left out.
+
+    Args:
+        skip (`Sequence[str]`, *optional*): benchmarks without a win rate (RestBench-TMDB).
+
+    Returns:
+        ``{"<method> vs <reference>": {benchmark: {"groups": {group: {"win", "lose", "tie", "n",
+        "judged_pairs", "random_picks", "undecided", "round_winners"}}, "average": {"win", "lose",
+        "tie"}}}}`` (the average is the mean of the group rates).
+    """
+    def pick(run, bench: str, group: str) -> dict[str, Trajectory]:
+        return {t.query_id: t for t in run.trajectories if t.benchmark == bench and (t.group or "all") == group}
+
+    out: dict[str, Any] = {}
+    for run in runs:
+        if run is reference:
+            continue
+        result: dict[str, Any] = {}
+        for bench in dict.fromkeys(t.benchmark for t in run.trajectories if t.benchmark not in skip):
+            groups = {}
+            for group in dict.fromkeys(t.group or "all" for t in run.trajectories if t.benchmark == bench):
+                cand, ref = pick(run, bench, group), pick(reference, bench, group)
+                if not ref:
+                    continue
+                win = compare_runs(cand, ref, judge, rounds, seed=seed, max_details_chars=max_details_chars,
+                                   blank_finish=blank_finish)
+                groups[group] = {"win": win.win, "lose": win.lose, "tie": win.tie, "n": win.n,
+                                 "judged_pairs": sum(c.judged for c in win.per_query.values()),
+                                 "random_picks": win.random_picks, "undecided": win.undecided,
+                                 "round_winners": {q: c.round_winners for q, c in win.per_query.items()}}
+            if groups:
+                average = {k: sum(g[k] for g in groups.values()) / len(groups) for k in ("win", "lose", "tie")}
+                result[bench] = {"groups": groups, "average": average}
+        if result:
+            out[f"{run.method} vs {reference.method}"] = result
+    return out

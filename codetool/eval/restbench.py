@@ -50,16 +50,20 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from codetool import CodetoolError
+from codetool.eval import stabletoolbench
+from codetool.eval.stabletoolbench import majority_label
 from codetool.search.records import Trajectory
 
 logger = logging.getLogger(__name__)
 
+BENCHMARK = "restbench-tmdb"  # the trajectories' ``benchmark``
 _METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
 _API_VERSION = re.compile(r"^/\d+(?=/)")  # TMDB's "/3" prefix of full URLs
 
@@ -299,3 +303,47 @@ def path_metrics(trajs: Sequence[Trajectory], solved: Sequence[bool] | None = No
                        "judge" if solved is not None else "correct_path", unmapped, missing, first, per_query,
                        sum(q["fraction"] for q in rows) / n if n else 0.0, matched / total if total else 0.0,
                        matched, total, coagents.get("correct_path", 0.0), coagents, normalization)
+
+
+def evaluate(runs: Sequence, labels: Mapping[str, Sequence[Sequence[str]] | None], rounds: int, *,
+             gold: dict[str, list[str]] | None = None,
+             filters: Callable[[str], list[str] | None] | None = None) -> dict[str, Any]:
+    """The report's RestBench-TMDB section: StableToolBench's numbers
+    (:func:`codetool.eval.stabletoolbench.evaluate`; the pass rate is RestBench's success rate)
+    plus, per group and overall, ``path`` (:func:`path_metrics`, a query succeeds when its majority
+    label is Solved, or without labels when its path is correct) and ``path_trim`` (the same under
+    whitespace-only normalisation, without ``per_query``).
+
+    Args:
+        runs (`Sequence[Run]`): the runs shown; labels (`Mapping`): the labels by method.
+        gold (`dict`, *optional*): gold paths by query text (:func:`load_gold_paths`).
+        filters (`Callable`, *optional*): see :func:`codetool.eval.stabletoolbench.evaluate`.
+
+    Returns:
+        ``{"restbench-tmdb": section}``, or ``{}`` when no run has a RestBench trajectory.
+    """
+    def paths(trajs: list[Trajectory], lab: list | None) -> dict[str, Any]:
+        solved = [majority_label(x) == "Solved" for x in lab] if lab is not None else None
+        path = asdict(path_metrics(trajs, solved, fallback=gold))
+        trim = asdict(path_metrics(trajs, solved, fallback=gold, normalization="trim"))
+        return {"path": path, "path_trim": {k: v for k, v in trim.items() if k != "per_query"}}
+
+    return stabletoolbench.evaluate(runs, labels, rounds, [BENCHMARK], filters=filters, extra=paths)
+
+
+def path_warnings(method: str, path: Mapping[str, Any] | None) -> list[str]:
+    """What a method's overall ``path`` numbers warn about: trajectories without a gold path, calls
+    that map to no ``METHOD /path``, candidate lists that start with the gold APIs (not shuffled)."""
+    if not path:
+        return []
+    warnings = []
+    if path["missing_gold"]:
+        warnings.append(f"{method}: {path['missing_gold']} RestBench trajectories have no gold path and are "
+                        f"left out of the path rate (fill extra.gold_path or pass --restbench_gold).")
+    if path["unmapped_calls"]:
+        warnings.append(f"{method}: {path['unmapped_calls']} tool calls could not be mapped to 'METHOD /path' "
+                        f"(available_tools entries need method and path).")
+    if path["gold_first"]:
+        warnings.append(f"{method}: {path['gold_first']} RestBench queries list the gold APIs first among the "
+                        f"candidates: shuffle candidate APIs with a fixed seed before prompting.")
+    return warnings

@@ -31,7 +31,9 @@ once per round on the query and its final answer text (no rule, no second stage)
 Unsolved 0, anything else 1; its group rate (:func:`codetool_pass_rate`) skips the queries whose
 id contains one of its ``Filter_Map`` ids but still divides by every query.
 
-The win rate (SoWR) is in :mod:`codetool.eval.preference`.
+The win rate (SoWR) is in :mod:`codetool.eval.preference`. :func:`evaluate` gives ``codetool eval``
+its sections of every benchmark but RestBench-TMDB (whose :func:`codetool.eval.restbench.evaluate`
+adds the path metrics to the same numbers).
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,7 @@ from codetool.eval.judges import (
     Verdict,
     clip,
 )
+from codetool.eval.metrics import answer_source, run_metrics
 from codetool.search.records import Trajectory
 from codetool.secrets import redact
 
@@ -334,3 +337,98 @@ def pass_rates_by_group(trajs: Sequence[Trajectory], verdicts: Sequence[Sequence
         groups.setdefault(traj.group or "all", []).append([v.label for v in row])
     rates = {g: pass_rate(labels, rounds) for g, labels in groups.items()}
     return rates, average_pass_rate(list(rates.values()))
+
+
+def judge_runs(runs: Sequence, judge: Judge | None, rounds: int, *, max_trajectory_chars: int = 0,
+               protocol: str = "stabletoolbench", blank_finish: str = "judge"
+               ) -> tuple[dict[str, list[list[str]] | None], list[dict[str, Any]], int]:
+    """Pass-rate verdicts of every trajectory of ``runs`` (:class:`codetool.eval.runs.Run`;
+    :func:`judge_pass`, the keyword arguments are its own); without a judge, none.
+
+    Returns:
+        The labels by method (``(trajectories, rounds)``, or ``None`` without a judge), one
+        ``verdicts.jsonl`` row per trajectory (labels, sources, reasons, and errors where a request
+        failed) and the number of replies that could not be read.
+    """
+    labels: dict[str, list[list[str]] | None] = {}
+    rows: list[dict[str, Any]] = []
+    parse_failures = 0
+    for run in runs:
+        verdicts = judge_pass(run.trajectories, judge, rounds, max_trajectory_chars=max_trajectory_chars,
+                              protocol=protocol, blank_finish=blank_finish) if judge else None
+        labels[run.method] = [[v.label for v in row] for row in verdicts] if verdicts else None
+        for i, traj in enumerate(run.trajectories):
+            row = verdicts[i] if verdicts else []
+            parse_failures += sum(v.parse_failed for v in row)
+            rows.append({"method": run.method, "benchmark": traj.benchmark, "group": traj.group,
+                         "query_id": traj.query_id, "finish_type": traj.finish_type,
+                         "answer_source": answer_source(traj),
+                         "labels": [v.label for v in row], "sources": [v.source for v in row],
+                         "reasons": [v.reason for v in row],
+                         **({"errors": [v.error for v in row]} if any(v.error for v in row) else {})})
+    return labels, rows, parse_failures
+
+
+def pass_summary(trajs: Sequence[Trajectory], labels: Sequence[Sequence[str]] | None, rounds: int) -> dict[str, Any]:
+    """The report's numbers of one method on one group (or all of a benchmark): ``n``, the
+    judge-free ``metrics`` (:func:`codetool.eval.metrics.run_metrics`), the ``pass_rate`` and the
+    pass rate by where the final answer came from (finish / generated / none); the rates are
+    ``None`` and absent without labels."""
+    out: dict[str, Any] = {"n": len(trajs), "metrics": asdict(run_metrics(trajs))}
+    out["pass_rate"] = asdict(pass_rate(labels, rounds)) if labels is not None else None
+    if labels is not None:
+        sources: dict[str, list[int]] = {}
+        for i, traj in enumerate(trajs):
+            sources.setdefault(answer_source(traj), []).append(i)
+        out["pass_rate_by_answer_source"] = {src: asdict(pass_rate([labels[i] for i in idx], rounds))
+                                             for src, idx in sorted(sources.items())}
+    return out
+
+
+def evaluate(runs: Sequence, labels: Mapping[str, Sequence[Sequence[str]] | None], rounds: int,
+             benchmarks: Sequence[str], *, filters: Callable[[str], list[str] | None] | None = None,
+             extra: Callable[[list[Trajectory], list | None], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The report's sections of ``benchmarks`` in StableToolBench's terms: per method (in the order
+    of ``runs``) and group (first-seen order; no group is ``all``), :func:`pass_summary`; ``overall``
+    holds the average of the group rates as ``pass_rate`` (the papers' "Avg.") and the rate over all
+    queries as ``pass_rate_pooled``.
+
+    Args:
+        runs (`Sequence[Run]`): the runs shown; labels (`Mapping`): :func:`judge_runs`'s labels.
+        benchmarks (`Sequence[str]`): the benchmarks scored here (the trajectories' ``benchmark``).
+        filters (`Callable`, *optional*): CodeTool's ``Filter_Map`` ids of a group (the codetool
+            protocol): a group with ids also gets ``pass_rate_codetool`` (:func:`codetool_pass_rate`).
+        extra (`Callable`, *optional*): more numbers of a set of trajectories and their labels
+            (RestBench's path metrics, :func:`codetool.eval.restbench.evaluate`).
+
+    Returns:
+        ``{benchmark: {"methods": {method: {"groups": {...}, "overall": {...}}}}}``, benchmarks in
+        first-seen order.
+    """
+    def summary(trajs: list[Trajectory], lab: list | None) -> dict[str, Any]:
+        return {**pass_summary(trajs, lab, rounds), **(extra(trajs, lab) if extra else {})}
+
+    out: dict[str, Any] = {}
+    for run in runs:
+        for bench in dict.fromkeys(t.benchmark for t in run.trajectories if t.benchmark in benchmarks):
+            idx = [i for i, t in enumerate(run.trajectories) if t.benchmark == bench]
+            trajs = [run.trajectories[i] for i in idx]
+            lab = [labels[run.method][i] for i in idx] if labels[run.method] is not None else None
+            by_group: dict[str, list[int]] = {}
+            for i, traj in enumerate(trajs):
+                by_group.setdefault(traj.group or "all", []).append(i)
+            groups = {}
+            for group, members in by_group.items():
+                sub = [lab[i] for i in members] if lab is not None else None
+                groups[group] = summary([trajs[i] for i in members], sub)
+                ids = filters(group) if sub is not None and filters else None
+                if ids:  # CodeTool's own formula: its Filter_Map ids leave the sum, not the count
+                    groups[group]["pass_rate_codetool"] = asdict(codetool_pass_rate(
+                        [trajs[i].query_id for i in members], sub, rounds, ids))
+            overall = summary(trajs, lab)
+            if lab is not None:
+                overall["pass_rate_pooled"] = overall["pass_rate"]
+                overall["pass_rate"] = asdict(average_pass_rate(
+                    [pass_rate([lab[i] for i in m], rounds) for m in by_group.values()]))
+            out.setdefault(bench, {"methods": {}})["methods"][run.method] = {"groups": groups, "overall": overall}
+    return out

@@ -19,6 +19,7 @@ is half the range (max - min) / 2 for two seeds and the sample standard deviatio
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import numpy as np
 
 from codetool.eval.metrics import run_metrics
 from codetool.eval.restbench import path_metrics
+from codetool.eval.runs import load_runs
 
 RESTBENCH = "restbench-tmdb"
 METRICS = (("scep", "chosen-step SCEP %", True), ("tool_calls", "tool calls / episode", False),
@@ -78,8 +80,6 @@ def seed_summary(paths: list[str], methods: list[str] | None = None) -> dict[str
         ``{"seeds": [...], "spread": "...", "methods": {method: {benchmark: {metric: {"mean", "spread",
         "values"}, "n": episodes per seed}}}}``; a metric that does not apply is ``None``.
     """
-    from codetool.eval.report import load_runs
-
     per_seed: dict[str, dict[str, dict[str, list]]] = {}
     for path in paths:
         for run in load_runs([path]):
@@ -98,6 +98,20 @@ def seed_summary(paths: list[str], methods: list[str] | None = None) -> dict[str
                 cell[key] = ({"mean": float(np.mean(values)), "spread": spread(values), "values": values}
                              if values else None)
             out["methods"].setdefault(method, {})[bench] = cell
+    return out
+
+
+def prm_section(path: str | Path, out_dir: str | Path) -> dict[str, Any] | None:
+    """What the PRM learned, from the ``metrics.json`` of ``codetool eval-prm`` at ``path`` (``None``
+    when there is none), with its ``calibration_plot`` beside it (relative to ``out_dir`` when it
+    lies inside)."""
+    if not path or not Path(path).is_file():
+        return None
+    out = json.loads(Path(path).read_text())
+    plot, root = Path(path).with_name("calibration.png"), Path(out_dir).resolve()
+    if plot.is_file():
+        out["calibration_plot"] = (str(plot.resolve().relative_to(root)) if plot.resolve().is_relative_to(root)
+                                   else str(plot))
     return out
 
 

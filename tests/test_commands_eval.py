@@ -6,9 +6,10 @@ import json
 
 import pytest
 
+from codetool.commands.eval import EvalConfig, run_eval
 from codetool.config import ConfigError
 from codetool.eval.judges import JudgeConfig, ScriptedJudge
-from codetool.eval.report import EvalConfig, load_runs, run_eval
+from codetool.eval.runs import load_runs
 from codetool.executor.result import ExecutionResult
 from codetool.jsonl import read_jsonl, write_jsonl
 from codetool.search.records import Candidate, Step, Trajectory
@@ -151,19 +152,6 @@ def test_cli_runs_eval(tmp_path, capsys):
     assert report["methods"] == ["m", "n"] and (tmp_path / "o" / "bars_stabletoolbench.png").is_file()
 
 
-def test_one_method_split_over_files_is_one_run(tmp_path):
-    stb, rest = tmp_path / "G1_instruction.jsonl", tmp_path / "restbench-tmdb.jsonl"
-    trajs = make_run("spot", [("G1", "good")])
-    write_jsonl(stb, [t.to_dict() for t in trajs if t.benchmark == "stabletoolbench"])
-    write_jsonl(rest, [t.to_dict() for t in trajs if t.benchmark != "stabletoolbench"])
-    again = tmp_path / "again.jsonl"
-    write_jsonl(again, [t.to_dict() for t in trajs if t.benchmark == "stabletoolbench"])
-    runs = load_runs([str(stb), str(rest), str(again)])
-    assert [r.method for r in runs] == ["spot", "spot@again"]  # the same query twice: kept apart
-    assert {t.benchmark for t in runs[0].trajectories} == {"stabletoolbench", "restbench-tmdb"}
-    assert runs[0].source == f"{stb}, {rest}"
-
-
 def test_scep_counts_chosen_steps_only(tmp_path):
     # step 0: the chosen candidate fails, the unchosen one runs; step 1: chosen runs, unchosen fails
     def cand(i, ok, chosen):
@@ -209,7 +197,7 @@ def test_a_judge_request_that_fails_after_its_retries_is_that_querys_error_recor
     verdicts are error records, every other query is judged, the report is written, eval exits 1; a
     rerun asks only the failed requests (issue 28). Before, the exception ended ``eval``."""
     from codetool import CodetoolError
-    from codetool.eval import report as report_mod
+    from codetool.commands import eval as report_mod
     from codetool.eval.judges import LLMJudge
 
     class Backend:

@@ -1,0 +1,182 @@
+"""``codetool eval``: score trajectory files and write ``report.json``, ``report.md`` and PNG plots.
+
+The inputs (runs of ``codetool run`` or StableToolBench converted answers) are read into one run
+per method (:mod:`codetool.eval.runs`); with a judge every trajectory gets its pass-rate verdicts
+over ``judge.rounds`` rounds; each benchmark's section comes from its module
+(:func:`codetool.eval.stabletoolbench.evaluate`: judge-free metrics and SoPR;
+:func:`codetool.eval.restbench.evaluate`: the same with the path metrics, SoPR being RestBench's
+success rate); with a reference, the win rates (SoWR, :func:`codetool.eval.preference.win_rates`).
+
+Outputs in ``out``: ``report.json`` (every number), ``report.md`` (a weak local judge is
+flagged), ``verdicts.jsonl``, ``judge_cache.jsonl`` (reruns are free) and the plots; every text
+passes through ``codetool.secrets.redact``. A judge request that fails after its retries is an
+error record (Unsolved, in ``verdicts.jsonl`` and ``judge_errors``), not cached, and the exit
+status is 1; the same command run again asks only the failed requests.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from codetool import CodetoolError
+from codetool.config import ConfigError, config_hash, option, to_dict
+from codetool.eval import restbench, stabletoolbench
+from codetool.eval.comparability import comparability_block, recipe_settings
+from codetool.eval.convert import export_converted
+from codetool.eval.judges import Judge, JudgeConfig, make_judge
+from codetool.eval.markdown import render_markdown, write_plots
+from codetool.eval.preference import win_rates
+from codetool.eval.runs import open_runs, run_warnings
+from codetool.eval.summary import prm_section, seed_summary
+from codetool.jsonl import write_jsonl
+from codetool.secrets import redact, redact_obj
+
+logger = logging.getLogger(__name__)
+
+RESTBENCH = restbench.BENCHMARK
+
+
+@dataclass
+class EvalConfig:
+    """Settings of ``codetool eval``."""
+
+    recipe_sections = {"recipe": ("judge",)}  # see codetool.config.load_config
+
+    trajectories: list[str] = option(default_factory=list, positional=True,
+                                     help="trajectory files (.jsonl) or StableToolBench converted answers "
+                                          "(<method>/<group>.json or the <method>/ folder)")
+    compare: list[str] = option(default_factory=list,
+                                help="methods or files to put side by side, in this order (comma-separated, "
+                                     "or --compare A B C); the first is the win-rate reference")
+    reference: str = option("", "method (or file) the others are compared with for the win rate (SoWR)")
+    out: str = option("data/eval", "output folder: report.json, report.md, plots, verdicts, judge cache",
+                      aliases=("--output",))
+    judge: JudgeConfig = option(default_factory=JudgeConfig, help="the judge of pass and win rates")
+    restbench_gold: str = option("", "RestGPT datasets/tmdb.json: gold paths for trajectories that lack "
+                                 "extra.gold_path")
+    export_stabletoolbench: str = option("", "also write the runs in StableToolBench's converted-answer "
+                                         "layout into this folder (<method>/<group>.json)")
+    plots: bool = option(True, "write the PNG plots")
+    seed_runs: list[str] = option(default_factory=list,
+                                  help="trajectory files of the same methods with other seeds (<slug>.seed<k>.jsonl): "
+                                       "the summary's judge-free metrics are mean ± spread over them and the inputs")
+    prm_metrics: str = option("", "metrics.json of `codetool eval-prm` on held-out trees: shown under "
+                              "'what the PRM learned'")
+    recipe: str = option("", "the pipeline recipe the trajectories were made with (e.g. "
+                         "configs/pipeline/paper-qwen2.5-7b.yaml): its run settings (trees, search, answer, prm) are "
+                         "checked in the comparability block, and its judge section is the base of the judge "
+                         "settings (--config and --judge.* override it)")
+    run_settings: dict[str, Any] = option(default_factory=dict,
+                                          help="the run's settings as dotted keys for the comparability block "
+                                               "(the pipeline passes its own; --recipe fills them)")
+
+    def __post_init__(self):
+        if not self.trajectories and not self.compare:
+            raise ConfigError("no trajectory files given: pass one or more .jsonl files of `codetool run` "
+                              "(or StableToolBench converted answers), e.g. codetool eval runs/demo.jsonl.")
+        if self.recipe:
+            self.run_settings = {**recipe_settings(self.recipe), **self.run_settings}
+
+
+def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
+    """Compute the report of ``cfg`` with ``judge`` (``None``: judge-free metrics only) and write
+    its files into ``cfg.out``; returns the report (as written to ``report.json``)."""
+    out_dir = Path(cfg.out)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise CodetoolError(f"--out {out_dir} is a file; pass a folder for report.json, report.md and the plots "
+                            "(e.g. --out runs/eval).")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shown, reference = open_runs(cfg.trajectories, cfg.compare, cfg.reference)
+    rounds = cfg.judge.rounds
+    gold = restbench.load_gold_paths(cfg.restbench_gold) if cfg.restbench_gold else None
+    report: dict[str, Any] = {
+        "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "config": to_dict(cfg), "config_hash": config_hash(cfg, ignore=("out",)),
+        "judge": judge.describe() if judge else {"name": "none", "kind": "none", "weak": False,
+                                                 "note": "no judge: pass and win rates are not computed"},
+        "rounds": rounds, "inputs": [], "methods": [r.method for r in shown],
+        "reference": reference.method if reference else None,
+        "benchmarks": {}, "win_rates": {}, "warnings": [], "files": {},
+    }
+    judged = shown + ([reference] if reference is not None and not any(reference is r for r in shown) else [])
+    report["inputs"] = [{"method": r.method, "source": r.source, "trajectories": len(r.trajectories)} for r in judged]
+    labels, verdict_rows, parse_failures = stabletoolbench.judge_runs(
+        judged, judge, rounds, max_trajectory_chars=cfg.judge.max_trajectory_chars, protocol=cfg.judge.protocol,
+        blank_finish=cfg.judge.blank_finish)
+    filters = getattr(getattr(judge, "reference", None), "filtered", None) if cfg.judge.protocol == "codetool" else None
+    benches = list(dict.fromkeys(t.benchmark for r in shown for t in r.trajectories))
+    sections = {**stabletoolbench.evaluate(shown, labels, rounds, [b for b in benches if b != RESTBENCH],
+                                           filters=filters),
+                **restbench.evaluate(shown, labels, rounds, gold=gold, filters=filters)}
+    report["benchmarks"] = {b: sections[b] for b in benches}
+    for method, data in sections.get(RESTBENCH, {"methods": {}})["methods"].items():
+        report["warnings"] += restbench.path_warnings(method, data["overall"].get("path"))
+    if reference is not None and judge is None:
+        report["warnings"].append("win rates (SoWR) need a judge; none was configured.")
+    elif reference is not None:
+        report["win_rates"] = win_rates(shown, reference, judge, rounds, skip=[RESTBENCH], seed=cfg.judge.seed,
+                                        max_details_chars=cfg.judge.max_trajectory_chars,
+                                        blank_finish=cfg.judge.blank_finish)
+    report["judge_errors"] = getattr(judge, "errors", 0) if judge else 0
+    report["warnings"] += run_warnings(shown, parse_failures, report["judge_errors"])
+    report["comparability"] = comparability_block(report, cfg.judge, shown, reference,
+                                                  judge.describe() if judge else None, cfg.run_settings)
+    report["summary"] = seed_summary([p for p in [*cfg.trajectories, *cfg.seed_runs] if p.endswith(".jsonl")],
+                                     methods=report["methods"])
+    if (prm := prm_section(cfg.prm_metrics, out_dir)) is not None:
+        report["prm"] = prm
+    write_jsonl(out_dir / "verdicts.jsonl", verdict_rows)
+    if cfg.plots:
+        report["files"]["plots"] = [str(p) for p in write_plots(report, shown, out_dir)]
+    if cfg.export_stabletoolbench:
+        report["files"]["stabletoolbench_export"] = [
+            str(p) for r in shown for p in export_converted(
+                [t for t in r.trajectories if t.benchmark != RESTBENCH], cfg.export_stabletoolbench, r.method)]
+    report = redact_obj(report)
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str))
+    (out_dir / "report.md").write_text(redact(render_markdown(report)))
+    logger.info("wrote %s and %s", out_dir / "report.json", out_dir / "report.md")
+    return report
+
+
+def eval_command(cfg: EvalConfig) -> int:
+    """``codetool eval``: write the report and print a one-screen summary of it."""
+    from rich.console import Console
+    from rich.table import Table
+
+    judge = make_judge(cfg.judge, cache_path=str(Path(cfg.out) / "judge_cache.jsonl"))
+    report = run_eval(cfg, judge)
+    console = Console()
+    table = Table(title=f"judge: {report['judge']['name']}" + (" (weak: smoke test only)" if report["judge"]["weak"]
+                                                                else ""))
+    for column in ("benchmark", "method", "n", "pass / success %", "correct path % (0/1)", "gold calls % (pooled)",
+                   "path score % (frac.)", "SCEP %", "steps", "episode wall s"):
+        table.add_column(column)
+    for bench, entry in report["benchmarks"].items():
+        for method, data in entry["methods"].items():
+            s, m = data["overall"], data["overall"]["metrics"]
+            pr, path = s["pass_rate"], s.get("path") or {}
+            table.add_row(bench, method, str(s["n"]),
+                          f"{100 * pr['mean']:.1f} ± {100 * pr['std']:.1f}" if pr else "n/a",
+                          f"{100 * path['correct_path_rate']:.1f}" if path.get("n") else "",
+                          f"{100 * path['path_pooled_rate']:.1f}" if path.get("n") else "",
+                          f"{100 * path['path_fraction_score']:.1f}" if path.get("n") else "",
+                          f"{100 * m['scep']:.1f}" if m["scep"] is not None else "n/a",
+                          f"{m['mean_steps']:.2f}", f"{m['mean_seconds']:.1f}")
+    console.print(table)
+    for warning in report["warnings"]:
+        console.print(f"warning: {warning}", markup=False, highlight=False)
+    block = report["comparability"]
+    console.print(f"comparability with {block['target_name']}: "
+                  + (f"{len(block['deviations'])} differences" if block["deviations"] else
+                     f"no deviation found ({block['settings_checked']} settings checked)"), markup=False, highlight=False)
+    for deviation in block["deviations"]:
+        console.print(f"not comparable: {deviation}", markup=False, highlight=False)
+    console.print(f"report: {Path(cfg.out) / 'report.md'}, report.json, {len(report['files'].get('plots', []))} plots",
+                  markup=False, highlight=False)
+    return 1 if report["judge_errors"] else 0

@@ -1,0 +1,183 @@
+"""``codetool eval-decision``: benchmark the decide-first stage with When2Tool-style metrics.
+
+Draws the labelled set (:func:`codetool.decide.labelled.build_items`, or a probe's held-out
+queries), decides on every query, answers directly, scores tool necessity under each compared
+method and runs the prompt-only baselines, optionally runs the fast path and the always-search
+baseline, then writes the report (:mod:`codetool.decide.report`). The steps and the metrics are
+described in :mod:`codetool.decide.benchmark`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from codetool.config import ConfigError, option, to_dict
+from codetool.decide.benchmark import (
+    direct_answers,
+    make_record,
+    prompt_baselines,
+    reuse_records,
+    run_routes,
+)
+from codetool.decide.compare import (
+    necessity_scores,
+    necessity_section,
+    probe_heldout,
+    probe_prompts,
+)
+from codetool.decide.labelled import build_items
+from codetool.decide.report import build_report, pct, write_report
+from codetool.decide.stage import RouterConfig, api_candidates, decide
+from codetool.executor import ExecutorConfig
+from codetool.search.search import SearchConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DecisionEvalConfig:
+    """Settings of ``codetool eval-decision``."""
+
+    model: str = option("default", "policy model: default, a path, a Hub id, an http(s) URL or vllm:<model>")
+    decider: str = option("", "a separate deciding model (default: the policy)")
+    data: str = option("", "benchmark data folder (default: ./data, $CODETOOL_DATA or ../shared/data)")
+    groups: list[str] = option(default_factory=lambda: ["G1_instruction"], help="StableToolBench groups to draw from")
+    n_tool: int = option(20, "tool-needing queries (StableToolBench)")
+    n_free: int = option(20, "tool-free queries (packaged set)")
+    n_restbench: int = option(0, "RestBench-TMDB queries (CodeTool's 20 candidate APIs each)")
+    n_toolbench: int = option(0, "ToolBench example queries")
+    free_queries: str = option("", "JSONL of tool-free queries (default: the packaged set)")
+    seed: int = option(0, "sampling seed of the query draw")
+    output: str = option("runs/eval-decision", "folder for report.json, report.md, the PNG and records")
+    answer_direct: bool = option(True, "generate a direct answer for every query (cost of the direct route, "
+                                 "answer accuracy on tool-free queries)")
+    run_search: bool = option(False, "run the fast path and the always-search baseline (needs the executor)")
+    reuse: str = option("", "records.jsonl of an earlier run on the same draw: reuse its decisions and direct "
+                        "answers instead of recomputing them")
+    tools_backend: str = option("simulator", "tool backend for run_search")
+    tool_doc: str = option("compact", "tool docs in the policy prompt (run_search)", choices=["full", "compact", "brief"])
+    thresholds: list[float] = option(default_factory=list, help="thresholds to sweep (default: every recorded confidence)")
+    dtype: str = option("auto", "model dtype", choices=["auto", "float32", "bfloat16", "float16"])
+    device: str = option("auto", "device: auto, cpu, cuda, ...")
+    compare: list[str] = option(default_factory=lambda: ["probe", "agreement", "logprobs"],
+                                help="methods whose P(tool necessary) is compared side by side (AUROC, trade-off): "
+                                "probe (needs router.probe), agreement (verbalised), logprobs")
+    heldout_only: bool = option(True, "with router.probe: score the probe's held-out queries (its draw and split, "
+                                "labels from its labels.jsonl) instead of this command's draw")
+    tradeoff_thresholds: list[float] = option(default_factory=lambda: [round(0.1 * k, 1) for k in range(1, 10)],
+                                              help="thresholds of the accuracy-vs-tool-calls sweep (When2Tool: 0.1-0.9)")
+    baselines: list[str] = option(default_factory=lambda: ["force", "default", "necessary", "sparse", "no_tool"],
+                                  help="prompt-only modes run as baselines (empty: none)")
+    baseline_reasoning: list[str] = option(default_factory=lambda: ["direct", "reason"],
+                                           help="direct and/or reason (reason-then-act) for each baseline mode")
+    baseline_max_new_tokens: int = option(32, "tokens of a baseline's first reply (enough for a sentence of reasoning and the code block's first line)")
+    bootstrap_samples: int = option(1000, "resamples of queries for the AUROC intervals")
+    router: RouterConfig = field(default_factory=RouterConfig)
+    search: SearchConfig = field(default_factory=lambda: SearchConfig(method="spot", latent="none", w_latent=0.0,
+                                                                      max_steps=3, max_new_tokens=192))
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+
+    def __post_init__(self):
+        if self.n_tool < 0 or self.n_free < 0 or self.n_tool + self.n_free == 0:
+            raise ConfigError(f"need n_tool >= 0, n_free >= 0 and some queries, got {self.n_tool} and {self.n_free}.")
+        if any(not 0.0 <= t <= 1.0 for t in self.thresholds):
+            raise ConfigError(f"thresholds must lie in [0, 1], got {self.thresholds}.")
+        from codetool.decide.tradeoff import MODES, REASONING
+
+        bad = [m for m in self.baselines if m not in MODES] + [r for r in self.baseline_reasoning if r not in REASONING]
+        if bad:
+            raise ConfigError(f"unknown baselines {bad}: modes are {list(MODES)}, reasoning {list(REASONING)}.")
+        if any(m not in ("probe", "agreement", "logprobs") for m in self.compare):
+            raise ConfigError(f"compare takes probe, agreement and logprobs, got {self.compare}.")
+        if self.run_search and self.search.latent == "prm":
+            raise ConfigError("eval-decision runs the search without a PRM, but search.latent is 'prm' (a "
+                              "--search.* override resets the nested defaults): add --search.latent none "
+                              "--search.w_latent 0.")
+
+
+def _auc(summary: dict) -> str:
+    ci = summary["auroc_ci95"]
+    return "n/a" if summary["auroc"] is None else f"{summary['auroc']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+
+
+def eval_decision_command(cfg: DecisionEvalConfig) -> int:
+    """``codetool eval-decision``: decide on the labelled set, optionally run the routes, report."""
+    from rich.console import Console
+
+    from codetool.assemble import executor_factory, make_policy
+    from codetool.config import config_hash
+    from codetool.models.spec import ModelSpec
+    from codetool.search.search import StepwiseSearch
+    from codetool.secrets import redact_obj
+    from codetool.tools import make_tool_backend
+
+    start = time.perf_counter()
+    out = Path(cfg.output)
+    out.mkdir(parents=True, exist_ok=True)
+    probe, labels_from = None, "by construction (StableToolBench needs a tool, tool-free queries do not)"
+    if cfg.router.probe:
+        from codetool.decide.probe import Probe
+
+        probe = Probe.load(cfg.router.probe)
+    if probe is not None and cfg.heldout_only:
+        items, skipped = probe_heldout(probe, cfg.router.probe)
+        labels_from = f"the no-tool run of codetool train-probe ({cfg.router.probe}/labels.jsonl: " + ", ".join(
+            f"{b} {r}" for b, r in sorted(probe.info.get("rules", {}).items())) + ")"
+        logger.info("scoring the probe's %d held-out queries (its draw; eval-decision's n_* settings are not used)",
+                    len(items))
+    else:
+        items, skipped = build_items(cfg.groups, cfg.n_tool, cfg.n_free, seed=cfg.seed, data=cfg.data,
+                                     free_queries=cfg.free_queries, n_restbench=cfg.n_restbench,
+                                     n_toolbench=cfg.n_toolbench)
+    policy = make_policy(ModelSpec.parse(cfg.model, dtype=cfg.dtype, device=cfg.device))
+    decider = make_policy(ModelSpec.parse(cfg.decider, dtype=cfg.dtype, device=cfg.device)) if cfg.decider else policy
+    probe_backend = make_policy(ModelSpec.parse(cfg.router.probe_model, dtype=cfg.dtype, device=cfg.device)
+                                ) if cfg.router.probe_model else decider
+    step_format, tool_doc = cfg.search.step_format, (probe.info.get("tool_doc", cfg.tool_doc) if probe else cfg.tool_doc)
+    logger.info("deciding on %d queries (%d tool-needing, %d tool-free)", len(items),
+                sum(i.needs_tool for i in items), sum(not i.needs_tool for i in items))
+    if cfg.reuse:  # the recorded decisions, answers and scores, and no baselines (nothing may call the model)
+        decisions, direct, scores = reuse_records(cfg.reuse, items)
+        baselines = None
+    else:
+        if cfg.router.method == "probe":
+            from codetool.decide.probe import probe_decisions
+
+            decisions = probe_decisions(probe_backend, probe_prompts(items, tool_doc, step_format), probe, cfg.router)
+        else:
+            decisions = decide(decider, [(it.query, api_candidates(it.apis)) for it in items], cfg.router)
+        direct = (direct_answers(policy, items, max_new_tokens=cfg.router.answer_max_new_tokens, seed=cfg.router.seed)
+                  if cfg.answer_direct else [None] * len(items))
+        logger.info("tool necessity under %s", ", ".join(cfg.compare) or "no other method")
+        scores = necessity_scores(cfg.compare, items, decider, cfg.router, primary=decisions, probe=probe,
+                                  probe_backend=probe_backend, tool_doc=tool_doc, step_format=step_format)
+        baselines = prompt_baselines(items, policy, modes=cfg.baselines, reasoning=cfg.baseline_reasoning,
+                                     step_format=step_format, tool_doc=tool_doc, max_new_tokens=cfg.baseline_max_new_tokens,
+                                     seed=cfg.router.seed) if cfg.baselines and cfg.baseline_reasoning else None
+    fast, searched = {}, {}
+    if cfg.run_search:
+        search = StepwiseSearch(policy, cfg.search, executor_factory(cfg.executor), config_hash=config_hash(cfg.search))
+        fast, searched = run_routes(items, decisions, search, policy, cfg.router, out=out, tool_doc=cfg.tool_doc,
+                                    tool_backend=make_tool_backend(cfg.tools_backend))
+    records = [make_record(it, d, dr, fast.get(it.item_id), searched.get(it.item_id), cfg.router,
+                           {m: v[i] for m, v in scores.items()})
+               for i, (it, d, dr) in enumerate(zip(items, decisions, direct))]
+    report = build_report(records, skipped, time.perf_counter() - start, router=cfg.router, model=cfg.model,
+                          decider=cfg.decider, thresholds=cfg.thresholds, run_search=cfg.run_search, config=to_dict(cfg))
+    report["necessity"] = necessity_section(records, cfg.tradeoff_thresholds, baselines, samples=cfg.bootstrap_samples,
+                                            seed=cfg.seed, measured=cfg.run_search,
+                                            heldout=probe is not None and cfg.heldout_only, labels_from=labels_from)
+    report = redact_obj(report)
+    write_report(out, report, records)
+    if report["necessity"]:
+        shown = "; ".join(f"{m} AUROC {_auc(v)}" for m, v in report["necessity"]["methods"].items())
+        Console().print(f"tool necessity on {report['necessity']['n']} queries: {shown}", markup=False, highlight=False)
+    d, at = report["decision"], report["at_threshold"]
+    Console().print(f"decision ({report['method']}): accuracy {pct(d['decision_accuracy'])}%, tool-invocation "
+                    f"{pct(d['tool_invocation_accuracy'])}%, hallucination {pct(d['hallucination_rate'])}%, "
+                    f"unnecessary {pct(d['unnecessary_tool_rate'])}%; routes at the threshold {at['routes']}; "
+                    f"report in {out}/report.md", markup=False, highlight=False)
+    return 0
