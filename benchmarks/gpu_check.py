@@ -293,10 +293,11 @@ def section_train_lora(args, ctx) -> dict:
 
 def section_generate(args, ctx) -> dict:
     from codetool.models.backends import make_backend
+    from codetool.models.spec import ModelSpec
 
     folder = ctx.get("full_dir") or ctx["base_small"]
     dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
-    backend = make_backend(folder, dtype=dtype, device=args.device)
+    backend = make_backend(ModelSpec.parse(str(folder), dtype=dtype, device=args.device))
     start = time.perf_counter()
     [completions] = backend.generate([[{"role": "user", "content": "Say hi."}]], n=2, temperature=0.9,
                                      max_new_tokens=16, seed=0)

@@ -25,7 +25,7 @@ from codetool.secrets import RedactingFilter
 COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "setup": ("codetool.models.setup", "SetupConfig", "setup",
               "install and cache the embedded default model (idempotent)"),
-    "generate": ("codetool.models.backends", "GenerateConfig", "generate_command",
+    "generate": ("codetool.commands.generate", "GenerateConfig", "generate_command",
                  "generate a completion with any model (smoke test of a backend)"),
     "data": ("codetool.tools.data", "DataConfig", "data_command",
              "fetch benchmark files into data/ (download, or copy with --from DIR)"),
