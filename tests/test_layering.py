@@ -152,8 +152,6 @@ ALLOWED_CIRCLES: set[frozenset[str]] = {
     frozenset({"codetool.eval.markdown", "codetool.eval.report", "codetool.eval.summary"}),
     # the build-trees command (tree.build) calls jobs, and jobs imports the builder and its config back
     frozenset({"codetool.tree.build", "codetool.tree.jobs"}),
-    # read_rows reads TRL's stepwise layout through stepwise, which renders rows with prm.data
-    frozenset({"codetool.prm.data", "codetool.prm.stepwise"}),
     # judges re-exports LLMJudge lazily; llm_judge imports the records and prompt helpers of judges
     frozenset({"codetool.eval.judges", "codetool.eval.llm_judge"}),
 }

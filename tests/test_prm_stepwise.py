@@ -9,9 +9,9 @@ import pytest
 
 from codetool import CodetoolError
 from codetool.jsonl import write_jsonl
-from codetool.prm.data import read_rows
 from codetool.prm.format import item_from_row
-from codetool.prm.stepwise import from_stepwise, to_stepwise
+from codetool.prm.rows import from_stepwise, read_rows
+from codetool.prm.stepwise import to_stepwise
 from codetool.prm.synthetic import synthetic_rows
 
 MATH_SHEPHERD_LIKE = {"prompt": "What is 2 + 3 * 4?", "completions": ["3 * 4 = 12.", "2 + 12 = 14.", "The answer is 14."],

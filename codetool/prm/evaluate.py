@@ -192,8 +192,9 @@ def _split_settings(cfg: EvalPRMConfig) -> tuple[float, int]:
 def eval_prm_command(cfg: EvalPRMConfig) -> int:
     """Score the held-out rows with the PRM and write metrics, scores and a calibration plot."""
     from codetool.jsonl import write_jsonl
-    from codetool.prm.data import read_rows, sibling_key, split_rows
+    from codetool.prm.data import sibling_key, split_rows
     from codetool.prm.format import item_from_row
+    from codetool.prm.rows import read_rows
     from codetool.prm.scorer import load_scorer
 
     rows = read_rows(cfg.dataset)

@@ -459,7 +459,7 @@ def build_trainer(cfg) -> PRMTrainer:
         if not Path(path).is_file():  # before minutes of model loading
             raise CodetoolError(f"PRM dataset not found: {path}. Build one with 'codetool build-trees' or pass "
                                 "--dataset FILE.jsonl (PRM example rows).")
-    from codetool.prm.data import read_rows
+    from codetool.prm.rows import read_rows
 
     rows = read_rows(cfg.dataset)  # before the model loads: a bad row is a one-line error at once
     eval_rows = read_rows(cfg.eval_dataset) if cfg.eval_dataset else None
