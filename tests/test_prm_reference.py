@@ -97,10 +97,11 @@ def _rows(n=24):
 
 
 def test_training_is_plain_sft_over_the_vocabulary_and_scoring_divides_raw_logits(yes_no_model, tmp_path):
+    from codetool.commands.train_prm import train_command
     from codetool.config import load_config
     from codetool.prm.rows import read_rows
     from codetool.prm.scorer import load_scorer
-    from codetool.prm.train import TrainConfig, train_command
+    from codetool.prm.train import TrainConfig
     from codetool.prm.trainer import _datasets, build_model, to_prm_config
 
     data = tmp_path / "rows.jsonl"
