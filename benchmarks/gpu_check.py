@@ -350,8 +350,8 @@ def section_policy_rl(args, ctx) -> dict:
     from codetool.config import load_config
     from codetool.policy.config import TrainPolicyConfig
     from codetool.policy.train import train_run
+    from codetool.prm.folder import new_prm
     from codetool.prm.format import PRMFormat
-    from codetool.prm.modeling import new_prm
     from codetool.prm.scorer import LocalPRMScorer
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

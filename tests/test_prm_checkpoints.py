@@ -40,7 +40,7 @@ def _cfg(model_dir, data, out, **extra):
 def test_a_save_cut_short_by_a_full_disk_is_not_resumed_from(tiny_model_dir, data, tmp_path, monkeypatch, caplog):
     """The save of checkpoint-2 runs out of space after its first file; the next run with
     ``--resume auto`` resumes from checkpoint-1 (before: it picked checkpoint-2 and stopped)."""
-    import codetool.prm.modeling as modeling
+    import codetool.prm.folder as modeling
 
     out = tmp_path / "prm"
     real_save = modeling.save_prm

@@ -21,7 +21,7 @@ from codetool.prm.synthetic import synthetic_rows
 
 @pytest.fixture(scope="module")
 def encoder(tiny_model_dir):
-    from codetool.prm.modeling import new_prm
+    from codetool.prm.folder import new_prm
 
     _, tok = new_prm(str(tiny_model_dir), PRMFormat(), dtype="float32", device="cpu")
     return PromptEncoder(tok, PRMFormat(max_length=512, max_suffix_length=128))

@@ -140,7 +140,7 @@ def test_the_vllm_scorer_refuses_the_reference_interface_in_one_line(tmp_path):
     import json
 
     from codetool.config import ConfigError
-    from codetool.prm.modeling import PRM_CONFIG
+    from codetool.prm.folder import PRM_CONFIG
     from codetool.prm.vllm_backend import VLLMScorer
 
     (tmp_path / PRM_CONFIG).write_text(json.dumps({"format": {"interface": "reference"}}))

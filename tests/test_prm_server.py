@@ -119,8 +119,8 @@ def test_client_reports_server_errors(monkeypatch):
 
 
 def test_real_prm_over_http_matches_local_scores(tiny_model_dir):
+    from codetool.prm.folder import new_prm
     from codetool.prm.format import PRMFormat
-    from codetool.prm.modeling import new_prm
     from codetool.prm.scorer import LocalPRMScorer
 
     fmt = PRMFormat(max_length=512, max_suffix_length=128)

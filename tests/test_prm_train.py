@@ -48,7 +48,7 @@ def _train_loss(scorer, rows) -> float:
 
 @pytest.fixture(scope="module")
 def trained(tiny_model_dir, tmp_path_factory):
-    from codetool.prm.modeling import new_prm
+    from codetool.prm.folder import new_prm
     from codetool.prm.scorer import LocalPRMScorer
 
     root = tmp_path_factory.mktemp("prm-train")

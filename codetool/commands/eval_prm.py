@@ -49,7 +49,7 @@ def _split_settings(cfg: EvalPRMConfig) -> tuple[float, int]:
 
         if ModelSpec.parse(cfg.prm, role="prm").remote:
             raise CodetoolError("with a PRM server, pass --eval_fraction and --split_seed (or --split all).")
-        from codetool.prm.modeling import read_prm_config
+        from codetool.prm.folder import read_prm_config
 
         split = read_prm_config(cfg.prm).get("split", {})
         if split.get("eval_dataset"):

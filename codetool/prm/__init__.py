@@ -2,8 +2,8 @@
 
 - :mod:`codetool.prm.format`: ``PRMFormat`` and ``PromptEncoder``, the one prompt renderer
   (shared prefix + per-candidate suffix) used by training and scoring;
-- :mod:`codetool.prm.modeling`: label tokens, ``PRMModel`` (LM + two label rows), checkpoints
-  (``save_prm``, ``load_prm``, ``export_merged``);
+- :mod:`codetool.prm.modeling`: label tokens, ``PRMModel`` (LM + two label rows);
+  :mod:`codetool.prm.folder`: PRM folders (``save_prm``, ``load_prm``, ``export_merged``);
 - :mod:`codetool.prm.rows`: PRM example rows as read (``read_rows``: our layout and TRL's
   stepwise one), ``query_key``;
 - :mod:`codetool.prm.data`: PRM example rows -> pre-tokenised rows, splits, the collator;

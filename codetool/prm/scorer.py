@@ -65,8 +65,8 @@ class LocalPRMScorer:
     @classmethod
     def from_checkpoint(cls, path: str | Path, *, device: str = "auto", dtype: str = "auto",
                         merge: bool = True, **kwargs) -> LocalPRMScorer:
-        """Load a ``codetool train-prm`` output folder (see ``codetool.prm.modeling.load_prm``)."""
-        from codetool.prm.modeling import load_prm
+        """Load a ``codetool train-prm`` output folder (see ``codetool.prm.folder.load_prm``)."""
+        from codetool.prm.folder import load_prm
 
         model, tokenizer, fmt, meta = load_prm(path, device=device, dtype=dtype, merge=merge)
         scorer = cls(model, tokenizer, fmt, **kwargs)

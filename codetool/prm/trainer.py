@@ -285,7 +285,7 @@ class PRMTrainer(SFTTrainer):
         return loss.detach(), logits.detach(), torch.stack([inputs["target"], inputs["group"]], dim=1)
 
     def _save(self, output_dir=None, state_dict=None):
-        from codetool.prm.modeling import save_prm
+        from codetool.prm.folder import save_prm
 
         output_dir = output_dir or self.args.output_dir
         if not self.args.should_save:
