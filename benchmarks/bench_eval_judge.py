@@ -25,6 +25,7 @@ from codetool.eval.judges import AnswerRequest, LLMJudge, ScriptedJudge
 from codetool.eval.metrics import run_metrics
 from codetool.eval.stabletoolbench import judge_pass
 from codetool.models.backends import make_backend
+from codetool.models.spec import ModelSpec
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "StableToolBench"
 
@@ -54,7 +55,7 @@ def main() -> None:
     requests = [AnswerRequest(t.query, t.final_answer or "", None, 0) for t in answered]
 
     start = time.perf_counter()
-    backend = make_backend("default", dtype="float32", device="cpu")
+    backend = make_backend(ModelSpec.parse("default", dtype="float32", device="cpu"))
     print(f"load default model: {time.perf_counter() - start:.1f} s; {len(requests)} answers to judge")
     print(f"{'mode':<8} {'s/verdict':>10} {'unreadable':>11}  labels")
     for mode in ("options", "json"):

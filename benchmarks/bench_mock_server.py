@@ -26,9 +26,9 @@ import time
 import httpx
 from _result import emit  # benchmarks/_result.py
 
+from codetool.commands.serve_mock import ServeMockConfig, build_mock_app
 from codetool.serving import serve_in_background
 from codetool.tools import load_restbench, load_stabletoolbench
-from codetool.tools.mock_servers import ServeMockConfig, build_mock_app
 from codetool.tools.names import api_key_name, standardize
 
 PATH_VALUES = {"movie_id": "550", "person_id": "287", "tv_id": "1399", "season_number": "1",

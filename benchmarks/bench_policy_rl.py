@@ -39,8 +39,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def scorer_for(spec: str | None):
+    from codetool.prm.folder import new_prm
     from codetool.prm.format import PRMFormat
-    from codetool.prm.modeling import new_prm
     from codetool.prm.scorer import LocalPRMScorer
 
     pipeline = REPO / "runs" / "quickstart" / "train" / "prm"

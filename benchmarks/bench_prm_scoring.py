@@ -31,8 +31,8 @@ import time
 import torch
 from _result import emit  # benchmarks/_result.py
 
+from codetool.prm.folder import new_prm
 from codetool.prm.format import PRMFormat, PromptEncoder
-from codetool.prm.modeling import new_prm
 from codetool.prm.scorer import LocalPRMScorer, reference_scores
 from codetool.prm.synthetic import render_tools
 from codetool.rewards import PRMItem

@@ -43,7 +43,7 @@ def _scorer(spec: str):
     from codetool.prm.scorer import LocalPRMScorer, load_scorer
 
     if spec == "default":
-        from codetool.prm.modeling import new_prm
+        from codetool.prm.folder import new_prm
 
         fmt = PRMFormat(max_length=1024, max_suffix_length=256)
         return LocalPRMScorer(*new_prm("default", fmt, dtype="float32", device="cpu"), fmt)

@@ -88,7 +88,7 @@ def _rows(model: str, n_queries: int, data: str | None = None):
     add_label_tokens(None, tok, fmt)  # the tokenizer only: no second model in this process
     encoder = PromptEncoder(tok, fmt)
     if data:
-        from codetool.prm.data import read_rows
+        from codetool.prm.rows import read_rows
 
         rows = read_rows(data)
     else:

@@ -293,10 +293,11 @@ def section_train_lora(args, ctx) -> dict:
 
 def section_generate(args, ctx) -> dict:
     from codetool.models.backends import make_backend
+    from codetool.models.spec import ModelSpec
 
     folder = ctx.get("full_dir") or ctx["base_small"]
     dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
-    backend = make_backend(folder, dtype=dtype, device=args.device)
+    backend = make_backend(ModelSpec.parse(str(folder), dtype=dtype, device=args.device))
     start = time.perf_counter()
     [completions] = backend.generate([[{"role": "user", "content": "Say hi."}]], n=2, temperature=0.9,
                                      max_new_tokens=16, seed=0)
@@ -349,8 +350,8 @@ def section_policy_rl(args, ctx) -> dict:
     from codetool.config import load_config
     from codetool.policy.config import TrainPolicyConfig
     from codetool.policy.train import train_run
+    from codetool.prm.folder import new_prm
     from codetool.prm.format import PRMFormat
-    from codetool.prm.modeling import new_prm
     from codetool.prm.scorer import LocalPRMScorer
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

@@ -44,7 +44,9 @@ def make_policy(spec: str | ModelSpec, *, dtype: str = "auto", max_batch_size: i
     if not isinstance(spec, ModelSpec):
         spec = ModelSpec.parse(spec, role="policy", remote_model=remote_model, api_key_env=api_key_env,
                                dtype=dtype, max_batch_size=max_batch_size, client=client)
-    return spec.build()
+    from codetool.models.backends import make_backend
+
+    return make_backend(spec)
 
 
 def make_scorer(spec: str, device: str = "auto", client=None, share_prefix: str = "auto"):

@@ -317,7 +317,7 @@ def _stage_trees(cfg: PipelineConfig, *, tree_cfg: TreeConfig, **_) -> dict:
 
 
 def _stage_train(cfg: PipelineConfig, *, train_cfg: TrainConfig, **_) -> dict:
-    from codetool.prm.train import train_command
+    from codetool.commands.train_prm import train_command
 
     if not Path(train_cfg.eval_dataset[0]).exists() or not Path(train_cfg.eval_dataset[0]).read_text().strip():
         train_cfg = dataclasses.replace(train_cfg, eval_dataset=[])  # too few queries to hold any out
@@ -351,7 +351,7 @@ def _stage_search(cfg: PipelineConfig, *, run_cfgs: list, prm: str, **_) -> dict
 def _prm_heldout(cfg: PipelineConfig, prm: str) -> str:
     """``codetool eval-prm`` of the trained PRM on the trees' held-out split (``prm_eval/metrics.json``);
     "" when there is none (a given checkpoint, no PRM method, or no held-out rows)."""
-    from codetool.prm.evaluate import EvalPRMConfig, eval_prm_command
+    from codetool.commands.eval_prm import EvalPRMConfig, eval_prm_command
 
     held_out = cfg.root / "trees" / "prm_dataset" / "validation.jsonl"
     if cfg.prm_checkpoint or not any(m.latent == "prm" for m in cfg.methods) or not Path(prm).is_dir() \

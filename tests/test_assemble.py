@@ -15,14 +15,15 @@ from codetool.tree.build import TreeConfig
 
 def test_make_policy_parses_the_spec_once(monkeypatch):
     seen = []
-    monkeypatch.setattr("codetool.models.backends.make_backend", lambda spec, **kw: seen.append((spec, kw)) or "B")
+    monkeypatch.setattr("codetool.models.backends.make_backend",
+                        lambda spec, **kw: seen.append((spec.text, spec.backend_kwargs(), kw)) or "B")
     assert assemble.make_policy("default", max_batch_size=4) == "B"
     assemble.make_policy("http://h/v1", remote_model="policy")
     assemble.make_policy("vllm:m", dtype="bfloat16")
-    assert seen == [("default", {"dtype": "auto", "max_batch_size": 4}),
+    assert seen == [("default", {"dtype": "auto", "max_batch_size": 4}, {}),
                     ("http://h/v1", {"model": "policy", "api_key_env": "OPENAI_API_KEY", "setting": "policy_client",
-                                     "role": "policy"}),
-                    ("vllm:m", {"dtype": "bfloat16"})]
+                                     "role": "policy"}, {}),
+                    ("vllm:m", {"dtype": "bfloat16"}, {})]
     with pytest.raises(ConfigError, match="remote_model"):
         assemble.make_policy("default", remote_model="policy")
 

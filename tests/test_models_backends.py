@@ -1,4 +1,4 @@
-"""TransformersBackend, ScriptedBackend, make_backend and `codetool generate` on the tiny model."""
+"""TransformersBackend, ScriptedBackend and make_backend on the tiny model."""
 
 from __future__ import annotations
 
@@ -8,17 +8,18 @@ import pytest
 import torch
 
 from codetool import CodetoolError
+from codetool.config import ConfigError
 from codetool.models.backends import (
+    BACKENDS,
     Completion,
-    GenerateConfig,
     LLMBackend,
     OpenAIBackend,
     ScriptedBackend,
     TransformersBackend,
-    generate_command,
     make_backend,
 )
 from codetool.models.loading import DEFAULT_MODEL, resolve_model
+from codetool.models.spec import ModelSpec
 
 PROMPTS = ["hello", "What is the weather in Paris today? Give the answer with finish.",
            [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "print 1"}]]
@@ -302,22 +303,30 @@ def test_scripted_backend_function_cycle_and_options():
 
 
 def test_make_backend_dispatch(tiny_model_dir, monkeypatch):
-    assert isinstance(make_backend(str(tiny_model_dir)), TransformersBackend)
-    http = make_backend("http://127.0.0.1:9", model="m", retries=0)
-    assert isinstance(http, OpenAIBackend) and http.base_url == "http://127.0.0.1:9/v1"
+    assert isinstance(make_backend(ModelSpec.parse(str(tiny_model_dir))), TransformersBackend)
+    http = make_backend(ModelSpec.parse("http://127.0.0.1:9", remote_model="m"), retries=0)
+    assert isinstance(http, OpenAIBackend) and http.base_url == "http://127.0.0.1:9/v1" and http.model == "m"
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` fail
     with pytest.raises(CodetoolError, match="pip install 'codetool\\[vllm\\]'") as e:
-        make_backend("vllm:default")
+        make_backend(ModelSpec.parse("vllm:default"))
     assert "\n" not in str(e.value)
-    with pytest.raises(CodetoolError, match="no model given"):
-        make_backend("  ")
 
 
-def test_generate_command_prints_completion_and_speed(tiny_model_dir, capsys):
-    cfg = GenerateConfig(model=str(tiny_model_dir), prompt="hello", n=2, temperature=1.0, max_new_tokens=5, seed=1)
-    assert generate_command(cfg) == 0
-    out = capsys.readouterr().out
-    assert "completion 2/2" in out and "tokens/s" in out
+def test_make_backend_takes_a_parsed_spec_of_a_language_model():
+    with pytest.raises(TypeError, match="parsed ModelSpec"):
+        make_backend("default")
+    with pytest.raises(ConfigError, match="not a language model"):
+        make_backend(ModelSpec.parse("rollout", role="prm"))
+    with pytest.raises(ConfigError, match="not a language model"):
+        make_backend(ModelSpec.parse("http://h:8600", role="prm"))
+
+
+def test_make_backend_options_extend_and_override_the_spec(monkeypatch):
+    seen = []
+    monkeypatch.setitem(BACKENDS, "transformers", lambda location, **kw: seen.append((location, kw)) or "T")
+    spec = ModelSpec.parse("some/model", dtype="bfloat16", max_batch_size=4)
+    assert make_backend(spec, max_batch_size=8, prompt_cache_mb=0) == "T"
+    assert seen == [("some/model", {"dtype": "bfloat16", "max_batch_size": 8, "prompt_cache_mb": 0})]
 
 
 @pytest.mark.slow
@@ -326,7 +335,7 @@ def test_real_default_model_generates():
         resolve_model(DEFAULT_MODEL)
     except CodetoolError:
         pytest.skip("the default model is not cached; run `codetool setup`")
-    backend = make_backend(DEFAULT_MODEL)
+    backend = make_backend(ModelSpec.parse(DEFAULT_MODEL))
     [[c]] = backend.generate(["What is 2 + 2? Answer with one number."], max_new_tokens=16)
     assert "4" in c.text and c.completion_tokens > 0 and c.prompt_tokens > 10
     [row] = backend.generate(["Write a haiku."], n=2, temperature=0.9, top_p=0.95, max_new_tokens=12, seed=0)

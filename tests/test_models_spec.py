@@ -6,6 +6,7 @@ import pytest
 
 from codetool import CodetoolError
 from codetool.config import ConfigError
+from codetool.models.backends import make_backend
 from codetool.models.remote import RemoteConfig
 from codetool.models.spec import ModelSpec
 
@@ -42,7 +43,7 @@ def test_options_follow_the_kind():
     limits = RemoteConfig(max_in_flight=16)
     judge = ModelSpec.parse("http://a/v1,http://b/v1", role="judge", client=limits)
     assert judge.backend_kwargs() == {"model": None, "client": limits, "setting": "judge.client", "role": "judge"}
-    assert judge.build().urls == ["http://a/v1", "http://b/v1"]
+    assert make_backend(judge).urls == ["http://a/v1", "http://b/v1"]
     assert ModelSpec.parse("http://p:8600", role="prm", client=limits).backend_kwargs() == {
         "model": None, "client": limits}
     with pytest.raises(ConfigError, match="comma-separated http"):
@@ -61,12 +62,3 @@ def test_conflicting_settings_are_refused():
         ModelSpec.parse("vllm:m", role="judge", remote_model="x")
     with pytest.raises(CodetoolError, match="no model given"):
         ModelSpec.parse("  ")
-    with pytest.raises(ConfigError, match="not a language model"):
-        ModelSpec.parse("rollout", role="prm").build()
-
-
-def test_build_goes_through_make_backend(monkeypatch):
-    seen = []
-    monkeypatch.setattr("codetool.models.backends.make_backend", lambda spec, **kw: seen.append((spec, kw)) or "B")
-    assert ModelSpec.parse("http://h/v1", remote_model="m", api_key_env="K").build() == "B"
-    assert seen == [("http://h/v1", {"model": "m", "api_key_env": "K", "setting": "policy_client", "role": "policy"})]

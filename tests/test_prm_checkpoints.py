@@ -11,10 +11,16 @@ import pytest
 from codetool import CodetoolError
 from codetool.config import load_config
 from codetool.jsonl import write_jsonl
-from codetool.prm.checkpoints import COMPLETE, check_resumable, last_complete_checkpoint
+from codetool.prm.checkpoints import (
+    COMPLETE,
+    check_resumable,
+    last_complete_checkpoint,
+    resume_checkpoint,
+)
 from codetool.prm.synthetic import synthetic_rows
 
 trainer_mod = pytest.importorskip("codetool.prm.trainer")
+train_command = pytest.importorskip("codetool.commands.train_prm").train_command
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +40,7 @@ def _cfg(model_dir, data, out, **extra):
 def test_a_save_cut_short_by_a_full_disk_is_not_resumed_from(tiny_model_dir, data, tmp_path, monkeypatch, caplog):
     """The save of checkpoint-2 runs out of space after its first file; the next run with
     ``--resume auto`` resumes from checkpoint-1 (before: it picked checkpoint-2 and stopped)."""
-    import codetool.prm.modeling as modeling
+    import codetool.prm.folder as modeling
 
     out = tmp_path / "prm"
     real_save = modeling.save_prm
@@ -48,7 +54,7 @@ def test_a_save_cut_short_by_a_full_disk_is_not_resumed_from(tiny_model_dir, dat
 
     monkeypatch.setattr(modeling, "save_prm", full_disk)
     with pytest.raises(OSError, match="No space left"):
-        trainer_mod.train_command(_cfg(tiny_model_dir, data, out, resume="none"))
+        train_command(_cfg(tiny_model_dir, data, out, resume="none"))
     assert (out / "checkpoint-1" / COMPLETE).is_file() and (out / "checkpoint-2").is_dir()
     assert not (out / "checkpoint-2" / COMPLETE).exists()
     with pytest.raises(CodetoolError, match="not a whole checkpoint"):
@@ -56,7 +62,7 @@ def test_a_save_cut_short_by_a_full_disk_is_not_resumed_from(tiny_model_dir, dat
 
     monkeypatch.setattr(modeling, "save_prm", real_save)
     caplog.set_level("INFO", logger="codetool")
-    assert trainer_mod.train_command(_cfg(tiny_model_dir, data, out, resume="auto")) == 0
+    assert train_command(_cfg(tiny_model_dir, data, out, resume="auto")) == 0
     assert "resuming from " + str(out / "checkpoint-1") in caplog.text
     assert "removing " + str(out / "checkpoint-2") in caplog.text
     state = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())
@@ -77,3 +83,16 @@ def test_folders_from_before_the_marker_count_when_their_trainer_state_parses(tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-1"]
     assert last_complete_checkpoint(tmp_path / "missing") is None
     check_resumable(tmp_path / "checkpoint-1")
+
+
+def test_resume_names_none_the_newest_whole_or_a_whole_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "1")  # not the first process: it leaves unmarked folders alone
+    assert resume_checkpoint("none", tmp_path) is None and resume_checkpoint("", tmp_path) is None
+    for step in (1, 2):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    (tmp_path / "checkpoint-1" / COMPLETE).write_text("{}")
+    assert resume_checkpoint("auto", tmp_path) == str(tmp_path / "checkpoint-1")
+    assert (tmp_path / "checkpoint-2").is_dir()
+    assert resume_checkpoint(str(tmp_path / "checkpoint-1"), tmp_path) == str(tmp_path / "checkpoint-1")
+    with pytest.raises(CodetoolError, match="not a whole checkpoint"):
+        resume_checkpoint(str(tmp_path / "checkpoint-2"), tmp_path)

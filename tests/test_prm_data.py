@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 
 import pytest
@@ -12,7 +11,6 @@ from codetool import CodetoolError
 from codetool.prm.data import (
     IGNORE_INDEX,
     PRMCollator,
-    read_rows,
     sibling_key,
     split_rows,
     tokenize_rows,
@@ -23,7 +21,7 @@ from codetool.prm.synthetic import synthetic_rows
 
 @pytest.fixture(scope="module")
 def encoder(tiny_model_dir):
-    from codetool.prm.modeling import new_prm
+    from codetool.prm.folder import new_prm
 
     _, tok = new_prm(str(tiny_model_dir), PRMFormat(), dtype="float32", device="cpu")
     return PromptEncoder(tok, PRMFormat(max_length=512, max_suffix_length=128))
@@ -121,19 +119,3 @@ def test_siblings_share_a_key():
     rows = synthetic_rows(1, steps=2, candidates=3)
     keys = [sibling_key(r) for r in rows]
     assert keys[0] == keys[1] == keys[2] and keys[3] == keys[4] == keys[5] and keys[0] != keys[3]
-
-
-def test_read_rows_validates(tmp_path):
-    good = tmp_path / "good.jsonl"
-    good.write_text("\n".join(json.dumps(r) for r in synthetic_rows(1)) + "\n")
-    assert len(read_rows(str(good))) == 4
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"query": "q", "label": 2}) + "\n")
-    with pytest.raises(CodetoolError, match="0 or 1"):
-        read_rows(str(bad))
-    with pytest.raises(CodetoolError, match="not found"):
-        read_rows(str(tmp_path / "missing.jsonl"))
-    empty = tmp_path / "empty.jsonl"
-    empty.write_text("")
-    with pytest.raises(CodetoolError, match="empty"):
-        read_rows([str(empty)])

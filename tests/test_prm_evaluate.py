@@ -6,11 +6,8 @@ import math
 
 import pytest
 
-from codetool import CodetoolError
 from codetool.prm.evaluate import (
-    EvalPRMConfig,
     calibration_bins,
-    eval_prm_command,
     pairwise_accuracy,
     plot_calibration,
     prm_metrics,
@@ -44,15 +41,3 @@ def test_calibration_and_summary_metrics(tmp_path):
     assert metrics["accuracy"] == 1.0 and metrics["pairwise_accuracy"] == 1.0 and metrics["auc"] == 1.0
     png = plot_calibration([0.1, 0.2, 0.8, 0.9], [0, 0, 1, 1], tmp_path / "cal.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_eval_prm_errors(tmp_path):
-    data = tmp_path / "rows.jsonl"
-    data.write_text('{"query": "q", "label": 1, "query_id": "a"}\n')
-    with pytest.raises(CodetoolError, match="--eval_fraction"):
-        eval_prm_command(EvalPRMConfig(prm="http://127.0.0.1:9", dataset=[str(data)]))
-    with pytest.raises(CodetoolError, match="no held-out rows"):
-        eval_prm_command(EvalPRMConfig(prm="http://127.0.0.1:9", dataset=[str(data)], eval_fraction=0.0,
-                                       split_seed=0))
-    with pytest.raises(CodetoolError, match="needs a PRM"):
-        eval_prm_command(EvalPRMConfig(prm="none", dataset=[str(data)], split="all"))

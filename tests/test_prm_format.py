@@ -11,7 +11,7 @@ from codetool.rewards import PRMItem
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_dir):
-    from codetool.prm.modeling import new_prm
+    from codetool.prm.folder import new_prm
 
     return new_prm(str(tiny_model_dir), PRMFormat(), dtype="float32", device="cpu")[1]
 

@@ -7,16 +7,9 @@ import torch
 
 from codetool import CodetoolError
 from codetool.models.loading import load_model
+from codetool.prm.folder import load_prm, new_prm, read_prm_config, save_prm
 from codetool.prm.format import PRMFormat
-from codetool.prm.modeling import (
-    PRMModel,
-    add_label_tokens,
-    is_tied,
-    load_prm,
-    new_prm,
-    read_prm_config,
-    save_prm,
-)
+from codetool.prm.modeling import PRMModel, add_label_tokens, is_tied
 
 
 def _base(path):

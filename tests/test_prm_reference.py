@@ -97,10 +97,11 @@ def _rows(n=24):
 
 
 def test_training_is_plain_sft_over_the_vocabulary_and_scoring_divides_raw_logits(yes_no_model, tmp_path):
+    from codetool.commands.train_prm import train_command
     from codetool.config import load_config
-    from codetool.prm.data import read_rows
+    from codetool.prm.rows import read_rows
     from codetool.prm.scorer import load_scorer
-    from codetool.prm.train import TrainConfig, train_command
+    from codetool.prm.train import TrainConfig
     from codetool.prm.trainer import _datasets, build_model, to_prm_config
 
     data = tmp_path / "rows.jsonl"
@@ -139,7 +140,7 @@ def test_the_vllm_scorer_refuses_the_reference_interface_in_one_line(tmp_path):
     import json
 
     from codetool.config import ConfigError
-    from codetool.prm.modeling import PRM_CONFIG
+    from codetool.prm.folder import PRM_CONFIG
     from codetool.prm.vllm_backend import VLLMScorer
 
     (tmp_path / PRM_CONFIG).write_text(json.dumps({"format": {"interface": "reference"}}))

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from codetool import CodetoolError
+from codetool.prm.folder import new_prm
 from codetool.prm.format import PRMFormat, item_from_row
-from codetool.prm.modeling import new_prm
 from codetool.prm.scorer import LocalPRMScorer, load_scorer, reference_scores
 from codetool.prm.synthetic import synthetic_rows
 from codetool.rewards import PRMItem, PRMScorer

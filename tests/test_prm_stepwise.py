@@ -9,9 +9,9 @@ import pytest
 
 from codetool import CodetoolError
 from codetool.jsonl import write_jsonl
-from codetool.prm.data import read_rows
 from codetool.prm.format import item_from_row
-from codetool.prm.stepwise import from_stepwise, to_stepwise
+from codetool.prm.rows import from_stepwise, read_rows
+from codetool.prm.stepwise import to_stepwise
 from codetool.prm.synthetic import synthetic_rows
 
 MATH_SHEPHERD_LIKE = {"prompt": "What is 2 + 3 * 4?", "completions": ["3 * 4 = 12.", "2 + 12 = 14.", "The answer is 14."],
@@ -80,9 +80,10 @@ def test_train_prm_rejects_a_bad_row_before_the_model_loads(tmp_path, monkeypatc
 
 def test_train_and_eval_prm_read_the_stepwise_export(tiny_model_dir, tmp_path):
     """train-prm on our stepwise export trains on the same rows as on the plain file; eval-prm reads it."""
+    from codetool.commands.eval_prm import EvalPRMConfig, eval_prm_command
+    from codetool.commands.train_prm import train_command
     from codetool.config import load_config
-    from codetool.prm.evaluate import EvalPRMConfig, eval_prm_command
-    from codetool.prm.train import TrainConfig, train_command
+    from codetool.prm.train import TrainConfig
 
     rows = synthetic_rows(8, steps=1, candidates=2, extra_tools=0)
     path = tmp_path / "stepwise.jsonl"

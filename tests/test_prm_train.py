@@ -13,11 +13,12 @@ import pytest
 import torch
 
 from codetool import CodetoolError
+from codetool.commands.train_prm import train_command
 from codetool.config import ConfigError, load_config
 from codetool.jsonl import read_jsonl, write_jsonl
 from codetool.prm.format import item_from_row
 from codetool.prm.synthetic import synthetic_rows
-from codetool.prm.train import TrainConfig, train_command
+from codetool.prm.train import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,7 +48,7 @@ def _train_loss(scorer, rows) -> float:
 
 @pytest.fixture(scope="module")
 def trained(tiny_model_dir, tmp_path_factory):
-    from codetool.prm.modeling import new_prm
+    from codetool.prm.folder import new_prm
     from codetool.prm.scorer import LocalPRMScorer
 
     root = tmp_path_factory.mktemp("prm-train")
@@ -113,8 +114,8 @@ def test_resume_continues_from_the_last_checkpoint(trained, tmp_path):
 
 
 def test_eval_prm_and_score_commands(trained, tmp_path):
-    from codetool.prm.evaluate import EvalPRMConfig, eval_prm_command
-    from codetool.prm.scorer import ScoreConfig, score_command
+    from codetool.commands.eval_prm import EvalPRMConfig, eval_prm_command
+    from codetool.commands.score import ScoreConfig, score_command
 
     report = tmp_path / "report"
     assert eval_prm_command(EvalPRMConfig(prm=str(trained["out"]), dataset=[str(trained["data"])],
@@ -189,8 +190,8 @@ def test_ddp_two_processes_on_cpu(tiny_model_dir, tmp_path):
 @pytest.mark.slow
 def test_quickstart_recipe_on_the_default_model(tmp_path):
     """The real quickstart recipe, a few steps, on the cached default model; then eval-prm."""
+    from codetool.commands.eval_prm import EvalPRMConfig, eval_prm_command
     from codetool.models.loading import default_model_dir
-    from codetool.prm.evaluate import EvalPRMConfig, eval_prm_command
 
     if not (default_model_dir() / "config.json").is_file():
         pytest.skip("the default model is not cached; run `codetool setup`")

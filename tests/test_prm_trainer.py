@@ -18,7 +18,8 @@ from codetool.prm.synthetic import synthetic_rows
 
 REPO = Path(__file__).resolve().parents[1]
 trainer_mod = pytest.importorskip("codetool.prm.trainer")
-PRMConfig, build_trainer, train_command = trainer_mod.PRMConfig, trainer_mod.build_trainer, trainer_mod.train_command
+PRMConfig, build_trainer = trainer_mod.PRMConfig, trainer_mod.build_trainer
+train_command = pytest.importorskip("codetool.commands.train_prm").train_command
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,8 @@ def _label_rows_from(model, tokenizer, pair: tuple[str, str]) -> None:
 def checkpoints(tmp_path_factory):
     from peft import LoraConfig, get_peft_model
 
-    from codetool.prm.modeling import PRMModel, new_prm, save_prm
+    from codetool.prm.folder import new_prm, save_prm
+    from codetool.prm.modeling import PRMModel
 
     root = tmp_path_factory.mktemp("vllm-prm")
     fmt = _format()

@@ -12,7 +12,9 @@ import httpx
 import pytest
 
 from codetool import CodetoolError
-from codetool.prm.server import ServePRMConfig, create_app, serve_prm
+from codetool.commands.serve_mock import ServeMockConfig, serve_mock
+from codetool.commands.serve_prm import ServePRMConfig, serve_prm
+from codetool.prm.server import create_app
 from codetool.serving import (
     ServerGuard,
     check_bind,
@@ -20,13 +22,7 @@ from codetool.serving import (
     json_depth_exceeds,
     serve_in_background,
 )
-from codetool.tools.mock_servers import (
-    ServeMockConfig,
-    build_stabletoolbench_app,
-    build_tmdb_app,
-    guard,
-    serve_mock,
-)
+from codetool.tools.mock_servers import build_stabletoolbench_app, build_tmdb_app, guard
 from codetool.tools.spec import APISpec, Parameter
 
 KEY = "guard-key-123456"

@@ -1,14 +1,13 @@
-"""``codetool data fetch``: copy from a local folder, download (mocked transport), report, marker."""
+"""Fetching the benchmark files (codetool.tools.data): copy from a local folder, download (mocked
+transport), report, marker."""
 
 from __future__ import annotations
 
 import json
 
 import httpx
-import pytest
 
-from codetool.config import ConfigError
-from codetool.tools.data import DATASETS, MARKER, DataConfig, data_root, fetch
+from codetool.tools.data import DATASETS, MARKER, fetch
 
 
 def test_fetch_copies_every_dataset(shared_data, tmp_path):
@@ -55,21 +54,3 @@ def test_download_uses_upstream_raw_urls_and_redacts_the_token(tmp_path):
     assert "https://raw.githubusercontent.com/LimOkii/CodeTool/HEAD/infer/tmdb/tmdb.spec.raw.v2.json" in asked
     spec = (tmp_path / "CodeTool/infer/tmdb/tmdb.spec.raw.v2.json").read_text()
     assert "eyJhbGci" not in spec and "<REDACTED_TMDB_TOKEN>" in spec
-
-
-def test_cli_fetch_and_data_root(shared_data, tmp_path, monkeypatch, capsys):
-    from codetool.cli import main
-
-    monkeypatch.chdir(tmp_path)
-    assert main(["data", "fetch", "restbench", "--from-dir", str(shared_data)]) == 0
-    printed = capsys.readouterr().out
-    assert "restbench: 3 files in data/, 0 missing" in printed
-    assert data_root().resolve() == (tmp_path / "data").resolve()
-    assert (tmp_path / "data" / "RestGPT" / "specs" / "tmdb_oas.json").is_file()
-
-
-def test_config_errors(tmp_path):
-    with pytest.raises(ConfigError, match="unknown dataset"):
-        DataConfig(datasets=["imagenet"])
-    with pytest.raises(ConfigError, match="no such folder"):
-        DataConfig(datasets=["restbench"], from_dir=str(tmp_path / "absent"))

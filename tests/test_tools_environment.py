@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 
+from codetool.commands.serve_mock import ServeMockConfig, build_mock_app
 from codetool.serving import serve_in_background
 from codetool.tools import (
     APISpec,
@@ -20,7 +21,6 @@ from codetool.tools import (
     load_stabletoolbench,
     load_toolbench_queries,
 )
-from codetool.tools.mock_servers import ServeMockConfig, build_mock_app
 
 API = APISpec("Finance", "Stocks", "Quote", description="Latest quote of a symbol.",
               parameters=[Parameter("symbol", required=True), Parameter("from", "integer"),

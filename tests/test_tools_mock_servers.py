@@ -8,7 +8,6 @@ import re
 import httpx
 import pytest
 
-from codetool import CodetoolError
 from codetool.serving import serve_in_background
 from codetool.tools import (
     APISpec,
@@ -18,13 +17,7 @@ from codetool.tools import (
     load_stabletoolbench,
     make_tool_backend,
 )
-from codetool.tools.mock_servers import (
-    ServeMockConfig,
-    build_mock_app,
-    build_stabletoolbench_app,
-    guard,
-    serve_mock,
-)
+from codetool.tools.mock_servers import build_stabletoolbench_app, build_tmdb_app, guard
 
 # Sensible values for every path template of the TMDB spec (and the gold paths' one wrong template).
 PATH_VALUES = {"movie_id": "550", "person_id": "287", "tv_id": "1399", "season_number": "1", "episode_number": "1",
@@ -56,7 +49,7 @@ def _post(app, path: str, **kwargs) -> httpx.Response:
 
 @pytest.fixture(scope="module")
 def tmdb_app(shared_data):
-    return build_mock_app(ServeMockConfig(kind="tmdb", spec=str(shared_data / "RestGPT/specs/tmdb_oas.json")))
+    return build_tmdb_app(load_openapi(shared_data / "RestGPT/specs/tmdb_oas.json", tool="tmdb"))
 
 
 @pytest.fixture(scope="module")
@@ -200,18 +193,3 @@ def test_guard_time_limit_and_internal_errors():
     assert slow.status_code == 504 and slow.json() == {"detail": "request took longer than 0.2 s"}
     broken = _get_all(guard(broken_app, api_key=None, max_body_bytes=100, timeout_s=1), [("/", {})])[0]
     assert broken.status_code == 500 and broken.json() == {"detail": "internal error (RuntimeError); see the server log"}
-
-
-def test_serve_mock_needs_a_key_off_loopback(monkeypatch):
-    monkeypatch.delenv("CODETOOL_MOCK_API_KEY", raising=False)
-    with pytest.raises(CodetoolError, match="CODETOOL_MOCK_API_KEY"):
-        serve_mock(ServeMockConfig(kind="tmdb", host="0.0.0.0"))
-
-
-def test_serve_mock_cli_help(capsys):
-    from codetool.cli import main
-
-    with pytest.raises(SystemExit) as exit_info:
-        main(["serve-mock", "--help"])
-    assert exit_info.value.code == 0
-    assert "stabletoolbench" in capsys.readouterr().out

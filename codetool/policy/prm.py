@@ -52,7 +52,7 @@ def train_synthetic_prm(folder: Path, *, steps: int, seed: int = 0, model: str =
     from codetool.config import from_dict
     from codetool.jsonl import write_jsonl
     from codetool.prm.synthetic import synthetic_rows
-    from codetool.prm.trainer import PRMConfig, train_command
+    from codetool.prm.trainer import PRMConfig, build_trainer
 
     data = folder.parent / "prm_synthetic.jsonl"
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -63,5 +63,7 @@ def train_synthetic_prm(folder: Path, *, steps: int, seed: int = 0, model: str =
                                 "learning_rate": 1e-3, "per_device_train_batch_size": 4, "save_steps": 10**6,
                                 "logging_steps": max(steps // 2, 1), "eval_steps": 0, "resume": "none",
                                 "warmup_steps": 0, "seed": seed})
-    train_command(cfg)
+    trainer = build_trainer(cfg)
+    trainer.train()
+    trainer.save_model(str(folder))  # a PRM folder (prm_config.json + weights); no model card for a smoke PRM
     return folder

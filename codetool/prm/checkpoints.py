@@ -115,3 +115,23 @@ def check_resumable(folder: str | os.PathLike) -> None:
     if not is_complete(folder, marked=marked):
         raise CodetoolError(f"resume: {folder} is not a whole checkpoint (its save did not finish: no {COMPLETE}); "
                             "pass an earlier checkpoint-N folder, or --resume auto to take the newest whole one.")
+
+
+def resume_checkpoint(resume: str, output_dir: str | os.PathLike) -> str | None:
+    """The checkpoint a ``--resume`` value names: ``auto`` takes the newest *whole* one of
+    ``output_dir`` (folders whose save was cut short are removed by the first process, rank 0),
+    ``none`` (or empty) none, and a folder must be whole.
+
+    Raises:
+        CodetoolError: the folder given is not a whole checkpoint (:func:`check_resumable`).
+    """
+    if resume in ("", "none", "None"):
+        return None
+    if resume == "auto":
+        first = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) or 0) == 0
+        last = last_complete_checkpoint(output_dir, remove_incomplete=first)
+        if last:
+            logger.info("resuming from %s (pass --resume none to start over)", last)
+        return last
+    check_resumable(resume)
+    return resume

@@ -1,4 +1,5 @@
-"""PRM datasets: rows in, pre-tokenised training rows out, and the batch collator.
+"""PRM datasets: rows (read by :mod:`codetool.prm.rows`) in, pre-tokenised training rows out,
+and the batch collator.
 
 A training row is ``input_ids = prefix + suffix + [label]`` with ``labels`` equal to -100
 everywhere except the last position, which holds the label token id: exactly one supervised
@@ -20,65 +21,17 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from codetool import CodetoolError
-from codetool.jsonl import read_jsonl
 from codetool.prm.format import PromptEncoder, item_from_row
+from codetool.prm.rows import query_key
 from codetool.split import heldout_query_ids
 
 logger = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
-
-
-def read_rows(paths: str | list[str]) -> list[dict]:
-    """The PRM example rows of one or more JSONL files (DESIGN.md §3), validated. Lines in TRL's
-    stepwise-supervision layout (``prompt``, ``completions``, ``labels``) become one row per step
-    (:mod:`codetool.prm.stepwise`); the two layouts may be mixed.
-
-    Raises:
-        CodetoolError: if a file is missing or empty, or a row lacks ``query``/``label`` or has a
-            label other than 0/1, or a stepwise row is malformed (one line naming file:line).
-    """
-    rows = []
-    for path in [paths] if isinstance(paths, str) else paths:
-        if not Path(path).is_file():
-            raise CodetoolError(f"PRM dataset not found: {path}. Build one with 'codetool build-trees' "
-                                "or write PRM example rows (query, tools, history, candidate, label, ...) to a JSONL file.")
-        skipped: list[int] = []
-        for number, line in enumerate(read_jsonl(path, skipped), 1):
-            for row in _examples(line, f"{path}:{number}"):
-                label = row.get("label")
-                if isinstance(label, bool):
-                    label = int(label)
-                if label not in (0, 1):
-                    raise CodetoolError(f"{path}:{number}: 'label' must be 0 or 1, got {row.get('label')!r} (a PRM "
-                                        "example row needs query, history, candidate, label; a stepwise row "
-                                        "prompt, completions, labels).")
-                item_from_row(row)  # raises on a missing query or a malformed history
-                rows.append({**row, "label": label})
-        if skipped:  # never train on a silently shortened file (issue 19)
-            raise CodetoolError(f"{path}: {len(skipped)} lines are not JSON objects (lines "
-                                f"{', '.join(map(str, skipped[:5]))}); fix or delete them, then rerun.")
-    if not rows:
-        raise CodetoolError(f"no PRM rows in {paths}; the file is empty.")
-    return rows
-
-
-def _examples(row: dict, where: str) -> list[dict]:
-    """The PRM example rows of one JSONL line: the line itself, or, for a line in TRL's
-    stepwise-supervision layout, one row per step (:func:`codetool.prm.stepwise.from_stepwise`)."""
-    from codetool.prm.stepwise import from_stepwise, is_stepwise
-
-    return from_stepwise(row, where) if is_stepwise(row) else [row]
-
-
-def query_key(row: dict) -> str:
-    """The split unit: ``query_id`` when present, else the query text."""
-    return str(row.get("query_id", row.get("query", "")))
 
 
 def split_rows(rows: list[dict], fraction: float, seed: int = 0) -> tuple[list[dict], list[dict]]:

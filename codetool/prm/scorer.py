@@ -1,4 +1,4 @@
-"""Scoring with a PRM: ``PRMScorer.score(items) -> list[float]`` and ``codetool score``.
+"""Scoring with a PRM: ``PRMScorer.score(items) -> list[float]`` (``codetool score`` runs it on a file).
 
 The score of a candidate step is ``softmax([logit_pos, logit_neg])[0]`` at the label position
 (DESIGN.md §4), a float in [0, 1]; a PRM trained with ``format.interface: reference`` scores as
@@ -23,11 +23,9 @@ checkpoint folder, an ``http(s)://`` PRM server, ``vllm:FOLDER`` (vLLM in-proces
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 from codetool import CodetoolError
-from codetool.config import option
 from codetool.prm.reference import label_scores
 from codetool.rewards import PRMItem
 
@@ -67,8 +65,8 @@ class LocalPRMScorer:
     @classmethod
     def from_checkpoint(cls, path: str | Path, *, device: str = "auto", dtype: str = "auto",
                         merge: bool = True, **kwargs) -> LocalPRMScorer:
-        """Load a ``codetool train-prm`` output folder (see ``codetool.prm.modeling.load_prm``)."""
-        from codetool.prm.modeling import load_prm
+        """Load a ``codetool train-prm`` output folder (see ``codetool.prm.folder.load_prm``)."""
+        from codetool.prm.folder import load_prm
 
         model, tokenizer, fmt, meta = load_prm(path, device=device, dtype=dtype, merge=merge)
         scorer = cls(model, tokenizer, fmt, **kwargs)
@@ -168,45 +166,3 @@ def load_scorer(spec: str, *, device: str = "auto", dtype: str = "auto", **kwarg
                             "runs/quickstart/train/prm), an http(s)://host:port of 'codetool serve-prm', or "
                             "none where a PRM is optional.")
     return LocalPRMScorer.from_checkpoint(spec, device=device, dtype=dtype, **kwargs)
-
-
-@dataclass
-class ScoreConfig:
-    """Settings of ``codetool score``: add a ``score`` field to every row of a JSONL file."""
-
-    input: str = option("data/prm/prm_examples.jsonl", "JSONL file of PRM example rows", positional=True)
-    prm: str = option("checkpoints/prm/quickstart", "PRM checkpoint folder, server URL, or vllm:FOLDER")
-    output: str = option("", "output JSONL (default: <input stem>.scored.jsonl)")
-    batch_size: int = option(64, "rows per scorer call (siblings in one call share their prefix)")
-    device: str = option("auto", "auto, cpu or cuda")
-
-    def __post_init__(self):
-        if self.batch_size < 1:
-            raise CodetoolError(f"batch_size must be >= 1, got {self.batch_size}.")
-
-
-def score_command(cfg: ScoreConfig) -> int:
-    """Score every row of ``cfg.input``; rows keep their fields and gain ``score``."""
-    from tqdm import tqdm
-
-    from codetool.jsonl import read_jsonl, write_jsonl
-    from codetool.prm.format import item_from_row
-
-    if not Path(cfg.input).is_file():
-        raise CodetoolError(f"input file not found: {cfg.input}.")
-    skipped: list[int] = []
-    rows = list(read_jsonl(cfg.input, skipped))
-    if skipped:  # never write a silently shortened output (issue 19)
-        raise CodetoolError(f"{cfg.input}: {len(skipped)} lines are not JSON objects (lines "
-                            f"{', '.join(map(str, skipped[:5]))}); fix or delete them, then rerun.")
-    scorer = load_scorer(cfg.prm, device=cfg.device)
-    if scorer is None:
-        raise CodetoolError("codetool score needs a PRM: pass --prm with a checkpoint folder or a server URL.")
-    for start in tqdm(range(0, len(rows), cfg.batch_size), desc="scoring", unit="batch"):
-        chunk = rows[start:start + cfg.batch_size]
-        for row, value in zip(chunk, scorer.score([item_from_row(r) for r in chunk])):
-            row["score"] = value
-    output = cfg.output or str(Path(cfg.input).with_suffix("")) + ".scored.jsonl"
-    write_jsonl(output, rows)
-    logger.info("scored %d rows with %s; wrote %s", len(rows), cfg.prm, output)
-    return 0

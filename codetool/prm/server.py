@@ -1,4 +1,5 @@
-"""``codetool serve-prm --prm DIR --port N``: the PRM over HTTP JSON (docs/DESIGN.md §5b).
+"""The PRM over HTTP JSON (docs/DESIGN.md §5b): :func:`create_app`, which ``codetool serve-prm --prm
+DIR --port N`` (``codetool.commands.serve_prm``) serves.
 
 ``POST /score`` with ``{"items": [{"query", "tools", "history", "candidate", "candidate_plan",
 "candidate_output"}, ...]}`` answers ``{"scores": [float in [0, 1], ...]}``; ``GET /health``
@@ -41,19 +42,13 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 
-from codetool import CodetoolError
-from codetool.config import ConfigError, option
 from codetool.jsonl import clean_text
 from codetool.rewards import PRMItem
-from codetool.secrets import key_from_env
 from codetool.serving import (
     ClientTurns,
     ServerGuard,
-    check_bind,
     json_internal_errors,
-    serve_forever,
     serve_in_background,
 )
 
@@ -62,38 +57,6 @@ logger = logging.getLogger(__name__)
 _TEXT_FIELDS = ("query", "tools", "candidate", "candidate_output", "candidate_plan", "step_text", "previous_steps",
                 "parent_result")
 GUARD_GRACE_S = 5.0  # the guard's deadline is the scoring budget plus this (see create_app)
-
-
-@dataclass
-class ServePRMConfig:
-    """Settings of ``codetool serve-prm``."""
-
-    prm: str = option("checkpoints/prm/quickstart", "PRM checkpoint folder (or vllm:FOLDER on a GPU)")
-    host: str = option("127.0.0.1", "address to bind; anything but loopback needs an API key")
-    port: int = option(8600, "TCP port")
-    api_key_env: str = option("CODETOOL_PRM_API_KEY", "environment variable holding the bearer key")
-    max_body_bytes: int = option(4_000_000, "largest request body accepted")
-    max_items: int = option(256, "most items in one request")
-    max_batch_items: int = option(64, "most items scored in one forward pass across requests")
-    batch_wait_ms: float = option(5.0, "how long a request waits for others to batch with")
-    request_timeout_s: float = option(120.0, "a request not scored by then gets 504 (and its work stops)")
-    read_timeout_s: float = option(30.0, "a request body not received by then gets 408")
-    max_history_steps: int = option(1000, "an item with a longer history gets 413 (a work budget)")
-    max_batch_tokens: int = option(8192, "tokens of one batch handed to the scorer (fair turns are cut in these)")
-    workers: int = option(2, "threads scoring batches at once")
-    max_connections_per_client: int = option(64, "open connections one client address may hold")
-    device: str = option("auto", "auto, cpu or cuda")
-
-    def __post_init__(self):
-        if not 0 < self.port < 65536:
-            raise ConfigError(f"port must be in 1..65535, got {self.port}.")
-        for name in ("max_body_bytes", "max_items", "max_batch_items", "max_history_steps", "max_batch_tokens",
-                     "workers", "max_connections_per_client"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}.")
-        for name in ("request_timeout_s", "read_timeout_s"):
-            if not getattr(self, name) > 0:  # also refuses nan
-                raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}.")
 
 
 class _Reject(Exception):
@@ -419,26 +382,3 @@ def create_app(scorer, *, api_key: str | None = None, name: str = "prm", max_bod
 def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0):
     """Serve the PRM ``app`` in a background thread; yields its base URL (tests, benchmarks)."""
     return serve_in_background(app, host, port, name="the PRM server")
-
-
-def serve_prm(cfg: ServePRMConfig) -> int:
-    """Load the PRM and serve it until interrupted."""
-    from codetool.prm.scorer import load_scorer
-
-    api_key = key_from_env(cfg.api_key_env)
-    check_bind(cfg.host, api_key, what="serve-prm", api_key_env=cfg.api_key_env)
-    from codetool.models.spec import ModelSpec
-
-    if ModelSpec.parse(cfg.prm, role="prm").kind in ("server", "none"):
-        raise CodetoolError(f"serve-prm needs a checkpoint folder, got --prm {cfg.prm!r}.")
-    scorer = load_scorer(cfg.prm, device=cfg.device)
-    app = create_app(scorer, api_key=api_key, name=cfg.prm, max_body_bytes=cfg.max_body_bytes,
-                     max_items=cfg.max_items, max_batch_items=cfg.max_batch_items,
-                     batch_wait_ms=cfg.batch_wait_ms, request_timeout_s=cfg.request_timeout_s,
-                     read_timeout_s=cfg.read_timeout_s, max_history_steps=cfg.max_history_steps,
-                     max_batch_tokens=cfg.max_batch_tokens, workers=cfg.workers,
-                     max_connections_per_client=cfg.max_connections_per_client)
-    logger.info("serving PRM %s on http://%s:%d (auth %s)", cfg.prm, cfg.host, cfg.port,
-                "on" if api_key else "off")
-    serve_forever(app, cfg.host, cfg.port)
-    return 0

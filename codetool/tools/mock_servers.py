@@ -2,8 +2,9 @@
 ``/virtual`` server backed by the response cache and the simulator.
 
 Start them with ``codetool serve-mock tmdb --port 8000`` and
-``codetool serve-mock stabletoolbench --port 8080``; point :class:`~codetool.tools.clients.HTTPBackend`
-(``make_tool_backend("mock-tmdb", port=8000)``), :class:`~codetool.tools.clients.StableToolBenchClient`
+``codetool serve-mock stabletoolbench --port 8080`` (``codetool.commands.serve_mock``); point
+:class:`~codetool.tools.clients.HTTPBackend` (``make_tool_backend("mock-tmdb", port=8000)``),
+:class:`~codetool.tools.clients.StableToolBenchClient`
 or StableToolBench's own scripts (``--service_url http://127.0.0.1:8080/virtual``) at them.
 
 - TMDB: every operation of ``RestGPT/specs/tmdb_oas.json`` (54 GETs), at ``/<path>`` and ``/3/<path>``.
@@ -31,15 +32,12 @@ import asyncio
 import json
 import logging
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from codetool.config import ConfigError, option
 from codetool.serving import (
     READ_TIMEOUT_S,
     ServerGuard,
-    check_bind,
     json_internal_errors,
 )
 from codetool.tools.backends import FallbackBackend
@@ -54,30 +52,6 @@ logger = logging.getLogger(__name__)
 # generous, and keeps every request cheap to read and parse (a client cannot buy another's time).
 MOCK_MAX_BODY_BYTES = 65_536
 TMDB_NOT_FOUND = {"success": False, "status_code": 34, "status_message": "The resource you requested could not be found."}
-
-
-@dataclass
-class ServeMockConfig:
-    """Options of ``codetool serve-mock``."""
-
-    kind: str = option("tmdb", "which mock to serve", choices=("tmdb", "stabletoolbench"), positional=True)
-    host: str = option("127.0.0.1", "address to bind; anything but loopback requires the API key variable")
-    port: int = option(8000, "port to listen on")
-    api_key_env: str = option("CODETOOL_MOCK_API_KEY", "environment variable holding the API key "
-                              "(required off loopback; checked whenever set)")
-    spec: str | None = option(None, "TMDB OpenAPI spec [default: <data>/RestGPT/specs/tmdb_oas.json]")
-    queries: list[str] = option(default_factory=list, help="StableToolBench query files or folders documenting "
-                                "the APIs [default: the six test groups]")
-    cache_dir: str | None = option(None, "StableToolBench response cache to replay before simulating")
-    seed: int = option(0, "simulator seed")
-    max_body_bytes: int = option(MOCK_MAX_BODY_BYTES, "largest accepted request body, in bytes")
-    timeout_s: float = option(30.0, "longest time a request may take, in seconds")
-
-    def __post_init__(self):
-        if not 0 < self.port < 65536:
-            raise ConfigError(f"port: got {self.port}; use 1-65535 (e.g. 8000).")
-        if self.max_body_bytes <= 0 or self.timeout_s <= 0:
-            raise ConfigError("max_body_bytes and timeout_s must be positive.")
 
 
 def guard(app, *, api_key: str | None = None, max_body_bytes: int | None = None, timeout_s: float = 30.0):
@@ -230,45 +204,3 @@ def build_stabletoolbench_app(apis: list[APISpec], *, cache_dir: str | Path | No
         return Response(payload, status_code=status, media_type="application/json")
 
     return guard(app, **limits)
-
-
-def build_mock_app(cfg: ServeMockConfig, api_key: str | None = None):
-    """The guarded ASGI app for ``cfg`` (what ``serve-mock`` runs; tests call it directly)."""
-    from codetool.tools.data import data_root
-
-    limits = {"api_key": api_key, "max_body_bytes": cfg.max_body_bytes, "timeout_s": cfg.timeout_s}
-    if cfg.kind == "tmdb":
-        from codetool.tools.openapi import load_openapi
-
-        spec = Path(cfg.spec) if cfg.spec else data_root() / "RestGPT" / "specs" / "tmdb_oas.json"
-        return build_tmdb_app(load_openapi(spec, tool="tmdb"), **limits)
-    else:
-        from codetool.tools.loaders import (
-            STABLETOOLBENCH_GROUPS,
-            load_stabletoolbench,
-            load_toolbench_queries,
-        )
-
-        if cfg.queries:
-            queries = [q for path in cfg.queries for q in load_toolbench_queries(Path(path))]
-        else:
-            queries = [q for g in STABLETOOLBENCH_GROUPS for q in load_stabletoolbench(g)]
-    return build_stabletoolbench_app([api for q in queries for api in q.apis], cache_dir=cfg.cache_dir,
-                                     seed=cfg.seed, **limits)
-
-
-def serve_mock(cfg: ServeMockConfig) -> int:
-    """``codetool serve-mock tmdb|stabletoolbench [--port N] [--host H]``: serve until interrupted."""
-    from codetool.secrets import key_from_env
-    from codetool.serving import serve_forever
-
-    api_key = key_from_env(cfg.api_key_env)
-    check_bind(cfg.host, api_key, what=f"serve-mock {cfg.kind}", api_key_env=cfg.api_key_env)
-    app = build_mock_app(cfg, api_key)
-    path = "/virtual" if cfg.kind == "stabletoolbench" else "/"
-    logger.info("serving the %s mock on http://%s:%d%s%s", cfg.kind, cfg.host, cfg.port, path,
-                " (API key required)" if api_key else "")
-    serve_forever(app, cfg.host, cfg.port)
-    return 0
-
-
