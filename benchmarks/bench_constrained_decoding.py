@@ -39,10 +39,11 @@ from pathlib import Path
 from _result import emit  # benchmarks/_result.py
 
 from codetool.assemble import make_policy
+from codetool.commands.run import execute_run
 from codetool.executor import ExecutorConfig
 from codetool.executor.result import ExecutionResult
+from codetool.jobs.queries import RunConfig
 from codetool.jsonl import read_jsonl
-from codetool.run import RunConfig, execute_run
 from codetool.search.records import Trajectory
 from codetool.search.search import SearchConfig
 

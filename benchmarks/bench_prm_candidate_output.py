@@ -104,7 +104,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from codetool.jsonl import read_jsonl, write_jsonl
-    from codetool.tree.build import TreeConfig, label_record, summarize
+    from codetool.tree.build import label_record, summarize
+    from codetool.tree.config import TreeConfig
     from codetool.tree.dataset import tree_rows
 
     start = time.perf_counter()

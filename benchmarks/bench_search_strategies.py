@@ -30,13 +30,14 @@ import yaml
 from _result import emit  # benchmarks/_result.py
 
 from codetool.assemble import make_policy, make_scorer
+from codetool.commands.run import execute_run
 from codetool.config import from_dict
 from codetool.eval.metrics import run_metrics
 from codetool.eval.plots import metric_vs_tokens
 from codetool.eval.restbench import path_metrics
+from codetool.jobs.queries import RunConfig
 from codetool.jsonl import read_jsonl
 from codetool.rewards import grounded_success
-from codetool.run import RunConfig, execute_run
 from codetool.search.records import Trajectory
 
 

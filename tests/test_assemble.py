@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 import codetool.assemble as assemble
+from codetool.commands.pipeline import PipelineConfig
 from codetool.config import ConfigError
+from codetool.jobs.queries import RunConfig
 from codetool.models.backends import ScriptedBackend
-from codetool.pipeline import PipelineConfig
-from codetool.run import RunConfig
 from codetool.search.search import SearchConfig
-from codetool.tree.build import TreeConfig
+from codetool.tree.config import TreeConfig
 
 
 def test_make_policy_parses_the_spec_once(monkeypatch):
@@ -66,7 +66,7 @@ def test_pipeline_refuses_a_trees_policy_it_would_replace():
 def test_run_takes_its_policy_from_the_composition_module(monkeypatch, tmp_path):
     import json
 
-    from codetool.run import execute_run
+    from codetool.commands.run import execute_run
 
     tools = tmp_path / "apis.json"
     tools.write_text(json.dumps([{"category_name": "Data", "tool_name": "weather", "api_name": "forecast",

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from codetool.commands.pipeline import PipelineConfig
 from codetool.config import load_config
-from codetool.pipeline import PipelineConfig
 from codetool.prm.train import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]

@@ -2,7 +2,7 @@
 between modules must not make a user's finished stages run again).
 
 A pipeline skips a stage whose recorded hash equals the one its settings give now
-(``codetool.pipeline.stage_hashes``). The values below were recorded before the commands wing
+(``codetool.commands.pipeline.stage_hashes``). The values below were recorded before the commands wing
 moved; a change that alters one on purpose (a new setting that changes what a stage writes)
 updates the value here and says so in its note.
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from codetool.commands.pipeline import PipelineConfig, stage_hashes
 from codetool.config import load_config
-from codetool.pipeline import PipelineConfig, stage_hashes
 
 RECIPES = Path(__file__).resolve().parents[1] / "configs" / "pipeline"
 

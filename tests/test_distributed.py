@@ -103,8 +103,8 @@ def test_cluster_settings_are_checked_and_reach_both_commands():
         ClusterConfig(cpus_per_worker=0)
     with pytest.raises(ConfigError, match="in_flight"):
         ClusterConfig(in_flight=0)
-    from codetool.run import RunConfig, run_hash
-    from codetool.tree.build import TreeConfig, tree_hash
+    from codetool.jobs.queries import RunConfig, run_hash
+    from codetool.tree.config import TreeConfig, tree_hash
 
     run = load_config(RunConfig, overrides={"benchmark": "restbench-tmdb", "ray": "auto", "cluster.workers": 4})
     assert (run.ray, run.cluster.workers) == ("auto", 4)
@@ -114,9 +114,9 @@ def test_cluster_settings_are_checked_and_reach_both_commands():
 
 
 def test_a_workers_batch_is_what_it_keeps_in_flight():
-    from codetool.run import RunConfig, ray_batch
-    from codetool.tree.build import TreeConfig
-    from codetool.tree.jobs import ray_batch as tree_batch
+    from codetool.jobs.queries import RunConfig, ray_batch
+    from codetool.jobs.trees import ray_batch as tree_batch
+    from codetool.tree.config import TreeConfig
 
     def run(**overrides):
         return ray_batch(load_config(RunConfig, overrides={"benchmark": "restbench-tmdb", **overrides}))

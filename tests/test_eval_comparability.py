@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from codetool.commands.eval import EvalConfig
+from codetool.commands.pipeline import PipelineConfig
 from codetool.config import load_config
 from codetool.eval.comparability import (
     CHECKS,
@@ -18,7 +19,6 @@ from codetool.eval.comparability import (
     target_of,
 )
 from codetool.eval.judges import JudgeConfig
-from codetool.pipeline import PipelineConfig
 from codetool.search.records import Trajectory
 
 REPO = Path(__file__).resolve().parents[1]

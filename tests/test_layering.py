@@ -17,9 +17,10 @@ import codetool
 ROOT = Path(codetool.__file__).resolve().parent
 
 # (package, packages it must not import). Lower floors first. ``assemble`` composes the stages
-# (models, prm, tools, executor, search) into what a command runs; the commands (``run``,
-# ``pipeline``, ``cli``, ``tree.build``'s command and ``commands``) sit above it.
-ABOVE_SEARCH = ("assemble", "run", "tree", "eval", "pipeline", "decide", "cli", "policy", "commands")
+# (models, prm, tools, executor, search) into what a command runs; the unit runners of the long
+# jobs (``jobs``) open their parts through it; the commands (``commands``, ``run``, ``pipeline``,
+# ``cli``, ``decide.benchmark``'s command) sit above them.
+ABOVE_SEARCH = ("assemble", "jobs", "run", "tree", "eval", "pipeline", "decide", "cli", "policy", "commands")
 RULES = [
     ("codetool.tools", ("search", "prm", *ABOVE_SEARCH)),
     ("codetool.models", ("search", "prm", *ABOVE_SEARCH)),
@@ -29,15 +30,16 @@ RULES = [
     # the Ray driver runs any command's runner, which it is handed: it never imports a command
     ("codetool.distributed", ("tools", "models", "executor", "search", "prm", *ABOVE_SEARCH)),
     ("codetool.prm", ABOVE_SEARCH),
-    ("codetool.assemble", ("run", "tree", "eval", "pipeline", "decide", "cli", "policy", "commands")),
-    ("codetool.decide", ("run", "tree", "pipeline", "cli", "policy", "commands")),
-    ("codetool.eval", ("run", "tree", "pipeline", "decide", "cli", "policy", "commands")),
+    ("codetool.assemble", ("jobs", "run", "tree", "eval", "pipeline", "decide", "cli", "policy", "commands")),
+    ("codetool.decide", ("jobs", "run", "tree", "pipeline", "cli", "policy", "commands")),
+    ("codetool.eval", ("jobs", "run", "tree", "pipeline", "decide", "cli", "policy", "commands")),
     # following the configuration of build-trees or run stays within the composition module and
     # the stage it configures: the two commands never reach into each other
-    ("codetool.tree", ("run", "pipeline", "decide", "cli", "policy", "commands")),
-    ("codetool.run", ("tree", "pipeline", "cli", "policy", "commands")),
+    ("codetool.tree", ("jobs", "run", "pipeline", "decide", "cli", "policy", "commands")),
     # policy RL composes the stages (and eval's metrics and judges); the commands sit above it
-    ("codetool.policy", ("run", "tree", "pipeline", "decide", "cli", "commands")),
+    ("codetool.policy", ("jobs", "run", "tree", "pipeline", "decide", "cli", "commands")),
+    # the unit runners are handed their settings; they never import a command
+    ("codetool.jobs", ("run", "pipeline", "cli", "policy", "commands")),
     ("codetool.commands", ("cli",)),
 ]
 
@@ -132,14 +134,16 @@ def test_the_allow_list_has_no_stale_entries():
 def test_commands_reach_their_stage_through_the_composition_module():
     """``run`` and ``build-trees`` get their policy, scorer, tool backend, executors and tasks from
     ``codetool.assemble``; neither builds them itself nor imports the other."""
-    run_imports = imported_modules(ROOT / "run.py")
-    build_imports = imported_modules(ROOT / "tree" / "build.py") | imported_modules(ROOT / "tree" / "jobs.py")
+    run_imports = imported_modules(ROOT / "commands" / "run.py") | imported_modules(ROOT / "jobs" / "queries.py")
+    build_imports = set().union(*(imported_modules(ROOT / p) for p in ("commands/build_trees.py", "jobs/trees.py",
+                                                                        "tree/build.py")))
     for imports in (run_imports, build_imports):
         assert "codetool.assemble" in imports
         assert not any(m.startswith(("codetool.models.backends", "codetool.tools.backends", "codetool.prm.scorer"))
                        for m in imports)
-    assert not any(m.startswith("codetool.tree") for m in run_imports)
-    assert not any(m == "codetool.run" or m.startswith("codetool.run.") for m in build_imports)
+    assert not any(m.startswith(("codetool.tree", "codetool.jobs.trees", "codetool.commands.build_trees"))
+                   for m in run_imports)
+    assert not any(m.startswith(("codetool.jobs.queries", "codetool.commands.run")) for m in build_imports)
 
 
 # -- import circles (issue 29) ---------------------------------------------------------------------
@@ -154,8 +158,6 @@ ALLOWED_CIRCLES: set[frozenset[str]] = {
     # one search body in four files: strategies/rollout import private _Episode and helpers back
     frozenset({"codetool.search.expand", "codetool.search.rollout", "codetool.search.search",
                "codetool.search.strategies"}),
-    # the build-trees command (tree.build) calls jobs, and jobs imports the builder and its config back
-    frozenset({"codetool.tree.build", "codetool.tree.jobs"}),
     # judges re-exports LLMJudge lazily; llm_judge imports the records and prompt helpers of judges
     frozenset({"codetool.eval.judges", "codetool.eval.llm_judge"}),
 }

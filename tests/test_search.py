@@ -6,11 +6,12 @@ import json
 
 import pytest
 
+from codetool.commands.run import run_command
 from codetool.config import ConfigError, load_config
 from codetool.executor import Executor, ExecutorConfig
+from codetool.jobs.queries import RunConfig
 from codetool.jsonl import read_jsonl
 from codetool.models.backends import ScriptedBackend
-from codetool.run import RunConfig, run_command
 from codetool.search.records import Candidate, Trajectory
 from codetool.search.search import SearchConfig, SearchTask, StepwiseSearch, select
 from codetool.tools.backends import make_tool_backend

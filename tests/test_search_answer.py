@@ -66,9 +66,10 @@ def test_config_and_long_logs():
 
 
 def test_a_stabletoolbench_run_writes_the_missing_answers_in_one_batch(shared_data, tmp_path):
+    from codetool.commands.run import execute_run
     from codetool.config import load_config
+    from codetool.jobs.queries import RunConfig
     from codetool.jsonl import read_jsonl
-    from codetool.run import RunConfig, execute_run
 
     def reply(prompt):
         if "## Execution log" in prompt[-1]["content"]:

@@ -14,7 +14,8 @@ from codetool.search.search import SearchConfig, SearchTask, StepwiseSearch
 from codetool.tools.backends import make_tool_backend
 from codetool.tools.environment import ToolEnvironment
 from codetool.tools.loaders import load_stabletoolbench
-from codetool.tree.build import TreeBuilder, TreeConfig, summarize
+from codetool.tree.build import TreeBuilder, summarize
+from codetool.tree.config import TreeConfig
 
 EXEC = ExecutorConfig(isolation="fallback", timeout_s=10)
 

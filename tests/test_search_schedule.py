@@ -149,7 +149,8 @@ def test_serialized_scorer_is_called_by_one_thread_at_a_time():
 
 
 def test_continuous_trees_are_the_same_whatever_the_timing(queries):
-    from codetool.tree.build import TreeBuilder, TreeConfig
+    from codetool.tree.build import TreeBuilder
+    from codetool.tree.config import TreeConfig
     from codetool.tree.grow import grow
 
     cfg = TreeConfig(branching=2, max_depth=3, search=SearchConfig(method="tree", latent="none"))
@@ -165,7 +166,8 @@ def test_continuous_trees_are_the_same_whatever_the_timing(queries):
 
 
 def test_continuous_trees_isolate_a_failing_query(queries):
-    from codetool.tree.build import TreeBuilder, TreeConfig
+    from codetool.tree.build import TreeBuilder
+    from codetool.tree.config import TreeConfig
     from codetool.tree.grow import grow
 
     def broken_factory(task):

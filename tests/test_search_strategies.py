@@ -207,7 +207,7 @@ def test_rollout_value_prm_without_a_prm_is_a_config_error():
 
 
 def test_lookahead_needs_a_latent_weight_and_is_labelled_by_its_rollouts():
-    from codetool.run import method_label
+    from codetool.jobs.queries import method_label
 
     with pytest.raises(ConfigError, match="w_latent"):
         SearchConfig(strategy="lookahead", w_latent=0.0)

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from codetool.commands.build_trees import build_trees_command
 from codetool.config import ConfigError, load_config
 from codetool.executor import Executor, ExecutorConfig
 from codetool.jsonl import read_jsonl
@@ -13,7 +14,8 @@ from codetool.models.backends import ScriptedBackend
 from codetool.search.search import SearchTask
 from codetool.tools.backends import make_tool_backend
 from codetool.tools.environment import ToolEnvironment
-from codetool.tree.build import TreeBuilder, TreeConfig, build_trees_command, tree_seed
+from codetool.tree.build import TreeBuilder, tree_seed
+from codetool.tree.config import TreeConfig
 
 EXEC = ExecutorConfig(isolation="fallback", timeout_s=10)
 

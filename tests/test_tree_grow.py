@@ -13,7 +13,8 @@ from codetool.models.completion import Completion, to_messages
 from codetool.search.search import SearchConfig, SearchTask
 from codetool.tools.backends import make_tool_backend
 from codetool.tools.environment import ToolEnvironment
-from codetool.tree.build import TreeBuilder, TreeConfig
+from codetool.tree.build import TreeBuilder
+from codetool.tree.config import TreeConfig
 from codetool.tree.grow import grow
 from codetool.tree.reference import reference_runner
 
@@ -82,9 +83,9 @@ def test_continuous_trees_get_the_reference_labels_of_rounds_off_the_scheduling_
 
 def test_tree_runner_grows_continuously_with_the_reference_rule(queries, shared_data, tmp_path, monkeypatch):
     import codetool.assemble as assemble
+    from codetool.commands.build_trees import build_trees_command
+    from codetool.jobs.trees import TreeRunner
     from codetool.jsonl import read_jsonl
-    from codetool.tree.build import build_trees_command
-    from codetool.tree.jobs import TreeRunner
 
     monkeypatch.setattr(assemble, "make_policy", lambda *a, **k: SiblingPolicy())
     grown = []

@@ -230,7 +230,8 @@ def test_build_trees_with_the_reference_rule_writes_the_public_codes_rows(shared
     from codetool.tools.backends import make_tool_backend
     from codetool.tools.environment import ToolEnvironment
     from codetool.tools.loaders import load_toolbench_queries
-    from codetool.tree.build import TreeBuilder, TreeConfig, label_record
+    from codetool.tree.build import TreeBuilder, label_record
+    from codetool.tree.config import TreeConfig
     from codetool.tree.dataset import export_dataset, tree_rows
 
     q = load_toolbench_queries(shared_data / "ToolBench" / "data_example" / "instruction" / "G1_query.json")[0]
@@ -259,6 +260,7 @@ def test_build_trees_with_the_reference_rule_writes_the_public_codes_rows(shared
 
 
 def test_relabel_to_the_reference_rule_reruns_the_missing_programs(shared_data, tmp_path):
+    from codetool.commands.build_trees import build_trees_command
     from codetool.config import load_config
     from codetool.executor import Executor, ExecutorConfig
     from codetool.jsonl import read_jsonl
@@ -266,7 +268,8 @@ def test_relabel_to_the_reference_rule_reruns_the_missing_programs(shared_data, 
     from codetool.tools.backends import make_tool_backend
     from codetool.tools.environment import ToolEnvironment
     from codetool.tools.loaders import load_toolbench_queries
-    from codetool.tree.build import TreeBuilder, TreeConfig, build_trees_command
+    from codetool.tree.build import TreeBuilder
+    from codetool.tree.config import TreeConfig
 
     q = load_toolbench_queries(shared_data / "ToolBench" / "data_example" / "instruction" / "G1_query.json")[0]
     task = SearchTask("G1_query/1", q.query, ToolEnvironment.from_query(q, make_tool_backend("simulator")))

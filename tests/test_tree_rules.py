@@ -6,7 +6,8 @@ import pytest
 
 from codetool.config import ConfigError, load_config
 from codetool.rewards import latent_reward
-from codetool.tree.build import TreeConfig, label_record, summarize
+from codetool.tree.build import label_record, summarize
+from codetool.tree.config import TreeConfig
 from codetool.tree.labels import label_tree, leaf_success, sibling_pairs
 
 TOOLS = ["get_weather", "get_city"]

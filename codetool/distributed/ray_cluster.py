@@ -4,7 +4,7 @@ The command that starts the job (``codetool run --ray ADDRESS``, ``codetool buil
 ADDRESS``) stays the *driver*: it plans the resume, holds the output lock and is the only writer
 of the output JSONL, exactly as on one machine. :func:`run_on_ray` starts ``workers`` Ray actors;
 each builds its own *runner* (the command's policy client or model, PRM, executor and tool
-environment: ``codetool.run.QueryRunner`` or ``codetool.tree.jobs.TreeRunner``) once, then runs
+environment: ``codetool.jobs.queries.QueryRunner`` or ``codetool.jobs.trees.TreeRunner``) once, then runs
 batches of units that the driver sends it and returns their records. The driver appends each
 record as its batch comes back, so the file grows while the job runs and a killed driver resumes
 like any single-machine run.

@@ -23,10 +23,11 @@ skips finished query ids, refuses an output written with other settings unless `
 and holds a lock on the output), then :mod:`codetool.tree.dataset` turns trees into PRM examples.
 A tree whose build raises, and a malformed query entry, is recorded as ``finish_type: error`` and
 left out of the dataset; the exit status is 1 (a shard's too) and ``--retry_failed`` rebuilds only
-those (``codetool.resume``). :mod:`codetool.tree.jobs` runs the job: the PRM dataset is exported
+those (``codetool.resume``). :mod:`codetool.jobs.trees` runs the job: the PRM dataset is exported
 all or nothing (a full disk is an error that leaves the previous export), ``--ray ADDRESS`` builds
 the trees on a Ray cluster's workers (one ``TreeRunner`` each, :mod:`codetool.distributed`), and
-``--merge`` refuses shards that did not finish, naming them (Slurm templates: ``scripts/slurm/``).
+``--merge`` refuses shards that did not finish, naming them (Slurm templates: ``scripts/slurm/``);
+the command is :mod:`codetool.commands.build_trees`, the settings :mod:`codetool.tree.config`.
 A local policy grows a batch of trees level by level (:meth:`TreeBuilder.build_many`); a remote
 one node by node as its samples return (:mod:`codetool.tree.grow`, ``search.schedule``), on each
 Ray worker too; both label a finished tree the same way (:meth:`TreeBuilder.record`).
@@ -36,28 +37,16 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
-from codetool import CodetoolError
-from codetool.config import ConfigError, config_hash, option
-from codetool.distributed.ray_cluster import ClusterConfig
-from codetool.executor import ExecutorConfig
-from codetool.models.remote import RemoteConfig
+from codetool.config import ConfigError
 from codetool.search.expand import Node, check_constraints, expand_each
 from codetool.search.prompt import history_entry
 from codetool.search.schedule import is_continuous, serving_records, units_in_flight
-from codetool.search.search import SearchConfig, SearchTask
-from codetool.tree.labels import (
-    LABEL_RULES,
-    SUCCESS_MODES,
-    add_counts,
-    label_tree,
-    leaf_success,
-    pair_counts,
-    sibling_pairs,
-)
+from codetool.search.search import SearchTask
+from codetool.tree.config import TreeConfig, tree_hash
+from codetool.tree.labels import add_counts, label_tree, leaf_success, pair_counts, sibling_pairs
 from codetool.tree.nodes import (
     FrontierNode,
     drop_failed,
@@ -71,105 +60,6 @@ from codetool.tree.nodes import (
 from codetool.tree.reference import LazyRunner, label_reference, reference_runner
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class TreeConfig:
-    """Settings of ``codetool build-trees``."""
-
-    queries: str | None = option(None, "ToolBench-format query file or folder (default: ToolBench's 10 example queries)")
-    output: str = option("runs/trees/trees.jsonl", "tree records (JSONL, one line per query)")
-    dataset_dir: str = option("data/prm", "where the PRM dataset goes (prm_examples.jsonl, train/validation splits)")
-    policy: str = option("default", "policy model: default, a path, a Hub id, an http(s) URL or vllm:<model>")
-    policy_max_batch_size: int = option(32, "sequences decoded together (local policy)")
-    remote_model: str | None = option(None, "model name sent to an http(s) policy server")
-    tools_backend: str = option("simulator", "tool backend: simulator, cache, server, stabletoolbench")
-    tool_server_url: str | None = option(None, "StableToolBench server URL (tools_backend server/stabletoolbench)")
-    tool_cache_dir: str | None = option(None, "StableToolBench response cache folder (cache/stabletoolbench)")
-    tool_doc: str = option("full", "tool docs in the prompt: full, compact one-liners, or brief (names and one short line: small models on CPU)",
-                           choices=["full", "compact", "brief"])
-    branching: int = option(2, "candidates sampled per node")
-    max_depth: int = option(5, "depth at which nodes become leaves")
-    failure_policy: str = option("continue", "what a failed node does", choices=["continue", "stop"])
-    success: str = option("grounded", "leaf success: executed (public code: the path ran cleanly), grounded (finish "
-                          "with an answer after a successful tool call), judged (grounded + a judge says Solved)",
-                          choices=list(SUCCESS_MODES))
-    label_rule: str = option("ours", "sibling labels: ours (every sibling pair; executability of the step's own "
-                             "run, then hard/soft LR; no success difference: no pair), reference (the public "
-                             "code's rows exactly: paths re-run with prints stripped, x-1/x-2 and x-3/x-2 pairs, "
-                             "both-'no' rows, replies without code as successful leaves) or latent (paper "
-                             "wording: compare R_latent; both-LR-0 pairs dropped)", choices=list(LABEL_RULES))
-    generator_quirks: bool = option(False, "with label_rule reference: also the public generator's history "
-                                    "bookkeeping after a reply without code (it drops that reply's later siblings "
-                                    "and one ancestor step from the nodes after it)")
-    judge: str = option("default", "judge model for success=judged: default (the embedded model), a path, Hub id "
-                        "or http(s) URL")
-    alpha: float = option(0.9, "latent reward alpha")
-    beta: float = option(0.95, "latent reward beta")
-    max_len: float = option(20.0, "latent reward L")
-    tau_mode: str = option("mean", "tau over a node's leaves: mean (paper text) or sum (public code)",
-                           choices=["mean", "sum"])
-    emit: str = option("pairs", "PRM rows: sibling pairs, or every node with its soft target", choices=["pairs", "nodes"])
-    val_fraction: float = option(0.2, "share of query ids held out for validation")
-    shard: str | None = option(None, "i/n: build only the i-th of n shards of the queries")
-    merge: bool = option(False, "join the shard files of --output, then export the dataset")
-    relabel: bool = option(False, "recompute leaf success (executed/grounded) and sibling labels of the trees already "
-                           "in --output under the current settings, then export; nothing is sampled")
-    limit: int | None = option(None, "build at most this many trees")
-    seed: int = option(0, "base seed; each tree's seed mixes in its query id")
-    batch_trees: int | None = option(None, "trees grown together (none: 8 with a local policy, level by level, so "
-                                     "their samples share forward passes (1: each tree's samples depend on its "
-                                     "query id alone); with a remote policy, node by node as samples return, "
-                                     "enough trees to fill policy_client.max_in_flight)")
-    policy_client: RemoteConfig = field(default_factory=RemoteConfig)
-    search: SearchConfig = field(default_factory=lambda: SearchConfig(method="tree", max_new_tokens=192))
-    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
-    retry_failed: bool = option(False, "rebuild the trees recorded as finish_type error (and only those)")
-    force_resume: bool = option(False, "resume even though the output was written with other settings")
-    ray: str | None = option(None, "build the trees on a Ray cluster: its address (auto, host:port, "
-                             "ray://host:10001) or local; this process writes --output (pip install 'codetool[ray]')")
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
-
-    def __post_init__(self):
-        if self.limit is not None and self.limit < 1:
-            raise ConfigError(f"--limit must be >= 1, got {self.limit}.")
-        if self.batch_trees is not None and self.batch_trees < 1:
-            raise ConfigError(f"batch_trees must be >= 1, got {self.batch_trees}.")
-        if self.branching < 1 or self.max_depth < 1:
-            raise ConfigError(f"branching and max_depth must be >= 1, got {self.branching} and {self.max_depth}.")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ConfigError(f"val_fraction must lie in [0, 1), got {self.val_fraction}.")
-        if self.success == "judged" and str(self.judge or "none").lower() in ("none", "", "null"):
-            raise ConfigError(f"trees.success is 'judged' but trees.judge is {self.judge!r}: set trees.judge to a "
-                              "judge model (default, a path, a Hub id or an http(s) URL), or use success: grounded.")
-        if self.shard is not None:
-            self.shard_index()
-
-    def shard_index(self) -> tuple[int, int]:
-        """``(i, n)`` parsed from ``shard``; ``(0, 1)`` when unsharded."""
-        if self.shard is None:
-            return 0, 1
-        try:
-            i, n = (int(x) for x in str(self.shard).split("/"))
-        except ValueError:
-            raise ConfigError(f"--shard must look like i/n (e.g. 0/2), got {self.shard!r}.") from None
-        if not 0 <= i < n:
-            raise ConfigError(f"--shard {self.shard}: need 0 <= i < n.")
-        return i, n
-
-    def shard_path(self) -> Path:
-        out = Path(self.output)
-        if self.shard is None:
-            return out
-        i, n = self.shard_index()
-        return out.with_name(f"{out.stem}.shard-{i}-of-{n}{out.suffix}")
-
-
-def tree_hash(cfg: TreeConfig) -> str:
-    """The config hash stored in tree records and checked on resume (not paths, sharding or speed)."""
-    return config_hash(cfg, ignore=("output", "dataset_dir", "shard", "merge", "limit", "batch_trees",
-                                    "policy_max_batch_size", "retry_failed", "force_resume", "relabel", "ray",
-                                    "cluster", "policy_client"))
 
 
 class TreeBuilder:
@@ -332,35 +222,6 @@ def label_record(record: dict[str, Any], cfg: TreeConfig, *, recompute_success: 
     return record
 
 
-def load_training_queries(cfg: TreeConfig) -> list:
-    """The training queries of ``cfg``, with ids made unique as ``<file stem>/<query_id>`` (ToolBench
-    files reuse ids across groups). Queries that offer no API are skipped with a warning; a
-    malformed entry is kept (its ``extra["load_error"]`` becomes its error record).
-
-    Raises:
-        ConfigError: no such file or folder.
-        CodetoolError: a file repeats a query id (the ids are named).
-    """
-    from codetool.resume import refuse_duplicates
-    from codetool.tools.loaders import data_root, load_toolbench_queries
-
-    path = Path(cfg.queries) if cfg.queries else data_root() / "ToolBench" / "data_example" / "instruction"
-    if not path.exists():
-        raise ConfigError(f"--queries {path}: no such file or folder. Pass a ToolBench-format query file "
-                          "(e.g. G1_query.json) or a folder of them; `codetool data fetch toolbench-examples` "
-                          "gets the 10 example queries.")
-    queries = load_toolbench_queries(path)
-    refuse_duplicates([f"{q.group}/{q.query_id}" for q in queries], str(path))
-    usable = [q for q in queries if q.apis or q.extra.get("load_error")]
-    if len(usable) < len(queries):
-        logger.warning("%d of %d queries offer no documented API and are skipped: %s", len(queries) - len(usable),
-                       len(queries), ", ".join(f"{q.group}/{q.query_id}" for q in queries
-                                 if not (q.apis or q.extra.get("load_error"))))
-    for q in usable:
-        q.query_id = f"{q.group}/{q.query_id}"
-    return usable[: cfg.limit] if cfg.limit is not None else usable
-
-
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Totals over tree records: trees (built), errors (trees whose build failed: left out of every
     other total), nodes, leaves, leaf success rate, pairs (``pairs_by_<reason>`` for what decided
@@ -380,16 +241,6 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
             "trees_per_hour": 3600.0 / seconds_per_tree if seconds_per_tree else 0.0}
 
 
-def _print_summary(title: str, summary: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title, show_header=False)
-    for key, value in summary.items():
-        table.add_row(key.replace("_", " "), f"{value:.3f}" if isinstance(value, float) else str(value))
-    Console().print(table)
-
-
 def judge_fn(cfg: TreeConfig):
     """``judge(query, answer) -> bool`` (Solved) for ``success: judged``, else ``None``."""
     if cfg.success != "judged":
@@ -401,61 +252,3 @@ def judge_fn(cfg: TreeConfig):
         raise ConfigError(f"trees.success is 'judged' but trees.judge {cfg.judge!r} configures no judge; set "
                           "trees.judge to a judge model, or use success: grounded.")
     return lambda query, answer: judge.judge_answer(query, answer).label == "Solved"
-
-
-def build_trees_command(cfg: TreeConfig) -> int:
-    """``codetool build-trees``: build (a shard of) the trees, or ``--merge`` shards; then export the
-    PRM dataset and print the summary. Exit status 1 when a tree of the output (of the shard) is an
-    error record (a malformed query, a failed build); ``--retry_failed`` rebuilds only those.
-
-    Raises:
-        CodetoolError: the output is a folder or locked; ``--merge`` finds shards missing trees;
-            the PRM dataset cannot be written (the trees are kept; the previous dataset too).
-    """
-    from codetool.jsonl import read_jsonl, write_jsonl
-    from codetool.resume import OutputLock
-    from codetool.tree.jobs import build_missing, export_atomically, merge_shards, relabel
-
-    out = Path(cfg.output)
-    queries = load_training_queries(cfg)
-    order = {q.query_id: i for i, q in enumerate(queries)}
-    if cfg.relabel:
-        if not out.is_file():
-            raise ConfigError(f"--relabel needs the tree records of --output; {out} does not exist.")
-        records = relabel(cfg, list(read_jsonl(out)), queries)
-        for r in records:  # the records now hold this run's settings: resume and --retry_failed accept them
-            r["config_hash"] = tree_hash(cfg)
-        write_jsonl(out, records)
-        logger.info("relabelled %d trees in %s (success %s, label rule %s)", len(records), out,
-                    cfg.success, cfg.label_rule)
-    elif cfg.merge:
-        records = merge_shards(cfg, out, queries, order)
-    else:
-        index, count = cfg.shard_index()
-        mine = [q for i, q in enumerate(queries) if i % count == index]
-        path = cfg.shard_path()
-        if path.is_dir():
-            raise CodetoolError(f"--output {path} is a folder; pass a file path such as {path / 'trees.jsonl'}.")
-        with OutputLock(path):
-            build_missing(cfg, mine, path)
-        records = sorted(read_jsonl(path), key=lambda r: order.get(str(r["query_id"]), len(order)))
-        if cfg.shard is not None:
-            _print_summary(f"shard {cfg.shard}: {path}", summarize(records))
-            if not _report_failed(records):
-                logger.info("shard done; run again with --merge once every shard has finished")
-                return 0
-            return 1
-    summary = summarize(records)  # "errors" counts the failed trees
-    stats = export_atomically([r for r in records if r.get("finish_type") != "error"], cfg)
-    if stats is not None:
-        summary.update({f"dataset_{k}": v for k, v in stats.items() if k not in ("val_query_ids", "pair_counts")})
-    _print_summary(f"trees: {out}", summary)
-    return 1 if _report_failed(records) else 0
-
-
-def _report_failed(records: list[dict]) -> bool:
-    failed = [r for r in records if r.get("finish_type") == "error"]
-    if failed:
-        logger.warning("%d trees ended with an error (e.g. %s: %s); rerun with --retry_failed to rebuild only those",
-                       len(failed), failed[0].get("query_id"), failed[0].get("error"))
-    return bool(failed)

@@ -9,7 +9,7 @@ once, and a finished tree is labelled (:meth:`~codetool.tree.build.TreeBuilder.r
 reference rule's re-runs too, as a job of the pool unless a judge decides success) and handed to
 ``on_done`` while the other trees go on (a new tree starts in its place). Deeper nodes are
 expanded first, so trees finish early and their executors close. ``TreeRunner`` calls it for
-its units, on one machine or in each Ray worker (:mod:`codetool.tree.jobs`).
+its units, on one machine or in each Ray worker (:mod:`codetool.jobs.trees`).
 
 Each node's sampling seed comes from its tree's seed (``tree_seed``: the base seed and the query
 id) and its node id, so a tree does not depend on the timing, ``batch_trees`` or sharding. A

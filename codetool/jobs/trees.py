@@ -1,6 +1,7 @@
-"""The long-job side of ``codetool build-trees``: where trees are built, how shards merge, how the
-dataset is written (issue 28).
+"""The long-job side of ``codetool build-trees``: which queries, where trees are built, how shards
+merge, how the dataset is written (issue 28). The command is :mod:`codetool.commands.build_trees`.
 
+- :func:`load_training_queries` reads the training queries, their ids made unique;
 - :class:`TreeRunner` holds what one machine, or one Ray worker, needs to build trees (policy,
   :class:`~codetool.tree.build.TreeBuilder`, tool backend); :func:`build_missing` runs it here or
   through :func:`codetool.distributed.run_on_ray` (``--ray``), appending one record per query to
@@ -24,11 +25,42 @@ from typing import Any
 
 from codetool import CodetoolError
 from codetool.config import ConfigError
+from codetool.jobs import ProgressFactory
 from codetool.resume import UnitRunner
 from codetool.search.schedule import closed_on_interrupt, planned_units
-from codetool.tree.build import TreeBuilder, TreeConfig, judge_fn, label_record, tree_hash
+from codetool.tree.build import TreeBuilder, judge_fn, label_record
+from codetool.tree.config import TreeConfig, tree_hash
 
 logger = logging.getLogger(__name__)
+
+
+def load_training_queries(cfg: TreeConfig) -> list:
+    """The training queries of ``cfg``, with ids made unique as ``<file stem>/<query_id>`` (ToolBench
+    files reuse ids across groups). Queries that offer no API are skipped with a warning; a
+    malformed entry is kept (its ``extra["load_error"]`` becomes its error record).
+
+    Raises:
+        ConfigError: no such file or folder.
+        CodetoolError: a file repeats a query id (the ids are named).
+    """
+    from codetool.resume import refuse_duplicates
+    from codetool.tools.loaders import data_root, load_toolbench_queries
+
+    path = Path(cfg.queries) if cfg.queries else data_root() / "ToolBench" / "data_example" / "instruction"
+    if not path.exists():
+        raise ConfigError(f"--queries {path}: no such file or folder. Pass a ToolBench-format query file "
+                          "(e.g. G1_query.json) or a folder of them; `codetool data fetch toolbench-examples` "
+                          "gets the 10 example queries.")
+    queries = load_toolbench_queries(path)
+    refuse_duplicates([f"{q.group}/{q.query_id}" for q in queries], str(path))
+    usable = [q for q in queries if q.apis or q.extra.get("load_error")]
+    if len(usable) < len(queries):
+        logger.warning("%d of %d queries offer no documented API and are skipped: %s", len(queries) - len(usable),
+                       len(queries), ", ".join(f"{q.group}/{q.query_id}" for q in queries
+                                 if not (q.apis or q.extra.get("load_error"))))
+    for q in usable:
+        q.query_id = f"{q.group}/{q.query_id}"
+    return usable[: cfg.limit] if cfg.limit is not None else usable
 
 
 def merge_shards(cfg: TreeConfig, out: Path, queries: list, order: dict) -> list[dict]:
@@ -131,13 +163,19 @@ def export_atomically(records: list[dict], cfg: TreeConfig) -> dict | None:
     return stats
 
 
-def build_missing(cfg: TreeConfig, mine: list, path: Path) -> int:
+def build_missing(cfg: TreeConfig, mine: list, path: Path, progress: ProgressFactory | None = None) -> int:
     """Build the trees of ``mine`` not yet in ``path`` (resume keyed by the unique query id and
     guarded by ``tree_hash``), here or on Ray workers (``--ray``); a tree whose build raises, or a
     malformed query, is recorded as ``finish_type: error`` and the others go on
-    (``codetool.resume``). Returns the number that failed."""
-    from rich.progress import Progress
+    (``codetool.resume``).
 
+    Args:
+        progress (`Callable[[int], Callable[[dict], None]]`, *optional*): called once with the
+            number of trees to build (when there are any); what it returns is called with each
+            record once it is written (the command's progress bar).
+    Returns:
+        The number of trees that failed.
+    """
     from codetool.jsonl import append_jsonl
     from codetool.resume import FatalError, plan_resume
 
@@ -150,27 +188,27 @@ def build_missing(cfg: TreeConfig, mine: list, path: Path) -> int:
     if not todo:
         return 0
     failed = [0]
-    with Progress() as bar:
-        job = bar.add_task("trees", total=len(todo))
+    tick = progress(len(todo)) if progress is not None else None
 
-        def land(record: dict) -> None:
-            try:
-                append_jsonl(path, record)
-            except CodetoolError as e:  # a full disk stops the job; it is not one tree's fault
-                raise FatalError(str(e)) from None
-            failed[0] += record.get("finish_type") == "error"
-            bar.update(job, advance=1)
+    def land(record: dict) -> None:
+        try:
+            append_jsonl(path, record)
+        except CodetoolError as e:  # a full disk stops the job; it is not one tree's fault
+            raise FatalError(str(e)) from None
+        failed[0] += record.get("finish_type") == "error"
+        if tick is not None:
+            tick(record)
 
-        if cfg.ray:
-            from codetool.distributed import run_on_ray
+    if cfg.ray:
+        from codetool.distributed import run_on_ray
 
-            run_on_ray(cfg.ray, cfg.cluster, todo, unit_key=lambda q: str(q.query_id),
-                       record_key=lambda r: str(r["query_id"]), runner=(TreeRunner, (cfg, chash)), on_record=land,
-                       on_error=lambda q, e: land(tree_error_record(q, e, chash)), batch=ray_batch(cfg))
-        else:
-            with TreeRunner(cfg, chash) as runner:
-                runner.run(todo, land)
-                log_client_stats(runner.builder.policy)
+        run_on_ray(cfg.ray, cfg.cluster, todo, unit_key=lambda q: str(q.query_id),
+                   record_key=lambda r: str(r["query_id"]), runner=(TreeRunner, (cfg, chash)), on_record=land,
+                   on_error=lambda q, e: land(tree_error_record(q, e, chash)), batch=ray_batch(cfg))
+    else:
+        with TreeRunner(cfg, chash) as runner:
+            runner.run(todo, land)
+            log_client_stats(runner.builder.policy)
     return failed[0]
 
 

@@ -8,9 +8,10 @@ import pytest
 
 import codetool.assemble as assemble
 from codetool import CodetoolError
+from codetool.commands.build_trees import build_trees_command
 from codetool.jsonl import read_jsonl
 from codetool.models.backends import ScriptedBackend
-from codetool.tree.build import TreeConfig, build_trees_command
+from codetool.tree.config import TreeConfig
 
 API = {"category_name": "Data", "tool_name": "weather", "api_name": "forecast", "api_description": "forecast",
        "required_parameters": [], "optional_parameters": [], "method": "GET"}

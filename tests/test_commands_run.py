@@ -8,10 +8,11 @@ import pytest
 
 import codetool.assemble as assemble
 from codetool import CodetoolError
+from codetool.commands.run import execute_run, run_command
+from codetool.jobs.queries import RunConfig
 from codetool.jsonl import append_jsonl, read_jsonl
 from codetool.models.backends import ScriptedBackend
 from codetool.resume import OutputLock
-from codetool.run import RunConfig, execute_run, run_command
 
 
 def block(code: str) -> str:
@@ -151,7 +152,7 @@ def test_resumed_run_samples_with_the_seeds_of_an_uninterrupted_one(monkeypatch,
 
 def test_the_default_method_label_says_what_ran_without_a_prm():
     """``codetool run`` without ``--prm`` labels its trajectories by what ran, not ``spot+latent``."""
-    from codetool.run import method_label
+    from codetool.jobs.queries import method_label
     from codetool.search.search import SearchConfig
 
     assert method_label(SearchConfig(latent="none")) == "spot-only"

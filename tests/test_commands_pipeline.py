@@ -9,15 +9,21 @@ from pathlib import Path
 import pytest
 
 from codetool import CodetoolError
+from codetool.commands.pipeline import (
+    STAGES,
+    EvalSetConfig,
+    MethodConfig,
+    PipelineConfig,
+    run_pipeline,
+)
 from codetool.config import ConfigError, load_config
 from codetool.eval.judges import JudgeConfig
 from codetool.executor import ExecutorConfig
 from codetool.jsonl import read_jsonl
 from codetool.models.backends import ScriptedBackend
-from codetool.pipeline import STAGES, EvalSetConfig, MethodConfig, PipelineConfig, run_pipeline
 from codetool.prm.train import TrainConfig
 from codetool.search.search import SearchConfig
-from codetool.tree.build import TreeConfig
+from codetool.tree.config import TreeConfig
 
 RECIPES = sorted((Path(__file__).resolve().parents[1] / "configs" / "pipeline").glob("*.yaml"))
 
@@ -37,14 +43,15 @@ def test_bad_stage_and_duplicate_methods_are_config_errors():
 
 @pytest.fixture
 def recorded(monkeypatch):
-    """Replaces the stage functions by recorders; a stage listed in ``crash`` raises once."""
-    from codetool import pipeline
+    """Replaces the stages (each the command it calls) by recorders; a stage listed in ``crash``
+    raises once."""
+    from codetool.commands import pipeline
 
     calls: list[str] = []
     crash: set[str] = set()
 
     def make(name):
-        def stage(cfg, **_):
+        def stage(*args):
             calls.append(name)
             if name in crash:
                 crash.discard(name)
@@ -52,7 +59,8 @@ def recorded(monkeypatch):
             return {"ran": name}
         return stage
 
-    monkeypatch.setattr(pipeline, "STAGE_FUNCTIONS", {name: make(name) for name in STAGES})
+    for name in STAGES:
+        monkeypatch.setattr(pipeline, f"stage_{name}", make(name))
     return calls, crash
 
 
@@ -98,10 +106,28 @@ def test_a_given_prm_checkpoint_skips_training_and_no_prm_skips_trees(recorded, 
     assert run_pipeline(no_prm) == {"trees": "not run", "train": "not run", "search": "ran", "eval": "ran"}
 
 
-def test_trees_without_rows_stop_with_a_fix(monkeypatch, tmp_path):
-    import codetool.tree.build as build
+def test_each_stage_is_called_with_its_commands_config(monkeypatch, tmp_path):
+    from codetool.commands import pipeline
+    from codetool.jobs.queries import RunConfig
 
-    monkeypatch.setattr(build, "build_trees_command", lambda cfg: 0)
+    seen: dict[str, tuple] = {}
+    for name in STAGES:
+        monkeypatch.setattr(pipeline, f"stage_{name}", lambda *args, name=name: seen.setdefault(name, args) and {})
+    cfg = PipelineConfig(name="p", runs_dir=str(tmp_path), seeds=[0, 1])
+    assert run_pipeline(cfg) == dict.fromkeys(STAGES, "ran")
+    (trees,), (train,) = seen["trees"], seen["train"]
+    assert isinstance(trees, TreeConfig) and trees.output == str(tmp_path / "p" / "trees" / "trees.jsonl")
+    assert isinstance(train, TrainConfig) and train.dataset == [str(tmp_path / "p" / "trees" / "prm_dataset"
+                                                                    / "train.jsonl")]
+    top, runs, prm = seen["search"]
+    assert top is cfg and prm == train.output_dir and seen["eval"] == seen["search"]
+    assert all(isinstance(r, RunConfig) for r in runs) and len(runs) == 2 * len(cfg.methods) * len(cfg.evals)
+
+
+def test_trees_without_rows_stop_with_a_fix(monkeypatch, tmp_path):
+    from codetool.commands import pipeline
+
+    monkeypatch.setattr(pipeline, "build_trees_command", lambda cfg: 0)
     cfg = PipelineConfig(name="p", runs_dir=str(tmp_path), stages=["trees"])
     with pytest.raises(CodetoolError, match="no PRM training rows.*max_depth"):
         run_pipeline(cfg)

@@ -31,23 +31,27 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from codetool import CodetoolError
+from codetool.commands.build_trees import build_trees_command
+from codetool.commands.run import execute_run
 from codetool.config import ConfigError, config_hash, option, to_dict
 from codetool.eval.judges import JudgeConfig
 from codetool.executor import ExecutorConfig
+from codetool.jobs.queries import RunConfig
+from codetool.jobs.stages import Stage
 from codetool.models.memory import release_host_memory
 from codetool.models.remote import RemoteConfig
 from codetool.models.spec import ModelSpec
 from codetool.prm.train import TrainConfig
 from codetool.search.answer import AnswerConfig
 from codetool.search.search import SearchConfig
-from codetool.tree.build import TreeConfig
+from codetool.tree.config import TreeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -159,50 +163,6 @@ class PipelineConfig:
         return Path(self.runs_dir) / self.name
 
 
-class Stage:
-    """Bookkeeping of one stage folder: its record, whether it is current, and resets."""
-
-    def __init__(self, root: Path, name: str, digest: str):
-        self.dir, self.name, self.digest = root / name, name, digest
-        self.record_path = self.dir / "stage.json"
-
-    def record(self) -> dict[str, Any]:
-        try:
-            return json.loads(self.record_path.read_text())
-        except (OSError, json.JSONDecodeError):
-            return {}
-
-    def prepare(self, force: bool) -> bool:
-        """True when the stage must run. Clears the folder when its settings changed or ``force``."""
-        rec = self.record()
-        if rec.get("hash") == self.digest and rec.get("status") == "done" and not force:
-            logger.info("stage %s: up to date (hash %s), skipped", self.name, self.digest)
-            return False
-        if self.dir.exists() and (force or rec.get("hash") != self.digest):
-            logger.info("stage %s: %s, starting afresh", self.name, "forced" if force else "settings changed")
-            shutil.rmtree(self.dir)
-        elif rec.get("status") == "running":
-            logger.info("stage %s: resuming an interrupted run", self.name)
-        elif rec.get("status") == "failed":
-            logger.info("stage %s: running again after it failed (%s)", self.name, rec.get("error", "?"))
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._write({"hash": self.digest, "status": "running", "started": time.time()})
-        return True
-
-    def failed(self, error: BaseException) -> None:
-        from codetool.secrets import redact
-
-        self._write({"hash": self.digest, "status": "failed", "error": redact(f"{type(error).__name__}: {error}")[:500]})
-
-    def done(self, seconds: float, **info) -> None:
-        self._write({"hash": self.digest, "status": "done", "seconds": round(seconds, 1), **info})
-
-    def _write(self, data: dict[str, Any]) -> None:
-        tmp = self.record_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=2, default=str))
-        tmp.replace(self.record_path)
-
-
 def _hash(*parts: Any) -> str:
     return config_hash([dataclasses.asdict(p) if dataclasses.is_dataclass(p) else p for p in parts])
 
@@ -221,11 +181,9 @@ def _train_cfg(cfg: PipelineConfig) -> TrainConfig:
                                eval_dataset=[str(data / "validation.jsonl")], output_dir=str(cfg.root / "train" / "prm"))
 
 
-def _run_cfgs(cfg: PipelineConfig, prm: str) -> list:
+def _run_cfgs(cfg: PipelineConfig, prm: str) -> list[RunConfig]:
     """One ``RunConfig`` per (seed, method, evaluation set), seeds outermost. With one seed the
     trajectories go to ``search/<method>/<slug>.jsonl``; with several, ``<slug>.seed<k>.jsonl``."""
-    from codetool.run import RunConfig
-
     runs = []
     for seed, method in ((s, m) for s in cfg.seeds for m in cfg.methods):
         search = dataclasses.replace(cfg.search, method=method.name, k=method.k, w_spot=method.w_spot,
@@ -282,32 +240,39 @@ def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
     plan = stage_hashes(cfg)
     status: dict[str, Any] = {}
     changed = False  # once a stage reruns, every later stage reruns too
-    for name in STAGES:
+
+    def stage(name: str, work: Callable[[], dict | None]) -> None:
+        nonlocal changed
         if name not in cfg.stages or (name == "train" and cfg.prm_checkpoint) or (
                 name in ("trees", "train") and not needs_prm and not cfg.prm_checkpoint and name not in cfg.force):
             status[name] = "not run"
-            continue
-        stage = Stage(root, name, plan[name])
-        if not stage.prepare(force=name in cfg.force or changed):
+            return
+        record = Stage(root, name, plan[name])
+        if not record.prepare(force=name in cfg.force or changed):
             status[name] = "skipped"
-            continue
+            return
         changed = True
         start = time.perf_counter()
         try:
-            info = STAGE_FUNCTIONS[name](cfg, tree_cfg=tree_cfg, train_cfg=train_cfg, run_cfgs=run_cfgs, prm=prm)
+            info = work()
         except BaseException as e:  # recorded, so the next run says why it starts this stage again
-            stage.failed(e)
+            record.failed(e)
             raise
-        stage.done(time.perf_counter() - start, **(info or {}))
+        record.done(time.perf_counter() - start, **(info or {}))
         status[name] = "ran"
         logger.info("stage %s finished in %.1f s", name, time.perf_counter() - start)
         release_host_memory(collect=True)  # the stage's models are gone: the next one starts lean
+
+    # The stages in order (STAGES), each the command it runs, called with its own config.
+    stage("trees", lambda: stage_trees(tree_cfg))
+    stage("train", lambda: stage_train(train_cfg))
+    stage("search", lambda: stage_search(cfg, run_cfgs, prm))
+    stage("eval", lambda: stage_eval(cfg, run_cfgs, prm))
     return status
 
 
-def _stage_trees(cfg: PipelineConfig, *, tree_cfg: TreeConfig, **_) -> dict:
-    from codetool.tree.build import build_trees_command
-
+def stage_trees(tree_cfg: TreeConfig) -> dict:
+    """``codetool build-trees`` with the pipeline's tree settings; refuses trees that gave no rows."""
     build_trees_command(tree_cfg)
     data = Path(tree_cfg.dataset_dir) / "train.jsonl"
     if not data.exists():
@@ -316,7 +281,8 @@ def _stage_trees(cfg: PipelineConfig, *, tree_cfg: TreeConfig, **_) -> dict:
     return {"trees": tree_cfg.output, "dataset": tree_cfg.dataset_dir}
 
 
-def _stage_train(cfg: PipelineConfig, *, train_cfg: TrainConfig, **_) -> dict:
+def stage_train(train_cfg: TrainConfig) -> dict:
+    """``codetool train-prm`` on the trees' dataset (without held-out rows when there are none)."""
     from codetool.commands.train_prm import train_command
 
     if not Path(train_cfg.eval_dataset[0]).exists() or not Path(train_cfg.eval_dataset[0]).read_text().strip():
@@ -325,9 +291,9 @@ def _stage_train(cfg: PipelineConfig, *, train_cfg: TrainConfig, **_) -> dict:
     return {"prm": train_cfg.output_dir}
 
 
-def _stage_search(cfg: PipelineConfig, *, run_cfgs: list, prm: str, **_) -> dict:
+def stage_search(cfg: PipelineConfig, run_cfgs: list[RunConfig], prm: str) -> dict:
+    """``codetool run`` of every (seed, method, evaluation set), one policy (and PRM) loaded for all."""
     from codetool.assemble import make_policy, make_scorer
-    from codetool.run import execute_run
 
     policy = make_policy(cfg.policy, max_batch_size=cfg.policy_max_batch_size, remote_model=cfg.remote_model,
                          client=cfg.policy_client)
@@ -366,7 +332,9 @@ def _prm_heldout(cfg: PipelineConfig, prm: str) -> str:
     return str(out / "metrics.json")
 
 
-def _stage_eval(cfg: PipelineConfig, *, run_cfgs: list, prm: str = "", **_) -> dict:
+def stage_eval(cfg: PipelineConfig, run_cfgs: list[RunConfig], prm: str) -> dict:
+    """``codetool eval`` of the first seed's runs (the others as seed runs), with the PRM's held-out
+    pairwise accuracy (``eval-prm``) when the pipeline trained one."""
     from codetool.commands.eval import EvalConfig, eval_command
 
     first = [r.output for r in run_cfgs if r.search.seed == cfg.seeds[0]]
@@ -382,9 +350,6 @@ def _stage_eval(cfg: PipelineConfig, *, run_cfgs: list, prm: str = "", **_) -> d
         logger.warning("some judge requests failed (see report.md's warnings); `--force eval` asks them again, "
                        "the cached verdicts cost nothing")
     return {"report": str(cfg.root / "report.md")}
-
-
-STAGE_FUNCTIONS = {"trees": _stage_trees, "train": _stage_train, "search": _stage_search, "eval": _stage_eval}
 
 
 def pipeline_command(cfg: PipelineConfig) -> int:

@@ -1,0 +1,166 @@
+"""``codetool run``: the stepwise search on one query or a benchmark, written as trajectories.
+
+    codetool run --query "What is the weather in Paris?" --tools my_apis.json
+    codetool run --benchmark stabletoolbench --group G1_instruction --limit 5
+    codetool run --benchmark restbench-tmdb --limit 10 --prm checkpoints/prm/quickstart
+
+Trajectories go to ``--output`` as JSON Lines, appended one query at a time; a rerun skips the
+queries already there (by benchmark, group and query id), so a killed run resumes where it
+stopped. A rerun with changed settings refuses to mix records (``--force_resume`` overrides); the
+output is locked while a run writes it; a query whose run raises (a policy 4xx/5xx after retries,
+unencodable text, a malformed API entry) is recorded as ``finish_type: error`` and the run goes
+on; the exit status is 1 when any query failed, and ``--retry_failed`` reruns only those
+(``codetool.resume``). The end of the run prints a
+one-screen summary (finished, gave up, SCEP, mean steps, tokens, seconds per query and per phase,
+mean tool cost). ``--prm`` picks the latent reward: a PRM checkpoint directory, the URL of a
+``codetool serve-prm`` server, ``rollout`` (Monte Carlo rollouts with the policy) or ``none``;
+``--search.latent`` may be left at its default (``prm``: follow ``--prm``) or agree with it, else
+the config is refused. The parts are composed by :mod:`codetool.assemble` (:class:`~codetool.jobs.queries.QueryRunner`
+holds them). ``--ray ADDRESS`` runs the queries on the workers of a Ray cluster
+(:mod:`codetool.distributed`); this process still plans the resume and writes ``--output``.
+Against a policy server the episodes advance on their own (``search.schedule``,
+:mod:`codetool.search.schedule`) inside :class:`~codetool.jobs.queries.QueryRunner`, on one machine and in each Ray
+worker alike, and the summary shows the servers' client limits and use.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from codetool import CodetoolError
+from codetool.jobs.queries import (
+    RunConfig,
+    load_benchmark,
+    method_label,
+    query_key,
+    record_key,
+    run_hash,
+    run_queries,
+    single_query,
+)
+from codetool.models.spec import ModelSpec
+from codetool.resume import OutputLock, plan_resume
+
+logger = logging.getLogger(__name__)
+
+
+def execute_run(cfg: RunConfig, *, policy=None, scorer=None, show_summary: bool = True) -> Path:
+    """Run the search that ``cfg`` describes, appending trajectories to ``cfg.output`` (resumable).
+
+    Args:
+        policy (`LLMBackend`, *optional*): a loaded policy to reuse (default: built from ``cfg.policy``).
+        scorer (`PRMScorer`, *optional*): a loaded PRM to reuse (default: built from ``cfg.prm``).
+    Returns:
+        The trajectory file.
+    Raises:
+        CodetoolError: the output is a folder, is locked by another run, or holds records written
+            with other settings; no queries were selected; the output cannot be written.
+    """
+    cfg.search.latent = ModelSpec.parse(cfg.prm, role="prm").latent  # --prm decides (checked in RunConfig)
+    cfg.search.method = method_label(cfg.search)
+    queries = [single_query(cfg)] if cfg.query is not None else load_benchmark(cfg)
+    if not queries:
+        raise CodetoolError(f"no queries to run in {cfg.queries or cfg.benchmark}; check --queries, --group, --offset.")
+    out = Path(cfg.output)
+    if out.is_dir():
+        raise CodetoolError(f"--output {out} is a folder; pass a file path such as {out / 'trajectories.jsonl'}.")
+    chash = run_hash(cfg)
+    with OutputLock(out):
+        plan = plan_resume(out, [query_key(q) for q in queries], record_key, chash,
+                           retry_failed=cfg.retry_failed, force=cfg.force_resume)
+        todo = [q for q in queries if query_key(q) not in plan.done]
+        if plan.done:
+            logger.info("resuming: %d of %d queries already in %s", len(queries) - len(todo), len(queries), out)
+        serving: dict[str, Any] = {}
+        if todo:
+            with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TimeElapsedColumn(), TextColumn("{task.fields[last]}")) as bar:
+                run_queries(cfg, todo, out, chash, policy=policy, scorer=scorer, clients=serving,
+                            progress=lambda total: _ticker(bar, cfg, total))
+        else:
+            logger.info("nothing to do: all %d queries are in %s", len(queries), out)
+    if show_summary:
+        print_summary(out, [q.query_id for q in queries], clients=serving)
+    return out
+
+
+def _ticker(bar: Progress, cfg: RunConfig, total: int):
+    job = bar.add_task(f"{cfg.search.method} on {cfg.benchmark or 'query'}", total=total, last="")
+    return lambda record: bar.update(job, advance=1, last=f"{record.get('query_id')}: {record.get('finish_type')}, "
+                                                       f"{len(record.get('steps') or [])} steps")
+
+
+def run_command(cfg: RunConfig) -> int:
+    """``codetool run``; see the module docstring. Exit status 1 when any selected query failed."""
+    from codetool.jsonl import read_jsonl
+
+    out = execute_run(cfg)
+    failed = sum(1 for r in read_jsonl(out) if r.get("finish_type") == "error" and r.get("config_hash") == run_hash(cfg))
+    if failed:
+        logger.warning("%d queries in %s ended with an error; rerun with --retry_failed to run only those", failed, out)
+        return 1
+    return 0
+
+
+def serving_rows(trajs: list, clients: dict) -> list[tuple[str, str]]:
+    """Summary rows for remote servers: the client limits and adaptations recorded in the
+    trajectories (the last one that has them), and for each live client of this run its
+    requests, retries, failovers, timeouts and sequences in flight (peak and effective)."""
+    rows: list[tuple[str, str]] = []
+    record = next((t.serving for t in reversed(trajs) if t.serving), {})
+    for name in ("policy", "prm"):
+        part = record.get(name)
+        if not part:
+            continue
+        rows.append((f"{name} server", f"{', '.join(part.get('endpoints', []))}: {part.get('client', '')}"))
+        rows += [(f"  {name} adapted", text) for text in part.get("adaptations", [])]
+        if part.get("identical_samples"):
+            rows.append((f"  {name} identical samples", part["identical_samples"]))
+    if record.get("schedule"):
+        rows.append(("schedule", record["schedule"]))
+    for name, client in clients.items():
+        s = client.stats()
+        rows.append((f"  {name} requests", f"{s['requests']} ({s['retries']} retries, {s['failovers']} failovers, "
+                                           f"{s['timeouts']} timeouts)"))
+        rows.append((f"  {name} in flight", f"peak {s['in_flight_peak']} of {s['max_in_flight']}, effective "
+                                            f"{s['in_flight_effective']:.1f} over {s['in_flight_busy_s']:.0f} s"))
+    return rows
+
+
+def print_summary(path: Path, query_ids: list[str] | None = None, clients: dict | None = None) -> dict[str, Any]:
+    """Print the one-screen summary of a trajectory file (restricted to ``query_ids``), with how
+    remote servers were used (from the trajectories) and what this run's ``clients`` measured."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from codetool.eval.metrics import run_metrics
+    from codetool.jsonl import read_jsonl
+    from codetool.search.records import Trajectory
+
+    wanted = set(query_ids) if query_ids is not None else None
+    trajs = [Trajectory.from_dict(r) for r in read_jsonl(path) if wanted is None or str(r.get("query_id")) in wanted]
+    m = run_metrics(trajs)
+    table = Table(title=f"{path} ({m.n} queries)", show_header=False)
+    rows = [("finished", m.finish_types.get("finish", 0)), ("gave up", m.finish_types.get("give_up", 0)),
+            ("hit max steps", m.finish_types.get("max_steps", 0)), ("errors", m.finish_types.get("error", 0)),
+            ("SCEP (public code's count: every chosen step, re-run)", "n/a" if m.scep is None
+             else f"{100 * m.scep:.1f}%"),
+            ("  chosen code steps that ran (ours)", "n/a" if m.scep_code_steps is None
+             else f"{100 * m.scep_code_steps:.1f}%"),
+            ("  over all sampled candidates", "n/a" if m.scep_all_candidates is None
+             else f"{100 * m.scep_all_candidates:.1f}%"),
+            ("answers written after the search", m.answer_sources.get("generated", 0)),
+            ("mean steps", f"{m.mean_steps:.2f}"),
+            ("tokens in / out per query", f"{m.mean_prompt_tokens:.0f} / {m.mean_completion_tokens:.0f}"),
+            ("seconds per query", f"{m.mean_seconds:.1f}"),
+            *((f"  {phase} s/query", f"{s:.1f}") for phase, s in m.phase_seconds.items()),
+            ("mean tool cost (LIT)", f"{m.mean_tool_cost:.2f}")]
+    rows += serving_rows(trajs, clients or {})
+    for k, v in rows:
+        table.add_row(k, str(v))
+    Console().print(table)
+    return {"n": m.n, "finish_types": m.finish_types, "scep": m.scep}

@@ -1,0 +1,59 @@
+"""The record of one stage of ``codetool pipeline`` (``<stage>/stage.json``): the hash of what
+determines the stage's output, and whether it is running, done or failed. A stage whose record
+matches is skipped; one whose settings changed starts afresh; one that crashed resumes in place.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+class Stage:
+    """Bookkeeping of one stage folder: its record, whether it is current, and resets."""
+
+    def __init__(self, root: Path, name: str, digest: str):
+        self.dir, self.name, self.digest = root / name, name, digest
+        self.record_path = self.dir / "stage.json"
+
+    def record(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.record_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return {}
+
+    def prepare(self, force: bool) -> bool:
+        """True when the stage must run. Clears the folder when its settings changed or ``force``."""
+        rec = self.record()
+        if rec.get("hash") == self.digest and rec.get("status") == "done" and not force:
+            logger.info("stage %s: up to date (hash %s), skipped", self.name, self.digest)
+            return False
+        if self.dir.exists() and (force or rec.get("hash") != self.digest):
+            logger.info("stage %s: %s, starting afresh", self.name, "forced" if force else "settings changed")
+            shutil.rmtree(self.dir)
+        elif rec.get("status") == "running":
+            logger.info("stage %s: resuming an interrupted run", self.name)
+        elif rec.get("status") == "failed":
+            logger.info("stage %s: running again after it failed (%s)", self.name, rec.get("error", "?"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._write({"hash": self.digest, "status": "running", "started": time.time()})
+        return True
+
+    def failed(self, error: BaseException) -> None:
+        from codetool.secrets import redact
+
+        self._write({"hash": self.digest, "status": "failed", "error": redact(f"{type(error).__name__}: {error}")[:500]})
+
+    def done(self, seconds: float, **info) -> None:
+        self._write({"hash": self.digest, "status": "done", "seconds": round(seconds, 1), **info})
+
+    def _write(self, data: dict[str, Any]) -> None:
+        tmp = self.record_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2, default=str))
+        tmp.replace(self.record_path)

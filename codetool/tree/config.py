@@ -1,0 +1,118 @@
+"""The settings of ``codetool build-trees`` (:class:`TreeConfig`) and the hash its tree records carry.
+
+Declared beside their reader, the tree builder (:mod:`codetool.tree.build`), so that the builder,
+the job that runs it (:mod:`codetool.jobs.trees`) and the command (:mod:`codetool.commands.build_trees`)
+all import it downward. :func:`tree_hash` is the config hash stored in every tree record and checked
+on resume.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from codetool.config import ConfigError, config_hash, option
+from codetool.distributed.ray_cluster import ClusterConfig
+from codetool.executor import ExecutorConfig
+from codetool.models.remote import RemoteConfig
+from codetool.search.search import SearchConfig
+from codetool.tree.labels import LABEL_RULES, SUCCESS_MODES
+
+
+@dataclass
+class TreeConfig:
+    """Settings of ``codetool build-trees``."""
+
+    queries: str | None = option(None, "ToolBench-format query file or folder (default: ToolBench's 10 example queries)")
+    output: str = option("runs/trees/trees.jsonl", "tree records (JSONL, one line per query)")
+    dataset_dir: str = option("data/prm", "where the PRM dataset goes (prm_examples.jsonl, train/validation splits)")
+    policy: str = option("default", "policy model: default, a path, a Hub id, an http(s) URL or vllm:<model>")
+    policy_max_batch_size: int = option(32, "sequences decoded together (local policy)")
+    remote_model: str | None = option(None, "model name sent to an http(s) policy server")
+    tools_backend: str = option("simulator", "tool backend: simulator, cache, server, stabletoolbench")
+    tool_server_url: str | None = option(None, "StableToolBench server URL (tools_backend server/stabletoolbench)")
+    tool_cache_dir: str | None = option(None, "StableToolBench response cache folder (cache/stabletoolbench)")
+    tool_doc: str = option("full", "tool docs in the prompt: full, compact one-liners, or brief (names and one short line: small models on CPU)",
+                           choices=["full", "compact", "brief"])
+    branching: int = option(2, "candidates sampled per node")
+    max_depth: int = option(5, "depth at which nodes become leaves")
+    failure_policy: str = option("continue", "what a failed node does", choices=["continue", "stop"])
+    success: str = option("grounded", "leaf success: executed (public code: the path ran cleanly), grounded (finish "
+                          "with an answer after a successful tool call), judged (grounded + a judge says Solved)",
+                          choices=list(SUCCESS_MODES))
+    label_rule: str = option("ours", "sibling labels: ours (every sibling pair; executability of the step's own "
+                             "run, then hard/soft LR; no success difference: no pair), reference (the public "
+                             "code's rows exactly: paths re-run with prints stripped, x-1/x-2 and x-3/x-2 pairs, "
+                             "both-'no' rows, replies without code as successful leaves) or latent (paper "
+                             "wording: compare R_latent; both-LR-0 pairs dropped)", choices=list(LABEL_RULES))
+    generator_quirks: bool = option(False, "with label_rule reference: also the public generator's history "
+                                    "bookkeeping after a reply without code (it drops that reply's later siblings "
+                                    "and one ancestor step from the nodes after it)")
+    judge: str = option("default", "judge model for success=judged: default (the embedded model), a path, Hub id "
+                        "or http(s) URL")
+    alpha: float = option(0.9, "latent reward alpha")
+    beta: float = option(0.95, "latent reward beta")
+    max_len: float = option(20.0, "latent reward L")
+    tau_mode: str = option("mean", "tau over a node's leaves: mean (paper text) or sum (public code)",
+                           choices=["mean", "sum"])
+    emit: str = option("pairs", "PRM rows: sibling pairs, or every node with its soft target", choices=["pairs", "nodes"])
+    val_fraction: float = option(0.2, "share of query ids held out for validation")
+    shard: str | None = option(None, "i/n: build only the i-th of n shards of the queries")
+    merge: bool = option(False, "join the shard files of --output, then export the dataset")
+    relabel: bool = option(False, "recompute leaf success (executed/grounded) and sibling labels of the trees already "
+                           "in --output under the current settings, then export; nothing is sampled")
+    limit: int | None = option(None, "build at most this many trees")
+    seed: int = option(0, "base seed; each tree's seed mixes in its query id")
+    batch_trees: int | None = option(None, "trees grown together (none: 8 with a local policy, level by level, so "
+                                     "their samples share forward passes (1: each tree's samples depend on its "
+                                     "query id alone); with a remote policy, node by node as samples return, "
+                                     "enough trees to fill policy_client.max_in_flight)")
+    policy_client: RemoteConfig = field(default_factory=RemoteConfig)
+    search: SearchConfig = field(default_factory=lambda: SearchConfig(method="tree", max_new_tokens=192))
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    retry_failed: bool = option(False, "rebuild the trees recorded as finish_type error (and only those)")
+    force_resume: bool = option(False, "resume even though the output was written with other settings")
+    ray: str | None = option(None, "build the trees on a Ray cluster: its address (auto, host:port, "
+                             "ray://host:10001) or local; this process writes --output (pip install 'codetool[ray]')")
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+    def __post_init__(self):
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"--limit must be >= 1, got {self.limit}.")
+        if self.batch_trees is not None and self.batch_trees < 1:
+            raise ConfigError(f"batch_trees must be >= 1, got {self.batch_trees}.")
+        if self.branching < 1 or self.max_depth < 1:
+            raise ConfigError(f"branching and max_depth must be >= 1, got {self.branching} and {self.max_depth}.")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ConfigError(f"val_fraction must lie in [0, 1), got {self.val_fraction}.")
+        if self.success == "judged" and str(self.judge or "none").lower() in ("none", "", "null"):
+            raise ConfigError(f"trees.success is 'judged' but trees.judge is {self.judge!r}: set trees.judge to a "
+                              "judge model (default, a path, a Hub id or an http(s) URL), or use success: grounded.")
+        if self.shard is not None:
+            self.shard_index()
+
+    def shard_index(self) -> tuple[int, int]:
+        """``(i, n)`` parsed from ``shard``; ``(0, 1)`` when unsharded."""
+        if self.shard is None:
+            return 0, 1
+        try:
+            i, n = (int(x) for x in str(self.shard).split("/"))
+        except ValueError:
+            raise ConfigError(f"--shard must look like i/n (e.g. 0/2), got {self.shard!r}.") from None
+        if not 0 <= i < n:
+            raise ConfigError(f"--shard {self.shard}: need 0 <= i < n.")
+        return i, n
+
+    def shard_path(self) -> Path:
+        out = Path(self.output)
+        if self.shard is None:
+            return out
+        i, n = self.shard_index()
+        return out.with_name(f"{out.stem}.shard-{i}-of-{n}{out.suffix}")
+
+
+def tree_hash(cfg: TreeConfig) -> str:
+    """The config hash stored in tree records and checked on resume (not paths, sharding or speed)."""
+    return config_hash(cfg, ignore=("output", "dataset_dir", "shard", "merge", "limit", "batch_trees",
+                                    "policy_max_batch_size", "retry_failed", "force_resume", "relabel", "ray",
+                                    "cluster", "policy_client"))
