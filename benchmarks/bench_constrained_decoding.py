@@ -43,8 +43,8 @@ from codetool.executor import ExecutorConfig
 from codetool.executor.result import ExecutionResult
 from codetool.jsonl import read_jsonl
 from codetool.run import RunConfig, execute_run
+from codetool.search.config import SearchConfig
 from codetool.search.records import Trajectory
-from codetool.search.search import SearchConfig
 
 
 def calls_by_form(code: str | None, names: set[str]) -> bool:

@@ -52,7 +52,7 @@ def test_a_bad_tool_free_file_is_a_user_error(tmp_path):
 
 def test_config_is_checked_early():
     from codetool.config import ConfigError
-    from codetool.search.search import SearchConfig
+    from codetool.search.config import SearchConfig
 
     with pytest.raises(ConfigError, match="search.latent none"):
         DecisionEvalConfig(run_search=True, search=SearchConfig())

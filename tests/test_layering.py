@@ -144,9 +144,6 @@ def test_commands_reach_their_stage_through_the_composition_module():
 ALLOWED_CIRCLES: set[frozenset[str]] = {
     # ModelSpec.build() calls make_backend, and make_backend parses its spec text into a ModelSpec
     frozenset({"codetool.models.backends", "codetool.models.spec"}),
-    # one search body in four files: strategies/rollout import private _Episode and helpers back
-    frozenset({"codetool.search.expand", "codetool.search.rollout", "codetool.search.search",
-               "codetool.search.strategies"}),
     # the benchmark command module holds the config its parts import
     frozenset({"codetool.decide.benchmark", "codetool.decide.compare", "codetool.decide.labelled",
                "codetool.decide.necessity", "codetool.decide.report", "codetool.decide.when2tool"}),
@@ -320,3 +317,18 @@ def test_no_circle_between_packages():
     layered graph: no package reaches back, through any chain of modules, to one that imports it."""
     found = circles(package_graph(import_graph()))
     assert not found, f"import circles between packages: {sorted(sorted(c) for c in found)}"
+
+
+def test_no_module_imports_a_private_name_of_the_search():
+    """The search's strategies stand on the public mechanics of ``search.episode`` (issue 29): no
+    module of ``codetool.search`` imports an underscored name, and no module imports one from it."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        importer = module_name(path)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith("codetool"):
+                continue
+            private = [a.name for a in node.names if a.name.startswith("_") and a.name != "__version__"]
+            if private and (importer.startswith("codetool.search") or node.module.startswith("codetool.search")):
+                found.append((importer, node.module, private))
+    assert not found, f"private names imported across modules (make them public or move them): {found}"

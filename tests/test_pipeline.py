@@ -16,7 +16,7 @@ from codetool.jsonl import read_jsonl
 from codetool.models.backends import ScriptedBackend
 from codetool.pipeline import STAGES, EvalSetConfig, MethodConfig, PipelineConfig, run_pipeline
 from codetool.prm.train import TrainConfig
-from codetool.search.search import SearchConfig
+from codetool.search.config import SearchConfig
 from codetool.tree.build import TreeConfig
 
 RECIPES = sorted((Path(__file__).resolve().parents[1] / "configs" / "pipeline").glob("*.yaml"))

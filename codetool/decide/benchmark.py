@@ -60,8 +60,8 @@ from codetool.decide.tradeoff import plot_tradeoff
 from codetool.executor import ExecutorConfig
 from codetool.jsonl import append_jsonl, write_jsonl
 from codetool.rewards import grounded_success
+from codetool.search.config import SearchConfig
 from codetool.search.records import Trajectory
-from codetool.search.search import SearchConfig
 
 logger = logging.getLogger(__name__)
 
@@ -179,10 +179,10 @@ def _run_search(cfg: DecisionEvalConfig, items: list[DecisionItem], decisions: l
                 out: Path) -> tuple[dict[str, Trajectory], dict[str, Trajectory]]:
     """Every item's fast path (items whose top option is a function, with fallback) and the
     always-search baseline on every item; returns the trajectories by item id (and writes them)."""
-    from codetool.assemble import executor_factory
+    from codetool.assemble import executor_factory, make_search
     from codetool.config import config_hash
     from codetool.decide.router import route_and_solve
-    from codetool.search.search import SearchTask, StepwiseSearch
+    from codetool.search.search import SearchTask
     from codetool.tools import ToolEnvironment, make_tool_backend
 
     backend = make_tool_backend(cfg.tools_backend)
@@ -192,7 +192,7 @@ def _run_search(cfg: DecisionEvalConfig, items: list[DecisionItem], decisions: l
                            else "tool_free", group=it.group, extra={"gold": it.gold},
                            env=ToolEnvironment(it.apis, backend, render_style=cfg.tool_doc)) for it in subset]
 
-    search = StepwiseSearch(policy, cfg.search, executor_factory(cfg.executor), config_hash=config_hash(cfg.search))
+    search = make_search(policy, cfg.search, executor_factory(cfg.executor), config_hash=config_hash(cfg.search))
     paths = {"fast": out / "trajectories_fast.jsonl", "search": out / "trajectories_search.jsonl"}
     for path in paths.values():
         path.unlink(missing_ok=True)

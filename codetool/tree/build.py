@@ -45,10 +45,11 @@ from codetool.config import ConfigError, config_hash, option
 from codetool.distributed.ray_cluster import ClusterConfig
 from codetool.executor import ExecutorConfig
 from codetool.models.remote import RemoteConfig
+from codetool.search.config import SearchConfig
 from codetool.search.expand import Node, check_constraints, expand_each
 from codetool.search.prompt import history_entry
 from codetool.search.schedule import is_continuous, serving_records, units_in_flight
-from codetool.search.search import SearchConfig, SearchTask
+from codetool.search.search import SearchTask
 from codetool.tree.labels import (
     LABEL_RULES,
     SUCCESS_MODES,
