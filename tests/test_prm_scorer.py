@@ -30,7 +30,7 @@ def tied(tiny_model_dir):
 def test_shared_prefix_scores_equal_the_unbatched_reference(fixture, request):
     model, tok = new_prm(str(request.getfixturevalue(fixture)), FMT, dtype="float32", device="cpu")
     with torch.no_grad():  # a spread of scores, not all ~0.5
-        model.label_head.mul_(40.0)
+        model.label_head.mul_(400.0)
         model.lm.get_output_embeddings().weight[list(model.label_ids)] = model.label_head
     scorer = LocalPRMScorer(model, tok, FMT)
     assert isinstance(scorer, PRMScorer)
