@@ -44,8 +44,8 @@ from codetool.executor import ExecutorConfig
 from codetool.executor.result import ExecutionResult
 from codetool.jobs.queries import RunConfig
 from codetool.jsonl import read_jsonl
+from codetool.search.config import SearchConfig
 from codetool.search.records import Trajectory
-from codetool.search.search import SearchConfig
 
 
 def calls_by_form(code: str | None, names: set[str]) -> bool:

@@ -3,8 +3,9 @@
 The commands (``codetool run``, ``build-trees``, ``eval-decision``, ``pipeline``) read their
 configs and ask this module for a policy (:func:`make_policy`), a PRM scorer
 (:func:`make_scorer`), a tool backend and the local mock server it may need, for the duration of
-a ``with`` block (:func:`tool_backend`), an executor per task (:func:`executor_factory`) and the
-tasks themselves (:func:`make_task`). Model specs are parsed once, by
+a ``with`` block (:func:`tool_backend`), an executor per task (:func:`executor_factory`), the
+tasks themselves (:func:`make_task`) and the search that solves them (:func:`make_search`, with
+its strategy from :data:`STRATEGIES`). Model specs are parsed once, by
 :class:`codetool.models.spec.ModelSpec`.
 
 Layering (``tests/test_layering.py``): this module sits above the stages it composes (``models``,
@@ -23,9 +24,41 @@ from typing import Any
 from codetool.config import ConfigError
 from codetool.executor import ExecutorConfig
 from codetool.models.spec import ModelSpec
+from codetool.search.beam import beam_search
+from codetool.search.best_of_n import best_of_n
+from codetool.search.config import SearchConfig
+from codetool.search.episode import Search, SearchParts, Strategy
+from codetool.search.greedy import greedy
+from codetool.search.lookahead import lookahead
 from codetool.search.search import SearchTask
 
 logger = logging.getLogger(__name__)
+
+STRATEGIES: dict[str, Strategy] = {
+    "greedy": greedy,           # CodeTool: the best candidate per step, episodes batched
+    "best_of_n": best_of_n,     # n greedy episodes, the best-scored answer
+    "beam": beam_search,        # B partial trajectories, k children each
+    "lookahead": lookahead,     # each candidate valued by a depth-d rollout
+}
+"""``search.strategy`` -> the strategy that runs it; each takes ``(tasks, parts, cfg, on_done)``
+(:data:`codetool.search.episode.Strategy`) and returns the trajectories (search-and-learn's
+``APPROACHES`` table is the model: the caller dispatches)."""
+
+
+def make_search(policy, cfg: SearchConfig, make_executor: Callable[[SearchTask], Any], scorer=None,
+                config_hash: str = "") -> Search:
+    """The search ``cfg`` describes: the parts bound to the settings and to ``STRATEGIES[cfg.strategy]``.
+
+    Args:
+        policy (`LLMBackend`): the policy.
+        cfg (`SearchConfig`): the search settings (``cfg.strategy`` picks the strategy).
+        make_executor (`Callable[[SearchTask], Executor]`): a fresh executor for a task.
+        scorer (`PRMScorer`, *optional*): the latent reward source when ``latent='prm'``.
+        config_hash (`str`, *optional*): stored in every trajectory.
+    Raises:
+        ConfigError: settings the parts cannot run (``codetool.search.episode.check``).
+    """
+    return Search(SearchParts(policy, make_executor, scorer, config_hash), cfg, STRATEGIES[cfg.strategy])
 
 
 def make_policy(spec: str | ModelSpec, *, dtype: str = "auto", max_batch_size: int = 16,

@@ -9,7 +9,7 @@ from codetool.commands.pipeline import PipelineConfig
 from codetool.config import ConfigError
 from codetool.jobs.queries import RunConfig
 from codetool.models.backends import ScriptedBackend
-from codetool.search.search import SearchConfig
+from codetool.search.config import SearchConfig
 from codetool.tree.config import TreeConfig
 
 
@@ -92,3 +92,24 @@ def test_the_mock_tmdb_server_lives_as_long_as_the_block(shared_data):
         socket.create_connection((host, int(port)), timeout=5).close()  # serving
     with pytest.raises(OSError):
         socket.create_connection((host, int(port)), timeout=5).close()
+
+
+def test_the_strategy_table_covers_every_strategy_with_one_signature():
+    import dataclasses
+    import inspect
+
+    choices = {f.name: f for f in dataclasses.fields(SearchConfig)}["strategy"].metadata["choices"]
+    assert sorted(assemble.STRATEGIES) == sorted(choices) == ["beam", "best_of_n", "greedy", "lookahead"]
+    for name, strategy in assemble.STRATEGIES.items():
+        assert list(inspect.signature(strategy).parameters) == ["tasks", "parts", "cfg", "on_done"], name
+        assert strategy.__module__ == f"codetool.search.{name}"
+
+
+def test_make_search_binds_the_configured_strategy_and_refuses_a_prm_it_lacks():
+    policy = ScriptedBackend([])
+    search = assemble.make_search(policy, SearchConfig(latent="none", strategy="beam"), lambda task: None,
+                                  config_hash="abc")
+    assert search.strategy is assemble.STRATEGIES["beam"]
+    assert (search.policy, search.config_hash, search.episodes) == (policy, "abc", 4)
+    with pytest.raises(ConfigError, match="no PRM was given"):
+        assemble.make_search(policy, SearchConfig(latent="prm"), lambda task: None)

@@ -18,7 +18,7 @@ from codetool.search.records import Candidate, Step, Trajectory
 
 def test_config_is_checked_early():
     from codetool.config import ConfigError
-    from codetool.search.search import SearchConfig
+    from codetool.search.config import SearchConfig
 
     with pytest.raises(ConfigError, match="search.latent none"):
         DecisionEvalConfig(run_search=True, search=SearchConfig())

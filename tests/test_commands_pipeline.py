@@ -22,7 +22,7 @@ from codetool.executor import ExecutorConfig
 from codetool.jsonl import read_jsonl
 from codetool.models.backends import ScriptedBackend
 from codetool.prm.train import TrainConfig
-from codetool.search.search import SearchConfig
+from codetool.search.config import SearchConfig
 from codetool.tree.config import TreeConfig
 
 RECIPES = sorted((Path(__file__).resolve().parents[1] / "configs" / "pipeline").glob("*.yaml"))

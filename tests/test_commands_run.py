@@ -153,7 +153,7 @@ def test_resumed_run_samples_with_the_seeds_of_an_uninterrupted_one(monkeypatch,
 def test_the_default_method_label_says_what_ran_without_a_prm():
     """``codetool run`` without ``--prm`` labels its trajectories by what ran, not ``spot+latent``."""
     from codetool.jobs.queries import method_label
-    from codetool.search.search import SearchConfig
+    from codetool.search.config import SearchConfig
 
     assert method_label(SearchConfig(latent="none")) == "spot-only"
     assert method_label(SearchConfig(latent="none", k=1)) == "single-sample"

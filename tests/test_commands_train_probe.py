@@ -100,7 +100,8 @@ def test_train_probe_then_eval_decision_on_its_heldout_queries(tmp_path, shared_
     from types import SimpleNamespace
 
     from codetool.decide.router import Router
-    from codetool.search.search import SearchConfig, SearchTask
+    from codetool.search.config import SearchConfig
+    from codetool.search.search import SearchTask
 
     search = SimpleNamespace(policy=scripted_tiny, cfg=SearchConfig(), make_executor=None)
     router = Router(RouterConfig(method="probe", probe=str(out), t_probe=0.5), search)

@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from codetool import CodetoolError
+from codetool import CodetoolError, assemble
 from codetool.config import ConfigError
 from codetool.decide.router import route_and_solve
 from codetool.decide.stage import (
@@ -26,7 +26,8 @@ from codetool.decide.stage import (
 )
 from codetool.executor.result import ExecutionResult
 from codetool.models.backends import ScriptedBackend
-from codetool.search.search import SearchConfig, SearchTask, StepwiseSearch
+from codetool.search.config import SearchConfig
+from codetool.search.search import SearchTask
 
 WEATHER, NEWS = "current_weather_for_weatherapi", "top_headlines_for_newsapi"
 
@@ -111,7 +112,7 @@ def scores_for(table):
 
 def make_search(policy, **cfg):
     config = SearchConfig(k=1, max_steps=3, latent="none", w_latent=0.0, temperature=0.0, **cfg)
-    return StepwiseSearch(policy, config, make_executor=lambda task: FakeExecutor())
+    return assemble.make_search(policy, config, make_executor=lambda task: FakeExecutor())
 
 
 def task(qid, query):

@@ -201,8 +201,9 @@ def test_openai_request_carries_the_constraint(field, expected):
 def test_search_sends_one_constraint_per_query(shared_data):
     from codetool.executor import Executor, ExecutorConfig
     from codetool.models.backends import ScriptedBackend
+    from codetool.search.config import SearchConfig
     from codetool.search.expand import Node, expand
-    from codetool.search.search import SearchConfig, SearchTask
+    from codetool.search.search import SearchTask
     from codetool.tools.backends import make_tool_backend
     from codetool.tools.environment import ToolEnvironment
     from codetool.tools.loaders import load_stabletoolbench
@@ -281,7 +282,7 @@ def test_literal_automaton_and_regex_agree_on_random_replies():
 
 
 def test_search_passes_the_argument_rule():
-    from codetool.search.search import SearchConfig
+    from codetool.search.config import SearchConfig
 
     cfg = SearchConfig(constrain="line")
     assert cfg.constrain_arguments == "literal"

@@ -9,7 +9,7 @@ from codetool.executor import Executor, ExecutorConfig
 from codetool.models.backends import ScriptedBackend
 from codetool.policy.evaluate import metrics, run_eval, summarise
 from codetool.policy.report import render, write_report
-from codetool.search.search import SearchConfig
+from codetool.search.config import SearchConfig
 from codetool.tools.backends import make_tool_backend
 from codetool.tools.loaders import load_toolbench_queries
 

@@ -17,7 +17,7 @@ from codetool.models.completion import Completion
 from codetool.policy.episode import step_category
 from codetool.policy.rewards import GroundedReward, OnTheSpotReward, PRMReward
 from codetool.policy.rollout import EpisodeRunner
-from codetool.search.search import SearchConfig
+from codetool.search.config import SearchConfig
 from codetool.tools.backends import make_tool_backend
 from codetool.tools.loaders import load_toolbench_queries
 

@@ -6,14 +6,16 @@ import json
 
 import pytest
 
+from codetool.assemble import make_search
 from codetool.commands.run import run_command
 from codetool.config import ConfigError, load_config
 from codetool.executor import Executor, ExecutorConfig
 from codetool.jobs.queries import RunConfig
 from codetool.jsonl import read_jsonl
 from codetool.models.backends import ScriptedBackend
+from codetool.search.config import SearchConfig
 from codetool.search.records import Candidate, Trajectory
-from codetool.search.search import SearchConfig, SearchTask, StepwiseSearch, select
+from codetool.search.search import SearchTask, select
 from codetool.tools.backends import make_tool_backend
 from codetool.tools.environment import ToolEnvironment
 from codetool.tools.loaders import load_stabletoolbench
@@ -63,7 +65,7 @@ def test_candidates_run_in_isolated_forks_and_the_chosen_state_is_kept(query):
     # step 2: y survives, and x (set by the rejected candidate before failing) does not.
     policy = ScriptedBackend([block("x = 1\nraise ValueError('bad')"), block("y = 2\nprint(y)"),
                               block("print('x' in globals(), y)\nfinish(str(y))"), block("z = 0\nfinish('never')")])
-    search = StepwiseSearch(policy, SearchConfig(latent="none", k=2, max_steps=3, tie_break="first"), factory)
+    search = make_search(policy, SearchConfig(latent="none", k=2, max_steps=3, tie_break="first"), factory)
     traj = search.solve(make_task(query))
     assert [s.chosen for s in traj.steps] == [1, 0]
     assert traj.steps[1].candidates[0].result.stdout == "False 2\n"
@@ -79,7 +81,7 @@ def test_scripted_policy_solves_a_real_query_with_the_simulator(query):
     code2 = "finish('The concert information was retrieved.')"
     policy = ScriptedBackend([block(code1), block(code1), block(code2), "\n```"])  # 4th: an empty block
     task = SearchTask(query_id=query.query_id, query=query.query, env=env)
-    traj = StepwiseSearch(policy, SearchConfig(latent="none"), factory).solve(task)
+    traj = make_search(policy, SearchConfig(latent="none"), factory).solve(task)
     assert traj.finish_type == "finish" and traj.final_answer.startswith("The concert")
     calls = traj.executed_calls()
     assert len(calls) == 1 and calls[0].name == name and calls[0].status == "ok"
@@ -99,7 +101,7 @@ def test_scripted_policy_solves_a_real_query_with_the_simulator(query):
 def test_latent_reward_from_a_scorer_decides_between_runnable_candidates(query):
     policy = ScriptedBackend([block("print('plain')"), block("print('good')"),
                               block("finish('a')"), block("finish('b')")])
-    traj = StepwiseSearch(policy, SearchConfig(tie_break="first"), factory, scorer=PreferSecond()).solve(make_task(query))
+    traj = make_search(policy, SearchConfig(tie_break="first"), factory, scorer=PreferSecond()).solve(make_task(query))
     first = traj.steps[0]
     assert first.chosen == 1 and first.candidates[1].r_latent == pytest.approx(0.9)
     assert first.candidates[0].score == pytest.approx(1.1) and first.candidates[1].score == pytest.approx(1.9)
@@ -109,14 +111,14 @@ def test_latent_reward_from_a_scorer_decides_between_runnable_candidates(query):
 
 def test_without_code_prefix_full_replies_are_parsed_and_a_model_that_opens_its_own_fence_works(query):
     policy = ScriptedBackend(["Sure.\n```python\nprint('a')\n```", "no code at all"])
-    traj = StepwiseSearch(policy, SearchConfig(latent="none", code_prefix=False, max_steps=1), factory).solve(
+    traj = make_search(policy, SearchConfig(latent="none", code_prefix=False, max_steps=1), factory).solve(
         make_task(query))
     assert [c.code for c in traj.steps[0].candidates] == ["print('a')", None]
     assert policy.calls[0][1]["stop"] is None and policy.calls[0][0][0][-1]["role"] == "user"
     # with the prefix, generation stops at the closing fence; a reply that opens a second fence
     # stops at once and is a candidate without code
     policy = ScriptedBackend(["```python\nprint('b')", block("print('c')")])
-    traj = StepwiseSearch(policy, SearchConfig(latent="none", max_steps=1), factory).solve(make_task(query))
+    traj = make_search(policy, SearchConfig(latent="none", max_steps=1), factory).solve(make_task(query))
     assert [c.code for c in traj.steps[0].candidates] == [None, "print('c')"]
     prompt = policy.calls[0][0][0]
     assert prompt[-1] == {"role": "assistant", "content": "```python\n"} and policy.calls[0][1]["stop"] == ["```"]
@@ -124,7 +126,7 @@ def test_without_code_prefix_full_replies_are_parsed_and_a_model_that_opens_its_
 
 def test_missing_prm_is_a_config_error(query):
     with pytest.raises(Exception, match="no PRM"):
-        StepwiseSearch(ScriptedBackend([]), SearchConfig(latent="prm"), factory, scorer=None)
+        make_search(ScriptedBackend([]), SearchConfig(latent="prm"), factory, scorer=None)
 
 
 def test_rollout_latent_reward(query):
@@ -134,7 +136,7 @@ def test_rollout_latent_reward(query):
     replies = iter([block(f"r = {name}(id_conc='40698227')\nprint(type(r).__name__)"), block("give_up('no')")])
     policy = ScriptedBackend(lambda p: next(replies) if len(p) == 3 else block("finish('done')"))
     cfg = SearchConfig(latent="rollout", rollouts=2, rollout_max_steps=2, max_steps=1)
-    traj = StepwiseSearch(policy, cfg, factory).solve(make_task(query))
+    traj = make_search(policy, cfg, factory).solve(make_task(query))
     a, b = traj.steps[0].candidates
     assert a.r_latent == pytest.approx(0.95 ** (1 / 20))
     assert b.r_latent == pytest.approx(0.9)
@@ -147,7 +149,7 @@ def test_rollouts_count_only_grounded_finishes(query):
     replies = iter([block("print('A')"), block("give_up('no')")])
     policy = ScriptedBackend(lambda p: next(replies) if len(p) == 3 else block("finish('done')"))
     cfg = SearchConfig(latent="rollout", rollouts=2, rollout_max_steps=2, max_steps=1)
-    a, b = StepwiseSearch(policy, cfg, factory).solve(make_task(query)).steps[0].candidates
+    a, b = make_search(policy, cfg, factory).solve(make_task(query)).steps[0].candidates
     assert a.r_latent == pytest.approx(0.9 * 0.95 ** (1 / 20))
     assert b.r_latent == pytest.approx(0.9)
 
@@ -156,23 +158,23 @@ def test_concurrent_episodes_share_generate_calls(query):
     policy = ScriptedBackend(lambda p: block("finish('ok')"))
     tasks = [make_task(query, qid=f"q{i}") for i in range(3)]
     done = []
-    trajs = StepwiseSearch(policy, SearchConfig(latent="none", concurrency=3), factory).run(tasks, on_done=done.append)
+    trajs = make_search(policy, SearchConfig(latent="none", concurrency=3), factory).run(tasks, on_done=done.append)
     assert len(policy.calls) == 1 and len(policy.calls[0][0]) == 3 and policy.calls[0][1]["n"] == 2
     assert [t.query_id for t in done] == ["q0", "q1", "q2"] and all(t.final_answer == "ok" for t in trajs)
 
 
 def test_max_steps_and_give_up_end_episodes(query):
     policy = ScriptedBackend(lambda p: block("print(1)"))
-    traj = StepwiseSearch(policy, SearchConfig(latent="none", max_steps=2, k=1), factory).solve(make_task(query))
+    traj = make_search(policy, SearchConfig(latent="none", max_steps=2, k=1), factory).solve(make_task(query))
     assert traj.finish_type == "max_steps" and len(traj.steps) == 2 and traj.final_answer is None
     policy = ScriptedBackend(lambda p: block("give_up('no API for this')"))
-    traj = StepwiseSearch(policy, SearchConfig(latent="none", k=1), factory).solve(make_task(query))
+    traj = make_search(policy, SearchConfig(latent="none", k=1), factory).solve(make_task(query))
     assert traj.finish_type == "give_up" and traj.extra["give_up_reason"] == "no API for this"
 
 
 def test_prompts_and_trajectories_never_hold_a_secret(query, canary_env, tmp_path):
     policy = ScriptedBackend(lambda p: block(f"print('{canary_env}')\nimport os\nprint(dict(os.environ))"))
-    traj = StepwiseSearch(policy, SearchConfig(latent="none", max_steps=2, k=1), factory).solve(make_task(query))
+    traj = make_search(policy, SearchConfig(latent="none", max_steps=2, k=1), factory).solve(make_task(query))
     from codetool.jsonl import append_jsonl
 
     append_jsonl(tmp_path / "t.jsonl", traj.to_dict())
@@ -203,8 +205,8 @@ def test_a_reply_without_code_gets_the_defined_no_code_result(query):
     from codetool.executor.result import NO_CODE, OUTCOMES, ExecutionResult
 
     policy = ScriptedBackend(["I would look it up first."])
-    search = StepwiseSearch(policy, SearchConfig(latent="none", code_prefix=False, max_steps=1, k=1),
-                            lambda t: Executor(EXEC, tools=t.env.functions()))
+    search = make_search(policy, SearchConfig(latent="none", code_prefix=False, max_steps=1, k=1),
+                         lambda t: Executor(EXEC, tools=t.env.functions()))
     cand = search.solve(make_task(query)).steps[0].candidates[0]
     assert NO_CODE in OUTCOMES and cand.code is None and cand.r_spot == 0.0
     result = cand.result  # a well-formed ExecutionResult, not a hand-built dict

@@ -8,9 +8,11 @@ from dataclasses import replace
 
 import pytest
 
+from codetool.assemble import make_search
 from codetool.executor import Executor, ExecutorConfig, ExecutorError
 from codetool.models.backends import ScriptedBackend
-from codetool.search.search import SearchConfig, SearchTask, StepwiseSearch
+from codetool.search.config import SearchConfig
+from codetool.search.search import SearchTask
 from codetool.tools.backends import make_tool_backend
 from codetool.tools.environment import ToolEnvironment
 from codetool.tools.loaders import load_stabletoolbench
@@ -63,7 +65,7 @@ def policy():
 
 @pytest.mark.parametrize("bad", ["run", "start"])
 def test_an_executor_fault_ends_only_its_episode(tasks, bad):
-    search = StepwiseSearch(policy(), SearchConfig(latent="none", k=2, max_steps=2, concurrency=2), factory(bad))
+    search = make_search(policy(), SearchConfig(latent="none", k=2, max_steps=2, concurrency=2), factory(bad))
     trajs = {t.query_id: t for t in search.run(list(tasks))}
     assert trajs["good"].finish_type == "finish" and trajs["good"].final_answer == "the answer"
     assert trajs["bad"].finish_type == "error"
@@ -80,8 +82,8 @@ class Scorer:
 
 
 def test_a_scorer_failure_ends_only_the_episode_it_fails_on(tasks):
-    search = StepwiseSearch(policy(), SearchConfig(latent="prm", k=2, max_steps=2, concurrency=2),
-                            factory("none"), scorer=Scorer())
+    search = make_search(policy(), SearchConfig(latent="prm", k=2, max_steps=2, concurrency=2),
+                         factory("none"), scorer=Scorer())
     trajs = {t.query_id: t for t in search.run(list(tasks))}
     assert trajs["good"].finish_type == "finish"
     assert trajs["bad"].finish_type == "error" and "scorer crashed" in trajs["bad"].error
@@ -103,8 +105,8 @@ def test_a_policy_failure_for_one_prompt_ends_only_its_episode(tasks):
             raise RuntimeError("context length exceeded")
         return block("print('step')\nfinish('the answer')")
 
-    search = StepwiseSearch(ScriptedBackend(reply), SearchConfig(latent="none", k=2, max_steps=2, concurrency=2),
-                            factory("none"))
+    search = make_search(ScriptedBackend(reply), SearchConfig(latent="none", k=2, max_steps=2, concurrency=2),
+                         factory("none"))
     trajs = {t.query_id: t for t in search.run(list(tasks))}
     assert trajs["good"].finish_type == "finish" and trajs["good"].final_answer == "the answer"
     assert trajs["bad"].finish_type == "error" and "context length exceeded" in trajs["bad"].error
@@ -167,7 +169,7 @@ def test_a_candidate_cannot_change_its_siblings_result(tasks):
         return block(SIGNAL_ALL) if calls["n"] % 2 else block("import time\ntime.sleep(0.3)\nfinish('right')")
 
     for _ in range(3):
-        search = StepwiseSearch(ScriptedBackend(reply), SearchConfig(latent="none", k=2, max_steps=1),
-                                lambda t: Executor(EXEC, tools=t.env.functions()))
+        search = make_search(ScriptedBackend(reply), SearchConfig(latent="none", k=2, max_steps=1),
+                             lambda t: Executor(EXEC, tools=t.env.functions()))
         [traj] = search.run([tasks[0]])
         assert traj.finish_type == "finish" and traj.final_answer == "right", traj.to_dict()

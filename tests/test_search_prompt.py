@@ -97,8 +97,8 @@ def test_step_formats_and_observation_history():
 
 def test_step_text_replies_get_no_code_prefix():
     from codetool.models.backends import ScriptedBackend
+    from codetool.search.config import SearchConfig
     from codetool.search.expand import Node, expand
-    from codetool.search.search import SearchConfig
 
     class Env:
         def render(self):

@@ -6,9 +6,9 @@ import pytest
 
 from codetool.executor.result import HOST_ERROR, NO_CODE, OUTCOMES, ExecutionResult, ToolCall
 from codetool.models.backends import ScriptedBackend
+from codetool.search.config import SearchConfig
 from codetool.search.expand import Node, expand
 from codetool.search.records import Candidate, ImportedCall, ImportedResult, Step, Trajectory
-from codetool.search.search import SearchConfig
 
 # A candidate as a trajectory file holds it (every key ExecutionResult.to_dict writes, in its order).
 CANDIDATE = {

@@ -19,9 +19,10 @@ from codetool.search.answer import (
     reference_answer_messages,
     write_final_answers,
 )
+from codetool.search.config import SearchConfig
 from codetool.search.records import Candidate, Step, Trajectory
 from codetool.search.reference import ReferenceRunner, chosen_programs, reference_steps
-from codetool.search.search import SearchConfig, SearchTask, select
+from codetool.search.search import SearchTask, select
 
 
 def test_programs_of_chosen_steps_keep_an_empty_entry_for_a_reply_without_code():

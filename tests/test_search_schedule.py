@@ -9,10 +9,12 @@ import time
 
 import pytest
 
+from codetool.assemble import make_search
 from codetool.executor import Executor, ExecutorConfig
 from codetool.models.completion import Completion, to_messages
+from codetool.search.config import SearchConfig
 from codetool.search.schedule import Serialized, is_continuous, stream, thread_safe, units_in_flight
-from codetool.search.search import SearchConfig, SearchTask, StepwiseSearch
+from codetool.search.search import SearchTask
 from codetool.tools.backends import make_tool_backend
 from codetool.tools.environment import ToolEnvironment
 from codetool.tools.loaders import load_stabletoolbench
@@ -88,13 +90,13 @@ def test_schedule_follows_the_backend_and_the_setting():
 
 def test_continuous_results_do_not_depend_on_the_order_of_completion(queries):
     cfg = SearchConfig(latent="none", k=2, max_steps=4, seed=7)
-    first = StepwiseSearch(ServerLike(), cfg, factory).run(tasks(queries))
-    again = StepwiseSearch(ServerLike(), cfg, factory).run(tasks(queries))
+    first = make_search(ServerLike(), cfg, factory).run(tasks(queries))
+    again = make_search(ServerLike(), cfg, factory).run(tasks(queries))
     assert chosen_codes(first) == chosen_codes(again)
     assert all(t.finish_type == "finish" and len(t.steps) == 3 for t in first)
     assert all(t.serving == {} for t in first)  # a backend without a serving record
     # the seed of a step is the one a batched round of that episode alone draws
-    rounds = StepwiseSearch(ServerLike(), SearchConfig(latent="none", k=2, max_steps=4, seed=7, concurrency=1,
+    rounds = make_search(ServerLike(), SearchConfig(latent="none", k=2, max_steps=4, seed=7, concurrency=1,
                                                        schedule="rounds"), factory).run(tasks(queries))
     assert chosen_codes(rounds) == chosen_codes(first)
 
@@ -104,7 +106,7 @@ def test_a_hung_request_does_not_stall_other_episodes(queries):
     policy = ServerLike(hang=slow[:40], hang_s=1.5)
     order = []
     start = time.perf_counter()
-    StepwiseSearch(policy, SearchConfig(latent="none", k=1, max_steps=3), factory).run(
+    make_search(policy, SearchConfig(latent="none", k=1, max_steps=3), factory).run(
         tasks(queries), on_done=lambda t: order.append((t.query_id, time.perf_counter() - start)))
     assert order[-1][0] == queries[0].query_id  # the hung episode lands last ...
     assert all(seconds < 1.5 for _, seconds in order[:-1])  # ... after the others all finished

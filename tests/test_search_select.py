@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from codetool.search.config import SearchConfig
 from codetool.search.records import Candidate
-from codetool.search.search import SearchConfig, select
+from codetool.search.search import select
 
 SPOT_ONLY = SearchConfig(w_spot=1.0, w_latent=0.0, w_cost=0.0, latent="none")
 

@@ -7,12 +7,14 @@ import re
 
 import pytest
 
+from codetool.assemble import make_search
 from codetool.config import ConfigError, from_dict
 from codetool.executor import Executor, ExecutorConfig
 from codetool.models.backends import ScriptedBackend
+from codetool.search.config import SearchConfig
 from codetool.search.records import Trajectory
-from codetool.search.search import SearchConfig, SearchTask, StepwiseSearch
-from codetool.search.strategies import aggregate
+from codetool.search.scores import aggregate
+from codetool.search.search import SearchTask
 from codetool.tools.backends import make_tool_backend
 from codetool.tools.environment import ToolEnvironment
 from codetool.tools.loaders import load_stabletoolbench
@@ -87,8 +89,8 @@ def test_beam_keeps_exactly_the_b_best_and_closes_dropped_sandboxes_at_once(quer
     ])
     watched = Watched(policy, lambda: open_at_generate.append(sum(t.closed == 0 for t in registry)))
     cfg = SearchConfig(strategy="beam", beam_width=2, k=3, max_steps=2, w_spot=0.0, tie_break="first")
-    search = StepwiseSearch(watched, cfg, lambda task: Tracked(Executor(EXEC, tools=task.env.functions()), registry),
-                            scorer=ScriptedPRM())
+    search = make_search(watched, cfg, lambda task: Tracked(Executor(EXEC, tools=task.env.functions()), registry),
+                         scorer=ScriptedPRM())
     traj = search.run([env_task])[0]
     assert traj.strategy["kept"] == [[[0, 1], [0, 2]], [[1, 0], [0, 1]]]
     assert traj.final_answer == "13" and traj.finish_type == "finish"
@@ -112,7 +114,7 @@ def test_best_of_n_picks_the_highest_scored_answer(query):
     policy = ScriptedBackend([block("finish('a')  # s=0.4"), block("finish('b')  # s=0.9"),
                               block("finish('c')  # s=0.6")])
     cfg = SearchConfig(strategy="best_of_n", n=3, k=1, max_steps=2)
-    search = StepwiseSearch(policy, cfg, lambda t: Executor(EXEC, tools=t.env.functions()), scorer=ScriptedPRM())
+    search = make_search(policy, cfg, lambda t: Executor(EXEC, tools=t.env.functions()), scorer=ScriptedPRM())
     traj = search.run([make_task(query)])[0]
     assert traj.final_answer == "b" and traj.query_id == query.query_id
     assert traj.strategy["scores"] == [0.4, 0.9, 0.6] and traj.strategy["chosen"] == 1
@@ -128,7 +130,7 @@ def test_best_of_n_aggregates_over_steps(query, how, answer):
     policy = ScriptedBackend([block("x = 1  # s=0.3"), block("x = 2  # s=0.8"),
                               block("finish('A')  # s=0.9"), block("finish('B')  # s=0.6")])
     cfg = SearchConfig(strategy="best_of_n", n=2, k=1, max_steps=2, aggregate=how)
-    search = StepwiseSearch(policy, cfg, lambda t: Executor(EXEC, tools=t.env.functions()), scorer=ScriptedPRM())
+    search = make_search(policy, cfg, lambda t: Executor(EXEC, tools=t.env.functions()), scorer=ScriptedPRM())
     assert search.run([make_task(query)])[0].final_answer == answer
     assert aggregate([0.8, 0.6], "prod") == pytest.approx(0.48)
 
@@ -142,7 +144,7 @@ def test_lookahead_scores_candidates_by_a_rollout_and_counts_its_tokens(query):
         block("finish(str(x))"), block("finish(str(x))"),     # step 2 (ended candidates need no rollout)
     ])
     cfg = SearchConfig(strategy="lookahead", lookahead_depth=1, k=2, max_steps=2, tie_break="first", seed=None)
-    traj = StepwiseSearch(policy, cfg, lambda t: Executor(EXEC, tools=t.env.functions())).run([make_task(query)])[0]
+    traj = make_search(policy, cfg, lambda t: Executor(EXEC, tools=t.env.functions())).run([make_task(query)])[0]
     assert traj.final_answer == "1" and traj.steps[0].chosen == 0
     assert traj.steps[0].candidates[0].r_latent > traj.steps[0].candidates[1].r_latent
     assert traj.strategy == {"name": "lookahead", "depth": 1}
@@ -155,8 +157,8 @@ def test_lookahead_scores_candidates_by_a_rollout_and_counts_its_tokens(query):
 def test_greedy_is_the_default_and_counts_compute(query):
     assert SearchConfig().strategy == "greedy"
     policy = ScriptedBackend([block("print(1)"), block("print(2)"), block("finish('ok')"), block("finish('no')")])
-    traj = StepwiseSearch(policy, SearchConfig(latent="none", tie_break="first"),
-                          lambda t: Executor(EXEC, tools=t.env.functions())).solve(make_task(query))
+    traj = make_search(policy, SearchConfig(latent="none", tie_break="first"),
+                       lambda t: Executor(EXEC, tools=t.env.functions())).solve(make_task(query))
     assert traj.final_answer == "ok" and traj.strategy == {}
     assert traj.generated_tokens == traj.completion_tokens > 0
     assert traj.executor_forks == 4 and traj.tool_calls == 0  # one fork per candidate that ran
@@ -192,8 +194,8 @@ def test_lookahead_with_a_prm_scores_each_rollouts_last_step(query):
     ])
     cfg = SearchConfig(strategy="lookahead", lookahead_depth=1, k=2, max_steps=2, tie_break="first", seed=None)
     prm = ScriptedPRM()
-    traj = StepwiseSearch(policy, cfg, lambda t: Executor(EXEC, tools=t.env.functions()),
-                          scorer=prm).run([make_task(query)])[0]
+    traj = make_search(policy, cfg, lambda t: Executor(EXEC, tools=t.env.functions()),
+                       scorer=prm).run([make_task(query)])[0]
     first = traj.steps[0].candidates
     assert [c.r_latent for c in first] == [pytest.approx(0.2), pytest.approx(0.9)]
     assert traj.steps[0].chosen == 1 and traj.final_answer == "2"
@@ -202,8 +204,8 @@ def test_lookahead_with_a_prm_scores_each_rollouts_last_step(query):
 
 def test_rollout_value_prm_without_a_prm_is_a_config_error():
     with pytest.raises(ConfigError, match="rollout_value"):
-        StepwiseSearch(ScriptedBackend([]), SearchConfig(strategy="lookahead", rollout_value="prm"),
-                       lambda t: None)
+        make_search(ScriptedBackend([]), SearchConfig(strategy="lookahead", rollout_value="prm"),
+                    lambda t: None)
 
 
 def test_lookahead_needs_a_latent_weight_and_is_labelled_by_its_rollouts():

@@ -10,7 +10,8 @@ import pytest
 
 from codetool.executor import Executor, ExecutorConfig
 from codetool.models.completion import Completion, to_messages
-from codetool.search.search import SearchConfig, SearchTask
+from codetool.search.config import SearchConfig
+from codetool.search.search import SearchTask
 from codetool.tools.backends import make_tool_backend
 from codetool.tools.environment import ToolEnvironment
 from codetool.tree.build import TreeBuilder

@@ -226,7 +226,8 @@ def _policy():
 
 def test_build_trees_with_the_reference_rule_writes_the_public_codes_rows(shared_data, tmp_path):
     from codetool.executor import Executor, ExecutorConfig
-    from codetool.search.search import SearchConfig, SearchTask
+    from codetool.search.config import SearchConfig
+    from codetool.search.search import SearchTask
     from codetool.tools.backends import make_tool_backend
     from codetool.tools.environment import ToolEnvironment
     from codetool.tools.loaders import load_toolbench_queries
@@ -264,7 +265,8 @@ def test_relabel_to_the_reference_rule_reruns_the_missing_programs(shared_data, 
     from codetool.config import load_config
     from codetool.executor import Executor, ExecutorConfig
     from codetool.jsonl import read_jsonl
-    from codetool.search.search import SearchConfig, SearchTask
+    from codetool.search.config import SearchConfig
+    from codetool.search.search import SearchTask
     from codetool.tools.backends import make_tool_backend
     from codetool.tools.environment import ToolEnvironment
     from codetool.tools.loaders import load_toolbench_queries

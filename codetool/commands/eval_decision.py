@@ -32,7 +32,7 @@ from codetool.decide.labelled import build_items
 from codetool.decide.report import build_report, pct, write_report
 from codetool.decide.stage import RouterConfig, api_candidates, decide
 from codetool.executor import ExecutorConfig
-from codetool.search.search import SearchConfig
+from codetool.search.config import SearchConfig
 
 logger = logging.getLogger(__name__)
 
@@ -107,10 +107,9 @@ def eval_decision_command(cfg: DecisionEvalConfig) -> int:
     """``codetool eval-decision``: decide on the labelled set, optionally run the routes, report."""
     from rich.console import Console
 
-    from codetool.assemble import executor_factory, make_policy
+    from codetool.assemble import executor_factory, make_policy, make_search
     from codetool.config import config_hash
     from codetool.models.spec import ModelSpec
-    from codetool.search.search import StepwiseSearch
     from codetool.secrets import redact_obj
     from codetool.tools import make_tool_backend
 
@@ -159,7 +158,7 @@ def eval_decision_command(cfg: DecisionEvalConfig) -> int:
                                      seed=cfg.router.seed) if cfg.baselines and cfg.baseline_reasoning else None
     fast, searched = {}, {}
     if cfg.run_search:
-        search = StepwiseSearch(policy, cfg.search, executor_factory(cfg.executor), config_hash=config_hash(cfg.search))
+        search = make_search(policy, cfg.search, executor_factory(cfg.executor), config_hash=config_hash(cfg.search))
         fast, searched = run_routes(items, decisions, search, policy, cfg.router, out=out, tool_doc=cfg.tool_doc,
                                     tool_backend=make_tool_backend(cfg.tools_backend))
     records = [make_record(it, d, dr, fast.get(it.item_id), searched.get(it.item_id), cfg.router,

@@ -50,7 +50,7 @@ from codetool.models.remote import RemoteConfig
 from codetool.models.spec import ModelSpec
 from codetool.prm.train import TrainConfig
 from codetool.search.answer import AnswerConfig
-from codetool.search.search import SearchConfig
+from codetool.search.config import SearchConfig
 from codetool.tree.config import TreeConfig
 
 logger = logging.getLogger(__name__)

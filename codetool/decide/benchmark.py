@@ -113,7 +113,7 @@ def run_routes(items: list[DecisionItem], decisions: list[Decision], search, pol
     ``trajectories_search.jsonl`` into ``out``.
 
     Args:
-        search (`StepwiseSearch`): the search both routes run; tool_backend: the backend the
+        search (`Search`): the search both routes run; tool_backend: the backend the
             items' tools answer from; tool_doc (`str`): how the tools are shown in the prompt.
 
     Returns:

@@ -40,10 +40,11 @@ from codetool.decide.stage import (
     decide,
     route_for,
 )
+from codetool.search.episode import Search
 from codetool.search.expand import Node, expand
 from codetool.search.prompt import CODE_PREFIX, history_entry, prompt_text
 from codetool.search.records import Step, Trajectory
-from codetool.search.search import SearchTask, StepwiseSearch
+from codetool.search.search import SearchTask
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ class Router:
 
     Args:
         config (`RouterConfig`): thresholds and decision settings.
-        search (`StepwiseSearch`): the full search (its policy, config, scorer, executors).
+        search (`Search`): the full search (its policy, config, scorer, executors and strategy).
         policy (`LLMBackend`): writes direct answers and fast-path steps (normally ``search.policy``).
         make_executor (`Callable[[SearchTask], Executor]`, *optional*): executors for fast paths
             (default: ``search.make_executor``); a failed fast path hands its executor to the search.
@@ -140,7 +141,7 @@ class Router:
             (default: ``config.probe_model`` when set, else the decider).
     """
 
-    def __init__(self, config: RouterConfig, search: StepwiseSearch, policy=None,
+    def __init__(self, config: RouterConfig, search: Search, policy=None,
                  make_executor: Callable[[SearchTask], Any] | None = None, decider=None, *, probe=None,
                  probe_backend=None):
         self.cfg, self.search = config, search
@@ -216,8 +217,7 @@ class Router:
                 self._complete(traj, rest[traj.query_id])
                 emit(traj)
 
-            runner = StepwiseSearch(self.search.policy, self.search.cfg, make, scorer=self.search.scorer,
-                                    config_hash=self.search.config_hash)
+            runner = self.search.with_executors(make)
             search_tasks = [replace(p.task, prefill=prefill_text(p.decision, p.route, self.cfg)) if p.fast_step is None
                             else replace(p.task, history=[history_entry(p.fast_step.chosen_candidate,
                                                                         p.fast_step.observation)])
@@ -336,7 +336,7 @@ class Router:
         self._add_decision(traj, p, fallback=p.fast_reason)
 
 
-def route_and_solve(tasks: Sequence[SearchTask], router_cfg: RouterConfig, search: StepwiseSearch, policy=None,
+def route_and_solve(tasks: Sequence[SearchTask], router_cfg: RouterConfig, search: Search, policy=None,
                     make_executor: Callable[[SearchTask], Any] | None = None, *, decider=None,
                     on_done: Callable[[Trajectory], None] | None = None,
                     decisions: Sequence[Decision] | None = None, probe=None) -> list[Trajectory]:

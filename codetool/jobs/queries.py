@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from codetool import CodetoolError
-from codetool.assemble import executor_factory, make_scorer, make_task, tool_backend
+from codetool.assemble import executor_factory, make_scorer, make_search, make_task, tool_backend
 from codetool.config import ConfigError, config_hash, option
 from codetool.decide.stage import RouterConfig
 from codetool.distributed.ray_cluster import ClusterConfig
@@ -33,9 +33,9 @@ from codetool.resume import (
     unit_key,
 )
 from codetool.search.answer import AnswerConfig, needs_answer, write_final_answers
+from codetool.search.config import SearchConfig
 from codetool.search.reference import record_reference_steps
 from codetool.search.schedule import closed_on_interrupt, planned_units
-from codetool.search.search import SearchConfig, StepwiseSearch
 
 logger = logging.getLogger(__name__)
 
@@ -269,8 +269,8 @@ class QueryRunner(UnitRunner):
         self.cfg, self.chash = cfg, chash
         self.policy = policy or assemble.make_policy(policy_spec(cfg))
         self.scorer = make_scorer(cfg.prm, cfg.prm_device, client=cfg.prm_client) if scorer is None else scorer
-        self.search = StepwiseSearch(self.policy, cfg.search, executor_factory(cfg.executor), scorer=self.scorer,
-                                     config_hash=chash)
+        self.search = make_search(self.policy, cfg.search, executor_factory(cfg.executor), scorer=self.scorer,
+                                  config_hash=chash)
         self.backend = self.open(tool_backend(cfg.tools_backend, benchmark=cfg.benchmark, data_dir=cfg.data_dir,
                                               server_url=cfg.tool_server_url, cache_dir=cfg.tool_cache_dir))
 

@@ -4,7 +4,7 @@ Every ``GRPOConfig`` / ``TrainingArguments`` field is a recipe key and a ``--opt
 help text), as for ``train-prm``; the fields below are the method's own: which policy and PRM,
 the reward weights (one :class:`RewardSetting`, or several ``settings`` compared at equal
 generated tokens), how step rewards become advantages, the rollout's step format (a
-:class:`~codetool.search.search.SearchConfig`, as the search uses), the training prompts and the
+:class:`~codetool.search.config.SearchConfig`, as the search uses), the training prompts and the
 held-out evaluation sets (:class:`QuerySet`), and the executor.
 
 Rollout sampling uses GRPO's ``temperature`` and ``top_p`` (TRL scales the trained log-probs by
@@ -24,7 +24,7 @@ from trl import GRPOConfig
 from codetool.config import ConfigError, option
 from codetool.eval.judges import JudgeConfig
 from codetool.executor import ExecutorConfig
-from codetool.search.search import SearchConfig
+from codetool.search.config import SearchConfig
 
 REWARDS = ("grounded", "judged", "on_the_spot", "prm", "tool_cost")
 AGGREGATES = ("min", "mean", "last", "sum")

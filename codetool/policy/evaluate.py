@@ -20,12 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
+from codetool.assemble import make_search
 from codetool.eval.metrics import run_metrics
 from codetool.eval.summary import judge_free, spread
 from codetool.jsonl import read_jsonl, write_jsonl
 from codetool.resume import unit_key
+from codetool.search.config import SearchConfig
 from codetool.search.records import Trajectory
-from codetool.search.search import SearchConfig, StepwiseSearch
 
 logger = logging.getLogger(__name__)
 
@@ -64,10 +65,10 @@ def run_eval(policy, tasks: dict[str, list], search: SearchConfig, make_executor
     if todo and len(set(keys)) == len(keys):  # every set in one search: their episodes share forward passes
         cfg = dataclasses.replace(cfg, concurrency=max(cfg.concurrency or 1, len(keys)))
         done = {unit_key(t.benchmark, t.group, t.query_id): t
-                for t in StepwiseSearch(policy, cfg, make_executor).run([t for ts in todo.values() for t in ts])}
+                for t in make_search(policy, cfg, make_executor).run([t for ts in todo.values() for t in ts])}
         runs = {name: [done[unit_key(t.benchmark, t.group, t.query_id)] for t in ts] for name, ts in todo.items()}
     else:
-        runs = {name: StepwiseSearch(policy, cfg, make_executor).run(ts) for name, ts in todo.items()}
+        runs = {name: make_search(policy, cfg, make_executor).run(ts) for name, ts in todo.items()}
     for name, trajs in runs.items():
         write_jsonl(_path(out_dir, name, label, seed), [t.to_dict() for t in trajs])
         out[name] = trajs

@@ -1,7 +1,7 @@
 """Sampling and executing candidate steps: :func:`expand` (one batched ``generate`` call, each
 candidate run in a fork of its node's executor, with its on-the-spot reward and LIT cost) and
-:func:`expand_each` (the same, isolating a failing node). Shared by the stepwise search, its
-strategies (``codetool.search.strategies``), the decide-first router and the tree builder.
+:func:`expand_each` (the same, isolating a failing node). Shared by the search episodes
+(``codetool.search.episode``), beam search, the decide-first router and the tree builder.
 
 Limits: executions run one after another (the policy dominates the time on CPU); the caller owns
 every returned executor state and must close it.
@@ -22,7 +22,7 @@ from codetool.search.records import Candidate
 from codetool.secrets import redact
 
 if TYPE_CHECKING:
-    from codetool.search.search import SearchConfig
+    from codetool.search.config import SearchConfig
 
 logger = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ def _cost_table(cfg: SearchConfig) -> ToolCostTable:
 def _execute(state, code: str) -> tuple[Any, ExecutionResult]:
     """Run ``code`` in a fork of ``state``: ``(fork, result)``. A fault of the executor itself
     (it raised instead of reporting) gives ``(None, a host_error_result)``, which
-    ends the episode as an error (``StepwiseSearch``) or the tree (``TreeBuilder``)."""
+    ends the episode as an error (``codetool.search.episode``) or the tree (``TreeBuilder``)."""
     child = None
     try:
         child = state.fork()

@@ -201,7 +201,7 @@ class Trajectory:
             the scorer cannot count its own tokens).
         tool_calls (`int`): tool calls executed for this query, over all candidates.
         executor_forks (`int`): executor forks made for this query.
-        strategy (`dict`): the search strategy and its choices (``codetool.search.strategies``).
+        strategy (`dict`): the search strategy and its choices (``codetool.assemble.STRATEGIES``).
         serving (`dict`): how remote servers were used (``policy``/``prm``: endpoints, probed
             features, adaptations, client limits; ``schedule``); empty for local models.
 

@@ -1,7 +1,7 @@
 """Rollout values: a candidate step judged by short single-sample paths completed from it.
 
 Used by ``search.latent: rollout`` (CodeTool's Monte Carlo alternative to a trained PRM) and by the
-``lookahead`` strategy (:mod:`codetool.search.strategies`). Each rollout starts from its own fork
+``lookahead`` strategy (:mod:`codetool.search.lookahead`). Each rollout starts from its own fork
 of the candidate's executor state, so no tool call of the path is repeated.
 
 ``search.rollout_value`` says what a rollout is worth:
@@ -20,14 +20,15 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from codetool.rewards import PRMItem, grounded_success, latent_reward
+from codetool.search.episode import Episode, Episodes, SearchParts, account, prm_tokens
 from codetool.search.prompt import history_entry
+from codetool.search.records import Trajectory
 
 if TYPE_CHECKING:
     from codetool.search.expand import Expanded
-    from codetool.search.search import StepwiseSearch, _Episode
 
 
-def rollout_value(search: StepwiseSearch, ep: _Episode, e: Expanded) -> float:
+def rollout_value(search: Episodes, ep: Episode, e: Expanded) -> float:
     """Latent reward in [0, 1] of candidate ``e`` of episode ``ep`` from ``search.rollouts`` rollouts.
 
     Rollouts are greedy single-sample searches of at most ``rollout_max_steps`` steps at
@@ -35,8 +36,6 @@ def rollout_value(search: StepwiseSearch, ep: _Episode, e: Expanded) -> float:
     compute, and PRM-scored tokens too under ``rollout_value: prm``. A candidate without code is
     worth 0; one that ended the episode is its own leaf (its grounded success, or its PRM score).
     """
-    from codetool.search.search import account  # search.py imports this module
-
     cfg = search.cfg
     if e.candidate.code is None:
         return 0.0
@@ -53,11 +52,13 @@ def rollout_value(search: StepwiseSearch, ep: _Episode, e: Expanded) -> float:
                       temperature=cfg.temperature if cfg.rollout_temperature is None else cfg.rollout_temperature)
     history = ep.history + [history_entry(e.candidate, e.observation)]
     states = [e.state.fork() for _ in range(cfg.rollouts)]
-    runner = type(search)(search.policy, sub_cfg, make_executor=lambda task: states.pop())
+    runner = Episodes(SearchParts(search.policy, make_executor=lambda task: states.pop()), sub_cfg)
     tasks = [replace(ep.task, query_id=f"{ep.task.query_id}#rollout{j}", history=history)
              for j in range(cfg.rollouts)]
+    paths: list[Trajectory] = []
+    runner.run(tasks, paths.append)
     successes, lengths, ends = [], [], []
-    for traj in runner.run(tasks):
+    for traj in paths:
         account(ep.traj, traj)
         ep.traj.executor_forks += 1
         successes.append(float(traj.finish_type == "finish" and grounded_success(
@@ -76,10 +77,8 @@ def rollout_value(search: StepwiseSearch, ep: _Episode, e: Expanded) -> float:
     return latent_reward(lr, tau, alpha=cfg.alpha, beta=cfg.beta, max_len=cfg.max_len)
 
 
-def _mean_prm_score(search: StepwiseSearch, ep: _Episode, items: list[PRMItem]) -> float:
+def _mean_prm_score(search: Episodes, ep: Episode, items: list[PRMItem]) -> float:
     """Mean PRM score of ``items``; their tokens are counted on ``ep``'s trajectory."""
-    from codetool.search.search import prm_tokens  # search.py imports this module
-
     values = search.scorer.score(items)
     ep.traj.prm_scored_tokens += prm_tokens(search.scorer, items)
     return float(sum(values) / len(values))

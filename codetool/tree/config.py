@@ -15,7 +15,7 @@ from codetool.config import ConfigError, config_hash, option
 from codetool.distributed.ray_cluster import ClusterConfig
 from codetool.executor import ExecutorConfig
 from codetool.models.remote import RemoteConfig
-from codetool.search.search import SearchConfig
+from codetool.search.config import SearchConfig
 from codetool.tree.labels import LABEL_RULES, SUCCESS_MODES
 
 
