@@ -16,8 +16,8 @@ from codetool.eval.comparability import (
     render_block,
     target_of,
 )
-from codetool.eval.judges import JudgeConfig
 from codetool.eval.report import EvalConfig
+from codetool.judge.config import JudgeConfig
 from codetool.pipeline import PipelineConfig
 from codetool.search.records import Trajectory
 

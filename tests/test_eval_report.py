@@ -7,10 +7,11 @@ import json
 import pytest
 
 from codetool.config import ConfigError
-from codetool.eval.judges import JudgeConfig, ScriptedJudge
 from codetool.eval.report import EvalConfig, load_runs, run_eval
 from codetool.executor.result import ExecutionResult
 from codetool.jsonl import read_jsonl, write_jsonl
+from codetool.judge.config import JudgeConfig
+from codetool.judge.records import ScriptedJudge
 from codetool.search.records import Candidate, Step, Trajectory
 
 TMDB = [{"name": "search_movie", "tool": "tmdb", "api": "search", "method": "GET", "path": "/search/movie"},
@@ -210,7 +211,7 @@ def test_a_judge_request_that_fails_after_its_retries_is_that_querys_error_recor
     rerun asks only the failed requests (issue 28). Before, the exception ended ``eval``."""
     from codetool import CodetoolError
     from codetool.eval import report as report_mod
-    from codetool.eval.judges import LLMJudge
+    from codetool.judge.llm import LLMJudge
 
     class Backend:
         name = "flaky"

@@ -34,7 +34,10 @@ RULES = [
     ("codetool.eval", ("run", "tree", "pipeline", "decide", "cli", "policy", "commands")),
     # following the configuration of build-trees or run stays within the composition module and
     # the stage it configures: the two commands never reach into each other
-    ("codetool.tree", ("run", "pipeline", "decide", "cli", "policy", "commands")),
+    # the trees stand on the judge (leaf success judged), never on evaluation (docs/ARCHITECTURE.md 4)
+    ("codetool.tree", ("run", "eval", "pipeline", "decide", "cli", "policy", "commands")),
+    # the judge stands on the models (and text, config, records) only
+    ("codetool.judge", ("tools", "executor", "prm", *ABOVE_SEARCH)),
     ("codetool.run", ("tree", "pipeline", "cli", "policy", "commands")),
     # policy RL composes the stages (and eval's metrics and judges); the commands sit above it
     ("codetool.policy", ("run", "tree", "pipeline", "decide", "cli", "commands")),
@@ -156,8 +159,6 @@ ALLOWED_CIRCLES: set[frozenset[str]] = {
     frozenset({"codetool.tree.build", "codetool.tree.jobs"}),
     # read_rows reads TRL's stepwise layout through stepwise, which renders rows with prm.data
     frozenset({"codetool.prm.data", "codetool.prm.stepwise"}),
-    # judges re-exports LLMJudge lazily; llm_judge imports the records and prompt helpers of judges
-    frozenset({"codetool.eval.judges", "codetool.eval.llm_judge"}),
 }
 
 

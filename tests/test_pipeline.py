@@ -10,9 +10,9 @@ import pytest
 
 from codetool import CodetoolError
 from codetool.config import ConfigError, load_config
-from codetool.eval.judges import JudgeConfig
 from codetool.executor import ExecutorConfig
 from codetool.jsonl import read_jsonl
+from codetool.judge.config import JudgeConfig
 from codetool.models.backends import ScriptedBackend
 from codetool.pipeline import STAGES, EvalSetConfig, MethodConfig, PipelineConfig, run_pipeline
 from codetool.prm.train import TrainConfig

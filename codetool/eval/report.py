@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from codetool import CodetoolError
+from codetool.assemble import make_judge
 from codetool.config import ConfigError, config_hash, option, to_dict
 from codetool.eval import metrics as run_metrics_mod
 from codetool.eval.comparability import comparability_block, recipe_settings
 from codetool.eval.convert import export_converted, import_converted
-from codetool.eval.judges import Judge, JudgeConfig, make_judge
 from codetool.eval.preference import compare_runs
 from codetool.eval.restbench import load_gold_paths, path_metrics
 from codetool.eval.stabletoolbench import (
@@ -48,6 +48,8 @@ from codetool.eval.stabletoolbench import (
     pass_rate,
 )
 from codetool.jsonl import read_jsonl, write_jsonl
+from codetool.judge.config import JudgeConfig
+from codetool.judge.records import Judge
 from codetool.search.records import Trajectory
 from codetool.secrets import redact, redact_obj
 

@@ -47,16 +47,10 @@ from typing import Any
 import numpy as np
 
 from codetool import CodetoolError
-from codetool.eval.judges import (
-    LABEL_SCORES,
-    LABELS,
-    AnswerRequest,
-    Judge,
-    Verdict,
-    clip,
-)
+from codetool.judge.records import LABEL_SCORES, LABELS, AnswerRequest, Judge, Verdict
 from codetool.search.records import Trajectory
 from codetool.secrets import redact
+from codetool.text import clip
 
 logger = logging.getLogger(__name__)
 
