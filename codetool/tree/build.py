@@ -69,6 +69,7 @@ from codetool.tree.nodes import (
     tree_seed,
 )
 from codetool.tree.reference import LazyRunner, label_reference, reference_runner
+from codetool.tree.search_settings import TREE_SEARCH
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +77,8 @@ logger = logging.getLogger(__name__)
 @dataclass
 class TreeConfig:
     """Settings of ``codetool build-trees``."""
+
+    config_unread = {"search": TREE_SEARCH}  # the keys of search: that no tree code reads are refused
 
     queries: str | None = option(None, "ToolBench-format query file or folder (default: ToolBench's 10 example queries)")
     output: str = option("runs/trees/trees.jsonl", "tree records (JSONL, one line per query)")
