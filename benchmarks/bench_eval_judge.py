@@ -1,4 +1,4 @@
-"""How fast is the local judge, and how often can it be read? (codetool.eval.judges)
+"""How fast is the local judge, and how often can it be read? (codetool.judge)
 
 Judges the final answers of StableToolBench's data example (3 queries, CoT and DFS runs) and of
 the first answered queries of the gpt-3.5-turbo CoT results with the embedded default model
@@ -21,9 +21,10 @@ from collections import Counter
 from pathlib import Path
 
 from codetool.eval.convert import import_converted
-from codetool.eval.judges import AnswerRequest, LLMJudge, ScriptedJudge
 from codetool.eval.metrics import run_metrics
 from codetool.eval.stabletoolbench import judge_pass
+from codetool.judge.llm import LLMJudge
+from codetool.judge.records import AnswerRequest, ScriptedJudge
 from codetool.models.backends import make_backend
 from codetool.models.spec import ModelSpec
 

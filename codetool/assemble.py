@@ -1,16 +1,17 @@
 """Composition: turn settings into the parts a search or a tree build runs with.
 
-The commands (``codetool run``, ``build-trees``, ``eval-decision``, ``pipeline``) read their
-configs and ask this module for a policy (:func:`make_policy`), a PRM scorer
-(:func:`make_scorer`), a tool backend and the local mock server it may need, for the duration of
-a ``with`` block (:func:`tool_backend`), an executor per task (:func:`executor_factory`), the
-tasks themselves (:func:`make_task`) and the search that solves them (:func:`make_search`, with
-its strategy from :data:`STRATEGIES`). Model specs are parsed once, by
-:class:`codetool.models.spec.ModelSpec`.
+The commands (``codetool run``, ``build-trees``, ``eval``, ``eval-decision``, ``pipeline``) read
+their configs and ask this module for a policy (:func:`make_policy`), a PRM scorer
+(:func:`make_scorer`), a judge (:func:`make_judge`), a tool backend and the local mock server it
+may need, for the duration of a ``with`` block (:func:`tool_backend`), an executor per task
+(:func:`executor_factory`), the tasks themselves (:func:`make_task`) and the search that solves
+them (:func:`make_search`, with its strategy from :data:`STRATEGIES`). Model specs are parsed
+once, by :class:`codetool.models.spec.ModelSpec`.
 
 Layering (``tests/test_layering.py``): this module sits above the stages it composes (``models``,
-``prm``, ``tools``, ``executor``, ``search``) and below the commands; it imports nothing from
-``tree``, ``eval``, ``decide``, ``pipeline``, ``run`` or ``cli``, and none of the stages imports it.
+``prm``, ``tools``, ``executor``, ``search``, ``judge``) and below the commands; it imports
+nothing from ``tree``, ``eval``, ``decide``, ``pipeline``, ``run`` or ``cli``, and none of the
+stages imports it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from codetool.config import ConfigError
 from codetool.executor import ExecutorConfig
@@ -31,6 +32,10 @@ from codetool.search.episode import Search, SearchParts, Strategy
 from codetool.search.greedy import greedy
 from codetool.search.lookahead import lookahead
 from codetool.search.search import SearchTask
+
+if TYPE_CHECKING:
+    from codetool.judge.config import JudgeConfig
+    from codetool.judge.records import Judge
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +102,56 @@ def make_scorer(spec: str, device: str = "auto", client=None, share_prefix: str 
     if kind == "local" and share_prefix != "auto":
         options["share_prefix"] = share_prefix
     return load_scorer(spec, device=device, **options)
+
+
+def make_judge(cfg: JudgeConfig, cache_path: str | None = None) -> Judge | None:
+    """The judge described by ``cfg`` (``None`` for ``model: none``). A local model is checked now
+    and loaded on the first verdict that is not cached; a server is asked its model name unless
+    ``remote_model`` is given. ``cache_path`` is used when ``cfg.cache`` is empty.
+
+    Raises:
+        ConfigError: ``cfg.prompts`` names a reference but no usable checkout was given.
+        CodetoolError: what the backend raises (a missing default model, a server that is not
+            reachable, a missing API key variable).
+    """
+    if not cfg.enabled:
+        return None
+    from functools import partial
+
+    from codetool.judge.llm import LLMJudge
+    from codetool.judge.reference_prompts import load_reference_prompts
+    from codetool.models.backends import make_backend
+
+    reference = load_reference_prompts(cfg.prompts, cfg.reference_dir, evaluator=cfg.stabletoolbench_evaluator,
+                                       instruction=cfg.codetool_instruction)  # no checkout: fails before any model
+    spec = ModelSpec.parse(cfg.model, role="judge", remote_model=cfg.remote_model, api_key_env=cfg.api_key_env,
+                           dtype=cfg.dtype, device=cfg.device, client=cfg.client)
+    remote = spec.remote
+    if remote:
+        backend = make_backend(spec)
+        # The model's name is part of every cache key: ask the server once when it was not given.
+        served = cfg.remote_model or (backend.resolved_model() if hasattr(backend, "resolved_model") else "")
+        name = f"openai:{served or 'server-default'}@{cfg.model}"
+        if cfg.mode == "options" and callable(getattr(backend, "feature", None)) and not backend.feature("logprobs"):
+            raise ConfigError(f"judge.mode is 'options' (labels scored by log-probabilities), but the judge server "
+                              f"{cfg.model} returns none ({backend.features.notes.get('logprobs', '')}); set "
+                              "--judge.mode json or tools.")
+    else:
+        from codetool.models.loading import resolve_model
+
+        resolve_model(cfg.model)  # a missing model fails now, with its fix; loading waits for a cache miss
+        backend = partial(make_backend, spec)  # loaded on the first verdict that is not cached
+        name = f"local:{cfg.model}"
+    weak = (not remote) if cfg.weak is None else cfg.weak
+    mode = cfg.mode
+    if mode == "auto" and remote:  # both references force a function call (StableToolBench, CodeTool)
+        mode = "tools"
+    return LLMJudge(backend, name=name, kind="openai" if remote else "local", weak=weak,
+                    cache_path=cfg.cache or cache_path, mode=mode, temperature=cfg.temperature,
+                    max_new_tokens=cfg.max_new_tokens, retries=cfg.retries,
+                    batch_size=cfg.batch_size or (cfg.client.max_in_flight if remote else 8),
+                    max_answer_chars=cfg.max_answer_chars,
+                    max_trajectory_chars=cfg.max_trajectory_chars or 10**9, reference=reference)
 
 
 def executor_factory(executor_cfg: ExecutorConfig) -> Callable[[SearchTask], Any]:

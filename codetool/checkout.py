@@ -7,7 +7,7 @@ LimOkii/CodeTool, read by the final answers and the CodeTool judge prompts;
 ``$CODETOOL_STABLETOOLBENCH_DIR`` for a clone of THUNLP-MT/StableToolBench, read by its judge
 prompts), with :mod:`ast`, so nothing in that file is executed. Without a checkout the final
 answers use our own texts, written for the same purpose, and say so; the judge prompts stop with
-a one-line error (:mod:`codetool.eval.reference_prompts`).
+a one-line error (:mod:`codetool.judge.reference_prompts`).
 
 Only module-level assignments of literals are read (strings, lists of strings), and the
 string literals of a function's ``{"role": ..., "content": ...}`` dicts.

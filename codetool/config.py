@@ -7,7 +7,9 @@ Values are resolved in this order, later wins: dataclass defaults, the YAML file
 ``--config``, then ``--key value`` overrides (nested keys with dots: ``--search.k 4``).
 
 An unknown key, in YAML or on the command line, is an error that names the key and the closest
-valid one. Nothing here touches the network, prompts or exits.
+valid one; so is a key of a nested group that the config's code never reads (a config declares
+those in ``config_unread``, see :class:`Unread`). Nothing here touches the network, prompts or
+exits.
 """
 
 from __future__ import annotations
@@ -51,6 +53,32 @@ def option(default: Any = _MISSING, help: str = "", *, default_factory: Any = _M
     if default_factory is not _MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
+
+
+@dataclasses.dataclass(frozen=True)
+class Unread:
+    """Keys of a nested group that a config's type accepts but its code never reads.
+
+    A config dataclass lists them per field in a class attribute, ``config_unread = {"search":
+    Unread(...)}``; :func:`from_dict` then refuses such a key with a one-line error that says who
+    ignores it, what it reads instead and where the key belongs, and ``--help`` leaves its flag out.
+
+    Args:
+        reader (`str`): who ignores the keys, e.g. ``"build-trees"``.
+        reads (`tuple[str, ...]`): the keys of the group it does read (shown in the error).
+        homes (`dict[str, str]`): each refused key -> where it belongs; ``{group}`` in the text is
+            replaced by the dotted path of the config (``trees.`` under a pipeline, empty alone).
+    """
+
+    reader: str
+    reads: tuple[str, ...]
+    homes: dict[str, str]
+
+    def error(self, path: str, key: str, group: str) -> ConfigError:
+        """The error for ``key`` given at ``path`` (``trees.search.w_latent``); ``group`` is the
+        dotted prefix of the config that declared it (``trees.``)."""
+        return ConfigError(f"{path} is not read by {self.reader}; it reads {group}{path.split('.')[-2]}: "
+                           f"{', '.join(self.reads)}. {self.homes[key].format(group=group)}")
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -192,6 +220,7 @@ def from_dict(cls: type[T], data: dict[str, Any], *, where: str = "") -> T:
     hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if _exposed(f)}
     aliases = getattr(cls, "config_aliases", {})
+    unread = getattr(cls, "config_unread", {})
     kwargs = {}
     for key, value in data.items():
         name = str(key).replace("-", "_")
@@ -200,6 +229,10 @@ def from_dict(cls: type[T], data: dict[str, Any], *, where: str = "") -> T:
         if name not in fields:
             raise ConfigError(f"unknown config key '{path}'.{_closest(name, fields)} "
                               f"(valid keys: {', '.join(sorted(fields))})")
+        if name in unread and isinstance(value, dict):
+            _refuse_unread(unread[name], value, path, f"{where}." if where else "")
+        if isinstance(value, dict):
+            value = {**_factory_values(fields[name], hints[name], unread.get(name)), **value}
         coerced = _coerce(value, hints[name], path)
         choices = fields[name].metadata.get("choices")
         if isinstance(choices, tuple) and coerced not in choices:
@@ -211,6 +244,45 @@ def from_dict(cls: type[T], data: dict[str, Any], *, where: str = "") -> T:
         raise
     except (ValueError, TypeError) as e:  # a library dataclass (TRL's SFTConfig) validating itself
         raise ConfigError(f"{where or cls.__name__}: {e}") from None
+
+
+def _refuse_unread(unread: Unread, value: dict[str, Any], path: str, group: str) -> None:
+    """Raise :meth:`Unread.error` for the first key of ``value`` that ``unread`` lists."""
+    for key in value:
+        name = str(key).replace("-", "_")
+        if name in unread.homes:
+            raise unread.error(f"{path}.{name}", name, group)
+
+
+def _factory_values(f: dataclasses.Field, tp: Any, unread: Unread | None) -> dict[str, Any]:
+    """The settings a group's ``default_factory`` gives that its class defaults do not (``search:
+    SearchConfig = field(default_factory=lambda: SearchConfig(max_new_tokens=192))``), so that a
+    recipe that sets some keys of the group keeps the field's defaults for the others. Keys the
+    config refuses as unread keep their class defaults (nothing reads them)."""
+    tp, _ = _unwrap_optional(tp)
+    factory = f.default_factory
+    if factory is _MISSING or factory is tp or not dataclasses.is_dataclass(tp):
+        return {}
+    try:
+        made, plain = factory(), tp()
+    except TypeError:  # a group with required fields has no class defaults to differ from
+        return {}
+    skip = unread.homes if unread else {}
+    return {g.name: getattr(made, g.name) for g in dataclasses.fields(tp)
+            if _exposed(g) and g.name not in skip and getattr(made, g.name) != getattr(plain, g.name)}
+
+
+def unread_keys(cls: type, prefix: str = "") -> set[str]:
+    """The dotted names (``trees.search.w_latent``) of every key that ``cls`` or a group nested in
+    it refuses as unread (see :class:`Unread`)."""
+    out = {f"{prefix}{field}.{key}" for field, unread in getattr(cls, "config_unread", {}).items()
+           for key in unread.homes}
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        tp, _ = _unwrap_optional(hints[f.name])
+        if _exposed(f) and dataclasses.is_dataclass(tp):
+            out |= unread_keys(tp, f"{prefix}{f.name}.")
+    return out
 
 
 def _exposed(f: dataclasses.Field) -> bool:
@@ -326,6 +398,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     aliases: dict[str, list[str]] = {}
     for old, new in getattr(cls, "config_aliases", {}).items():
         aliases.setdefault(new, []).extend([f"--{old}", f"--{old.replace('_', '-')}"])
+    hidden = unread_keys(cls)  # still parsed, so that from_dict names where such a key belongs
     for name, f, tp in _flat_fields(cls):
         help_text = " ".join(str(f.metadata.get("help", "")).split()).replace("%", "%%")
         default = f.default if f.default is not _MISSING else (
@@ -333,6 +406,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         choices = f.metadata.get("choices")
         extra = f" (choices: {', '.join(map(str, choices))})" if choices else ""
         shown = f"{help_text}{extra} [default: {default!r}]".replace("%", "%%").replace("%%%%", "%%")
+        if name in hidden:
+            shown = argparse.SUPPRESS
         if f.metadata.get("positional"):
             base, _ = _unwrap_optional(tp)
             is_list = typing.get_origin(base) is list

@@ -3,7 +3,8 @@
 Models and tools can emit lone UTF-16 surrogates (``"\\ud800"``), which UTF-8 cannot encode: a
 JSONL append, an HTTP body, a tokenizer or a log handler would raise ``UnicodeEncodeError`` on
 them. :func:`clean_text` replaces each with U+FFFD (a valid surrogate pair becomes its character)
-and :func:`clean_obj` does the same inside a JSON-like object. This module imports nothing of
+and :func:`clean_obj` does the same inside a JSON-like object; :func:`clip` cuts a text to a
+length with a visible marker. This module imports nothing of
 codetool, so the lowest modules (``codetool.jsonl``, ``codetool.secrets``) can both use it.
 """
 
@@ -32,3 +33,10 @@ def clean_obj(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [clean_obj(v) for v in obj]
     return obj
+
+
+def clip(text: str | None, limit: int) -> str:
+    """``text`` cut to its first ``limit`` characters, followed by a marker that says how many
+    were cut (``None`` reads as empty text)."""
+    text = text or ""
+    return text if len(text) <= limit else text[:limit] + f" ... [{len(text) - limit} characters cut]"

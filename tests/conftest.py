@@ -128,7 +128,7 @@ class STBConformance:
         import json
 
         from codetool.eval.convert import import_converted
-        from codetool.eval.judges import ScriptedJudge, Verdict
+        from codetool.judge.records import ScriptedJudge, Verdict
 
         self.root = root
         self.stub = json.loads((root / "stub_labels.json").read_text())

@@ -8,10 +8,11 @@ import pytest
 
 from codetool.commands.eval import EvalConfig, run_eval
 from codetool.config import ConfigError
-from codetool.eval.judges import JudgeConfig, ScriptedJudge
 from codetool.eval.runs import load_runs
 from codetool.executor.result import ExecutionResult
 from codetool.jsonl import read_jsonl, write_jsonl
+from codetool.judge.config import JudgeConfig
+from codetool.judge.records import ScriptedJudge
 from codetool.search.records import Candidate, Step, Trajectory
 
 TMDB = [{"name": "search_movie", "tool": "tmdb", "api": "search", "method": "GET", "path": "/search/movie"},
@@ -198,7 +199,7 @@ def test_a_judge_request_that_fails_after_its_retries_is_that_querys_error_recor
     rerun asks only the failed requests (issue 28). Before, the exception ended ``eval``."""
     from codetool import CodetoolError
     from codetool.commands import eval as report_mod
-    from codetool.eval.judges import LLMJudge
+    from codetool.judge.llm import LLMJudge
 
     class Backend:
         name = "flaky"

@@ -17,9 +17,9 @@ from codetool.commands.pipeline import (
     run_pipeline,
 )
 from codetool.config import ConfigError, load_config
-from codetool.eval.judges import JudgeConfig
 from codetool.executor import ExecutorConfig
 from codetool.jsonl import read_jsonl
+from codetool.judge.config import JudgeConfig
 from codetool.models.backends import ScriptedBackend
 from codetool.prm.train import TrainConfig
 from codetool.search.config import SearchConfig

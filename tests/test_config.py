@@ -19,6 +19,7 @@ import pytest
 
 from codetool.config import (
     ConfigError,
+    Unread,
     _coerce,
     add_arguments,
     config_from_args,
@@ -26,6 +27,7 @@ from codetool.config import (
     from_dict,
     load_config,
     option,
+    unread_keys,
 )
 
 
@@ -226,6 +228,44 @@ def test_nested_groups_refuse_scalars_and_name_the_dotted_key():
         from_dict(Outer, {"inner": "5"})
     with pytest.raises(ConfigError, match=r"^inner\.k: expected an integer, got 'many'\.$"):
         from_dict(Outer, {"inner": {"k": "many"}})
+
+
+@dataclass
+class Shaped:
+    """A group whose field default differs from its class defaults, and one key it never reads."""
+
+    inner: Inner = option(default_factory=lambda: Inner(k=7, name="shaped"), help="a group")
+
+    config_unread = {"inner": Unread(reader="shaping", reads=("k",),
+                                     homes={"name": "Names are given to {group}label: set that instead."})}
+
+
+def test_a_group_given_in_part_keeps_its_field_defaults_for_the_rest():
+    """``inner: {k: 3}`` keeps what the field's default_factory sets for the other read keys (before,
+    the group was rebuilt from the class defaults: a tree's max_new_tokens 192 became 256 as soon as
+    a recipe set trees.search.temperature). A key the config does not read keeps its class default."""
+    assert Shaped().inner == Inner(k=7, name="shaped")
+    assert from_dict(Shaped, {"inner": {}}).inner == Inner(k=7, name="x")
+    assert from_dict(Outer, {"inner": {"name": "y"}}).inner == Inner(k=2, name="y")  # a plain factory: class defaults
+
+
+def test_a_key_the_config_does_not_read_is_refused_with_where_it_belongs():
+    with pytest.raises(ConfigError, match=r"^inner\.name is not read by shaping; it reads inner: k\. Names are "
+                                          r"given to label: set that instead\.$"):
+        from_dict(Shaped, {"inner": {"k": 1, "name": "z"}})
+    with pytest.raises(ConfigError, match=r"^outer\.inner\.name is not read by shaping; it reads outer\.inner: k\. "
+                                          r"Names are given to outer\.label"):
+        from_dict(Shaped, {"inner": {"name": "z"}}, where="outer")
+    assert from_dict(Shaped, {"inner": {"k": 1}}).inner.k == 1
+    assert unread_keys(Shaped) == {"inner.name"}
+
+
+def test_an_unread_flag_is_parsed_but_left_out_of_the_help(capsys):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, Shaped)
+    assert "--inner.name" not in parser.format_help() and "--inner.k" in parser.format_help()
+    with pytest.raises(ConfigError, match=r"^inner\.name is not read by shaping"):
+        config_from_args(Shaped, parser.parse_args(["--inner.name", "z"]))
 
 
 # -- unknown keys ----------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 from codetool import CodetoolError
 from codetool.decide.labelled import DecisionItem
 from codetool.decide.necessity import boxed, grounded_match, label_items
-from codetool.eval.judges import ScriptedJudge
+from codetool.judge.records import ScriptedJudge
 from codetool.models.backends import ScriptedBackend
 
 REPLIES = {"weather": "It is probably sunny.", "Dark Knight": "Christian Bale played Batman.",

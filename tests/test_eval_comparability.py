@@ -18,7 +18,7 @@ from codetool.eval.comparability import (
     render_block,
     target_of,
 )
-from codetool.eval.judges import JudgeConfig
+from codetool.judge.config import JudgeConfig
 from codetool.search.records import Trajectory
 
 REPO = Path(__file__).resolve().parents[1]

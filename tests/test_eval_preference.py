@@ -7,7 +7,6 @@ import json
 import pytest
 
 from codetool import CodetoolError
-from codetool.eval.judges import Preference, ScriptedJudge
 from codetool.eval.preference import (
     PairCount,
     compare_runs,
@@ -15,6 +14,7 @@ from codetool.eval.preference import (
     win_rate_from_counts,
 )
 from codetool.executor.result import ExecutionResult
+from codetool.judge.records import Preference, ScriptedJudge
 from codetool.search.records import Candidate, Step, Trajectory
 
 

@@ -7,10 +7,10 @@ import pytest
 
 from codetool.config import ConfigError
 from codetool.eval import restbench, stabletoolbench
-from codetool.eval.judges import ScriptedJudge
 from codetool.eval.preference import win_rates
 from codetool.eval.runs import Run, load_runs, open_runs, pick_run, run_warnings
 from codetool.jsonl import write_jsonl
+from codetool.judge.records import ScriptedJudge
 from tests.test_commands_eval import make_run
 
 

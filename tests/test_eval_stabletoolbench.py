@@ -11,7 +11,6 @@ import pytest
 
 from codetool import CodetoolError
 from codetool.eval.convert import import_converted
-from codetool.eval.judges import ScriptedJudge, Verdict
 from codetool.eval.preference import (
     PairCount,
     compare_runs,
@@ -35,6 +34,7 @@ from codetool.eval.stabletoolbench import (
     rule_verdict,
 )
 from codetool.executor.result import ExecutionResult
+from codetool.judge.records import ScriptedJudge, Verdict
 from codetool.search.records import Candidate, Step, Trajectory
 
 

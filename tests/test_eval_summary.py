@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from codetool.commands.eval import EvalConfig, run_eval
-from codetool.eval.judges import ScriptedJudge
 from codetool.eval.summary import judge_free, render_summary, seed_of, seed_summary, spread
 from codetool.executor.result import ExecutionResult
 from codetool.jsonl import write_jsonl
+from codetool.judge.records import ScriptedJudge
 from codetool.prm.evaluate import bootstrap_pairwise
 from codetool.search.records import Candidate, Step, Trajectory
 

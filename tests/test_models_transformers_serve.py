@@ -102,8 +102,9 @@ def test_constrained_run_on_transformers_serve_stops_in_one_line(server, tools, 
 
 
 def test_judge_options_on_transformers_serve_is_one_line(server, tmp_path):
+    from codetool.assemble import make_judge
     from codetool.config import ConfigError
-    from codetool.eval.judges import JudgeConfig, make_judge
+    from codetool.judge.config import JudgeConfig
 
     with pytest.raises(ConfigError, match="judge.mode is 'options'") as e:
         make_judge(JudgeConfig(model=server, mode="options", cache=str(tmp_path / "c.jsonl")))

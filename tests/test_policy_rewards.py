@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from codetool.eval.judges import ScriptedJudge
 from codetool.executor.result import ExecutionResult, ToolCall, no_code_result
+from codetool.judge.records import ScriptedJudge
 from codetool.policy.episode import Episode, EpisodeStep, step_category
 from codetool.policy.rewards import (
     GroundedReward,

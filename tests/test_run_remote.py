@@ -82,7 +82,8 @@ def test_constraints_a_server_cannot_apply_stop_the_run_in_one_line(tmp_path, to
 
 
 def test_judge_options_mode_without_logprobs_is_one_line(tmp_path):
-    from codetool.eval.judges import JudgeConfig, make_judge
+    from codetool.assemble import make_judge
+    from codetool.judge.config import JudgeConfig
 
     server = StubServer("tfserve")
     try:

@@ -24,16 +24,18 @@ from pathlib import Path
 from typing import Any
 
 from codetool import CodetoolError
+from codetool.assemble import make_judge
 from codetool.config import ConfigError, config_hash, option, to_dict
 from codetool.eval import restbench, stabletoolbench
 from codetool.eval.comparability import comparability_block, recipe_settings
 from codetool.eval.convert import export_converted
-from codetool.eval.judges import Judge, JudgeConfig, make_judge
 from codetool.eval.markdown import render_markdown, write_plots
 from codetool.eval.preference import win_rates
 from codetool.eval.runs import open_runs, run_warnings
 from codetool.eval.summary import prm_section, seed_summary
 from codetool.jsonl import write_jsonl
+from codetool.judge.config import JudgeConfig
+from codetool.judge.records import Judge
 from codetool.secrets import redact, redact_obj
 
 logger = logging.getLogger(__name__)

@@ -41,10 +41,10 @@ from codetool import CodetoolError
 from codetool.commands.build_trees import build_trees_command
 from codetool.commands.run import execute_run
 from codetool.config import ConfigError, config_hash, option, to_dict
-from codetool.eval.judges import JudgeConfig
 from codetool.executor import ExecutorConfig
 from codetool.jobs.queries import RunConfig
 from codetool.jobs.stages import Stage
+from codetool.judge.config import JudgeConfig
 from codetool.models.memory import release_host_memory
 from codetool.models.remote import RemoteConfig
 from codetool.models.spec import ModelSpec
@@ -227,7 +227,7 @@ def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
     """Run the stages of ``cfg`` in order; returns ``{stage: "ran" | "skipped"}``."""
     root = cfg.root
     if "eval" in cfg.stages and cfg.judge.enabled:  # a missing reference checkout fails now, not after the search
-        from codetool.eval.reference_prompts import load_reference_prompts
+        from codetool.judge.reference_prompts import load_reference_prompts
 
         load_reference_prompts(cfg.judge.prompts, cfg.judge.reference_dir, evaluator=cfg.judge.stabletoolbench_evaluator,
                                instruction=cfg.judge.codetool_instruction)

@@ -41,7 +41,7 @@ def train_policy_command(cfg: TrainPolicyConfig) -> int:
     """Run ``codetool train-policy`` (see the module docstring); exit status 0."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     os.environ.setdefault("WANDB_MODE", "disabled")
-    from codetool.eval.judges import make_judge
+    from codetool.assemble import make_judge
     from codetool.models.memory import release_host_memory
     from codetool.policy.data import backend_kind, evaluation_queries, make_tasks, training_queries
     from codetool.policy.evaluate import run_eval, slug, summarise

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from codetool.config import ConfigError, option, to_dict
-from codetool.eval.judges import JudgeConfig
+from codetool.judge.config import JudgeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def train_probe_command(cfg: TrainProbeConfig) -> int:
     """``codetool train-probe``; see the module docstring."""
     from rich.console import Console
 
-    from codetool.assemble import make_policy
+    from codetool.assemble import make_judge, make_policy
     from codetool.decide.necessity import DRAW_KEYS, draw_items, label_items, rule_for
     from codetool.decide.probe import (
         auroc,
@@ -121,7 +121,6 @@ def train_probe_command(cfg: TrainProbeConfig) -> int:
         probe_messages,
         resolve_layers,
     )
-    from codetool.eval.judges import make_judge
     from codetool.models.spec import ModelSpec
     from codetool.split import split_query_ids
     from codetool.tools import ToolEnvironment

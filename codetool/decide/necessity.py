@@ -6,7 +6,7 @@ the router's direct route (``prompts/decide_answer.txt``: answer directly, no fu
 greedy) and decide "fails without tools" by one rule per benchmark (:data:`DEFAULT_RULES`):
 
 - ``judge`` (StableToolBench, RestBench-TMDB, ToolBench examples: no reference answers exist,
-  the answer depends on live API data): the pass-rate judge (:mod:`codetool.eval.judges`) labels
+  the answer depends on live API data): the pass-rate judge (:mod:`codetool.judge`) labels
   the no-tool answer on the query, one round; ``Solved`` means it needs no tool, ``Unsure`` and
   ``Unsolved`` mean it does;
 - ``reference`` (When2Tool's tasks, our tool-free queries that carry an answer): a grounded check
@@ -131,7 +131,7 @@ def label_items(items: Sequence[DecisionItem], policy, judge, out: str | Path, *
     Raises:
         CodetoolError: an item needs a judge and ``judge`` is ``None``.
     """
-    from codetool.eval.judges import AnswerRequest
+    from codetool.judge.records import AnswerRequest
 
     rules = {**DEFAULT_RULES, **(rules or {})}
     out = Path(out)

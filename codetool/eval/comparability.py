@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from codetool.config import load_yaml, to_dict
-from codetool.eval.judges import PAPER_JUDGE, STB_STANDARD_JUDGE, JudgeConfig
-from codetool.eval.reference_prompts import STB_EVALUATOR
+from codetool.judge.config import PAPER_JUDGE, STB_STANDARD_JUDGE, JudgeConfig
+from codetool.judge.reference_prompts import STB_EVALUATOR
 
 STB_FULL = {"G1_instruction": 163, "G1_category": 153, "G1_tool": 158, "G2_instruction": 106,
             "G2_category": 124, "G3_instruction": 61}

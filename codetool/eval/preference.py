@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from codetool import CodetoolError
-from codetool.eval.judges import CompareRequest, Judge
 from codetool.eval.stabletoolbench import answer_json, converted_answer, judge_statuses
+from codetool.judge.records import CompareRequest, Judge
 from codetool.search.records import Trajectory
 
 logger = logging.getLogger(__name__)

@@ -49,17 +49,11 @@ from typing import Any
 import numpy as np
 
 from codetool import CodetoolError
-from codetool.eval.judges import (
-    LABEL_SCORES,
-    LABELS,
-    AnswerRequest,
-    Judge,
-    Verdict,
-    clip,
-)
 from codetool.eval.metrics import answer_source, run_metrics
+from codetool.judge.records import LABEL_SCORES, LABELS, AnswerRequest, Judge, Verdict
 from codetool.search.records import Trajectory
 from codetool.secrets import redact
+from codetool.text import clip
 
 logger = logging.getLogger(__name__)
 

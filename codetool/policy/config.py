@@ -22,8 +22,8 @@ import torch
 from trl import GRPOConfig
 
 from codetool.config import ConfigError, option
-from codetool.eval.judges import JudgeConfig
 from codetool.executor import ExecutorConfig
+from codetool.judge.config import JudgeConfig
 from codetool.search.config import SearchConfig
 
 REWARDS = ("grounded", "judged", "on_the_spot", "prm", "tool_cost")

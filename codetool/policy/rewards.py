@@ -130,7 +130,7 @@ class JudgedReward(StepReward):
     """``judged``: the judge's score of the final answer, on the last step.
 
     Args:
-        judge (`codetool.eval.judges.Judge`): labels answers (all of a batch in one call).
+        judge (`codetool.judge.records.Judge`): labels answers (all of a batch in one call).
     """
 
     name = "judged"
@@ -141,7 +141,7 @@ class JudgedReward(StepReward):
         self.judge = judge
 
     def score_episodes(self, episodes):
-        from codetool.eval.judges import AnswerRequest
+        from codetool.judge.records import AnswerRequest
 
         asked = [e for e in episodes if e.finish_type == "finish" and (e.final_answer or "").strip()]
         verdicts = self.judge.judge_answers([AnswerRequest(e.task.query, e.final_answer) for e in asked]) if asked else []

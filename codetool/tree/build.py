@@ -245,7 +245,8 @@ def judge_fn(cfg: TreeConfig):
     """``judge(query, answer) -> bool`` (Solved) for ``success: judged``, else ``None``."""
     if cfg.success != "judged":
         return None
-    from codetool.eval.judges import JudgeConfig, make_judge
+    from codetool.assemble import make_judge
+    from codetool.judge.config import JudgeConfig
 
     judge = make_judge(JudgeConfig(model=cfg.judge))
     if judge is None:

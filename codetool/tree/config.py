@@ -17,11 +17,14 @@ from codetool.executor import ExecutorConfig
 from codetool.models.remote import RemoteConfig
 from codetool.search.config import SearchConfig
 from codetool.tree.labels import LABEL_RULES, SUCCESS_MODES
+from codetool.tree.search_settings import TREE_SEARCH
 
 
 @dataclass
 class TreeConfig:
     """Settings of ``codetool build-trees``."""
+
+    config_unread = {"search": TREE_SEARCH}  # the keys of search: that no tree code reads are refused
 
     queries: str | None = option(None, "ToolBench-format query file or folder (default: ToolBench's 10 example queries)")
     output: str = option("runs/trees/trees.jsonl", "tree records (JSONL, one line per query)")

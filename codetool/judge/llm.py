@@ -9,7 +9,7 @@ temperature.
 Guarantees: every prompt goes through ``codetool.secrets.redact`` before it is sent, so a key
 echoed by a tool into an answer never reaches the judge (the API key itself only travels in the
 backend's HTTP header, read from the environment); with reference prompts
-(:mod:`codetool.eval.reference_prompts`) the prompt is the reference's template filled as the
+(:mod:`codetool.judge.reference_prompts`) the prompt is the reference's template filled as the
 reference fills it and the forced function is the reference's own; every verdict is cached on
 disk (JSONL, one line per verdict) under a hash of the judge, the sampling settings, the round,
 the full prompt (and the reference's function), so a rerun costs nothing and a killed run
@@ -26,25 +26,24 @@ import logging
 import math
 import random
 import re
+from importlib import resources
 from typing import Any
 
 from tqdm.auto import tqdm
 
 from codetool import CodetoolError
 from codetool.config import ConfigError
-from codetool.eval.judges import (
+from codetool.judge.cache import JudgeCache
+from codetool.judge.records import (
     LABELS,
     AnswerRequest,
     CompareRequest,
     Judge,
     Preference,
     Verdict,
-    clip,
-    load_prompt,
-    render_prompt,
 )
-from codetool.jsonl import append_jsonl, read_jsonl, repair_jsonl
 from codetool.secrets import redact
+from codetool.text import clip
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +52,20 @@ _FUNCTIONS = {
     "answer_status": ("record_answer_status", "Record the label of the answer."),
     "preferred": ("record_preference", "Record which answer is better."),
 }
+
+
+_FIELDS = re.compile(r"\{(query|answer|trajectory|answer_a|answer_b)\}")
+
+
+def load_prompt(name: str) -> str:
+    """The packaged prompt ``codetool/prompts/<name>.txt``."""
+    return resources.files("codetool").joinpath(f"prompts/{name}.txt").read_text()
+
+
+def render_prompt(template: str, **fields: str) -> str:
+    """Fill ``{query}``, ``{answer}``, ... in one pass (a value that contains ``{answer}`` is left
+    alone) and redact secrets from the result."""
+    return redact(_FIELDS.sub(lambda m: fields.get(m.group(1), m.group(0)), template))
 
 
 def extract_json(text: str) -> dict[str, Any] | None:
@@ -87,32 +100,6 @@ def parse_choice(text: str, field: str, allowed: tuple[str, ...]) -> tuple[str, 
     return None
 
 
-class JudgeCache:
-    """Verdicts on disk by key: a JSONL file read once, appended to after every batch.
-
-    Args:
-        path (`str` or `None`): the JSONL file; ``None`` keeps verdicts in memory only.
-    """
-
-    def __init__(self, path: str | None):
-        self.path = path
-        self.records: dict[str, dict] = {}
-        if path:
-            repair_jsonl(path)  # a run killed mid-line: cut the torn tail off (logged) before appending
-            for record in read_jsonl(path):
-                if "key" in record:
-                    self.records[record["key"]] = record
-            logger.debug("judge cache %s: %d verdicts", path, len(self.records))
-
-    def get(self, key: str) -> dict | None:
-        return self.records.get(key)
-
-    def put(self, record: dict) -> None:
-        self.records[record["key"]] = record
-        if self.path:
-            append_jsonl(self.path, record)
-
-
 class LLMJudge(Judge):
     """A judge on an LLM backend (``generate`` / ``option_logprobs``, see ``codetool.models``).
 
@@ -139,7 +126,7 @@ class LLMJudge(Judge):
         max_trajectory_chars (`int`, *optional*, defaults to 6000): trajectories are cut to this
             (our prompts only).
         reference (`ReferencePrompts`, *optional*): judge with a reference's prompts and forced
-            functions (:mod:`codetool.eval.reference_prompts`); tasks it has no prompt for use ours.
+            functions (:mod:`codetool.judge.reference_prompts`); tasks it has no prompt for use ours.
     """
 
     def __init__(self, backend, *, name: str | None = None, kind: str = "openai", weak: bool = False,

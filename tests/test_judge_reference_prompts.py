@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from codetool.assemble import make_judge
 from codetool.checkout import CHECKOUT_ENV
 from codetool.cli import main
 from codetool.config import ConfigError
-from codetool.eval.judges import AnswerRequest, CompareRequest, JudgeConfig, make_judge
-from codetool.eval.reference_prompts import load_reference_prompts
+from codetool.judge.config import JudgeConfig
+from codetool.judge.records import AnswerRequest, CompareRequest
+from codetool.judge.reference_prompts import load_reference_prompts
 
 STB_FUNCTIONS = ["check_answer_status", "parse_answer_status", "check_task_solvable", "select_better_answer"]
 
@@ -120,7 +122,7 @@ def test_each_reference_repository_has_its_own_variable(tmp_path, monkeypatch):
 
 
 def test_the_reference_prompt_and_function_are_sent_as_the_reference_sends_them(tmp_path, monkeypatch):
-    from test_eval_judges import _fake_server
+    from test_judge import _fake_server
 
     seen = []
 
@@ -156,7 +158,7 @@ def test_the_reference_prompt_and_function_are_sent_as_the_reference_sends_them(
 
 
 def test_codetool_prompts_under_codetool_protocol(tmp_path):
-    from test_eval_judges import _fake_server
+    from test_judge import _fake_server
 
     seen = []
 
@@ -180,7 +182,7 @@ def test_codetool_prompts_under_codetool_protocol(tmp_path):
 
 
 def test_no_secret_reaches_a_reference_prompt(tmp_path, canary_env):
-    from test_eval_judges import _fake_server
+    from test_judge import _fake_server
 
     seen = []
 

@@ -6,18 +6,11 @@ from dataclasses import dataclass
 
 import pytest
 
+from codetool.assemble import make_judge
 from codetool.config import ConfigError
-from codetool.eval.judges import (
-    AnswerRequest,
-    CompareRequest,
-    JudgeConfig,
-    LLMJudge,
-    ScriptedJudge,
-    extract_json,
-    make_judge,
-    parse_choice,
-    render_prompt,
-)
+from codetool.judge.config import JudgeConfig
+from codetool.judge.llm import LLMJudge, extract_json, parse_choice, render_prompt
+from codetool.judge.records import AnswerRequest, CompareRequest, ScriptedJudge
 
 
 @dataclass
