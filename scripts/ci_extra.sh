@@ -9,13 +9,13 @@
 # Run after `make test` (set-up done, default model cached). Exit status: lint's or pytest's;
 # 124 when the slow tests ran past the budget (they are then interrupted, and the tests that had
 # finished are reported).
-# Budget: CI_SLOW_BUDGET_S seconds (default 1200). Measured on the shared 2-core dev machine
-# (load ~4-6): the 6 slow tests take ~200-300 s wall (~85 s CPU). Extra pytest
-# options: CI_SLOW_PYTEST_ARGS (e.g. "-x").
+# Budget: CI_SLOW_BUDGET_S seconds (default 2400). The 24 slow tests (every accelerate config, Ray
+# with a worker killed, transformers serve, DDP, the reference re-run, ...) __SLOWTIME__; under a load of ~8-11
+# (six other jobs on the 2 cores) they ran past 1,200 s. Extra pytest options: CI_SLOW_PYTEST_ARGS (e.g. "-x").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
-BUDGET_S=${CI_SLOW_BUDGET_S:-1200}
+BUDGET_S=${CI_SLOW_BUDGET_S:-2400}
 
 start=$(date +%s)
 make lint VENV="$VENV"
