@@ -175,3 +175,17 @@ class STBConformance:
 @pytest.fixture(scope="session")
 def stb_conformance(shared_conformance) -> STBConformance:
     return STBConformance(shared_conformance / "stabletoolbench")
+
+
+# The executor test modules run each test under both isolation modes; bubblewrap is skipped where
+# it cannot run. (A test that parametrizes its own ``mode`` overrides this fixture.)
+EXECUTOR_MODES = ["fallback", pytest.param("bwrap", marks=pytest.mark.bwrap)]
+
+
+@pytest.fixture(scope="module", params=EXECUTOR_MODES)
+def mode(request):
+    from codetool.executor import bwrap_problem
+
+    if request.param == "bwrap" and bwrap_problem():
+        pytest.skip(f"bubblewrap cannot run here: {bwrap_problem()}")
+    return request.param

@@ -19,12 +19,10 @@ from codetool.executor import (
     ExecutorConfig,
     ExecutorError,
     ToolCall,
-    bwrap_problem,
 )
 from codetool.rewards import on_the_spot
 from codetool.tools.spec import ToolResponse
 
-MODES = ["fallback", pytest.param("bwrap", marks=pytest.mark.bwrap)]
 CONFIG = dict(timeout_s=2.0, grace_s=0.5, memory_mb=512, tool_timeout_s=1.0)
 
 
@@ -63,12 +61,6 @@ TOOLS = {
     "nosig": operator.itemgetter(0),  # inspect.signature cannot read it
 }
 
-
-@pytest.fixture(scope="module", params=MODES)
-def mode(request):
-    if request.param == "bwrap" and bwrap_problem():
-        pytest.skip(f"bubblewrap cannot run here: {bwrap_problem()}")
-    return request.param
 
 
 @pytest.fixture(scope="module")

@@ -17,19 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from codetool.executor import Executor, ExecutorConfig, bwrap_problem
+from codetool.executor import Executor, ExecutorConfig
 
 REPO = Path(__file__).resolve().parents[1]
-MODES = ["fallback", pytest.param("bwrap", marks=pytest.mark.bwrap)]
 CONFIG = dict(timeout_s=2.0, grace_s=0.5, memory_mb=512, max_file_mb=8, max_open_files=64,
               max_processes=24, max_output_chars=5000, scratch_mb=32)
 
-
-@pytest.fixture(scope="module", params=MODES)
-def mode(request):
-    if request.param == "bwrap" and bwrap_problem():
-        pytest.skip(f"bubblewrap cannot run here: {bwrap_problem()}")
-    return request.param
 
 
 @pytest.fixture(scope="module")

@@ -13,18 +13,11 @@ import time
 
 import pytest
 
-from codetool.executor import Executor, ExecutorConfig, bwrap_problem
+from codetool.executor import Executor, ExecutorConfig
 
-MODES = ["fallback", pytest.param("bwrap", marks=pytest.mark.bwrap)]
 CONFIG = dict(timeout_s=4.0, grace_s=0.5, memory_mb=512, max_processes=24, max_output_chars=5000,
               scratch_mb=16, max_step_mb=4)
 
-
-@pytest.fixture(scope="module", params=MODES)
-def mode(request):
-    if request.param == "bwrap" and bwrap_problem():
-        pytest.skip(f"bubblewrap cannot run here: {bwrap_problem()}")
-    return request.param
 
 
 @pytest.fixture(scope="module")

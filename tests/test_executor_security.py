@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from codetool.executor import Executor, ExecutorConfig, bwrap_problem
+from codetool.executor import Executor, ExecutorConfig
 from codetool.executor.channel import ProtocolError, log_safe, parse_frame
 from codetool.executor.proxy import bounded_arguments
 from codetool.executor.result import ARGUMENT_PREVIEW_CHARS
 
-MODES = ["fallback", pytest.param("bwrap", marks=pytest.mark.bwrap)]
 CONFIG = dict(timeout_s=3.0, grace_s=0.5, memory_mb=512, max_processes=24, max_output_chars=5000,
               scratch_mb=32, max_step_mb=4, max_tool_calls=50)
 
@@ -38,12 +37,6 @@ DONE_OK = {"op": "done", "outcome": "ok", "error_type": None, "error_message": N
 def lookup(city: str = ""):
     return {"city": city[:10], "temp": 20}
 
-
-@pytest.fixture(scope="module", params=MODES)
-def mode(request):
-    if request.param == "bwrap" and bwrap_problem():
-        pytest.skip(f"bubblewrap cannot run here: {bwrap_problem()}")
-    return request.param
 
 
 @pytest.fixture(scope="module")
