@@ -25,3 +25,33 @@ def test_config_errors(tmp_path):
         DataConfig(datasets=["imagenet"])
     with pytest.raises(ConfigError, match="no such folder"):
         DataConfig(datasets=["restbench"], from_dir=str(tmp_path / "absent"))
+
+
+def test_the_default_fetch_gets_what_the_benchmark_runs_read(shared_data, tmp_path, monkeypatch):
+    """A bare ``codetool data fetch`` gets every dataset: after it, the default StableToolBench and
+    RestBench-TMDB loaders find their files in ./data (CodeTool's query subsets and TMDB spec)."""
+    from codetool.cli import main
+    from codetool.tools.data import DATASETS
+    from codetool.tools.loaders import load_restbench, load_stabletoolbench
+
+    assert DataConfig().datasets == list(DATASETS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CODETOOL_DATA", raising=False)
+    assert main(["data", "fetch", "--from-dir", str(shared_data)]) == 0
+    root = data_root()
+    assert root.resolve() == (tmp_path / "data").resolve()
+    assert load_stabletoolbench("G1_instruction", subset="codetool")  # CodeTool's query subsets
+    assert load_restbench(source="codetool")  # CodeTool's TMDB queries and spec
+
+
+def test_a_missing_benchmark_file_names_the_dataset_that_holds_it(tmp_path):
+    from codetool import CodetoolError
+    from codetool.tools.data import fetch_hint
+    from codetool.tools.openapi import load_openapi
+
+    spec = tmp_path / "CodeTool" / "infer" / "tmdb" / "tmdb.spec.raw.v2.json"
+    assert fetch_hint(spec) == "codetool data fetch codetool"
+    assert fetch_hint("x/RestGPT/specs/tmdb_oas.json") == "codetool data fetch restbench"
+    assert fetch_hint(tmp_path / "elsewhere.json") == "codetool data fetch"
+    with pytest.raises(CodetoolError, match="Run 'codetool data fetch codetool'"):
+        load_openapi(spec)

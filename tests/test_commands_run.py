@@ -200,3 +200,14 @@ def test_duplicate_query_ids_in_one_file_are_refused(monkeypatch, toolbench, tmp
                                             r"toolbench/G1/7 \(3x\)"):
         execute_run(_cfg(toolbench, tmp_path / "t.jsonl"), show_summary=False)
     assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_queries_with_a_benchmark_that_reads_its_own_files_is_refused():
+    """``--queries`` is read only by ``--benchmark toolbench``; with StableToolBench it was silently
+    ignored and the whole group ran (found by a fresh-clone check)."""
+    from codetool.config import ConfigError
+    from codetool.jobs.queries import RunConfig
+
+    with pytest.raises(ConfigError, match=r"--queries /nope/q.json is read only with --benchmark toolbench"):
+        RunConfig(benchmark="stabletoolbench", queries="/nope/q.json")
+    assert RunConfig(benchmark="toolbench", queries="/nope/q.json").queries == "/nope/q.json"

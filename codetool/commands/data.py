@@ -19,8 +19,10 @@ class DataConfig:
     """Options of ``codetool data``."""
 
     action: str = option("fetch", "what to do", choices=("fetch",), positional=True)
-    datasets: list[str] = option(default_factory=lambda: ["stabletoolbench", "restbench"],
-                                 help="datasets to fetch", positional=True)
+    datasets: list[str] = option(default_factory=lambda: list(DATASETS),
+                                 help="datasets to fetch (default: all of " + ", ".join(DATASETS) + "; the "
+                                      "benchmark runs need codetool's query subsets and TMDB spec too)",
+                                 positional=True)
     from_dir: str | None = option(None, "copy from this local folder (same layout, e.g. ../shared/data) "
                                         "instead of downloading", aliases=("--from",))
     out: str = option("data", "folder to write the files into")

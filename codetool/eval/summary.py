@@ -143,7 +143,8 @@ def render_summary(report: dict[str, Any]) -> list[str]:
                 row = [method, bench, "/".join(str(x) for x in dict.fromkeys(cell["n"]))]
                 row += [_cell(cell[k], pct, n_seeds) for k, _, pct in keys]
                 lines.append("| " + " | ".join(row) + " |")
-        lines += ["", "Chosen-step SCEP: chosen code steps that ran without error. Tool calls: calls of the "
+        lines += ["", "Chosen-step SCEP: as CodeTool's eval_SCEP.py counts it (every chosen step, re-run after "
+                  "the earlier steps' code; a reply without a code block fails; see docs/FIDELITY.md). Tool calls: calls of the "
                   "query's listed tools on the chosen path. Grounded success: finished with a non-empty answer "
                   "after >= 1 successful listed-tool call. These need no judge.", ""]
     plots = [Path(p).name for p in report.get("files", {}).get("plots", [])]

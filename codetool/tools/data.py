@@ -87,6 +87,17 @@ DATASETS: dict[str, list[str]] = {
 }
 
 
+def fetch_hint(path: str | Path) -> str:
+    """The ``codetool data fetch ...`` command that gets the benchmark file ``path`` (a path ending
+    in one of :data:`DATASETS`' files names its dataset; any other path gets the command that
+    fetches every dataset), for error messages."""
+    text = Path(path).as_posix()
+    for name, files in DATASETS.items():
+        if any(text == rel or text.endswith("/" + rel) for rel in files):
+            return f"codetool data fetch {name}"
+    return "codetool data fetch"
+
+
 def _redact_codetool_spec(path: Path) -> None:
     """The upstream CodeTool TMDB spec embeds a bearer token; keep only a placeholder."""
     data = json.loads(path.read_text(encoding="utf-8"))
@@ -185,5 +196,5 @@ def data_root() -> Path:
     if shared.is_dir():
         return shared
     raise CodetoolError("no benchmark data found (looked for ./data/.codetool-data.json, $CODETOOL_DATA and "
-                        f"{shared}). Run 'codetool data fetch stabletoolbench restbench' (add "
-                        "'--from-dir DIR' to copy from a local folder) or set CODETOOL_DATA to the data folder.")
+                        f"{shared}). Run 'codetool data fetch' (every dataset; "
+                        "add '--from-dir DIR' to copy from a local folder) or set CODETOOL_DATA to the data folder.")

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from codetool import CodetoolError
-from codetool.tools.data import data_root
+from codetool.tools.data import data_root, fetch_hint
 from codetool.tools.names import api_key_name, standardize
 from codetool.tools.simulator import parse_template
 from codetool.tools.spec import APISpec, Parameter
@@ -74,12 +74,12 @@ class BenchmarkQuery:
 
 def _read_json(path: Path) -> Any:
     if not path.is_file():
-        raise CodetoolError(f"benchmark file not found: {path}. Run 'codetool data fetch' (see "
+        raise CodetoolError(f"benchmark file not found: {path}. Run '{fetch_hint(path)}' (see "
                             f"'codetool data --help') or set CODETOOL_DATA to the folder that holds it.")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:
-        raise CodetoolError(f"{path} is not valid JSON ({e}); fetch it again with 'codetool data fetch'.") from None
+        raise CodetoolError(f"{path} is not valid JSON ({e}); fetch it again with '{fetch_hint(path)}'.") from None
 
 
 def _param_type(raw: Any) -> str:

@@ -156,7 +156,10 @@ def load_openapi(path: Path, tool: str | None = None) -> list[APISpec]:
     """
     path = Path(path)
     if not path.is_file():
-        raise CodetoolError(f"OpenAPI spec not found: {path}. For RestBench run 'codetool data fetch restbench'.")
+        from codetool.tools.data import fetch_hint
+
+        raise CodetoolError(f"OpenAPI spec not found: {path}. Run '{fetch_hint(path)}' or set CODETOOL_DATA to "
+                            "the folder that holds it.")
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:
