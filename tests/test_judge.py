@@ -168,37 +168,17 @@ def test_make_judge_and_scripted():
 def test_http_judge_sends_no_key_in_the_prompt(canary_env, tmp_path):
     """make_judge on an OpenAI-compatible URL: loopback fake server, JSON replies, cached rerun."""
     import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     bodies = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
+    def solved(body):
+        bodies.append(json.dumps(body))
+        reply = '{"answer_status": "Solved", "reason": "it answers"}'
+        return ({"choices": [{"index": 0, "message": {"content": reply}, "finish_reason": "stop"}],
+                 "usage": {"prompt_tokens": 10, "completion_tokens": 8}}, 200)
 
-        def _send(self, data):
-            raw = json.dumps(data).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
-
-        def do_GET(self):
-            self._send({"data": [{"id": "judge-model"}]})
-
-        def do_POST(self):
-            body = self.rfile.read(int(self.headers["Content-Length"])).decode()
-            bodies.append(body)
-            reply = '{"answer_status": "Solved", "reason": "it answers"}'
-            self._send({"choices": [{"index": 0, "message": {"content": reply}, "finish_reason": "stop"}],
-                        "usage": {"prompt_tokens": 10, "completion_tokens": 8}})
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server, url = _fake_server(solved)
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
         cfg = JudgeConfig(model=url, cache=str(tmp_path / "cache.jsonl"))
         judge = make_judge(cfg)
         assert judge.name == f"openai:judge-model@{url}" and judge.mode == "tools" and not judge.weak
