@@ -40,6 +40,7 @@ from codetool.decide.stage import (
     decide,
     route_for,
 )
+from codetool.executor.result import StepExecutor
 from codetool.search.episode import Search
 from codetool.search.expand import Node, expand
 from codetool.search.prompt import CODE_PREFIX, history_entry, prompt_text
@@ -133,7 +134,7 @@ class Router:
         config (`RouterConfig`): thresholds and decision settings.
         search (`Search`): the full search (its policy, config, scorer, executors and strategy).
         policy (`LLMBackend`): writes direct answers and fast-path steps (normally ``search.policy``).
-        make_executor (`Callable[[SearchTask], Executor]`, *optional*): executors for fast paths
+        make_executor (`Callable[[SearchTask], StepExecutor]`, *optional*): executors for fast paths
             (default: ``search.make_executor``); a failed fast path hands its executor to the search.
         decider (`LLMBackend`, *optional*): the deciding model (default: ``policy``).
         probe (`Probe`, *optional*): method probe's probe (default: loaded from ``config.probe``).
@@ -142,7 +143,7 @@ class Router:
     """
 
     def __init__(self, config: RouterConfig, search: Search, policy=None,
-                 make_executor: Callable[[SearchTask], Any] | None = None, decider=None, *, probe=None,
+                 make_executor: Callable[[SearchTask], StepExecutor] | None = None, decider=None, *, probe=None,
                  probe_backend=None):
         self.cfg, self.search = config, search
         self.policy = policy if policy is not None else search.policy
@@ -337,7 +338,7 @@ class Router:
 
 
 def route_and_solve(tasks: Sequence[SearchTask], router_cfg: RouterConfig, search: Search, policy=None,
-                    make_executor: Callable[[SearchTask], Any] | None = None, *, decider=None,
+                    make_executor: Callable[[SearchTask], StepExecutor] | None = None, *, decider=None,
                     on_done: Callable[[Trajectory], None] | None = None,
                     decisions: Sequence[Decision] | None = None, probe=None) -> list[Trajectory]:
     """Decide first for every task, then answer directly, take the fast path, or search.

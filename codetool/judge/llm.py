@@ -38,7 +38,7 @@ from codetool.judge.records import (
     LABELS,
     AnswerRequest,
     CompareRequest,
-    Judge,
+    JudgeMixin,
     Preference,
     Verdict,
 )
@@ -100,7 +100,7 @@ def parse_choice(text: str, field: str, allowed: tuple[str, ...]) -> tuple[str, 
     return None
 
 
-class LLMJudge(Judge):
+class LLMJudge(JudgeMixin):
     """A judge on an LLM backend (``generate`` / ``option_logprobs``, see ``codetool.models``).
 
     Args:
