@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from codetool import CodetoolError
+from codetool import CodetoolError, prompts
 from codetool.decide.stage import (
     Decision,
     RouterConfig,
@@ -43,7 +43,7 @@ from codetool.decide.stage import (
 from codetool.executor.result import StepExecutor
 from codetool.search.episode import Search
 from codetool.search.expand import Node, expand
-from codetool.search.prompt import CODE_PREFIX, history_entry, prompt_text
+from codetool.search.prompt import CODE_PREFIX, history_entry
 from codetool.search.records import Step, Trajectory
 from codetool.search.search import SearchTask
 
@@ -66,8 +66,8 @@ def prefill_text(decision: Decision, route: str, cfg: RouterConfig) -> str:
     if decision.method != "probe" or route == "direct":
         return ""
     if route == "fast":
-        return prompt_text("probe_prefill_none").strip() + "\n"
-    return CODE_PREFIX if cfg.prefill == "hard" else prompt_text("probe_prefill_tool").strip() + "\n"
+        return prompts.load("probe_prefill_none").strip() + "\n"
+    return CODE_PREFIX if cfg.prefill == "hard" else prompts.load("probe_prefill_tool").strip() + "\n"
 
 
 def fast_failure(expanded, need_tool: bool = True) -> str | None:
@@ -275,13 +275,12 @@ class Router:
         if not pending:
             return []
         cfg = replace(self.search.cfg, temperature=self.cfg.fast_temperature)
-        hint = prompt_text("decide_fast")
         nodes = []
         for p in pending:
             if p.decision.method == "probe":  # steered by the prefill, no function named
                 hinted = replace(p.task, prefill=prefill_text(p.decision, "fast", self.cfg))
             else:
-                hinted = replace(p.task, query=p.task.query + "\n\n" + hint.replace("{tool}", p.decision.tool).strip())
+                hinted = replace(p.task, query=p.task.query + "\n\n" + prompts.render("decide_fast", tool=p.decision.tool).strip())
             nodes.append(Node(self.make_executor(p.task), [], hinted))
         timings: dict[str, float] = {}
         start = time.perf_counter()

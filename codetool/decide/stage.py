@@ -50,10 +50,9 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from codetool import CodetoolError
+from codetool import CodetoolError, prompts
 from codetool.config import ConfigError, option
 from codetool.models.completion import to_messages
-from codetool.search.prompt import prompt_text
 from codetool.secrets import redact
 
 NONE = "NONE"
@@ -183,14 +182,14 @@ def decision_messages(query: str, candidates: Sequence[tuple[str, str]], max_des
         desc = description if len(description) <= max_description_chars else (
             description[:max_description_chars].rstrip() + "...")
         lines.append(f"- {name}: {desc}" if desc else f"- {name}")
-    system = prompt_text("decide_system").replace("{functions}", "\n".join(lines) or "(none)")
-    user = prompt_text("decide_user").replace("{query}", query)
+    system = prompts.render("decide_system", functions="\n".join(lines) or "(none)")
+    user = prompts.render("decide_user", query=query)
     return [{"role": "system", "content": redact(system)}, {"role": "user", "content": redact(user)}]
 
 
 def answer_messages(query: str) -> list[dict[str, str]]:
     """The prompt of the direct route: answer the request without tools."""
-    return [{"role": "system", "content": prompt_text("decide_answer")}, {"role": "user", "content": redact(query)}]
+    return [{"role": "system", "content": prompts.load("decide_answer")}, {"role": "user", "content": redact(query)}]
 
 
 _NO_FUNCTION = re.compile(r"\bno (function|tool|api)s?\b|\bwithout (any |a )?(function|tool)s?\b|"

@@ -26,7 +26,6 @@ import logging
 import math
 import random
 import re
-from importlib import resources
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -42,6 +41,9 @@ from codetool.judge.records import (
     Preference,
     Verdict,
 )
+from codetool.prompts import fill as fill_prompt
+from codetool.prompts import load as load_prompt
+from codetool.prompts import path_of as prompt_path
 from codetool.secrets import redact
 from codetool.text import clip
 
@@ -54,18 +56,11 @@ _FUNCTIONS = {
 }
 
 
-_FIELDS = re.compile(r"\{(query|answer|trajectory|answer_a|answer_b)\}")
-
-
-def load_prompt(name: str) -> str:
-    """The packaged prompt ``codetool/prompts/<name>.txt``."""
-    return resources.files("codetool").joinpath(f"prompts/{name}.txt").read_text()
-
-
-def render_prompt(template: str, **fields: str) -> str:
-    """Fill ``{query}``, ``{answer}``, ... in one pass (a value that contains ``{answer}`` is left
-    alone) and redact secrets from the result."""
-    return redact(_FIELDS.sub(lambda m: fields.get(m.group(1), m.group(0)), template))
+def render_prompt(template: str, /, source: str = "a judge prompt", **fields: str) -> str:
+    """Fill ``{query}``, ``{answer}``, ... in one pass (:func:`codetool.prompts.fill`: a value that
+    contains ``{answer}`` is left alone, a missing or unknown field is refused, naming ``source``)
+    and redact secrets from the result."""
+    return redact(fill_prompt(template, fields, source=source))
 
 
 def extract_json(text: str) -> dict[str, Any] | None:
@@ -194,7 +189,7 @@ class LLMJudge(JudgeMixin):
                           "answer": clip(req.answer, self.max_answer_chars)}
                 if req.trajectory is not None:
                     fields["trajectory"] = clip(req.trajectory, self.max_trajectory_chars)
-                prompts.append(render_prompt(self.templates[task], **fields))
+                prompts.append(render_prompt(self.templates[task], prompt_path(f"judge_{task}"), **fields))
                 tools.append(None)
             tasks.append(task)
         records = self._run(prompts, tasks, [r.round for r in requests], "answer_status", LABELS, tools)
@@ -226,7 +221,8 @@ class LLMJudge(JudgeMixin):
                     continue
                 a, b = (r.details_a, r.details_b) if details else (r.answer_a, r.answer_b)
                 limit = self.max_trajectory_chars if details else self.max_answer_chars
-                prompts.append(render_prompt(self.templates[task], query=clip(r.query, self.max_answer_chars),
+                prompts.append(render_prompt(self.templates[task], prompt_path(f"judge_{task}"),
+                                             query=clip(r.query, self.max_answer_chars),
                                              answer_a=clip(a, limit), answer_b=clip(b or "", limit)))
                 tools.append(None)
             rounds = [requests[i].round for i in idx]
