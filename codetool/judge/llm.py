@@ -28,8 +28,6 @@ import random
 import re
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from codetool import CodetoolError
 from codetool.config import ConfigError
 from codetool.judge.cache import JudgeCache
@@ -41,6 +39,7 @@ from codetool.judge.records import (
     Preference,
     Verdict,
 )
+from codetool.progress import ProgressFactory, ticker
 from codetool.prompts import fill as fill_prompt
 from codetool.prompts import load as load_prompt
 from codetool.prompts import path_of as prompt_path
@@ -122,12 +121,16 @@ class LLMJudge(JudgeMixin):
             (our prompts only).
         reference (`ReferencePrompts`, *optional*): judge with a reference's prompts and forced
             functions (:mod:`codetool.judge.reference_prompts`); tasks it has no prompt for use ours.
+        progress (`ProgressFactory`, *optional*): told the number of batches each call sends to the
+            backend (two or more) and ticked after each (:mod:`codetool.progress`); a command may
+            also set the ``progress`` attribute after :func:`codetool.assemble.make_judge`.
     """
 
     def __init__(self, backend, *, name: str | None = None, kind: str = "openai", weak: bool = False,
                  cache_path: str | None = None, mode: str = "auto", temperature: float = 0.2,
                  max_new_tokens: int = 256, retries: int = 2, batch_size: int = 8,
-                 max_answer_chars: int = 2000, max_trajectory_chars: int = 6000, reference=None):
+                 max_answer_chars: int = 2000, max_trajectory_chars: int = 6000, reference=None,
+                 progress: ProgressFactory | None = None):
         if mode not in ("auto", "json", "options", "tools"):
             raise CodetoolError(f"judge mode must be auto, json, tools or options, got {mode!r}.")
         lazy = callable(backend) and not hasattr(backend, "generate")
@@ -148,6 +151,7 @@ class LLMJudge(JudgeMixin):
         self.templates = {name: load_prompt(f"judge_{name}")
                           for name in ("answer", "trajectory", "compare", "compare_details")}
         self.reference = reference
+        self.progress = progress
 
     @property
     def backend(self):
@@ -253,8 +257,9 @@ class LLMJudge(JudgeMixin):
             out.append(dict(hit, cached=True) if hit else None)
         missing = [i for i, r in enumerate(out) if r is None]
         starts = range(0, len(missing), self.batch_size)
-        for start in tqdm(starts, desc=f"judge {self.name}", unit="batch", disable=len(starts) < 2):
-            chunk = missing[start:start + self.batch_size]
+        tick = ticker(self.progress if len(starts) > 1 else None, len(starts))
+        for first in starts:
+            chunk = missing[first:first + self.batch_size]
             values = self._ask_each([prompts[i] for i in chunk], [keys[i] for i in chunk], field, allowed,
                                     [tools[i] for i in chunk])
             for i, (value, reason, raw, error) in zip(chunk, values):
@@ -265,6 +270,7 @@ class LLMJudge(JudgeMixin):
                     out[i] = dict(record, cached=False)
                 else:
                     out[i] = dict(record, cached=False, error=error)
+            tick(len(chunk))
         return out  # type: ignore[return-value]
 
     def _ask_each(self, prompts: list[str], keys: list[str], field: str, allowed: tuple[str, ...],

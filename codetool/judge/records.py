@@ -138,6 +138,7 @@ class JudgeMixin:
     name = "judge"
     kind = "custom"
     weak = False
+    progress = None  # a ProgressFactory a command may set (codetool.progress); LLMJudge ticks it per batch
 
     def judge_answer(self, query: str, answer: str, *, trajectory: str | None = None,
                      round: int = 0) -> Verdict:
