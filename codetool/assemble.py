@@ -24,7 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from codetool.config import ConfigError
 from codetool.executor import ExecutorConfig
+from codetool.executor.result import StepExecutor
+from codetool.judge.llm import LLMJudge
+from codetool.judge.records import Judge, ScriptedJudge
+from codetool.models.completion import LLMBackend
 from codetool.models.spec import ModelSpec
+from codetool.rewards import PRMScorer
 from codetool.search.beam import beam_search
 from codetool.search.best_of_n import best_of_n
 from codetool.search.config import SearchConfig
@@ -35,7 +40,6 @@ from codetool.search.search import SearchTask
 
 if TYPE_CHECKING:
     from codetool.judge.config import JudgeConfig
-    from codetool.judge.records import Judge
 
 logger = logging.getLogger(__name__)
 
@@ -49,15 +53,24 @@ STRATEGIES: dict[str, Strategy] = {
 (:data:`codetool.search.episode.Strategy`) and returns the trajectories (search-and-learn's
 ``APPROACHES`` table is the model: the caller dispatches)."""
 
+# The one table of judges (each a codetool.judge.records.Judge): make_judge builds an LLMJudge from
+# a JudgeConfig; ScriptedJudge answers from a script (tests, replays) and no config names it. The
+# other seams have theirs beside the function that chooses: models.backends.BACKENDS (policy),
+# prm.scorer.SCORERS (PRM), tools.backends.BACKENDS (tools).
+JUDGES: dict[str, type] = {
+    "llm": LLMJudge,
+    "scripted": ScriptedJudge,
+}
 
-def make_search(policy, cfg: SearchConfig, make_executor: Callable[[SearchTask], Any], scorer=None,
-                config_hash: str = "") -> Search:
+
+def make_search(policy: LLMBackend, cfg: SearchConfig, make_executor: Callable[[SearchTask], StepExecutor],
+                scorer: PRMScorer | None = None, config_hash: str = "") -> Search:
     """The search ``cfg`` describes: the parts bound to the settings and to ``STRATEGIES[cfg.strategy]``.
 
     Args:
         policy (`LLMBackend`): the policy.
         cfg (`SearchConfig`): the search settings (``cfg.strategy`` picks the strategy).
-        make_executor (`Callable[[SearchTask], Executor]`): a fresh executor for a task.
+        make_executor (`Callable[[SearchTask], StepExecutor]`): a fresh executor for a task.
         scorer (`PRMScorer`, *optional*): the latent reward source when ``latent='prm'``.
         config_hash (`str`, *optional*): stored in every trajectory.
     Raises:
@@ -118,7 +131,6 @@ def make_judge(cfg: JudgeConfig, cache_path: str | None = None) -> Judge | None:
         return None
     from functools import partial
 
-    from codetool.judge.llm import LLMJudge
     from codetool.judge.reference_prompts import load_reference_prompts
     from codetool.models.backends import make_backend
 
@@ -146,7 +158,7 @@ def make_judge(cfg: JudgeConfig, cache_path: str | None = None) -> Judge | None:
     mode = cfg.mode
     if mode == "auto" and remote:  # both references force a function call (StableToolBench, CodeTool)
         mode = "tools"
-    return LLMJudge(backend, name=name, kind="openai" if remote else "local", weak=weak,
+    return JUDGES["llm"](backend, name=name, kind="openai" if remote else "local", weak=weak,
                     cache_path=cfg.cache or cache_path, mode=mode, temperature=cfg.temperature,
                     max_new_tokens=cfg.max_new_tokens, retries=cfg.retries,
                     batch_size=cfg.batch_size or (cfg.client.max_in_flight if remote else 8),
@@ -154,7 +166,7 @@ def make_judge(cfg: JudgeConfig, cache_path: str | None = None) -> Judge | None:
                     max_trajectory_chars=cfg.max_trajectory_chars or 10**9, reference=reference)
 
 
-def executor_factory(executor_cfg: ExecutorConfig) -> Callable[[SearchTask], Any]:
+def executor_factory(executor_cfg: ExecutorConfig) -> Callable[[SearchTask], StepExecutor]:
     """``task -> Executor`` with the task's tool functions."""
     from codetool.executor import Executor
 

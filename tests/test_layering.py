@@ -362,3 +362,28 @@ def test_no_module_imports_a_private_name_of_the_search():
             if private and (importer.startswith("codetool.search") or node.module.startswith("codetool.search")):
                 found.append((importer, node.module, private))
     assert not found, f"private names imported across modules (make them public or move them): {found}"
+
+
+def _third_party_imports(path: Path) -> set[str]:
+    """The top-level names of every non-codetool module ``path`` imports (anywhere in the file)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found - {"codetool"}
+
+
+def test_only_commands_draw_progress_and_with_one_library():
+    """One progress library (``rich``), in the commands (and ``cli``'s log handler) only: the parts
+    report through ``codetool.progress`` callbacks (docs/ARCHITECTURE.md sections 1 and 7)."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        name = module_name(path)
+        imports = _third_party_imports(path)
+        if "tqdm" in imports:
+            found.append((name, "tqdm"))
+        if "rich" in imports and not (name.startswith("codetool.commands") or name == "codetool.cli"):
+            found.append((name, "rich"))
+    assert not found, f"progress bars or rich output below the commands (take a progress callback): {found}"

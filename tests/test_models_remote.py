@@ -11,7 +11,8 @@ import pytest
 
 from codetool import CodetoolError
 from codetool.config import ConfigError
-from codetool.models.remote import InFlight, RemoteClient, RemoteConfig, retry_after_s, split_urls
+from codetool.models.remote import InFlight, RemoteClient, RemoteConfig, split_urls
+from codetool.retry import retry_after_s
 
 
 def client(handler, urls=("http://a.invalid",), **cfg) -> RemoteClient:

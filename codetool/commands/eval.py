@@ -25,6 +25,7 @@ from typing import Any
 
 from codetool import CodetoolError
 from codetool.assemble import make_judge
+from codetool.commands import progress_bar
 from codetool.config import ConfigError, config_hash, option, to_dict
 from codetool.eval import restbench, stabletoolbench
 from codetool.eval.comparability import comparability_block, recipe_settings
@@ -152,7 +153,10 @@ def eval_command(cfg: EvalConfig) -> int:
     from rich.table import Table
 
     judge = make_judge(cfg.judge, cache_path=str(Path(cfg.out) / "judge_cache.jsonl"))
-    report = run_eval(cfg, judge)
+    with progress_bar(f"judge {redact(judge.name)} (batches)" if judge else "eval") as progress:
+        if judge is not None:
+            judge.progress = progress
+        report = run_eval(cfg, judge)
     console = Console()
     table = Table(title=f"judge: {report['judge']['name']}" + (" (weak: smoke test only)" if report["judge"]["weak"]
                                                                 else ""))

@@ -78,11 +78,15 @@ def eval_prm_command(cfg: EvalPRMConfig) -> int:
     scorer = load_scorer(cfg.prm, device=cfg.device)
     if scorer is None:
         raise CodetoolError("eval-prm needs a PRM: pass --prm with a checkpoint folder or a server URL.")
-    from tqdm import tqdm
+    from codetool.commands import progress_bar
 
     scores: list[float] = []
-    for start in tqdm(range(0, len(rows), cfg.batch_size), desc="scoring", unit="batch"):
-        scores += scorer.score([item_from_row(r) for r in rows[start:start + cfg.batch_size]])
+    starts = range(0, len(rows), cfg.batch_size)
+    with progress_bar("scoring (batches)") as progress:
+        tick = progress(len(starts))
+        for start in starts:
+            scores += scorer.score([item_from_row(r) for r in rows[start:start + cfg.batch_size]])
+            tick(start)
     labels = [r["label"] for r in rows]
     groups = [sibling_key(r) for r in rows]
     metrics = prm_metrics(scores, labels, groups)

@@ -34,8 +34,7 @@ class ScoreConfig:
 
 def score_command(cfg: ScoreConfig) -> int:
     """Score every row of ``cfg.input``; rows keep their fields and gain ``score``."""
-    from tqdm import tqdm
-
+    from codetool.commands import progress_bar
     from codetool.jsonl import read_jsonl, write_jsonl
     from codetool.prm.format import item_from_row
     from codetool.prm.scorer import load_scorer
@@ -50,10 +49,14 @@ def score_command(cfg: ScoreConfig) -> int:
     scorer = load_scorer(cfg.prm, device=cfg.device)
     if scorer is None:
         raise CodetoolError("codetool score needs a PRM: pass --prm with a checkpoint folder or a server URL.")
-    for start in tqdm(range(0, len(rows), cfg.batch_size), desc="scoring", unit="batch"):
-        chunk = rows[start:start + cfg.batch_size]
-        for row, value in zip(chunk, scorer.score([item_from_row(r) for r in chunk])):
-            row["score"] = value
+    starts = range(0, len(rows), cfg.batch_size)
+    with progress_bar("scoring (batches)") as progress:
+        tick = progress(len(starts))
+        for start in starts:
+            chunk = rows[start:start + cfg.batch_size]
+            for row, value in zip(chunk, scorer.score([item_from_row(r) for r in chunk])):
+                row["score"] = value
+            tick(chunk)
     output = cfg.output or str(Path(cfg.input).with_suffix("")) + ".scored.jsonl"
     write_jsonl(output, rows)
     logger.info("scored %d rows with %s; wrote %s", len(rows), cfg.prm, output)

@@ -26,15 +26,19 @@ import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-from tqdm.auto import tqdm
+from typing import TYPE_CHECKING
 
 from codetool import CodetoolError
 from codetool.decide.labelled import DecisionItem
 from codetool.decide.metrics import answer_matches
 from codetool.decide.stage import answer_messages
 from codetool.jsonl import append_jsonl, read_jsonl
+from codetool.progress import ProgressFactory, ticker
 from codetool.secrets import redact
+
+if TYPE_CHECKING:
+    from codetool.judge.records import Judge
+    from codetool.models.completion import LLMBackend
 
 logger = logging.getLogger(__name__)
 
@@ -116,8 +120,9 @@ def rule_for(item: DecisionItem, rules: dict[str, str]) -> str:
     return rule
 
 
-def label_items(items: Sequence[DecisionItem], policy, judge, out: str | Path, *, rules: dict[str, str] | None = None,
-                max_new_tokens: int = 160, batch_size: int = 16, seed: int | None = 0) -> dict[str, NecessityLabel]:
+def label_items(items: Sequence[DecisionItem], policy: LLMBackend, judge: Judge | None, out: str | Path, *,
+                rules: dict[str, str] | None = None, max_new_tokens: int = 160, batch_size: int = 16,
+                seed: int | None = 0, progress: ProgressFactory | None = None) -> dict[str, NecessityLabel]:
     """Label every item by its rule, appending to ``out`` (JSONL) and resuming from it.
 
     Args:
@@ -126,6 +131,8 @@ def label_items(items: Sequence[DecisionItem], policy, judge, out: str | Path, *
         judge (`Judge` or `None`): decides ``judge``-rule items (``None`` is refused when one needs it).
         out (`str` or `Path`): ``labels.jsonl``; ids already in it are not run again.
         rules (`dict`, *optional*): benchmark -> rule, over :data:`DEFAULT_RULES`.
+        progress (`ProgressFactory`, *optional*): told the number of no-tool batches, ticked after
+            each (:mod:`codetool.progress`).
     Returns:
         Labels by item id (earlier lines included).
     Raises:
@@ -146,8 +153,10 @@ def label_items(items: Sequence[DecisionItem], policy, judge, out: str | Path, *
         done[it.item_id] = NecessityLabel(it.item_id, it.benchmark, it.group, it.needs_tool, "given")
         append_jsonl(out, asdict(done[it.item_id]))
     run = [it for it in todo if rule_for(it, rules) != "given"]
-    for start in tqdm(range(0, len(run), batch_size), desc="no-tool run", unit="batch", disable=len(run) <= batch_size):
-        batch = run[start:start + batch_size]
+    starts = range(0, len(run), batch_size)
+    tick = ticker(progress if len(starts) > 1 else None, len(starts))
+    for first in starts:
+        batch = run[first:first + batch_size]
         replies = policy.generate([answer_messages(it.query) for it in batch], n=1, temperature=0.0,
                                   max_new_tokens=max_new_tokens, seed=seed)
         texts = [redact(c.text.strip()) for [c] in replies]
@@ -164,6 +173,7 @@ def label_items(items: Sequence[DecisionItem], policy, judge, out: str | Path, *
             done[it.item_id] = NecessityLabel(it.item_id, it.benchmark, it.group, needs, rule_for(it, rules),
                                               texts[i], verdict, c.prompt_tokens + c.completion_tokens)
             append_jsonl(out, asdict(done[it.item_id]))
+        tick(len(batch))
     return done
 
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from codetool import CodetoolError
+from codetool import CodetoolError, prompts
 from codetool.decide.stage import (
     Decision,
     RouterConfig,
@@ -40,9 +40,10 @@ from codetool.decide.stage import (
     decide,
     route_for,
 )
+from codetool.executor.result import StepExecutor
 from codetool.search.episode import Search
 from codetool.search.expand import Node, expand
-from codetool.search.prompt import CODE_PREFIX, history_entry, prompt_text
+from codetool.search.prompt import CODE_PREFIX, history_entry
 from codetool.search.records import Step, Trajectory
 from codetool.search.search import SearchTask
 
@@ -65,8 +66,8 @@ def prefill_text(decision: Decision, route: str, cfg: RouterConfig) -> str:
     if decision.method != "probe" or route == "direct":
         return ""
     if route == "fast":
-        return prompt_text("probe_prefill_none").strip() + "\n"
-    return CODE_PREFIX if cfg.prefill == "hard" else prompt_text("probe_prefill_tool").strip() + "\n"
+        return prompts.load("probe_prefill_none").strip() + "\n"
+    return CODE_PREFIX if cfg.prefill == "hard" else prompts.load("probe_prefill_tool").strip() + "\n"
 
 
 def fast_failure(expanded, need_tool: bool = True) -> str | None:
@@ -133,7 +134,7 @@ class Router:
         config (`RouterConfig`): thresholds and decision settings.
         search (`Search`): the full search (its policy, config, scorer, executors and strategy).
         policy (`LLMBackend`): writes direct answers and fast-path steps (normally ``search.policy``).
-        make_executor (`Callable[[SearchTask], Executor]`, *optional*): executors for fast paths
+        make_executor (`Callable[[SearchTask], StepExecutor]`, *optional*): executors for fast paths
             (default: ``search.make_executor``); a failed fast path hands its executor to the search.
         decider (`LLMBackend`, *optional*): the deciding model (default: ``policy``).
         probe (`Probe`, *optional*): method probe's probe (default: loaded from ``config.probe``).
@@ -142,7 +143,7 @@ class Router:
     """
 
     def __init__(self, config: RouterConfig, search: Search, policy=None,
-                 make_executor: Callable[[SearchTask], Any] | None = None, decider=None, *, probe=None,
+                 make_executor: Callable[[SearchTask], StepExecutor] | None = None, decider=None, *, probe=None,
                  probe_backend=None):
         self.cfg, self.search = config, search
         self.policy = policy if policy is not None else search.policy
@@ -274,13 +275,12 @@ class Router:
         if not pending:
             return []
         cfg = replace(self.search.cfg, temperature=self.cfg.fast_temperature)
-        hint = prompt_text("decide_fast")
         nodes = []
         for p in pending:
             if p.decision.method == "probe":  # steered by the prefill, no function named
                 hinted = replace(p.task, prefill=prefill_text(p.decision, "fast", self.cfg))
             else:
-                hinted = replace(p.task, query=p.task.query + "\n\n" + hint.replace("{tool}", p.decision.tool).strip())
+                hinted = replace(p.task, query=p.task.query + "\n\n" + prompts.render("decide_fast", tool=p.decision.tool).strip())
             nodes.append(Node(self.make_executor(p.task), [], hinted))
         timings: dict[str, float] = {}
         start = time.perf_counter()
@@ -337,7 +337,7 @@ class Router:
 
 
 def route_and_solve(tasks: Sequence[SearchTask], router_cfg: RouterConfig, search: Search, policy=None,
-                    make_executor: Callable[[SearchTask], Any] | None = None, *, decider=None,
+                    make_executor: Callable[[SearchTask], StepExecutor] | None = None, *, decider=None,
                     on_done: Callable[[Trajectory], None] | None = None,
                     decisions: Sequence[Decision] | None = None, probe=None) -> list[Trajectory]:
     """Decide first for every task, then answer directly, take the fast path, or search.

@@ -48,12 +48,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tqdm import tqdm
-
-from codetool import CodetoolError
+from codetool import CodetoolError, prompts
 from codetool.config import ConfigError, option
-from codetool.models.completion import to_messages
-from codetool.search.prompt import prompt_text
+from codetool.models.completion import LLMBackend, to_messages
+from codetool.progress import ProgressFactory, ticker
 from codetool.secrets import redact
 
 NONE = "NONE"
@@ -183,14 +181,14 @@ def decision_messages(query: str, candidates: Sequence[tuple[str, str]], max_des
         desc = description if len(description) <= max_description_chars else (
             description[:max_description_chars].rstrip() + "...")
         lines.append(f"- {name}: {desc}" if desc else f"- {name}")
-    system = prompt_text("decide_system").replace("{functions}", "\n".join(lines) or "(none)")
-    user = prompt_text("decide_user").replace("{query}", query)
+    system = prompts.render("decide_system", functions="\n".join(lines) or "(none)")
+    user = prompts.render("decide_user", query=query)
     return [{"role": "system", "content": redact(system)}, {"role": "user", "content": redact(user)}]
 
 
 def answer_messages(query: str) -> list[dict[str, str]]:
     """The prompt of the direct route: answer the request without tools."""
-    return [{"role": "system", "content": prompt_text("decide_answer")}, {"role": "user", "content": redact(query)}]
+    return [{"role": "system", "content": prompts.load("decide_answer")}, {"role": "user", "content": redact(query)}]
 
 
 _NO_FUNCTION = re.compile(r"\bno (function|tool|api)s?\b|\bwithout (any |a )?(function|tool)s?\b|"
@@ -278,13 +276,16 @@ def resolve_method(backend, cfg: RouterConfig) -> str:
     return cfg.method
 
 
-def decide(backend, items: Sequence[tuple[str, Sequence[tuple[str, str]]]], cfg: RouterConfig) -> list[Decision]:
+def decide(backend: LLMBackend, items: Sequence[tuple[str, Sequence[tuple[str, str]]]], cfg: RouterConfig, *,
+           progress: ProgressFactory | None = None) -> list[Decision]:
     """Decide, for many queries in one batched call, which function to call first (or NONE).
 
     Args:
         backend (`LLMBackend`): the deciding model (the policy, or a separate small model).
         items (`Sequence[tuple]`): ``(query, [(function name, description), ...])`` per query.
         cfg (`RouterConfig`): method and scoring settings (the thresholds are not used here).
+        progress (`ProgressFactory`, *optional*): ``logprobs`` only: told the number of tool sets
+            (one scoring call each, four or more), ticked after each (:mod:`codetool.progress`).
     Returns:
         One :class:`Decision` per item, in order.
     Raises:
@@ -300,7 +301,7 @@ def decide(backend, items: Sequence[tuple[str, Sequence[tuple[str, str]]]], cfg:
     names = [[n for n, _ in cands] for _, cands in items]
     start = time.perf_counter()
     if method == "logprobs":
-        decisions = _by_logprobs(backend, prompts, items, cfg)
+        decisions = _by_logprobs(backend, prompts, items, cfg, progress)
     else:
         decisions = _by_agreement(backend, prompts, names, cfg)
     share = (time.perf_counter() - start) / len(decisions)
@@ -309,15 +310,15 @@ def decide(backend, items: Sequence[tuple[str, Sequence[tuple[str, str]]]], cfg:
     return decisions
 
 
-def _by_logprobs(backend, prompts, items, cfg: RouterConfig) -> list[Decision]:
+def _by_logprobs(backend, prompts, items, cfg: RouterConfig, progress: ProgressFactory | None = None) -> list[Decision]:
     # option_logprobs takes one option list for all its prompts: group queries by tool set. With
     # calibrate, the group's content-free prompt rides along in the same call.
     groups: dict[tuple[str, ...], list[int]] = {}
     for i, (_, cands) in enumerate(items):
         groups.setdefault((NONE, *(n for n, _ in cands)), []).append(i)
     out: list[Decision | None] = [None] * len(prompts)
-    for options, indices in tqdm(groups.items(), desc="decisions (tool sets)", unit="set", disable=len(groups) < 4,
-                                 leave=False):
+    tick = ticker(progress if len(groups) >= 4 else None, len(groups))
+    for options, indices in groups.items():
         texts = [o + cfg.option_suffix for o in options]
         batch = [prompts[i] for i in indices]
         if cfg.calibrate:
@@ -336,6 +337,7 @@ def _by_logprobs(backend, prompts, items, cfg: RouterConfig) -> list[Decision]:
                               scores=dict(zip(options, probs)), logprobs=raw, null_logprobs=null,
                               prompt_tokens=_prompt_tokens(backend, prompts[i]) + extra, scored_tokens=scored_tokens,
                               p_tool=1.0 - probs[0])  # options[0] is NONE
+        tick(options)
     return out  # type: ignore[return-value]
 
 

@@ -27,8 +27,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from codetool import prompts
 from codetool.decide.probe import auroc, auroc_interval
-from codetool.search.prompt import parse_candidate, policy_messages, prompt_text
+from codetool.search.prompt import parse_candidate, policy_messages
 
 MODES = ("force", "default", "necessary", "sparse", "no_tool")
 REASONING = ("direct", "reason")
@@ -73,7 +74,7 @@ def method_summary(labels: Sequence[int], p_tool: Sequence[float], thresholds: S
 
 def mode_messages(query: str, env, mode: str, reasoning: str, step_format: str = "code_only") -> list[dict[str, str]]:
     """The policy's first-step prompt with a prompt-only mode's sentence and the reasoning sentence."""
-    extra = prompt_text(f"mode_{mode}").strip() + "\n" + prompt_text(f"mode_{reasoning}").strip()
+    extra = prompts.load(f"mode_{mode}").strip() + "\n" + prompts.load(f"mode_{reasoning}").strip()
     return policy_messages(f"{query}\n\n{extra}", env.render(), [], step_format=step_format)
 
 
@@ -99,8 +100,8 @@ def run_baselines(policy, prompts_by_mode: dict[tuple[str, str], list], names: S
     """
     count = count_tokens or (lambda s: len(s.split()))
     out = {}
-    for key, prompts in prompts_by_mode.items():
-        replies = policy.generate(prompts, n=1, temperature=0.0, max_new_tokens=max_new_tokens, seed=seed)
+    for key, batch in prompts_by_mode.items():
+        replies = policy.generate(batch, n=1, temperature=0.0, max_new_tokens=max_new_tokens, seed=seed)
         rows = []
         for [c], offered in zip(replies, names, strict=True):
             tool, before = first_action(c.text, offered)

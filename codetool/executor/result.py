@@ -1,10 +1,11 @@
-"""What one ``Executor.run`` returns: :class:`ExecutionResult` and its :class:`ToolCall` records."""
+"""What one ``Executor.run`` returns: :class:`ExecutionResult` and its :class:`ToolCall` records,
+and the seam the search, the trees and policy RL hold an executor by, :class:`StepExecutor`."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 # ExecutionResult.outcome values; only "ok" counts as a successful execution (R_spot = 1).
 # NO_CODE: the reply held no code block, so nothing ran; set by the search (no_code_result), never
@@ -162,3 +163,30 @@ def host_error_result(message: str, error_type: str) -> ExecutionResult:
         error_type (`str`): the exception's class name.
     """
     return ExecutionResult(ok=False, outcome=HOST_ERROR, error_type=error_type, error_message=message)
+
+
+@runtime_checkable
+class StepExecutor(Protocol):
+    """A stateful Python session that runs one step at a time (``codetool.executor.Executor``).
+
+    ``run`` never raises for a problem of the code (it comes back in the :class:`ExecutionResult`);
+    ``fork`` gives an independent copy of the current state (each candidate step of a search runs
+    in its own fork); ``close`` frees the session and is safe to call twice.
+    """
+
+    def run(self, code: str, *, timeout_s: float | None = None) -> ExecutionResult:
+        """Run one step in the current state; the state it leaves becomes the current state."""
+        ...
+
+    def fork(self) -> StepExecutor:
+        """A new session holding a copy of this one's state."""
+        ...
+
+    def close(self) -> None:
+        """Free the session (its worker, its scratch folder)."""
+        ...
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran."""
+        ...

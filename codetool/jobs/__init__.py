@@ -6,8 +6,8 @@ commands draw progress bars)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+# What a job is given to report progress (codetool.progress): called once with the number of units
+# it will run; what it returns is called with each record once the record is written.
+from codetool.progress import ProgressFactory
 
-# What a job is given to report progress: called once with the number of units it will run; what it
-# returns is called with each record once the record is written.
-ProgressFactory = Callable[[int], Callable[[dict], None]]
+__all__ = ["ProgressFactory"]

@@ -26,10 +26,7 @@ import logging
 import math
 import random
 import re
-from importlib import resources
 from typing import Any
-
-from tqdm.auto import tqdm
 
 from codetool import CodetoolError
 from codetool.config import ConfigError
@@ -38,10 +35,14 @@ from codetool.judge.records import (
     LABELS,
     AnswerRequest,
     CompareRequest,
-    Judge,
+    JudgeMixin,
     Preference,
     Verdict,
 )
+from codetool.progress import ProgressFactory, ticker
+from codetool.prompts import fill as fill_prompt
+from codetool.prompts import load as load_prompt
+from codetool.prompts import path_of as prompt_path
 from codetool.secrets import redact
 from codetool.text import clip
 
@@ -54,18 +55,11 @@ _FUNCTIONS = {
 }
 
 
-_FIELDS = re.compile(r"\{(query|answer|trajectory|answer_a|answer_b)\}")
-
-
-def load_prompt(name: str) -> str:
-    """The packaged prompt ``codetool/prompts/<name>.txt``."""
-    return resources.files("codetool").joinpath(f"prompts/{name}.txt").read_text()
-
-
-def render_prompt(template: str, **fields: str) -> str:
-    """Fill ``{query}``, ``{answer}``, ... in one pass (a value that contains ``{answer}`` is left
-    alone) and redact secrets from the result."""
-    return redact(_FIELDS.sub(lambda m: fields.get(m.group(1), m.group(0)), template))
+def render_prompt(template: str, /, source: str = "a judge prompt", **fields: str) -> str:
+    """Fill ``{query}``, ``{answer}``, ... in one pass (:func:`codetool.prompts.fill`: a value that
+    contains ``{answer}`` is left alone, a missing or unknown field is refused, naming ``source``)
+    and redact secrets from the result."""
+    return redact(fill_prompt(template, fields, source=source))
 
 
 def extract_json(text: str) -> dict[str, Any] | None:
@@ -100,7 +94,7 @@ def parse_choice(text: str, field: str, allowed: tuple[str, ...]) -> tuple[str, 
     return None
 
 
-class LLMJudge(Judge):
+class LLMJudge(JudgeMixin):
     """A judge on an LLM backend (``generate`` / ``option_logprobs``, see ``codetool.models``).
 
     Args:
@@ -127,12 +121,16 @@ class LLMJudge(Judge):
             (our prompts only).
         reference (`ReferencePrompts`, *optional*): judge with a reference's prompts and forced
             functions (:mod:`codetool.judge.reference_prompts`); tasks it has no prompt for use ours.
+        progress (`ProgressFactory`, *optional*): told the number of batches each call sends to the
+            backend (two or more) and ticked after each (:mod:`codetool.progress`); a command may
+            also set the ``progress`` attribute after :func:`codetool.assemble.make_judge`.
     """
 
     def __init__(self, backend, *, name: str | None = None, kind: str = "openai", weak: bool = False,
                  cache_path: str | None = None, mode: str = "auto", temperature: float = 0.2,
                  max_new_tokens: int = 256, retries: int = 2, batch_size: int = 8,
-                 max_answer_chars: int = 2000, max_trajectory_chars: int = 6000, reference=None):
+                 max_answer_chars: int = 2000, max_trajectory_chars: int = 6000, reference=None,
+                 progress: ProgressFactory | None = None):
         if mode not in ("auto", "json", "options", "tools"):
             raise CodetoolError(f"judge mode must be auto, json, tools or options, got {mode!r}.")
         lazy = callable(backend) and not hasattr(backend, "generate")
@@ -153,6 +151,7 @@ class LLMJudge(Judge):
         self.templates = {name: load_prompt(f"judge_{name}")
                           for name in ("answer", "trajectory", "compare", "compare_details")}
         self.reference = reference
+        self.progress = progress
 
     @property
     def backend(self):
@@ -194,7 +193,7 @@ class LLMJudge(Judge):
                           "answer": clip(req.answer, self.max_answer_chars)}
                 if req.trajectory is not None:
                     fields["trajectory"] = clip(req.trajectory, self.max_trajectory_chars)
-                prompts.append(render_prompt(self.templates[task], **fields))
+                prompts.append(render_prompt(self.templates[task], prompt_path(f"judge_{task}"), **fields))
                 tools.append(None)
             tasks.append(task)
         records = self._run(prompts, tasks, [r.round for r in requests], "answer_status", LABELS, tools)
@@ -226,7 +225,8 @@ class LLMJudge(Judge):
                     continue
                 a, b = (r.details_a, r.details_b) if details else (r.answer_a, r.answer_b)
                 limit = self.max_trajectory_chars if details else self.max_answer_chars
-                prompts.append(render_prompt(self.templates[task], query=clip(r.query, self.max_answer_chars),
+                prompts.append(render_prompt(self.templates[task], prompt_path(f"judge_{task}"),
+                                             query=clip(r.query, self.max_answer_chars),
                                              answer_a=clip(a, limit), answer_b=clip(b or "", limit)))
                 tools.append(None)
             rounds = [requests[i].round for i in idx]
@@ -257,8 +257,9 @@ class LLMJudge(Judge):
             out.append(dict(hit, cached=True) if hit else None)
         missing = [i for i, r in enumerate(out) if r is None]
         starts = range(0, len(missing), self.batch_size)
-        for start in tqdm(starts, desc=f"judge {self.name}", unit="batch", disable=len(starts) < 2):
-            chunk = missing[start:start + self.batch_size]
+        tick = ticker(self.progress if len(starts) > 1 else None, len(starts))
+        for first in starts:
+            chunk = missing[first:first + self.batch_size]
             values = self._ask_each([prompts[i] for i in chunk], [keys[i] for i in chunk], field, allowed,
                                     [tools[i] for i in chunk])
             for i, (value, reason, raw, error) in zip(chunk, values):
@@ -269,6 +270,7 @@ class LLMJudge(Judge):
                     out[i] = dict(record, cached=False)
                 else:
                     out[i] = dict(record, cached=False, error=error)
+            tick(len(chunk))
         return out  # type: ignore[return-value]
 
     def _ask_each(self, prompts: list[str], keys: list[str], field: str, allowed: tuple[str, ...],

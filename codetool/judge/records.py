@@ -1,8 +1,9 @@
 """The judge's records and interface: a verdict on one answer, a preference between two.
 
-Every judge has the same two batch methods, ``judge_answers(requests) -> list[Verdict]`` and
-``compare_many(requests) -> list[Preference]`` (plus one-item conveniences), so the pass-rate and
-win-rate bookkeeping of :mod:`codetool.eval.stabletoolbench` never knows which judge it talks to:
+Every judge satisfies the :class:`Judge` Protocol: two batch methods, ``judge_answers(requests) ->
+list[Verdict]`` and ``compare_many(requests) -> list[Preference]``, and ``describe()``, so the
+pass-rate and win-rate bookkeeping of :mod:`codetool.eval.stabletoolbench` never knows which judge
+it talks to (:class:`JudgeMixin` adds the one-item conveniences and the report entry):
 
 - :class:`~codetool.judge.llm.LLMJudge` over any ``codetool.models`` backend (an
   OpenAI-compatible endpoint or a local transformers model);
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from codetool import CodetoolError
 from codetool.secrets import redact
@@ -100,31 +101,52 @@ class CompareRequest:
     allow_tie: bool = True
 
 
-class Judge:
-    """The judge interface (subclasses implement the two batch methods).
+@runtime_checkable
+class Judge(Protocol):
+    """The judge seam: what evaluation, the trees, policy RL and the necessity labels call.
+
+    Implementations: :class:`~codetool.judge.llm.LLMJudge`, :class:`ScriptedJudge` (the table
+    ``codetool.assemble.JUDGES``). Both batch methods answer in request order, one result per
+    request; a request that fails is an error record (``Verdict.error``), never an exception.
 
     Attributes:
         name (`str`): shown in reports, e.g. ``openai:gpt-4o-mini`` or ``local:default``.
         weak (`bool`): a small local model whose verdicts are a smoke test, not a measurement.
     """
 
+    name: str
+    weak: bool
+
+    def judge_answers(self, requests: list[AnswerRequest]) -> list[Verdict]:
+        """One :class:`Verdict` per request (``trajectory`` set: the detailed check)."""
+        ...
+
+    def compare_many(self, requests: list[CompareRequest]) -> list[Preference]:
+        """One :class:`Preference` (``a``, ``b`` or ``tie``) per request."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """What a report says about the judge: at least ``name``, ``kind``, ``weak`` and ``note``."""
+        ...
+
+
+class JudgeMixin:
+    """The shared part of our judges, for a class that defines ``judge_answers`` and
+    ``compare_many``: the report entry (``describe``) and the one-item conveniences. A judge need
+    not use it; the seam is the :class:`Judge` Protocol."""
+
     name = "judge"
     kind = "custom"
     weak = False
-
-    def judge_answers(self, requests: list[AnswerRequest]) -> list[Verdict]:
-        raise NotImplementedError
-
-    def compare_many(self, requests: list[CompareRequest]) -> list[Preference]:
-        raise NotImplementedError
+    progress = None  # a ProgressFactory a command may set (codetool.progress); LLMJudge ticks it per batch
 
     def judge_answer(self, query: str, answer: str, *, trajectory: str | None = None,
                      round: int = 0) -> Verdict:
-        """Label one answer (see :meth:`judge_answers`)."""
+        """Label one answer (see :meth:`Judge.judge_answers`)."""
         return self.judge_answers([AnswerRequest(query, answer, trajectory, round)])[0]
 
     def compare(self, query: str, answer_a: str, answer_b: str, *, round: int = 0) -> Preference:
-        """Compare two answers (see :meth:`compare_many`)."""
+        """Compare two answers (see :meth:`Judge.compare_many`)."""
         return self.compare_many([CompareRequest(query, answer_a, answer_b, round)])[0]
 
     def describe(self) -> dict[str, Any]:
@@ -134,7 +156,7 @@ class Judge:
         return {"name": redact(self.name), "kind": self.kind, "weak": self.weak, "note": note}
 
 
-class ScriptedJudge(Judge):
+class ScriptedJudge(JudgeMixin):
     """A judge that answers from a script (tests, replays of recorded verdicts).
 
     Args:

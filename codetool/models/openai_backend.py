@@ -44,11 +44,10 @@ import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from importlib import resources
 from typing import Any
 from urllib.parse import urlparse
 
-from codetool import CodetoolError
+from codetool import CodetoolError, prompts
 from codetool.config import ConfigError
 from codetool.models.completion import (
     Completion,
@@ -332,7 +331,7 @@ class OpenAIBackend:
         if self.feature("continuation"):
             return messages, dict(CONTINUATION), ""
         prefix = messages[-1]["content"]
-        ask = resources.files("codetool").joinpath("prompts/reply_prefix.txt").read_text().replace("{prefix}", prefix)
+        ask = prompts.render("reply_prefix", prefix=prefix)
         rest = messages[:-1]
         if rest and rest[-1]["role"] == "user":
             rest = rest[:-1] + [{"role": "user", "content": f"{rest[-1]['content']}\n\n{ask}"}]

@@ -9,7 +9,8 @@ requests through one :class:`RemoteClient`, configured by one :class:`RemoteConf
   server batches, ``--max-num-seqs``). Waiters are served in arrival order.
 - **Timeouts**: a request that has no answer within ``timeout_s`` is closed, so a server that
   aborts on disconnect (vLLM) stops generating, and it is retried like a connection error.
-- **Retries**: connection errors, timeouts, HTTP 429 and 5xx are retried ``retries`` times after
+- **Retries** (:class:`codetool.retry.RetryPolicy`, the one policy of every HTTP client):
+  connection errors, timeouts, HTTP 429 and 5xx are retried ``retries`` times after
   ``backoff_s``, doubling, at most ``max_backoff_s``; a ``Retry-After`` header (seconds or an
   HTTP date) replaces the wait, capped alike. Other 4xx fail at once: the caller names the
   setting that caused them. Until some endpoint has answered once, a connection error is retried
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import email.utils
 import hashlib
 import logging
 import threading
@@ -47,6 +47,7 @@ from typing import Any
 from codetool import CodetoolError
 from codetool.config import ConfigError, option
 from codetool.jsonl import clean_obj
+from codetool.retry import RetryPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -166,22 +167,6 @@ class EndpointError(CodetoolError):
     def __init__(self, message: str, status: int, text: str = ""):
         super().__init__(message)
         self.status, self.text = status, text
-
-
-def retry_after_s(value: str | None) -> float | None:
-    """Seconds a ``Retry-After`` header asks for (a number or an HTTP date), or ``None``."""
-    value = (value or "").strip()
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
 
 
 def split_urls(spec: str | list[str]) -> list[str]:
@@ -315,14 +300,15 @@ class RemoteClient:
         import httpx
 
         cfg = self.config
-        budget = cfg.retries if retries is None else min(retries, cfg.retries)
+        policy = RetryPolicy(cfg.retries if retries is None else min(retries, cfg.retries), cfg.backoff_s,
+                             cfg.max_backoff_s)
         body = clean_obj(payload) if payload is not None else None
         problem = fix = url = ""
         attempt = 0
         while True:
             endpoint = self.ranked(key)[0]
             url = endpoint + path
-            wait = min(cfg.backoff_s * 2 ** attempt, cfg.max_backoff_s)
+            retry_after = None
             self._count("requests")
             with self.in_flight.hold(units):
                 try:
@@ -349,13 +335,11 @@ class RemoteClient:
                                         f"{url} answered HTTP {status}: {text}.", status, text)
                 problem = f"HTTP {status} ({text})"
                 fix = f"the server is overloaded or failing; retry later or lower {self.setting}.max_in_flight"
-                asked = retry_after_s(response.headers.get("retry-after"))
-                if asked is not None:
-                    wait = min(asked, cfg.max_backoff_s)
+                retry_after = response.headers.get("retry-after")
                 failover = status != 429  # busy, not broken: stay on this endpoint
             # Until an endpoint has answered once, a failure most likely means a wrong URL, not an
             # outage: say so within seconds.
-            limit = budget if self._reached() else min(budget, NEVER_REACHED_RETRIES)
+            limit = policy.retries if self._reached() else min(policy.retries, NEVER_REACHED_RETRIES)
             if attempt >= limit:
                 break
             attempt += 1
@@ -367,6 +351,7 @@ class RemoteClient:
                     self._count("failovers")
                     logger.warning("%s: %s; failing over to %s", url, problem, following)
                     continue
+            wait = policy.wait_s(attempt, retry_after)
             logger.warning("%s: %s; retry %d/%d in %.1f s", url, problem, attempt, limit, wait)
             if wait > 0:
                 time.sleep(wait)

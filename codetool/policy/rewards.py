@@ -33,11 +33,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from codetool.rewards import PRMItem, grounded_success
 from codetool.search.prompt import step_plan, visible_history
 
 from .episode import Episode
+
+if TYPE_CHECKING:
+    from codetool.judge.records import Judge
+    from codetool.rewards import PRMScorer
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +141,7 @@ class JudgedReward(StepReward):
     name = "judged"
     outcome = True
 
-    def __init__(self, judge, aggregate: str = "mean"):
+    def __init__(self, judge: Judge, aggregate: str = "mean"):
         super().__init__(aggregate)
         self.judge = judge
 
@@ -159,7 +164,7 @@ class PRMReward(StepReward):
 
     name = "prm"
 
-    def __init__(self, scorer, aggregate: str = "mean", *, step_format: str = "code_only",
+    def __init__(self, scorer: PRMScorer, aggregate: str = "mean", *, step_format: str = "code_only",
                  observation_history: str = "all"):
         super().__init__(aggregate)
         self.scorer, self.step_format, self.observation_history = scorer, step_format, observation_history
@@ -188,7 +193,8 @@ class PRMReward(StepReward):
         return [0.0 if it is None else float(next(values)) for it in items]
 
 
-def build_rewards(weights: dict[str, float], *, aggregate: str, scorer=None, judge=None,
+def build_rewards(weights: dict[str, float], *, aggregate: str, scorer: PRMScorer | None = None,
+                  judge: Judge | None = None,
                   step_format: str = "code_only", observation_history: str = "all") -> tuple[list[StepReward], list[float]]:
     """The reward functions of a setting and their weights (TRL's ``reward_funcs``/``reward_weights``).
 

@@ -115,7 +115,7 @@ class EpisodeRunner:
         tokenizer: the policy's tokenizer (chat template).
         cfg (`SearchConfig`): step format, observation cut, ``max_steps``, ``max_new_tokens``,
             constrained decoding, ``tool_error_is_failure``, ``cost_table`` (``k`` must be 1).
-        make_executor (`Callable[[SearchTask], Executor]`): a fresh executor per episode.
+        make_executor (`Callable[[SearchTask], StepExecutor]`): a fresh executor per episode.
         seed (`int`, *optional*, defaults to 0): base of every round's sampling seed.
         max_positions (`int`, *optional*): an episode whose row would outgrow this ends (``max_steps``).
         lockstep (`bool`, *optional*, defaults to `False`): run every round even when no episode is

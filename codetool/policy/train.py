@@ -16,12 +16,17 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from codetool import __version__
 
 from .config import TrainPolicyConfig
+
+if TYPE_CHECKING:
+    from codetool.judge.records import Judge
+    from codetool.rewards import PRMScorer
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +56,8 @@ def peft_config(cfg: TrainPolicyConfig, model):
                       target_modules=targets[0] if targets == ["all-linear"] else targets, layers_to_transform=layers)
 
 
-def build_trainer(cfg: TrainPolicyConfig, tasks: dict, *, scorer=None, judge=None, prm_name: str = "none"):
+def build_trainer(cfg: TrainPolicyConfig, tasks: dict, *, scorer: PRMScorer | None = None, judge: Judge | None = None,
+                  prm_name: str = "none"):
     """A ready-to-train ``PolicyGRPOTrainer`` for a run config (``cfg.run_config(...)``).
 
     Args:
@@ -134,7 +140,8 @@ def _resume_path(cfg: TrainPolicyConfig) -> str | None:
     return get_last_checkpoint(cfg.output_dir) if Path(cfg.output_dir).is_dir() else None
 
 
-def train_run(cfg: TrainPolicyConfig, tasks: dict, *, scorer=None, judge=None, prm_name: str = "none") -> dict:
+def train_run(cfg: TrainPolicyConfig, tasks: dict, *, scorer: PRMScorer | None = None, judge: Judge | None = None,
+              prm_name: str = "none") -> dict:
     """Train one run and write ``<output_dir>/policy`` and ``run.json``; returns the summary."""
     trainer = build_trainer(cfg, tasks, scorer=scorer, judge=judge, prm_name=prm_name)
     resume = _resume_path(cfg)

@@ -1,12 +1,11 @@
 """What both PRM interfaces produce and share (:mod:`codetool.prm.format`, ours, and
-:mod:`codetool.prm.reference`, the public CodeTool PRM's): the encoded prompt record, the
-head-and-tail text cut and the packaged prompt files.
+:mod:`codetool.prm.reference`, the public CodeTool PRM's): the encoded prompt record and the
+head-and-tail text cut (the prompt files: :mod:`codetool.prompts`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import resources
 
 
 @dataclass
@@ -38,8 +37,3 @@ def clip_text(text: str, limit: int) -> str:
         return text
     half = max(limit // 2, 1)
     return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
-
-
-def prompt_template(name: str) -> str:
-    """The packaged prompt file ``codetool/prompts/<name>``, without its final newlines."""
-    return resources.files("codetool.prompts").joinpath(name).read_text(encoding="utf-8").rstrip("\n")

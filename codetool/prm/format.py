@@ -43,9 +43,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from codetool import prompts
 from codetool.config import ConfigError, option
 from codetool.jsonl import clean_text
-from codetool.prm.encoded import EncodedPrompt, clip_text, prompt_template
+from codetool.prm.encoded import EncodedPrompt, clip_text
 from codetool.rewards import PRMItem
 from codetool.secrets import redact
 
@@ -151,9 +152,10 @@ class PromptEncoder:
     def __init__(self, tokenizer, fmt: PRMFormat, training: bool = False):
         self.tokenizer = tokenizer
         self.fmt = fmt
-        self.prefix_template = prompt_template("prm_prefix.txt")
-        self.suffix_template = prompt_template("prm_suffix.txt" if fmt.candidate_output == "show"
-                                         else "prm_suffix_hidden.txt")
+        self.prefix_name = "prm_prefix"
+        self.suffix_name = "prm_suffix" if fmt.candidate_output == "show" else "prm_suffix_hidden"
+        self.prefix_template = prompts.load(self.prefix_name).rstrip("\n")
+        self.suffix_template = prompts.load(self.suffix_name).rstrip("\n")
         self.head, self.tail = self._wrapper()
         self.head_ids = self._special(self.head)
         self.tail_ids = self._special(self.tail)
@@ -196,10 +198,11 @@ class PromptEncoder:
         return list(hit[0]), hit[1], hit[2]
 
     def _render_prefix(self, item: PRMItem, dropped: int, tools_chars: int, query_chars: int) -> list[int]:
-        body = self.prefix_template.format(
-            query=clip_text(item.query, query_chars),
-            tools=clip_text(item.tools, tools_chars),
-            history=render_history(item.history, self.fmt.max_output_chars, dropped))
+        body = prompts.fill(self.prefix_template, {
+            "query": clip_text(item.query, query_chars),
+            "tools": clip_text(item.tools, tools_chars),
+            "history": render_history(item.history, self.fmt.max_output_chars, dropped)},
+            source=prompts.path_of(self.prefix_name))
         return self.head_ids + self._text(redact(body) + "\n")
 
     def _build_prefix(self, item: PRMItem) -> tuple[list[int], bool, int]:
@@ -221,10 +224,11 @@ class PromptEncoder:
 
     # -- suffix ---------------------------------------------------------------------------
     def _render_suffix(self, item: PRMItem, code_chars: int, output_chars: int) -> list[int]:
-        body = self.suffix_template.format(candidate_plan=f"{item.candidate_plan}\n" if item.candidate_plan else "",
-                                           candidate=clip_text(item.candidate, code_chars),
-                                           candidate_output=clip_text(item.candidate_output, output_chars)
-                                           if self.fmt.candidate_output == "show" else "")
+        fields = {"candidate_plan": f"{item.candidate_plan}\n" if item.candidate_plan else "",
+                  "candidate": clip_text(item.candidate, code_chars)}
+        if self.fmt.candidate_output == "show":  # prm_suffix_hidden.txt has no {candidate_output}
+            fields["candidate_output"] = clip_text(item.candidate_output, output_chars)
+        body = prompts.fill(self.suffix_template, fields, source=prompts.path_of(self.suffix_name))
         return self._text(redact(body)) + self.tail_ids
 
     def encode_suffix(self, item: PRMItem) -> tuple[list[int], bool]:

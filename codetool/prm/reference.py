@@ -29,8 +29,9 @@ public search joins them; the parent's output from our run of it, in the public 
 
 from __future__ import annotations
 
+from codetool import prompts
 from codetool.config import ConfigError
-from codetool.prm.encoded import EncodedPrompt, clip_text, prompt_template
+from codetool.prm.encoded import EncodedPrompt, clip_text
 from codetool.rewards import PRMItem
 from codetool.secrets import redact
 
@@ -66,8 +67,8 @@ class ReferencePrompt:
 
     def __init__(self, encoder, training: bool = False):
         self.encoder, self.fmt, self.training = encoder, encoder.fmt, training
-        self.system = prompt_template("prm_reference_system.txt")
-        self.history = prompt_template("prm_reference_history.txt") + "\n"
+        self.system = prompts.load("prm_reference_system").rstrip("\n")
+        self.history = prompts.load("prm_reference_history").rstrip("\n") + "\n"
         head, middle, tail = self._wrapper()
         self.head_ids, self.middle_ids, self.tail_ids = (encoder._special(t) for t in (head, middle, tail))
         self._cache: dict[tuple, tuple[list[int], bool]] = {}
@@ -92,8 +93,11 @@ class ReferencePrompt:
             previous = item.previous_steps
             if len(previous) > previous_chars:  # the oldest steps give way
                 previous = previous[len(previous) - previous_chars:]
-            history = self.history.format(previous_steps=previous, parent_result=item.parent_result[:result_chars])
-        return self.system.format(tools=clip_text(item.tools, tools_chars), history=history, query=item.query)
+            history = prompts.fill(self.history, {"previous_steps": previous,
+                                                  "parent_result": item.parent_result[:result_chars]},
+                                   source=prompts.path_of("prm_reference_history"))
+        return prompts.fill(self.system, {"tools": clip_text(item.tools, tools_chars), "history": history,
+                                          "query": item.query}, source=prompts.path_of("prm_reference_system"))
 
     def _prefix(self, item: PRMItem, budget: int) -> tuple[list[int], bool]:
         result_chars = len(item.parent_result) if self.training else self.fmt.reference_result_chars

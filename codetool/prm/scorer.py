@@ -26,7 +26,9 @@ import logging
 from pathlib import Path
 
 from codetool import CodetoolError
+from codetool.prm.client import HTTPScorer
 from codetool.prm.reference import label_scores
+from codetool.prm.vllm_backend import VLLMScorer
 from codetool.rewards import PRMItem
 
 logger = logging.getLogger(__name__)
@@ -131,6 +133,15 @@ def reference_scores(model, encoder, items: list[PRMItem]) -> list[float]:
     return out
 
 
+# The one table of PRM scorers (each a codetool.rewards.PRMScorer): a --prm spec's kind -> the
+# class load_scorer builds for it, as models.backends.BACKENDS is for the policy.
+SCORERS: dict[str, type] = {
+    "local": LocalPRMScorer,  # a train-prm checkpoint folder, in this process
+    "server": HTTPScorer,     # one or more codetool serve-prm URLs
+    "vllm": VLLMScorer,       # vllm:FOLDER, the checkpoint served by vLLM in this process
+}
+
+
 def load_scorer(spec: str, *, device: str = "auto", dtype: str = "auto", **kwargs):
     """The PRM scorer named by ``spec`` (the search's ``--prm`` value).
 
@@ -142,7 +153,7 @@ def load_scorer(spec: str, *, device: str = "auto", dtype: str = "auto", **kwarg
             otherwise a checkpoint folder written by ``codetool train-prm``.
         device, dtype (`str`, *optional*): for local checkpoints (see ``codetool.models.loading.load_model``).
     Returns:
-        An object with ``score(items) -> list[float]``, or `None` for ``none``.
+        A :class:`~codetool.rewards.PRMScorer` of :data:`SCORERS`, or `None` for ``none``.
     Raises:
         CodetoolError: if the folder is not a PRM checkpoint.
     """
@@ -153,16 +164,12 @@ def load_scorer(spec: str, *, device: str = "auto", dtype: str = "auto", **kwarg
     if parsed.kind == "none":
         return None
     if parsed.kind == "server":
-        from codetool.prm.client import HTTPScorer
-
-        return HTTPScorer(spec, **kwargs)
+        return SCORERS["server"](spec, **kwargs)
     if parsed.kind == "vllm":
-        from codetool.prm.vllm_backend import VLLMScorer
-
-        return VLLMScorer(spec[len("vllm:"):], dtype=dtype, **kwargs)
+        return SCORERS["vllm"](spec[len("vllm:"):], dtype=dtype, **kwargs)
     if not Path(spec).is_dir():
         raise CodetoolError(f"--prm {spec!r}: no such PRM folder. Pass the output_dir of 'codetool train-prm' "
                             "(the quickstart recipe writes checkpoints/prm/quickstart; `make demo` writes "
                             "runs/quickstart/train/prm), an http(s)://host:port of 'codetool serve-prm', or "
                             "none where a PRM is optional.")
-    return LocalPRMScorer.from_checkpoint(spec, device=device, dtype=dtype, **kwargs)
+    return SCORERS["local"].from_checkpoint(spec, device=device, dtype=dtype, **kwargs)

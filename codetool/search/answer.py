@@ -35,8 +35,8 @@ import logging
 import re
 from dataclasses import dataclass
 
+from codetool import prompts
 from codetool.config import ConfigError, option
-from codetool.search.prompt import prompt_text
 from codetool.search.records import Trajectory
 from codetool.secrets import redact
 
@@ -107,8 +107,7 @@ def execution_log(traj: Trajectory, max_chars: int = 8000) -> str:
 
 def answer_messages(traj: Trajectory, max_log_chars: int = 8000) -> list[dict[str, str]]:
     """The chat messages that ask for ``traj``'s final answer."""
-    fields = {"query": traj.query, "log": execution_log(traj, max_log_chars)}
-    text = re.sub(r"\{(query|log)\}", lambda m: fields[m.group(1)], prompt_text("final_answer"))
+    text = prompts.render("final_answer", query=traj.query, log=execution_log(traj, max_log_chars))
     return [{"role": "user", "content": redact(text)}]
 
 
@@ -126,8 +125,8 @@ class ReferenceTexts:
     """The texts of ``final_answer: reference``: the step entry, the summary prompt and its system
     message, the no-information request, the error markers, and where they came from.
 
-    ``step`` is formatted with ``step``, ``issue`` and ``info``; ``prompt`` with ``query`` and
-    ``info``. :meth:`load` reads them from a CodeTool checkout, or takes ours.
+    ``step`` is filled with ``step``, ``issue`` and ``info``; ``prompt`` with ``query`` and
+    ``info`` (:meth:`fill`). :meth:`load` reads them from a CodeTool checkout, or takes ours.
     """
 
     step: str
@@ -148,10 +147,10 @@ class ReferenceTexts:
 
         checkout = reference_dir(setting)
         if checkout is None:
-            return cls(prompt_text("final_answer_reference_step").rstrip("\n") + "\n",
-                       prompt_text("final_answer_reference").rstrip("\n") + "\n",
-                       prompt_text("final_answer_reference_system").strip(),
-                       prompt_text("final_answer_no_information").strip(), ERROR_MARKERS)
+            return cls(prompts.load("final_answer_reference_step").rstrip("\n") + "\n",
+                       prompts.load("final_answer_reference").rstrip("\n") + "\n",
+                       prompts.load("final_answer_reference_system").strip(),
+                       prompts.load("final_answer_no_information").strip(), ERROR_MARKERS)
         file = "infer/generate_final_answer.py"
         found = module_literals(checkout, file, ("filter_words", "PAIR_INFO", "GENERATE_FINAL_ANS"))
         messages = message_literals(checkout, file, "get_fianl_answer")
@@ -164,6 +163,13 @@ class ReferenceTexts:
         step = found["PAIR_INFO"].replace("{query}", "{issue}")
         return cls(step, found["GENERATE_FINAL_ANS"], messages["system"], messages["user"],
                    tuple(str(w) for w in found["filter_words"]), source=str(checkout))
+
+    def fill(self, template: str, name: str, **fields: object) -> str:
+        """``template`` (``self.step`` or ``self.prompt``) filled: ours by :func:`codetool.prompts.fill`,
+        a checkout's by ``str.format``, the rule its authors wrote it for (``{{`` is a brace)."""
+        if self.source == "ours":
+            return prompts.fill(template, fields, source=prompts.path_of(name))
+        return template.format(**fields)
 
 
 def reference_answer_messages(traj: Trajectory, texts: ReferenceTexts) -> list[dict[str, str]]:
@@ -185,12 +191,14 @@ def reference_answer_messages(traj: Trajectory, texts: ReferenceTexts) -> list[d
         match = re.search(rf"{re.escape(f'Step {k}')}(.*?){re.escape('```python')}", path_text, re.DOTALL)
         if match:
             issue = match.group(1).strip().replace("Python Code:", "")
-            entries.append(texts.step.format(step=k, issue=issue, info=output[:STEP_OUTPUT_CHARS]))
+            entries.append(texts.fill(texts.step, "final_answer_reference_step", step=k, issue=issue,
+                                      info=output[:STEP_OUTPUT_CHARS]))
     if not entries:
         return [{"role": "user", "content": texts.no_information}]
     info = redact("\n".join(entries))
     return [{"role": "system", "content": texts.system},
-            {"role": "user", "content": texts.prompt.format(query=redact(traj.query), info=info)}]
+            {"role": "user", "content": texts.fill(texts.prompt, "final_answer_reference", query=redact(traj.query),
+                                                   info=info)}]
 
 
 def write_final_answers(trajs: list[Trajectory], backend, cfg: AnswerConfig | None = None) -> int:

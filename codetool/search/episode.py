@@ -30,6 +30,8 @@ from typing import Any
 
 from codetool.config import ConfigError
 from codetool.executor.channel import log_safe
+from codetool.executor.result import StepExecutor
+from codetool.models.completion import LLMBackend
 from codetool.resume import unit_seed
 from codetool.rewards import PRMItem, PRMScorer
 from codetool.search.config import SearchConfig
@@ -57,14 +59,14 @@ class SearchParts:
 
     Args:
         policy (`LLMBackend`): the policy (``codetool.models.backends``).
-        make_executor (`Callable[[SearchTask], Executor]`): a fresh executor for a task (with the
+        make_executor (`Callable[[SearchTask], StepExecutor]`): a fresh executor for a task (with the
             task's tool functions).
         scorer (`PRMScorer`, *optional*): the latent reward source when ``latent='prm'``.
         config_hash (`str`, *optional*): stored in every trajectory.
     """
 
-    policy: Any
-    make_executor: Callable[[SearchTask], Any]
+    policy: LLMBackend
+    make_executor: Callable[[SearchTask], StepExecutor]
     scorer: PRMScorer | None = None
     config_hash: str = ""
 
@@ -126,7 +128,7 @@ class Search:
         return self.parts.scorer
 
     @property
-    def make_executor(self) -> Callable[[SearchTask], Any]:
+    def make_executor(self) -> Callable[[SearchTask], StepExecutor]:
         return self.parts.make_executor
 
     @property
@@ -138,7 +140,7 @@ class Search:
         """Episodes in flight (:func:`in_flight`)."""
         return in_flight(self.parts.policy, self.cfg)
 
-    def with_executors(self, make_executor: Callable[[SearchTask], Any]) -> Search:
+    def with_executors(self, make_executor: Callable[[SearchTask], StepExecutor]) -> Search:
         """The same search, with executors from ``make_executor`` (a router hands over its forks)."""
         return replace(self, parts=replace(self.parts, make_executor=make_executor))
 
@@ -159,7 +161,7 @@ class Episode:
     and when it started (``time.perf_counter``)."""
 
     task: SearchTask
-    state: Any
+    state: StepExecutor | None
     traj: Trajectory
     history: list[dict] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)

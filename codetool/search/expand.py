@@ -14,7 +14,12 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from codetool.executor.result import ExecutionResult, host_error_result, no_code_result
+from codetool.executor.result import (
+    ExecutionResult,
+    StepExecutor,
+    host_error_result,
+    no_code_result,
+)
 from codetool.models.constraint import CallConstraint
 from codetool.rewards import ToolCostTable, on_the_spot, step_cost
 from codetool.search.prompt import CODE_PREFIX, format_observation, parse_candidate, policy_messages
@@ -32,14 +37,14 @@ class Node:
     """A point to expand from (a search episode's current step, a tree's frontier node).
 
     Args:
-        state (`Executor`): the executor holding the node's state; each candidate runs in a
+        state (`StepExecutor`): the executor holding the node's state; each candidate runs in a
             ``fork()`` of it, and the caller keeps owning it.
         history (`list[dict]`): the steps that led here (``code``, ``text``, ``observation``), as
             for :func:`~codetool.search.prompt.policy_messages`.
         task (`SearchTask`): the query and its tool environment.
     """
 
-    state: Any
+    state: StepExecutor
     history: list[dict]
     task: Any
 
@@ -50,7 +55,7 @@ class Expanded:
     reply had no code and nothing ran; the caller owns and must close ``state``)."""
 
     candidate: Candidate
-    state: Any
+    state: StepExecutor | None
     observation: str
     parse_error: str | None = None
 

@@ -2,7 +2,7 @@
 
 The policy sees a system message (how to work, the rendered tool functions), the query, and the
 history of chosen steps as alternating assistant (the step) / user (its observation) messages.
-Prompt texts live in ``codetool/prompts/``. Two settings shape it (``SearchConfig``):
+Prompt texts live in ``codetool/prompts/`` (read and filled by :mod:`codetool.prompts`). Two settings shape it (``SearchConfig``):
 
 - ``step_format``: ``step_text`` (the public CodeTool code: a one-line plan in words, then one
   fenced Python block) or ``code_only`` (one fenced block, nothing else; for small models, and
@@ -22,10 +22,9 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
 from typing import TYPE_CHECKING
 
+from codetool import prompts
 from codetool.search.reference import reference_output
 from codetool.secrets import redact
 
@@ -43,12 +42,6 @@ STATE_LOST_NOTE = ("Note: the Python session was restarted, so variables, functi
 # An opening fence (```python, ```py, or a bare ```), the code, then a closing fence or the end of
 # the text (a reply cut by max_new_tokens still yields its code).
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:\n?```|\Z)", re.DOTALL | re.IGNORECASE)
-
-
-@cache
-def prompt_text(name: str) -> str:
-    """The packaged prompt ``codetool/prompts/<name>.txt``."""
-    return resources.files("codetool").joinpath(f"prompts/{name}.txt").read_text()
 
 
 @dataclass
@@ -233,11 +226,11 @@ def policy_messages(query: str, tools_text: str, history: list[dict], *, step_fo
     """
     if step_format not in STEP_FORMATS:
         raise ValueError(f"step_format must be one of {STEP_FORMATS}, got {step_format!r}.")
-    system = (prompt_text("policy_system").replace("{step_format}", prompt_text(f"policy_format_{step_format}").rstrip())
-              .replace("{tools}", tools_text))
+    system = prompts.render("policy_system", step_format=prompts.load(f"policy_format_{step_format}").rstrip(),
+                            tools=tools_text)
     messages = [{"role": "system", "content": system},
-                {"role": "user", "content": prompt_text("policy_user").replace("{query}", query)}]
-    hidden = prompt_text("policy_observation_hidden").rstrip()
+                {"role": "user", "content": prompts.render("policy_user", query=query)}]
+    hidden = prompts.load("policy_observation_hidden").rstrip()
     for step, obs in zip(history, shown_observations(history, observation_history)):
         code = step.get("code")
         if code is None or (step_format == "step_text" and step.get("text")):
@@ -245,6 +238,6 @@ def policy_messages(query: str, tools_text: str, history: list[dict], *, step_fo
         else:
             reply = f"```python\n{code}\n```"
         messages.append({"role": "assistant", "content": reply})
-        messages.append({"role": "user", "content": prompt_text("policy_observation")
-                        .replace("{observation}", hidden if obs is None else obs)})
+        messages.append({"role": "user", "content": prompts.render("policy_observation",
+                                                                   observation=hidden if obs is None else obs)})
     return [{"role": m["role"], "content": redact(m["content"])} for m in messages]

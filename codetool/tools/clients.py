@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import quote
 
 from codetool import CodetoolError
+from codetool.retry import RetryPolicy
 from codetool.secrets import redact
 from codetool.tools.names import api_key_name, standardize
 from codetool.tools.spec import APISpec, ToolResponse
@@ -104,7 +105,7 @@ class StableToolBenchClient:
         timeout_s (`float`, *optional*, defaults to `60`): per attempt.
         retries (`int`, *optional*, defaults to `2`): extra attempts after a timeout, a connection
             error or HTTP 429/502/503/504 (not after 500: a dead API stays dead), with exponential
-            backoff from ``backoff_s``.
+            backoff from ``backoff_s`` (:class:`codetool.retry.RetryPolicy`, at most 60 s a wait).
         strip (`str`, *optional*, defaults to `"truncate"`): StableToolBench's observation
             compression mode, passed through.
     """
@@ -119,6 +120,7 @@ class StableToolBenchClient:
             raise CodetoolError(f"StableToolBench server url must start with http:// or https://, got {url!r}.")
         self.url, self.key_env, self.timeout_s, self.retries = url, key_env, timeout_s, retries
         self.backoff_s, self.strip, self.max_body_bytes = backoff_s, strip, max_body_bytes
+        self.retry = RetryPolicy(retries, backoff_s)
         self.client = _client(client)
 
     def payload(self, api: APISpec, arguments: dict) -> dict:
@@ -131,14 +133,14 @@ class StableToolBenchClient:
         body = dict(self.payload(api, arguments), toolbench_key=key)
         headers = {"toolbench_key": key} if key else {}
         total = 0.0
-        for attempt in range(self.retries + 1):
+        for attempt in range(self.retry.retries + 1):
             response = http_call(self.client, "POST", self.url, source=self.name, timeout_s=self.timeout_s,
                                  max_body_bytes=self.max_body_bytes, json_body=body, headers=headers)
             total += response.latency_s
             transient = response.status in ("timeout", "error") or response.http_status in _RETRY_HTTP
-            if not transient or attempt == self.retries:
+            if not transient or attempt == self.retry.retries:
                 break
-            time.sleep(self.backoff_s * 2 ** attempt)
+            time.sleep(self.retry.wait_s(attempt + 1))
         response.latency_s = total
         if not response.ok:
             return response

@@ -10,7 +10,7 @@ hang, an HTTP error, an HTML page or a 10 MB body all come back as a structured 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 # ToolResponse.status values. Everything but "ok" is a tool failure (distinct from a code failure).
 TOOL_STATUSES = ("ok", "http_error", "timeout", "invalid_arguments", "not_found", "api_error", "error")
@@ -122,9 +122,14 @@ class ToolResponse:
         return self.status == "ok"
 
 
+@runtime_checkable
 class ToolBackend(Protocol):
     """The seam between tool functions and whatever answers them (``codetool.tools.backends``
-    builds one by kind). ``call`` never raises for a failed call."""
+    builds one by kind from its ``BACKENDS`` table). ``call`` never raises for a failed call.
+
+    Attributes:
+        name (`str`): the backend's kind as records show it (``ToolResponse.source``).
+    """
 
     name: str
 

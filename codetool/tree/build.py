@@ -68,7 +68,7 @@ class TreeBuilder:
     Args:
         policy (`LLMBackend`): samples candidate steps.
         config (`TreeConfig`): tree settings.
-        make_executor (`Callable[[SearchTask], Executor]`): a fresh executor for a task.
+        make_executor (`Callable[[SearchTask], StepExecutor]`): a fresh executor for a task.
         judge (*optional*): ``judge(query, answer) -> bool`` when ``success='judged'``.
         make_reference_runner (`Callable[[SearchTask], ReferenceRunner]`, *optional*): the
             re-runs of ``label_rule: reference`` (default: a sandbox from ``make_executor`` on the
@@ -247,9 +247,10 @@ def judge_fn(cfg: TreeConfig):
         return None
     from codetool.assemble import make_judge
     from codetool.judge.config import JudgeConfig
+    from codetool.judge.records import AnswerRequest
 
     judge = make_judge(JudgeConfig(model=cfg.judge))
     if judge is None:
         raise ConfigError(f"trees.success is 'judged' but trees.judge {cfg.judge!r} configures no judge; set "
                           "trees.judge to a judge model, or use success: grounded.")
-    return lambda query, answer: judge.judge_answer(query, answer).label == "Solved"
+    return lambda query, answer: judge.judge_answers([AnswerRequest(query, answer)])[0].label == "Solved"

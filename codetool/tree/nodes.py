@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from codetool.executor.channel import log_safe
+from codetool.executor.result import StepExecutor
 from codetool.search.search import SearchTask
 from codetool.secrets import redact
 
@@ -47,7 +48,7 @@ class FrontierNode:
 
     tree: int
     node_id: str | None
-    state: Any
+    state: StepExecutor | None
     history: list[dict]
     depth: int
 
