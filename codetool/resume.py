@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from codetool import CodetoolError
-from codetool.config import Group, option
+from codetool.config import option
+from codetool.config_groups import Group
 from codetool.jsonl import read_jsonl, repair_jsonl, write_jsonl
 from codetool.text import clean_text
 
@@ -50,7 +51,7 @@ logger = logging.getLogger(__name__)
 @dataclass
 class OutputGroup(Group):
     """Where a resumable job writes its records, and how a rerun treats what is there
-    (:func:`plan_resume`). Each job gives ``output`` its own default (``config.with_defaults``)."""
+    (:func:`plan_resume`). Each job gives ``output`` its own default (``config_groups.with_defaults``)."""
 
     output: str = option("runs/output.jsonl", "output file: one JSON line per unit (a query's trajectory for run, "
                          "a query's tree for build-trees), appended and resumable")

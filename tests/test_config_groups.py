@@ -14,14 +14,8 @@ from pathlib import Path
 import pytest
 
 import codetool
-from codetool.config import (
-    ConfigError,
-    _flat_fields,
-    config_hash,
-    from_dict,
-    to_dict,
-    with_defaults,
-)
+from codetool.config import ConfigError, _flat_fields, config_hash, from_dict, to_dict
+from codetool.config_groups import with_defaults
 from codetool.distributed.ray_cluster import ShardedWorkersGroup, WorkersGroup
 from codetool.jobs.pipeline import EvalSetConfig, PipelineConfig, run_text
 from codetool.jobs.queries import RunConfig

@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from codetool import CodetoolError
-from codetool.config import ConfigError, Group, option
+from codetool.config import ConfigError, option
+from codetool.config_groups import Group
 from codetool.resume import error_message
 
 logger = logging.getLogger(__name__)

@@ -19,15 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from codetool.config import (
-    ConfigError,
-    Unread,
-    config_hash,
-    group_values,
-    option,
-    to_dict,
-    with_defaults,
-)
+from codetool.config import ConfigError, Unread, config_hash, option, to_dict
+from codetool.config_groups import group_values, with_defaults
 from codetool.executor import ExecutorConfig
 from codetool.jobs.queries import RunConfig
 from codetool.judge.config import JudgeConfig

@@ -16,7 +16,8 @@ from typing import Any
 
 from codetool import CodetoolError
 from codetool.assemble import executor_factory, make_scorer, make_search, make_task, tool_backend
-from codetool.config import ConfigError, config_hash, option, with_defaults
+from codetool.config import ConfigError, config_hash, option
+from codetool.config_groups import with_defaults
 from codetool.decide.stage import RouterConfig
 from codetool.distributed.ray_cluster import WorkersGroup
 from codetool.executor import ExecutorConfig

@@ -26,7 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from codetool import CodetoolError
-from codetool.config import ConfigError, Group, option
+from codetool.config import ConfigError, option
+from codetool.config_groups import Group
 from codetool.models.remote import RemoteConfig, split_urls
 
 POLICY_KINDS = ("local", "openai", "vllm")

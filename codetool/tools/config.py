@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from codetool.config import Group, option
+from codetool.config import option
+from codetool.config_groups import Group
 
 
 @dataclass

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from codetool import CodetoolError
-from codetool.config import ConfigError, Group, option
+from codetool.config import ConfigError, option
+from codetool.config_groups import Group
 from codetool.tools.data import data_root, fetch_hint
 from codetool.tools.names import api_key_name, standardize
 from codetool.tools.simulator import parse_template

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from codetool.config import ConfigError, config_hash, option, with_defaults
+from codetool.config import ConfigError, config_hash, option
+from codetool.config_groups import with_defaults
 from codetool.distributed.ray_cluster import ShardedWorkersGroup
 from codetool.executor import ExecutorConfig
 from codetool.models.spec import PolicyGroup
