@@ -73,6 +73,10 @@ def test_with_defaults_changes_only_the_default():
     assert TreeConfig().output == "runs/trees/trees.jsonl" and RunConfig(query="q", tools="t").output.startswith("runs/run/")
     with pytest.raises(TypeError, match="has no field nope"):
         with_defaults(OutputGroup, nope=1)
+    listed = with_defaults(PipelineConfig, stages=["trees"])  # a list default is copied per instance
+    first, second = listed(), listed()
+    first.stages.append("train")
+    assert second.stages == ["trees"] and PipelineConfig().stages == ["trees", "train", "search", "eval"]
 
 
 def test_group_checks_run_in_every_config_that_composes_them():
