@@ -47,7 +47,9 @@ def _scorer(spec: str):
 
         fmt = PRMFormat(max_length=1024, max_suffix_length=256)
         return LocalPRMScorer(*new_prm("default", fmt, dtype="float32", device="cpu"), fmt)
-    return load_scorer(spec, device="cpu")
+    from codetool.models.spec import ModelSpec
+
+    return load_scorer(ModelSpec.parse(spec, role="prm"), device="cpu")  # the text enters here
 
 
 def main() -> None:

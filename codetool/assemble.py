@@ -5,8 +5,8 @@ their configs and ask this module for a policy (:func:`make_policy`), a PRM scor
 (:func:`make_scorer`), a judge (:func:`make_judge`), a tool backend and the local mock server it
 may need, for the duration of a ``with`` block (:func:`tool_backend`), an executor per task
 (:func:`executor_factory`), the tasks themselves (:func:`make_task`) and the search that solves
-them (:func:`make_search`, with its strategy from :data:`STRATEGIES`). Model specs are parsed
-once, by :class:`codetool.models.spec.ModelSpec`.
+them (:func:`make_search`, with its strategy from :data:`STRATEGIES`). Model specs arrive parsed
+(:class:`codetool.models.spec.ModelSpec`, by the config groups where the text enters).
 
 Layering (``tests/test_layering.py``): this module sits above the stages it composes (``models``,
 ``prm``, ``tools``, ``executor``, ``search``, ``judge``) and below the commands; it imports
@@ -79,40 +79,32 @@ def make_search(policy: LLMBackend, cfg: SearchConfig, make_executor: Callable[[
     return Search(SearchParts(policy, make_executor, scorer, config_hash), cfg, STRATEGIES[cfg.strategy])
 
 
-def make_policy(spec: str | ModelSpec, *, dtype: str = "auto", max_batch_size: int = 16,
-                remote_model: str | None = None, api_key_env: str = "OPENAI_API_KEY", client=None):
-    """The policy backend for a model spec (see :class:`~codetool.models.spec.ModelSpec`).
+def make_policy(spec: ModelSpec):
+    """The policy backend of a parsed model spec (``policy_spec`` of a config's policy group, see
+    :class:`~codetool.models.spec.PolicyGroup`; the spec carries its options: dtype, batch size,
+    server name, key variable, client limits).
 
-    Args:
-        spec (`str` or `ModelSpec`): ``default``, a path, a Hub id, an http(s) URL (several:
-            comma-separated) or ``vllm:<model>``; a parsed :class:`ModelSpec` is used as it is
-            (the keyword options are then ignored).
-        client (`RemoteConfig`, *optional*): a server's client limits (``policy_client``).
     Raises:
-        ConfigError: ``remote_model`` with a spec that is not a server URL.
+        TypeError: ``spec`` is not a :class:`ModelSpec` (parse the text where it enters).
         CodetoolError: what the backend raises (a missing model, a missing API key variable).
     """
-    if not isinstance(spec, ModelSpec):
-        spec = ModelSpec.parse(spec, role="policy", remote_model=remote_model, api_key_env=api_key_env,
-                               dtype=dtype, max_batch_size=max_batch_size, client=client)
     from codetool.models.backends import make_backend
 
     return make_backend(spec)
 
 
-def make_scorer(spec: str, device: str = "auto", client=None, share_prefix: str = "auto"):
-    """``None`` for ``none``/``rollout``, else a PRM scorer (checkpoint folder, server URL(s) with
-    the ``client`` limits (``prm_client``), ``vllm:``); ``share_prefix`` is a local scorer's prefix
-    sharing (``LocalPRMScorer``)."""
-    kind = ModelSpec.parse(spec, role="prm").kind
-    if kind in ("none", "rollout"):
+def make_scorer(spec: ModelSpec | None, device: str = "auto", client=None, share_prefix: str = "auto"):
+    """``None`` for no spec, ``none`` or ``rollout``, else the PRM scorer of the parsed ``spec``
+    (checkpoint folder, server URL(s) with the ``client`` limits (``prm_client``), ``vllm:``);
+    ``share_prefix`` is a local scorer's prefix sharing (``LocalPRMScorer``)."""
+    if spec is None or spec.kind in ("none", "rollout"):
         return None
     from codetool.prm.scorer import load_scorer
 
     options = {}
-    if kind == "server" and client:
+    if spec.kind == "server" and client:
         options["client"] = client
-    if kind == "local" and share_prefix != "auto":
+    if spec.kind == "local" and share_prefix != "auto":
         options["share_prefix"] = share_prefix
     return load_scorer(spec, device=device, **options)
 
@@ -136,8 +128,7 @@ def make_judge(cfg: JudgeConfig, cache_path: str | None = None) -> Judge | None:
 
     reference = load_reference_prompts(cfg.prompts, cfg.reference_dir, evaluator=cfg.stabletoolbench_evaluator,
                                        instruction=cfg.codetool_instruction)  # no checkout: fails before any model
-    spec = ModelSpec.parse(cfg.model, role="judge", remote_model=cfg.remote_model, api_key_env=cfg.api_key_env,
-                           dtype=cfg.dtype, device=cfg.device, client=cfg.client)
+    spec = cfg.model_spec  # parsed by JudgeConfig
     remote = spec.remote
     if remote:
         backend = make_backend(spec)

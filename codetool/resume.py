@@ -23,6 +23,8 @@ tree). This module holds what both need to make that safe (issue 19):
 
 Limits: the lock is advisory and local (``flock`` on NFS may not be shared across machines; use
 ``--shard`` there). A unit that crashes the interpreter (not an exception) is not isolated.
+
+:class:`OutputGroup` is the output settings both jobs compose (each with its own default path).
 """
 
 from __future__ import annotations
@@ -38,10 +40,23 @@ from pathlib import Path
 from typing import Any
 
 from codetool import CodetoolError
+from codetool.config import option
+from codetool.config_groups import Group
 from codetool.jsonl import read_jsonl, repair_jsonl, write_jsonl
 from codetool.text import clean_text
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class OutputGroup(Group):
+    """Where a resumable job writes its records, and how a rerun treats what is there
+    (:func:`plan_resume`). Each job gives ``output`` its own default (``config_groups.with_defaults``)."""
+
+    output: str = option("runs/output.jsonl", "output file: one JSON line per unit (a query's trajectory for run, "
+                         "a query's tree for build-trees), appended and resumable")
+    retry_failed: bool = option(False, "rerun the units (queries, trees) recorded as finish_type error (and only those)")
+    force_resume: bool = option(False, "resume even though the output was written with other settings")
 
 
 class FatalError(CodetoolError):

@@ -9,28 +9,36 @@ from codetool.commands.pipeline import PipelineConfig
 from codetool.config import ConfigError
 from codetool.jobs.queries import RunConfig
 from codetool.models.backends import ScriptedBackend
+from codetool.models.remote import RemoteConfig
+from codetool.models.spec import ModelSpec
 from codetool.search.config import SearchConfig
 from codetool.tree.config import TreeConfig
 
 
-def test_make_policy_parses_the_spec_once(monkeypatch):
+def test_make_policy_builds_the_spec_its_config_parsed(monkeypatch):
     seen = []
     monkeypatch.setattr("codetool.models.backends.make_backend",
                         lambda spec, **kw: seen.append((spec.text, spec.backend_kwargs(), kw)) or "B")
-    assert assemble.make_policy("default", max_batch_size=4) == "B"
-    assemble.make_policy("http://h/v1", remote_model="policy")
-    assemble.make_policy("vllm:m", dtype="bfloat16")
+    assert assemble.make_policy(TreeConfig(policy_max_batch_size=4).policy_spec) == "B"
+    assemble.make_policy(RunConfig(query="q", tools="t.json", policy="http://h/v1", remote_model="policy").policy_spec)
+    assemble.make_policy(ModelSpec.parse("vllm:m", dtype="bfloat16"))
     assert seen == [("default", {"dtype": "auto", "max_batch_size": 4}, {}),
-                    ("http://h/v1", {"model": "policy", "api_key_env": "OPENAI_API_KEY", "setting": "policy_client",
-                                     "role": "policy"}, {}),
+                    ("http://h/v1", {"model": "policy", "api_key_env": "OPENAI_API_KEY", "client": RemoteConfig(),
+                                     "setting": "policy_client", "role": "policy"}, {}),
                     ("vllm:m", {"dtype": "bfloat16"}, {})]
     with pytest.raises(ConfigError, match="remote_model"):
-        assemble.make_policy("default", remote_model="policy")
+        TreeConfig(remote_model="policy")
+
+
+def test_make_policy_refuses_text_it_would_parse_again():
+    with pytest.raises(TypeError, match="parsed ModelSpec"):
+        assemble.make_policy("default")
 
 
 def test_make_scorer_none_and_rollout_need_no_prm():
-    assert assemble.make_scorer("none") is None and assemble.make_scorer("rollout") is None
-    assert assemble.make_scorer("") is None
+    assert assemble.make_scorer(None) is None
+    for text in ("none", "rollout", ""):
+        assert assemble.make_scorer(ModelSpec.parse(text, role="prm")) is None
 
 
 def test_tool_backend_options_and_lifetime():

@@ -9,15 +9,10 @@ from pathlib import Path
 import pytest
 
 from codetool import CodetoolError
-from codetool.commands.pipeline import (
-    STAGES,
-    EvalSetConfig,
-    MethodConfig,
-    PipelineConfig,
-    run_pipeline,
-)
+from codetool.commands.pipeline import PipelineConfig, run_pipeline
 from codetool.config import ConfigError, load_config
 from codetool.executor import ExecutorConfig
+from codetool.jobs.pipeline import STAGES, EvalSetConfig, MethodConfig
 from codetool.jsonl import read_jsonl
 from codetool.judge.config import JudgeConfig
 from codetool.models.backends import ScriptedBackend

@@ -23,6 +23,7 @@ import pytest
 
 from codetool.config import ConfigError
 from codetool.jsonl import read_jsonl, write_jsonl
+from codetool.models.spec import ModelSpec
 from codetool.prm.synthetic import synthetic_rows
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,7 +104,7 @@ def test_shipped_config_launches_train_prm(path, tiny_model_dir, tmp_path):
     from codetool.prm.format import item_from_row
     from codetool.prm.scorer import load_scorer
 
-    scores = load_scorer(str(out), device="cpu").score([item_from_row(r) for r in read_jsonl(tmp_path / "prm.jsonl")][:2])
+    scores = load_scorer(ModelSpec.folder(out, role="prm"), device="cpu").score([item_from_row(r) for r in read_jsonl(tmp_path / "prm.jsonl")][:2])
     assert all(0.0 <= s <= 1.0 for s in scores)
 
 

@@ -152,3 +152,43 @@ def test_build_trees_refuses_an_unread_flag_and_leaves_it_out_of_the_help(capsys
         main(["build-trees", "--help"])
     shown = capsys.readouterr().out
     assert "--search.temperature" in shown and "--search.w_latent" not in shown and "--search.k " not in shown
+
+
+# ---- the keys of a pipeline's search: that each method or seed sets for itself (run_configs overwrites them)
+
+def test_the_pipeline_reads_or_refuses_every_search_key():
+    from codetool.jobs.pipeline import PIPELINE_SEARCH
+
+    fields = {f.name for f in dataclasses.fields(SearchConfig) if f.init}
+    assert set(PIPELINE_SEARCH.reads) | set(PIPELINE_SEARCH.homes) == fields
+    assert set(PIPELINE_SEARCH.homes) == {"method", "k", "w_spot", "w_latent", "w_cost", "latent", "seed"}
+
+
+@pytest.mark.parametrize(("key", "home"), [("method", r"methods\[\]\.name"), ("k", r"methods\[\]\.k"),
+                                           ("w_spot", r"methods\[\]\.w_spot"), ("w_latent", r"methods\[\]\.w_latent"),
+                                           ("w_cost", r"methods\[\]\.w_cost"), ("latent", r"methods\[\]\.latent"),
+                                           ("seed", "seeds")])
+def test_a_per_method_search_key_of_a_pipeline_is_refused_with_its_home(key, home):
+    for recipe in [r for r in RECIPES if r.startswith("pipeline/")]:
+        cls, data = load(recipe)
+        data.setdefault("search", {})[key] = getattr(SearchConfig(), key)
+        with pytest.raises(ConfigError, match=rf"^search\.{key} is not read by pipeline; it reads search: max_steps, "
+                                              rf".*\. Each (method|seed) sets its own: set {home} instead\.$"):
+            from_dict(cls, data)
+
+
+def test_the_pipelines_read_search_keys_are_still_accepted():
+    from codetool.jobs.pipeline import PIPELINE_SEARCH
+
+    cfg = from_dict(PipelineConfig, {"search": {key: getattr(SearchConfig(), key) for key in PIPELINE_SEARCH.reads}})
+    assert cfg.search == SearchConfig()
+    assert from_dict(PipelineConfig, {"search": {"temperature": 0.3}}).search.temperature == 0.3
+
+
+def test_pipeline_refuses_a_per_method_flag_and_leaves_it_out_of_the_help(capsys):
+    assert main(["pipeline", "--search.k", "4"]) == 2
+    assert "error: search.k is not read by pipeline" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["pipeline", "--help"])
+    shown = capsys.readouterr().out
+    assert "--search.temperature" in shown and "--search.k " not in shown and "--search.seed" not in shown

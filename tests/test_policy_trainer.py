@@ -96,8 +96,9 @@ def test_one_grpo_step_end_to_end_writes_a_loadable_policy(tiny_model_dir, share
     from transformers import AutoModelForCausalLM
 
     from codetool.assemble import make_policy
+    from codetool.models.spec import ModelSpec
 
-    backend = make_policy(str(policy))
+    backend = make_policy(ModelSpec.parse(str(policy)))  # as `--policy DIR` enters
     [completions] = backend.generate(["hi"], max_new_tokens=3)
     assert completions[0].completion_tokens >= 1
     before = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from codetool.jsonl import write_jsonl
+from codetool.models.spec import ModelSpec
 from codetool.prm.format import PRMFormat, PromptEncoder, item_from_row
 from codetool.prm.reference import label_scores
 from codetool.rewards import PRMItem
@@ -124,7 +125,7 @@ def test_training_is_plain_sft_over_the_vocabulary_and_scoring_divides_raw_logit
         want = torch.log_softmax(model.lm(ids).logits[0, -1].float(), -1)[row["input_ids"][-1]].item()
     assert got == pytest.approx(want, abs=1e-5)
     assert train_command(cfg) == 0
-    scorer = load_scorer(str(tmp_path / "out"), device="cpu")
+    scorer = load_scorer(ModelSpec.folder(tmp_path / "out", role="prm"), device="cpu")
     item = item_from_row(_rows()[0])
     [score] = scorer.score([item])
     enc = scorer.encoder.encode(item)

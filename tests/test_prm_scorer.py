@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from codetool import CodetoolError
+from codetool.models.spec import ModelSpec
 from codetool.prm.folder import new_prm
 from codetool.prm.format import PRMFormat, item_from_row
 from codetool.prm.scorer import LocalPRMScorer, load_scorer, reference_scores
@@ -81,15 +82,21 @@ def test_score_range_case_negative_logits_give_a_softmax_not_a_ratio(tied):
             model.label_head.copy_(original)
 
 
+def _prm(text: str) -> ModelSpec:
+    return ModelSpec.parse(text, role="prm")
+
+
 def test_load_scorer_specs(tmp_path):
-    assert load_scorer("none") is None and load_scorer("") is None
+    assert load_scorer(_prm("none")) is None and load_scorer(_prm("")) is None
     with pytest.raises(CodetoolError, match="no such PRM folder"):
-        load_scorer(str(tmp_path / "missing"))
+        load_scorer(_prm(str(tmp_path / "missing")))
     with pytest.raises(CodetoolError, match="not a PRM checkpoint"):
+        load_scorer(_prm(str(tmp_path)))
+    with pytest.raises(TypeError, match="parsed PRM ModelSpec"):
         load_scorer(str(tmp_path))
     from codetool.prm.client import HTTPScorer
 
-    client = load_scorer("http://127.0.0.1:9")
+    client = load_scorer(_prm("http://127.0.0.1:9"))
     assert isinstance(client, HTTPScorer) and isinstance(client, PRMScorer)
     with pytest.raises(CodetoolError, match="cannot connect"):
         client.score(_items(1, candidates=2)[:1])
@@ -103,4 +110,4 @@ def test_vllm_spec_without_vllm_says_how_to_install(tmp_path):
     except ImportError:
         pass
     with pytest.raises(CodetoolError, match="pip install 'codetool\\[vllm\\]'"):
-        load_scorer(f"vllm:{tmp_path}")
+        load_scorer(_prm(f"vllm:{tmp_path}"))

@@ -16,6 +16,7 @@ from codetool import CodetoolError
 from codetool.commands.train_prm import train_command
 from codetool.config import ConfigError, load_config
 from codetool.jsonl import read_jsonl, write_jsonl
+from codetool.models.spec import ModelSpec
 from codetool.prm.format import item_from_row
 from codetool.prm.synthetic import synthetic_rows
 from codetool.prm.train import TrainConfig
@@ -72,7 +73,7 @@ def test_end_to_end_loss_goes_down_and_parameters_change(trained):
     from codetool.prm.scorer import load_scorer
 
     out = trained["out"]
-    after = _train_loss(load_scorer(str(out), device="cpu"), trained["train_rows"])
+    after = _train_loss(load_scorer(ModelSpec.folder(out, role="prm"), device="cpu"), trained["train_rows"])
     assert after < trained["before"] - 0.05, (trained["before"], after)
     adapter = load_file(str(out / "adapter_model.safetensors"))
     lora_b = [v for k, v in adapter.items() if "lora_B" in k]
@@ -87,7 +88,7 @@ def test_every_checkpoint_loads_by_path_and_eval_metrics_are_logged(trained):
 
     out = trained["out"]
     for folder in (out, out / "checkpoint-30"):
-        scores = load_scorer(str(folder), device="cpu").score([item_from_row(r) for r in trained["rows"][:4]])
+        scores = load_scorer(ModelSpec.folder(folder, role="prm"), device="cpu").score([item_from_row(r) for r in trained["rows"][:4]])
         assert len(scores) == 4 and all(0.0 <= s <= 1.0 for s in scores)
     state = json.loads((out / "checkpoint-60" / "trainer_state.json").read_text())
     evals = [h for h in state["log_history"] if "eval_pairwise_accuracy" in h]
@@ -183,7 +184,7 @@ def test_ddp_two_processes_on_cpu(tiny_model_dir, tmp_path):
     assert "training on 2 process(es)" in result.stdout + result.stderr
     from codetool.prm.scorer import load_scorer
 
-    scores = load_scorer(str(out), device="cpu").score([item_from_row(r) for r in read_jsonl(data)][:2])
+    scores = load_scorer(ModelSpec.folder(out, role="prm"), device="cpu").score([item_from_row(r) for r in read_jsonl(data)][:2])
     assert all(0.0 <= s <= 1.0 for s in scores)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from codetool import CodetoolError
 from codetool.config import option
+from codetool.models.spec import ModelSpec
 from codetool.prm.evaluate import bootstrap_pairwise, plot_calibration, prm_metrics
 
 logger = logging.getLogger(__name__)
@@ -40,14 +41,13 @@ class EvalPRMConfig:
     def __post_init__(self):
         if self.batch_size < 1:
             raise CodetoolError(f"batch_size must be >= 1, got {self.batch_size}.")
+        self.prm_spec = ModelSpec.parse(self.prm, role="prm")  # parsed once (not a setting)
 
 
 def _split_settings(cfg: EvalPRMConfig) -> tuple[float, int]:
     fraction, seed = cfg.eval_fraction, cfg.split_seed
     if fraction < 0 or seed < 0:
-        from codetool.models.spec import ModelSpec
-
-        if ModelSpec.parse(cfg.prm, role="prm").remote:
+        if cfg.prm_spec.remote:
             raise CodetoolError("with a PRM server, pass --eval_fraction and --split_seed (or --split all).")
         from codetool.prm.folder import read_prm_config
 
@@ -75,7 +75,7 @@ def eval_prm_command(cfg: EvalPRMConfig) -> int:
         if not rows:
             raise CodetoolError(f"no held-out rows in {cfg.dataset} (eval_fraction {fraction}, seed {seed}); "
                                 "pass --split all to score every row.")
-    scorer = load_scorer(cfg.prm, device=cfg.device)
+    scorer = load_scorer(cfg.prm_spec, device=cfg.device)
     if scorer is None:
         raise CodetoolError("eval-prm needs a PRM: pass --prm with a checkpoint folder or a server URL.")
     from codetool.commands import progress_bar

@@ -1,6 +1,6 @@
 """``codetool generate``: the completions of one prompt with any model, and the decoding speed.
 
-A smoke test of a backend: ``--model`` is parsed once into a
+A smoke test of a backend: ``--model`` is parsed once (in ``GenerateConfig.__post_init__``) into a
 :class:`~codetool.models.spec.ModelSpec`, :func:`codetool.models.backends.make_backend` builds
 the backend, and the completions and the tokens per second are printed.
 """
@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 from codetool.config import ConfigError, option
+from codetool.models.spec import ModelSpec
 
 
 @dataclass
@@ -39,6 +40,8 @@ class GenerateConfig:
                               f"max_new_tokens={self.max_new_tokens}.")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ConfigError(f"need temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}.")
+        self.model_spec = ModelSpec.parse(self.model, remote_model=self.remote_model, api_key_env=self.api_key_env,
+                                          dtype=self.dtype, device=self.device)  # parsed once (not a setting)
 
 
 def generate_command(cfg: GenerateConfig) -> int:
@@ -46,12 +49,9 @@ def generate_command(cfg: GenerateConfig) -> int:
     from rich.console import Console
 
     from codetool.models.backends import make_backend
-    from codetool.models.spec import ModelSpec
 
-    spec = ModelSpec.parse(cfg.model, remote_model=cfg.remote_model, api_key_env=cfg.api_key_env, dtype=cfg.dtype,
-                           device=cfg.device)
     start = time.perf_counter()
-    backend = make_backend(spec)
+    backend = make_backend(cfg.model_spec)
     loaded = time.perf_counter()
     messages = ([{"role": "system", "content": cfg.system}] if cfg.system else []) + [
         {"role": "user", "content": cfg.prompt}]

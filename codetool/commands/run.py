@@ -41,8 +41,8 @@ from codetool.jobs.queries import (
     run_hash,
     run_queries,
     single_query,
+    summary_rows,
 )
-from codetool.models.spec import ModelSpec
 from codetool.resume import OutputLock, plan_resume
 
 logger = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def execute_run(cfg: RunConfig, *, policy=None, scorer=None, show_summary: bool 
         CodetoolError: the output is a folder, is locked by another run, or holds records written
             with other settings; no queries were selected; the output cannot be written.
     """
-    cfg.search.latent = ModelSpec.parse(cfg.prm, role="prm").latent  # --prm decides (checked in RunConfig)
+    cfg.search.latent = cfg.prm_spec.latent  # --prm decides (checked in RunConfig)
     cfg.search.method = method_label(cfg.search)
     queries = [single_query(cfg)] if cfg.query is not None else load_benchmark(cfg)
     if not queries:
@@ -106,31 +106,6 @@ def run_command(cfg: RunConfig) -> int:
     return 0
 
 
-def serving_rows(trajs: list, clients: dict) -> list[tuple[str, str]]:
-    """Summary rows for remote servers: the client limits and adaptations recorded in the
-    trajectories (the last one that has them), and for each live client of this run its
-    requests, retries, failovers, timeouts and sequences in flight (peak and effective)."""
-    rows: list[tuple[str, str]] = []
-    record = next((t.serving for t in reversed(trajs) if t.serving), {})
-    for name in ("policy", "prm"):
-        part = record.get(name)
-        if not part:
-            continue
-        rows.append((f"{name} server", f"{', '.join(part.get('endpoints', []))}: {part.get('client', '')}"))
-        rows += [(f"  {name} adapted", text) for text in part.get("adaptations", [])]
-        if part.get("identical_samples"):
-            rows.append((f"  {name} identical samples", part["identical_samples"]))
-    if record.get("schedule"):
-        rows.append(("schedule", record["schedule"]))
-    for name, client in clients.items():
-        s = client.stats()
-        rows.append((f"  {name} requests", f"{s['requests']} ({s['retries']} retries, {s['failovers']} failovers, "
-                                           f"{s['timeouts']} timeouts)"))
-        rows.append((f"  {name} in flight", f"peak {s['in_flight_peak']} of {s['max_in_flight']}, effective "
-                                            f"{s['in_flight_effective']:.1f} over {s['in_flight_busy_s']:.0f} s"))
-    return rows
-
-
 def print_summary(path: Path, query_ids: list[str] | None = None, clients: dict | None = None) -> dict[str, Any]:
     """Print the one-screen summary of a trajectory file (restricted to ``query_ids``), with how
     remote servers were used (from the trajectories) and what this run's ``clients`` measured."""
@@ -145,22 +120,7 @@ def print_summary(path: Path, query_ids: list[str] | None = None, clients: dict 
     trajs = [Trajectory.from_dict(r) for r in read_jsonl(path) if wanted is None or str(r.get("query_id")) in wanted]
     m = run_metrics(trajs)
     table = Table(title=f"{path} ({m.n} queries)", show_header=False)
-    rows = [("finished", m.finish_types.get("finish", 0)), ("gave up", m.finish_types.get("give_up", 0)),
-            ("hit max steps", m.finish_types.get("max_steps", 0)), ("errors", m.finish_types.get("error", 0)),
-            ("SCEP (public code's count: every chosen step, re-run)", "n/a" if m.scep is None
-             else f"{100 * m.scep:.1f}%"),
-            ("  chosen code steps that ran (ours)", "n/a" if m.scep_code_steps is None
-             else f"{100 * m.scep_code_steps:.1f}%"),
-            ("  over all sampled candidates", "n/a" if m.scep_all_candidates is None
-             else f"{100 * m.scep_all_candidates:.1f}%"),
-            ("answers written after the search", m.answer_sources.get("generated", 0)),
-            ("mean steps", f"{m.mean_steps:.2f}"),
-            ("tokens in / out per query", f"{m.mean_prompt_tokens:.0f} / {m.mean_completion_tokens:.0f}"),
-            ("seconds per query", f"{m.mean_seconds:.1f}"),
-            *((f"  {phase} s/query", f"{s:.1f}") for phase, s in m.phase_seconds.items()),
-            ("mean tool cost (LIT)", f"{m.mean_tool_cost:.2f}")]
-    rows += serving_rows(trajs, clients or {})
-    for k, v in rows:
+    for k, v in summary_rows(m, trajs, clients or {}):
         table.add_row(k, str(v))
     Console().print(table)
     return {"n": m.n, "finish_types": m.finish_types, "scep": m.scep}

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from codetool import CodetoolError
 from codetool.config import option
+from codetool.models.spec import ModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +31,7 @@ class ScoreConfig:
     def __post_init__(self):
         if self.batch_size < 1:
             raise CodetoolError(f"batch_size must be >= 1, got {self.batch_size}.")
+        self.prm_spec = ModelSpec.parse(self.prm, role="prm")  # parsed once (not a setting)
 
 
 def score_command(cfg: ScoreConfig) -> int:
@@ -46,7 +48,7 @@ def score_command(cfg: ScoreConfig) -> int:
     if skipped:  # never write a silently shortened output (issue 19)
         raise CodetoolError(f"{cfg.input}: {len(skipped)} lines are not JSON objects (lines "
                             f"{', '.join(map(str, skipped[:5]))}); fix or delete them, then rerun.")
-    scorer = load_scorer(cfg.prm, device=cfg.device)
+    scorer = load_scorer(cfg.prm_spec, device=cfg.device)
     if scorer is None:
         raise CodetoolError("codetool score needs a PRM: pass --prm with a checkpoint folder or a server URL.")
     starts = range(0, len(rows), cfg.batch_size)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from codetool import CodetoolError
 from codetool.config import ConfigError, option
+from codetool.models.spec import ModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -46,11 +47,11 @@ class ServePRMConfig:
         for name in ("request_timeout_s", "read_timeout_s"):
             if not getattr(self, name) > 0:  # also refuses nan
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}.")
+        self.prm_spec = ModelSpec.parse(self.prm, role="prm")  # parsed once (not a setting)
 
 
 def serve_prm(cfg: ServePRMConfig) -> int:
     """Load the PRM and serve it until interrupted."""
-    from codetool.models.spec import ModelSpec
     from codetool.prm.scorer import load_scorer
     from codetool.prm.server import create_app
     from codetool.secrets import key_from_env
@@ -58,9 +59,9 @@ def serve_prm(cfg: ServePRMConfig) -> int:
 
     api_key = key_from_env(cfg.api_key_env)
     check_bind(cfg.host, api_key, what="serve-prm", api_key_env=cfg.api_key_env)
-    if ModelSpec.parse(cfg.prm, role="prm").kind in ("server", "none"):
+    if cfg.prm_spec.kind in ("server", "none"):
         raise CodetoolError(f"serve-prm needs a checkpoint folder, got --prm {cfg.prm!r}.")
-    scorer = load_scorer(cfg.prm, device=cfg.device)
+    scorer = load_scorer(cfg.prm_spec, device=cfg.device)
     app = create_app(scorer, api_key=api_key, name=cfg.prm, max_body_bytes=cfg.max_body_bytes,
                      max_items=cfg.max_items, max_batch_items=cfg.max_batch_items,
                      batch_wait_ms=cfg.batch_wait_ms, request_timeout_s=cfg.request_timeout_s,

@@ -57,7 +57,7 @@ def train_policy_command(cfg: TrainPolicyConfig) -> int:
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     prm_spec, prm_note = resolve_prm(cfg)
-    scorer = make_scorer(prm_spec, cfg.prm_device, cfg.prm_share_prefix)
+    scorer = make_scorer(prm_spec, cfg.prm_device, share_prefix=cfg.prm_share_prefix)
     judge = make_judge(cfg.judge, str(out / "judge_cache.jsonl")) if any(s.judged for s in cfg.run_settings) else None
     train_queries = training_queries(cfg)
     eval_queries = evaluation_queries(cfg) if cfg.evaluate else {}
@@ -78,7 +78,7 @@ def train_policy_command(cfg: TrainPolicyConfig) -> int:
         logger.info("%d training prompts; evaluation sets: %s; PRM: %s", len(tasks),
                     ", ".join(f"{n} ({len(t)})" for n, t in eval_tasks.items()) or "none", prm_note)
         if eval_tasks:
-            base = make_policy(cfg.policy, dtype=cfg.policy_dtype)
+            base = make_policy(cfg.policy_spec)
             evals["before"] = {seed: run_eval(base, eval_tasks, cfg.eval_search, make_executor, label="before",
                                               seed=seed, out_dir=out / "eval") for seed in cfg.seeds}
             del base
@@ -97,7 +97,7 @@ def train_policy_command(cfg: TrainPolicyConfig) -> int:
                     release_host_memory(collect=True)
                 runs.setdefault(setting.name, {})[str(seed)] = summary
                 if eval_tasks:
-                    policy = make_policy(summary["policy_dir"], dtype=cfg.policy_dtype)
+                    policy = make_policy(cfg.policy_spec.at(summary["policy_dir"]))
                     evals.setdefault(setting.name, {})[seed] = run_eval(
                         policy, eval_tasks, cfg.eval_search, make_executor, label=setting.name, seed=seed,
                         out_dir=out / "eval")

@@ -162,9 +162,8 @@ class Router:
         if self.probe_backend is None:
             if self.cfg.probe_model:
                 from codetool.assemble import make_policy
-                from codetool.models.spec import ModelSpec
 
-                self.probe_backend = make_policy(ModelSpec.parse(self.cfg.probe_model))
+                self.probe_backend = make_policy(self.cfg.probe_spec)
             else:
                 self.probe_backend = self.decider
         step_format = self.search.cfg.step_format

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from codetool import CodetoolError, prompts
 from codetool.config import ConfigError, option
 from codetool.models.completion import LLMBackend, to_messages
+from codetool.models.spec import ModelSpec
 from codetool.progress import ProgressFactory, ticker
 from codetool.secrets import redact
 
@@ -112,6 +113,8 @@ class RouterConfig:
             raise ConfigError("router.method probe needs router.probe, the folder `codetool train-probe` wrote.")
         if self.probe_temperature < 0:
             raise ConfigError(f"router.probe_temperature must be >= 0 (0: the probe's own), got {self.probe_temperature}.")
+        # probe_model parsed once (not a setting); None: the probe reads the decider
+        self.probe_spec = ModelSpec.parse(self.probe_model) if self.probe_model else None
 
 
 @dataclass

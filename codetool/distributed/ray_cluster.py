@@ -27,6 +27,9 @@ files the command reads (models, benchmark data) at the same paths: workers chan
 driver's working directory when it exists there, as on a shared file system; secrets (API keys)
 come from each node's own environment and are never shipped. Results are the same as on one
 machine for the same batches (seeds come from the units, not from the worker).
+
+:class:`WorkersGroup` (and :class:`ShardedWorkersGroup`) are the settings of where a job's units
+run, composed by ``run`` and ``build-trees``.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from typing import Any
 
 from codetool import CodetoolError
 from codetool.config import ConfigError, option
+from codetool.config_groups import Group
 from codetool.resume import error_message
 
 logger = logging.getLogger(__name__)
@@ -331,3 +335,41 @@ def _lost(ray, i: int, error: BaseException, actors: list, alive: set[int], star
     stats.lost_workers += 1
     logger.warning("ray worker %d lost (%s); its units go to the other workers", i, error_message(error))
     starting[actors[i].ready.remote()] = i
+
+
+@dataclass
+class WorkersGroup(Group):
+    """Where a job's units run: here, or on the workers of a Ray cluster (:func:`run_on_ray`)."""
+
+    ray: str | None = option(None, "run the units (queries, trees) on a Ray cluster: its address (auto, host:port, "
+                             "ray://host:10001) or local; this process writes --output (pip install 'codetool[ray]')")
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+
+@dataclass
+class ShardedWorkersGroup(WorkersGroup):
+    """:class:`WorkersGroup` plus a shard of the units (machines without a shared cluster each build
+    one shard; ``build-trees --merge`` joins them).
+
+    Raises:
+        ConfigError: a ``shard`` that is not ``i/n`` with ``0 <= i < n``.
+    """
+
+    shard: str | None = option(None, "i/n: build only the i-th of n shards of the queries")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.shard is not None:
+            self.shard_index()
+
+    def shard_index(self) -> tuple[int, int]:
+        """``(i, n)`` parsed from ``shard``; ``(0, 1)`` when unsharded."""
+        if self.shard is None:
+            return 0, 1
+        try:
+            i, n = (int(x) for x in str(self.shard).split("/"))
+        except ValueError:
+            raise ConfigError(f"--shard must look like i/n (e.g. 0/2), got {self.shard!r}.") from None
+        if not 0 <= i < n:
+            raise ConfigError(f"--shard {self.shard}: need 0 <= i < n.")
+        return i, n

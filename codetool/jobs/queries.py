@@ -17,15 +17,17 @@ from typing import Any
 from codetool import CodetoolError
 from codetool.assemble import executor_factory, make_scorer, make_search, make_task, tool_backend
 from codetool.config import ConfigError, config_hash, option
+from codetool.config_groups import with_defaults
 from codetool.decide.stage import RouterConfig
-from codetool.distributed.ray_cluster import ClusterConfig
+from codetool.distributed.ray_cluster import WorkersGroup
 from codetool.executor import ExecutorConfig
 from codetool.jobs import ProgressFactory
 from codetool.jsonl import append_jsonl
 from codetool.models.remote import RemoteConfig
-from codetool.models.spec import ModelSpec
+from codetool.models.spec import ModelSpec, PolicyBackendGroup
 from codetool.resume import (
     FatalError,
+    OutputGroup,
     UnitRunner,
     error_message,
     refuse_duplicates,
@@ -36,62 +38,35 @@ from codetool.search.answer import AnswerConfig, needs_answer, write_final_answe
 from codetool.search.config import SearchConfig
 from codetool.search.reference import record_reference_steps
 from codetool.search.schedule import closed_on_interrupt, planned_units
+from codetool.tools.config import ToolsGroup
+from codetool.tools.loaders import BENCHMARKS, QueriesGroup
 
 logger = logging.getLogger(__name__)
 
-BENCHMARKS = ("stabletoolbench", "restbench-tmdb", "toolbench")
+RunOutput = with_defaults(OutputGroup, output="runs/run/trajectories.jsonl")
 
 
 @dataclass
-class RunConfig:
-    """Settings of ``codetool run``."""
+class RunConfig(QueriesGroup, PolicyBackendGroup, ToolsGroup, RunOutput, WorkersGroup):
+    """Settings of ``codetool run``: the groups it composes (queries, policy, tools, output,
+    workers) and its own. ``__post_init__`` parses ``prm`` once into ``prm_spec`` (beside the
+    policy group's ``policy_spec``; neither is a setting)."""
 
     query: str | None = option(None, "one query to solve (with --tools)")
     tools: str | None = option(None, "JSON file of the APIs for --query: an api_list, a ToolBench query, or an OpenAPI spec")
-    benchmark: str | None = option(None, "benchmark to run", choices=list(BENCHMARKS))
-    group: str = option("G1_instruction", "StableToolBench group")
-    subset: str = option("codetool", "stabletoolbench: codetool (CodeTool's filtered queries) or full; "
-                         "restbench-tmdb: restgpt (all 54 APIs) or codetool (20 candidates)")
     queries: str | None = option(None, "toolbench: a ToolBench-format query file or folder")
-    data_dir: str | None = option(None, "benchmark data folder (default: see `codetool data`)")
-    offset: int = option(0, "skip this many queries of the benchmark")
-    limit: int | None = option(None, "run at most this many queries")
-    output: str = option("runs/run/trajectories.jsonl", "trajectory file (JSONL, appended, resumable)")
-    policy: str = option("default", "policy: default, a model path, Hub id, http(s) URL of an OpenAI-compatible server "
-                         "(several endpoints of one model: comma-separated), or vllm:<model>")
-    policy_dtype: str = option("auto", "policy dtype (local models)", choices=["auto", "float32", "bfloat16", "float16"])
-    policy_max_batch_size: int = option(16, "sequences decoded together (local models)")
-    remote_model: str | None = option(None, "model name sent to an http(s) policy server")
-    api_key_env: str = option("OPENAI_API_KEY", "environment variable with the policy server's key")
-    tools_backend: str = option("auto", "tool backend: auto (simulator; TMDB mock for RestBench), simulator, "
-                                "stabletoolbench, cache, server, tmdb, mock-tmdb")
-    tool_server_url: str | None = option(None, "StableToolBench server URL (tools_backend server/stabletoolbench)")
-    tool_cache_dir: str | None = option(None, "StableToolBench response cache folder")
-    max_response_chars: int = option(20000, "characters of one tool response handed to the code")
-    tool_doc: str = option("full", "tool docs in the prompt: full docstrings, compact one-liners, or brief (names and one short line: small models on CPU)",
-                           choices=["full", "compact", "brief"])
     prm: str = option("none", "latent reward: a PRM checkpoint dir, a serve-prm URL (several: comma-separated), "
                       "rollout, or none")
     prm_device: str = option("auto", "device of a local PRM")
     router: bool = option(False, "decide first (When2Tool): route easy queries past the full search")
-    policy_client: RemoteConfig = field(default_factory=RemoteConfig)
     prm_client: RemoteConfig = field(default_factory=RemoteConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     routing: RouterConfig = field(default_factory=RouterConfig)
     answer: AnswerConfig = field(default_factory=AnswerConfig)
-    retry_failed: bool = option(False, "rerun the queries recorded as finish_type error (and only those)")
-    force_resume: bool = option(False, "resume even though the output was written with other settings")
-    ray: str | None = option(None, "run the queries on a Ray cluster: its address (auto, host:port, "
-                             "ray://host:10001) or local; this process writes --output (pip install 'codetool[ray]')")
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def __post_init__(self):
-        if self.offset < 0 or (self.limit is not None and self.limit < 1):
-            raise ConfigError(f"--offset must be >= 0 and --limit >= 1, got offset {self.offset}, limit {self.limit}.")
-        subsets = {"stabletoolbench": ("codetool", "full"), "restbench-tmdb": ("restgpt", "codetool")}
-        if self.benchmark in subsets and self.subset not in subsets[self.benchmark]:
-            raise ConfigError(f"--subset {self.subset!r} is not one of {subsets[self.benchmark]} for {self.benchmark}.")
+        super().__post_init__()  # each group's checks; the policy group parses policy_spec
         if (self.query is None) == (self.benchmark is None):
             raise ConfigError("give either --query (with --tools) or --benchmark "
                               f"({', '.join(BENCHMARKS)}), not both and not neither.")
@@ -103,18 +78,12 @@ class RunConfig:
             raise ConfigError(f"--queries {self.queries} is read only with --benchmark toolbench; --benchmark "
                               f"{self.benchmark} reads its own files (choose them with --group, --subset, --offset "
                               "and --limit), or pass --benchmark toolbench for a ToolBench-format file.")
-        policy_spec(self)  # a remote_model without a server URL is an error now, not at load time
-        latent = ModelSpec.parse(self.prm, role="prm").latent
+        self.prm_spec = ModelSpec.parse(self.prm, role="prm", device=self.prm_device, client=self.prm_client)
+        latent = self.prm_spec.latent
         if getattr(self.search, "latent", "prm") not in ("prm", latent):
             raise ConfigError(f"--search.latent {self.search.latent} disagrees with --prm {self.prm!r} (which means "
                               f"latent {latent}); --prm decides the latent reward: pass --prm {self.search.latent} "
                               "or leave --search.latent at its default.")
-
-
-def policy_spec(cfg: RunConfig) -> ModelSpec:
-    """The run's policy, parsed once from ``policy`` and the options beside it."""
-    return ModelSpec.parse(cfg.policy, role="policy", remote_model=cfg.remote_model, api_key_env=cfg.api_key_env,
-                           dtype=cfg.policy_dtype, max_batch_size=cfg.policy_max_batch_size, client=cfg.policy_client)
 
 
 def load_benchmark(cfg: RunConfig) -> list:
@@ -243,7 +212,7 @@ def run_queries(cfg: RunConfig, todo: list, out: Path, chash: str, *, policy=Non
 def ray_batch(cfg: RunConfig) -> int:
     """Queries per call to a Ray worker (unless ``cluster.batch`` is set): as many as one worker
     keeps in flight, ``search.concurrency`` or what its search picks for its policy."""
-    return planned_units(cfg.search.concurrency, policy_spec(cfg).remote, cfg.search.schedule, cfg.policy_client,
+    return planned_units(cfg.search.concurrency, cfg.policy_spec.remote, cfg.search.schedule, cfg.policy_client,
                          local_default=4, per_unit=cfg.search.k)
 
 
@@ -271,8 +240,8 @@ class QueryRunner(UnitRunner):
         import codetool.assemble as assemble  # read at call time: tests substitute a scripted policy
 
         self.cfg, self.chash = cfg, chash
-        self.policy = policy or assemble.make_policy(policy_spec(cfg))
-        self.scorer = make_scorer(cfg.prm, cfg.prm_device, client=cfg.prm_client) if scorer is None else scorer
+        self.policy = policy or assemble.make_policy(cfg.policy_spec)
+        self.scorer = make_scorer(cfg.prm_spec, cfg.prm_device, client=cfg.prm_client) if scorer is None else scorer
         self.search = make_search(self.policy, cfg.search, executor_factory(cfg.executor), scorer=self.scorer,
                                   config_hash=chash)
         self.backend = self.open(tool_backend(cfg.tools_backend, benchmark=cfg.benchmark, data_dir=cfg.data_dir,
@@ -362,3 +331,59 @@ def fidelity_settings(cfg: RunConfig, scorer=None) -> dict[str, Any]:
             "max_observation_chars": cfg.search.max_observation_chars,
             "observation_history": cfg.search.observation_history, "step_format": cfg.search.step_format,
             "reference_steps": cfg.search.reference_steps, "final_answer": cfg.answer.final_answer, "prm": prm}
+
+
+def summary_rows(m, trajs: list, clients: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The rows of ``codetool run``'s one-screen summary: outcomes, SCEP, steps, tokens, time and
+    tool cost from the run's metrics ``m`` (:func:`codetool.eval.metrics.run_metrics` of ``trajs``),
+    then how remote servers were used (:func:`serving_rows`)."""
+    rows = [("finished", m.finish_types.get("finish", 0)), ("gave up", m.finish_types.get("give_up", 0)),
+            ("hit max steps", m.finish_types.get("max_steps", 0)), ("errors", m.finish_types.get("error", 0)),
+            ("SCEP (public code's count: every chosen step, re-run)", "n/a" if m.scep is None
+             else f"{100 * m.scep:.1f}%"),
+            ("  chosen code steps that ran (ours)", "n/a" if m.scep_code_steps is None
+             else f"{100 * m.scep_code_steps:.1f}%"),
+            ("  over all sampled candidates", "n/a" if m.scep_all_candidates is None
+             else f"{100 * m.scep_all_candidates:.1f}%"),
+            ("answers written after the search", m.answer_sources.get("generated", 0)),
+            ("mean steps", f"{m.mean_steps:.2f}"),
+            ("tokens in / out per query", f"{m.mean_prompt_tokens:.0f} / {m.mean_completion_tokens:.0f}"),
+            ("seconds per query", f"{m.mean_seconds:.1f}"),
+            *((f"  {phase} s/query", f"{s:.1f}") for phase, s in m.phase_seconds.items()),
+            ("mean tool cost (LIT)", f"{m.mean_tool_cost:.2f}")]
+    return rows + serving_rows(trajs, clients)
+
+
+def serving_rows(trajs: list, clients: dict) -> list[tuple[str, str]]:
+    """Summary rows for remote servers: the client limits and adaptations recorded in the
+    trajectories (the last one that has them), and for each live client of this run its
+    requests, retries, failovers, timeouts and sequences in flight (peak and effective)."""
+    rows: list[tuple[str, str]] = []
+    record = next((t.serving for t in reversed(trajs) if t.serving), {})
+    for name in ("policy", "prm"):
+        part = record.get(name)
+        if not part:
+            continue
+        rows.append((f"{name} server", f"{', '.join(part.get('endpoints', []))}: {part.get('client', '')}"))
+        rows += [(f"  {name} adapted", text) for text in part.get("adaptations", [])]
+        if part.get("identical_samples"):
+            rows.append((f"  {name} identical samples", part["identical_samples"]))
+    if record.get("schedule"):
+        rows.append(("schedule", record["schedule"]))
+    for name, client in clients.items():
+        s = client.stats()
+        rows.append((f"  {name} requests", f"{s['requests']} ({s['retries']} retries, {s['failovers']} failovers, "
+                                           f"{s['timeouts']} timeouts)"))
+        rows.append((f"  {name} in flight", f"peak {s['in_flight_peak']} of {s['max_in_flight']}, effective "
+                                            f"{s['in_flight_effective']:.1f} over {s['in_flight_busy_s']:.0f} s"))
+    return rows
+
+
+def log_prompt_cache(policy) -> None:
+    """Log how much of the prompts a local policy's prompt cache (``codetool.models.prompt_cache``)
+    served from memory; nothing for a policy without one."""
+    cache = getattr(policy, "prompt_cache", None)
+    if cache is not None and cache.hit_tokens + cache.miss_tokens:
+        logger.info("policy prompt cache: %d of %d prompt tokens reused (%.0f%%), %.0f MiB held",
+                    cache.hit_tokens, cache.hit_tokens + cache.miss_tokens,
+                    100 * cache.hit_tokens / (cache.hit_tokens + cache.miss_tokens), cache.nbytes / 2**20)

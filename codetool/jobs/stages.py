@@ -9,6 +9,7 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,26 @@ class Stage:
             logger.info("stage %s: running again after it failed (%s)", self.name, rec.get("error", "?"))
         self.dir.mkdir(parents=True, exist_ok=True)
         self._write({"hash": self.digest, "status": "running", "started": time.time()})
+        return True
+
+    def run(self, work: Callable[[], dict | None], *, force: bool) -> bool:
+        """Run ``work`` unless the stage is current (:meth:`prepare`) and record how it ended, with
+        what ``work`` returns (``{"report": ...}``) and the seconds it took. Returns whether it ran.
+
+        Raises:
+            BaseException: what ``work`` raises, once recorded, so the next run says why it starts
+                this stage again.
+        """
+        if not self.prepare(force=force):
+            return False
+        start = time.perf_counter()
+        try:
+            info = work()
+        except BaseException as e:
+            self.failed(e)
+            raise
+        self.done(time.perf_counter() - start, **(info or {}))
+        logger.info("stage %s finished in %.1f s", self.name, time.perf_counter() - start)
         return True
 
     def failed(self, error: BaseException) -> None:

@@ -215,10 +215,7 @@ def build_missing(cfg: TreeConfig, mine: list, path: Path, progress: ProgressFac
 def ray_batch(cfg: TreeConfig) -> int:
     """Trees per call to a Ray worker (unless ``cluster.batch`` is set): as many as one worker keeps
     in flight, ``batch_trees`` or what the worker's builder picks for its policy."""
-    from codetool.models.spec import ModelSpec
-
-    remote = ModelSpec.parse(cfg.policy, role="policy", remote_model=cfg.remote_model).remote
-    return planned_units(cfg.batch_trees, remote, cfg.search.schedule, cfg.policy_client, local_default=8,
+    return planned_units(cfg.batch_trees, cfg.policy_spec.remote, cfg.search.schedule, cfg.policy_client, local_default=8,
                          per_unit=2 * cfg.branching)
 
 
@@ -254,8 +251,7 @@ class TreeRunner(UnitRunner):
         from codetool.assemble import executor_factory, make_policy, tool_backend
 
         self.cfg, self.chash = cfg, chash
-        policy = make_policy(cfg.policy, max_batch_size=cfg.policy_max_batch_size, remote_model=cfg.remote_model,
-                             client=cfg.policy_client)
+        policy = make_policy(cfg.policy_spec)
         self.builder = TreeBuilder(policy, cfg, executor_factory(cfg.executor), judge=judge_fn(cfg))
         self.backend = self.open(tool_backend(cfg.tools_backend, server_url=cfg.tool_server_url,
                                               cache_dir=cfg.tool_cache_dir))

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from codetool.config import ConfigError, option
 from codetool.judge.reference_prompts import PROMPT_SETS, STB_EVALUATOR
 from codetool.models.remote import RemoteConfig
+from codetool.models.spec import ModelSpec
 
 PROTOCOLS = ("stabletoolbench", "codetool")
 PAPER_JUDGE = "gpt-4-turbo-2024-04-09"  # CodeTool's judge (eval/config.yaml); StableToolBench's tables since 2024-06
@@ -102,6 +103,10 @@ class JudgeConfig:
                               f"{self.batch_size}.")
         if self.max_trajectory_chars < 0:
             raise ConfigError(f"judge.max_trajectory_chars must be >= 0 (0: no cut), got {self.max_trajectory_chars}.")
+        # The judge's model, parsed once (not a setting: not in to_dict or the hashes); None: no judge.
+        self.model_spec = ModelSpec.parse(self.model, role="judge", remote_model=self.remote_model,
+                                          api_key_env=self.api_key_env, dtype=self.dtype, device=self.device,
+                                          client=self.client) if self.enabled else None
 
     @property
     def enabled(self) -> bool:

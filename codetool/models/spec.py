@@ -15,14 +15,19 @@ spec instead of testing the string's prefix again (issue 18). The forms:
 Settings that cannot apply to the kind are an error, not silently dropped: a ``remote_model``
 with a local or ``vllm:`` model raises :class:`~codetool.config.ConfigError`. Several server
 URLs, comma-separated, are endpoints of the same model (``codetool.models.remote``).
+
+:class:`PolicyGroup` (and :class:`PolicyBackendGroup`) are the policy settings that ``run``,
+``build-trees`` and ``pipeline`` compose: they parse ``policy`` once, in ``__post_init__``, into
+``policy_spec``, which everything below the config takes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from codetool import CodetoolError
-from codetool.config import ConfigError
+from codetool.config import ConfigError, option
+from codetool.config_groups import Group
 from codetool.models.remote import RemoteConfig, split_urls
 
 POLICY_KINDS = ("local", "openai", "vllm")
@@ -95,6 +100,17 @@ class ModelSpec:
                    api_key_env=api_key_env, dtype=dtype, device=device, max_batch_size=max_batch_size,
                    client=client)
 
+    @classmethod
+    def folder(cls, path, *, role: str = "policy", **options) -> ModelSpec:
+        """The spec of a local model folder this program wrote or found (a trained checkpoint): no
+        text to parse. ``options`` are the fields of a local kind (``dtype``, ``device``, ...)."""
+        return cls(text=str(path), kind="local", location=str(path), role=role, **options)
+
+    def at(self, path) -> ModelSpec:
+        """This spec's options for the local model folder ``path`` (a checkpoint trained from it)."""
+        return ModelSpec.folder(path, role=self.role, dtype=self.dtype, device=self.device,
+                                max_batch_size=self.max_batch_size)
+
     @property
     def remote(self) -> bool:
         """Whether the model answers over HTTP (an OpenAI-compatible or ``serve-prm`` server)."""
@@ -117,3 +133,42 @@ class ModelSpec:
             return {k: v for k, v in options.items() if v is not None or k == "model"}
         names = ("dtype",) if self.kind == "vllm" else ("dtype", "device", "max_batch_size")
         return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
+
+
+@dataclass
+class PolicyGroup(Group):
+    """The policy: which model, the name a server knows it by, how many sequences a local one decodes
+    together, and a server's client limits (composed by ``run``, ``build-trees`` and ``pipeline``).
+
+    ``__post_init__`` parses ``policy`` once into ``policy_spec`` (a :class:`ModelSpec`; an attribute,
+    not a setting: not in ``to_dict``, the config hashes or the flags); the code below the config
+    takes that spec. A command whose config has no ``policy_dtype``/``api_key_env`` setting gets the
+    backends' defaults below (:class:`PolicyBackendGroup` makes them settings).
+
+    Raises:
+        ConfigError: a ``remote_model`` with a policy that is not a server URL.
+    """
+
+    policy_dtype = "auto"  # not settings here: PolicyBackendGroup declares them as fields
+    api_key_env = "OPENAI_API_KEY"
+
+    policy: str = option("default", "policy: default, a model path, Hub id, http(s) URL of an OpenAI-compatible server "
+                         "(several endpoints of one model: comma-separated), or vllm:<model>")
+    policy_max_batch_size: int = option(16, "sequences decoded together (local policy)")
+    remote_model: str | None = option(None, "model name sent to an http(s) policy server")
+    policy_client: RemoteConfig = field(default_factory=RemoteConfig)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.policy_spec = ModelSpec.parse(self.policy, role="policy", remote_model=self.remote_model,
+                                           api_key_env=self.api_key_env, dtype=self.policy_dtype,
+                                           max_batch_size=self.policy_max_batch_size, client=self.policy_client)
+
+
+@dataclass
+class PolicyBackendGroup(PolicyGroup):
+    """:class:`PolicyGroup` with the options of how its backend is opened as settings: the dtype of
+    a local model and the variable that holds a server's key (``codetool run``)."""
+
+    policy_dtype: str = option("auto", "policy dtype (local models)", choices=["auto", "float32", "bfloat16", "float16"])
+    api_key_env: str = option("OPENAI_API_KEY", "environment variable with the policy server's key")

@@ -24,6 +24,7 @@ from trl import GRPOConfig
 from codetool.config import ConfigError, option
 from codetool.executor import ExecutorConfig
 from codetool.judge.config import JudgeConfig
+from codetool.models.spec import ModelSpec
 from codetool.search.config import SearchConfig
 
 REWARDS = ("grounded", "judged", "on_the_spot", "prm", "tool_cost")
@@ -255,6 +256,10 @@ class TrainPolicyConfig(GRPOConfig):
             self.use_cpu = True
             self.dataloader_pin_memory = False
         self.max_completion_length = self.rollout.max_new_tokens
+        # The model specs, parsed once (not settings); the backends' defaults beside policy_dtype, as before.
+        self.policy_spec = ModelSpec.parse(self.policy, dtype=self.policy_dtype, max_batch_size=16,
+                                           api_key_env="OPENAI_API_KEY")
+        self.prm_spec = None if self.prm == "auto" else ModelSpec.parse(self.prm, role="prm")  # auto: resolve_prm
         try:
             super().__post_init__()
         except ValueError as e:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from codetool.models.spec import ModelSpec
+
 from .config import TrainPolicyConfig
 
 logger = logging.getLogger(__name__)
@@ -26,25 +28,25 @@ def uses_prm(cfg: TrainPolicyConfig) -> bool:
     return any(s.prm for s in cfg.run_settings)
 
 
-def resolve_prm(cfg: TrainPolicyConfig) -> tuple[str, str]:
-    """``(spec, description)`` of the run's PRM (``("none", ...)`` when no setting uses it).
+def resolve_prm(cfg: TrainPolicyConfig) -> tuple[ModelSpec | None, str]:
+    """``(spec, description)`` of the run's PRM (``(None, ...)`` when no setting uses it): the one
+    ``cfg.prm`` names (parsed by the config), or a PRM folder found or trained here.
 
     Raises:
         CodetoolError: what training the fallback PRM raises (a missing default model).
     """
     if not uses_prm(cfg):
-        return "none", "not used (no setting weights the PRM reward)"
-    if cfg.prm != "auto":
-        return cfg.prm, f"{cfg.prm} (given)"
+        return None, "not used (no setting weights the PRM reward)"
+    if cfg.prm_spec is not None:
+        return cfg.prm_spec, f"{cfg.prm} (given)"
     if (PIPELINE_PRM / "prm_config.json").is_file():
-        return str(PIPELINE_PRM), f"{PIPELINE_PRM}: the PRM the pipeline quickstart trained (make demo)"
+        return ModelSpec.folder(PIPELINE_PRM, role="prm"), f"{PIPELINE_PRM}: the PRM the pipeline quickstart trained (make demo)"
     folder = Path(cfg.output_dir) / "prm"
     note = (f"{folder}: a small PRM trained here on synthetic rows ({cfg.prm_fallback_steps} LoRA steps), a smoke "
             "test; run `make demo` first to reward with the pipeline's PRM")
-    if (folder / "prm_config.json").is_file():
-        return str(folder), note
-    train_synthetic_prm(folder, steps=cfg.prm_fallback_steps, seed=cfg.seeds[0])
-    return str(folder), note
+    if not (folder / "prm_config.json").is_file():
+        train_synthetic_prm(folder, steps=cfg.prm_fallback_steps, seed=cfg.seeds[0])
+    return ModelSpec.folder(folder, role="prm"), note
 
 
 def train_synthetic_prm(folder: Path, *, steps: int, seed: int = 0, model: str = "default") -> Path:

@@ -26,6 +26,7 @@ import logging
 from pathlib import Path
 
 from codetool import CodetoolError
+from codetool.models.spec import ModelSpec
 from codetool.prm.client import HTTPScorer
 from codetool.prm.reference import label_scores
 from codetool.prm.vllm_backend import VLLMScorer
@@ -142,24 +143,27 @@ SCORERS: dict[str, type] = {
 }
 
 
-def load_scorer(spec: str, *, device: str = "auto", dtype: str = "auto", **kwargs):
-    """The PRM scorer named by ``spec`` (the search's ``--prm`` value).
+def load_scorer(spec: ModelSpec, *, device: str = "auto", dtype: str = "auto", **kwargs):
+    """The PRM scorer of a parsed PRM spec (the search's ``--prm`` value, parsed where it entered:
+    ``ModelSpec.parse(text, role="prm")``).
 
     Args:
-        spec (`str`): ``none`` (or empty): no PRM, returns `None`; ``http://...``/``https://...``:
-            a ``codetool serve-prm`` server (:class:`codetool.prm.client.HTTPScorer`);
-            ``vllm:FOLDER``: the checkpoint served by vLLM in-process (exported once to
-            ``FOLDER/vllm``; :mod:`codetool.prm.vllm_backend`);
-            otherwise a checkpoint folder written by ``codetool train-prm``.
+        spec (`ModelSpec`): kind ``none``: no PRM, returns `None`; ``server``: a ``codetool
+            serve-prm`` server (:class:`codetool.prm.client.HTTPScorer`); ``vllm``: the checkpoint
+            served by vLLM in-process (exported once to ``FOLDER/vllm``;
+            :mod:`codetool.prm.vllm_backend`); ``local``: a checkpoint folder written by
+            ``codetool train-prm``.
         device, dtype (`str`, *optional*): for local checkpoints (see ``codetool.models.loading.load_model``).
     Returns:
         A :class:`~codetool.rewards.PRMScorer` of :data:`SCORERS`, or `None` for ``none``.
     Raises:
+        TypeError: ``spec`` is not a PRM :class:`ModelSpec`.
         CodetoolError: if the folder is not a PRM checkpoint.
     """
-    from codetool.models.spec import ModelSpec
-
-    parsed = ModelSpec.parse(spec, role="prm")
+    if not isinstance(spec, ModelSpec) or spec.role != "prm":
+        raise TypeError(f"load_scorer takes a parsed PRM ModelSpec, got {spec!r}; parse the text with "
+                        "ModelSpec.parse(text, role='prm') where it enters (a config's __post_init__).")
+    parsed = spec
     spec = parsed.text
     if parsed.kind == "none":
         return None

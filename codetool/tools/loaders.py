@@ -16,6 +16,9 @@ Guarantees: nothing is dropped silently. A query whose tool documentation is mis
 the APIs that were found, and the missing ``(tool, api)`` pairs are listed in
 ``query.extra["missing_apis"]`` (see :func:`missing_report`). RestBench gold paths are kept exactly
 as in the files (some have stray spaces; evaluation normalises them).
+
+:class:`QueriesGroup` is the setting of which benchmark queries a job runs (``run``, the pipeline's
+evaluation sets), declared here once beside the loaders that read it.
 """
 
 from __future__ import annotations
@@ -30,12 +33,43 @@ from pathlib import Path
 from typing import Any
 
 from codetool import CodetoolError
+from codetool.config import ConfigError, option
+from codetool.config_groups import Group
 from codetool.tools.data import data_root, fetch_hint
 from codetool.tools.names import api_key_name, standardize
 from codetool.tools.simulator import parse_template
 from codetool.tools.spec import APISpec, Parameter
 
 logger = logging.getLogger(__name__)
+
+
+BENCHMARKS = ("stabletoolbench", "restbench-tmdb", "toolbench")
+# The subsets of each benchmark that reads its own files.
+SUBSETS = {"stabletoolbench": ("codetool", "full"), "restbench-tmdb": ("restgpt", "codetool")}
+
+
+@dataclass
+class QueriesGroup(Group):
+    """Which queries of a benchmark a job runs: the benchmark, its group and subset, then ``offset``
+    and ``limit`` over the loaded list.
+
+    Raises:
+        ConfigError: a negative ``offset``, a ``limit`` below 1, or a subset the benchmark lacks.
+    """
+
+    benchmark: str | None = option(None, "benchmark to run", choices=list(BENCHMARKS))
+    group: str = option("G1_instruction", "StableToolBench group")
+    subset: str = option("codetool", "stabletoolbench: codetool (CodeTool's filtered queries) or full; "
+                         "restbench-tmdb: restgpt (all 54 APIs) or codetool (20 candidates)")
+    offset: int = option(0, "skip this many queries of the benchmark")
+    limit: int | None = option(None, "run at most this many queries")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.offset < 0 or (self.limit is not None and self.limit < 1):
+            raise ConfigError(f"--offset must be >= 0 and --limit >= 1, got offset {self.offset}, limit {self.limit}.")
+        if self.benchmark in SUBSETS and self.subset not in SUBSETS[self.benchmark]:
+            raise ConfigError(f"--subset {self.subset!r} is not one of {SUBSETS[self.benchmark]} for {self.benchmark}.")
 
 STABLETOOLBENCH_GROUPS = ("G1_instruction", "G1_category", "G1_tool", "G2_instruction", "G2_category",
                           "G3_instruction")

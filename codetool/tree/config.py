@@ -12,31 +12,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from codetool.config import ConfigError, config_hash, option
-from codetool.distributed.ray_cluster import ClusterConfig
+from codetool.config_groups import with_defaults
+from codetool.distributed.ray_cluster import ShardedWorkersGroup
 from codetool.executor import ExecutorConfig
-from codetool.models.remote import RemoteConfig
+from codetool.models.spec import PolicyGroup
+from codetool.resume import OutputGroup
 from codetool.search.config import SearchConfig
+from codetool.tools.config import ToolBackendGroup
 from codetool.tree.labels import LABEL_RULES, SUCCESS_MODES
 from codetool.tree.search_settings import TREE_SEARCH
 
+TreePolicy = with_defaults(PolicyGroup, policy_max_batch_size=32)  # a tree level decodes many candidates at once
+TreeTools = with_defaults(ToolBackendGroup, tools_backend="simulator")
+TreeOutput = with_defaults(OutputGroup, output="runs/trees/trees.jsonl")
+
 
 @dataclass
-class TreeConfig:
-    """Settings of ``codetool build-trees``."""
+class TreeConfig(TreePolicy, TreeTools, TreeOutput, ShardedWorkersGroup):
+    """Settings of ``codetool build-trees``: the groups it composes (policy, tools, output, workers
+    with shards) and its own."""
 
     config_unread = {"search": TREE_SEARCH}  # the keys of search: that no tree code reads are refused
 
     queries: str | None = option(None, "ToolBench-format query file or folder (default: ToolBench's 10 example queries)")
-    output: str = option("runs/trees/trees.jsonl", "tree records (JSONL, one line per query)")
     dataset_dir: str = option("data/prm", "where the PRM dataset goes (prm_examples.jsonl, train/validation splits)")
-    policy: str = option("default", "policy model: default, a path, a Hub id, an http(s) URL or vllm:<model>")
-    policy_max_batch_size: int = option(32, "sequences decoded together (local policy)")
-    remote_model: str | None = option(None, "model name sent to an http(s) policy server")
-    tools_backend: str = option("simulator", "tool backend: simulator, cache, server, stabletoolbench")
-    tool_server_url: str | None = option(None, "StableToolBench server URL (tools_backend server/stabletoolbench)")
-    tool_cache_dir: str | None = option(None, "StableToolBench response cache folder (cache/stabletoolbench)")
-    tool_doc: str = option("full", "tool docs in the prompt: full, compact one-liners, or brief (names and one short line: small models on CPU)",
-                           choices=["full", "compact", "brief"])
     branching: int = option(2, "candidates sampled per node")
     max_depth: int = option(5, "depth at which nodes become leaves")
     failure_policy: str = option("continue", "what a failed node does", choices=["continue", "stop"])
@@ -60,7 +59,6 @@ class TreeConfig:
                            choices=["mean", "sum"])
     emit: str = option("pairs", "PRM rows: sibling pairs, or every node with its soft target", choices=["pairs", "nodes"])
     val_fraction: float = option(0.2, "share of query ids held out for validation")
-    shard: str | None = option(None, "i/n: build only the i-th of n shards of the queries")
     merge: bool = option(False, "join the shard files of --output, then export the dataset")
     relabel: bool = option(False, "recompute leaf success (executed/grounded) and sibling labels of the trees already "
                            "in --output under the current settings, then export; nothing is sampled")
@@ -70,16 +68,11 @@ class TreeConfig:
                                      "their samples share forward passes (1: each tree's samples depend on its "
                                      "query id alone); with a remote policy, node by node as samples return, "
                                      "enough trees to fill policy_client.max_in_flight)")
-    policy_client: RemoteConfig = field(default_factory=RemoteConfig)
     search: SearchConfig = field(default_factory=lambda: SearchConfig(method="tree", max_new_tokens=192))
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
-    retry_failed: bool = option(False, "rebuild the trees recorded as finish_type error (and only those)")
-    force_resume: bool = option(False, "resume even though the output was written with other settings")
-    ray: str | None = option(None, "build the trees on a Ray cluster: its address (auto, host:port, "
-                             "ray://host:10001) or local; this process writes --output (pip install 'codetool[ray]')")
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def __post_init__(self):
+        super().__post_init__()  # each group's checks; the policy group parses policy_spec
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"--limit must be >= 1, got {self.limit}.")
         if self.batch_trees is not None and self.batch_trees < 1:
@@ -91,20 +84,6 @@ class TreeConfig:
         if self.success == "judged" and str(self.judge or "none").lower() in ("none", "", "null"):
             raise ConfigError(f"trees.success is 'judged' but trees.judge is {self.judge!r}: set trees.judge to a "
                               "judge model (default, a path, a Hub id or an http(s) URL), or use success: grounded.")
-        if self.shard is not None:
-            self.shard_index()
-
-    def shard_index(self) -> tuple[int, int]:
-        """``(i, n)`` parsed from ``shard``; ``(0, 1)`` when unsharded."""
-        if self.shard is None:
-            return 0, 1
-        try:
-            i, n = (int(x) for x in str(self.shard).split("/"))
-        except ValueError:
-            raise ConfigError(f"--shard must look like i/n (e.g. 0/2), got {self.shard!r}.") from None
-        if not 0 <= i < n:
-            raise ConfigError(f"--shard {self.shard}: need 0 <= i < n.")
-        return i, n
 
     def shard_path(self) -> Path:
         out = Path(self.output)

@@ -1,0 +1,61 @@
+"""The mechanics of config groups (issue 29): dataclasses of settings that several commands compose.
+
+A group (``PolicyGroup``, ``ToolsGroup``, ``OutputGroup``, ...) is declared once, beside the code
+that reads it, with its ``option(...)`` help texts and its ``__post_init__`` checks; a command's
+config composes groups by inheritance, so their keys stay flat and the flags, recipe keys and
+config hashes keep their names. This module holds the base (:class:`Group`), per-command defaults
+(:func:`with_defaults`) and the hand-over of one config's group to another (:func:`group_values`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class Group:
+    """The base of a config group: a dataclass of settings that several commands compose by
+    inheritance (``class RunConfig(PolicyBackendGroup, ToolsGroup, ...)``), so its fields, help texts
+    and checks are declared once and its keys stay flat (the recipes, flags and config hashes keep
+    their names). A group's ``__post_init__`` calls ``super().__post_init__()`` first, so every group
+    of a config checks its own fields; this one ends the chain."""
+
+    def __post_init__(self) -> None:
+        pass
+
+
+def with_defaults(group: type[T], **defaults: Any) -> type[T]:
+    """The config group ``group`` with other defaults for some of its fields (``build-trees`` uses
+    the simulator where ``run`` picks by benchmark): a dataclass subclass whose fields keep the
+    group's type, help text and choices, declared once.
+
+    Args:
+        group (`type`): a dataclass config group.
+        defaults: field name -> its default in the returned group (a list or a dict is copied per
+            instance).
+    Raises:
+        TypeError: a name that is not a field of ``group``.
+    """
+    fields = {f.name: f for f in dataclasses.fields(group)}
+    unknown = sorted(set(defaults) - set(fields))
+    if unknown:
+        raise TypeError(f"with_defaults: {group.__name__} has no field {', '.join(unknown)}; "
+                        f"its fields are {', '.join(fields)}.")
+    namespace: dict[str, Any] = {"__module__": group.__module__, "__qualname__": group.__qualname__,
+                                 "__doc__": group.__doc__, "__annotations__": {}}
+    for name, value in defaults.items():
+        namespace["__annotations__"][name] = fields[name].type  # resolved in the group's module
+        if isinstance(value, (list, dict)):
+            namespace[name] = dataclasses.field(default_factory=lambda v=value: type(v)(v),
+                                                metadata=fields[name].metadata)
+        else:
+            namespace[name] = dataclasses.field(default=value, metadata=fields[name].metadata)
+    return dataclasses.dataclass(type(group.__name__, (group,), namespace))
+
+
+def group_values(cfg: Any, group: type) -> dict[str, Any]:
+    """The values of ``cfg`` for the fields of the config group ``group`` (``{"policy": ...}``), to
+    hand one config's group to another config that composes it too."""
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(group)}

@@ -1,0 +1,150 @@
+"""Config groups declared once (issue 29): ``run``, ``build-trees`` and ``pipeline`` compose the
+policy, tools, queries, output and workers groups; a field of a group keeps the group's help text
+wherever it is composed; per-command defaults come from ``config.with_defaults``; a model spec is
+parsed once, by its config (``policy_spec``, ``prm_spec``, ``model_spec``), and never becomes a
+setting; and ``ModelSpec.parse`` is called only where text enters: a config's ``__post_init__``
+or the CLI (checked with ``ast``)."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+import codetool
+from codetool.config import ConfigError, _flat_fields, config_hash, from_dict, to_dict
+from codetool.config_groups import with_defaults
+from codetool.distributed.ray_cluster import ShardedWorkersGroup, WorkersGroup
+from codetool.jobs.pipeline import EvalSetConfig, PipelineConfig, run_text
+from codetool.jobs.queries import RunConfig
+from codetool.models.spec import PolicyBackendGroup, PolicyGroup
+from codetool.resume import OutputGroup
+from codetool.tools.config import ToolBackendGroup, ToolDocGroup, ToolsGroup
+from codetool.tools.loaders import QueriesGroup
+from codetool.tree.config import TreeConfig
+
+ROOT = Path(codetool.__file__).resolve().parent
+GROUPS = (PolicyGroup, PolicyBackendGroup, ToolDocGroup, ToolBackendGroup, ToolsGroup, QueriesGroup, OutputGroup,
+          WorkersGroup, ShardedWorkersGroup)
+COMPOSED = {RunConfig: (QueriesGroup, PolicyBackendGroup, ToolsGroup, OutputGroup, WorkersGroup),
+            TreeConfig: (PolicyGroup, ToolBackendGroup, OutputGroup, ShardedWorkersGroup),
+            PipelineConfig: (PolicyGroup, ToolDocGroup),
+            EvalSetConfig: (QueriesGroup, ToolBackendGroup)}
+# Fields a config declares with a group's field name on purpose, as different settings: an evaluation
+# set's tool_doc overrides the pipeline's (none: the pipeline's); build-trees' limit counts trees and
+# its queries file defaults to ToolBench's examples (it composes no queries group: no benchmark).
+OWN = {(EvalSetConfig, "tool_doc"), (TreeConfig, "limit")}
+
+# The command modules of another helper (H2) that still parse model text themselves; the
+# integrator empties this list when H2's configs parse their specs in __post_init__.
+TEMPORARY_PARSE_SITES = {"codetool.commands.eval_decision", "codetool.commands.train_probe"}
+PARSE_MODULES = {"codetool.cli"}  # where a spec may be parsed outside a config's __post_init__
+
+
+def _help(cls: type) -> dict[str, str]:
+    return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
+
+
+@pytest.mark.parametrize("cls", list(COMPOSED), ids=lambda c: c.__name__)
+def test_each_command_config_composes_its_groups(cls):
+    assert all(issubclass(cls, group) for group in COMPOSED[cls])
+
+
+@pytest.mark.parametrize("cls", list(COMPOSED), ids=lambda c: c.__name__)
+def test_a_group_field_keeps_the_groups_help_text_wherever_it_is_composed(cls):
+    declared = {}
+    for group in GROUPS:
+        declared.update(_help(group))
+    mine = _help(cls)
+    for name, text in declared.items():
+        if name in mine and (cls, name) not in OWN:
+            assert mine[name] == text, f"{cls.__name__}.{name} declares its own help text"
+
+
+def test_with_defaults_changes_only_the_default():
+    tools, plain = dataclasses.fields(TreeConfig), {f.name: f for f in dataclasses.fields(ToolBackendGroup)}
+    backend = next(f for f in tools if f.name == "tools_backend")
+    assert backend.default == "simulator" and RunConfig(benchmark="stabletoolbench").tools_backend == "auto"
+    assert backend.metadata == plain["tools_backend"].metadata
+    assert TreeConfig().policy_max_batch_size == 32 and PipelineConfig().policy_max_batch_size == 16
+    assert EvalSetConfig().limit == 10 and EvalSetConfig().benchmark == "stabletoolbench"
+    assert TreeConfig().output == "runs/trees/trees.jsonl" and RunConfig(query="q", tools="t").output.startswith("runs/run/")
+    with pytest.raises(TypeError, match="has no field nope"):
+        with_defaults(OutputGroup, nope=1)
+    listed = with_defaults(PipelineConfig, stages=["trees"])  # a list default is copied per instance
+    first, second = listed(), listed()
+    first.stages.append("train")
+    assert second.stages == ["trees"] and PipelineConfig().stages == ["trees", "train", "search", "eval"]
+
+
+def test_group_checks_run_in_every_config_that_composes_them():
+    with pytest.raises(ConfigError, match="--offset must be >= 0"):
+        RunConfig(benchmark="stabletoolbench", offset=-1)
+    with pytest.raises(ConfigError, match="--offset must be >= 0"):
+        EvalSetConfig(offset=-1)
+    with pytest.raises(ConfigError, match="--subset 'full' is not one of"):
+        EvalSetConfig(benchmark="restbench-tmdb", subset="full")
+    with pytest.raises(ConfigError, match="--shard must look like i/n"):
+        TreeConfig(shard="half")
+    with pytest.raises(ConfigError, match="evals\\[\\].benchmark: got 'toolbench'"):
+        from_dict(PipelineConfig, {"evals": [{"benchmark": "toolbench"}]})
+    with pytest.raises(ConfigError, match="remote_model"):
+        PipelineConfig(remote_model="p")
+
+
+def test_the_parsed_spec_is_not_a_setting():
+    run = RunConfig(benchmark="stabletoolbench", policy="http://h/v1", remote_model="m", prm="rollout")
+    assert run.policy_spec.kind == "openai" and run.policy_spec.remote_model == "m" and run.prm_spec.kind == "rollout"
+    names = {name for name, _, _ in _flat_fields(RunConfig)}
+    for attr in ("policy_spec", "prm_spec"):
+        assert attr not in to_dict(run) and attr not in names
+    assert TreeConfig().policy_spec.max_batch_size == 32
+    again = dataclasses.replace(run, policy="default", remote_model=None)  # a replaced config parses again
+    assert again.policy_spec.kind == "local" and config_hash(again) != config_hash(run)
+
+
+def test_the_search_stage_text_names_every_run_field_in_the_order_of_before():
+    from codetool.jobs.pipeline import RUN_TEXT_ORDER
+
+    assert sorted(RUN_TEXT_ORDER) == sorted(f.name for f in dataclasses.fields(RunConfig))
+    run = RunConfig(benchmark="stabletoolbench")
+    assert run_text(run).startswith("RunConfig(query=None, tools=None, benchmark='stabletoolbench', group=")
+    assert run_text(run).endswith(f"ray=None, cluster={run.cluster!r})")
+
+
+def _parse_calls(path: Path) -> list[tuple[int, str | None]]:
+    """(line, enclosing function name) of every ``ModelSpec.parse(...)`` call in ``path``."""
+    found = []
+
+    def visit(node: ast.AST, function: str | None) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+            if (isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute) and child.func.attr == "parse"
+                    and isinstance(child.func.value, ast.Name) and child.func.value.id == "ModelSpec"):
+                found.append((child.lineno, function))
+            visit(child, inner)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), None)
+    return found
+
+
+def test_model_specs_are_parsed_only_where_text_enters():
+    """``ModelSpec.parse`` runs in a config's ``__post_init__`` (the groups, the configs of the
+    commands) or in the CLI; everything below takes the parsed ``ModelSpec``."""
+    misplaced, seen = [], 0
+    for path in sorted(ROOT.rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT.parent).with_suffix("").parts)
+        for line, function in _parse_calls(path):
+            seen += 1
+            if function != "__post_init__" and module not in PARSE_MODULES | TEMPORARY_PARSE_SITES:
+                misplaced.append(f"{module}:{line} (in {function})")
+    assert seen and not misplaced, f"ModelSpec.parse outside a config's __post_init__: {misplaced}"
+
+
+def test_the_parse_site_check_sees_a_call_in_a_library_function(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("class C:\n    def __post_init__(self):\n        ModelSpec.parse(self.x)\n\n"
+                    "def build(text):\n    return ModelSpec.parse(text, role='prm')\n")
+    assert _parse_calls(path) == [(3, "__post_init__"), (6, "build")]
