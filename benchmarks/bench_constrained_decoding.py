@@ -44,6 +44,7 @@ from codetool.executor import ExecutorConfig
 from codetool.executor.result import ExecutionResult
 from codetool.jobs.queries import RunConfig
 from codetool.jsonl import read_jsonl
+from codetool.models.spec import ModelSpec
 from codetool.search.config import SearchConfig
 from codetool.search.records import Trajectory
 
@@ -153,7 +154,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    policy = None if args.reuse else make_policy("default", max_batch_size=40)
+    policy = None if args.reuse else make_policy(ModelSpec.parse("default", max_batch_size=40))  # the text enters here
     rows = {}
     for mode in args.modes.split(","):
         path = out / f"{args.benchmark}-{mode}.jsonl"

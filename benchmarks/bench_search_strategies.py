@@ -96,9 +96,8 @@ def main() -> None:
     if args.prm:
         base["prm"] = args.prm
     probe = from_dict(RunConfig, merge(base, recipe["benchmarks"][0]))
-    policy = make_policy(probe.policy, dtype=probe.policy_dtype, max_batch_size=probe.policy_max_batch_size,
-                         remote_model=probe.remote_model, api_key_env=probe.api_key_env)
-    scorer = make_scorer(probe.prm)  # None for none/rollout; loaded once for every strategy
+    policy = make_policy(probe.policy_spec)  # parsed once by RunConfig, with its dtype, batch size, server
+    scorer = make_scorer(probe.prm_spec)  # None for none/rollout; loaded once for every strategy
     results: dict[str, list[dict]] = {}
     started = time.perf_counter()
     for name, overrides in recipe["strategies"].items():
