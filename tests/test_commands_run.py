@@ -211,3 +211,16 @@ def test_queries_with_a_benchmark_that_reads_its_own_files_is_refused():
     with pytest.raises(ConfigError, match=r"--queries /nope/q.json is read only with --benchmark toolbench"):
         RunConfig(benchmark="stabletoolbench", queries="/nope/q.json")
     assert RunConfig(benchmark="toolbench", queries="/nope/q.json").queries == "/nope/q.json"
+
+
+def test_a_missing_prm_or_policy_folder_fails_before_any_model_loads(monkeypatch, toolbench, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    loaded = []
+    monkeypatch.setattr(assemble, "make_policy", lambda *a, **k: loaded.append("policy"))
+    with pytest.raises(CodetoolError, match="no such PRM folder"):
+        run_command(_cfg(toolbench, tmp_path / "t.jsonl", prm="runs/missing"))
+    monkeypatch.setattr(assemble, "make_scorer", lambda *a, **k: loaded.append("prm"))
+    with pytest.raises(CodetoolError, match="looks like a path, not a Hub id"):
+        run_command(_cfg(toolbench, tmp_path / "t.jsonl", policy="runs/missing-policy", prm="none"))
+    assert loaded == []

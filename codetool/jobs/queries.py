@@ -269,10 +269,15 @@ class QueryRunner(UnitRunner):
 
     def __init__(self, cfg: RunConfig, chash: str, policy=None, scorer=None):
         import codetool.assemble as assemble  # read at call time: tests substitute a scripted policy
+        from codetool.models.loading import resolve_model
 
         self.cfg, self.chash = cfg, chash
-        self.policy = policy or assemble.make_policy(policy_spec(cfg))
+        spec = policy_spec(cfg)
+        if policy is None and spec.kind == "local":  # a mistyped policy path fails before the PRM loads
+            resolve_model(spec.location)
+        # the PRM before the policy: a PRM folder that does not exist fails at once, not after the policy loaded
         self.scorer = make_scorer(cfg.prm, cfg.prm_device, client=cfg.prm_client) if scorer is None else scorer
+        self.policy = policy or assemble.make_policy(spec)
         self.search = make_search(self.policy, cfg.search, executor_factory(cfg.executor), scorer=self.scorer,
                                   config_hash=chash)
         self.backend = self.open(tool_backend(cfg.tools_backend, benchmark=cfg.benchmark, data_dir=cfg.data_dir,
