@@ -306,6 +306,8 @@ class QueryRunner(UnitRunner):
         settings = fidelity_settings(cfg, self.scorer)
 
         def done(traj) -> None:
+            if traj.finish_type == "error":  # a dead policy or PRM server stops the run (not recorded)
+                self.stop_if_unreachable()
             traj.extra["fidelity"] = settings
             task = by_key.get(_unit_key(traj))
             if cfg.search.reference_steps and task is not None:  # the public code's step statuses (SCEP)
@@ -319,6 +321,7 @@ class QueryRunner(UnitRunner):
 
         def failed_unit(unit, error: BaseException) -> None:
             nonlocal failed
+            self.stop_if_unreachable()
             failed += 1
             on_record(error_record(cfg, self.chash, unit, error))
 
@@ -346,6 +349,13 @@ class QueryRunner(UnitRunner):
             run_isolated(tasks, run_batch, _unit_key, done, failed_unit)
             flush()
         return failed
+
+    def stop_if_unreachable(self) -> None:
+        """Raise ``FatalError`` when the policy or PRM server cannot be reached (:func:`codetool.jobs.stop_if_unreachable`)."""
+        from codetool.jobs import stop_if_unreachable
+
+        stop_if_unreachable({"policy": self.policy, "PRM": self.scorer},
+                            "it resumes with the queries not yet in the output (this one included)")
 
     def clients(self) -> dict[str, Any]:
         """The remote clients among the policy and the PRM (``{"policy": ..., "prm": ...}``: what
