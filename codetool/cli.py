@@ -16,6 +16,7 @@ bug and prints a traceback. ``--debug`` shows tracebacks for all of them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import hashlib
 import importlib
@@ -28,7 +29,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from codetool import CodetoolError, __version__
-from codetool.config import ConfigError, _flat_fields, add_arguments, config_from_args
+from codetool.config import ConfigError, _flat_fields, add_arguments, config_from_args, load_yaml
 from codetool.secrets import RedactingFilter
 
 # command -> (module, config class, function, one-line help)
@@ -158,13 +159,32 @@ def _top_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _pipeline_recipe(name: str, config_cls: type, path: str | None) -> str | None:
+    """What to say when ``codetool <name> --config PATH`` was handed a pipeline recipe (its
+    top-level keys are ``PipelineConfig``'s and some are no key of ``config_cls``), else ``None``."""
+    if name == "pipeline" or not path:
+        return None
+    try:
+        data = load_yaml(path)
+    except (CodetoolError, OSError):
+        return None
+    pipeline_cls, _ = _load("pipeline")
+    pipeline_keys = {f.name for f in dataclasses.fields(pipeline_cls)}
+    own = {f.name for f in dataclasses.fields(config_cls)}
+    if not isinstance(data, dict) or not set(data) <= pipeline_keys or not set(data) - own:
+        return None
+    return (f"{path} is a pipeline recipe (top-level keys {', '.join(sorted(set(data) - own))} are the pipeline's "
+            f"stages and settings, not 'codetool {name}' keys): use `codetool pipeline --config {path}`, or give "
+            f"'codetool {name}' a recipe of its own (see 'codetool {name} --help').")
+
+
 def _command_parser(name: str, config_cls: type) -> argparse.ArgumentParser:
     """The parser of ``codetool <name>``: the CLI's own options, then one per field of ``config_cls``."""
     parser = argparse.ArgumentParser(prog=f"codetool {name}", description=COMMANDS[name][3], allow_abbrev=False)
     # dests that no config field has (TRL's SFTConfig has log_level and debug fields)
     parser.add_argument("--debug", action="store_true", dest="cli_debug", help="show tracebacks and debug logs")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                        dest="cli_log_level", help="log level of codetool's messages [default: INFO]")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
+                        dest="cli_log_level", help="log level of codetool's messages, any case [default: INFO]")
     add_arguments(parser, config_cls)
     return parser
 
@@ -211,7 +231,13 @@ def main(argv: list[str] | None = None) -> int:
                               + (f" Did you mean '--{hint[0]}'?" if hint else "")
                               + f" Run 'codetool {name} --help' for the options.")
         _configure_logging("DEBUG" if debug else args.cli_log_level)
-        cfg = config_from_args(config_cls, args)
+        try:
+            cfg = config_from_args(config_cls, args)
+        except ConfigError:
+            hint = _pipeline_recipe(name, config_cls, getattr(args, "config", None))
+            if hint:
+                raise ConfigError(hint) from None
+            raise
         start = time.time()
         status = func(cfg)
         logger.debug("%s finished in %.1f s", name, time.time() - start)

@@ -97,3 +97,37 @@ def test_every_command_s_kept_options_give_its_help_and_flags(name):
     kept = cli._parser_from_options(name, json.loads(json.dumps(cli._parser_options(real))))
     assert _flags(kept) == _flags(real)
     assert kept.format_help() == real.format_help()
+
+
+@pytest.mark.parametrize("level", ["debug", "DEBUG", "Warning"])
+def test_log_level_takes_any_case(level, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(cli, "_configure_logging", lambda value: seen.setdefault("level", value))
+    monkeypatch.setattr(cli, "_load", lambda name: (type("Cfg", (), {}), lambda cfg: 0))
+    monkeypatch.setattr(cli, "add_arguments", lambda parser, cls: None)
+    monkeypatch.setattr(cli, "config_from_args", lambda cls, args: None)
+    assert cli.main(["score", "--log-level", level]) == 0
+    assert seen["level"] == level.upper()
+
+
+def test_a_bad_log_level_is_refused_with_the_choices(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["score", "--log-level", "loud"])
+    assert "invalid choice: 'LOUD'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["run", "build-trees", "train-prm"])
+def test_a_pipeline_recipe_given_to_another_command_says_so(name, capsys):
+    recipe = REPO / "configs" / "pipeline" / "quickstart.yaml"
+    assert cli.main([name, "--config", str(recipe)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"codetool {name}: error: {recipe} is a pipeline recipe (top-level keys ")
+    assert f"use `codetool pipeline --config {recipe}`" in err and "\n" not in err
+
+
+def test_an_unknown_key_of_a_command_s_own_recipe_is_still_named(tmp_path, capsys):
+    recipe = tmp_path / "run.yaml"
+    recipe.write_text("benchmark: stabletoolbench\nnot_a_key: 1\n")
+    assert cli.main(["run", "--config", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown config key 'not_a_key'" in err and "pipeline" not in err
