@@ -106,7 +106,7 @@ def resolve_model(name: str) -> str:
         # a path that does not exist ("runs/missing" with a runs/ folder here), not a Hub id: asking
         # the Hub would only fail, after a minute of retries when offline
         found = next((p for p in path.parents if p.is_dir()), None)
-        raise CodetoolError(f"model '{name}' looks like a path, not a Hub id, and does not exist: {path}"
+        raise CodetoolError(f"model '{name}' not found: it looks like a path, not a Hub id, and {path} does not exist"
                             + (f" ({str(found).rstrip('/')}/ exists, the rest does not)" if found is not None else "")
                             + ". Check the path (a train-prm or train-policy run writes its output_dir when it "
                               "finishes), or pass a Hub id (owner/name, where no folder 'owner' is here) or 'default'.")
