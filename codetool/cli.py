@@ -2,15 +2,18 @@
 
 Each command is one config dataclass plus one function, listed in ``COMMANDS`` below (the only
 place that knows them). Modules are imported only when their command runs, so ``codetool --help``
-is instant. A command's ``--help`` needs its config class, and ``train-prm``'s and
-``train-policy``'s extend TRL's (``SFTConfig``, ``GRPOConfig``: importing them imports
-transformers and torch, 6-15 s); so a parser that took over a second to build is kept for ``--help``
-as JSON (its options: flags, help, defaults, choices) in the cache folder (``$CODETOOL_CACHE_DIR``,
-else ``$XDG_CACHE_HOME/codetool`` or ``~/.cache/codetool``), under a name that changes with
-codetool's sources, Python and the TRL stack's versions; the next ``--help`` rebuilds the parser
-from it without importing the command (``make setup`` builds both once). Errors meant for users (:class:`codetool.CodetoolError`) and file-system refusals
+is instant. Errors meant for users (:class:`codetool.CodetoolError`) and file-system refusals
 (``OSError``: a folder given for a file, a full disk) print one line and exit 2; anything else is a
 bug and prints a traceback. ``--debug`` shows tracebacks for all of them.
+
+``codetool <command> --help`` needs the command's config class, and ``train-prm``'s and
+``train-policy``'s extend TRL's (``SFTConfig``, ``GRPOConfig``: importing them imports transformers
+and torch, 6-15 s). So a parser that took over a second to build keeps its options (flags, help,
+defaults, choices) as JSON in the cache folder (``$CODETOOL_CACHE_DIR``, else
+``$XDG_CACHE_HOME/codetool`` or ``~/.cache/codetool``) under a name that changes with codetool's
+sources, Python and the TRL stack's versions, and the next ``--help`` rebuilds the parser from it
+without importing the command (< 0.5 s; ``make setup`` builds both once). Limit: a default that an
+environment variable sets when the class is imported would show its value from the first build.
 """
 
 from __future__ import annotations
