@@ -5,20 +5,34 @@ place that knows them). Modules are imported only when their command runs, so ``
 is instant. Errors meant for users (:class:`codetool.CodetoolError`) and file-system refusals
 (``OSError``: a folder given for a file, a full disk) print one line and exit 2; anything else is a
 bug and prints a traceback. ``--debug`` shows tracebacks for all of them.
+
+``codetool <command> --help`` needs the command's config class, and ``train-prm``'s and
+``train-policy``'s extend TRL's (``SFTConfig``, ``GRPOConfig``: importing them imports transformers
+and torch, 6-15 s). So a parser that took over a second to build keeps its options (flags, help,
+defaults, choices) as JSON in the cache folder (``$CODETOOL_CACHE_DIR``, else
+``$XDG_CACHE_HOME/codetool`` or ``~/.cache/codetool``) under a name that changes with codetool's
+sources, Python and the TRL stack's versions, and the next ``--help`` rebuilds the parser from it
+without importing the command (< 0.5 s; ``make setup`` builds both once). Limit: a default that an
+environment variable sets when the class is imported would show its value from the first build.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
+import hashlib
 import importlib
+import json
 import logging
 import os
 import sys
 import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 from codetool import CodetoolError, __version__
-from codetool.config import ConfigError, _flat_fields, add_arguments, config_from_args
+from codetool.config import ConfigError, _flat_fields, add_arguments, config_from_args, load_yaml
 from codetool.secrets import RedactingFilter
 
 # command -> (module, config class, function, one-line help)
@@ -57,6 +71,9 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
 
 logger = logging.getLogger("codetool")
 
+HELP_CACHE_MIN_S = 1.0  # a --help that took longer than this to build is kept (see the docstring)
+HELP_DEPENDENCIES = ("transformers", "trl", "peft", "accelerate")  # whose classes the configs extend
+
 
 def _configure_logging(level: str) -> None:
     from rich.logging import RichHandler
@@ -78,6 +95,60 @@ def _load(name: str):
     return getattr(module, config_name), getattr(module, func_name)
 
 
+def _help_cache_file(name: str) -> Path:
+    """Where ``codetool <name>``'s options are kept for ``--help``; the file name is a hash of what
+    they depend on (codetool's sources, Python, ``HELP_DEPENDENCIES``' versions), so after any
+    change they are built afresh. Hashing the sources takes ~20 ms."""
+    root = os.environ.get("CODETOOL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "codetool")
+    digest = hashlib.sha256(sys.version.encode())
+    for dist in HELP_DEPENDENCIES:
+        try:
+            digest.update(f"|{dist}={version(dist)}".encode())
+        except PackageNotFoundError:
+            digest.update(f"|{dist}=none".encode())
+    package = Path(__file__).resolve().parent
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
+    return Path(root) / "help" / f"{name}-{digest.hexdigest()[:24]}.json"
+
+
+def _parser_options(parser: argparse.ArgumentParser) -> list[dict]:
+    """Every option of ``parser`` but ``--help``, as JSON-ready dicts (:func:`_parser_from_options`)."""
+    return [{"flags": a.option_strings, "dest": a.dest, "switch": isinstance(a, argparse._StoreTrueAction),
+             "nargs": a.nargs, "const": a.const, "default": a.default, "metavar": a.metavar, "help": a.help,
+             "choices": list(a.choices) if a.choices is not None else None}
+            for a in parser._actions if not isinstance(a, argparse._HelpAction)]
+
+
+def _parser_from_options(name: str, options: list[dict]) -> argparse.ArgumentParser:
+    """The parser of ``codetool <name>`` rebuilt from :func:`_parser_options`' list (for ``--help``)."""
+    parser = argparse.ArgumentParser(prog=f"codetool {name}", description=COMMANDS[name][3], allow_abbrev=False)
+    for o in options:
+        # argparse tells SUPPRESS by identity, which a JSON round trip loses
+        o = {k: argparse.SUPPRESS if v == argparse.SUPPRESS else v for k, v in o.items()}
+        if o["switch"]:
+            parser.add_argument(*o["flags"], dest=o["dest"], action="store_true", help=o["help"])
+            continue
+        kwargs = {k: o[k] for k in ("nargs", "const", "default", "metavar", "help", "choices") if o[k] is not None}
+        if o["flags"]:
+            parser.add_argument(*o["flags"], dest=o["dest"], **kwargs)
+        else:
+            parser.add_argument(o["dest"], **kwargs)
+    return parser
+
+
+def _keep_options(path: Path, parser: argparse.ArgumentParser) -> None:
+    """Write ``parser``'s options to ``path`` atomically; a cache folder that cannot be written is skipped."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(_parser_options(parser)), encoding="utf-8")
+        os.replace(tmp, path)
+    except (OSError, TypeError, ValueError) as e:  # TypeError: a default JSON cannot hold
+        logger.debug("options of --help not cached in %s: %s", path.parent, e)
+
+
 def _top_parser() -> argparse.ArgumentParser:
     lines = "\n".join(f"  {name:<14} {entry[3]}" for name, entry in COMMANDS.items())
     parser = argparse.ArgumentParser(
@@ -88,6 +159,36 @@ def _top_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"codetool {__version__}")
     parser.add_argument("command", nargs="?", help="one of the commands below")
+    return parser
+
+
+def _pipeline_recipe(name: str, config_cls: type, path: str | None) -> str | None:
+    """What to say when ``codetool <name> --config PATH`` was handed a pipeline recipe (its
+    top-level keys are ``PipelineConfig``'s and some are no key of ``config_cls``), else ``None``."""
+    if name == "pipeline" or not path:
+        return None
+    try:
+        data = load_yaml(path)
+    except (CodetoolError, OSError):
+        return None
+    pipeline_cls, _ = _load("pipeline")
+    pipeline_keys = {f.name for f in dataclasses.fields(pipeline_cls)}
+    own = {f.name for f in dataclasses.fields(config_cls)}
+    if not isinstance(data, dict) or not set(data) <= pipeline_keys or not set(data) - own:
+        return None
+    return (f"{path} is a pipeline recipe (top-level keys {', '.join(sorted(set(data) - own))} are the pipeline's "
+            f"stages and settings, not 'codetool {name}' keys): use `codetool pipeline --config {path}`, or give "
+            f"'codetool {name}' a recipe of its own (see 'codetool {name} --help').")
+
+
+def _command_parser(name: str, config_cls: type) -> argparse.ArgumentParser:
+    """The parser of ``codetool <name>``: the CLI's own options, then one per field of ``config_cls``."""
+    parser = argparse.ArgumentParser(prog=f"codetool {name}", description=COMMANDS[name][3], allow_abbrev=False)
+    # dests that no config field has (TRL's SFTConfig has log_level and debug fields)
+    parser.add_argument("--debug", action="store_true", dest="cli_debug", help="show tracebacks and debug logs")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
+                        dest="cli_log_level", help="log level of codetool's messages, any case [default: INFO]")
+    add_arguments(parser, config_cls)
     return parser
 
 
@@ -107,15 +208,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     debug = "--debug" in argv
     rest = [a for a in argv[1:] if a != "--debug"]
+    wants_help = "-h" in rest or "--help" in rest
+    help_file = _help_cache_file(name) if wants_help else None
+    if help_file is not None and help_file.is_file():
+        try:
+            cached = _parser_from_options(name, json.loads(help_file.read_text(encoding="utf-8")))
+        except (OSError, ValueError, KeyError, TypeError) as e:  # unreadable: built afresh below
+            logger.debug("cached options in %s not used: %s", help_file, e)
+        else:
+            cached.print_help()
+            return 0
     try:
+        built = time.perf_counter()
         config_cls, func = _load(name)
-        parser = argparse.ArgumentParser(prog=f"codetool {name}", description=COMMANDS[name][3],
-                                         allow_abbrev=False)
-        # dests that no config field has (TRL's SFTConfig has log_level and debug fields)
-        parser.add_argument("--debug", action="store_true", dest="cli_debug", help="show tracebacks and debug logs")
-        parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                            dest="cli_log_level", help="log level of codetool's messages [default: INFO]")
-        add_arguments(parser, config_cls)
+        parser = _command_parser(name, config_cls)
+        if help_file is not None and time.perf_counter() - built > HELP_CACHE_MIN_S:
+            _keep_options(help_file, parser)
         args, unknown = parser.parse_known_intermixed_args(rest)
         if unknown:
             valid = ["config"] + [n for n, _, _ in _flat_fields(config_cls)]
@@ -126,7 +234,13 @@ def main(argv: list[str] | None = None) -> int:
                               + (f" Did you mean '--{hint[0]}'?" if hint else "")
                               + f" Run 'codetool {name} --help' for the options.")
         _configure_logging("DEBUG" if debug else args.cli_log_level)
-        cfg = config_from_args(config_cls, args)
+        try:
+            cfg = config_from_args(config_cls, args)
+        except ConfigError:
+            hint = _pipeline_recipe(name, config_cls, getattr(args, "config", None))
+            if hint:
+                raise ConfigError(hint) from None
+            raise
         start = time.time()
         status = func(cfg)
         logger.debug("%s finished in %.1f s", name, time.time() - start)

@@ -29,6 +29,7 @@ Limits: the lock is advisory and local (``flock`` on NFS may not be shared acros
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -101,7 +102,13 @@ def refuse_duplicates(keys: Iterable[str], source: str) -> None:
 
 
 class OutputLock:
-    """Exclusive lock on ``<path>.lock`` for the duration of a ``with`` block.
+    """Exclusive lock on ``<path>.lock`` for the duration of a ``with`` block; the lock file is
+    removed when the block ends (a killed run leaves it behind, harmless: the lock is the
+    ``flock``, not the file, and the next run takes it over).
+
+    Removing a lock file races with a run that opened it just before: that run may then lock the
+    removed file while a third run locks a new one. So a lock counts only when the file it holds
+    is still the one at ``<path>.lock``; otherwise it is taken again on the file that is there.
 
     Raises:
         CodetoolError: another process holds the lock (a second run on the same output).
@@ -112,24 +119,39 @@ class OutputLock:
         self._fd: int | None = None
 
     def __enter__(self) -> OutputLock:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise CodetoolError(f"cannot create the lock file {self.path}: {e.strerror or e}.") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise CodetoolError(f"another run is writing {str(self.path)[:-5]} (it holds {self.path}); wait for it "
-                                "to finish, or pass a different --output.") from None
+        while True:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise CodetoolError(f"cannot create the lock file {self.path}: {e.strerror or e}.") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise CodetoolError(f"another run is writing {str(self.path)[:-5]} (it holds {self.path}); wait for "
+                                    "it to finish, or pass a different --output.") from None
+            if self._current(fd):
+                break
+            os.close(fd)  # the run that held it removed it as we opened it: lock the file there now
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
         return self
 
+    def _current(self, fd: int) -> bool:
+        """Whether ``fd`` is the file at ``self.path`` now (not one a finished run removed)."""
+        try:
+            here = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        held = os.fstat(fd)
+        return (held.st_dev, held.st_ino) == (here.st_dev, here.st_ino)
+
     def __exit__(self, *exc) -> None:
         if self._fd is not None:
+            with contextlib.suppress(OSError):  # removed while still locked: see the class docstring
+                self.path.unlink()
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None

@@ -11,6 +11,7 @@ from codetool import CodetoolError
 from codetool.commands.build_trees import build_trees_command
 from codetool.jsonl import read_jsonl
 from codetool.models.backends import ScriptedBackend
+from codetool.resume import FatalError
 from codetool.tree.config import TreeConfig
 
 API = {"category_name": "Data", "tool_name": "weather", "api_name": "forecast", "api_description": "forecast",
@@ -131,3 +132,24 @@ def test_duplicate_query_ids_in_one_file_are_refused(tmp_path):
     with pytest.raises(CodetoolError, match=r"G1.json: 2 query ids occur more than once: G1/1 \(3x\), G1/2 \(2x\)"):
         build_trees_command(_cfg(path, tmp_path))
     assert not (tmp_path / "trees.jsonl").exists()
+
+
+def test_a_dead_policy_server_stops_the_job_after_the_first_failed_tree(monkeypatch, queries, tmp_path):
+    tried = []
+
+    class Client:
+        unreachable = None
+
+    def refuse(prompt):
+        tried.append(json.dumps(prompt, default=str))
+        Client.unreachable = "http://127.0.0.1:9/v1/chat/completions: cannot connect (ConnectError) after 7 attempts"
+        raise CodetoolError(Client.unreachable)
+
+    policy = ScriptedBackend(refuse)
+    policy.remote = Client
+    monkeypatch.setattr(assemble, "make_policy", lambda *a, **k: policy)
+    with pytest.raises(FatalError, match="the policy server cannot be reached .* it resumes with the trees"):
+        build_trees_command(_cfg(queries, tmp_path, batch_trees=1))
+    assert len({next(w for w in ("weather 1?", "weather 2?", "weather 3?") if w in p) for p in tried}) == 1
+    out = tmp_path / "trees.jsonl"
+    assert not out.exists() or list(read_jsonl(out)) == []

@@ -12,7 +12,7 @@ from codetool.commands.run import execute_run, run_command
 from codetool.jobs.queries import RunConfig
 from codetool.jsonl import append_jsonl, read_jsonl
 from codetool.models.backends import ScriptedBackend
-from codetool.resume import OutputLock
+from codetool.resume import FatalError, OutputLock
 
 
 def block(code: str) -> str:
@@ -211,3 +211,48 @@ def test_queries_with_a_benchmark_that_reads_its_own_files_is_refused():
     with pytest.raises(ConfigError, match=r"--queries /nope/q.json is read only with --benchmark toolbench"):
         RunConfig(benchmark="stabletoolbench", queries="/nope/q.json")
     assert RunConfig(benchmark="toolbench", queries="/nope/q.json").queries == "/nope/q.json"
+
+
+def test_a_missing_prm_or_policy_folder_fails_before_any_model_loads(monkeypatch, toolbench, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    loaded = []
+    monkeypatch.setattr(assemble, "make_policy", lambda *a, **k: loaded.append("policy"))
+    with pytest.raises(CodetoolError, match="no such PRM folder"):
+        run_command(_cfg(toolbench, tmp_path / "t.jsonl", prm="runs/missing"))
+    monkeypatch.setattr(assemble, "make_scorer", lambda *a, **k: loaded.append("prm"))
+    with pytest.raises(CodetoolError, match="looks like a path, not a Hub id"):
+        run_command(_cfg(toolbench, tmp_path / "t.jsonl", policy="runs/missing-policy", prm="none"))
+    assert loaded == []
+
+
+class _DeadServerPolicy(ScriptedBackend):
+    """A policy whose server went away: every call fails the way RemoteClient fails once its
+    connect retries are spent, and its client says so."""
+
+    def __init__(self):
+        super().__init__(self._refuse)
+        self.remote = type("Client", (), {"unreachable": None})()
+        self.queries: set[str] = set()
+
+    def _refuse(self, prompt):
+        self.queries.add(next(q for q in ("G1 question 1?", "G1 question 2?", "G1 question 3?", "G2 question 1?",
+                                          "G2 question 2?", "G2 question 3?") if q in _prompt_text(prompt)))
+        self.remote.unreachable = ("http://127.0.0.1:9/v1/chat/completions: cannot connect (ConnectError) after "
+                                   "7 attempts; check that the server is running and that the URL is right.")
+        raise CodetoolError(self.remote.unreachable)
+
+
+def test_a_dead_policy_server_stops_the_run_after_the_first_failed_query(monkeypatch, toolbench, tmp_path):
+    out = tmp_path / "t.jsonl"
+    policy = _DeadServerPolicy()
+    monkeypatch.setattr(assemble, "make_policy", lambda *a, **k: policy)
+    with pytest.raises(FatalError, match=r"the policy server cannot be reached \(http://127.0.0.1:9/v1/chat/"
+                                         r"completions: cannot connect .*rerun: it resumes with the queries"):
+        run_command(_cfg(toolbench, out, **{"search.concurrency": 1}))
+    assert len(policy.queries) == 1  # not one query after another, each with its retries
+    assert not out.exists() or list(read_jsonl(out)) == []  # no error records: a rerun runs them all
+    # the server is back: the rerun runs every query
+    _policy(monkeypatch, lambda p: block("finish('ok')"))
+    assert run_command(_cfg(toolbench, out)) == 0
+    assert len(list(read_jsonl(out))) == 6

@@ -163,3 +163,34 @@ def test_config_import_is_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
     assert loading.DEFAULT_MODEL == "default"
+
+
+@pytest.mark.parametrize("name, exists", [
+    ("runs/missing", "runs/"),           # the first part is a folder here: a path, not owner/name
+    ("runs/deeper/missing", "runs/"),
+    ("./missing", "./"),
+    ("/no-such-root-folder/model", "/"),
+])
+def test_a_path_that_does_not_exist_fails_at_once_and_is_never_tried_on_the_hub(tmp_path, monkeypatch, name,
+                                                                               exists):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    import transformers
+
+    def hub(*args, **kwargs):
+        raise AssertionError("tried the Hub")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", hub)
+    with pytest.raises(CodetoolError, match="not found: it looks like a path, not a Hub id, and .* does not exist") as e:
+        load_model(name)
+    assert f"({exists} exists, the rest does not)" in str(e.value) and name in str(e.value)
+
+
+def test_owner_name_without_such_a_folder_here_is_still_a_hub_id(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model("runs/missing") == "runs/missing"
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(CodetoolError, match="looks like a path"):
+        resolve_model("runs/missing")
+    with pytest.raises(CodetoolError, match=r"~/"):
+        resolve_model("~/no-such-codetool-model-folder")

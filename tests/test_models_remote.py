@@ -137,3 +137,31 @@ def test_equal_keys_stay_on_one_endpoint_and_fail_over():
     moved = [k for k in keys if first[k] == urls[0]]
     assert moved and c.stats()["failovers"] == 1  # e0 failed once, then was left out
     assert all(c.ranked(k)[-1] == urls[0] for k in keys)
+
+
+def test_unreachable_is_set_by_spent_connect_retries_and_cleared_by_an_answer(monkeypatch):
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)
+    state = {"mode": "ok"}
+
+    def handler(request):
+        if state["mode"] == "down":
+            raise httpx.ConnectError("refused")
+        if state["mode"] == "slow":
+            raise httpx.ReadTimeout("slow")
+        return httpx.Response(400 if state["mode"] == "bad" else 200, json={}, text="bad request")
+
+    c = client(handler, retries=2)
+    c.request("POST", "/x", {})
+    assert c.unreachable is None
+    state["mode"] = "down"
+    with pytest.raises(CodetoolError, match="cannot connect"):
+        c.request("POST", "/x", {})
+    assert c.unreachable.startswith("http://a.invalid/x: cannot connect (ConnectError) after 3 attempts")
+    state["mode"] = "bad"  # an answer, even a 4xx, means the server is there
+    with pytest.raises(CodetoolError, match="HTTP 400"):
+        c.request("POST", "/x", {})
+    assert c.unreachable is None
+    state["mode"] = "slow"  # timeouts are the request's trouble, not a dead server
+    with pytest.raises(CodetoolError, match="no answer within"):
+        c.request("POST", "/x", {})
+    assert c.unreachable is None

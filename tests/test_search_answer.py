@@ -14,6 +14,7 @@ from codetool.search.answer import (
     execution_log,
     needs_answer,
     write_final_answer,
+    write_final_answers,
 )
 from codetool.search.records import Candidate, Step, Trajectory
 
@@ -95,3 +96,21 @@ def test_a_stabletoolbench_run_writes_the_missing_answers_in_one_batch(shared_da
                       policy=policy, show_summary=False)
     assert all(r["final_answer"] is None for r in read_jsonl(out))
     assert not any("## Execution log" in c[0][0][-1]["content"] for c in policy.calls)
+
+
+def test_the_final_answer_s_generation_counts_in_wall_time_and_generation_seconds(monkeypatch):
+    from codetool.search import answer
+
+    clock = iter([100.0, 103.0])  # the generate call takes 3 s
+    monkeypatch.setattr(answer.time, "perf_counter", lambda: next(clock))
+    trajs = [_traj(), _traj()]
+    for t in trajs:
+        t.wall_time_s, t.phase_seconds = 10.0, {"generation": 4.0, "execution": 1.0}
+    assert write_final_answers(trajs, ScriptedBackend(["a", "b"])) == 2
+    for t in trajs:  # each waited the whole call; the call's generation time is shared
+        assert t.wall_time_s == pytest.approx(13.0)
+        assert t.phase_seconds == {"generation": pytest.approx(5.5), "execution": 1.0}
+    failed = _traj()
+    clock = iter([0.0, 2.0])
+    assert not write_final_answer(failed, ScriptedBackend([]))  # a failed call took its time too
+    assert failed.wall_time_s == pytest.approx(2.0) and failed.phase_seconds == {"generation": pytest.approx(2.0)}

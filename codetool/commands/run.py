@@ -9,7 +9,8 @@ queries already there (by benchmark, group and query id), so a killed run resume
 stopped. A rerun with changed settings refuses to mix records (``--force_resume`` overrides); the
 output is locked while a run writes it; a query whose run raises (a policy 4xx/5xx after retries,
 unencodable text, a malformed API entry) is recorded as ``finish_type: error`` and the run goes
-on; the exit status is 1 when any query failed, and ``--retry_failed`` reruns only those
+on, but a policy or PRM server that cannot be reached after the retries stops it
+(``codetool.jobs.stop_if_unreachable``; the rerun resumes); the exit status is 1 when any query failed, and ``--retry_failed`` reruns only those
 (``codetool.resume``). The end of the run prints a
 one-screen summary (finished, gave up, SCEP, mean steps, tokens, seconds per query and per phase,
 mean tool cost). ``--prm`` picks the latent reward: a PRM checkpoint directory, the URL of a

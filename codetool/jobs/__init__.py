@@ -10,4 +10,25 @@ from __future__ import annotations
 # it will run; what it returns is called with each record once the record is written.
 from codetool.progress import ProgressFactory
 
-__all__ = ["ProgressFactory"]
+__all__ = ["ProgressFactory", "stop_if_unreachable"]
+
+
+def stop_if_unreachable(parts: dict[str, object], units_left: str) -> None:
+    """Stop the job when a server it needs cannot be reached: raise ``FatalError`` if one of
+    ``parts`` (``{"policy": backend, "PRM": scorer}``) talks through a
+    :class:`~codetool.models.remote.RemoteClient` whose last request spent all its retries unable
+    to connect, and no request was answered since. Called after a unit failed, so a dead server
+    costs one unit's retries, not every unit's; an error the server answered (HTTP 400) is that
+    unit's own and the job goes on. ``units_left`` says what the rerun will do, for the message.
+
+    Raises:
+        FatalError: naming the server, what was tried and the fix.
+    """
+    from codetool.resume import FatalError
+
+    for name, part in parts.items():
+        message = getattr(getattr(part, "remote", None), "unreachable", None)
+        if isinstance(message, str):
+            raise FatalError(f"the {name} server cannot be reached ({message}); the run stops here instead of "
+                             f"spending every retry on each query left: start the server (or fix the URL) and "
+                             f"rerun: {units_left}")

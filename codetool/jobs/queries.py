@@ -238,10 +238,15 @@ class QueryRunner(UnitRunner):
 
     def __init__(self, cfg: RunConfig, chash: str, policy=None, scorer=None):
         import codetool.assemble as assemble  # read at call time: tests substitute a scripted policy
+        from codetool.models.loading import resolve_model
 
         self.cfg, self.chash = cfg, chash
-        self.policy = policy or assemble.make_policy(cfg.policy_spec)
+        spec = cfg.policy_spec
+        if policy is None and spec.kind == "local":  # a mistyped policy path fails before the PRM loads
+            resolve_model(spec.location)
+        # the PRM before the policy: a PRM folder that does not exist fails at once, not after the policy loaded
         self.scorer = make_scorer(cfg.prm_spec, cfg.prm_device, client=cfg.prm_client) if scorer is None else scorer
+        self.policy = policy or assemble.make_policy(spec)
         self.search = make_search(self.policy, cfg.search, executor_factory(cfg.executor), scorer=self.scorer,
                                   config_hash=chash)
         self.backend = self.open(tool_backend(cfg.tools_backend, benchmark=cfg.benchmark, data_dir=cfg.data_dir,
@@ -270,6 +275,8 @@ class QueryRunner(UnitRunner):
         settings = fidelity_settings(cfg, self.scorer)
 
         def done(traj) -> None:
+            if traj.finish_type == "error":  # a dead policy or PRM server stops the run (not recorded)
+                self.stop_if_unreachable()
             traj.extra["fidelity"] = settings
             task = by_key.get(_unit_key(traj))
             if cfg.search.reference_steps and task is not None:  # the public code's step statuses (SCEP)
@@ -283,6 +290,7 @@ class QueryRunner(UnitRunner):
 
         def failed_unit(unit, error: BaseException) -> None:
             nonlocal failed
+            self.stop_if_unreachable()
             failed += 1
             on_record(error_record(cfg, self.chash, unit, error))
 
@@ -310,6 +318,13 @@ class QueryRunner(UnitRunner):
             run_isolated(tasks, run_batch, _unit_key, done, failed_unit)
             flush()
         return failed
+
+    def stop_if_unreachable(self) -> None:
+        """Raise ``FatalError`` when the policy or PRM server cannot be reached (:func:`codetool.jobs.stop_if_unreachable`)."""
+        from codetool.jobs import stop_if_unreachable
+
+        stop_if_unreachable({"policy": self.policy, "PRM": self.scorer},
+                            "it resumes with the queries not yet in the output (this one included)")
 
     def clients(self) -> dict[str, Any]:
         """The remote clients among the policy and the PRM (``{"policy": ..., "prm": ...}``: what

@@ -263,17 +263,25 @@ class TreeRunner(UnitRunner):
         new tree as soon as one is done (:mod:`codetool.tree.grow`). Returns the number of error
         records."""
         from codetool.assemble import make_task
+        from codetool.jobs import stop_if_unreachable
         from codetool.resume import run_isolated
 
         cfg, failed = self.cfg, 0
 
+        def stop_if_dead() -> None:  # a dead policy server stops the job (the tree is not recorded)
+            stop_if_unreachable({"policy": self.builder.policy},
+                                "it resumes with the trees not yet in the output (this one included)")
+
         def failed_unit(q, error: BaseException | str) -> None:
             nonlocal failed
+            stop_if_dead()
             failed += 1
             on_record(tree_error_record(q, error, self.chash))
 
         def land(record: dict) -> None:
             nonlocal failed
+            if record.get("finish_type") == "error":
+                stop_if_dead()
             failed += record.get("finish_type") == "error"
             on_record(record)
 

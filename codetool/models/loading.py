@@ -75,7 +75,9 @@ def resolve_model(name: str) -> str:
 
     Raises:
         CodetoolError: ``default`` before ``codetool setup`` ran, a directory without a model, a
-            missing ``.gguf`` file, or a name that is neither a path nor a Hub id.
+            missing ``.gguf`` file, a path that does not exist (one that starts with ``.``, ``/`` or
+            ``~``, or whose first part is a folder here: ``runs/missing``; never tried as a Hub id),
+            or a name that is neither a path nor a Hub id.
     """
     name = str(name).strip()
     if name == DEFAULT_MODEL:
@@ -100,7 +102,15 @@ def resolve_model(name: str) -> str:
         raise CodetoolError(f"model '{name}': the directory has no config.json"
                             + (f" and {len(ggufs)} .gguf files (pass one)" if ggufs else "")
                             + ". Pass a directory saved with save_pretrained, a .gguf file, a Hub id, or 'default'.")
-    if _HUB_ID.match(name):  # "owner/name" could also be a mistyped relative path: load says so
+    if name.startswith((".", "/", "~")) or ("/" in name and Path(name.split("/")[0]).is_dir()):
+        # a path that does not exist ("runs/missing" with a runs/ folder here), not a Hub id: asking
+        # the Hub would only fail, after a minute of retries when offline
+        found = next((p for p in path.parents if p.is_dir()), None)
+        raise CodetoolError(f"model '{name}' not found: it looks like a path, not a Hub id, and {path} does not exist"
+                            + (f" ({str(found).rstrip('/')}/ exists, the rest does not)" if found is not None else "")
+                            + ". Check the path (a train-prm or train-policy run writes its output_dir when it "
+                              "finishes), or pass a Hub id (owner/name, where no folder 'owner' is here) or 'default'.")
+    if _HUB_ID.match(name):  # owner/name, with no folder "owner" here
         return name
     raise CodetoolError(f"model '{name}' not found: it is not 'default', not a local directory, not a .gguf "
                         f"file and not a Hub id (owner/name). Check the path, or run `codetool setup` "

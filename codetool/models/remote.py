@@ -202,6 +202,10 @@ class RemoteClient:
         self._answered: set[str] = set()  # endpoints that have answered (with any HTTP status)
         self._lock = threading.Lock()
         self.counts = {"requests": 0, "retries": 0, "failovers": 0, "timeouts": 0}
+        # The message of the last request that spent its retries unable to connect, until some
+        # request is answered again: a long job stops on it (``codetool.jobs``) instead of spending
+        # every retry again on each unit left.
+        self.unreachable: str | None = None
         connections = config.max_in_flight + 4
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(config.timeout_s, connect=min(config.timeout_s, 10.0)),
@@ -310,6 +314,7 @@ class RemoteClient:
             url = endpoint + path
             retry_after = None
             self._count("requests")
+            connect_failed = False
             with self.in_flight.hold(units):
                 try:
                     response = self._exchange(method, url, body)
@@ -321,11 +326,12 @@ class RemoteClient:
                 except httpx.TransportError as e:
                     problem = f"cannot connect ({type(e).__name__})"
                     fix = "check that the server is running and that the URL is right"
-                    response = None
+                    response, connect_failed = None, True
             failover = True
             if response is not None:
                 with self._lock:
                     self._answered.add(endpoint)
+                    self.unreachable = None
                 status = response.status_code
                 if status < 400:
                     return response
@@ -355,7 +361,11 @@ class RemoteClient:
             logger.warning("%s: %s; retry %d/%d in %.1f s", url, problem, attempt, limit, wait)
             if wait > 0:
                 time.sleep(wait)
-        raise CodetoolError(f"{url}: {problem} after {attempt + 1} attempts; {fix}.")
+        message = f"{url}: {problem} after {attempt + 1} attempts; {fix}."
+        if connect_failed:
+            with self._lock:
+                self.unreachable = message
+        raise CodetoolError(message)
 
     def stats(self) -> dict[str, Any]:
         """What the client did: requests, retries, failovers, timeouts, peak and effective in flight."""

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from dataclasses import dataclass
 
 from codetool import prompts
@@ -204,7 +205,8 @@ def reference_answer_messages(traj: Trajectory, texts: ReferenceTexts) -> list[d
 def write_final_answers(trajs: list[Trajectory], backend, cfg: AnswerConfig | None = None) -> int:
     """Write the final answer of every trajectory in ``trajs`` that :func:`needs_answer`, in one
     ``generate`` call (temperature 0); returns how many were written. A failed call or an empty
-    reply leaves its trajectories as they were (logged). Under ``final_answer: reference`` an
+    reply leaves its trajectories as they were (logged), but for the time: the call's seconds are
+    added to each one's ``wall_time_s`` and, shared evenly, to its ``phase_seconds["generation"]``. Under ``final_answer: reference`` an
     answer replaces the ``finish`` answer, which stays in ``extra["finish_answer"]``."""
     cfg = cfg or AnswerConfig()
     todo = [t for t in trajs if needs_answer(t, cfg)]
@@ -215,11 +217,19 @@ def write_final_answers(trajs: list[Trajectory], backend, cfg: AnswerConfig | No
         prompts = [reference_answer_messages(t, texts) for t in todo]
     else:
         prompts = [answer_messages(t, cfg.max_log_chars) for t in todo]
+    started = time.perf_counter()
     try:
         batch = backend.generate(prompts, n=1, temperature=0.0, top_p=1.0, max_new_tokens=cfg.max_new_tokens)
     except Exception as e:  # the search results stand without answers; the report shows the count
         logger.warning("writing %d final answers failed (%s: %s)", len(todo), type(e).__name__, e)
         return 0
+    finally:
+        # Each trajectory waited for the whole call (its wall time, like an episode's own time);
+        # the call's generation time is shared evenly (as a search round's phases are).
+        seconds = time.perf_counter() - started
+        for traj in todo:
+            traj.wall_time_s += seconds
+            traj.phase_seconds["generation"] = traj.phase_seconds.get("generation", 0.0) + seconds / len(todo)
     written = 0
     for traj, [completion] in zip(todo, batch):
         answer = redact(completion.text.strip())

@@ -188,7 +188,8 @@ class Trajectory:
         finish_type (`str`): one of ``finish``, ``give_up``, ``max_steps``, ``error``.
         available_tools (`list[dict]`): the APIs offered, each ``{"name", "tool", "api"}``.
         prompt_tokens, completion_tokens (`int`): totals over every generation of the episode.
-        wall_time_s (`float`): seconds for the whole episode.
+        wall_time_s (`float`): seconds for the whole episode, its final answer's generation included
+            (``codetool.search.answer``).
         phase_seconds (`dict`): seconds per phase: ``generation``, ``execution``, ``scoring``.
         tool_cost (`float`): sum of the chosen steps' costs (LIT).
         routing (`dict` or `None`): the decide-first stage's decision, confidence and route.
