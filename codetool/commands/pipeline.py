@@ -6,7 +6,7 @@
 Stages, each writing under ``runs/<name>/``:
 
 1. ``trees``: DFS action trees on the training queries and the PRM dataset (``codetool.tree``);
-2. ``train``: the PRM trained on that dataset (``codetool.prm.train``), or a given checkpoint;
+2. ``train``: the PRM trained on that dataset (``codetool train-prm``), or a given checkpoint;
 3. ``search``: the stepwise search on every evaluation set for every method (e.g. one sample
    per step, spot only, spot + latent with the trained PRM);
 4. ``eval``: SoPR, path rates, SCEP, tokens, cost and the report (``report.md``, ``report.json``,
@@ -35,12 +35,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from codetool import CodetoolError
 from codetool.commands.build_trees import build_trees_command
 from codetool.commands.run import execute_run
-from codetool.config import ConfigError, config_hash, option, to_dict
+from codetool.config import ConfigError, config_hash, option, section, to_dict
 from codetool.executor import ExecutorConfig
 from codetool.jobs.queries import RunConfig
 from codetool.jobs.stages import Stage
@@ -48,10 +48,12 @@ from codetool.judge.config import JudgeConfig
 from codetool.models.memory import release_host_memory
 from codetool.models.remote import RemoteConfig
 from codetool.models.spec import ModelSpec
-from codetool.prm.train import TrainConfig
 from codetool.search.answer import AnswerConfig
 from codetool.search.config import SearchConfig
 from codetool.tree.config import TreeConfig
+
+if TYPE_CHECKING:  # imported when a config is built (TRL takes seconds): see codetool.config.section
+    from codetool.prm.config import PRMConfig
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +123,7 @@ class PipelineConfig:
     stages: list[str] = option(default_factory=lambda: list(STAGES), help="stages to run, in order")
     force: list[str] = option(default_factory=list, help="stages to rerun even if their outputs are current")
     trees: TreeConfig = field(default_factory=TreeConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    train: PRMConfig = section("codetool.prm.config:PRMConfig", "PRM training: the options of 'codetool train-prm'")
     search: SearchConfig = field(default_factory=SearchConfig)
     methods: list[MethodConfig] = field(default_factory=_default_methods)
     evals: list[EvalSetConfig] = field(default_factory=lambda: [EvalSetConfig()])
@@ -175,10 +177,10 @@ def _tree_cfg(cfg: PipelineConfig) -> TreeConfig:
                                dataset_dir=str(cfg.root / "trees" / "prm_dataset"), shard=None, merge=False)
 
 
-def _train_cfg(cfg: PipelineConfig) -> TrainConfig:
+def _train_cfg(cfg: PipelineConfig) -> PRMConfig:
     data = cfg.root / "trees" / "prm_dataset"
-    return dataclasses.replace(cfg.train, dataset=[str(data / "train.jsonl")],
-                               eval_dataset=[str(data / "validation.jsonl")], output_dir=str(cfg.root / "train" / "prm"))
+    return cfg.train.with_settings(dataset=[str(data / "train.jsonl")], eval_dataset=[str(data / "validation.jsonl")],
+                                   output_dir=str(cfg.root / "train" / "prm"))
 
 
 def _run_cfgs(cfg: PipelineConfig, prm: str) -> list[RunConfig]:
@@ -213,7 +215,7 @@ def stage_hashes(cfg: PipelineConfig) -> dict[str, str]:
     timeouts, retries) change how fast a stage runs, not what it writes, so they are left out."""
     tree_cfg, train_cfg = _tree_cfg(cfg), _train_cfg(cfg)
     h_trees = _hash(dataclasses.replace(tree_cfg, policy_client=RemoteConfig()))
-    h_train = _hash(cfg.prm_checkpoint) if cfg.prm_checkpoint else _hash(train_cfg, h_trees)
+    h_train = _hash(cfg.prm_checkpoint) if cfg.prm_checkpoint else _hash(train_cfg.stage_settings(), h_trees)
     run_cfgs = _run_cfgs(cfg, cfg.prm_checkpoint or train_cfg.output_dir)
     needs_prm = any(m.latent == "prm" for m in cfg.methods)
     h_search = _hash([dataclasses.replace(r, output="", policy_client=RemoteConfig(), prm_client=RemoteConfig())
@@ -281,12 +283,12 @@ def stage_trees(tree_cfg: TreeConfig) -> dict:
     return {"trees": tree_cfg.output, "dataset": tree_cfg.dataset_dir}
 
 
-def stage_train(train_cfg: TrainConfig) -> dict:
+def stage_train(train_cfg: PRMConfig) -> dict:
     """``codetool train-prm`` on the trees' dataset (without held-out rows when there are none)."""
     from codetool.commands.train_prm import train_command
 
     if not Path(train_cfg.eval_dataset[0]).exists() or not Path(train_cfg.eval_dataset[0]).read_text().strip():
-        train_cfg = dataclasses.replace(train_cfg, eval_dataset=[])  # too few queries to hold any out
+        train_cfg = train_cfg.with_settings(eval_dataset=[])  # too few queries to hold any out
     train_command(train_cfg)
     return {"prm": train_cfg.output_dir}
 
