@@ -13,10 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from codetool.commands.pipeline import PipelineConfig, _train_cfg
-from codetool.config import ConfigError, config_hash, from_dict, load_config
-from codetool.prm.config import LEGACY_KEYS, PRMConfig
+from codetool.commands.pipeline import PipelineConfig, _train_cfg, stage_hashes
+from codetool.config import ConfigError, config_hash, from_dict, load_config, load_yaml
+from codetool.prm.config import ALIASES, LEGACY_KEYS, PRMConfig
 from codetool.prm.format import PRMFormat
 
 REPO = Path(__file__).resolve().parents[1]
@@ -101,3 +102,30 @@ def test_pipeline_help_does_not_import_trl():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "--train.KEY VALUE" in out.stdout and out.stdout.strip().endswith("False False")
+
+
+RENAMED = {old: new for old, new in ALIASES.items() if new != "*"}
+
+
+def _with_names(section: dict, names: dict[str, str]) -> dict:
+    return {names.get(k, k): v for k, v in section.items()}
+
+
+@pytest.mark.parametrize("recipe", sorted((REPO / "configs" / "train").glob("*.yaml"))
+                         + sorted((REPO / "configs" / "pipeline").glob("*.yaml")), ids=lambda p: p.parent.name + "/" + p.stem)
+def test_every_shipped_recipe_means_the_same_by_old_and_by_new_names(recipe, tmp_path):
+    """The recipe with every old key renamed, and with every new key given its old name: the same
+    training settings, and (pipeline recipes) the same stage hashes."""
+    data = load_yaml(recipe)
+    is_pipeline = recipe.parent.name == "pipeline"
+    train = data.get("train", {}) if is_pipeline else data
+    variants = []
+    for names in (RENAMED, {new: old for old, new in RENAMED.items()}):
+        path = tmp_path / f"{len(variants)}.yaml"
+        path.write_text(yaml.safe_dump({**data, "train": _with_names(train, names)} if is_pipeline
+                                       else _with_names(train, names)))
+        variants.append(load_config(PipelineConfig if is_pipeline else PRMConfig, path))
+    (new, old), (new_train, old_train) = variants, [v.train if is_pipeline else v for v in variants]
+    assert new_train.to_dict() == old_train.to_dict() and new_train.stage_settings() == old_train.stage_settings()
+    if is_pipeline:
+        assert stage_hashes(new) == stage_hashes(old) == stage_hashes(load_config(PipelineConfig, recipe))
