@@ -268,10 +268,10 @@ def from_dict(cls: type[T], data: dict[str, Any], *, where: str = "") -> T:
 def _renamed(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
     """``data`` with ``_`` for ``-`` in keys and new names for old ones (``cls.config_aliases``, one
     deprecation line per old key; under a :data:`SPREAD` alias a mapping gives its keys here:
-    ``trainer_options: {optim: sgd}`` is ``optim: sgd``). A setting given twice is a ConfigError."""
+    ``trainer_options: {optim: sgd}`` is ``optim: sgd``). A setting given by both names: the later
+    key wins, as a ``--flag`` wins over the recipe (:func:`load_config` puts its keys after)."""
     aliases = getattr(cls, "config_aliases", {})
     out: dict[str, Any] = {}
-    given_as: dict[str, str] = {}
     for key, value in data.items():
         old = str(key).replace("-", "_")
         new = aliases.get(old, old)
@@ -281,12 +281,7 @@ def _renamed(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
                            f"give its keys directly in {where or 'the recipe'}" if new == SPREAD
                            else f"use {here}{new}")
         items = _to_mapping(value, dict, f"{here}{old}").items() if new == SPREAD else [(new, value)]
-        for name, item in items:
-            name = str(name).replace("-", "_")
-            if name in out:
-                raise ConfigError(f"{here}{name} is given twice, as {here}{given_as[name]} and as {here}{old}; "
-                                  "give it once, by its new name.")
-            out[name], given_as[name] = item, old
+        out.update((str(name).replace("-", "_"), item) for name, item in items)
     return out
 
 

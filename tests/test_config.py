@@ -349,10 +349,14 @@ def test_an_old_mapping_of_settings_gives_its_keys_at_the_config_level(caplog):
     assert len(caplog.messages) == 1 and "options is an old name" in caplog.messages[0]
 
 
-@pytest.mark.parametrize("data", [{"steps": 1, "max_steps": 2}, {"max_steps": 2, "options": {"max_steps": 1}}])
-def test_a_setting_given_by_its_old_and_its_new_name_is_refused(data):
-    with pytest.raises(ConfigError, match=r"^train\.max_steps is given twice, as train\.\w+ and as train\.\w+; "):
-        from_dict(Renamed, data, where="train")
+@pytest.mark.parametrize("recipe, flag", [("steps: 1", "--max_steps"), ("max_steps: 1", "--steps"),
+                                          ("options: {max_steps: 1}", "--max-steps")])
+def test_a_flag_wins_over_the_recipe_whichever_name_each_uses(recipe, flag, tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(recipe + "\n")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, Renamed)
+    assert config_from_args(Renamed, parser.parse_args(["--config", str(path), flag, "2"])).max_steps == 2
 
 
 def test_an_old_flag_is_its_own_option_so_that_it_is_reported_too(caplog):

@@ -72,9 +72,13 @@ def test_the_pipeline_trains_with_the_sections_settings_on_its_own_data(tmp_path
                                       "eval_dataset": train.eval_dataset, "output_dir": train.output_dir}
 
 
-def test_a_setting_given_twice_under_train_is_refused():
-    with pytest.raises(ConfigError, match=r"train\.num_train_epochs is given twice"):
-        load_config(PipelineConfig, None, {"train.epochs": 1, "train.num_train_epochs": 2})
+@pytest.mark.parametrize("recipe_key, flag_key", [("epochs", "num_train_epochs"), ("num_train_epochs", "epochs")])
+def test_a_train_flag_wins_over_the_recipe_whichever_name_each_uses(recipe_key, flag_key, tmp_path):
+    recipe = tmp_path / "p.yaml"
+    recipe.write_text(yaml.safe_dump({"train": {recipe_key: 1}}))
+    assert load_config(PipelineConfig, recipe, {f"train.{flag_key}": "3"}).train.num_train_epochs == 3.0
+    assert load_config(PRMConfig, recipe.write_text(yaml.safe_dump({recipe_key: 1})) and recipe,
+                       {flag_key: "3"}).num_train_epochs == 3.0
 
 
 def test_an_unknown_train_key_is_refused_by_name():
