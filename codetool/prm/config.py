@@ -68,6 +68,9 @@ class PRMConfig(SFTConfig):
     Defaults that differ from ``SFTConfig``: see the fields redeclared below (``seed`` 0,
     ``learning_rate`` 2e-4, no gradient checkpointing, evaluation every 50 steps, ...).
 
+    Not a field: ``given`` (`dict`), the settings that differ from the defaults, as given (before
+    TrainingArguments rewrites them), which :meth:`with_settings` and :meth:`stage_settings` read.
+
     Raises:
         ConfigError: on a value out of range (the message names the key and the fix).
     """
