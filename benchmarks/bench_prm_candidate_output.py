@@ -132,7 +132,7 @@ def main() -> None:
         for mode in ("show", "hide"):
             ckpt = work / f"fold{f}-{mode}"
             cli("train-prm", "--config", args.train_config, "--dataset", str(work / f"fold{f}-train.jsonl"),
-                "--eval_fraction", "0", "--eval_steps", "0", "--epochs", args.epochs, "--output_dir", str(ckpt),
+                "--eval_fraction", "0", "--eval_steps", "0", "--num_train_epochs", args.epochs, "--output_dir", str(ckpt),
                 "--format.candidate_output", mode, "--format.max_length", args.max_length,
                 "--format.max_suffix_length", args.max_suffix_length)
             cli("eval-prm", "--prm", str(ckpt), "--dataset", str(work / f"fold{f}-test.jsonl"), "--split", "all",

@@ -106,7 +106,7 @@ def run_ours(args, out: Path, share_prefix: str = "auto") -> dict:
     cfg = load_config(PRMConfig, None, {
         "model": args.model, "dataset": [str(out / "rows.jsonl")], "output_dir": str(out / "ours"),
         "format.max_length": fmt.max_length, "format.max_suffix_length": fmt.max_suffix_length,
-        "eval_fraction": 0.0, "max_steps": _max_steps(args), "epochs": 1.0, "batch_size": args.batch_size,
+        "eval_fraction": 0.0, "max_steps": _max_steps(args), "num_train_epochs": 1.0, "per_device_train_batch_size": args.batch_size,
         "save_steps": 10_000, "logging_steps": 1000, "lora_r": 8, "resume": "none", "precision": "fp32",
         "share_prefix": share_prefix})
     trainer = build_trainer(cfg)

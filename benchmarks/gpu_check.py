@@ -234,12 +234,12 @@ def _train(args, ctx, name: str, base: str, extra: list[str]) -> dict:
     command = ["train-prm", "--model", base, "--dataset", str(ctx["data"]), "--output_dir", str(out),
                "--eval_fraction", "0", "--resume", "none", "--save_steps", "100000", "--logging_steps", "1000",
                "--format.max_length", str(ctx["max_length"]), "--format.max_suffix_length", "128",
-               "--report_to", "none", "--warmup", "0"] + extra
+               "--report_to", "none", "--warmup_steps", "0"] + extra
     status = main(command)
     if status != 0:
         raise RuntimeError(f"train-prm exited {status}")
     summary = json.loads((out / "train_summary.json").read_text())
-    rows = int(summary["steps"]) * int(extra[extra.index("--batch_size") + 1])
+    rows = int(summary["steps"]) * int(extra[extra.index("--per_device_train_batch_size") + 1])
     summary["tokens_per_s"] = round(rows * ctx["row_tokens"] / summary["seconds"], 1)  # mean row length x rows
     summary["output_dir"] = str(out)
     return summary
@@ -269,7 +269,7 @@ def section_train_full(args, ctx) -> dict:
     steps = "2" if args.tiny else "12"
     out = {}
     for mode in ("packed", "none"):
-        out[mode] = _train(args, ctx, f"full-{mode}", base, ["--finetune", "full", "--batch_size", "8",
+        out[mode] = _train(args, ctx, f"full-{mode}", base, ["--finetune", "full", "--per_device_train_batch_size", "8",
                                                              "--max_steps", steps, "--share_prefix", mode,
                                                              "--learning_rate", "1e-5"])
     out["speedup_packed_vs_none"] = round(out["packed"]["tokens_per_s"] / out["none"]["tokens_per_s"], 2)
@@ -283,7 +283,7 @@ def section_train_lora(args, ctx) -> dict:
 
     base = saved_model("tiny" if args.tiny else "7b", ctx["tok"], ctx["work"], torch.bfloat16)
     out = _train(args, ctx, "lora", base, ["--finetune", "lora", "--lora_r", "16", "--lora_alpha", "32",
-                                           "--batch_size", "4", "--max_steps", "2" if args.tiny else "6",
+                                           "--per_device_train_batch_size", "4", "--max_steps", "2" if args.tiny else "6",
                                            "--gradient_checkpointing", "true", "--share_prefix", "auto"])
     if args.device.startswith("cuda"):
         out["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
@@ -311,7 +311,7 @@ def section_fsdp(args, ctx) -> dict:
                "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP", "--mixed_precision",
                "bf16" if args.device.startswith("cuda") else "no", "-m", "codetool.cli", "train-prm",
                "--model", ctx.get("base_small") or saved_model("tiny" if args.tiny else "0.5b", ctx["tok"], ctx["work"], _fp32()), "--dataset", str(ctx["data"]), "--output_dir", str(out),
-               "--finetune", "full", "--max_steps", "2", "--batch_size", "4", "--eval_fraction", "0",
+               "--finetune", "full", "--max_steps", "2", "--per_device_train_batch_size", "4", "--eval_fraction", "0",
                "--resume", "none", "--format.max_length", str(ctx["max_length"]), "--format.max_suffix_length", "128",
                "--share_prefix", "packed"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}

@@ -149,6 +149,29 @@ def _keep_options(path: Path, parser: argparse.ArgumentParser) -> None:
         logger.debug("options of --help not cached in %s: %s", path.parent, e)
 
 
+def _section_options(config_cls: type, argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """The ``--<section>.<key> VALUE`` (``=VALUE``; alone: ``true``) options of ``argv`` for the
+    section fields of ``config_cls`` (``codetool.config.section``: the pipeline's ``train``), as
+    ``{dotted key: text}``, and the arguments left; the section's config checks them when built."""
+    prefixes = tuple(f"--{name}." for name, f, _ in _flat_fields(config_cls) if "section" in f.metadata)
+    found: dict[str, str] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        if not prefixes or not argv[i].startswith(prefixes):
+            rest.append(argv[i])
+            i += 1
+            continue
+        key, eq, value = argv[i][2:].partition("=")
+        if not eq:
+            takes = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+            value = argv[i + 1] if takes else "true"
+            i += takes
+        found[key] = value
+        i += 1
+    return found, rest
+
+
 def _top_parser() -> argparse.ArgumentParser:
     lines = "\n".join(f"  {name:<14} {entry[3]}" for name, entry in COMMANDS.items())
     parser = argparse.ArgumentParser(
@@ -225,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         if help_file is not None and time.perf_counter() - built > HELP_CACHE_MIN_S:
             _keep_options(help_file, parser)
         args, unknown = parser.parse_known_intermixed_args(rest)
+        sections, unknown = _section_options(config_cls, unknown)
         if unknown:
             valid = ["config"] + [n for n, _, _ in _flat_fields(config_cls)]
             bad = unknown[0]
@@ -235,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                               + f" Run 'codetool {name} --help' for the options.")
         _configure_logging("DEBUG" if debug else args.cli_log_level)
         try:
-            cfg = config_from_args(config_cls, args)
+            cfg = config_from_args(config_cls, args, sections)
         except ConfigError:
             hint = _pipeline_recipe(name, config_cls, getattr(args, "config", None))
             if hint:

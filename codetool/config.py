@@ -8,8 +8,8 @@ Values are resolved in this order, later wins: dataclass defaults, the YAML file
 
 An unknown key, in YAML or on the command line, is an error that names the key and the closest
 valid one; so is a key of a nested group that the config's code never reads (a config declares
-those in ``config_unread``, see :class:`Unread`). Nothing here touches the network, prompts or
-exits.
+those in ``config_unread``, see :class:`Unread`). Old key names (``config_aliases``) work for one
+release, with a deprecation line each. Nothing here touches the network, prompts or exits.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ import argparse
 import dataclasses
 import difflib
 import hashlib
+import importlib
 import json
+import logging
 import types
 import typing
 from pathlib import Path
@@ -30,6 +32,9 @@ from codetool import CodetoolError
 
 T = TypeVar("T")
 _MISSING = dataclasses.MISSING
+SPREAD = "*"  # a config_aliases target: the old key held a mapping of the config's own settings
+
+logger = logging.getLogger(__name__)
 
 
 class ConfigError(CodetoolError, ValueError):
@@ -53,6 +58,19 @@ def option(default: Any = _MISSING, help: str = "", *, default_factory: Any = _M
     if default_factory is not _MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def section(target: str, help: str = "") -> Any:
+    """A field holding another command's config, ``target`` (``"module:Class"``), imported only when a
+    config is built (``train: PRMConfig = section("codetool.prm.config:PRMConfig", help)`` keeps TRL's
+    import out of ``pipeline --help``); the CLI passes it any ``--train.KEY VALUE``."""
+    return dataclasses.field(default_factory=lambda: section_class(target)(), metadata={"help": help, "section": target})
+
+
+def section_class(target: str) -> type:
+    """The config class a :func:`section` field names (``"module:Class"``), imported now."""
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +100,9 @@ class Unread:
 
 
 def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+    # A section's annotation names a class that is not imported yet (see section): it reads as Any.
+    later = {f.type: Any for f in dataclasses.fields(cls) if "section" in f.metadata and isinstance(f.type, str)}
+    return typing.get_type_hints(cls, localns=later or None)
 
 
 def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
@@ -219,12 +239,9 @@ def from_dict(cls: type[T], data: dict[str, Any], *, where: str = "") -> T:
         raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {type(data).__name__}.")
     hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if _exposed(f)}
-    aliases = getattr(cls, "config_aliases", {})
     unread = getattr(cls, "config_unread", {})
     kwargs = {}
-    for key, value in data.items():
-        name = str(key).replace("-", "_")
-        name = aliases.get(name, name)
+    for name, value in _renamed(cls, data, where).items():
         path = f"{where}.{name}" if where else name
         if name not in fields:
             raise ConfigError(f"unknown config key '{path}'.{_closest(name, fields)} "
@@ -233,6 +250,8 @@ def from_dict(cls: type[T], data: dict[str, Any], *, where: str = "") -> T:
             _refuse_unread(unread[name], value, path, f"{where}." if where else "")
         if isinstance(value, dict):
             value = {**_factory_values(fields[name], hints[name], unread.get(name)), **value}
+        if "section" in fields[name].metadata:
+            value = _to_dataclass(value, section_class(fields[name].metadata["section"]), path)
         coerced = _coerce(value, hints[name], path)
         choices = fields[name].metadata.get("choices")
         if isinstance(choices, tuple) and coerced not in choices:
@@ -244,6 +263,26 @@ def from_dict(cls: type[T], data: dict[str, Any], *, where: str = "") -> T:
         raise
     except (ValueError, TypeError) as e:  # a library dataclass (TRL's SFTConfig) validating itself
         raise ConfigError(f"{where or cls.__name__}: {e}") from None
+
+
+def _renamed(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
+    """``data`` with ``_`` for ``-`` in keys and new names for old ones (``cls.config_aliases``, one
+    deprecation line per old key; under a :data:`SPREAD` alias a mapping gives its keys here:
+    ``trainer_options: {optim: sgd}`` is ``optim: sgd``). A setting given by both names: the later
+    key wins, as a ``--flag`` wins over the recipe (:func:`load_config` puts its keys after)."""
+    aliases = getattr(cls, "config_aliases", {})
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        old = str(key).replace("-", "_")
+        new = aliases.get(old, old)
+        here = f"{where}." if where else ""
+        if new != old:
+            logger.warning("%s%s is an old name that works until the next release; %s", here, old,
+                           f"give its keys directly in {where or 'the recipe'}" if new == SPREAD
+                           else f"use {here}{new}")
+        items = _to_mapping(value, dict, f"{here}{old}").items() if new == SPREAD else [(new, value)]
+        out.update((str(name).replace("-", "_"), item) for name, item in items)
+    return out
 
 
 def _refuse_unread(unread: Unread, value: dict[str, Any], path: str, group: str) -> None:
@@ -391,16 +430,20 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     """Add ``--config`` and one option per (flattened) field of ``cls`` to ``parser``.
 
     Options default to ``argparse.SUPPRESS`` so that only what the user typed overrides the
-    recipe; types are converted later by :func:`load_config`, which gives better errors.
+    recipe; types are converted later by :func:`load_config`, which gives better errors. An old
+    name (``config_aliases``) is its own option (loading it logs its deprecation line); a
+    :func:`section` gets one ``--<name>.KEY`` help line.
     """
     parser.add_argument("--config", metavar="YAML", default=None,
                         help="YAML recipe; command-line options override its values")
-    aliases: dict[str, list[str]] = {}
-    for old, new in getattr(cls, "config_aliases", {}).items():
-        aliases.setdefault(new, []).extend([f"--{old}", f"--{old.replace('_', '-')}"])
     hidden = unread_keys(cls)  # still parsed, so that from_dict names where such a key belongs
+    types_of: dict[str, Any] = {}
     for name, f, tp in _flat_fields(cls):
         help_text = " ".join(str(f.metadata.get("help", "")).split()).replace("%", "%%")
+        if "section" in f.metadata:
+            parser.add_argument(f"--{name}.KEY", dest=f"{name}.KEY", default=argparse.SUPPRESS, metavar="VALUE",
+                                help=f"{help_text}, e.g. --{name}.seed 1")
+            continue
         default = f.default if f.default is not _MISSING else (
             f.default_factory() if f.default_factory is not _MISSING else None)
         choices = f.metadata.get("choices")
@@ -414,27 +457,36 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
             parser.add_argument(name, nargs="*" if is_list else "?", default=argparse.SUPPRESS,
                                 metavar=name.upper(), help=shown)
             continue
-        flags = [f"--{name}"]
-        if "_" in name:
-            flags.append(f"--{name.replace('_', '-')}")
-        flags.extend(f.metadata.get("aliases", ()))
-        flags.extend(a for a in dict.fromkeys(aliases.get(name, ())) if a not in flags)
-        flags = [flag for flag in flags if flag not in parser._option_string_actions]  # e.g. the CLI's --debug
-        if not flags:  # still a YAML key
-            continue
-        base, _ = _unwrap_optional(tp)
-        if base is bool:
-            # --flag alone means true; --flag false still works.
-            parser.add_argument(*flags, dest=name, nargs="?", const="true", default=argparse.SUPPRESS,
-                                metavar="BOOL", help=shown)
-        else:
-            parser.add_argument(*flags, dest=name, default=argparse.SUPPRESS, metavar="VALUE", help=shown)
+        types_of[name] = tp
+        _add_option(parser, name, [f"--{name}", *f.metadata.get("aliases", ())], tp, shown)
+    for old, new in getattr(cls, "config_aliases", {}).items():
+        if new in types_of:
+            _add_option(parser, old, [f"--{old}"], types_of[new],
+                        f"old name of --{new}; works until the next release")
 
 
-def config_from_args(cls: type[T], args: argparse.Namespace) -> T:
-    """Build the config of ``cls`` from parsed arguments (see :func:`add_arguments`)."""
+def _add_option(parser: argparse.ArgumentParser, dest: str, flags: list[str], tp: Any, shown: str) -> None:
+    """``--flag VALUE`` (a bool: ``--flag`` alone is true) for ``dest``, also with dashes; flags the
+    parser has (the CLI's ``--debug``) are left out."""
+    if "_" in flags[0]:
+        flags.insert(1, flags[0].replace("_", "-"))
+    flags = [flag for flag in dict.fromkeys(flags) if flag not in parser._option_string_actions]
+    if not flags:  # still a YAML key
+        return
+    base, _ = _unwrap_optional(tp)
+    if base is bool:
+        # --flag alone means true; --flag false still works.
+        parser.add_argument(*flags, dest=dest, nargs="?", const="true", default=argparse.SUPPRESS,
+                            metavar="BOOL", help=shown)
+    else:
+        parser.add_argument(*flags, dest=dest, default=argparse.SUPPRESS, metavar="VALUE", help=shown)
+
+
+def config_from_args(cls: type[T], args: argparse.Namespace, sections: dict[str, str] | None = None) -> T:
+    """Build the config of ``cls`` from parsed arguments (see :func:`add_arguments`) and
+    ``sections``, the ``{"train.seed": "1"}`` options of its :func:`section` fields."""
     values = dict(vars(args))
     path = values.pop("config", None)
-    names = {name for name, _, _ in _flat_fields(cls)}
-    overrides = {k: v for k, v in values.items() if k in names}
-    return load_config(cls, path, overrides)
+    names = {name for name, _, _ in _flat_fields(cls)} | set(getattr(cls, "config_aliases", {}))
+    overrides = {k: v for k, v in values.items() if k in names or k.endswith(".KEY")}
+    return load_config(cls, path, {**overrides, **(sections or {})})

@@ -16,7 +16,7 @@ from codetool.jobs.pipeline import STAGES, EvalSetConfig, MethodConfig
 from codetool.jsonl import read_jsonl
 from codetool.judge.config import JudgeConfig
 from codetool.models.backends import ScriptedBackend
-from codetool.prm.train import TrainConfig
+from codetool.prm.config import PRMConfig
 from codetool.search.config import SearchConfig
 from codetool.tree.config import TreeConfig
 
@@ -112,7 +112,7 @@ def test_each_stage_is_called_with_its_commands_config(monkeypatch, tmp_path):
     assert run_pipeline(cfg) == dict.fromkeys(STAGES, "ran")
     (trees,), (train,) = seen["trees"], seen["train"]
     assert isinstance(trees, TreeConfig) and trees.output == str(tmp_path / "p" / "trees" / "trees.jsonl")
-    assert isinstance(train, TrainConfig) and train.dataset == [str(tmp_path / "p" / "trees" / "prm_dataset"
+    assert isinstance(train, PRMConfig) and train.dataset == [str(tmp_path / "p" / "trees" / "prm_dataset"
                                                                     / "train.jsonl")]
     top, runs, prm = seen["search"]
     assert top is cfg and prm == train.output_dir and seen["eval"] == seen["search"]
@@ -149,8 +149,8 @@ def test_pipeline_end_to_end(monkeypatch, tiny_model_dir, shared_data, tmp_path,
     cfg = PipelineConfig(
         name="e2e", runs_dir=str(tmp_path),
         trees=TreeConfig(branching=2, max_depth=2, limit=4, val_fraction=0.25),
-        train=TrainConfig(model=str(tiny_model_dir), epochs=1, batch_size=4, eval_steps=0, save_steps=100,
-                          logging_steps=1),
+        train=PRMConfig(model=str(tiny_model_dir), num_train_epochs=1, per_device_train_batch_size=4, eval_steps=0,
+                        save_steps=100, logging_steps=1),
         search=SearchConfig(max_steps=2, max_new_tokens=16, concurrency=4),
         methods=[MethodConfig(name="single-sample", k=1, w_latent=0.0, latent="none", temperature=0.0),
                  MethodConfig(name="spot+latent", k=2, latent="prm")],

@@ -27,6 +27,7 @@ from codetool.config import (
     from_dict,
     load_config,
     option,
+    section,
     unread_keys,
 )
 
@@ -324,3 +325,71 @@ def test_config_hash_is_stable_and_ignores_named_keys():
     assert config_hash(a) == config_hash(Outer(n=2)) and len(config_hash(a)) == 12
     assert config_hash(a) != config_hash(b)
     assert config_hash(a, ignore=["tags"]) == config_hash(b, ignore=["tags"])
+
+
+# -- old names and sections ------------------------------------------------------------------------
+
+@dataclass
+class Renamed:
+    max_steps: int = option(5, "steps")
+    seed: int = option(0, "a seed")
+
+    config_aliases = {"steps": "max_steps", "options": "*"}
+
+
+def test_an_old_name_works_and_logs_one_deprecation_line(caplog):
+    caplog.set_level("WARNING", logger="codetool")
+    assert from_dict(Renamed, {"steps": 3}, where="train").max_steps == 3
+    assert caplog.messages == ["train.steps is an old name that works until the next release; use train.max_steps"]
+
+
+def test_an_old_mapping_of_settings_gives_its_keys_at_the_config_level(caplog):
+    caplog.set_level("WARNING", logger="codetool")
+    assert from_dict(Renamed, {"options": "{seed: 4, max-steps: 2}"}) == Renamed(max_steps=2, seed=4)
+    assert len(caplog.messages) == 1 and "options is an old name" in caplog.messages[0]
+
+
+@pytest.mark.parametrize("recipe, flag", [("steps: 1", "--max_steps"), ("max_steps: 1", "--steps"),
+                                          ("options: {max_steps: 1}", "--max-steps")])
+def test_a_flag_wins_over_the_recipe_whichever_name_each_uses(recipe, flag, tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(recipe + "\n")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, Renamed)
+    assert config_from_args(Renamed, parser.parse_args(["--config", str(path), flag, "2"])).max_steps == 2
+
+
+def test_an_old_flag_is_its_own_option_so_that_it_is_reported_too(caplog):
+    caplog.set_level("WARNING", logger="codetool")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, Renamed)
+    assert "old name of --max_steps" in parser.format_help()
+    assert config_from_args(Renamed, parser.parse_args(["--steps", "7"])).max_steps == 7
+    assert caplog.messages == ["steps is an old name that works until the next release; use max_steps"]
+
+
+@dataclass
+class WithSection:
+    n: int = option(1, "a count")
+    fmt: Any = section("codetool.prm.format:PRMFormat", "a config imported when built")
+
+
+def test_a_section_is_built_from_a_mapping_and_checks_its_own_keys():
+    from codetool.prm.format import PRMFormat
+
+    cfg = load_config(WithSection, None, {"fmt.max_length": "3000"})
+    assert isinstance(cfg.fmt, PRMFormat) and cfg.fmt.max_length == 3000 and WithSection().fmt == PRMFormat()
+    with pytest.raises(ConfigError, match=r"^unknown config key 'fmt\.max_lenght'\. Did you mean 'max_length'\?"):
+        load_config(WithSection, None, {"fmt.max_lenght": 1})
+
+
+def test_a_section_has_one_help_line_and_takes_any_of_its_keys_from_the_command_line():
+    from codetool.cli import _section_options
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, WithSection)
+    assert "--fmt.KEY VALUE" in parser.format_help() and "--fmt.max_length" not in parser.format_help()
+    found, rest = _section_options(WithSection, ["--fmt.max_length", "300", "--fmt.interface=ours", "--n", "2",
+                                                 "--fmt.flag", "--fmt.low", "-1"])
+    assert found == {"fmt.max_length": "300", "fmt.interface": "ours", "fmt.flag": "true", "fmt.low": "-1"}
+    assert rest == ["--n", "2"]

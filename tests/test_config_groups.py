@@ -37,9 +37,6 @@ COMPOSED = {RunConfig: (QueriesGroup, PolicyBackendGroup, ToolsGroup, OutputGrou
 # its queries file defaults to ToolBench's examples (it composes no queries group: no benchmark).
 OWN = {(EvalSetConfig, "tool_doc"), (TreeConfig, "limit")}
 
-# The command modules of another helper (H2) that still parse model text themselves; the
-# integrator empties this list when H2's configs parse their specs in __post_init__.
-TEMPORARY_PARSE_SITES = {"codetool.commands.eval_decision", "codetool.commands.train_probe"}
 PARSE_MODULES = {"codetool.cli"}  # where a spec may be parsed outside a config's __post_init__
 
 
@@ -138,7 +135,7 @@ def test_model_specs_are_parsed_only_where_text_enters():
         module = ".".join(path.relative_to(ROOT.parent).with_suffix("").parts)
         for line, function in _parse_calls(path):
             seen += 1
-            if function != "__post_init__" and module not in PARSE_MODULES | TEMPORARY_PARSE_SITES:
+            if function != "__post_init__" and module not in PARSE_MODULES:
                 misplaced.append(f"{module}:{line} (in {function})")
     assert seen and not misplaced, f"ModelSpec.parse outside a config's __post_init__: {misplaced}"
 

@@ -9,7 +9,7 @@ import pytest
 
 from codetool.commands.pipeline import PipelineConfig
 from codetool.config import load_config
-from codetool.prm.train import TrainConfig
+from codetool.prm.config import PRMConfig
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER = REPO / "configs" / "pipeline" / "paper-qwen2.5-7b.yaml"
@@ -38,14 +38,14 @@ def test_paper_recipe_reproduces_the_reference_settings():
 
 
 def test_paper_prm_training_recipe():
-    cfg = load_config(TrainConfig, TRAIN)
-    assert (cfg.finetune, cfg.learning_rate, cfg.epochs, cfg.lr_scheduler, cfg.warmup) == (
+    cfg = load_config(PRMConfig, TRAIN)
+    assert (cfg.finetune, cfg.learning_rate, cfg.num_train_epochs, cfg.lr_scheduler_type, cfg.warmup_steps) == (
         "full", 1e-6, 2.0, "cosine", 0.1)
     # the paper's 8 GPUs are the launch line's --num_processes (the config leaves the count to it)
     usage = re.search(r"--num_processes (\d+)", (REPO / "configs" / "accelerate" / "deepspeed_zero3.yaml").read_text())
-    assert cfg.batch_size * cfg.gradient_accumulation_steps * int(usage[1]) == 16
+    assert cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * int(usage[1]) == 16
     assert "deepspeed_zero3.yaml --num_processes 8" in (REPO / "README.md").read_text()
-    assert (cfg.batch_size, cfg.gradient_accumulation_steps) == (1, 2)
+    assert (cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps) == (1, 2)
     assert cfg.format.max_length == 8192 and cfg.format.candidate_output == "hide"
     assert cfg.eval_fraction == 0.1
     assert (cfg.format.interface, cfg.format.label_tokens, cfg.max_samples) == ("reference", ["yes", "no"], 10000)

@@ -100,19 +100,18 @@ def _rows(n=24):
 def test_training_is_plain_sft_over_the_vocabulary_and_scoring_divides_raw_logits(yes_no_model, tmp_path):
     from codetool.commands.train_prm import train_command
     from codetool.config import load_config
+    from codetool.prm.config import PRMConfig
     from codetool.prm.rows import read_rows
     from codetool.prm.scorer import load_scorer
-    from codetool.prm.train import TrainConfig
-    from codetool.prm.trainer import _datasets, build_model, to_prm_config
+    from codetool.prm.trainer import _datasets, build_model
 
     data = tmp_path / "rows.jsonl"
     write_jsonl(data, _rows())
-    cfg = load_config(TrainConfig, None, {
+    prm_cfg = load_config(PRMConfig, None, {
         "model": str(yes_no_model), "dataset": [str(data)], "output_dir": str(tmp_path / "out"),
         "format.interface": "reference", "format.max_length": 512, "max_steps": 12, "eval_steps": 0,
-        "save_steps": 100, "learning_rate": 5e-3, "batch_size": 4, "warmup": 0, "resume": "none",
+        "save_steps": 100, "learning_rate": 5e-3, "per_device_train_batch_size": 4, "warmup_steps": 0, "resume": "none",
         "eval_fraction": 0.0, "max_samples": 20})
-    prm_cfg = to_prm_config(cfg)
     model, tok = build_model(prm_cfg)
     assert model.full_vocab and tok.convert_ids_to_tokens(list(model.label_ids)) == ["yes", "no"]
     train_ds, _ = _datasets(prm_cfg, PromptEncoder(tok, prm_cfg.format, training=True), read_rows(prm_cfg.dataset), None)
@@ -124,7 +123,7 @@ def test_training_is_plain_sft_over_the_vocabulary_and_scoring_divides_raw_logit
         got = model(ids, torch.tensor([ids.shape[1] - 1]))[0, 1 - row["label"]].item()
         want = torch.log_softmax(model.lm(ids).logits[0, -1].float(), -1)[row["input_ids"][-1]].item()
     assert got == pytest.approx(want, abs=1e-5)
-    assert train_command(cfg) == 0
+    assert train_command(prm_cfg) == 0
     scorer = load_scorer(ModelSpec.folder(tmp_path / "out", role="prm"), device="cpu")
     item = item_from_row(_rows()[0])
     [score] = scorer.score([item])

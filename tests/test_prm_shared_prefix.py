@@ -13,9 +13,10 @@ from codetool.prm.synthetic import synthetic_rows
 @pytest.fixture(scope="module")
 def lora_prm(tiny_model_dir):
     from codetool.config import load_config
-    from codetool.prm.train import TrainConfig, build_model
+    from codetool.prm.config import PRMConfig
+    from codetool.prm.trainer import build_model
 
-    cfg = load_config(TrainConfig, None, {"model": str(tiny_model_dir), "format.max_length": 512,
+    cfg = load_config(PRMConfig, None, {"model": str(tiny_model_dir), "format.max_length": 512,
                                           "format.max_suffix_length": 192})
     model, tokenizer = build_model(cfg)
     with torch.no_grad():  # LoRA B starts at zero: give the adapters a part in the result
@@ -121,15 +122,16 @@ def test_rows_of_one_query_share_a_query_group(tiny_model_dir):
 def test_trainer_shares_prefixes_with_checkpointing_too_but_never_through_the_trie(tiny_model_dir, tmp_path):
     from codetool.config import load_config
     from codetool.jsonl import write_jsonl
-    from codetool.prm.train import TrainConfig, build_trainer
+    from codetool.prm.config import PRMConfig
+    from codetool.prm.trainer import build_trainer
 
     data = tmp_path / "rows.jsonl"
     write_jsonl(data, synthetic_rows(6, steps=1, candidates=2, extra_tools=0))
     for checkpointing, asked, expected in ((False, "trie", "trie"), (True, "trie", "packed"), (False, "none", "none"),
                                            (True, "auto", "auto")):
-        cfg = load_config(TrainConfig, None, {"share_prefix": asked,
+        cfg = load_config(PRMConfig, None, {"share_prefix": asked,
             "model": str(tiny_model_dir), "dataset": [str(data)], "output_dir": str(tmp_path / str(checkpointing)),
-            "format.max_length": 512, "format.max_suffix_length": 192, "max_steps": 3, "batch_size": 4,
+            "format.max_length": 512, "format.max_suffix_length": 192, "max_steps": 3, "per_device_train_batch_size": 4,
             "eval_fraction": 0.0, "resume": "none", "gradient_checkpointing": checkpointing, "save_steps": 100})
         trainer = build_trainer(cfg)
         assert trainer.share_prefix == expected

@@ -83,12 +83,12 @@ def test_train_and_eval_prm_read_the_stepwise_export(tiny_model_dir, tmp_path):
     from codetool.commands.eval_prm import EvalPRMConfig, eval_prm_command
     from codetool.commands.train_prm import train_command
     from codetool.config import load_config
-    from codetool.prm.train import TrainConfig
+    from codetool.prm.config import PRMConfig
 
     rows = synthetic_rows(8, steps=1, candidates=2, extra_tools=0)
     path = tmp_path / "stepwise.jsonl"
     write_jsonl(path, to_stepwise(rows))
-    cfg = load_config(TrainConfig, None, {"model": str(tiny_model_dir), "dataset": [str(path)],
+    cfg = load_config(PRMConfig, None, {"model": str(tiny_model_dir), "dataset": [str(path)],
                                           "output_dir": str(tmp_path / "prm"), "max_steps": 2, "eval_steps": 0,
                                           "save_steps": 2, "resume": "none", "format.max_length": 256,
                                           "format.max_suffix_length": 96, "eval_fraction": 0.25})

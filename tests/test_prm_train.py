@@ -17,9 +17,9 @@ from codetool.commands.train_prm import train_command
 from codetool.config import ConfigError, load_config
 from codetool.jsonl import read_jsonl, write_jsonl
 from codetool.models.spec import ModelSpec
+from codetool.prm.config import PRMConfig
 from codetool.prm.format import item_from_row
 from codetool.prm.synthetic import synthetic_rows
-from codetool.prm.train import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,13 +33,13 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def _config(model_dir, data, out, **overrides) -> TrainConfig:
+def _config(model_dir, data, out, **overrides) -> PRMConfig:
     values = {"model": str(model_dir), "dataset": [str(data)], "output_dir": str(out),
               "format.max_length": 512, "format.max_suffix_length": 192, "max_steps": 60, "eval_steps": 30,
               "save_steps": 30, "logging_steps": 5, "eval_fraction": 0.25, "resume": "none",
-              "learning_rate": 3e-3, "batch_size": 4, "warmup": 0}
+              "learning_rate": 3e-3, "per_device_train_batch_size": 4, "warmup_steps": 0}
     values.update(overrides)
-    return load_config(TrainConfig, None, values)
+    return load_config(PRMConfig, None, values)
 
 
 def _train_loss(scorer, rows) -> float:
@@ -135,9 +135,9 @@ def test_eval_prm_and_score_commands(trained, tmp_path):
 
 def test_config_errors_name_the_fix(tmp_path, tiny_model_dir):
     with pytest.raises(ConfigError, match="eval_fraction"):
-        TrainConfig(eval_fraction=1.0)
+        PRMConfig(eval_fraction=1.0)
     with pytest.raises(ConfigError, match="unknown config key"):
-        load_config(TrainConfig, None, {"learning_rat": 1})
+        load_config(PRMConfig, None, {"learning_rat": 1})
     with pytest.raises(CodetoolError, match="not found"):
         train_command(_config(tiny_model_dir, tmp_path / "missing.jsonl", tmp_path / "o"))
     if not __import__("importlib.util").util.find_spec("tensorboard"):
@@ -147,10 +147,10 @@ def test_config_errors_name_the_fix(tmp_path, tiny_model_dir):
 
 @pytest.mark.parametrize("recipe", sorted((REPO / "configs" / "train").glob("*.yaml")), ids=lambda p: p.stem)
 def test_train_recipes_load(recipe):
-    cfg = load_config(TrainConfig, recipe)
+    cfg = load_config(PRMConfig, recipe)
     assert cfg.output_dir.startswith("checkpoints/prm/")
     if recipe.stem == "qwen2.5-7b":  # the paper's setting
-        assert (cfg.finetune, cfg.learning_rate, cfg.epochs) == ("full", 1e-6, 2.0)
+        assert (cfg.finetune, cfg.learning_rate, cfg.num_train_epochs) == ("full", 1e-6, 2.0)
 
 
 @pytest.mark.parametrize("name", ["single_gpu", "multi_gpu", "deepspeed_zero2", "deepspeed_zero3", "fsdp"])
@@ -198,7 +198,7 @@ def test_quickstart_recipe_on_the_default_model(tmp_path):
         pytest.skip("the default model is not cached; run `codetool setup`")
     data = tmp_path / "prm.jsonl"
     write_jsonl(data, synthetic_rows(12, steps=1, candidates=2))
-    cfg = load_config(TrainConfig, REPO / "configs" / "train" / "quickstart.yaml",
+    cfg = load_config(PRMConfig, REPO / "configs" / "train" / "quickstart.yaml",
                       {"dataset": [str(data)], "output_dir": str(tmp_path / "out"), "max_steps": 3,
                        "eval_steps": 3, "save_steps": 3, "resume": "none", "eval_fraction": 0.3})
     assert train_command(cfg) == 0

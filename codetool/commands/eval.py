@@ -19,71 +19,30 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from codetool import CodetoolError
 from codetool.assemble import make_judge
 from codetool.commands import progress_bar
-from codetool.config import ConfigError, config_hash, option, to_dict
+from codetool.config import config_hash, to_dict
 from codetool.eval import restbench, stabletoolbench
-from codetool.eval.comparability import comparability_block, recipe_settings
+from codetool.eval.comparability import comparability_block
+from codetool.eval.config import EvalConfig
 from codetool.eval.convert import export_converted
 from codetool.eval.markdown import render_markdown, write_plots
 from codetool.eval.preference import win_rates
 from codetool.eval.runs import open_runs, run_warnings
 from codetool.eval.summary import prm_section, seed_summary
 from codetool.jsonl import write_jsonl
-from codetool.judge.config import JudgeConfig
 from codetool.judge.records import Judge
 from codetool.secrets import redact, redact_obj
+
+__all__ = ["EvalConfig", "eval_command", "run_eval"]
 
 logger = logging.getLogger(__name__)
 
 RESTBENCH = restbench.BENCHMARK
-
-
-@dataclass
-class EvalConfig:
-    """Settings of ``codetool eval``."""
-
-    recipe_sections = {"recipe": ("judge",)}  # see codetool.config.load_config
-
-    trajectories: list[str] = option(default_factory=list, positional=True,
-                                     help="trajectory files (.jsonl) or StableToolBench converted answers "
-                                          "(<method>/<group>.json or the <method>/ folder)")
-    compare: list[str] = option(default_factory=list,
-                                help="methods or files to put side by side, in this order (comma-separated, "
-                                     "or --compare A B C); the first is the win-rate reference")
-    reference: str = option("", "method (or file) the others are compared with for the win rate (SoWR)")
-    out: str = option("data/eval", "output folder: report.json, report.md, plots, verdicts, judge cache",
-                      aliases=("--output",))
-    judge: JudgeConfig = option(default_factory=JudgeConfig, help="the judge of pass and win rates")
-    restbench_gold: str = option("", "RestGPT datasets/tmdb.json: gold paths for trajectories that lack "
-                                 "extra.gold_path")
-    export_stabletoolbench: str = option("", "also write the runs in StableToolBench's converted-answer "
-                                         "layout into this folder (<method>/<group>.json)")
-    plots: bool = option(True, "write the PNG plots")
-    seed_runs: list[str] = option(default_factory=list,
-                                  help="trajectory files of the same methods with other seeds (<slug>.seed<k>.jsonl): "
-                                       "the summary's judge-free metrics are mean ± spread over them and the inputs")
-    prm_metrics: str = option("", "metrics.json of `codetool eval-prm` on held-out trees: shown under "
-                              "'what the PRM learned'")
-    recipe: str = option("", "the pipeline recipe the trajectories were made with (e.g. "
-                         "configs/pipeline/paper-qwen2.5-7b.yaml): its run settings (trees, search, answer, prm) are "
-                         "checked in the comparability block, and its judge section is the base of the judge "
-                         "settings (--config and --judge.* override it)")
-    run_settings: dict[str, Any] = option(default_factory=dict,
-                                          help="the run's settings as dotted keys for the comparability block "
-                                               "(the pipeline passes its own; --recipe fills them)")
-
-    def __post_init__(self):
-        if not self.trajectories and not self.compare:
-            raise ConfigError("no trajectory files given: pass one or more .jsonl files of `codetool run` "
-                              "(or StableToolBench converted answers), e.g. codetool eval runs/demo.jsonl.")
-        if self.recipe:
-            self.run_settings = {**recipe_settings(self.recipe), **self.run_settings}
 
 
 def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:

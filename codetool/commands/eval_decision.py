@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from codetool.config import ConfigError, option, to_dict
+from codetool.config import to_dict
 from codetool.decide.benchmark import (
     direct_answers,
     make_record,
@@ -28,74 +27,14 @@ from codetool.decide.compare import (
     probe_heldout,
     probe_prompts,
 )
+from codetool.decide.config import DecisionEvalConfig
 from codetool.decide.labelled import build_items
 from codetool.decide.report import build_report, pct, write_report
-from codetool.decide.stage import RouterConfig, api_candidates, decide
-from codetool.executor import ExecutorConfig
-from codetool.search.config import SearchConfig
+from codetool.decide.stage import api_candidates, decide
+
+__all__ = ["DecisionEvalConfig", "eval_decision_command"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class DecisionEvalConfig:
-    """Settings of ``codetool eval-decision``."""
-
-    model: str = option("default", "policy model: default, a path, a Hub id, an http(s) URL or vllm:<model>")
-    decider: str = option("", "a separate deciding model (default: the policy)")
-    data: str = option("", "benchmark data folder (default: ./data, $CODETOOL_DATA or ../shared/data)")
-    groups: list[str] = option(default_factory=lambda: ["G1_instruction"], help="StableToolBench groups to draw from")
-    n_tool: int = option(20, "tool-needing queries (StableToolBench)")
-    n_free: int = option(20, "tool-free queries (packaged set)")
-    n_restbench: int = option(0, "RestBench-TMDB queries (CodeTool's 20 candidate APIs each)")
-    n_toolbench: int = option(0, "ToolBench example queries")
-    free_queries: str = option("", "JSONL of tool-free queries (default: the packaged set)")
-    seed: int = option(0, "sampling seed of the query draw")
-    output: str = option("runs/eval-decision", "folder for report.json, report.md, the PNG and records")
-    answer_direct: bool = option(True, "generate a direct answer for every query (cost of the direct route, "
-                                 "answer accuracy on tool-free queries)")
-    run_search: bool = option(False, "run the fast path and the always-search baseline (needs the executor)")
-    reuse: str = option("", "records.jsonl of an earlier run on the same draw: reuse its decisions and direct "
-                        "answers instead of recomputing them")
-    tools_backend: str = option("simulator", "tool backend for run_search")
-    tool_doc: str = option("compact", "tool docs in the policy prompt (run_search)", choices=["full", "compact", "brief"])
-    thresholds: list[float] = option(default_factory=list, help="thresholds to sweep (default: every recorded confidence)")
-    dtype: str = option("auto", "model dtype", choices=["auto", "float32", "bfloat16", "float16"])
-    device: str = option("auto", "device: auto, cpu, cuda, ...")
-    compare: list[str] = option(default_factory=lambda: ["probe", "agreement", "logprobs"],
-                                help="methods whose P(tool necessary) is compared side by side (AUROC, trade-off): "
-                                "probe (needs router.probe), agreement (verbalised), logprobs")
-    heldout_only: bool = option(True, "with router.probe: score the probe's held-out queries (its draw and split, "
-                                "labels from its labels.jsonl) instead of this command's draw")
-    tradeoff_thresholds: list[float] = option(default_factory=lambda: [round(0.1 * k, 1) for k in range(1, 10)],
-                                              help="thresholds of the accuracy-vs-tool-calls sweep (When2Tool: 0.1-0.9)")
-    baselines: list[str] = option(default_factory=lambda: ["force", "default", "necessary", "sparse", "no_tool"],
-                                  help="prompt-only modes run as baselines (empty: none)")
-    baseline_reasoning: list[str] = option(default_factory=lambda: ["direct", "reason"],
-                                           help="direct and/or reason (reason-then-act) for each baseline mode")
-    baseline_max_new_tokens: int = option(32, "tokens of a baseline's first reply (enough for a sentence of reasoning and the code block's first line)")
-    bootstrap_samples: int = option(1000, "resamples of queries for the AUROC intervals")
-    router: RouterConfig = field(default_factory=RouterConfig)
-    search: SearchConfig = field(default_factory=lambda: SearchConfig(method="spot", latent="none", w_latent=0.0,
-                                                                      max_steps=3, max_new_tokens=192))
-    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
-
-    def __post_init__(self):
-        if self.n_tool < 0 or self.n_free < 0 or self.n_tool + self.n_free == 0:
-            raise ConfigError(f"need n_tool >= 0, n_free >= 0 and some queries, got {self.n_tool} and {self.n_free}.")
-        if any(not 0.0 <= t <= 1.0 for t in self.thresholds):
-            raise ConfigError(f"thresholds must lie in [0, 1], got {self.thresholds}.")
-        from codetool.decide.tradeoff import MODES, REASONING
-
-        bad = [m for m in self.baselines if m not in MODES] + [r for r in self.baseline_reasoning if r not in REASONING]
-        if bad:
-            raise ConfigError(f"unknown baselines {bad}: modes are {list(MODES)}, reasoning {list(REASONING)}.")
-        if any(m not in ("probe", "agreement", "logprobs") for m in self.compare):
-            raise ConfigError(f"compare takes probe, agreement and logprobs, got {self.compare}.")
-        if self.run_search and self.search.latent == "prm":
-            raise ConfigError("eval-decision runs the search without a PRM, but search.latent is 'prm' (a "
-                              "--search.* override resets the nested defaults): add --search.latent none "
-                              "--search.w_latent 0.")
 
 
 def _auc(summary: dict) -> str:
@@ -109,7 +48,6 @@ def eval_decision_command(cfg: DecisionEvalConfig) -> int:
 
     from codetool.assemble import executor_factory, make_policy, make_search
     from codetool.config import config_hash
-    from codetool.models.spec import ModelSpec
     from codetool.secrets import redact_obj
     from codetool.tools import make_tool_backend
 
@@ -131,10 +69,9 @@ def eval_decision_command(cfg: DecisionEvalConfig) -> int:
         items, skipped = build_items(cfg.groups, cfg.n_tool, cfg.n_free, seed=cfg.seed, data=cfg.data,
                                      free_queries=cfg.free_queries, n_restbench=cfg.n_restbench,
                                      n_toolbench=cfg.n_toolbench)
-    policy = make_policy(ModelSpec.parse(cfg.model, dtype=cfg.dtype, device=cfg.device))
-    decider = make_policy(ModelSpec.parse(cfg.decider, dtype=cfg.dtype, device=cfg.device)) if cfg.decider else policy
-    probe_backend = make_policy(ModelSpec.parse(cfg.router.probe_model, dtype=cfg.dtype, device=cfg.device)
-                                ) if cfg.router.probe_model else decider
+    policy = make_policy(cfg.model_spec)
+    decider = make_policy(cfg.decider_spec) if cfg.decider_spec else policy
+    probe_backend = make_policy(cfg.probe_spec) if cfg.probe_spec else decider
     step_format, tool_doc = cfg.search.step_format, (probe.info.get("tool_doc", cfg.tool_doc) if probe else cfg.tool_doc)
     logger.info("deciding on %d queries (%d tool-needing, %d tool-free)", len(items),
                 sum(i.needs_tool for i in items), sum(not i.needs_tool for i in items))

@@ -6,7 +6,7 @@
 Stages, each writing under ``runs/<name>/``:
 
 1. ``trees``: DFS action trees on the training queries and the PRM dataset (``codetool.tree``);
-2. ``train``: the PRM trained on that dataset (``codetool.prm.train``), or a given checkpoint;
+2. ``train``: the PRM trained on that dataset (``codetool train-prm``), or a given checkpoint;
 3. ``search``: the stepwise search on every evaluation set for every method (e.g. one sample
    per step, spot only, spot + latent with the trained PRM);
 4. ``eval``: SoPR, path rates, SCEP, tokens, cost and the report (``report.md``, ``report.json``,
@@ -21,12 +21,11 @@ stages after it. ``--force STAGE`` reruns one. The settings and what each stage 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from codetool import CodetoolError
 from codetool.commands.build_trees import build_trees_command
@@ -45,8 +44,10 @@ from codetool.jobs.pipeline import (
 from codetool.jobs.queries import RunConfig, log_prompt_cache
 from codetool.jobs.stages import Stage
 from codetool.models.memory import release_host_memory
-from codetool.prm.train import TrainConfig
 from codetool.tree.config import TreeConfig
+
+if TYPE_CHECKING:
+    from codetool.prm.config import PRMConfig
 
 logger = logging.getLogger(__name__)
 
@@ -89,12 +90,12 @@ def stage_trees(tree_cfg: TreeConfig) -> dict:
     return {"trees": tree_cfg.output, "dataset": tree_cfg.dataset_dir}
 
 
-def stage_train(train_cfg: TrainConfig) -> dict:
+def stage_train(train_cfg: PRMConfig) -> dict:
     """``codetool train-prm`` on the trees' dataset (without held-out rows when there are none)."""
     from codetool.commands.train_prm import train_command
 
     if not Path(train_cfg.eval_dataset[0]).exists() or not Path(train_cfg.eval_dataset[0]).read_text().strip():
-        train_cfg = dataclasses.replace(train_cfg, eval_dataset=[])  # too few queries to hold any out
+        train_cfg = train_cfg.with_settings(eval_dataset=[])  # too few queries to hold any out
     train_command(train_cfg)
     return {"prm": train_cfg.output_dir}
 

@@ -46,7 +46,7 @@ def train_policy_command(cfg: TrainPolicyConfig) -> int:
     from codetool.policy.data import backend_kind, evaluation_queries, make_tasks, training_queries
     from codetool.policy.evaluate import run_eval, slug, summarise
     from codetool.policy.prm import resolve_prm
-    from codetool.policy.report import write_report
+    from codetool.policy.report import scale_note, write_report
     from codetool.policy.train import train_run
 
     if cfg.torch_threads:
@@ -124,19 +124,6 @@ def train_policy_command(cfg: TrainPolicyConfig) -> int:
     report = write_report(out, results)
     _print_summary(results, report, link)
     return 0
-
-
-def scale_note(cfg: TrainPolicyConfig, prompts: int, eval_tasks: dict) -> str:
-    """What the numbers of this run can say, from its sizes."""
-    sizes = ", ".join(f"{len(t)} {n}" for n, t in eval_tasks.items()) or "no evaluation"
-    note = (f"`{cfg.policy}` policy, {prompts} training prompts, {cfg.num_generations} episodes per group, at most "
-            f"{cfg.max_steps} steps per run (budget {cfg.token_budget or 'none'} tokens), seeds {cfg.seeds}; "
-            f"held-out sets: {sizes}.")
-    if cfg.policy == "default" or min([len(t) for t in eval_tasks.values()] or [0]) < 20:
-        note += (" At this scale (a 135M policy or a few queries per set) one query moves a rate by several "
-                 "points and a few GRPO steps barely move the weights: read it as the method running end to "
-                 "end with its compute accounted, not as a measurement of the method.")
-    return note
 
 
 def _print_summary(results: dict, report: Path, link: Path) -> None:

@@ -1,7 +1,7 @@
 """``codetool train-prm --config configs/train/<recipe>.yaml``: train the process reward model.
 
-The settings are :class:`codetool.prm.trainer.PRMConfig` (every TRL ``SFTConfig`` option plus the
-PRM's own; the pipeline's light ``TrainConfig`` is turned into one), the trainer is
+The settings are :class:`codetool.prm.config.PRMConfig` (every TRL ``SFTConfig`` option plus the
+PRM's own; the pipeline's ``train`` section is one), the trainer is
 :func:`codetool.prm.trainer.build_trainer`'s ``PRMTrainer``; under ``accelerate launch`` it runs
 unchanged on several processes. ``--resume auto`` continues from the newest whole checkpoint.
 Writes the PRM, its model card (``README.md``) and ``train_summary.json`` into ``output_dir``,
@@ -17,18 +17,18 @@ import time
 from pathlib import Path
 
 from codetool.prm.checkpoints import resume_checkpoint
-from codetool.prm.trainer import PRMConfig, build_trainer, to_prm_config
+from codetool.prm.config import PRMConfig
+from codetool.prm.trainer import build_trainer
 
 __all__ = ["PRMConfig", "train_command"]
 
 logger = logging.getLogger(__name__)
 
 
-def train_command(cfg) -> int:
-    """Train a PRM (``PRMConfig``, or the pipeline's ``TrainConfig``) and write it to
-    ``cfg.output_dir`` with a model card (resumable); push it to the Hub when ``push_to_hub`` is set."""
+def train_command(cfg: PRMConfig) -> int:
+    """Train a PRM and write it to ``cfg.output_dir`` with a model card (resumable); push it to the
+    Hub when ``push_to_hub`` is set."""
     os.environ.setdefault("WANDB_MODE", "disabled")
-    cfg = to_prm_config(cfg)
     resume = resume_checkpoint(cfg.resume, cfg.output_dir)
     trainer = build_trainer(cfg)
     start = time.time()

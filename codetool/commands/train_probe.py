@@ -27,62 +27,16 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from codetool.config import ConfigError, option, to_dict
-from codetool.judge.config import JudgeConfig
+from codetool.config import ConfigError, to_dict
+from codetool.decide.config import TrainProbeConfig
+
+__all__ = ["TrainProbeConfig", "train_probe_command"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainProbeConfig:
-    """Settings of ``codetool train-probe``."""
-
-    model: str = option("default", "model whose hidden states the probe reads and that answers without tools "
-                        "(a local transformers model: default, a path or a Hub id)")
-    data: str = option("", "benchmark data folder (default: ./data, $CODETOOL_DATA or ../shared/data)")
-    groups: list[str] = option(default_factory=lambda: ["G1_instruction"], help="StableToolBench groups to draw from")
-    n_tool: int = option(24, "StableToolBench queries")
-    n_restbench: int = option(12, "RestBench-TMDB queries")
-    n_toolbench: int = option(8, "ToolBench example queries (data_example, 12 in all)")
-    n_free: int = option(40, "tool-free queries (packaged set)")
-    free_queries: str = option("", "JSONL of tool-free queries (default: the packaged set)")
-    when2tool: str = option("", "a When2Tool task file (tasks_v1_train.json or the Hub's rows), labelled by the "
-                            "grounded check of the no-tool answer")
-    when2tool_envs: str = option("", "When2Tool's envs/ folder (tool descriptions for its tasks)")
-    seed: int = option(0, "seed of the query draw")
-    label_benchmarks: str = option("judge", "StableToolBench, RestBench and ToolBench labels: judge (a judge labels "
-                                   "the no-tool answer) or given (tool-necessary by construction, no run)",
-                                   choices=["judge", "given"])
-    label_tool_free: str = option("given", "tool-free labels: given (needs no tool, by construction) or reference "
-                                  "(the no-tool answer checked against the query's answer, where it has one)",
-                                  choices=["given", "reference"])
-    judge: JudgeConfig = field(default_factory=lambda: JudgeConfig(protocol="codetool"))
-    answer_max_new_tokens: int = option(96, "tokens of each no-tool answer")
-    tool_doc: str = option("compact", "tool docs in the prompt the probe reads", choices=["full", "compact", "brief"])
-    step_format: str = option("code_only", "the policy prompt's step format (as the search that will be routed)",
-                              choices=["code_only", "step_text"])
-    layers: list[int] = option(default_factory=list, help="hidden-state indices to concatenate (0 = embeddings, "
-                               "-1 = last layer); empty: all of them (When2Tool)")
-    C: float = option(1e-3, "inverse L2 strength of the logistic regression (When2Tool's all-layer probe: 1e-4)")
-    heldout_fraction: float = option(0.3, "share of query ids held out for the AUROC (codetool.split)")
-    split_seed: int = option(0, "seed of the held-out split")
-    bootstrap_samples: int = option(1000, "resamples of held-out queries for the AUROC's 95% interval")
-    output: str = option("runs/probe", "folder of the probe, labels.jsonl and the report")
-    dtype: str = option("auto", "model dtype", choices=["auto", "float32", "bfloat16", "float16"])
-    device: str = option("auto", "device: auto, cpu, cuda, ...")
-
-    def __post_init__(self):
-        if min(self.n_tool, self.n_restbench, self.n_toolbench, self.n_free) < 0:
-            raise ConfigError("n_tool, n_restbench, n_toolbench and n_free must be >= 0.")
-        if not 0 < self.heldout_fraction < 1:
-            raise ConfigError(f"heldout_fraction must lie in (0, 1), got {self.heldout_fraction}.")
-        if self.C <= 0:
-            raise ConfigError(f"C must be > 0, got {self.C}.")
 
 
 def _report_md(report: dict) -> str:
@@ -121,7 +75,6 @@ def train_probe_command(cfg: TrainProbeConfig) -> int:
         probe_messages,
         resolve_layers,
     )
-    from codetool.models.spec import ModelSpec
     from codetool.split import split_query_ids
     from codetool.tools import ToolEnvironment
 
@@ -133,7 +86,7 @@ def train_probe_command(cfg: TrainProbeConfig) -> int:
         raise ConfigError("no queries drawn: raise n_tool, n_restbench, n_toolbench or n_free, or give --when2tool.")
     rules = {b: cfg.label_benchmarks for b in ("stabletoolbench", "restbench-tmdb", "toolbench")}
     rules["tool_free"] = cfg.label_tool_free
-    policy = make_policy(ModelSpec.parse(cfg.model, dtype=cfg.dtype, device=cfg.device))
+    policy = make_policy(cfg.model_spec)
     needs_judge = any(rule_for(it, rules) == "judge" for it in items)
     judge = make_judge(cfg.judge, cache_path=str(out / "judge_cache.jsonl")) if needs_judge else None
     logger.info("labelling %d queries by a run without tools", len(items))

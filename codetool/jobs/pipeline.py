@@ -17,21 +17,23 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from codetool.config import ConfigError, Unread, config_hash, option, to_dict
+from codetool.config import ConfigError, Unread, config_hash, option, section, to_dict
 from codetool.config_groups import group_values, with_defaults
 from codetool.executor import ExecutorConfig
 from codetool.jobs.queries import RunConfig
 from codetool.judge.config import JudgeConfig
 from codetool.models.remote import RemoteConfig
 from codetool.models.spec import PolicyGroup
-from codetool.prm.train import TrainConfig
 from codetool.search.answer import AnswerConfig
 from codetool.search.config import SearchConfig
 from codetool.tools.config import ToolBackendGroup, ToolDocGroup
 from codetool.tools.loaders import QueriesGroup
 from codetool.tree.config import TreeConfig
+
+if TYPE_CHECKING:  # imported when a config is built (TRL takes seconds): see codetool.config.section
+    from codetool.prm.config import PRMConfig
 
 STAGES = ("trees", "train", "search", "eval")
 
@@ -112,7 +114,7 @@ class PipelineConfig(PolicyGroup, ToolDocGroup):
     stages: list[str] = option(default_factory=lambda: list(STAGES), help="stages to run, in order")
     force: list[str] = option(default_factory=list, help="stages to rerun even if their outputs are current")
     trees: TreeConfig = field(default_factory=TreeConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    train: PRMConfig = section("codetool.prm.config:PRMConfig", "PRM training: the options of 'codetool train-prm'")
     search: SearchConfig = field(default_factory=SearchConfig)
     methods: list[MethodConfig] = field(default_factory=_default_methods)
     evals: list[EvalSetConfig] = field(default_factory=lambda: [EvalSetConfig()])
@@ -182,11 +184,11 @@ def tree_config(cfg: PipelineConfig) -> TreeConfig:
                                dataset_dir=str(cfg.root / "trees" / "prm_dataset"), shard=None, merge=False)
 
 
-def train_config(cfg: PipelineConfig) -> TrainConfig:
+def train_config(cfg: PipelineConfig) -> PRMConfig:
     """The train stage's ``train-prm`` config: ``train:`` on the trees' dataset, writing ``<root>/train/prm``."""
     data = cfg.root / "trees" / "prm_dataset"
-    return dataclasses.replace(cfg.train, dataset=[str(data / "train.jsonl")],
-                               eval_dataset=[str(data / "validation.jsonl")], output_dir=str(cfg.root / "train" / "prm"))
+    return cfg.train.with_settings(dataset=[str(data / "train.jsonl")], eval_dataset=[str(data / "validation.jsonl")],
+                                   output_dir=str(cfg.root / "train" / "prm"))
 
 
 def run_configs(cfg: PipelineConfig, prm: str) -> list[RunConfig]:
@@ -260,7 +262,7 @@ def stage_hashes(cfg: PipelineConfig) -> dict[str, str]:
     timeouts, retries) change how fast a stage runs, not what it writes, so they are left out."""
     tree_cfg, train_cfg = tree_config(cfg), train_config(cfg)
     h_trees = _hash(dataclasses.replace(tree_cfg, policy_client=RemoteConfig()))
-    h_train = _hash(cfg.prm_checkpoint) if cfg.prm_checkpoint else _hash(train_cfg, h_trees)
+    h_train = _hash(cfg.prm_checkpoint) if cfg.prm_checkpoint else _hash(train_cfg.stage_settings(), h_trees)
     run_cfgs = run_configs(cfg, cfg.prm_checkpoint or train_cfg.output_dir)
     needs_prm = any(m.latent == "prm" for m in cfg.methods)
     h_search = _hash([run_text(dataclasses.replace(r, output="", policy_client=RemoteConfig(), prm_client=RemoteConfig()))

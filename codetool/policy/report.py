@@ -21,6 +21,20 @@ from .episode import CATEGORIES
 from .evaluate import METRICS
 
 
+def scale_note(cfg, prompts: int, eval_tasks: dict) -> str:
+    """What the numbers of a run can say, from its sizes: ``cfg`` (a ``TrainPolicyConfig``), the number of
+    training prompts and the evaluation tasks by set name (the first lines of ``report.md``)."""
+    sizes = ", ".join(f"{len(t)} {n}" for n, t in eval_tasks.items()) or "no evaluation"
+    note = (f"`{cfg.policy}` policy, {prompts} training prompts, {cfg.num_generations} episodes per group, at most "
+            f"{cfg.max_steps} steps per run (budget {cfg.token_budget or 'none'} tokens), seeds {cfg.seeds}; "
+            f"held-out sets: {sizes}.")
+    if cfg.policy == "default" or min([len(t) for t in eval_tasks.values()] or [0]) < 20:
+        note += (" At this scale (a 135M policy or a few queries per set) one query moves a rate by several "
+                 "points and a few GRPO steps barely move the weights: read it as the method running end to "
+                 "end with its compute accounted, not as a measurement of the method.")
+    return note
+
+
 def _pyplot():
     import matplotlib
 

@@ -7,9 +7,9 @@
 - :mod:`codetool.prm.rows`: PRM example rows as read (``read_rows``: our layout and TRL's
   stepwise one), ``query_key``;
 - :mod:`codetool.prm.data`: PRM example rows -> pre-tokenised rows, splits, the collator;
-- :mod:`codetool.prm.trainer`: ``PRMConfig`` (extends TRL's ``SFTConfig``) and ``PRMTrainer`` (an
-  ``SFTTrainer``), which ``codetool train-prm`` runs; :mod:`codetool.prm.train`: the light
-  ``TrainConfig`` the pipeline embeds;
+- :mod:`codetool.prm.config`: ``PRMConfig`` (extends TRL's ``SFTConfig``), the settings of
+  ``codetool train-prm`` and the pipeline's ``train`` section; :mod:`codetool.prm.trainer`:
+  ``PRMTrainer`` (an ``SFTTrainer``), which ``codetool train-prm`` runs;
 - :mod:`codetool.prm.packing`: prefix-shared packing (block mask, one forward) for training and
   scoring; :mod:`codetool.prm.stepwise`: our rows exported in TRL's stepwise-supervision layout;
 - :mod:`codetool.prm.scorer`: ``LocalPRMScorer`` (shared-prefix KV cache), ``load_scorer``;

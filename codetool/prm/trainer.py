@@ -1,4 +1,4 @@
-"""The PRM trainer on TRL: ``PRMConfig`` (a TRL ``SFTConfig``) and ``PRMTrainer`` (an ``SFTTrainer``).
+"""The PRM trainer on TRL: ``PRMTrainer`` (an ``SFTTrainer``), configured by ``PRMConfig`` (a TRL ``SFTConfig``).
 
 ``codetool train-prm --config configs/train/<recipe>.yaml`` (``codetool.commands.train_prm``) runs
 the trainer :func:`build_trainer` builds. The loss
@@ -19,9 +19,7 @@ card (``README.md``) is TRL's, written next to each checkpoint and the final mod
 ``--resume auto`` takes the newest whole one and removes folders whose save a kill or a full disk
 cut short.
 
-Every ``SFTConfig`` / ``TrainingArguments`` field is a ``PRMConfig`` field, so it is a YAML key
-and a ``--option`` of ``codetool train-prm`` (with its TRL help text). Recipe keys of earlier
-versions still work as aliases (:data:`ALIASES`: ``epochs`` -> ``num_train_epochs``, ...).
+The settings, ``PRMConfig``, are in :mod:`codetool.prm.config` (imported here too).
 """
 
 from __future__ import annotations
@@ -29,187 +27,27 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from trl import SFTConfig, SFTTrainer
+from trl import SFTTrainer
 
 from codetool import CodetoolError, __version__
-from codetool.config import ConfigError, from_dict, option
-from codetool.prm.format import PRMFormat
+from codetool.prm.config import PRMConfig
+
+__all__ = ["PRMConfig", "PRMTrainer", "build_model", "build_trainer", "load_prm_weights"]
 
 logger = logging.getLogger(__name__)
 
 REFERENCE_MAX_SAMPLES = 10_000  # the public CodeTool training command (LLaMA-Factory --max_samples)
-
-# recipe keys of earlier versions (configs/train/*.yaml, TrainConfig) -> SFTConfig fields
-ALIASES = {"epochs": "num_train_epochs", "batch_size": "per_device_train_batch_size",
-           "eval_batch_size": "per_device_eval_batch_size", "lr_scheduler": "lr_scheduler_type",
-           "warmup": "warmup_steps", "num_workers": "dataloader_num_workers"}
 
 
 def _version(package: str) -> str:
     from importlib.metadata import version
 
     return version(package)
-
-
-def _cuda_bf16() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-
-
-@dataclass
-class PRMConfig(SFTConfig):
-    """Settings of ``codetool train-prm``: every TRL ``SFTConfig`` option plus the PRM's own.
-
-    PRM fields: ``model``, ``dataset``/``eval_dataset``/``eval_fraction``/``split_seed``, ``format``
-    (prompt, label tokens, ``max_length``; ``SFTConfig.max_length`` is set from
-    ``format.max_length``), ``finetune`` and ``lora_*``, ``train_label_head``, ``share_prefix``,
-    ``max_packed_tokens``, ``precision`` (sets ``bf16`` unless given), ``model_dtype``, ``resume``.
-    Defaults that differ from ``SFTConfig``: see the fields redeclared below (``seed`` 0,
-    ``learning_rate`` 2e-4, no gradient checkpointing, evaluation every 50 steps, ...).
-
-    Raises:
-        ConfigError: on a value out of range (the message names the key and the fix).
-    """
-
-    config_aliases = ALIASES  # not a field: read by codetool.config (YAML keys and --flags)
-
-    # ---- the PRM's own options
-    model: str = option("default", "base model: 'default', a local folder or a Hub id")
-    dataset: list[str] = option(default_factory=lambda: ["data/prm/prm_examples.jsonl"],
-                                help="PRM example JSONL file(s) from 'codetool build-trees'")
-    eval_dataset: list[str] = option(default_factory=list, help="held-out JSONL file(s); empty: split by query id")
-    eval_fraction: float = option(0.1, "share of queries held out when eval_dataset is empty")
-    split_seed: int = option(0, "seed of the query-id split")
-    format: PRMFormat = field(default_factory=PRMFormat, metadata={"help": "prompt format and label tokens"})
-    finetune: str = option("lora", "LoRA adapter or full fine-tuning", choices=("lora", "full"))
-    lora_r: int = option(8, "LoRA rank")
-    lora_alpha: int = option(16, "LoRA alpha")
-    lora_dropout: float = option(0.0, "LoRA dropout")
-    lora_target_modules: list[str] = option(default_factory=lambda: ["all-linear"],
-                                            help="modules that get LoRA ('all-linear' or names)")
-    train_label_head: bool = option(True, "train the two label rows of the output embedding")
-    share_prefix: str = option(
-        "auto", "prefix sharing in a batch: auto (time each mode on the first batch, keep the fastest), "
-        "packed (one forward, block mask), trie (KV-cache trie; not with checkpointing/FSDP), none; "
-        "true means auto, false none")
-    max_packed_tokens: int = option(4096, "width bound of a packed row (share_prefix packed)")
-    precision: str = option("auto", "auto: bf16 on a bf16 GPU, fp32 otherwise (sets bf16 unless given)",
-                            choices=("auto", "bf16", "fp32"))
-    model_dtype: str = option("auto", "dtype the base weights are loaded in", choices=("auto", "float32", "bfloat16"))
-    resume: str = option("auto", "auto (last checkpoint in output_dir), none, or a checkpoint folder")
-    max_samples: int | None = option(None, "train on at most this many rows, the first of the dataset files "
-                                     "(LLaMA-Factory's max_samples); none: all (10000 under format.interface "
-                                     "reference, the public training command's value)")
-    # ---- SFTConfig / TrainingArguments fields whose default differs for a PRM
-    output_dir: str = option("checkpoints/prm/quickstart", "checkpoints and the final PRM go here")
-    learning_rate: float = option(2e-4, "peak learning rate")
-    num_train_epochs: float = option(1.0, "passes over the training rows")
-    per_device_train_batch_size: int = option(4, "rows per device per step")
-    per_device_eval_batch_size: int = option(8, "rows per device per eval step")
-    lr_scheduler_type: str = option("cosine", "learning-rate schedule (a transformers SchedulerType)")
-    warmup_steps: float = option(0.03, "warm-up: a share of the steps if < 1, else a number of steps")
-    gradient_checkpointing: bool = option(False, "recompute activations in backward (less memory, ~30% slower)")
-    bf16: bool | None = option(None, "bf16 mixed precision; unset: from precision")
-    logging_steps: float = option(10, "log the loss every N steps")
-    eval_strategy: str = option("steps", "when to evaluate (no, steps, epoch); no without eval data")
-    eval_steps: float | None = option(50, "evaluate every N steps (0: only at the end)")
-    save_steps: float = option(100, "write checkpoint-N every N steps")
-    save_total_limit: int | None = option(2, "keep at most this many checkpoint-N folders")
-    report_to: str | list[str] | None = option("none", "experiment tracker(s): none, wandb, tensorboard, ...")
-    seed: int = option(0, "seed of LoRA init, label rows, shuffling")
-    remove_unused_columns: bool = option(False, "keep the PRM columns (target, group) for the collator")
-    label_names: list[str] | None = option(default_factory=lambda: ["target", "group"],
-                                           help="batch keys the metrics read")
-    train_sampling_strategy: str = option("group_by_length", "row order when share_prefix is none")
-    ddp_find_unused_parameters: bool | None = option(False, "DDP: every trained weight is used")
-    dataset_kwargs: dict | str | None = option(default_factory=lambda: {"skip_prepare_dataset": True},
-                                               help="rows are tokenised by codetool.prm.data")
-
-    def __post_init__(self):
-        if not self.dataset:
-            raise ConfigError("dataset: give at least one PRM example JSONL file.")
-        if not 0.0 <= self.eval_fraction < 1.0:
-            raise ConfigError(f"eval_fraction must lie in [0, 1), got {self.eval_fraction}.")
-        for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
-                     "lora_r", "logging_steps", "max_packed_tokens"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}.")
-        if self.learning_rate <= 0:
-            raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate}.")
-        mode = str(self.share_prefix).lower()
-        self.share_prefix = {"true": "auto", "yes": "auto", "on": "auto", "false": "none", "no": "none",
-                             "off": "none"}.get(mode, mode)
-        if self.share_prefix not in ("auto", "packed", "trie", "none"):
-            raise ConfigError(f"share_prefix: got {mode!r}; choose one of auto, packed, trie, none.")
-        if self.report_to is None:  # "none" read as null by the YAML/CLI loader
-            self.report_to = "none"
-        self._agree_with_launcher()
-        deepspeed_on_cpu = not torch.cuda.is_available() and \
-            os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
-        if deepspeed_on_cpu and (self.bf16 or self.fp16):
-            raise ConfigError(f"DeepSpeed without CUDA runs on its CPU accelerator, where transformers' Trainer takes no "
-                              f"bf16/fp16 (precision {'bf16' if self.bf16 else 'fp16'}, mixed_precision "
-                              f"{os.environ.get('ACCELERATE_MIXED_PRECISION', 'unset')}): launch with "
-                              f"--mixed_precision no.")
-        if self.bf16 is None:
-            self.bf16 = self.precision == "bf16" or (self.precision == "auto" and _cuda_bf16())
-        if not torch.cuda.is_available():
-            # A torchrun/accelerate job on CPU is then gloo DDP; under DeepSpeed its own CPU
-            # accelerator (DS_ACCELERATOR=cpu) runs the job, which accelerate skips with use_cpu.
-            self.use_cpu = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true"
-            if not self.use_cpu and self.ddp_backend is None:
-                self.ddp_backend = "gloo"  # accelerate names no backend for a GPU-less DeepSpeed job
-            self.dataloader_pin_memory = False
-        if not self.eval_steps:
-            self.eval_strategy, self.eval_steps = "no", None
-        self.max_length = self.format.max_length
-        self.data_seed = self.seed if self.data_seed is None else self.data_seed
-        try:
-            super().__post_init__()
-        except ValueError as e:
-            if isinstance(e, ConfigError):
-                raise
-            raise ConfigError(f"train-prm: {e}") from None
-
-    def _agree_with_launcher(self) -> None:
-        """Under ``accelerate launch`` the config's ``mixed_precision`` (``ACCELERATE_MIXED_PRECISION``)
-        decides ``precision: auto``; an explicit ``precision``/``bf16`` that disagrees with it is a
-        ConfigError naming both (DeepSpeed would otherwise stop on ``bf16.enabled`` mismatching, and
-        DDP silently train in another precision than the config says)."""
-        launcher = os.environ.get("ACCELERATE_MIXED_PRECISION", "").lower()
-        if launcher not in ("no", "bf16", "fp16"):
-            return
-        ours = "bf16" if self.bf16 else ("fp32" if self.bf16 is False else self.precision)
-        if ours == "auto":
-            self.precision = "bf16" if launcher == "bf16" else "fp32"
-            self.bf16 = launcher == "bf16"
-            self.fp16 = self.fp16 or launcher == "fp16"
-            logger.info("precision %s (from the accelerate config's mixed_precision %s)",
-                        "fp16" if self.fp16 else self.precision, launcher)
-            return
-        if (ours == "bf16") != (launcher == "bf16") or (launcher == "fp16" and not self.fp16):
-            raise ConfigError(f"precision {ours} disagrees with the accelerate config's mixed_precision {launcher}: "
-                              f"leave precision auto (the launcher decides), or launch with --mixed_precision "
-                              f"{'bf16' if ours == 'bf16' else 'no'}.")
-
-    def to_dict(self):
-        out = super().to_dict()
-        out["format"] = dataclasses.asdict(self.format)
-        return out
-
-
-def to_prm_config(cfg) -> PRMConfig:
-    """``PRMConfig`` of a ``PRMConfig`` (itself) or of the pipeline's light ``TrainConfig``."""
-    if isinstance(cfg, PRMConfig):
-        return cfg
-    data = dataclasses.asdict(cfg)
-    options = data.pop("trainer_options", None) or {}
-    return from_dict(PRMConfig, {**data, **options}, where="train")
 
 
 class PRMTrainer(SFTTrainer):
@@ -348,7 +186,6 @@ def build_model(cfg: PRMConfig, dtype: str = "float32"):
     from codetool.models.loading import load_model
     from codetool.prm.modeling import PRMModel, add_label_tokens, is_tied
 
-    cfg = to_prm_config(cfg)
     lm, tokenizer = load_model(cfg.model, dtype=dtype, device="cpu", for_training=True)
     label_ids = add_label_tokens(lm, tokenizer, cfg.format, seed=cfg.seed)
     if cfg.finetune == "lora":
@@ -418,15 +255,14 @@ def _compute_metrics(prediction) -> dict[str, float]:
     return {k: metrics[k] for k in ("pairwise_accuracy", "auc", "accuracy", "ece")}
 
 
-def build_trainer(cfg) -> PRMTrainer:
-    """The ready-to-train ``PRMTrainer`` for ``cfg`` (``PRMConfig``, or the pipeline's ``TrainConfig``):
+def build_trainer(cfg: PRMConfig) -> PRMTrainer:
+    """The ready-to-train ``PRMTrainer`` for ``cfg`` (a ``PRMConfig``):
     model with label tokens and LoRA (or full), tokenised train/eval datasets, collator, metrics.
     ``codetool train-prm`` runs it; benchmarks and callers that add callbacks use it directly.
 
     Raises:
         CodetoolError: if ``report_to`` names a tracker that is not installed, or the data is missing.
     """
-    cfg = to_prm_config(cfg)
     for tracker in [cfg.report_to] if isinstance(cfg.report_to, str) else cfg.report_to or []:
         if tracker and tracker not in ("none", "all") and find_spec(tracker) is None:
             raise CodetoolError(f"report_to {tracker}: the package is not installed; "
