@@ -4,6 +4,7 @@ same flags and text; the cache's file name follows what the options depend on.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -103,9 +104,9 @@ def test_every_command_s_kept_options_give_its_help_and_flags(name):
 def test_log_level_takes_any_case(level, monkeypatch):
     seen = {}
     monkeypatch.setattr(cli, "_configure_logging", lambda value: seen.setdefault("level", value))
-    monkeypatch.setattr(cli, "_load", lambda name: (type("Cfg", (), {}), lambda cfg: 0))
+    monkeypatch.setattr(cli, "_load", lambda name: (dataclasses.make_dataclass("Cfg", []), lambda cfg: 0))
     monkeypatch.setattr(cli, "add_arguments", lambda parser, cls: None)
-    monkeypatch.setattr(cli, "config_from_args", lambda cls, args: None)
+    monkeypatch.setattr(cli, "config_from_args", lambda cls, args, sections=None: None)
     assert cli.main(["score", "--log-level", level]) == 0
     assert seen["level"] == level.upper()
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from codetool.commands.pipeline import PipelineConfig, _train_cfg, stage_hashes
 from codetool.config import ConfigError, config_hash, from_dict, load_config, load_yaml
+from codetool.jobs.pipeline import PipelineConfig, stage_hashes, train_config
 from codetool.prm.config import ALIASES, LEGACY_KEYS, PRMConfig
 from codetool.prm.format import PRMFormat
 
@@ -64,7 +64,7 @@ def test_the_old_sections_defaults_give_the_hash_they_gave():
 
 def test_the_pipeline_trains_with_the_sections_settings_on_its_own_data(tmp_path):
     cfg = load_config(PipelineConfig, REPO / "configs" / "pipeline" / "quickstart.yaml", {"runs_dir": str(tmp_path)})
-    train = _train_cfg(cfg)
+    train = train_config(cfg)
     assert train.dataset == [str(tmp_path / "quickstart" / "trees" / "prm_dataset" / "train.jsonl")]
     assert (train.learning_rate, train.logging_steps, train.eval_strategy, train.format.max_length) == (
         5e-4, 5, "no", 768)
