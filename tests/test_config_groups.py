@@ -16,6 +16,8 @@ import pytest
 import codetool
 from codetool.config import ConfigError, _flat_fields, config_hash, from_dict, to_dict
 from codetool.config_groups import with_defaults
+from codetool.decide.config import DecisionEvalConfig, TrainProbeConfig
+from codetool.decide.labelled import DrawGroup
 from codetool.distributed.ray_cluster import ShardedWorkersGroup, WorkersGroup
 from codetool.jobs.pipeline import EvalSetConfig, PipelineConfig, run_text
 from codetool.jobs.queries import RunConfig
@@ -26,16 +28,20 @@ from codetool.tools.loaders import QueriesGroup
 from codetool.tree.config import TreeConfig
 
 ROOT = Path(codetool.__file__).resolve().parent
-GROUPS = (PolicyGroup, PolicyBackendGroup, ToolDocGroup, ToolBackendGroup, ToolsGroup, QueriesGroup, OutputGroup,
+GROUPS = (DrawGroup, PolicyGroup, PolicyBackendGroup, ToolDocGroup, ToolBackendGroup, ToolsGroup, QueriesGroup, OutputGroup,
           WorkersGroup, ShardedWorkersGroup)
 COMPOSED = {RunConfig: (QueriesGroup, PolicyBackendGroup, ToolsGroup, OutputGroup, WorkersGroup),
             TreeConfig: (PolicyGroup, ToolBackendGroup, OutputGroup, ShardedWorkersGroup),
             PipelineConfig: (PolicyGroup, ToolDocGroup),
-            EvalSetConfig: (QueriesGroup, ToolBackendGroup)}
+            EvalSetConfig: (QueriesGroup, ToolBackendGroup),
+            DecisionEvalConfig: (DrawGroup, ToolDocGroup), TrainProbeConfig: (DrawGroup, ToolDocGroup)}
 # Fields a config declares with a group's field name on purpose, as different settings: an evaluation
 # set's tool_doc overrides the pipeline's (none: the pipeline's); build-trees' limit counts trees and
-# its queries file defaults to ToolBench's examples (it composes no queries group: no benchmark).
-OWN = {(EvalSetConfig, "tool_doc"), (TreeConfig, "limit")}
+# its queries file defaults to ToolBench's examples (it composes no queries group: no benchmark), and
+# its seed is the trees' sampling seed, not a query draw's; the decide-first commands write a
+# folder (output), and eval-decision's tools_backend serves only its optional search.
+OWN = {(EvalSetConfig, "tool_doc"), (TreeConfig, "limit"), (TreeConfig, "seed"),
+       (DecisionEvalConfig, "tools_backend"), (DecisionEvalConfig, "output"), (TrainProbeConfig, "output")}
 
 PARSE_MODULES = {"codetool.cli"}  # where a spec may be parsed outside a config's __post_init__
 
@@ -67,6 +73,7 @@ def test_with_defaults_changes_only_the_default():
     assert backend.metadata == plain["tools_backend"].metadata
     assert TreeConfig().policy_max_batch_size == 32 and PipelineConfig().policy_max_batch_size == 16
     assert EvalSetConfig().limit == 10 and EvalSetConfig().benchmark == "stabletoolbench"
+    assert (TrainProbeConfig().n_tool, TrainProbeConfig().n_toolbench, DecisionEvalConfig().n_tool) == (24, 8, 20)
     assert TreeConfig().output == "runs/trees/trees.jsonl" and RunConfig(query="q", tools="t").output.startswith("runs/run/")
     with pytest.raises(TypeError, match="has no field nope"):
         with_defaults(OutputGroup, nope=1)
@@ -83,6 +90,9 @@ def test_group_checks_run_in_every_config_that_composes_them():
         EvalSetConfig(offset=-1)
     with pytest.raises(ConfigError, match="--subset 'full' is not one of"):
         EvalSetConfig(benchmark="restbench-tmdb", subset="full")
+    for cls in (DecisionEvalConfig, TrainProbeConfig):
+        with pytest.raises(ConfigError, match="n_tool, n_restbench, n_toolbench and n_free must be >= 0"):
+            cls(n_free=-1)
     with pytest.raises(ConfigError, match="--shard must look like i/n"):
         TreeConfig(shard="half")
     with pytest.raises(ConfigError, match="evals\\[\\].benchmark: got 'toolbench'"):

@@ -12,27 +12,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from codetool.config import ConfigError, option
+from codetool.config_groups import with_defaults
+from codetool.decide.labelled import DrawGroup
 from codetool.decide.stage import RouterConfig
 from codetool.executor import ExecutorConfig
 from codetool.judge.config import JudgeConfig
 from codetool.models.spec import ModelSpec
 from codetool.search.config import SearchConfig
+from codetool.tools.config import ToolDocGroup
+
+CompactToolDoc = with_defaults(ToolDocGroup, tool_doc="compact")  # the 135M model's prompts stay short
 
 
 @dataclass
-class DecisionEvalConfig:
+class DecisionEvalConfig(DrawGroup, CompactToolDoc):
     """Settings of ``codetool eval-decision``."""
 
     model: str = option("default", "policy model: default, a path, a Hub id, an http(s) URL or vllm:<model>")
     decider: str = option("", "a separate deciding model (default: the policy)")
-    data: str = option("", "benchmark data folder (default: ./data, $CODETOOL_DATA or ../shared/data)")
-    groups: list[str] = option(default_factory=lambda: ["G1_instruction"], help="StableToolBench groups to draw from")
-    n_tool: int = option(20, "tool-needing queries (StableToolBench)")
-    n_free: int = option(20, "tool-free queries (packaged set)")
-    n_restbench: int = option(0, "RestBench-TMDB queries (CodeTool's 20 candidate APIs each)")
-    n_toolbench: int = option(0, "ToolBench example queries")
-    free_queries: str = option("", "JSONL of tool-free queries (default: the packaged set)")
-    seed: int = option(0, "sampling seed of the query draw")
     output: str = option("runs/eval-decision", "folder for report.json, report.md, the PNG and records")
     answer_direct: bool = option(True, "generate a direct answer for every query (cost of the direct route, "
                                  "answer accuracy on tool-free queries)")
@@ -40,7 +37,6 @@ class DecisionEvalConfig:
     reuse: str = option("", "records.jsonl of an earlier run on the same draw: reuse its decisions and direct "
                         "answers instead of recomputing them")
     tools_backend: str = option("simulator", "tool backend for run_search")
-    tool_doc: str = option("compact", "tool docs in the policy prompt (run_search)", choices=["full", "compact", "brief"])
     thresholds: list[float] = option(default_factory=list, help="thresholds to sweep (default: every recorded confidence)")
     dtype: str = option("auto", "model dtype", choices=["auto", "float32", "bfloat16", "float16"])
     device: str = option("auto", "device: auto, cpu, cuda, ...")
@@ -63,13 +59,14 @@ class DecisionEvalConfig:
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
 
     def __post_init__(self):
+        super().__post_init__()
         # the models, parsed once (not settings: not in to_dict, hashes or flags)
         self.model_spec = ModelSpec.parse(self.model, dtype=self.dtype, device=self.device)
         self.decider_spec = ModelSpec.parse(self.decider, dtype=self.dtype, device=self.device) if self.decider else None
         self.probe_spec = ModelSpec.parse(self.router.probe_model, dtype=self.dtype, device=self.device
                                           ) if self.router.probe_model else None
-        if self.n_tool < 0 or self.n_free < 0 or self.n_tool + self.n_free == 0:
-            raise ConfigError(f"need n_tool >= 0, n_free >= 0 and some queries, got {self.n_tool} and {self.n_free}.")
+        if self.n_tool + self.n_free == 0:
+            raise ConfigError(f"need some queries: n_tool and n_free are {self.n_tool} and {self.n_free}.")
         if any(not 0.0 <= t <= 1.0 for t in self.thresholds):
             raise ConfigError(f"thresholds must lie in [0, 1], got {self.thresholds}.")
         from codetool.decide.tradeoff import MODES, REASONING  # numpy: not for --help
@@ -85,23 +82,19 @@ class DecisionEvalConfig:
                               "--search.w_latent 0.")
 
 
+# the probe reads more queries, of every benchmark, than eval-decision draws by default
+ProbeDraw = with_defaults(DrawGroup, n_tool=24, n_restbench=12, n_toolbench=8, n_free=40)
+
+
 @dataclass
-class TrainProbeConfig:
+class TrainProbeConfig(ProbeDraw, CompactToolDoc):
     """Settings of ``codetool train-probe``."""
 
     model: str = option("default", "model whose hidden states the probe reads and that answers without tools "
                         "(a local transformers model: default, a path or a Hub id)")
-    data: str = option("", "benchmark data folder (default: ./data, $CODETOOL_DATA or ../shared/data)")
-    groups: list[str] = option(default_factory=lambda: ["G1_instruction"], help="StableToolBench groups to draw from")
-    n_tool: int = option(24, "StableToolBench queries")
-    n_restbench: int = option(12, "RestBench-TMDB queries")
-    n_toolbench: int = option(8, "ToolBench example queries (data_example, 12 in all)")
-    n_free: int = option(40, "tool-free queries (packaged set)")
-    free_queries: str = option("", "JSONL of tool-free queries (default: the packaged set)")
     when2tool: str = option("", "a When2Tool task file (tasks_v1_train.json or the Hub's rows), labelled by the "
                             "grounded check of the no-tool answer")
     when2tool_envs: str = option("", "When2Tool's envs/ folder (tool descriptions for its tasks)")
-    seed: int = option(0, "seed of the query draw")
     label_benchmarks: str = option("judge", "StableToolBench, RestBench and ToolBench labels: judge (a judge labels "
                                    "the no-tool answer) or given (tool-necessary by construction, no run)",
                                    choices=["judge", "given"])
@@ -110,7 +103,6 @@ class TrainProbeConfig:
                                   choices=["given", "reference"])
     judge: JudgeConfig = field(default_factory=lambda: JudgeConfig(protocol="codetool"))
     answer_max_new_tokens: int = option(96, "tokens of each no-tool answer")
-    tool_doc: str = option("compact", "tool docs in the prompt the probe reads", choices=["full", "compact", "brief"])
     step_format: str = option("code_only", "the policy prompt's step format (as the search that will be routed)",
                               choices=["code_only", "step_text"])
     layers: list[int] = option(default_factory=list, help="hidden-state indices to concatenate (0 = embeddings, "
@@ -124,9 +116,8 @@ class TrainProbeConfig:
     device: str = option("auto", "device: auto, cpu, cuda, ...")
 
     def __post_init__(self):
+        super().__post_init__()
         self.model_spec = ModelSpec.parse(self.model, dtype=self.dtype, device=self.device)  # not a setting
-        if min(self.n_tool, self.n_restbench, self.n_toolbench, self.n_free) < 0:
-            raise ConfigError("n_tool, n_restbench, n_toolbench and n_free must be >= 0.")
         if not 0 < self.heldout_fraction < 1:
             raise ConfigError(f"heldout_fraction must lie in (0, 1), got {self.heldout_fraction}.")
         if self.C <= 0:

@@ -21,6 +21,8 @@ from importlib import resources
 from pathlib import Path
 
 from codetool import CodetoolError
+from codetool.config import ConfigError, option
+from codetool.config_groups import Group
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +115,28 @@ def _draw(usable, n: int, prefix: str, benchmark: str, skipped: Counter, *, firs
         items.append(DecisionItem(f"{prefix}-{group}-{q.query_id}", q.query, True, gold, q.apis, group, group,
                                   benchmark=benchmark))
     return items
+
+
+@dataclass
+class DrawGroup(Group):
+    """The query draw of the decide-first commands (``train-probe``, ``eval-decision``): which
+    benchmark and tool-free queries :func:`build_items` draws, and its seed. ``train-probe``
+    composes it with other defaults (:func:`codetool.config_groups.with_defaults`)."""
+
+    data: str = option("", "benchmark data folder (default: ./data, $CODETOOL_DATA or ../shared/data)")
+    groups: list[str] = option(default_factory=lambda: ["G1_instruction"], help="StableToolBench groups to draw from")
+    n_tool: int = option(20, "StableToolBench queries (they need a tool)")
+    n_restbench: int = option(0, "RestBench-TMDB queries (CodeTool's 20 candidate APIs each)")
+    n_toolbench: int = option(0, "ToolBench example queries (data_example, 12 in all)")
+    n_free: int = option(20, "tool-free queries (packaged set)")
+    free_queries: str = option("", "JSONL of tool-free queries (default: the packaged set)")
+    seed: int = option(0, "seed of the query draw")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if min(self.n_tool, self.n_restbench, self.n_toolbench, self.n_free) < 0:
+            raise ConfigError(f"n_tool, n_restbench, n_toolbench and n_free must be >= 0, got {self.n_tool}, "
+                              f"{self.n_restbench}, {self.n_toolbench} and {self.n_free}.")
 
 
 def build_items(groups: list[str], n_tool: int, n_free: int, *, seed: int = 0, data: str = "", free_queries: str = "",
