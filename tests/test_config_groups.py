@@ -155,3 +155,18 @@ def test_the_parse_site_check_sees_a_call_in_a_library_function(tmp_path):
     path.write_text("class C:\n    def __post_init__(self):\n        ModelSpec.parse(self.x)\n\n"
                     "def build(text):\n    return ModelSpec.parse(text, role='prm')\n")
     assert _parse_calls(path) == [(3, "__post_init__"), (6, "build")]
+
+
+def test_both_trainers_compose_one_lora_group():
+    from codetool.models.lora import LoRAGroup
+    from codetool.policy.config import TrainPolicyConfig
+    from codetool.prm.config import PRMConfig
+
+    lora = _help(LoRAGroup)
+    for cls in (PRMConfig, TrainPolicyConfig):
+        assert issubclass(cls, LoRAGroup)
+        assert {name: text for name, text in _help(cls).items() if name in lora} == lora
+    assert (PRMConfig().lora_r, TrainPolicyConfig().lora_r, TrainPolicyConfig().lora_alpha) == (8, 16, 32)
+    assert PRMConfig(finetune="full").lora_config() is None
+    made = PRMConfig(lora_target_modules=["q_proj", "v_proj"]).lora_config()
+    assert made.r == 8 and set(made.target_modules) == {"q_proj", "v_proj"}

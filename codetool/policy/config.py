@@ -22,8 +22,10 @@ import torch
 from trl import GRPOConfig
 
 from codetool.config import ConfigError, option
+from codetool.config_groups import with_defaults
 from codetool.executor import ExecutorConfig
 from codetool.judge.config import JudgeConfig
+from codetool.models.lora import LoRAGroup
 from codetool.models.spec import ModelSpec
 from codetool.search.config import SearchConfig
 
@@ -112,8 +114,11 @@ def _default_evals() -> list[QuerySet]:
             QuerySet("restbench-tmdb", subset="codetool", limit=8)]
 
 
+PolicyLoRA = with_defaults(LoRAGroup, lora_r=16, lora_alpha=32)  # a policy adapter learns more than a PRM's
+
+
 @dataclass
-class TrainPolicyConfig(GRPOConfig):
+class TrainPolicyConfig(GRPOConfig, PolicyLoRA):
     """Settings of ``codetool train-policy``: every TRL ``GRPOConfig`` option plus the method's own.
 
     Method fields: ``policy`` (and ``finetune``, ``lora_*``), ``prm``, ``rewards`` / ``settings``,
@@ -129,12 +134,6 @@ class TrainPolicyConfig(GRPOConfig):
     # ---- the policy
     policy: str = option("default", "the policy to train: default (the embedded 135M model), a folder or a Hub id")
     policy_dtype: str = option("auto", "dtype the policy is loaded in", choices=("auto", "float32", "bfloat16"))
-    finetune: str = option("lora", "LoRA adapter or full fine-tuning", choices=("lora", "full"))
-    lora_r: int = option(16, "LoRA rank")
-    lora_alpha: int = option(32, "LoRA alpha")
-    lora_dropout: float = option(0.0, "LoRA dropout")
-    lora_target_modules: list[str] = option(default_factory=lambda: ["all-linear"],
-                                            help="modules that get LoRA ('all-linear' or names)")
     lora_layers: int = option(0, "LoRA on the last N decoder layers only (the backward pass stops there: "
                               "cheaper on a CPU); 0: every layer")
     # ---- rewards and advantages

@@ -43,17 +43,13 @@ def peft_config(cfg: TrainPolicyConfig, model):
     """The LoRA config of ``cfg`` (``None`` for full fine-tuning)."""
     if cfg.finetune != "lora":
         return None
-    from peft import LoraConfig
-
-    targets = cfg.lora_target_modules
-    layers = None
+    targets, layers = None, None
     if cfg.lora_layers:
         total = int(model.config.num_hidden_layers)
         layers = list(range(max(total - cfg.lora_layers, 0), total))
-        if targets == ["all-linear"]:
+        if cfg.lora_target_modules == ["all-linear"]:
             targets = _linear_names(model)  # PEFT takes a layer list only with named modules
-    return LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout, task_type="CAUSAL_LM",
-                      target_modules=targets[0] if targets == ["all-linear"] else targets, layers_to_transform=layers)
+    return cfg.lora_config(targets=targets, layers=layers)
 
 
 def build_trainer(cfg: TrainPolicyConfig, tasks: dict, *, scorer: PRMScorer | None = None, judge: Judge | None = None,

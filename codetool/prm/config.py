@@ -29,6 +29,7 @@ import torch
 from trl import SFTConfig
 
 from codetool.config import ConfigError, option
+from codetool.models.lora import LoRAGroup
 from codetool.prm.format import PRMFormat
 
 logger = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ def _default(f: dataclasses.Field) -> Any:
 
 
 @dataclass
-class PRMConfig(SFTConfig):
+class PRMConfig(SFTConfig, LoRAGroup):
     """Settings of ``codetool train-prm``: every TRL ``SFTConfig`` option plus the PRM's own.
 
     PRM fields: ``model``, ``dataset``/``eval_dataset``/``eval_fraction``/``split_seed``, ``format``
@@ -85,12 +86,6 @@ class PRMConfig(SFTConfig):
     eval_fraction: float = option(0.1, "share of queries held out when eval_dataset is empty")
     split_seed: int = option(0, "seed of the query-id split")
     format: PRMFormat = field(default_factory=PRMFormat, metadata={"help": "prompt format and label tokens"})
-    finetune: str = option("lora", "LoRA adapter or full fine-tuning", choices=("lora", "full"))
-    lora_r: int = option(8, "LoRA rank")
-    lora_alpha: int = option(16, "LoRA alpha")
-    lora_dropout: float = option(0.0, "LoRA dropout")
-    lora_target_modules: list[str] = option(default_factory=lambda: ["all-linear"],
-                                            help="modules that get LoRA ('all-linear' or names)")
     train_label_head: bool = option(True, "train the two label rows of the output embedding")
     share_prefix: str = option(
         "auto", "prefix sharing in a batch: auto (time each mode on the first batch, keep the fastest), "

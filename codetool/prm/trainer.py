@@ -189,12 +189,9 @@ def build_model(cfg: PRMConfig, dtype: str = "float32"):
     lm, tokenizer = load_model(cfg.model, dtype=dtype, device="cpu", for_training=True)
     label_ids = add_label_tokens(lm, tokenizer, cfg.format, seed=cfg.seed)
     if cfg.finetune == "lora":
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
-        targets = cfg.lora_target_modules
-        lm = get_peft_model(lm, LoraConfig(
-            r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout, task_type="CAUSAL_LM",
-            target_modules=targets[0] if targets == ["all-linear"] else targets))
+        lm = get_peft_model(lm, cfg.lora_config())
     else:
         lm.requires_grad_(True)
         # the label head replaces the LM head in training (unused params break DDP), except under the
