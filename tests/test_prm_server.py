@@ -181,3 +181,22 @@ def test_a_one_item_request_is_not_queued_behind_another_clients_large_ones():
         victim.close()
     # one batch of the other client (4096 tokens = 82 ms here) at most, against ~6 s before
     assert sorted(waited)[2] < sorted(normal)[2] + 0.3, (normal, waited)
+
+
+def test_a_prm_server_that_refuses_connections_stops_the_run_before_any_generation():
+    import http.server
+    import threading
+
+    from codetool.prm.client import HTTPScorer
+    from codetool.resume import FatalError
+
+    with pytest.raises(FatalError, match=r"the PRM server cannot be reached: http://127.0.0.1:9 \(ConnectError\)"):
+        HTTPScorer("http://127.0.0.1:9").check_reachable(timeout_s=2)
+    # any HTTP answer counts as reachable, even a 404 (the first /score reports what is wrong)
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        HTTPScorer(f"http://127.0.0.1:9,{url}").check_reachable(timeout_s=2)  # one live endpoint of two
+    finally:
+        server.shutdown()

@@ -154,7 +154,8 @@ def pipeline_command(cfg: PipelineConfig) -> int:
     """``codetool pipeline``: see the module docstring."""
     start = time.perf_counter()
     status = run_pipeline(cfg)
-    logger.info("pipeline %s: %s in %.1f min; report: %s", cfg.name,
-                ", ".join(f"{k} {v}" for k, v in status.items()), (time.perf_counter() - start) / 60,
-                cfg.root / "report.md")
+    report = cfg.root / "report.md"
+    logger.info("pipeline %s: %s in %.1f min%s", cfg.name, ", ".join(f"{k} {v}" for k, v in status.items()),
+                (time.perf_counter() - start) / 60, f"; report: {report}" if report.is_file() else "; no report yet "
+                "(the eval stage writes it)")
     return 0

@@ -246,6 +246,8 @@ class QueryRunner(UnitRunner):
             resolve_model(spec.location)
         # the PRM before the policy: a PRM folder that does not exist fails at once, not after the policy loaded
         self.scorer = make_scorer(cfg.prm_spec, cfg.prm_device, client=cfg.prm_client) if scorer is None else scorer
+        if scorer is None and hasattr(self.scorer, "check_reachable"):
+            self.scorer.check_reachable()  # a dead PRM server stops the run before the policy's first round
         self.policy = policy or assemble.make_policy(spec)
         self.search = make_search(self.policy, cfg.search, executor_factory(cfg.executor), scorer=self.scorer,
                                   config_hash=chash)

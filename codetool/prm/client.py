@@ -89,6 +89,29 @@ class HTTPScorer:
         with ThreadPoolExecutor(max_workers=min(len(chunks), self.config.max_in_flight)) as pool:
             return [v for values in pool.map(self._post, chunks) for v in values]
 
+    def check_reachable(self, timeout_s: float = 5.0) -> None:
+        """Fail at once when no PRM server of ``urls`` accepts a connection (one ``GET /health``
+        each, no retries), instead of after the policy's first round of generation; any HTTP answer,
+        even an error status, counts as reachable (the first ``/score`` reports what is wrong).
+
+        Raises:
+            FatalError: every endpoint refused the connection or timed out connecting, naming each.
+        """
+        import httpx
+
+        from codetool.resume import FatalError
+
+        failures = []
+        for url in self.urls:
+            try:
+                httpx.get(f"{url}/health", timeout=timeout_s)
+                return
+            except httpx.HTTPError as e:  # refused, unresolvable, timed out: not answered
+                failures.append(f"{url} ({type(e).__name__})")
+        if failures:
+            raise FatalError(f"the PRM server cannot be reached: {', '.join(failures)}; start it with "
+                             "'codetool serve-prm --prm DIR' (or fix --prm), then rerun.")
+
     def serving_record(self) -> dict:
         """The servers and the client limits (JSON-able), for trajectories and summaries."""
         return {"endpoints": list(self.urls), "client": self.config.summary()}

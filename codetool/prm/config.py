@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,7 +169,11 @@ class PRMConfig(SFTConfig, LoRAGroup):
         self.max_length = self.format.max_length
         self.data_seed = self.seed if self.data_seed is None else self.data_seed
         try:
-            super().__post_init__()
+            with warnings.catch_warnings():
+                if "gradient_checkpointing" not in self.given:  # our default, not the user's: nothing to act on
+                    warnings.filterwarnings("ignore", message="`gradient_checkpointing` is deprecated",
+                                            category=FutureWarning)
+                super().__post_init__()
         except ValueError as e:
             if isinstance(e, ConfigError):
                 raise
