@@ -1,0 +1,206 @@
+"""Compute-optimal allocation (``search.strategy: compute_optimal``): per query, a strategy and a
+share of the run's token budget chosen by estimated difficulty (Snell et al. 2024, arXiv
+2408.03314; the rule is in :mod:`codetool.search.allocation` and docs/SEARCH.md).
+
+1. **Estimate** each query's difficulty cheaply, for all queries first (the levels are quantiles
+   over the run): ``search.difficulty: prm`` samples the first step's K candidates of every query
+   (batched, ``search.concurrency`` queries per call), runs them in forks, scores them with the PRM
+   (with no PRM: their on-the-spot reward) and takes ``1 - mean``; their tokens, PRM tokens, tool
+   calls and forks are added to that query's trajectory and taken from the budget. ``router``
+   reads ``1 - confidence`` of the decide-first stage (``codetool run --router`` puts it in the
+   task's ``extra["decision_confidence"]``) and costs nothing here; ``auto`` uses it where a query
+   has it.
+2. **Allocate**: level, strategy, weight and share (:class:`~codetool.search.allocation.Ledger`),
+   the share turned into the strategy's size (:func:`~codetool.search.allocation.sized`).
+3. **Search** each query with its strategy (its own ``search.vote`` applies), one query after
+   another under batched rounds (each share re-planned from what was spent), side by side under
+   continuous scheduling.
+
+Each trajectory's ``strategy`` records ``{"name": "compute_optimal", "difficulty",
+"difficulty_source", "level", "strategy", "size", "budget", "estimate_tokens", "inner"}``, and its
+compute fields include the estimate's. Limits: see :mod:`codetool.search.allocation`; the probe's
+first-step candidates are not reused by the search that follows (they are paid for once more).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from codetool.config import ConfigError
+from codetool.resume import unit_seed
+from codetool.search.allocation import Ledger, difficulty_levels, sized
+from codetool.search.beam import beam_search
+from codetool.search.best_of_n import best_of_n
+from codetool.search.config import SearchConfig
+from codetool.search.dvts import dvts
+from codetool.search.episode import (
+    Episodes,
+    Hook,
+    SearchParts,
+    Strategy,
+    account,
+    count_step,
+    each_query,
+)
+from codetool.search.expand import Node, expand_each
+from codetool.search.greedy import greedy
+from codetool.search.lookahead import lookahead
+from codetool.search.records import Trajectory
+from codetool.search.rollout import rollout_value
+from codetool.search.search import SearchTask
+
+logger = logging.getLogger(__name__)
+
+# The strategies a level can name (allocation.ALLOCATED): the same functions as
+# codetool.assemble.STRATEGIES, which this layer cannot import (tests/test_search_allocation.py checks).
+ALLOCATABLE: dict[str, Strategy] = {"greedy": greedy, "best_of_n": best_of_n, "beam": beam_search, "dvts": dvts,
+                                    "lookahead": lookahead}
+
+
+@dataclass
+class Estimate:
+    """A query's difficulty estimate and what it cost.
+
+    Args:
+        difficulty (`float`): in [0, 1], higher is harder.
+        source (`str`): ``prm``, ``spot`` (first-step R_spot, no PRM), ``router`` or ``unknown`` (the
+            estimate failed: the median of the others).
+        cost (`Trajectory`): its compute (``generated_tokens``, ``prm_scored_tokens``, ``tool_calls``,
+            ``executor_forks``, ``phase_seconds``, ``wall_time_s``).
+        tokens (`list[int]`): completion tokens of each first-step candidate sampled.
+    """
+
+    difficulty: float
+    source: str
+    cost: Trajectory
+    tokens: list[int] = field(default_factory=list)
+
+
+def compute_optimal(tasks: Iterable[SearchTask], parts: SearchParts, cfg: SearchConfig,
+                    on_done: Hook | None = None) -> list[Trajectory]:
+    """Estimate, allocate and search every task (see the module docstring); ``on_done`` sees each
+    final trajectory.
+
+    Raises:
+        ConfigError: settings the parts cannot run; ``difficulty: router`` for a query without a
+            decision.
+    """
+    episodes = Episodes(parts, cfg, rollout=rollout_value)
+    tasks = list(tasks)
+    if not tasks:
+        return []
+    estimates = estimate_difficulty(episodes, tasks)
+    levels = difficulty_levels([e.difficulty for e in estimates], len(cfg.level_weights))
+    sampled = [t for e in estimates for t in e.tokens]
+    per_candidate = statistics.mean(sampled) if sampled else float(cfg.max_new_tokens)
+    spent = sum(e.cost.generated_tokens for e in estimates)
+    total = cfg.budget * len(tasks) - spent
+    if total <= 0:
+        logger.warning("the difficulty estimate spent %d tokens, all of search.budget x queries (%d): every query "
+                       "runs its level's smallest search", spent, cfg.budget * len(tasks))
+    ledger = Ledger(total, {t.query_id: cfg.level_weights[lv] for t, lv in zip(tasks, levels)})
+    plan = {t.query_id: (e, lv) for t, e, lv in zip(tasks, estimates, levels)}
+    parts = episodes.parts  # the sub-searches share the scorer (and its lock)
+
+    def one(task: SearchTask) -> Trajectory:
+        estimate, level = plan[task.query_id]
+        name = cfg.level_strategies[level]
+        share = ledger.take(task.query_id)
+        sub_cfg, size = sized(cfg, name, share, per_candidate)
+        try:
+            [traj] = ALLOCATABLE[name]([task], parts, sub_cfg)
+        except BaseException:
+            ledger.settle(task.query_id, 0.0)
+            raise
+        ledger.settle(task.query_id, traj.generated_tokens)
+        inner = traj.strategy or {"name": name}
+        account(traj, estimate.cost)
+        traj.wall_time_s += estimate.cost.wall_time_s
+        for phase, seconds in estimate.cost.phase_seconds.items():
+            traj.phase_seconds[phase] = traj.phase_seconds.get(phase, 0.0) + seconds
+        traj.strategy = {"name": "compute_optimal", "difficulty": round(estimate.difficulty, 6),
+                         "difficulty_source": estimate.source, "level": level, "levels": len(cfg.level_weights),
+                         "strategy": name, "size": size, "budget": round(share, 1),
+                         "tokens_per_candidate": round(per_candidate, 2),
+                         "estimate_tokens": estimate.cost.generated_tokens, "inner": inner}
+        return traj
+
+    # What a query at the mean budget keeps in flight: its candidates per step.
+    mean_width = int(cfg.budget // (cfg.max_steps * max(per_candidate, 1.0)))
+    return each_query(episodes, one, tasks, max(cfg.k, mean_width), on_done)
+
+
+def estimate_difficulty(episodes: Episodes, tasks: list[SearchTask]) -> list[Estimate]:
+    """Every task's :class:`Estimate`, in task order (see the module docstring, step 1).
+
+    Raises:
+        ConfigError: ``difficulty: router`` and a task without ``extra["decision_confidence"]``.
+    """
+    cfg = episodes.cfg
+    out: dict[str, Estimate] = {}
+    probe: list[SearchTask] = []
+    for task in tasks:
+        confidence = task.extra.get("decision_confidence")
+        if confidence is not None and cfg.difficulty in ("router", "auto"):
+            out[task.query_id] = Estimate(min(1.0, max(0.0, 1.0 - float(confidence))), "router",
+                                          Trajectory(task.query_id, task.query))
+        elif cfg.difficulty == "router":
+            raise ConfigError(f"search.difficulty router reads the decide-first stage's confidence, but query "
+                              f"{task.query_id} has none: run with --router, or set search.difficulty prm or auto.")
+        else:
+            probe.append(task)
+    for start in range(0, len(probe), episodes.episodes):
+        out.update(_probe(episodes, probe[start:start + episodes.episodes]))
+    known = [e.difficulty for e in out.values() if e.source != "unknown"]
+    middle = statistics.median(known) if known else 0.5
+    for e in out.values():
+        if e.source == "unknown":
+            e.difficulty = middle
+    return [out[t.query_id] for t in tasks]
+
+
+def _probe(episodes: Episodes, chunk: list[SearchTask]) -> dict[str, Estimate]:
+    """First-step estimates of ``chunk`` (one ``generate`` call, one PRM call); forks closed."""
+    cfg, started = episodes.cfg, time.perf_counter()
+    eps = [episodes.start(t) for t in chunk]
+    live = [ep for ep in eps if ep.state is not None]
+    timings: dict[str, float] = {}
+    seed = None if cfg.seed is None else unit_seed(
+        cfg.seed, [(ep.task.benchmark, ep.task.group, ep.task.query_id, "difficulty") for ep in live])
+    rows = expand_each(episodes.policy, [Node(ep.state, ep.history, ep.task) for ep in live], cfg.k, cfg,
+                       seed=seed, timings=timings) if live else []
+    scored = [(ep, row) for ep, row in zip(live, rows) if not isinstance(row, Exception)]
+    use_prm = cfg.latent == "prm" and cfg.w_latent and episodes.scorer is not None
+    t0 = time.perf_counter()
+    if use_prm and scored:
+        episodes.score_latent([ep for ep, _ in scored], [row for _, row in scored])
+    timings["scoring"] = time.perf_counter() - t0
+    out: dict[str, Estimate] = {}
+    share = (time.perf_counter() - started) / len(chunk)
+    rows_of = {id(ep): row for ep, row in scored}
+    for ep in eps:
+        row = rows_of.get(id(ep))
+        cost = ep.traj
+        estimate = Estimate(0.5, "unknown", cost)
+        if row is not None:
+            count_step(cost, row)
+            estimate.tokens = [e.candidate.completion_tokens for e in row]
+            if cost.finish_type != "error":
+                values = [e.candidate.r_latent if use_prm and e.candidate.r_latent is not None else e.candidate.r_spot
+                          for e in row]
+                estimate.difficulty = min(1.0, max(0.0, 1.0 - statistics.mean(values)))
+                estimate.source = "prm" if use_prm else "spot"
+            for e in row:
+                if e.state is not None:
+                    e.state.close()
+        if ep.state is not None:
+            ep.state.close()
+            ep.state = None
+        cost.wall_time_s = share
+        cost.phase_seconds = {phase: seconds / len(chunk) for phase, seconds in timings.items()}
+        out[ep.task.query_id] = estimate
+    return out
