@@ -18,13 +18,15 @@ from codetool.config import load_config
 
 RECIPES = Path(__file__).resolve().parents[1] / "configs" / "pipeline"
 
+# Re-pinned by issue 43: SearchConfig gained the settings of voting and compute-optimal allocation
+# (search.vote, budget, difficulty, level_strategies, level_weights), which every stage hash covers.
 PINNED = {
-    "quickstart": {"trees": "ffca283ce199", "train": "fdb9311cb930", "search": "9ba4b2f891d4",
-                   "eval": "e347fccb9038"},
-    "paper-qwen2.5-7b": {"trees": "a30289e1d18e", "train": "a7bcf2390e50", "search": "832f6458456d",
-                         "eval": "dae9088c3317"},
-    "codetool-improved-qwen2.5-7b": {"trees": "c553fee86d38", "train": "f0f9727ea1b3", "search": "7256046a0e28",
-                                     "eval": "c16f9786c9bc"},
+    "quickstart": {"trees": "cf12752c6909", "train": "ad7fab7161b9", "search": "96993a9dd62b",
+                   "eval": "dff543711071"},
+    "paper-qwen2.5-7b": {"trees": "9be8137a5c8d", "train": "a7bcf2390e50", "search": "9d4730ce595e",
+                         "eval": "63ffb30b9445"},
+    "codetool-improved-qwen2.5-7b": {"trees": "f993de4a5dcf", "train": "f0f9727ea1b3", "search": "ee1c0eda7b65",
+                                     "eval": "e1cae0ee0128"},
 }
 
 

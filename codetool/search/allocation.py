@@ -15,33 +15,30 @@ fix them per level. Over code steps, per query:
 2. **level** ``L`` (:func:`difficulty_levels`): the midrank quantile of ``d`` among the run's
    queries, in ``len(level_weights)`` bins (equal difficulties share a level);
 3. **strategy** ``level_strategies[L]`` and **weight** ``level_weights[L]`` (non-decreasing);
-4. **budget** (:class:`Ledger`): the run's total, ``search.budget x queries`` less what the
-   difficulty estimate spent, shared in proportion to the weights; each query's share is computed
-   when it starts, from what is left, so tokens that earlier queries did not use go to later ones
-   (and an overspend is taken from them);
-5. **size** (:func:`sized`): the largest N, B or K whose cost estimate fits the share, the estimate
-   being candidates per step x ``max_steps`` x tokens per candidate (the difficulty probe's mean).
+4. **budget** (:func:`budget_shares`): the run's total, ``search.budget x queries`` less what the
+   difficulty estimate spent, shared in proportion to the weights, all shares fixed before any
+   search starts (so a run does not depend on the order in which queries finish, and a harder
+   query never gets less than an easier one);
+5. **size** (:func:`codetool.search.compute_optimal.sized`): the largest N, B or K whose cost
+   estimate fits the share, the estimate being candidates per step x ``max_steps`` x tokens per
+   candidate (the difficulty probe's mean; ``max_new_tokens`` when nothing was sampled).
 
-Guarantees: with equal spending, a query of a higher level never gets a smaller share than one of
-a lower level, and the shares sum to the total. Limits: the budget is planned, not enforced inside
-a search: a query spends what its strategy spends, and a query whose share is below its strategy's
-smallest size runs at that size (the run's total can then exceed the budget; the trajectories
-record every token either way).
+Guarantees: a query of a higher level never gets a smaller share than one of a lower level, and
+the shares sum to the total. Limits: the budget is planned, not enforced inside a search: a query
+spends what its strategy spends (sizes are rounded down, and episodes that end before
+``max_steps`` spend less than planned; tokens a query leaves unused are not handed to others), and
+a query whose share is below its strategy's smallest size runs at that size (the run's total can
+then exceed the budget). The trajectories record every token either way.
 """
 
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from codetool.config import ConfigError, option
 from codetool.config_groups import Group
-
-if TYPE_CHECKING:
-    from codetool.search.config import SearchConfig
 
 ALLOCATED = ("greedy", "best_of_n", "beam", "dvts", "lookahead")
 VOTING = ("best_of_n", "beam", "dvts", "compute_optimal")  # strategies that finish several trajectories
@@ -98,69 +95,18 @@ def difficulty_levels(difficulties: Sequence[float], levels: int) -> list[int]:
     return out
 
 
-@dataclass
-class Ledger:
-    """Shares of a total token budget, handed out when each query starts (thread-safe).
-
-    A query's share is ``left x weight / pending weight``, where ``left`` is the total less what
-    finished queries spent and what running queries hold, and the pending weight sums the weights of
-    the queries not started yet (the starting one included). Run one after another (batched rounds),
-    every share is re-planned from what was actually spent.
+def budget_shares(levels: Sequence[int], weights: Sequence[float], total: float) -> list[float]:
+    """Each query's share of ``total`` tokens: ``total x weights[level] / sum of the queries' weights``.
 
     Args:
-        total (`float`): tokens to share.
-        weights (`dict[str, float]`): query id -> its weight.
-    """
-
-    total: float
-    weights: dict[str, float]
-    spent: float = 0.0
-    held: dict[str, float] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def take(self, query_id: str) -> float:
-        """The share of ``query_id`` (held until :meth:`settle`); at least 0."""
-        with self._lock:
-            pending = sum(w for q, w in self.weights.items() if q not in self.held)
-            left = self.total - self.spent - sum(self.held.values())
-            share = max(0.0, left) * self.weights[query_id] / pending
-            self.held[query_id] = share
-            return share
-
-    def settle(self, query_id: str, spent: float) -> None:
-        """Record what ``query_id`` spent; its held share is released."""
-        with self._lock:
-            self.held[query_id] = 0.0
-            self.spent += spent
-
-
-def candidates_per_step(strategy: str, size: int, cfg: SearchConfig) -> int:
-    """Candidates ``strategy`` samples per step at ``size`` (N, B or K), rollout steps included."""
-    if strategy == "greedy":
-        return size
-    if strategy == "lookahead":
-        return size * (1 + cfg.lookahead_depth)
-    return size * cfg.k  # best_of_n: N episodes, beam: B beams, dvts: N paths; each k candidates
-
-
-def sized(cfg: SearchConfig, strategy: str, budget: float, tokens_per_candidate: float) -> tuple[SearchConfig, int]:
-    """The settings of ``strategy`` for one query with ``budget`` tokens: the largest size whose
-    estimate (:func:`candidates_per_step` x ``max_steps`` x ``tokens_per_candidate``) fits, at least
-    the smallest (N = 1, B = 1, K = 1; DVTS: one subtree of ``beam_width``).
-
+        levels (`Sequence[int]`): (queries,) each query's difficulty level.
+        weights (`Sequence[float]`): (levels,) non-decreasing weight per level.
+        total (`float`): tokens to share (at least 0 is shared).
     Returns:
-        The query's :class:`SearchConfig` (``strategy`` and its size set) and the size.
+        (queries,) shares in tokens; they sum to ``max(total, 0)``, and a query of a higher level
+        never gets less than one of a lower level.
+
+    Example: ``budget_shares([0, 2, 4], [1, 1.5, 2, 2.5, 3], 600) == [100.0, 200.0, 300.0]``.
     """
-    per_size = candidates_per_step(strategy, 1, cfg) * cfg.max_steps * max(tokens_per_candidate, 1.0)
-    size = max(1, int(budget // per_size))
-    # One trajectory (greedy, lookahead) has nothing to vote over; the budget belongs to the caller.
-    common = {"strategy": strategy, "budget": None, "vote": cfg.vote if strategy in VOTING else "none"}
-    if strategy in ("greedy", "lookahead"):
-        return replace(cfg, k=size, **common), size
-    if strategy == "best_of_n":
-        return replace(cfg, n=size, **common), size
-    if strategy == "beam":
-        return replace(cfg, beam_width=size, **common), size
-    width = min(cfg.beam_width, size)  # dvts: whole subtrees of beam_width paths
-    size = max(width, size // width * width)
-    return replace(cfg, n=size, beam_width=width, **common), size
+    mass = sum(weights[lv] for lv in levels)
+    return [max(total, 0.0) * weights[lv] / mass for lv in levels]

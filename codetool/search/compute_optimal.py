@@ -10,11 +10,10 @@ share of the run's token budget chosen by estimated difficulty (Snell et al. 202
    reads ``1 - confidence`` of the decide-first stage (``codetool run --router`` puts it in the
    task's ``extra["decision_confidence"]``) and costs nothing here; ``auto`` uses it where a query
    has it.
-2. **Allocate**: level, strategy, weight and share (:class:`~codetool.search.allocation.Ledger`),
+2. **Allocate**: level, strategy, weight and share (:func:`~codetool.search.allocation.budget_shares`),
    the share turned into the strategy's size (:func:`~codetool.search.allocation.sized`).
 3. **Search** each query with its strategy (its own ``search.vote`` applies), one query after
-   another under batched rounds (each share re-planned from what was spent), side by side under
-   continuous scheduling.
+   another under batched rounds, side by side under continuous scheduling.
 
 Each trajectory's ``strategy`` records ``{"name": "compute_optimal", "difficulty",
 "difficulty_source", "level", "strategy", "size", "budget", "estimate_tokens", "inner"}``, and its
@@ -28,11 +27,11 @@ import logging
 import statistics
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from codetool.config import ConfigError
 from codetool.resume import unit_seed
-from codetool.search.allocation import Ledger, difficulty_levels, sized
+from codetool.search.allocation import VOTING, budget_shares, difficulty_levels
 from codetool.search.beam import beam_search
 from codetool.search.best_of_n import best_of_n
 from codetool.search.config import SearchConfig
@@ -102,21 +101,15 @@ def compute_optimal(tasks: Iterable[SearchTask], parts: SearchParts, cfg: Search
     if total <= 0:
         logger.warning("the difficulty estimate spent %d tokens, all of search.budget x queries (%d): every query "
                        "runs its level's smallest search", spent, cfg.budget * len(tasks))
-    ledger = Ledger(total, {t.query_id: cfg.level_weights[lv] for t, lv in zip(tasks, levels)})
-    plan = {t.query_id: (e, lv) for t, e, lv in zip(tasks, estimates, levels)}
+    shares = budget_shares(levels, cfg.level_weights, total)
+    plan = {t.query_id: (e, lv, share) for t, e, lv, share in zip(tasks, estimates, levels, shares)}
     parts = episodes.parts  # the sub-searches share the scorer (and its lock)
 
     def one(task: SearchTask) -> Trajectory:
-        estimate, level = plan[task.query_id]
+        estimate, level, share = plan[task.query_id]
         name = cfg.level_strategies[level]
-        share = ledger.take(task.query_id)
         sub_cfg, size = sized(cfg, name, share, per_candidate)
-        try:
-            [traj] = ALLOCATABLE[name]([task], parts, sub_cfg)
-        except BaseException:
-            ledger.settle(task.query_id, 0.0)
-            raise
-        ledger.settle(task.query_id, traj.generated_tokens)
+        [traj] = ALLOCATABLE[name]([task], parts, sub_cfg)
         inner = traj.strategy or {"name": name}
         account(traj, estimate.cost)
         traj.wall_time_s += estimate.cost.wall_time_s
@@ -204,3 +197,35 @@ def _probe(episodes: Episodes, chunk: list[SearchTask]) -> dict[str, Estimate]:
         cost.phase_seconds = {phase: seconds / len(chunk) for phase, seconds in timings.items()}
         out[ep.task.query_id] = estimate
     return out
+
+
+def candidates_per_step(strategy: str, size: int, cfg: SearchConfig) -> int:
+    """Candidates ``strategy`` samples per step at ``size`` (N, B or K), rollout steps included."""
+    if strategy == "greedy":
+        return size
+    if strategy == "lookahead":
+        return size * (1 + cfg.lookahead_depth)
+    return size * cfg.k  # best_of_n: N episodes, beam: B beams, dvts: N paths; each k candidates
+
+
+def sized(cfg: SearchConfig, strategy: str, budget: float, tokens_per_candidate: float) -> tuple[SearchConfig, int]:
+    """The settings of ``strategy`` for one query with ``budget`` tokens: the largest size whose
+    estimate (:func:`candidates_per_step` x ``max_steps`` x ``tokens_per_candidate``) fits, at least
+    the smallest (N = 1, B = 1, K = 1; DVTS: one subtree of ``beam_width``).
+
+    Returns:
+        The query's :class:`SearchConfig` (``strategy`` and its size set) and the size.
+    """
+    per_size = candidates_per_step(strategy, 1, cfg) * cfg.max_steps * max(tokens_per_candidate, 1.0)
+    size = max(1, int(budget // per_size))
+    # One trajectory (greedy, lookahead) has nothing to vote over; the budget belongs to the caller.
+    common = {"strategy": strategy, "budget": None, "vote": cfg.vote if strategy in VOTING else "none"}
+    if strategy in ("greedy", "lookahead"):
+        return replace(cfg, k=size, **common), size
+    if strategy == "best_of_n":
+        return replace(cfg, n=size, **common), size
+    if strategy == "beam":
+        return replace(cfg, beam_width=size, **common), size
+    width = min(cfg.beam_width, size)  # dvts: whole subtrees of beam_width paths
+    size = max(width, size // width * width)
+    return replace(cfg, n=size, beam_width=width, **common), size
