@@ -55,3 +55,15 @@ def test_scep_counts_every_chosen_step_as_the_public_code():
     m = run_metrics([t, u, Trajectory("3", "q", steps=[Step(0, [cand(0, True)], 0)])])  # 3 has no re-runs: left out
     assert (m.scep, m.reference_steps, m.reference_successful) == (pytest.approx(2 / 3), 3, 2)
     assert m.scep_code_steps == 1.0  # ours leaves the code-less step out
+
+
+def test_bootstrap_mean_over_queries():
+    from codetool.eval.metrics import bootstrap_mean
+
+    assert bootstrap_mean([]) is None
+    assert bootstrap_mean([1.0, 1.0, 1.0]) == (1.0, 1.0, 1.0)  # no spread, no width
+    mean, low, high = bootstrap_mean([0, 0, 1, 1], samples=2000, seed=3)
+    assert mean == 0.5 and 0.0 <= low < 0.5 < high <= 1.0
+    assert bootstrap_mean([0, 0, 1, 1], samples=2000, seed=3) == (mean, low, high)  # seeded
+    # a single query: its value, whatever the resampling
+    assert bootstrap_mean([0.25]) == (0.25, 0.25, 0.25)

@@ -109,6 +109,9 @@ def test_best_of_n_answers_by_its_vote(task, mode, answer):
     assert traj.generated_tokens == 6 * 3 and traj.executor_forks == 6 and traj.prm_scored_tokens > 0
     assert (traj.strategy.get("vote"), traj.strategy["chosen"]) == (
         {"none": (None, 5), "majority": ("majority", 2), "prm_weighted": ("prm_weighted", 0)}[mode])
+    # every episode is kept in the record, enough to vote again with another mode afterwards
+    assert traj.strategy["finished"][1] == {"answer": "paris.", "finish_type": "finish", "calls": [], "score": 0.4}
+    assert traj.strategy["episode_tokens"] == [3] * 6
 
 
 def test_beam_votes_over_its_finished_beams(task):

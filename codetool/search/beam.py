@@ -43,7 +43,7 @@ from codetool.search.records import Step, Trajectory
 from codetool.search.rollout import rollout_value
 from codetool.search.scores import aggregate, step_value
 from codetool.search.search import SearchTask, select
-from codetool.search.vote import vote
+from codetool.search.vote import finished_record, vote
 
 
 @dataclass(slots=True)
@@ -162,6 +162,7 @@ def grow(search: Episodes, task: SearchTask, subtrees: int, name: str = "beam") 
     out = _close_out(completed[ballot.chosen].episode, acc, started, kept, cfg, name)
     out.strategy["scores"] = [round(s, 6) for s in scores]
     out.strategy["chosen"] = ballot.chosen
+    out.strategy["finished"] = [finished_record(t, sc) for t, sc in zip(trajs, scores)]
     if name == "dvts":
         out.strategy["subtree_of"] = [i for i, t in enumerate(trees) for _ in t.completed]
     out.strategy.update(ballot.record(cfg.vote))

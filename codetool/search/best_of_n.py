@@ -21,7 +21,7 @@ from codetool.search.records import Trajectory
 from codetool.search.rollout import rollout_value
 from codetool.search.scores import trajectory_score
 from codetool.search.search import SearchTask
-from codetool.search.vote import vote
+from codetool.search.vote import finished_record, vote
 
 
 def best_of_n(tasks: Iterable[SearchTask], parts: SearchParts, cfg: SearchConfig,
@@ -55,5 +55,6 @@ def _best_of(search: Episodes, task: SearchTask) -> Trajectory:
     out.wall_time_s = time.perf_counter() - started
     out.strategy = {"name": "best_of_n", "n": cfg.n, "aggregate": cfg.aggregate, "chosen": best,
                     "scores": [None if math.isinf(s) else round(s, 6) for s in scores],
-                    "finish_types": [t.finish_type for t in trajs], **ballot.record(cfg.vote)}
+                    "finish_types": [t.finish_type for t in trajs], "episode_tokens": [t.generated_tokens for t in trajs],
+                    "finished": [finished_record(t, s) for t, s in zip(trajs, scores)], **ballot.record(cfg.vote)}
     return out

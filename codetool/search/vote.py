@@ -117,6 +117,16 @@ def answer_key(traj: Trajectory) -> str | None:
     return normalise_answer(traj.final_answer) or None
 
 
+def finished_record(traj: Trajectory, score: float, max_chars: int = 300) -> dict:
+    """What a strategy's record keeps of one of its finished trajectories: its answer (cut to
+    ``max_chars``), how it ended, its calls (``[name, status]`` in order) and its score; enough to
+    vote again with another mode or to score any pick afterwards (as search-and-learn keeps every
+    completion with its scores), without the steps."""
+    return {"answer": None if traj.final_answer is None else str(traj.final_answer)[:max_chars],
+            "finish_type": traj.finish_type, "calls": [[str(c.name), str(c.status)] for c in traj.executed_calls()],
+            "score": round(score, 6) if math.isfinite(score) else None}
+
+
 def best_scored(trajs: Sequence[Trajectory], scores: Sequence[float]) -> int:
     """Index of the best-scored trajectory (ties: a finished episode, then the earlier one)."""
     return max(range(len(trajs)), key=lambda j: (scores[j], trajs[j].finish_type == "finish", -j))
