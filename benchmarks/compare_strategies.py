@@ -142,6 +142,7 @@ def main() -> None:
     policy, scorer = make_policy(probe.policy_spec), make_scorer(probe.prm_spec)  # loaded once for every run
     rows: list[dict] = []
     measured: dict[tuple[str, str], float] = {}  # (run, benchmark) -> generated tokens per query
+    run_cpu: dict[str, float] = {}  # this process's CPU seconds per run and benchmark (0 when resumed)
     for name, spec in recipe["runs"].items():
         if args.only and name not in args.only:
             continue
@@ -152,22 +153,23 @@ def main() -> None:
                 search["budget"] = max(1, round(spec["budget_times"] * measured[(spec["budget_from"], tag)]))
             data = merge(merge(base, bench), {"search": {**search, "seed": recipe.get("seed", 0), "method": name}})
             data["output"] = str(out / name / f"{tag}.jsonl")
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             path = execute_run(from_dict(RunConfig, data), policy=policy, scorer=scorer, show_summary=False)
+            run_cpu[f"{name}/{tag}"] = round(time.process_time() - cpu0, 1)
             trajs = [Trajectory.from_dict(r) for r in read_jsonl(path)]
             measured[(name, tag)] = statistics.mean(t.generated_tokens for t in trajs)
             for traj in trajs:
                 rows += [dict(p, benchmark=traj.benchmark, query=traj.query_id) for p in picks(name, {**search, **{
                     k: spec[k] for k in ("series", "tier") if k in spec}}, traj)]
-            print(f"{name} on {tag}: {measured[(name, tag)]:.0f} tokens/query, {time.perf_counter() - t0:.0f} s",
-                  flush=True)
+            print(f"{name} on {tag}: {measured[(name, tag)]:.0f} tokens/query, {time.perf_counter() - t0:.0f} s, "
+                  f"CPU {run_cpu[f'{name}/{tag}']:.0f} s", flush=True)
     wall = time.perf_counter() - started
     usage = {who: resource.getrusage(getattr(resource, f"RUSAGE_{who.upper()}")) for who in ("self", "children")}
     cpu = {who: round(u.ru_utime + u.ru_stime, 1) for who, u in usage.items()}
     points = summarise(rows, args.samples)
     machine = {"wall_s": round(wall, 1), "cpu_s": cpu, "load_start": [round(x, 2) for x in load_start],
                "load_end": [round(x, 2) for x in os.getloadavg()], "cores": os.cpu_count(),
-               "torch_threads": args.threads or "default"}
+               "torch_threads": args.threads or "default", "run_cpu_s": run_cpu}
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps({"config": args.config, "recipe": recipe, "machine": machine,
                                                    "points": points, "rows": rows}, indent=1, default=float))

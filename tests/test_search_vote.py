@@ -38,6 +38,8 @@ def finished(answer: str | None, finish_type: str = "finish", benchmark: str = "
     ("ｆｕｌｌ width １２", "full width 12"),
     ("-5 degrees", "-5 degrees"),
     ("2020-05-01", "2020 5 1"),
+    ("run_9d3924c27a84 and 12abc", "run 9d3924c27a84 and 12abc"),  # ids that start with a digit stay words
+    ("x_007", "x 7"),
     ("", ""),
     (None, ""),
 ])

@@ -42,9 +42,11 @@ from codetool.search.records import Trajectory
 VOTES = ("none", "majority", "prm_weighted")
 
 # A number: optional sign (only where it cannot be a hyphen inside a word or a date), digits with
-# optional thousands separators, optional decimals.
-_NUMBER = r"(?<![\w.,])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+# optional thousands separators, optional decimals, and no letter or digit right after (an id such
+# as 9d3924c2 stays one word).
+_NUMBER = r"(?<![\w.,])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![^\W_])"
 _TOKEN = re.compile(rf"{_NUMBER}|[^\W_]+")
+_IS_NUMBER = re.compile(r"[-+]?[\d,]+(?:\.\d+)?")
 _ARTICLES = frozenset({"a", "an", "the"})
 
 
@@ -93,7 +95,7 @@ def normalise_answer(text: str | None) -> str:
     if not text:
         return ""
     text = unicodedata.normalize("NFKC", str(text)).casefold()
-    words = [_number(t) if t[0].isdigit() or t[0] in "+-" else t for t in _TOKEN.findall(text)]
+    words = [_number(t) if _IS_NUMBER.fullmatch(t) else t for t in _TOKEN.findall(text)]
     return " ".join([w for w in words if w not in _ARTICLES] or words)  # "A" alone stays an answer
 
 
