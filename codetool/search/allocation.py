@@ -20,8 +20,9 @@ fix them per level. Over code steps, per query:
    search starts (so a run does not depend on the order in which queries finish, and a harder
    query never gets less than an easier one);
 5. **size** (:func:`codetool.search.compute_optimal.sized`): the largest N, B or K whose cost
-   estimate fits the share, the estimate being candidates per step x ``max_steps`` x tokens per
-   candidate (the difficulty probe's mean; ``max_new_tokens`` when nothing was sampled).
+   estimate fits the share: the candidates it samples if every path runs ``max_steps`` (beam
+   search and DVTS expand only their roots on the first step) x tokens per candidate (the
+   difficulty probe's mean; ``max_new_tokens`` when nothing was sampled).
 
 Guarantees: a query of a higher level never gets a smaller share than one of a lower level, and
 the shares sum to the total. Limits: the budget is planned, not enforced inside a search: a query

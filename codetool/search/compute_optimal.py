@@ -200,7 +200,8 @@ def _probe(episodes: Episodes, chunk: list[SearchTask]) -> dict[str, Estimate]:
 
 
 def candidates_per_step(strategy: str, size: int, cfg: SearchConfig) -> int:
-    """Candidates ``strategy`` samples per step at ``size`` (N, B or K), rollout steps included."""
+    """Candidates ``strategy`` samples per step at ``size`` (N, B or K) once all its paths are open,
+    rollout steps included (what a comparison matches across strategies)."""
     if strategy == "greedy":
         return size
     if strategy == "lookahead":
@@ -208,16 +209,34 @@ def candidates_per_step(strategy: str, size: int, cfg: SearchConfig) -> int:
     return size * cfg.k  # best_of_n: N episodes, beam: B beams, dvts: N paths; each k candidates
 
 
+def planned_candidates(strategy: str, size: int, cfg: SearchConfig) -> int:
+    """Candidates ``strategy`` samples for one query at ``size`` if every path runs ``max_steps``:
+    :func:`candidates_per_step` per step, except that beam search expands one root on its first
+    step (k candidates) and DVTS one root per subtree (``size / beam_width`` x k)."""
+    steps = cfg.max_steps
+    if strategy == "beam":
+        return cfg.k + size * cfg.k * (steps - 1)
+    if strategy == "dvts":
+        return size // min(cfg.beam_width, size) * cfg.k + size * cfg.k * (steps - 1)
+    return candidates_per_step(strategy, size, cfg) * steps
+
+
 def sized(cfg: SearchConfig, strategy: str, budget: float, tokens_per_candidate: float) -> tuple[SearchConfig, int]:
     """The settings of ``strategy`` for one query with ``budget`` tokens: the largest size whose
-    estimate (:func:`candidates_per_step` x ``max_steps`` x ``tokens_per_candidate``) fits, at least
-    the smallest (N = 1, B = 1, K = 1; DVTS: one subtree of ``beam_width``).
+    estimate (:func:`planned_candidates` x ``tokens_per_candidate``) fits, at least the smallest
+    (N = 1, B = 1, K = 1; DVTS: one subtree of ``beam_width``). A size that would not add to the
+    estimate (beam search of a single step) is not taken.
 
     Returns:
         The query's :class:`SearchConfig` (``strategy`` and its size set) and the size.
     """
-    per_size = candidates_per_step(strategy, 1, cfg) * cfg.max_steps * max(tokens_per_candidate, 1.0)
-    size = max(1, int(budget // per_size))
+    fits = budget / max(tokens_per_candidate, 1.0)  # candidates the share pays for
+    unit = cfg.beam_width if strategy == "dvts" else 1  # dvts grows by whole subtrees of beam_width
+    size = unit if planned_candidates(strategy, unit, cfg) <= fits else 1
+    if size == unit:
+        while (planned_candidates(strategy, size + unit, cfg) <= fits
+               and planned_candidates(strategy, size + unit, cfg) > planned_candidates(strategy, size, cfg)):
+            size += unit
     # One trajectory (greedy, lookahead) has nothing to vote over; the budget belongs to the caller.
     common = {"strategy": strategy, "budget": None, "vote": cfg.vote if strategy in VOTING else "none"}
     if strategy in ("greedy", "lookahead"):
@@ -226,6 +245,4 @@ def sized(cfg: SearchConfig, strategy: str, budget: float, tokens_per_candidate:
         return replace(cfg, n=size, **common), size
     if strategy == "beam":
         return replace(cfg, beam_width=size, **common), size
-    width = min(cfg.beam_width, size)  # dvts: whole subtrees of beam_width paths
-    size = max(width, size // width * width)
-    return replace(cfg, n=size, beam_width=width, **common), size
+    return replace(cfg, n=size, beam_width=min(cfg.beam_width, size), **common), size
