@@ -20,7 +20,13 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from codetool import CodetoolError
-from codetool.models.remote import EndpointError, RemoteClient, RemoteConfig, split_urls
+from codetool.models.remote import (
+    EndpointError,
+    RemoteClient,
+    RemoteConfig,
+    json_object,
+    split_urls,
+)
 from codetool.rewards import PRMItem
 from codetool.secrets import key_from_env
 
@@ -67,17 +73,14 @@ class HTTPScorer:
         def describe(url: str, status: int, text: str) -> str:
             return f"PRM server {url} answered {status}: {_reason(text)}{_hint(status, text, self.api_key_env)}"
 
-        try:
-            response = self.remote.request("POST", "/score", body, key=f"{chunk[0].query}\x00{chunk[0].tools}",
-                                           units=len(chunk), describe=describe)
+        try:  # a body that is not a JSON object is a fault, retried like a 5xx
+            reply = self.remote.request("POST", "/score", body, key=f"{chunk[0].query}\x00{chunk[0].tools}",
+                                        units=len(chunk), describe=describe, parse=json_object)
         except EndpointError:
             raise
         except CodetoolError as e:
             raise CodetoolError(f"PRM server: {e} Start it with 'codetool serve-prm' or check --prm.") from None
-        try:
-            values = response.json().get("scores")
-        except (ValueError, AttributeError):
-            values = None
+        values = reply.get("scores")
         if not isinstance(values, list) or len(values) != len(chunk):
             raise CodetoolError(f"PRM server {self.url} returned {values!r:.100} for {len(chunk)} items.")
         return [float(v) for v in values]

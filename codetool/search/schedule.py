@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from codetool.streaming import stream  # noqa: F401 - how episodes and tree nodes are streamed
 
 logger = logging.getLogger(__name__)
 
@@ -74,46 +75,6 @@ def planned_units(setting: int | None, remote: bool, schedule: str, client, *, l
     continuous = schedule == "continuous" or (schedule == "auto" and remote)
     return units_in_flight(setting, client if remote else None, continuous, local_default=local_default,
                            per_unit=per_unit)
-
-
-def stream(func: Callable[[Any], Any], items: Iterable, workers: int, on_result: Callable[[Any], None]) -> None:
-    """``func(item)`` for every item, ``workers`` at a time in threads; ``on_result`` sees each
-    result in the calling thread as soon as it is ready (completion order).
-
-    Items are taken from ``items`` only when a worker is free (a generator may build them
-    lazily). When ``func`` raises, no further item starts, the running ones finish and are
-    delivered, then the first exception is raised. On ``KeyboardInterrupt`` the items not yet
-    started are dropped and the running ones are left to end on their own.
-    """
-    pending = iter(items)
-    pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="codetool-unit")
-    running: set[Future] = set()
-    error: BaseException | None = None
-    try:
-        while True:
-            while error is None and len(running) < max(1, workers):
-                item = next(pending, _END)
-                if item is _END:
-                    break
-                running.add(pool.submit(func, item))
-            if not running:
-                break
-            done, running = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                exc = future.exception()
-                if exc is not None:
-                    error = error or exc
-                else:
-                    on_result(future.result())
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown(wait=True)
-    if error is not None:
-        raise error
-
-
-_END = object()
 
 
 class Serialized:
@@ -176,3 +137,4 @@ def closed_on_interrupt(*parts) -> Iterator[None]:
             if getattr(part, "continuous", False) and callable(close):
                 close()
         raise
+
