@@ -29,9 +29,30 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from codetool.config import ConfigError, option
+from codetool.config_groups import Group
+
 logger = logging.getLogger(__name__)
 
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+@dataclass
+class MemoryGroup(Group):
+    """The memory cap of a long job's units in flight (``run``'s episodes, ``build-trees``' trees),
+    enforced under continuous scheduling (a policy server) by :class:`MemoryGate`."""
+
+    max_memory_mb: int | None = option(None, "MiB the units in flight (episodes, trees: their sandboxes and state, "
+                                       "measured as proportional set size) may add to this process's memory: a new "
+                                       "unit waits while one more would pass it; none: half the memory available "
+                                       "at the start, 0: no cap. About 4 MiB per episode in flight and 15 MiB per "
+                                       "tree (docs/SCALE.md)")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.max_memory_mb is not None and self.max_memory_mb < 0:
+            raise ConfigError(f"max_memory_mb must be >= 0 MiB (0: no cap; none: half the available memory), got "
+                              f"{self.max_memory_mb}.")
 
 
 @dataclass
@@ -172,6 +193,12 @@ class MemoryGate:
                                self.limit_mb)
             self.held += 1
         return False
+
+
+    def report(self) -> None:
+        """Log what the cap saw: the most the units in flight added, and how often one waited."""
+        logger.info("memory cap %.0f MiB: the units in flight added at most %.0f MiB to the %.0f MiB at the start; "
+                    "%d times a new unit waited", self.limit_mb, self.peak_mb, self.base_mb, self.held)
 
 
 def memory_gate(setting: int | None) -> MemoryGate | None:

@@ -26,14 +26,17 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 
-def stream(func: Callable[[Any], Any], items: Iterable, workers: int, on_result: Callable[[Any], None]) -> None:
+def stream(func: Callable[[Any], Any], items: Iterable, workers: int, on_result: Callable[[Any], None],
+           admit: Callable[[int], bool] | None = None, recheck_s: float = 0.5) -> None:
     """``func(item)`` for every item, ``workers`` at a time in threads; ``on_result`` sees each
     result as soon as it is ready (completion order), in a thread of its own (:class:`Delivery`),
     so what a finished unit needs (writing its record, re-running its steps) never holds back the
     next unit: a new item starts as soon as a worker is free.
 
     Items are taken from ``items`` only when a worker is free (a generator may build them
-    lazily). When ``func`` raises, no further item starts, the running ones finish and are
+    lazily) and ``admit(running)`` (given the number of items running, e.g.
+    :meth:`codetool.memory_use.MemoryGate.admit`) says yes; it is asked again when an item ends
+    or ``recheck_s`` later, and never while no item runs (one always may). When ``func`` raises, no further item starts, the running ones finish and are
     delivered, then the first exception is raised. When ``on_result`` raises, no further item
     starts and its exception is raised at once (the running items are left to end on their own),
     as on ``KeyboardInterrupt`` (the items not yet started are dropped).
@@ -45,14 +48,19 @@ def stream(func: Callable[[Any], Any], items: Iterable, workers: int, on_result:
     delivery = Delivery(on_result)
     try:
         while True:
+            held = False
             while error is None and len(running) < max(1, workers):
+                if running and admit is not None and not admit(len(running)):
+                    held = True
+                    break
                 item = next(pending, _END)
                 if item is _END:
                     break
                 running.add(pool.submit(func, item))
             if not running:
                 break
-            done, _ = wait(running | {delivery.failed}, return_when=FIRST_COMPLETED)
+            done, _ = wait(running | {delivery.failed}, timeout=recheck_s if held else None,
+                           return_when=FIRST_COMPLETED)
             delivery.check()
             for future in done:
                 running.discard(future)

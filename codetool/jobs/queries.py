@@ -25,6 +25,7 @@ from codetool.executor import ExecutorConfig
 from codetool.executor.pool import started_in_background
 from codetool.jobs import ProgressFactory, client_rows
 from codetool.jsonl import append_jsonl
+from codetool.memory_use import MemoryGroup, memory_gate
 from codetool.models.remote import RemoteConfig
 from codetool.models.spec import ModelSpec, PolicyBackendGroup
 from codetool.resume import (
@@ -51,7 +52,7 @@ RERUNS_AT_ONCE = 16  # reference re-runs of finished trajectories in flight at o
 
 
 @dataclass
-class RunConfig(QueriesGroup, PolicyBackendGroup, ToolsGroup, RunOutput, WorkersGroup):
+class RunConfig(QueriesGroup, PolicyBackendGroup, ToolsGroup, RunOutput, WorkersGroup, MemoryGroup):
     """Settings of ``codetool run``: the groups it composes (queries, policy, tools, output,
     workers) and its own. ``__post_init__`` parses ``prm`` once into ``prm_spec`` (beside the
     policy group's ``policy_spec``; neither is a setting)."""
@@ -142,7 +143,8 @@ def single_query(cfg: RunConfig):
 def run_hash(cfg: RunConfig) -> str:
     """The config hash stored in trajectories (what changes results; not paths or limits)."""
     return config_hash(cfg, ignore=("output", "offset", "limit", "data_dir", "prm_device", "retry_failed",
-                                    "force_resume", "ray", "cluster", "policy_client", "prm_client"))
+                                    "force_resume", "ray", "cluster", "policy_client", "prm_client",
+                                    "max_memory_mb"))
 
 
 def query_key(q) -> str:
@@ -255,9 +257,12 @@ class QueryRunner(UnitRunner):
         self.policy = policy or assemble.make_policy(spec)
         self.make_executor = executor_factory(cfg.executor)
         self.continuous = is_continuous(self.policy, cfg.search.schedule)
-        # against a server an episode's sandbox starts while its first step is generated
+        # against a server an episode's sandbox starts while its first step is generated, and a memory
+        # cap holds new episodes back (codetool.memory_use)
         episode_executor = started_in_background(self.make_executor) if self.continuous else self.make_executor
-        self.search = make_search(self.policy, cfg.search, episode_executor, scorer=self.scorer, config_hash=chash)
+        self.gate = memory_gate(cfg.max_memory_mb) if self.continuous else None
+        self.search = make_search(self.policy, cfg.search, episode_executor, scorer=self.scorer, config_hash=chash,
+                                  admit=self.gate.admit if self.gate is not None else None)
         self.backend = self.open(tool_backend(cfg.tools_backend, benchmark=cfg.benchmark, data_dir=cfg.data_dir,
                                               server_url=cfg.tool_server_url, cache_dir=cfg.tool_cache_dir))
 
@@ -355,6 +360,8 @@ class QueryRunner(UnitRunner):
                     finisher.abandon()
                 raise
             flush()
+        if self.gate is not None:
+            self.gate.report()
         return failed
 
     def stop_if_unreachable(self) -> None:

@@ -257,12 +257,15 @@ class TreeRunner(UnitRunner):
 
         self.cfg, self.chash = cfg, chash
         from codetool.executor.pool import started_in_background
+        from codetool.memory_use import memory_gate
         from codetool.search.schedule import is_continuous
 
         policy = make_policy(cfg.policy_spec)
         make_executor = executor_factory(cfg.executor)
+        self.gate = None
         if is_continuous(policy, cfg.search.schedule):  # a tree's sandbox starts while its root is sampled
             make_executor = started_in_background(make_executor)
+            self.gate = memory_gate(cfg.max_memory_mb)  # new trees wait while they would pass the cap
         self.builder = TreeBuilder(policy, cfg, make_executor, judge=judge_fn(cfg))
         self.backend = self.open(tool_backend(cfg.tools_backend, server_url=cfg.tool_server_url,
                                               cache_dir=cfg.tool_cache_dir))
@@ -322,7 +325,8 @@ class TreeRunner(UnitRunner):
                     try:
                         grow(builder, (make_task(q, self.backend, tool_doc=cfg.tool_doc) for q in batch),
                              delivery.put, trees=builder.trees,
-                             workers=max(8, getattr(builder.policy, "max_in_flight", 8)))
+                             workers=max(8, getattr(builder.policy, "max_in_flight", 8)),
+                             admit=self.gate.admit if self.gate is not None else None)
                     except Exception:
                         delivery.close()  # what finished before the error lands (run_isolated reruns the rest)
                         raise
@@ -335,4 +339,6 @@ class TreeRunner(UnitRunner):
             else:
                 for b in range(0, len(good), builder.trees):
                     run_isolated(good[b:b + builder.trees], build_batch, key, land, failed_unit)
+        if self.gate is not None:
+            self.gate.report()
         return failed

@@ -243,12 +243,16 @@ class RemoteClient:
                 self._loop = loop
             return self._loop
 
-    def _exchange(self, method: str, url: str, body: Any):
+    def _exchange(self, method: str, url: str, body: Any, timeout_s: float | None = None):
         """One HTTP exchange on the loop; the calling thread waits for it. Cancelling it (close,
         or an interrupt of the waiting thread) closes its connection, so the server sees the
         request go away."""
+        import httpx
+
+        extra = {} if timeout_s is None else {"timeout": httpx.Timeout(timeout_s)}
+
         async def send():
-            return await self._client.request(method, url, json=body, headers=self._headers())
+            return await self._client.request(method, url, json=body, headers=self._headers(), **extra)
 
         future = asyncio.run_coroutine_threadsafe(send(), self._event_loop())
         with self._lock:
@@ -302,6 +306,11 @@ class RemoteClient:
         with self._lock:
             return bool(self._answered)
 
+    @property
+    def answered(self) -> bool:
+        """Whether some endpoint has answered a request (with any HTTP status)."""
+        return self._reached()
+
     def _count(self, name: str) -> None:
         with self._lock:
             self.counts[name] += 1
@@ -312,7 +321,7 @@ class RemoteClient:
 
     def request(self, method: str, path: str, payload: dict | None = None, *, key: str = "", units: int = 1,
                 describe: Callable[[str, int, str], str] | None = None, retries: int | None = None,
-                parse: Callable[[Any], Any] | None = None):
+                parse: Callable[[Any], Any] | None = None, timeout_s: float | None = None):
         """One call with the limits, retries and failover of the module docstring.
 
         Args:
@@ -323,6 +332,8 @@ class RemoteClient:
             retries (`int`, *optional*): fewer retries than configured.
             parse (`Callable[[httpx.Response], Any]`, *optional*): reads a 2xx answer; a
                 ``ValueError`` (a body that is not JSON) is a fault, retried like a 5xx.
+            timeout_s (`float`, *optional*): a shorter timeout than ``timeout_s`` of the settings
+                (a reachability check).
         Returns:
             ``parse(response)`` of a 2xx answer, or the ``httpx.Response`` without ``parse``.
         Raises:
@@ -345,10 +356,11 @@ class RemoteClient:
             connect_failed = False
             with self.in_flight.hold(units):
                 try:
-                    response = self._exchange(method, url, body)
+                    response = self._exchange(method, url, body, timeout_s)
                 except httpx.TimeoutException:
                     self._count("timeouts")
-                    problem, kind = f"no answer within {cfg.timeout_s:g} s (the request was closed)", "timeout"
+                    limit_s = cfg.timeout_s if timeout_s is None else timeout_s
+                    problem, kind = f"no answer within {limit_s:g} s (the request was closed)", "timeout"
                     fix = f"raise {self.setting}.timeout_s, or check that the server is not overloaded"
                     response = None
                 except httpx.TransportError as e:
@@ -368,7 +380,7 @@ class RemoteClient:
                         return parse(response)
                     except ValueError:  # not JSON (a proxy's error page, a reply cut short): a fault
                         kind = "bad_body"
-                        problem = f"HTTP {status} with a body that is not JSON ({self._clean(response.text)})"
+                        problem = f"HTTP {status} with a body that is not a JSON object ({self._clean(response.text)})"
                         fix = "is it the right endpoint (an OpenAI-compatible one usually ends in /v1)?"
                 else:
                     text = self._clean(response.text)
