@@ -3,6 +3,13 @@ settings (:class:`RunConfig`), which queries it searches (:func:`load_benchmark`
 :func:`single_query`), and :class:`QueryRunner`, what one machine or one Ray worker needs to search
 them; :func:`run_queries` runs it here or hands it to :func:`codetool.distributed.run_on_ray`
 (``--ray``), writing one trajectory record per query. The parts come from :mod:`codetool.assemble`.
+
+Against a server nothing a finished trajectory needs holds back the next episode (issue 39): the
+reference re-run of its steps and its final answer run beside the search (a
+:class:`~codetool.streaming.Finisher`), its record is written in a thread of its own, episodes
+share sandbox families and start their sandbox while their first step is generated
+(:mod:`codetool.executor.pool`), and ``max_memory_mb`` caps what the episodes in flight add to
+the client's memory (:mod:`codetool.memory_use`); docs/SCALE.md has the measurements.
 """
 
 from __future__ import annotations

@@ -76,7 +76,8 @@ class RemoteConfig:
                                 "(or n PRM items) holds n; match the server's batch (vLLM --max-num-seqs)")
     timeout_s: float = option(120.0, "seconds one request may take; past it the request is closed (a vLLM "
                               "server then stops generating it) and retried")
-    retries: int = option(8, "further attempts after a connection error, timeout, HTTP 429 or 5xx")
+    retries: int = option(8, "further attempts after a transient fault: a connection error (refused, reset, a "
+                          "reply cut off), a timeout, HTTP 429 or 5xx, a reply whose body is not JSON")
     backoff_s: float = option(1.0, "wait before the first retry, doubling with each one")
     max_backoff_s: float = option(60.0, "longest wait between two attempts, a server's Retry-After included")
     failover_s: float = option(30.0, "with several endpoints: seconds an endpoint that failed is left out "

@@ -6,7 +6,10 @@ all of them (``rounds``). A remote server batches by itself, and rounds in locks
 while the slowest episode of the round finishes, executes and is scored. With ``continuous``
 scheduling every episode (every tree node) runs in its own worker thread: as soon as its own
 generation returns it executes, is scored and asks for its next step, so the server always holds
-up to the client's ``max_in_flight`` sequences (``codetool.models.remote``).
+up to the client's ``max_in_flight`` sequences (``codetool.models.remote``). Episodes are
+streamed by :func:`codetool.streaming.stream`: a finished one is handed on in a thread of its own,
+so what the caller does with it (write it, re-run its steps) never delays the next episode
+(issue 39), and a memory cap may hold new ones back (``SearchParts.admit``).
 
 ``search.schedule: auto`` picks ``continuous`` for backends that say so (``continuous = True``:
 the OpenAI-compatible backend) and ``rounds`` otherwise. Seeds never depend on the schedule's
