@@ -100,12 +100,14 @@ def not_executed(result) -> bool:
     SCEP, pass rate or search choice counts such a step as the code's failure (docs/DESIGN.md §5).
 
     Args:
-        result (`ExecutionResult`, *optional*): the step's result (``None``: not run yet, ``False``).
+        result (`ExecutionResult` or `dict`, *optional*): the step's result, or its record
+            (``ExecutionResult.to_dict()``); ``None`` (not run yet) gives ``False``.
     """
-    outcome = getattr(result, "outcome", None)
+    get = result.get if isinstance(result, dict) else (lambda key: getattr(result, key, None))
+    outcome = get("outcome")
     if outcome == "not_executed":
         return True
-    return outcome == "worker_lost" and "nothing ran" in str(getattr(result, "error_message", "") or "")
+    return outcome == "worker_lost" and "nothing ran" in str(get("error_message") or "")
 
 
 @runtime_checkable

@@ -127,7 +127,8 @@ class GroundedReward(StepReward):
         if not episode.steps:
             return []
         value = float(episode.finish_type == "finish"
-                      and grounded_success(episode.final_answer, episode.calls(), episode.tool_names()))
+                      and grounded_success(episode.final_answer, episode.calls(), episode.tool_names(),
+                                            query=episode.task.query))
         return [None] * (len(episode.steps) - 1) + [value]
 
 

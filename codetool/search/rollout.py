@@ -45,7 +45,8 @@ def rollout_value(search: Episodes, ep: Episode, e: Expanded) -> float:
     if e.ended and by_prm:
         return _mean_prm_score(search, ep, [search.prm_item(ep.task, ep.history, e.candidate, e.observation)])
     if e.ended:
-        lr = float(e.ended == "finish" and grounded_success(e.candidate.result.final_answer, path_calls, names))
+        lr = float(e.ended == "finish" and grounded_success(e.candidate.result.final_answer, path_calls, names,
+                                                             query=ep.task.query))
         return latent_reward(lr, 0.0, alpha=cfg.alpha, beta=cfg.beta, max_len=cfg.max_len)
     sub_cfg = replace(cfg, k=1, latent="none", w_latent=0.0, max_steps=cfg.rollout_max_steps,
                       concurrency=cfg.rollouts, strategy="greedy",
@@ -62,7 +63,7 @@ def rollout_value(search: Episodes, ep: Episode, e: Expanded) -> float:
         account(ep.traj, traj)
         ep.traj.executor_forks += 1
         successes.append(float(traj.finish_type == "finish" and grounded_success(
-            traj.final_answer, path_calls + traj.executed_calls(), names)))
+            traj.final_answer, path_calls + traj.executed_calls(), names, query=ep.task.query)))
         lengths.append(len(traj.steps))
         last = traj.steps[-1].chosen_candidate if traj.steps else None
         if by_prm and last is not None and last.code is not None:
