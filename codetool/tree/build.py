@@ -46,7 +46,14 @@ from codetool.search.prompt import history_entry
 from codetool.search.schedule import is_continuous, serving_records, units_in_flight
 from codetool.search.search import SearchTask
 from codetool.tree.config import TreeConfig, tree_hash
-from codetool.tree.labels import add_counts, label_tree, leaf_success, node_executed, pair_counts, sibling_pairs
+from codetool.tree.labels import (
+    add_counts,
+    label_tree,
+    leaf_success,
+    node_executed,
+    pair_counts,
+    sibling_pairs,
+)
 from codetool.tree.nodes import (
     FrontierNode,
     drop_failed,
