@@ -258,3 +258,7 @@ def test_a_step_the_machine_could_not_run_ends_the_episode_as_not_executed(query
     assert not_executed_trajectory(traj)
     m = run_metrics([traj])
     assert m.not_executed_trajectories == 1 and m.executed_candidates == 0 and m.scep_all_candidates is None
+    from codetool.jobs.queries import summary_rows
+
+    rows = dict(summary_rows(m, [traj], {}))
+    assert rows["  not executed (the machine's failure: left out of every rate)"] == "1 episodes, 0 candidates"
