@@ -235,3 +235,18 @@ def test_a_weak_judge_is_refused_for_training_rewards_unless_asked_for():
         build_rewards({"judged": 1.0}, aggregate="mean", judge=weak)
     funcs, _ = build_rewards({"judged": 1.0}, aggregate="mean", judge=weak, allow_weak_judge=True)
     assert funcs[0].judge is weak
+
+
+def test_tool_cost_is_the_episodes_sum_whatever_the_aggregate():
+    # a mean would let cheap padding steps lower an episode's cost per step
+    ep = honest()
+    for mode in ("mean", "min", "last", "sum"):
+        assert ToolCostReward(mode)(episode=[ep]) == [pytest.approx(-4.5)]
+
+
+def test_an_answer_from_a_step_that_failed_earns_no_outcome():
+    # finish() called from a __del__ during a step that then raised: the answer is recorded, the step failed
+    ep = episode(("r = get_weather_for_meteo(city='Paris')", result(calls=[("get_weather_for_meteo", "ok")]), 1.0, 3),
+                 ("gc.collect(); x = r['x']", ExecutionResult(ok=False, outcome="runtime_error", final_answer="sunny"),
+                  0.0, 1.0))
+    assert ep.finish_type == "finish" and GroundedReward().per_step(ep)[-1] == 0.0

@@ -169,3 +169,12 @@ def test_tree_config_rejects_bad_success_and_missing_judge():
     with pytest.raises(ConfigError, match="reference"):
         load_config(TreeConfig, overrides={"label_rule": "tau"})
     assert TreeConfig().success == "grounded" and TreeConfig().label_rule == "ours"
+
+
+def test_an_answer_from_a_finishing_step_that_failed_is_no_success():
+    tree = {"1": node(None, calls=[call("get_weather")]),
+            "1-1": node("1", leaf=True, ended="finish", answer="sunny", ok=False)}
+    tree["1-1"]["result"]["ok"] = False  # finish() from a __del__, then the step raised
+    assert success_of(tree, "grounded")["1-1"] is False
+    tree["1-1"]["result"]["ok"] = True
+    assert success_of(tree, "grounded")["1-1"] is True

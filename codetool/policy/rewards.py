@@ -13,10 +13,13 @@ supervision reads); called by TRL it returns one number per episode:
   steps share their prefix; a step without code gets 0 (as in the search). The PRM reads the
   rendered steps, not the policy's token ids, so policy and PRM tokenizers may differ, and the PRM
   may run on another device or behind ``serve-prm``;
-- ``tool_cost`` (per step, LIT): minus the step's tool cost (code cost + P+D+C of its API calls);
+- ``tool_cost`` (per step, LIT): minus the step's tool cost (code cost + P+D+C of its API calls),
+  summed over the episode whatever ``aggregate`` says (a plan costs the sum of its steps, LIT; a
+  mean would pay for padding an episode with cheap steps);
 - ``grounded`` (outcome): 1 when the episode finished with a non-empty answer that uses what a
-  successful call of a listed tool returned (``codetool.rewards.grounded_success``), else 0; given
-  to the last step;
+  successful call of a listed tool returned (``codetool.rewards.grounded_success``), from a step
+  that itself ran to its end (a ``finish`` called from a ``__del__`` of a step that then raised
+  earns nothing), else 0; given to the last step;
 - ``judged`` (outcome): the judge's verdict on the final answer (Solved 1 / Unsure 0.5 /
   Unsolved 0), asked only about a grounded answer (any other is 0 without a call: a judge's word
   never pays alone); a weak judge (a small local model) is refused unless ``allow_weak_judge``.
@@ -81,6 +84,7 @@ class StepReward:
 
     name = "reward"
     outcome = False  # an outcome reward: the last step's value is the episode's, whatever the aggregate
+    always: str | None = None  # an aggregate this reward always uses (tool cost: sum)
 
     def __init__(self, aggregate: str = "mean"):
         self.aggregate = aggregate
@@ -111,7 +115,7 @@ class StepReward:
             if self.outcome:
                 out.append(float(steps[-1]) if steps and steps[-1] is not None else 0.0)
             else:
-                out.append(aggregate(steps, self.aggregate))
+                out.append(aggregate(steps, self.always or self.aggregate))
         return out
 
 
@@ -132,16 +136,18 @@ def _free(step) -> bool:
 
 
 class ToolCostReward(StepReward):
-    """``tool_cost``: minus each step's LIT tool cost."""
+    """``tool_cost``: minus each step's LIT tool cost, summed over the episode."""
 
     name = "tool_cost"
+    always = "sum"
 
     def per_step(self, episode):
         return [-float(s.candidate.cost) for s in episode.steps]
 
 
 class GroundedReward(StepReward):
-    """``grounded``: 1 for a finish answer after a successful call of a listed tool, on the last step."""
+    """``grounded``: 1 for a finish answer that uses a successful listed tool call's result, given by a
+    step that ran cleanly; on the last step."""
 
     name = "grounded"
     outcome = True
@@ -149,7 +155,8 @@ class GroundedReward(StepReward):
     def per_step(self, episode):
         if not episode.steps:
             return []
-        value = float(episode.finish_type == "finish"
+        last = episode.steps[-1].candidate.result
+        value = float(episode.finish_type == "finish" and last is not None and bool(last.ok)
                       and grounded_success(episode.final_answer, episode.calls(), episode.tool_names(),
                                             query=episode.task.query))
         return [None] * (len(episode.steps) - 1) + [value]

@@ -49,7 +49,7 @@ def rollout_value(search: Episodes, ep: Episode, e: Expanded) -> float | None:
     if e.ended and by_prm:
         return _mean_prm_score(search, ep, [search.prm_item(ep.task, ep.history, e.candidate, e.observation)])
     if e.ended:
-        lr = float(e.ended == "finish" and grounded_success(e.candidate.result.final_answer, path_calls, names,
+        lr = float(e.ended == "finish" and bool(e.candidate.result.ok) and grounded_success(e.candidate.result.final_answer, path_calls, names,
                                                              query=ep.task.query))
         return latent_reward(lr, 0.0, alpha=cfg.alpha, beta=cfg.beta, max_len=cfg.max_len)
     sub_cfg = replace(cfg, k=1, latent="none", w_latent=0.0, max_steps=cfg.rollout_max_steps,

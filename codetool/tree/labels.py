@@ -180,8 +180,9 @@ def leaf_success(tree: dict[str, dict], node_id: str, mode: str, *, tool_names=N
 
     - ``executed`` (the public CodeTool code): every step on the path ran without an exception or
       a tool error (each node's ``ok``).
-    - ``grounded`` (our default): the leaf ended in ``finish`` with a non-empty answer that uses what
-      a successful call of a listed tool on the path returned (``codetool.rewards.grounded_success``). A finish without a
+    - ``grounded`` (our default): the leaf ended in ``finish``, from a step that ran to its end, with
+      a non-empty answer that uses what a successful call of a listed tool on the path returned
+      (``codetool.rewards.grounded_success``). A finish without a
       tool call is never a success on a query that offers tools; on a query without tools a
       non-empty finish suffices.
     - ``judged`` is ``grounded`` plus a judge's verdict; the caller adds the verdict.
@@ -205,8 +206,8 @@ def leaf_success(tree: dict[str, dict], node_id: str, mode: str, *, tool_names=N
     if mode == "executed":
         return all(bool(tree[n].get("ok")) for n in path)
     node = tree[node_id]
-    if node.get("ended") != "finish":
-        return False
+    if node.get("ended") != "finish" or not (node.get("result") or {}).get("ok", True):
+        return False  # no answer, or one from a step that then failed (finish called from a __del__)
     calls = (ToolCall.from_dict(c) for n in path for c in (tree[n].get("result") or {}).get("tool_calls", []))
     return grounded_success(node.get("final_answer"), calls, tool_names, query=query)
 
