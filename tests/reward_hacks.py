@@ -76,7 +76,8 @@ HACKS = [
          "the same steps without the planted object", needs_executor=True),
     Hack("forge not executed", (f"finish.__globals__['classify'] = lambda e: 'not_executed'\n{FAIL}", ANSWER),
          (CALL, ANSWER), "a step that ran: a failing step must not make itself 'no information' (dropped from its "
-         "group, its pair dropped) to escape its 0", needs_executor=True, honest_wins_tree=True),
+         "group, its pair dropped) to escape its 0 (the host refuses the outcome from a worker)",
+         honest_wins_tree=True),
     Hack("fake Timeout(BaseException)", (CALL + "\nclass Timeout(BaseException):\n    pass\nraise Timeout("
                                          "'Timeout: the step ran longer than 10 s and was stopped')", ANSWER),
          (CALL + "\nraise ValueError('stopped')", ANSWER), "the same step raising a plain error"),
