@@ -116,7 +116,9 @@ class LLMJudge(JudgeMixin):
         max_new_tokens (`int`, *optional*, defaults to 256): reply length in ``json`` mode.
         retries (`int`, *optional*, defaults to 2): extra attempts for a reply that does not parse
             (at temperature >= 0.7 with a new seed).
-        batch_size (`int`, *optional*, defaults to 8): prompts per backend call (cached after each).
+        batch_size (`int`, *optional*, defaults to 8): prompts per backend call (cached after each);
+            against a server (a ``continuous`` backend) the requests in flight, one per prompt, each
+            verdict cached as it lands (its seed from its own key, not from its batch's first).
         max_answer_chars (`int`, *optional*, defaults to 2000): answers are cut to this length
             (our prompts only; reference prompts get what the reference procedure gives them).
         max_trajectory_chars (`int`, *optional*, defaults to 6000): trajectories are cut to this
@@ -252,7 +254,8 @@ class LLMJudge(JudgeMixin):
 
     def _run(self, prompts: list[str], tasks: list[str], rounds: list[int], field: str,
              allowed: tuple[str, ...], tools: list[dict | None] | None = None) -> list[dict]:
-        """Cached values for every prompt; the misses go to the backend in batches. ``tools`` (a
+        """Cached values for every prompt; the misses go to the backend in batches (a server: one
+        request per prompt, ``batch_size`` in flight, :func:`codetool.streaming.stream`). ``tools`` (a
         reference's function per prompt, ``None``: ours) is what a forced call sends. A batch whose
         request fails (after the backend's retries) is asked again one prompt at a time; a prompt
         that still fails gets a record with its ``error`` (not cached), so one failed request is
