@@ -45,8 +45,8 @@ class MemoryGroup(Group):
     max_memory_mb: int | None = option(None, "MiB the units in flight (episodes, trees: their sandboxes and state, "
                                        "measured as proportional set size) may add to this process's memory: a new "
                                        "unit waits while one more would pass it; none: half the memory available "
-                                       "at the start, 0: no cap. About 4 MiB per episode in flight and 15 MiB per "
-                                       "tree (docs/SCALE.md)")
+                                       "at the start, 0: no cap. About 6 MiB per episode in flight and 13 MiB per "
+                                       "tree, measured (docs/SCALE.md)")
 
     def __post_init__(self):
         super().__post_init__()
