@@ -67,3 +67,22 @@ def test_bootstrap_mean_over_queries():
     assert bootstrap_mean([0, 0, 1, 1], samples=2000, seed=3) == (mean, low, high)  # seeded
     # a single query: its value, whatever the resampling
     assert bootstrap_mean([0.25]) == (0.25, 0.25, 0.25)
+
+
+def test_what_the_machine_could_not_run_is_left_out_of_every_scep():
+    lost = Candidate(1, "", "y = 1", ExecutionResult(ok=False, outcome="not_executed", attempts=3))
+    legacy = Candidate(1, "", "y = 1", ExecutionResult(ok=False, outcome="worker_lost", error_message=(
+        "WorkerLost: the state this step was forked from could not be copied (timeout); nothing ran.")))
+    crashed = Candidate(1, "", "import os; os._exit(3)", ExecutionResult(ok=False, outcome="worker_lost",
+                        error_message="WorkerLost: the sandbox process exited with code 3 (os._exit or a crash)."))
+    t = Trajectory("1", "q", steps=[Step(0, [cand(0, True), lost], 0), Step(1, [cand(0, False), legacy], 0),
+                                    Step(2, [cand(0, True), crashed], 0)],
+                   extra={"reference_steps": [{"status": 0, "res": ""}, {"status": None, "res": "", "not_executed": True},
+                                              {"status": 1, "res": ""}]})
+    m = run_metrics([t])
+    # candidates: 3 chosen (ran, failed, ran) + the crash (the code's own failure) count; lost and legacy do not
+    assert m.executed_candidates == 4 and m.scep_all_candidates == pytest.approx(2 / 4)
+    assert m.not_executed_candidates == 2 and m.scep_code_steps == pytest.approx(2 / 3)
+    assert (m.reference_steps, m.reference_successful) == (2, 1) and m.scep == pytest.approx(1 / 2)
+    chosen, rejected = candidate_rewards([t])
+    assert len(chosen) == 3 and len(rejected) == 1  # only the crash among the rejected

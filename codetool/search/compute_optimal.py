@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 
 from codetool.config import ConfigError
 from codetool.resume import unit_seed
+from codetool.rewards import not_executed
 from codetool.search.allocation import VOTING, budget_shares, difficulty_levels
 from codetool.search.beam import beam_search
 from codetool.search.best_of_n import best_of_n
@@ -67,7 +68,7 @@ class Estimate:
     Args:
         difficulty (`float`): in [0, 1], higher is harder.
         source (`str`): ``prm``, ``spot`` (first-step R_spot, no PRM), ``router`` or ``unknown`` (the
-            estimate failed: the median of the others).
+            estimate failed, or the executor could run none of the candidates: the median of the others).
         cost (`Trajectory`): its compute (``generated_tokens``, ``prm_scored_tokens``, ``tool_calls``,
             ``executor_forks``, ``phase_seconds``, ``wall_time_s``).
         tokens (`list[int]`): completion tokens of each first-step candidate sampled.
@@ -182,9 +183,9 @@ def _probe(episodes: Episodes, chunk: list[SearchTask]) -> dict[str, Estimate]:
         if row is not None:
             count_step(cost, row)
             estimate.tokens = [e.candidate.completion_tokens for e in row]
-            if cost.finish_type != "error":
-                values = [e.candidate.r_latent if use_prm and e.candidate.r_latent is not None else e.candidate.r_spot
-                          for e in row]
+            ran = [e.candidate for e in row if not not_executed(e.candidate.result)]  # the machine's failures say nothing
+            if cost.finish_type != "error" and ran:
+                values = [c.r_latent if use_prm and c.r_latent is not None else c.r_spot for c in ran]
                 estimate.difficulty = min(1.0, max(0.0, 1.0 - statistics.mean(values)))
                 estimate.source = "prm" if use_prm else "spot"
             for e in row:
