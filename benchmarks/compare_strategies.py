@@ -75,13 +75,13 @@ def accuracy(traj: Trajectory) -> float:
     if traj.benchmark.startswith("restbench"):
         return path_metrics([traj]).path_fraction_score
     answer = traj.final_answer if traj.finish_type == "finish" else None
-    return float(grounded_success(answer, traj.executed_calls(), None))
+    return float(grounded_success(answer, traj.executed_calls(), None, query=traj.query))
 
 
 def light(traj: Trajectory, record: dict) -> Trajectory:
     """A finished trajectory rebuilt from its ``strategy["finished"]`` record (answer, end, calls),
     enough to vote over and to score."""
-    result = ExecutionResult(ok=True, tool_calls=[ToolCall(name, status=status) for name, status in record["calls"]])
+    result = ExecutionResult(ok=True, tool_calls=[ToolCall.from_dict(call) for call in record["calls"]])
     step = Step(0, [Candidate(0, "", "pass", result=result, chosen=True)])
     return Trajectory(traj.query_id, traj.query, benchmark=traj.benchmark, group=traj.group, steps=[step],
                       final_answer=record["answer"], finish_type=record["finish_type"],
@@ -111,7 +111,9 @@ def picks(name: str, spec: dict, traj: Trajectory) -> list[dict]:
         for mode in ("none", "majority", "prm_weighted"):
             if mode != "none" and n == 1:
                 continue
-            chosen = trajs[vote(trajs[:n], scores[:n], mode).chosen]
+            # the run's own pick is the trajectory itself; other picks are rebuilt from the record
+            as_run = n == len(finished) and mode == cfg.vote
+            chosen = traj if as_run else trajs[vote(trajs[:n], scores[:n], mode).chosen]
             out.append({**full, **part, "series": strategy + ("" if mode == "none" else f"+{mode}"),
                         "tier": tier * n // len(finished), "accuracy": accuracy(chosen)})
     return out

@@ -16,6 +16,7 @@ from codetool.search.allocation import ALLOCATED
 from codetool.search.compute_optimal import (
     ALLOCATABLE,
     candidates_per_step,
+    plan,
     planned_candidates,
     sized,
 )
@@ -52,7 +53,8 @@ def settings(**over) -> SearchConfig:
 def test_hard_queries_get_more_budget_within_the_total(base, schedule):
     api = base.env.apis[0].name
     policy = ScriptedBackend([f"r = {api}(id_conc='1')\nfinish('ok')\n```"], cycle=True)  # 4 words
-    cfg = settings(schedule=schedule, max_steps=2, beam_width=1)  # DVTS subtrees of one path
+    # DVTS subtrees of one path on the three harder levels: each path costs the same, so a share buys more
+    cfg = settings(schedule=schedule, max_steps=2, beam_width=1, level_strategies=["best_of_n"] * 2 + ["dvts"] * 3)
     tasks = tasks_of(base, {"easy": 0.9, "mid": 0.5, "hard": 0.1})  # difficulties 0.1, 0.5, 0.9
     search = make_search(policy, cfg, lambda t: Executor(EXEC, tools=t.env.functions()))
     trajs = {t.query_id: t for t in search.run(tasks)}
@@ -62,13 +64,13 @@ def test_hard_queries_get_more_budget_within_the_total(base, schedule):
     # shares of 40 x 3 = 120 tokens by the weights 1 : 2 : 3 of levels 0, 2 and 4
     assert [plan[q]["budget"] for q in ("easy", "mid", "hard")] == [20.0, 40.0, 60.0]
     # no probe ran: a candidate is planned at max_new_tokens (4), so the shares pay for 5, 10 and 15
-    # candidates; 2 steps of k=2: best-of-N 4 per episode, DVTS 4 per path, beam 2 + 2 per beam
+    # candidates; 2 steps of k=2: 4 per best-of-N episode, 4 per DVTS path
     assert [(plan[q]["strategy"], plan[q]["size"]) for q in ("easy", "mid", "hard")] == [
-        ("best_of_n", 1), ("dvts", 2), ("beam", 6)]
-    assert plan["mid"]["inner"]["subtrees"] == 2 and plan["hard"]["inner"]["beam_width"] == 6
+        ("best_of_n", 1), ("dvts", 2), ("dvts", 3)]
+    assert plan["mid"]["inner"]["subtrees"] == 2 and plan["hard"]["inner"]["subtrees"] == 3
     # compute: every candidate finishes at its first step (4 words, one tool call, one fork)
     spent = {q: (t.generated_tokens, t.tool_calls, t.executor_forks) for q, t in trajs.items()}
-    assert spent == {"easy": (8, 2, 2), "mid": (16, 4, 4), "hard": (8, 2, 2)}
+    assert spent == {"easy": (8, 2, 2), "mid": (16, 4, 4), "hard": (24, 6, 6)}
     assert sum(t.generated_tokens for t in trajs.values()) <= cfg.budget * 3
     assert all(t.final_answer == "ok" and t.wall_time_s > 0 for t in trajs.values())
 
@@ -79,7 +81,7 @@ def test_a_share_becomes_the_largest_size_that_fits():
     assert [candidates_per_step(s, 1, cfg) for s in ("greedy", "best_of_n", "beam", "dvts", "lookahead")] == [1, 2, 2, 2, 2]
     sub, size = sized(cfg, "best_of_n", 100, 10.0)  # 40 per episode of k=2
     assert (sub.strategy, sub.n, size) == ("best_of_n", 2, 2)
-    assert sized(cfg, "beam", 170, 10.0)[0].beam_width == 7  # 2 root candidates + 2 per beam: 2 + 14 <= 17
+    assert sized(cfg, "beam", 170, 10.0)[0].beam_width == 2  # after one step of k=2 at most 2 beams are open
     assert sized(cfg, "greedy", 100, 10.0)[0].k == 5
     assert sized(cfg, "lookahead", 100, 10.0)[0].k == 2
     sub, size = sized(cfg, "dvts", 250, 10.0)  # per path 1 root candidate (per 2) + 2: 8 paths cost 24 <= 25
@@ -87,13 +89,24 @@ def test_a_share_becomes_the_largest_size_that_fits():
     sub, size = sized(cfg, "dvts", 10, 10.0)  # below the smallest size: one path
     assert (sub.n, sub.beam_width, size) == (1, 1, 1)
     assert sized(cfg, "beam", 0, 10.0)[0].beam_width == 1
-    assert [planned_candidates("beam", 3, cfg), planned_candidates("dvts", 4, cfg)] == [2 + 6, 2 * 2 + 8]
+    assert [planned_candidates("beam", 3, cfg), planned_candidates("dvts", 4, cfg)] == [2 + 4, 2 * (2 + 4)]
+    assert planned_candidates("beam", 3, replace(cfg, max_steps=3)) == 2 + 4 + 6  # 1, then 2, then 3 beams
     assert sized(replace(cfg, max_steps=1), "beam", 1000, 10.0)[0].beam_width == 1  # one step: width buys nothing
     # the query's settings name its strategy and carry no budget; one trajectory votes for nothing
     voting = SearchConfig(strategy="compute_optimal", budget=100, vote="majority")
     assert sized(voting, "greedy", 100, 10.0)[0].vote == "none"
     assert sized(voting, "beam", 100, 10.0)[0].vote == "majority"
     assert sized(voting, "beam", 100, 10.0)[0].budget is None
+
+
+def test_what_a_beam_cannot_use_goes_to_the_others():
+    cfg = SearchConfig(k=2, max_steps=2)
+    # best-of-N (4 candidates per episode) and a beam, whose 2 steps of k=2 use at most 6 candidates
+    (bon, n, easy), (beam, width, hard) = plan(cfg, ["best_of_n", "beam"], [10.0, 30.0], tokens_per_candidate=1.0)
+    assert (width, hard) == (2, 6.0) and (n, easy) == (8, 34.0)
+    assert (bon.n, beam.beam_width) == (8, 2)
+    # nothing to give: both keep their shares
+    assert [share for *_, share in plan(cfg, ["best_of_n", "best_of_n"], [10.0, 30.0], 1.0)] == [10.0, 30.0]
 
 
 class QueryPRM:
@@ -115,12 +128,13 @@ def test_the_prm_probe_estimates_difficulty_and_its_compute_is_counted(base):
         "easy": (pytest.approx(0.1), "prm"), "mid": (0.5, "prm"), "hard": (0.8, "prm")}
     # the probe sampled k=2 first steps per query (1 word each): 6 tokens of the 60 are gone
     assert all(s["estimate_tokens"] == 2 and s["tokens_per_candidate"] == 1.0 for s in plan.values())
-    assert [plan[q]["budget"] for q in ("easy", "mid", "hard")] == [9.0, 18.0, 27.0]
-    # at one step of k=2 and 1 token per candidate: an episode or a DVTS path costs 2; beam search
-    # expands one root whatever its width, so a wider beam buys nothing and it stays at 1
-    assert [plan[q]["size"] for q in ("easy", "mid", "hard")] == [4, 9, 1]
+    # shares 9, 18, 27 of the 54 left; at one step beam search expands one root whatever its width,
+    # so the hard query keeps the 2 tokens it can use and its 25 others go to easy and mid by 9 : 18
+    assert [plan[q]["budget"] for q in ("easy", "mid", "hard")] == [17.3, 34.7, 2.0]
+    # at one step of k=2 and 1 token per candidate: an episode or a DVTS path costs 2
+    assert [plan[q]["size"] for q in ("easy", "mid", "hard")] == [8, 17, 1]
     for q, t in trajs.items():  # the probe's 2 candidates are in every compute field
-        inner = {"easy": 4 * 2, "mid": 9 * 2, "hard": 2}[q]
+        inner = {"easy": 8 * 2, "mid": 17 * 2, "hard": 2}[q]
         assert t.generated_tokens == 2 + inner and t.executor_forks == 2 + inner
         assert t.prm_scored_tokens > 0
 

@@ -134,3 +134,14 @@ def test_a_vote_needs_several_trajectories():
             SearchConfig(strategy=strategy, vote="majority")
     for strategy in ("best_of_n", "beam", "dvts"):
         assert SearchConfig(strategy=strategy, vote="prm_weighted").vote == "prm_weighted"
+
+
+def test_a_finished_record_keeps_each_call_as_the_step_records_it():
+    from codetool.search.vote import finished_record
+
+    call = ToolCall("weather", arguments={"city": "Oslo"}, response='{"temp_c": 21}')
+    step = Step(0, [Candidate(0, "", "pass", result=ExecutionResult(ok=True, tool_calls=[call]), chosen=True)])
+    traj = Trajectory("q", "query", steps=[step], final_answer="21 degrees", finish_type="finish")
+    record = finished_record(traj, float("-inf"))
+    assert record == {"answer": "21 degrees", "finish_type": "finish", "calls": [call.to_dict()], "score": None}
+    assert ToolCall.from_dict(record["calls"][0]) == call  # enough to score a grounded answer afterwards

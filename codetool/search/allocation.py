@@ -25,9 +25,12 @@ fix them per level. Over code steps, per query:
    difficulty probe's mean; ``max_new_tokens`` when nothing was sampled).
 
 Guarantees: a query of a higher level never gets a smaller share than one of a lower level, and
-the shares sum to the total. Limits: the budget is planned, not enforced inside a search: a query
+the shares sum to the total; the one exception is a query whose strategy cannot use its share (a
+beam search cannot keep more than ``k^s`` beams after ``s`` steps): it keeps what it can use and
+the rest goes to the other queries by weight (:func:`codetool.search.compute_optimal.plan`). Limits: the budget is planned, not enforced inside a search: a query
 spends what its strategy spends (sizes are rounded down, and episodes that end before
-``max_steps`` spend less than planned; tokens a query leaves unused are not handed to others), and
+``max_steps`` spend less than planned; tokens a query leaves unused while it runs are not handed
+to others), and
 a query whose share is below its strategy's smallest size runs at that size (the run's total can
 then exceed the budget). The trajectories record every token either way.
 """

@@ -11,7 +11,8 @@ share of the run's token budget chosen by estimated difficulty (Snell et al. 202
    task's ``extra["decision_confidence"]``) and costs nothing here; ``auto`` uses it where a query
    has it.
 2. **Allocate**: level, strategy, weight and share (:func:`~codetool.search.allocation.budget_shares`),
-   the share turned into the strategy's size (:func:`~codetool.search.allocation.sized`).
+   each share turned into the strategy's size (:func:`sized`); what a strategy cannot use (a beam
+   as wide as it can grow in ``max_steps``) goes to the others by weight (:func:`plan`).
 3. **Search** each query with its strategy (its own ``search.vote`` applies), one query after
    another under batched rounds, side by side under continuous scheduling.
 
@@ -102,14 +103,13 @@ def compute_optimal(tasks: Iterable[SearchTask], parts: SearchParts, cfg: Search
     if total <= 0:
         logger.warning("the difficulty estimate spent %d tokens, all of search.budget x queries (%d): every query "
                        "runs its level's smallest search", spent, cfg.budget * len(tasks))
-    shares = budget_shares(levels, cfg.level_weights, total)
-    plan = {t.query_id: (e, lv, share) for t, e, lv, share in zip(tasks, estimates, levels, shares)}
+    names = [cfg.level_strategies[lv] for lv in levels]
+    plans = plan(cfg, names, budget_shares(levels, cfg.level_weights, total), per_candidate)
+    planned = {t.query_id: (e, lv, name, *p) for t, e, lv, name, p in zip(tasks, estimates, levels, names, plans)}
     parts = episodes.parts  # the sub-searches share the scorer (and its lock)
 
     def one(task: SearchTask) -> Trajectory:
-        estimate, level, share = plan[task.query_id]
-        name = cfg.level_strategies[level]
-        sub_cfg, size = sized(cfg, name, share, per_candidate)
+        estimate, level, name, sub_cfg, size, share = planned[task.query_id]
         [traj] = ALLOCATABLE[name]([task], parts, sub_cfg)
         inner = traj.strategy or {"name": name}
         account(traj, estimate.cost)
@@ -212,14 +212,51 @@ def candidates_per_step(strategy: str, size: int, cfg: SearchConfig) -> int:
 
 def planned_candidates(strategy: str, size: int, cfg: SearchConfig) -> int:
     """Candidates ``strategy`` samples for one query at ``size`` if every path runs ``max_steps``:
-    :func:`candidates_per_step` per step, except that beam search expands one root on its first
-    step (k candidates) and DVTS one root per subtree (``size / beam_width`` x k)."""
-    steps = cfg.max_steps
-    if strategy == "beam":
-        return cfg.k + size * cfg.k * (steps - 1)
-    if strategy == "dvts":
-        return size // min(cfg.beam_width, size) * cfg.k + size * cfg.k * (steps - 1)
-    return candidates_per_step(strategy, size, cfg) * steps
+    :func:`candidates_per_step` per step, except that a beam search (DVTS: each subtree) starts
+    from one root and keeps at most ``k`` times the beams it had: ``k`` candidates on the first
+    step, then ``k x min(width, k^s)`` (so a beam wider than ``k^(max_steps - 1)`` buys nothing)."""
+    if strategy not in ("beam", "dvts"):
+        return candidates_per_step(strategy, size, cfg) * cfg.max_steps
+    width = size if strategy == "beam" else min(cfg.beam_width, size)
+    total, open_beams = 0, 1
+    for _ in range(cfg.max_steps):
+        total += open_beams * cfg.k
+        open_beams = min(width, open_beams * cfg.k)
+    return total * (1 if strategy == "beam" else size // width)
+
+
+def plan(cfg: SearchConfig, strategies: list[str], shares: list[float],
+         tokens_per_candidate: float) -> list[tuple[SearchConfig, int, float]]:
+    """Each query's settings, size and final share: :func:`sized` for every share; then what a
+    query whose strategy cannot grow any more leaves of its share (a beam search as wide as it can
+    use) goes to the queries that can, in proportion to their level weights (the share's ratio to
+    the others is its weight's), until no query can use more. Decided before any search starts.
+
+    Args:
+        strategies (`list[str]`), shares (`list[float]`): (queries,) each query's strategy and
+            share in tokens (:func:`codetool.search.allocation.budget_shares`).
+    Returns:
+        (queries,) ``(settings, size, share)``.
+    """
+    shares = list(shares)
+    weights = list(shares)  # the first shares are in proportion to the level weights
+    for _ in range(len(shares) + 1):
+        plans = [sized(cfg, name, share, tokens_per_candidate) for name, share in zip(strategies, shares)]
+        cost = [planned_candidates(name, size, sub) * tokens_per_candidate
+                for name, (sub, size) in zip(strategies, plans)]
+        full = [not _grows(name, size, sub) for name, (sub, size) in zip(strategies, plans)]
+        spare = sum(share - c for share, c, f in zip(shares, cost, full) if f and share > c)
+        room = sum(w for w, f in zip(weights, full) if not f)
+        if spare < tokens_per_candidate or not room:
+            break
+        shares = [min(share, c) if f else share + spare * w / room
+                  for share, c, f, w in zip(shares, cost, full, weights)]
+    return [(sub, size, share) for (sub, size), share in zip(plans, shares)]
+
+
+def _grows(strategy: str, size: int, cfg: SearchConfig) -> bool:
+    step = cfg.beam_width if strategy == "dvts" and size >= cfg.beam_width else 1
+    return planned_candidates(strategy, size + step, cfg) > planned_candidates(strategy, size, cfg)
 
 
 def sized(cfg: SearchConfig, strategy: str, budget: float, tokens_per_candidate: float) -> tuple[SearchConfig, int]:

@@ -119,13 +119,14 @@ def answer_key(traj: Trajectory) -> str | None:
     return normalise_answer(traj.final_answer) or None
 
 
-def finished_record(traj: Trajectory, score: float, max_chars: int = 300) -> dict:
-    """What a strategy's record keeps of one of its finished trajectories: its answer (cut to
-    ``max_chars``), how it ended, its calls (``[name, status]`` in order) and its score; enough to
-    vote again with another mode or to score any pick afterwards (as search-and-learn keeps every
-    completion with its scores), without the steps."""
-    return {"answer": None if traj.final_answer is None else str(traj.final_answer)[:max_chars],
-            "finish_type": traj.finish_type, "calls": [[str(c.name), str(c.status)] for c in traj.executed_calls()],
+def finished_record(traj: Trajectory, score: float) -> dict:
+    """What a strategy's record keeps of one of its finished trajectories: its answer, how it ended,
+    the tool calls of its chosen steps (as the steps record them: name, status, arguments and
+    response previews) and its score; enough to vote again with another mode or to score any pick
+    afterwards, grounded answers included (as search-and-learn keeps every completion with its
+    scores), without the steps."""
+    return {"answer": traj.final_answer, "finish_type": traj.finish_type,
+            "calls": [c.to_dict() for c in traj.executed_calls()],
             "score": round(score, 6) if math.isfinite(score) else None}
 
 
