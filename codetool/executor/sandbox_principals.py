@@ -34,7 +34,7 @@ except ImportError:  # imported on the host (documentation tools): the package's
     from codetool.executor import sandbox_kernel as kernel
     from codetool.executor.sandbox_scratch import copy_tree, remove_tree
 
-EXPECT_TIMEOUT_S = 1.0  # a fork copy must ask for its uid within this
+EXPECT_TIMEOUT_S = 5.0  # a fork copy must ask for its uid within this (the host may give more)
 DEFER_S = 0.2  # how long a setresuid that no expectation matches yet may wait for one
 POLL_S = 0.01  # memory polling period while a principal runs (no cgroup)
 INODE_BYTES = 1024  # kernel memory counted per scratch inode by the polling fallback
@@ -44,8 +44,7 @@ class Principal:
     """One executor's principal: ``key`` (its uid when uids are per principal), the worker's
     ``pid``, its ``scratch`` directory, its cgroup directory, whether a step of it is running."""
 
-    __slots__ = ("key", "uid", "pid", "scratch", "cgroup", "active", "reason", "oom_seen", "mounted", "stopped",
-                 "spawned")
+    __slots__ = ("key", "uid", "pid", "scratch", "cgroup", "active", "reason", "oom_seen", "mounted", "spawned")
 
     def __init__(self, key, uid, scratch):
         self.key, self.uid, self.scratch = key, uid, scratch
@@ -55,16 +54,16 @@ class Principal:
         self.reason = None  # why the root killed it ("memory")
         self.oom_seen = 0
         self.mounted = False
-        self.stopped = False  # its worker was stopped by the root and not resumed since
         self.spawned = False  # its worker is the root's child (a spawn, not a fork)
 
 
 class Expectation:
-    __slots__ = ("key", "parent", "request", "deadline", "resumed")
+    __slots__ = ("key", "parent", "request", "deadline", "fdmap")
 
-    def __init__(self, key, parent, request, resumed):
-        self.key, self.parent, self.request, self.resumed = key, parent, request, resumed
-        self.deadline = time.monotonic() + EXPECT_TIMEOUT_S
+    def __init__(self, key, parent, request, timeout):
+        self.key, self.parent, self.request = key, parent, request
+        self.fdmap = ""  # (hex) the parent's descriptor map, for the copy
+        self.deadline = time.monotonic() + timeout
 
 
 class Principals:
@@ -118,9 +117,9 @@ class Principals:
         self.by_key[key] = principal
         return principal
 
-    def expect(self, key, parent_key, request, resumed):
-        """Wait (at most ``EXPECT_TIMEOUT_S``) for a fork copy of ``parent_key`` to ask for uid ``key``."""
-        self.expected[key] = Expectation(key, parent_key, request, resumed)
+    def expect(self, key, parent_key, request, timeout=EXPECT_TIMEOUT_S):
+        """Wait (at most ``timeout`` seconds) for a fork copy of ``parent_key`` to ask for uid ``key``."""
+        self.expected[key] = Expectation(key, parent_key, request, timeout)
 
     def release(self, key):
         """Kill every process of principal ``key`` and remove its scratch and cgroup."""
@@ -305,44 +304,6 @@ class Principals:
     def _workers(self):
         return {p.pid for p in self.by_key.values() if p.pid}
 
-    def stop(self, principal):
-        """SIGSTOP the principal's worker and wait until all its threads are stopped (an idle
-        candidate runs nothing, not even a thread an earlier step left). A worker with one thread
-        is left running: that thread is the worker's own loop, waiting for the host. Without
-        per-principal uids nothing is stopped (the processes of a family are one principal)."""
-        if not principal.pid or not self.uids:
-            return
-        fields = status(principal.pid)
-        if fields is None or fields.get("Threads") == "1":
-            return
-        try:
-            os.kill(principal.pid, signal.SIGSTOP)
-        except OSError:
-            return
-        principal.stopped = True
-        end = time.monotonic() + 0.2
-        while time.monotonic() < end and not all_stopped(principal.pid):
-            time.sleep(0.0001)
-
-    def resume(self, principal):
-        """SIGCONT the principal's worker if the root stopped it; returns whether it did."""
-        if not principal.pid or not principal.stopped:
-            return False
-        principal.stopped = False
-        try:
-            os.kill(principal.pid, signal.SIGCONT)
-        except OSError:
-            pass
-        return True
-
-    def settle(self, expectation):
-        """After a fork of a worker that was resumed for it (it has threads): stop it again and kill
-        what its threads started meanwhile (the copy is spared: it is a principal's worker now)."""
-        parent = self.by_key.get(expectation.parent)
-        if parent is not None and expectation.resumed:
-            self.stop(parent)
-            self.kill(parent, spare=parent.pid)
-
     def poll_due(self):
         """Seconds until the next memory poll (``None``: nothing to poll)."""
         if self.cgroup_dir or not self.memory_bytes or not any(p.active for p in self.by_key.values()):
@@ -449,22 +410,6 @@ def state_of(pid):
             return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return None
-
-
-def all_stopped(pid):
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return True
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state not in ("T", "t", "Z", "X"):
-            return False
-    return True
 
 
 def _scratch_use(principal):

@@ -1,5 +1,9 @@
 """Sandbox side of :mod:`codetool.executor`, run by the family's root: copying a parent's scratch
-directory for a fork, and emptying one. Standard library only.
+directory for a fork, the map of the parent's open files for the copy (``sandbox_copy``), and
+emptying a scratch directory. Standard library only.
+
+A file is copied as it is stored: the holes of a sparse file stay holes (``SEEK_DATA``/``SEEK_HOLE``),
+so a copy costs the blocks its parent's file uses, not its size.
 
 The files belong to a principal whose processes may still be running (an ancestor's threads, when
 a fork is made), so nothing is followed: every name is opened relative to its directory with
@@ -9,6 +13,7 @@ left out, set-id bits are dropped.
 
 import os
 import stat
+import struct
 
 MAX_COPY_DEPTH = 64
 
@@ -63,17 +68,36 @@ def _copy_dir(src, dst, uid, gid, depth):
 def _copy_file(name, src, dst, uid, gid, mode):
     fin = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=src)
     try:
-        if not stat.S_ISREG(os.fstat(fin).st_mode):
+        info = os.fstat(fin)
+        if not stat.S_ISREG(info.st_mode):
             return
         fout = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dst)
         try:
-            while os.sendfile(fout, fin, None, 1 << 24) > 0:
-                pass
+            _copy_data(fin, fout, info.st_size)
             _own(fout, uid, gid, mode)
         finally:
             os.close(fout)
     finally:
         os.close(fin)
+
+
+def _copy_data(fin, fout, size):
+    """The data ranges of ``fin`` into ``fout`` at the same offsets; holes stay holes."""
+    os.ftruncate(fout, size)
+    position = 0
+    while position < size:
+        try:
+            start = os.lseek(fin, position, os.SEEK_DATA)
+            end = os.lseek(fin, start, os.SEEK_HOLE)
+        except OSError:  # ENXIO: only a hole is left
+            return
+        while start < end:
+            os.lseek(fout, start, os.SEEK_SET)
+            sent = os.sendfile(fout, fin, start, min(end - start, 1 << 24))
+            if sent <= 0:
+                return
+            start += sent
+        position = end
 
 
 def _own(fd, uid, gid, mode):
@@ -119,3 +143,39 @@ def _empty_dir(fd, depth):
             pass
 
 
+
+
+# ------------------------------------------------------------------- the map of open files
+RECORD = struct.Struct(">iBH")  # as sandbox_copy.RECORD
+SCRATCH, OUTSIDE, DELETED, NULL = 0, 1, 2, 3
+KEEPER_FDS = 6  # descriptors 0-5 are the worker's own (stdio, control socket, scratch parent)
+
+
+def descriptor_map(pid, scratch):
+    """What the fork copy of worker ``pid`` (idle) must do with each descriptor it inherits, as
+    ``sandbox_copy.reopen`` reads it; ``scratch`` is the worker's scratch directory."""
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return b""
+    prefix = scratch.rstrip("/") + "/"
+    out = []
+    for name in names:
+        if not name.isdigit() or int(name) < KEEPER_FDS:
+            continue
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue
+        deleted = target.endswith(" (deleted)")
+        path = target[:-len(" (deleted)")] if deleted else target
+        if not path.startswith("/"):
+            kind, path = NULL, ""  # pipe:[...], socket:[...], anon_inode:...
+        elif path == scratch.rstrip("/") or path.startswith(prefix):
+            kind = DELETED if deleted else SCRATCH
+            path = "." + path[len(scratch.rstrip("/")):] if not deleted else ""
+        else:
+            kind = NULL if deleted else OUTSIDE
+        data = path.encode("utf-8", "surrogateescape")[:65535]
+        out.append(RECORD.pack(int(name), kind, len(data)) + data)
+    return b"".join(out)

@@ -1,0 +1,359 @@
+"""Sandbox side of :mod:`codetool.executor`, the worker's **keeper**: what runs a step and says
+whether it ran to its end, in a place the step's code cannot write to. Standard library only.
+
+A worker is a fresh interpreter (``codetool.executor.launch.WORKER_BOOT``) whose main thread is the
+keeper. It serves the host's requests on its control socket (fd ``CTL``, Unix, one message each):
+``R`` run a step, ``F`` fork a copy of the state (``M``: the copy's descriptor map, sent to the
+copy), ``X`` exit. **The step's code never runs in the main thread**: each step runs in a new
+thread, so the code cannot set a signal handler (``signal.signal`` works in the main thread only)
+and no handler of the state's ever runs in the keeper.
+
+**The verdict.** The step's thread runs a chain of C iterators built by the keeper (``map``,
+``filter``, ``itertools.compress``, ``os.urandom``, ``FileIO.write``, ``compile``, ``os.write``): it
+draws 16 random bytes ``t``, writes them on the step's verdict socket (a new one per step, held by
+the host at the other end) *before* the step's code is even compiled, then compiles and runs the
+code, and writes ``t`` again only when the code returned (or ended at ``finish``/``give_up``,
+:func:`run_code`). ``t`` lives in the C stack of that chain, in no Python object: no code of the
+state, however it reaches the interpreter's objects (``gc``, frames, rebinding any function or
+module, finalizers, threads), can read it, so only a step that ran to its end can send it. Before
+``t`` is written no code of the state can run: the step's thread starts in C, nothing allocates
+that the garbage collector could collect (the keeper turns the collector off before a request),
+no other thread exists (the keeper waited for the last step's threads to end, else the host
+killed the worker), no timer is armed (disarmed after each step), no handler or fork hook of the
+state exists (see above; ``os.register_at_fork`` is disabled at boot).
+
+**Rules for the keeper's code** (the *trusted* functions below): it runs only while no code of the
+state runs (between steps), or blocked in C while a step runs; every callable and constant it uses
+is a default argument, bound when this module was executed at boot, before any code of the state
+existed (nothing is looked up in a module, a builtin or an attribute of a Python object at call
+time; the audit hook refuses to reassign ``__code__`` or ``__defaults__``); it handles only values
+made by C functions, never touches an object of the state, and holds the namespace for good, so
+no finalizer of the state ever runs in it. Any surprise ends the worker (``os._exit``).
+
+**The audit hook** (:func:`audit`) refuses what reads or writes the interpreter's memory or
+bypasses the rules: ``ctypes``, building code objects (``code.__new__``, ``marshal``; imports compile
+from source), tracing and profiling, ``gc.get_referrers``/``get_referents``, other threads' frames,
+more audit hooks, and importing test-only C modules.
+"""
+
+import _socket
+import _thread
+import fcntl
+import gc
+import io
+import itertools
+import json
+import operator
+import os
+import resource
+import signal
+import struct
+import sys
+from collections import deque
+
+try:
+    import sandbox_copy
+    import sandbox_worker
+except ImportError:  # imported on the host (documentation tools): the package's copies
+    from codetool.executor import sandbox_copy, sandbox_worker
+
+CTL = 3  # the control socket, in every worker
+SCRATCH_PARENT = 5  # an O_PATH descriptor of the directory holding every scratch directory
+TOKEN_BYTES = 16
+FORK = struct.Struct(">qH")  # uid (-1: keep), length of the scratch directory's name
+HELLO = struct.Struct(">iq")  # pid, uid
+END = struct.Struct(">IQ")  # threads left running, CPU microseconds of the worker so far
+PID = struct.Struct(">i")
+UNSAFE_MODULES = frozenset(("_ctypes", "ctypes", "_ctypes_test", "_testcapi", "_testinternalcapi", "_testbuffer",
+                            "_xxtestfuzz", "_testmultiphase", "_testimportmultiple", "_testclinic"))
+REFUSED_EVENTS = frozenset(("sys.settrace", "sys.setprofile", "sys._current_frames", "sys.addaudithook",
+                            "code.__new__", "marshal.load", "marshal.loads", "gc.get_referrers",
+                            "gc.get_referents", "sys._settraceallthreads", "sys._setprofileallthreads"))
+REFUSED_PREFIXES = ("ctypes.", "sys.monitoring", "cpython.")
+GUARDED_ATTRIBUTES = frozenset(("__code__", "__defaults__", "__kwdefaults__"))
+WORKER_MODULES = ("sandbox_io", "sandbox_worker", "sandbox_copy", "sandbox_keeper")  # as launch.WORKER_MODULES
+PREIMPORTS = ("json", "math", "re", "datetime", "time", "collections", "itertools", "functools", "random",
+              "string", "statistics", "textwrap", "urllib.parse", "decimal", "fractions", "copy", "typing",
+              "dataclasses", "heapq", "bisect", "operator", "pprint", "subprocess", "tempfile", "threading")
+
+
+# ---------------------------------------------------------------------------------- audit hook
+def audit(event, args, _refused=REFUSED_EVENTS, _prefixes=REFUSED_PREFIXES, _guarded=GUARDED_ATTRIBUTES,
+          _unsafe=UNSAFE_MODULES, _type=type, _str=str, _len=len, _error=RuntimeError,
+          _setattr=("object.__setattr__", "object.__delattr__")):
+    """Refuse the events listed in the module docstring (trusted: see the rules)."""
+    if event in _refused or event.startswith(_prefixes):
+        raise _error(f"{event} is not available in the sandbox")
+    if event in _setattr and _len(args) > 1 and (_type(args[1]) is not _str or args[1] in _guarded):
+        raise _error("functions' __code__ and __defaults__ cannot be changed in the sandbox")
+    if event == "import" and args and (_type(args[0]) is not _str or args[0].partition(".")[0] in _unsafe):
+        raise _error("this module is not available in the sandbox")
+    if event == "open" and args and _type(args[0]) is _str and args[0].startswith("/proc/") \
+            and args[0].rstrip("/").rpartition("/")[2] in ("mem", "map_files", "environ"):
+        raise _error("the memory of processes cannot be read in the sandbox")
+
+
+# -------------------------------------------------------------------------- signal handlers
+def on_cpu_limit(signum, frame, _write=os.write, _ctl=CTL):
+    """SIGXCPU (the soft CPU limit): tell the host at once; it checks the CPU time and stops the step."""
+    try:
+        _write(_ctl, b"C")
+    except OSError:
+        pass
+
+
+def on_file_limit(signum, frame, _write=os.write, _ctl=CTL):
+    """SIGXFSZ: a write went past ``RLIMIT_FSIZE`` (the write still fails with EFBIG)."""
+    try:
+        _write(_ctl, b"Z")
+    except OSError:
+        pass
+
+
+# ------------------------------------------------------------------------------ the step
+def _guard_enter(self):
+    return None
+
+
+def _guard_exit(self, kind, value, tb, _end=sandbox_worker.EndStep):
+    """Ends the step quietly at ``finish``/``give_up`` (exactly their exception class), nothing else."""
+    return kind is _end
+
+
+def run_code(code, namespace, guard, _exec=exec):
+    """Run the step's code object; ``finish``/``give_up`` end it as if it returned. The guard's
+    ``__exit__`` is taken when the ``with`` starts (a fresh class per step, made by the keeper), and
+    nothing is read from this frame after the code ran."""
+    with guard:
+        _exec(code, namespace)
+
+
+def step_thread(box, first, go, chain, describe, _sentinel=getattr(_thread, "_set_sentinel", None),
+                _next=next, _base=BaseException):
+    """The step's thread: hand the keeper a lock released when this thread is gone, wait for its go,
+    then run the chain; an exception of the code is described for the model (not trusted)."""
+    if _sentinel is not None:
+        lock = _sentinel()
+        lock.acquire()
+        box.append(lock)
+    first.release()
+    go.acquire()
+    try:
+        _next(chain)
+    except _base as exc:
+        describe(exc)
+
+
+def run_step(ctl, source, fds, namespace, calls, step, forked, grace, *,
+             _repeat=itertools.repeat, _map=map, _filter=filter, _compress=itertools.compress,
+             _urandom=os.urandom, _fileio=io.FileIO, _compile=compile, _run=run_code, _bool=bool, _int=int,
+             _bytes=bytes, _add=operator.add, _write=os.write, _type=type, _lock=_thread.allocate_lock,
+             _deque=deque, _start=_thread.start_new_thread, _thread_fn=step_thread, _count=_thread._count,
+             _sleep=__import__("time").sleep, _gc_disable=gc.disable, _setitimer=signal.setitimer,
+             _timers=(signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF), _close=os.close,
+             _rusage=resource.getrusage, _self=resource.RUSAGE_SELF, _send=_socket.socket.send,
+             _end=END.pack, _enter=_guard_enter, _exit=_guard_exit, _error=RuntimeError, _quit=os._exit,
+             _has_sentinel=hasattr(_thread, "_set_sentinel"), _round=round, _str=str, _len=len,
+             _token=TOKEN_BYTES, _decode=bytes.decode):
+    """Run one step (trusted: see the rules); returns the step count. ``calls`` are the state's
+    ``(pre, after, describe)``, bound at boot; they run in the step's thread, after ``t`` is sent."""
+    try:
+        pre, after, describe = calls
+        if _len(fds) != 2:
+            for fd in fds:
+                _close(fd)
+            _send(ctl, b"x" + b"a run needs its verdict and tool sockets")
+            return step
+        verdict, tool = fds
+        step += 1
+        filename = f"<step {step}>"
+        guard = _type("guard", (), {"__enter__": _enter, "__exit__": _exit})()
+        token = _filter(_fileio(verdict, "wb", closefd=False).write, _map(_urandom, _repeat(_token, 1)))
+        ready = _map(pre, _repeat(tool, 1), _repeat(source, 1), _repeat(filename, 1), _repeat(forked, 1))
+        text = _map(_decode, _repeat(source, 1), _repeat("utf-8", 1), _repeat("surrogatepass", 1))
+        code = _map(_compile, _compress(text, ready), _repeat(filename, 1), _repeat("exec", 1),
+                    _repeat(0, 1), _repeat(True, 1))
+        ran = _map(after, _map(_run, code, _repeat(namespace, 1), _repeat(guard, 1)))
+        chain = _map(_write, _repeat(verdict, 1), _map(_add, token, _map(_bytes, _map(_int, _map(_bool, ran)))))
+        first, go, box = _lock(), _lock(), _deque()
+        first.acquire()
+        go.acquire()
+        try:
+            _start(_thread_fn, (box, first, go, chain, describe))
+        except _error as exc:  # no thread: the machine's limit, not the code's
+            _close(verdict)
+            _close(tool)
+            _send(ctl, b"N" + _str(exc).encode("ascii", "replace")[:200])
+            return step - 1
+        first.acquire()
+        if _has_sentinel:
+            sentinel = box.popleft()
+            go.release()
+            while not sentinel.acquire(True, 0.05):  # handlers (SIGXCPU) run between the waits
+                pass
+        else:  # Python 3.13+: no sentinel lock; wait for every thread to end
+            go.release()
+            while _count() > 0:
+                _sleep(0.005)
+        left, waited = _count(), 0.0
+        while left and waited < grace:  # threads the step left get a moment to end
+            _sleep(0.005)
+            waited += 0.005
+            left = _count()
+        if left:  # they could act between steps: the host kills the state
+            _send(ctl, b"E" + _end(left, 0))
+            _quit(0)
+        _gc_disable()
+        for which in _timers:
+            _setitimer(which, 0)
+        _close(verdict)
+        _close(tool)
+        usage = _rusage(_self)
+        _send(ctl, b"E" + _end(0, _int(_round((usage.ru_utime + usage.ru_stime) * 1e6))))
+        return step
+    except:  # noqa: E722 - no name looked up: anything unexpected ends the worker, the host sees it
+        _quit(70)
+
+
+# ------------------------------------------------------------------------------- messages
+def receive(ctl, *, _recv_into=_socket.socket.recv_into, _recvmsg=_socket.socket.recvmsg, _buffer=bytearray,
+            _peek=_socket.MSG_PEEK | _socket.MSG_TRUNC, _space=_socket.CMSG_SPACE(4 * 8), _rights=_socket.SCM_RIGHTS,
+            _level=_socket.SOL_SOCKET, _view=memoryview, _tuple=tuple, _len=len, _quit=os._exit, _max=max):
+    """The next message and the descriptors sent with it (the host's end closed: the worker ends)."""
+    size = _recv_into(ctl, _buffer(1), 1, _peek)
+    if size <= 0:
+        _quit(0)
+    data, ancillary, _, _ = _recvmsg(ctl, _max(size, 1), _space)
+    fds = ()
+    for level, kind, raw in ancillary:
+        if level == _level and kind == _rights:
+            fds = fds + _tuple(_view(raw[:_len(raw) - _len(raw) % 4]).cast("i"))
+    return data, fds
+
+
+def reap(_waitpid=os.waitpid, _nohang=os.WNOHANG, _error=ChildProcessError):
+    """Reap what the host killed (the last step's processes) and closed copies."""
+    while True:
+        try:
+            if _waitpid(-1, _nohang)[0] == 0:
+                return
+        except _error:
+            return
+
+
+# ---------------------------------------------------------------------------------- forks
+def become_copy(ctl, payload, fds, parent_path, *, _setsid=os.setsid, _dup2=os.dup2, _close=os.close,
+                _unpack=FORK.unpack_from, _size=FORK.size, _setresuid=os.setresuid, _getresuid=os.getresuid,
+                _chdir=os.chdir, _putenv=os.putenv, _receive=receive, _reopen=sandbox_copy.reopen,
+                _send=_socket.socket.send, _hello=HELLO.pack, _getpid=os.getpid, _quit=os._exit, _ctl=CTL,
+                _parent=SCRATCH_PARENT, _oserror=OSError):
+    """In the copy, before it serves anything: a session of its own, the new control socket and
+    output pipe, its own uid (one ``setresuid`` the host lets through), its own scratch directory
+    and copies of the zygote's open files there (the map comes from the host), then hello."""
+    ctl_fd, out_fd = fds
+    _setsid()
+    _dup2(out_fd, 1)
+    _dup2(out_fd, 2)
+    _close(out_fd)
+    _dup2(ctl_fd, _ctl)  # the keeper's socket object now speaks on the copy's channel
+    _close(ctl_fd)
+    uid, length = _unpack(payload, 1)
+    name = payload[1 + _size:1 + _size + length].decode("ascii")
+    if uid >= 0:
+        try:
+            _setresuid(uid, uid, uid)
+        except _oserror:
+            _quit(71)  # refused: the host sees the channel close
+        if _getresuid() != (uid, uid, uid):
+            _quit(71)
+    message, more = _receive(ctl)
+    if message[:1] != b"M" or more:
+        _quit(72)
+    _chdir(_parent)
+    _chdir(name)
+    _reopen(message[1:])
+    path = parent_path + "/" + name
+    _putenv("HOME", path)
+    _putenv("TMPDIR", path)
+    _send(ctl, b"h" + _hello(_getpid(), uid))
+
+
+def fork_copy(ctl, payload, fds, parent_path, *, _fork=os.fork, _close=os.close, _send=_socket.socket.send,
+              _pack=PID.pack, _oserror=OSError, _len=len, _str=str, _become=become_copy, _quit=os._exit):
+    """Fork the state (trusted). Returns ``False`` in the zygote and, in the copy, ``True`` once it
+    became its own principal (see :func:`become_copy`)."""
+    try:
+        if _len(fds) != 2:
+            for fd in fds:
+                _close(fd)
+            _send(ctl, b"x" + b"a fork needs a control socket and an output pipe")
+            return False
+        try:
+            pid = _fork()
+        except _oserror as exc:
+            for fd in fds:
+                _close(fd)
+            _send(ctl, b"x" + _str(exc).encode("ascii", "replace")[:200])
+            return False
+        if pid:
+            for fd in fds:
+                _close(fd)
+            _send(ctl, b"f" + _pack(pid))
+            return False
+        _become(ctl, payload, fds, parent_path)
+        return True
+    except:  # noqa: E722
+        _quit(70)
+
+
+def serve(ctl, namespace, calls, hello, grace, parent_path, *, _gc_disable=gc.disable, _reap=reap,
+          _receive=receive, _run=run_step, _fork=fork_copy, _send=_socket.socket.send, _quit=os._exit):
+    """The keeper's loop (trusted); it never returns."""
+    step, forked = 0, 0
+    _send(ctl, hello)
+    while True:
+        _gc_disable()
+        _reap()
+        message, fds = _receive(ctl)
+        op = message[:1]
+        if op == b"R":
+            step = _run(ctl, message[1:], fds, namespace, calls, step, forked, grace)
+            forked = 0
+        elif op == b"F":
+            if _fork(ctl, message, fds, parent_path):
+                forked = 1
+        elif op == b"X":
+            _quit(0)
+        else:
+            _quit(72)
+
+
+# ------------------------------------------------------------------------------------ boot
+def main(settings):
+    """Boot the keeper (before any code of the state): the modules the code will import, the
+    signal handlers, the state, the audit hook; then serve. Never returns."""
+    sys.argv = ["<sandbox>"]
+    for name in PREIMPORTS + tuple(sys.builtin_module_names):
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    imp = sys.modules["_imp"]
+    del imp.create_builtin  # no second instance of a builtin module (and so no real register_at_fork)
+    sys.implementation.cache_tag = None  # imports compile from source: marshal is refused
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGXCPU, on_cpu_limit)
+    signal.signal(signal.SIGXFSZ, on_file_limit)
+    state = sandbox_worker.State(settings["tools"], int(settings["max_output_chars"]))
+    uid = settings.get("uid")
+    info = {key: settings.get(key) for key in ("limits", "seccomp", "principal", "mounts")}
+    info["python"] = list(sys.version_info[:3])
+    hello = b"h" + HELLO.pack(os.getpid(), -1 if uid is None else int(uid)) + json.dumps(info).encode("ascii")
+    for name in WORKER_MODULES:
+        sys.modules.pop(name, None)  # not importable by the code (their objects stay reachable)
+    ctl = _socket.socket(fileno=CTL)
+    fcntl.fcntl(CTL, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
+    sys.addaudithook(audit)
+    gc.collect()
+    serve(ctl, state.namespace, (state.pre, state.after, state.describe), hello, float(settings.get("grace", 0.5)),
+          str(settings["scratch_parent"]))

@@ -1,0 +1,91 @@
+"""How long the machine kept the sandbox from running: the facts the executor's deadlines count
+with, so that a busy host makes a step or a fork slower, never a failure of the code.
+
+- :func:`task_waits`: seconds each thread of some processes waited on a run queue while runnable
+  (``/proc/<pid>/task/<tid>/schedstat``, second field), by thread id. A step's deadline is
+  extended by the longest wait of its threads since it began (``codetool.executor.step``).
+- :class:`Watch`: the same for a fork or a worker start, whose processes are known only in part
+  when it begins: the processes named then (the zygote, the sandbox root), from then on, and every
+  child they started since, over its whole life.
+
+Both are read on the host, from the kernel; nothing in the sandbox can change them except by
+running (which is what they count). Where a file is missing (no ``CONFIG_SCHED_INFO``/PSI), the
+readings are 0: deadlines are then plain wall-clock times, extended by nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def task_waits(pids: list[int]) -> dict[int, float]:
+    """Run-queue seconds of every thread of ``pids`` (host pids), by thread id."""
+    found: dict[int, float] = {}
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    found[int(tid)] = int(f.read().split()[1]) / 1e9
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
+def longest_wait(pids: list[int], baseline: dict[int, float]) -> float:
+    """The longest run-queue wait of a thread of ``pids`` since ``baseline`` (threads not in it
+    started later and count from zero)."""
+    waits = task_waits(pids)
+    return max((wait - baseline.get(tid, 0.0) for tid, wait in waits.items()), default=0.0)
+
+
+def children(pids: list[int]) -> set[int]:
+    """The children of ``pids`` (host pids, from ``/proc/<pid>/task/<tid>/children``)."""
+    found: set[int] = set()
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    found.update(int(x) for x in f.read().split())
+            except (OSError, ValueError):
+                pass
+    return found
+
+
+class Watch:
+    """How long the processes doing some work were kept from running since the work began.
+
+    Args:
+        pids (`list[int]`): host pids known at the start (others may join as their children).
+    """
+
+    def __init__(self, pids: list[int]):
+        self.pids = [pid for pid in pids if pid]
+        self.start = time.monotonic()
+        self.baseline = task_waits(self.pids)
+        self.known = children(self.pids)
+
+    def starved(self) -> float:
+        """Seconds since the start that the longest-waiting of these processes (or of the
+        children they started since) spent runnable and not running; at most the time elapsed."""
+        newborn = list(children(self.pids) - self.known)
+        wait = max(longest_wait(self.pids, self.baseline), longest_wait(newborn, {}) if newborn else 0.0)
+        return min(wait, time.monotonic() - self.start)
+
+
+def process_cpu(pid: int) -> float | None:
+    """CPU seconds (user and system) process ``pid`` used so far (``/proc/<pid>/stat``), or ``None``."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
