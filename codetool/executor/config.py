@@ -69,7 +69,7 @@ class ExecutorConfig:
         start_timeout_s (`float`, *optional*, defaults to `5.0`): seconds a fork copy may take to
             start (a fresh worker gets four times as much), extended while the machine's CPU is
             under pressure (``/proc/pressure/cpu``), up to ``busy_backstop`` times.
-        busy_backstop (`float`, *optional*, defaults to `4.0`): how far a busy host may stretch a
+        busy_backstop (`float`, *optional*, defaults to `10.0`): how far a busy host may stretch a
             deadline: a step whose threads waited for a CPU gets that time back, but it is stopped
             at ``busy_backstop * timeout_s`` whatever happened; if it had not had ``timeout_s`` to
             run by then, it is ``not_executed`` (the machine's failure, not the code's).
@@ -102,7 +102,7 @@ class ExecutorConfig:
     grace_s: float = option(0.5, "seconds a step's threads get to end after it (then the state is killed)")
     infra_retries: int = option(3, "times a fork or worker start that failed outside the code is retried")
     start_timeout_s: float = option(5.0, "seconds a fork copy may take to start (more on a busy host)")
-    busy_backstop: float = option(4.0, "most a busy host may stretch a deadline, as a multiple of it")
+    busy_backstop: float = option(10.0, "most a busy host may stretch a deadline, as a multiple of it")
     max_tool_calls: int = option(200, "tool calls per step; past it the step fails (ToolLimit)")
     max_step_mb: int = option(16, "MiB the host may hold for one step; past it the step is stopped")
 

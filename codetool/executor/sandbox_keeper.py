@@ -12,8 +12,9 @@ and no handler of the state's ever runs in the keeper.
 ``filter``, ``itertools.compress``, ``os.urandom``, ``FileIO.write``, ``compile``, ``os.write``): it
 draws 16 random bytes ``t``, writes them on the step's verdict socket (a new one per step, held by
 the host at the other end) *before* the step's code is even compiled, then compiles and runs the
-code, and writes ``t`` again only when the code returned (or ended at ``finish``/``give_up``,
-:func:`run_code`). ``t`` lives in the C stack of that chain, in no Python object: no code of the
+code, and writes ``t`` again only when the code returned, followed by one zero byte when it ended at
+``finish``/``give_up`` instead (:func:`run_code`; the host then also wants their frame, so a bare
+raise of their exception class ends nothing). ``t`` lives in the C stack of that chain, in no Python object: no code of the
 state, however it reaches the interpreter's objects (``gc``, frames, rebinding any function or
 module, finalizers, threads), can read it, so only a step that ran to its end can send it. Before
 ``t`` is written no code of the state can run: the step's thread starts in C, nothing allocates
@@ -89,7 +90,7 @@ def audit(event, args, _refused=REFUSED_EVENTS, _prefixes=REFUSED_PREFIXES, _gua
     if event == "import" and args and (_type(args[0]) is not _str or args[0].partition(".")[0] in _unsafe):
         raise _error("this module is not available in the sandbox")
     if event == "open" and args and _type(args[0]) is _str and args[0].startswith("/proc/") \
-            and args[0].rstrip("/").rpartition("/")[2] in ("mem", "map_files", "environ"):
+            and args[0].rstrip("/").rpartition("/")[2] in ("mem", "map_files"):
         raise _error("the memory of processes cannot be read in the sandbox")
 
 
@@ -121,11 +122,14 @@ def _guard_exit(self, kind, value, tb, _end=sandbox_worker.EndStep):
 
 
 def run_code(code, namespace, guard, _exec=exec):
-    """Run the step's code object; ``finish``/``give_up`` end it as if it returned. The guard's
-    ``__exit__`` is taken when the ``with`` starts (a fresh class per step, made by the keeper), and
-    nothing is read from this frame after the code ran."""
+    """Run the step's code object: 1 when it returned, 0 when it ended at ``finish``/``give_up``
+    (their exception, which the guard stops). The guard's ``__exit__`` is taken when the ``with``
+    starts (a fresh class per step, made by the keeper), and nothing but constants is read in this
+    frame after the code ran."""
     with guard:
         _exec(code, namespace)
+        return 1
+    return 0
 
 
 def step_thread(box, first, go, chain, describe, _sentinel=getattr(_thread, "_set_sentinel", None),
@@ -154,7 +158,7 @@ def run_step(ctl, source, fds, namespace, calls, step, forked, grace, *,
              _rusage=resource.getrusage, _self=resource.RUSAGE_SELF, _send=_socket.socket.send,
              _end=END.pack, _enter=_guard_enter, _exit=_guard_exit, _error=RuntimeError, _quit=os._exit,
              _has_sentinel=hasattr(_thread, "_set_sentinel"), _round=round, _str=str, _len=len,
-             _token=TOKEN_BYTES, _decode=bytes.decode):
+             _token=TOKEN_BYTES, _decode=bytes.decode, _sub=operator.sub):
     """Run one step (trusted: see the rules); returns the step count. ``calls`` are the state's
     ``(pre, after, describe)``, bound at boot; they run in the step's thread, after ``t`` is sent."""
     try:
@@ -173,8 +177,10 @@ def run_step(ctl, source, fds, namespace, calls, step, forked, grace, *,
         text = _map(_decode, _repeat(source, 1), _repeat("utf-8", 1), _repeat("surrogatepass", 1))
         code = _map(_compile, _compress(text, ready), _repeat(filename, 1), _repeat("exec", 1),
                     _repeat(0, 1), _repeat(True, 1))
-        ran = _map(after, _map(_run, code, _repeat(namespace, 1), _repeat(guard, 1)))
-        chain = _map(_write, _repeat(verdict, 1), _map(_add, token, _map(_bytes, _map(_int, _map(_bool, ran)))))
+        ran = _map(_run, code, _repeat(namespace, 1), _repeat(guard, 1))  # 1 returned, 0 finish/give_up
+        mark = _map(_bytes, _map(_sub, _repeat(1, 1), ran))  # b"" returned, b"\\x00" finish/give_up
+        rest = _map(_bytes, _map(_int, _map(_bool, _map(after, _repeat(None, 1)))))  # b"" unless tampered
+        chain = _map(_write, _repeat(verdict, 1), _map(_add, token, _map(_add, mark, rest)))
         first, go, box = _lock(), _lock(), _deque()
         first.acquire()
         go.acquire()
@@ -218,8 +224,10 @@ def run_step(ctl, source, fds, namespace, calls, step, forked, grace, *,
 # ------------------------------------------------------------------------------- messages
 def receive(ctl, *, _recv_into=_socket.socket.recv_into, _recvmsg=_socket.socket.recvmsg, _buffer=bytearray,
             _peek=_socket.MSG_PEEK | _socket.MSG_TRUNC, _space=_socket.CMSG_SPACE(4 * 8), _rights=_socket.SCM_RIGHTS,
-            _level=_socket.SOL_SOCKET, _view=memoryview, _tuple=tuple, _len=len, _quit=os._exit, _max=max):
-    """The next message and the descriptors sent with it (the host's end closed: the worker ends)."""
+            _level=_socket.SOL_SOCKET, _view=memoryview, _tuple=tuple, _len=len, _quit=os._exit, _max=max,
+            _private=os.set_inheritable):
+    """The next message and the descriptors sent with it, close-on-exec (a program the step starts
+    holds none); the host's end closed: the worker ends."""
     size = _recv_into(ctl, _buffer(1), 1, _peek)
     if size <= 0:
         _quit(0)
@@ -228,6 +236,8 @@ def receive(ctl, *, _recv_into=_socket.socket.recv_into, _recvmsg=_socket.socket
     for level, kind, raw in ancillary:
         if level == _level and kind == _rights:
             fds = fds + _tuple(_view(raw[:_len(raw) - _len(raw) % 4]).cast("i"))
+    for fd in fds:
+        _private(fd, False)
     return data, fds
 
 
@@ -255,7 +265,7 @@ def become_copy(ctl, payload, fds, parent_path, *, _setsid=os.setsid, _dup2=os.d
     _dup2(out_fd, 1)
     _dup2(out_fd, 2)
     _close(out_fd)
-    _dup2(ctl_fd, _ctl)  # the keeper's socket object now speaks on the copy's channel
+    _dup2(ctl_fd, _ctl, False)  # the keeper's socket object now speaks on the copy's channel
     _close(ctl_fd)
     uid, length = _unpack(payload, 1)
     name = payload[1 + _size:1 + _size + length].decode("ascii")
@@ -352,7 +362,8 @@ def main(settings):
     for name in WORKER_MODULES:
         sys.modules.pop(name, None)  # not importable by the code (their objects stay reachable)
     ctl = _socket.socket(fileno=CTL)
-    fcntl.fcntl(CTL, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
+    for fd in (CTL, SCRATCH_PARENT):  # the keeper's own: no program the code starts holds them
+        fcntl.fcntl(fd, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
     sys.addaudithook(audit)
     gc.collect()
     serve(ctl, state.namespace, (state.pre, state.after, state.describe), hello, float(settings.get("grace", 0.5)),

@@ -17,6 +17,7 @@ decided by ``sandbox_keeper`` and the host, where the step's code cannot write.
 """
 
 import builtins
+import errno
 import gc
 import itertools
 import json
@@ -34,6 +35,8 @@ except ImportError:  # imported on the host (documentation tools): the package's
 MAX_TOOL_PAYLOAD = 1 << 20  # bytes of JSON arguments one tool call may send to the host
 MAX_ANSWER_CHARS = 100_000
 MAX_ARGUMENT_DEPTH = 28  # nesting of tool arguments (the host refuses frames nested past 32)
+RESOURCE_ERRNOS = {errno.EFBIG, errno.ENOSPC, errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.EDQUOT}
+VIOLATION_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENETUNREACH}
 
 
 class ToolError(Exception):
@@ -101,18 +104,20 @@ class State:
             self._after_fork()
         return True
 
-    def after(self, _result):
-        """The step's code ran to its end (or to ``finish``): report the output dropped."""
+    def after(self, _nothing):
+        """The step's code ran to its end (or to ``finish``): report the output dropped. Returns
+        ``None`` (anything true spoils the step's verdict)."""
         self._close({"op": "end"})
 
     def describe(self, exc):
         """The step's code raised ``exc``: report it for the model (type and the failing line)."""
         try:
-            error_type = type(exc).__name__
+            error_type, kind = type(exc).__name__, kind_of(exc)
             message = self._message(exc)
         except BaseException:  # noqa: B036 - the code's exception classes may break anything
-            error_type, message = "Error", "the error could not be described"
-        self._close({"op": "raised", "error_type": str(error_type)[:100], "error_message": message[:2000]})
+            error_type, kind, message = "Error", "runtime_error", "the error could not be described"
+        self._close({"op": "raised", "error_type": str(error_type)[:100], "error_message": message[:2000],
+                     "kind": kind})
 
     def _close(self, frame):
         out, self.out = self.out, None
@@ -228,6 +233,20 @@ class State:
     def _line(self, frame):
         source = self.sources[frame.filename].splitlines()
         return source[frame.lineno - 1].strip()[:200] if frame.lineno <= len(source) else ""
+
+
+def kind_of(exc):
+    """Which failure the code's exception reports: ``resource_limit`` (memory, file size, full
+    scratch, open files, processes), ``sandbox_violation`` (a permission the sandbox refuses) or
+    ``runtime_error``. Only a report: the host takes it to tell failures apart, never to decide one."""
+    if isinstance(exc, MemoryError):
+        return "resource_limit"
+    if isinstance(exc, OSError):
+        if exc.errno in RESOURCE_ERRNOS:
+            return "resource_limit"
+        if isinstance(exc, PermissionError) or exc.errno in VIOLATION_ERRNOS:
+            return "sandbox_violation"
+    return "runtime_error"
 
 
 def _too_deep(value):

@@ -4,6 +4,8 @@ with, so that a busy host makes a step or a fork slower, never a failure of the 
 - :func:`task_waits`: seconds each thread of some processes waited on a run queue while runnable
   (``/proc/<pid>/task/<tid>/schedstat``, second field), by thread id. A step's deadline is
   extended by the longest wait of its threads since it began (``codetool.executor.step``).
+- :func:`total_cpu`: CPU seconds a step's processes received: a step that starves itself (a fork
+  bomb) still reaches its deadline, in CPU time.
 - :class:`Watch`: the same for a fork or a worker start, whose processes are known only in part
   when it begins: the processes named then (the zygote, the sandbox root), from then on, and every
   child they started since, over its whole life.
@@ -89,3 +91,8 @@ def process_cpu(pid: int) -> float | None:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
+
+
+def total_cpu(pids: list[int]) -> float:
+    """CPU seconds the processes ``pids`` used so far, together."""
+    return sum(process_cpu(pid) or 0.0 for pid in pids)

@@ -50,7 +50,7 @@ from codetool.executor.proxy import perform_tool_call
 from codetool.executor.result import NOT_EXECUTED, ExecutionResult, ToolCall
 from codetool.executor.sandbox import Sandbox
 from codetool.executor.sandbox_principals import cgroup_pids
-from codetool.executor.schedstat import longest_wait, process_cpu, task_waits
+from codetool.executor.schedstat import longest_wait, process_cpu, task_waits, total_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -113,18 +113,20 @@ class StepOutput:
 
 
 class _Verdict:
-    """What arrived on the step's verdict socket: the announced ``t``, its second copy, anything else."""
+    """What arrived on the step's verdict socket: the announced ``t``; its second copy (the code
+    returned), or ``t`` and a zero byte (it ended at ``finish``/``give_up``); anything else."""
 
     def __init__(self):
         self.token: bytes | None = None
         self.committed = False
+        self.at_finish = False
         self.tampered = False
 
     def add(self, data: bytes) -> None:
         if self.token is None and len(data) == TOKEN_BYTES:
             self.token = data
-        elif self.token is not None and not self.committed and data == self.token:
-            self.committed = True
+        elif self.token is not None and not self.committed and data in (self.token, self.token + b"\x00"):
+            self.committed, self.at_finish = True, data != self.token
         elif data:
             self.tampered = True
 
@@ -152,6 +154,7 @@ def run_step(sandbox: Sandbox, worker: WorkerHandle, code: str, timeout: float, 
     verdict_host, verdict_worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     tool_host, tool_worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     baseline = task_waits([worker.pid])
+    baseline[0] = process_cpu(worker.pid) or 0.0  # (key 0: the worker's CPU seconds so far)
     sandbox.begin(worker)
     try:
         send_message(worker.ctl, b"R" + code.encode("utf-8", "surrogatepass"),
@@ -199,7 +202,10 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
             poller.modify(conn.fileno(), POLL_IN | (select.POLLOUT if conn.pending_output else 0))
         now = time.monotonic()
         if now >= deadline:
-            effective = (now - start) - longest_wait([worker.pid] + _principal_pids(sandbox, worker), baseline)
+            # the step had its time when its processes got timeout s of CPU (a fork bomb starves itself),
+            # or when timeout s passed that its threads did not spend waiting for a CPU
+            pids = [worker.pid] + _principal_pids(sandbox, worker)
+            effective = max((now - start) - longest_wait(pids, baseline), total_cpu(pids) - baseline[0])
             if effective >= timeout:
                 return None, ("timeout" if verdict.token is not None else "not_started"), notes
             if now >= backstop:
@@ -332,7 +338,8 @@ def _handle(frame: dict, conn, step: StepLedger, deadline: float, output: StepOu
             step.ended[key] = clean_output(clean_text(value if isinstance(value, str) else "", MAX_ANSWER_CHARS))
     elif op == "raised":
         if step.raised is None:
-            step.raised = {"error_type": frame.get("error_type"), "error_message": frame.get("error_message")}
+            step.raised = {"error_type": frame.get("error_type"), "error_message": frame.get("error_message"),
+                           "kind": frame.get("kind")}
         step.dropped = int(_number(frame.get("output_dropped"), 0, 1 << 53))
     elif op == "end":
         step.dropped = int(_number(frame.get("output_dropped"), 0, 1 << 53))
@@ -358,7 +365,7 @@ def _finished(sandbox, worker, conn, verdict, step, output, notes, start, timeou
     worker.cpu_s = ended[1] / 1e6
     memory = sandbox.end(worker)  # every other process of the principal is killed
     output.add(read_available(worker.output_fd) or b"")
-    ok = verdict.token is not None and verdict.committed and not verdict.tampered
+    ok = _ran(verdict, step)
     outcome, error_type, message = "ok", None, None
     if verdict.token is None:  # the code never started, yet the keeper ended: cannot be
         outcome, error_type, message = "sandbox_violation", "ProtocolError", "ProtocolError: the step never started."
@@ -390,8 +397,7 @@ def _stopped(sandbox, worker, conn, verdict, step, output, notes, start, timeout
     started = verdict.token is not None
     memory = status.get("reason") == "memory" or status.get("oom")
     if failure is None:  # ended, but left threads running: the verdict stands, the state is lost
-        outcome, error_type, message = ("ok", None, None) if verdict.committed and not verdict.tampered \
-            else _code_error(step)
+        outcome, error_type, message = ("ok", None, None) if _ran(verdict, step) else _code_error(step)
         return _result(outcome, error_type, message, output, step, start, sandbox, state_lost=True)
     if failure == "not_started" or (failure == "lost" and not started and not memory):
         detail = ("the step's thread could not be started" if failure == "not_started"
@@ -420,16 +426,29 @@ def _stopped(sandbox, worker, conn, verdict, step, output, notes, start, timeout
     return _result(outcome, error_type, message, output, step, start, sandbox, state_lost=True)
 
 
+def _ran(verdict: _Verdict, step: StepLedger) -> bool:
+    """The step ran to its end: ``t`` came back, and when it ended at the exception of
+    ``finish``/``give_up``, one of them was called (else some code raised that class to stop early)."""
+    return verdict.committed and not verdict.tampered and (not verdict.at_finish or bool(step.ended))
+
+
+REPORTED_KINDS = ("runtime_error", "resource_limit", "sandbox_violation")
+
+
 def _code_error(step: StepLedger) -> tuple[str, str, str]:
-    """``runtime_error`` with the code's own description (an observation, not trusted)."""
+    """A failure of the code, with its own description (an observation, not trusted). The code's
+    report may only tell failures apart (``REPORTED_KINDS``: a resource or a permission error raised
+    by the interpreter, which no kernel fact shows the host); it can never make one a success, a
+    timeout or a step that did not run."""
     raised = step.raised or {}
+    kind = raised.get("kind") if raised.get("kind") in REPORTED_KINDS else "runtime_error"
     error_type = clean_text(raised.get("error_type") if isinstance(raised.get("error_type"), str) else "Error", 100)
     if error_type in HOST_ERROR_TYPES:
         error_type = f"{error_type} (raised by the code)"
     message = raised.get("error_message") if isinstance(raised.get("error_message"), str) else ""
     if not raised:
-        message = "the step did not run to its end (it exited, or its error could not be reported)"
-    return "runtime_error", error_type or "Error", clean_output(clean_text(message, MAX_MESSAGE_CHARS))
+        message = "the step did not run to its end (it exited, or stopped early without finish or give_up)"
+    return kind, error_type or "Error", clean_output(clean_text(message, MAX_MESSAGE_CHARS))
 
 
 def _result(outcome, error_type, message, output, step, start, sandbox, state_lost) -> ExecutionResult:
