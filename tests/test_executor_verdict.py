@@ -197,3 +197,26 @@ def test_the_interpreters_memory_and_code_are_out_of_reach(root):
         assert r.ok and r.stdout == "[]\n", r
     finally:
         ex.close()
+
+
+def _names_looked_up(code) -> list[str]:
+    import dis
+    import types
+
+    found = [i.argval for i in dis.get_instructions(code)
+             if i.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_CLASSDEREF")]
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            found += _names_looked_up(const)
+    return found
+
+
+def test_the_keepers_trusted_functions_look_up_no_name_at_call_time():
+    """The keeper's rule (``sandbox_keeper``): what its trusted functions call is bound as a default
+    argument when the module is executed, so rebinding a module, a builtin or a global of the
+    sandbox changes nothing they do. A name looked up at call time breaks the rule."""
+    from codetool.executor import sandbox_copy, sandbox_keeper
+
+    functions = [getattr(sandbox_keeper, name) for name in sandbox_keeper.TRUSTED] + [sandbox_copy.reopen]
+    looked_up = {f.__name__: _names_looked_up(f.__code__) for f in functions}
+    assert all(not names for names in looked_up.values()), looked_up

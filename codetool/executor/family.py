@@ -288,6 +288,8 @@ class Family:
             layers.append(f"rlimits({','.join(hello['limits'])})")
         if hello.get("seccomp"):
             layers.append("seccomp")
+        if hello.get("mounts"):
+            layers.append("hidden(proc,ctypes)")
         if self._ready.get("keyring"):
             layers.append("keyring")
         if self._cgroup is not None:

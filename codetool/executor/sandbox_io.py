@@ -16,6 +16,8 @@ import os
 import socket
 import struct
 import threading
+from json import dumps as _dumps
+from json import loads as _loads  # bound now: a step that patches the json module keeps its channel
 
 HEADER = struct.Struct(">I")
 
@@ -30,7 +32,7 @@ class Channel:
         self.lock = threading.Lock()  # threads of the code may call tools or finish at once
 
     def send(self, obj):
-        data = json.dumps(obj).encode("ascii")
+        data = _dumps(obj).encode("ascii")
         with self.lock:
             self.sock.sendall(HEADER.pack(len(data)) + data)
 
@@ -41,7 +43,7 @@ class Channel:
                 if len(self.buf) >= 4 + size:
                     frame = bytes(self.buf[4:4 + size])
                     del self.buf[:4 + size]
-                    return json.loads(frame)
+                    return _loads(frame)
             data = self.sock.recv(1 << 18)
             if not data:
                 raise EOFError

@@ -71,6 +71,8 @@ REFUSED_EVENTS = frozenset(("sys.settrace", "sys.setprofile", "sys._current_fram
                             "code.__new__", "marshal.load", "marshal.loads", "gc.get_referrers",
                             "gc.get_referents", "sys._settraceallthreads", "sys._setprofileallthreads"))
 REFUSED_PREFIXES = ("ctypes.", "sys.monitoring", "cpython.")
+TRUSTED = ("audit", "on_cpu_limit", "on_file_limit", "discard", "_guard_enter", "_guard_exit", "run_code", "step_thread",
+           "run_step", "receive", "reap", "become_copy", "fork_copy", "serve")  # (and sandbox_copy.reopen)
 GUARDED_ATTRIBUTES = frozenset(("__code__", "__defaults__", "__kwdefaults__"))
 WORKER_MODULES = ("sandbox_io", "sandbox_worker", "sandbox_copy", "sandbox_keeper")  # as launch.WORKER_MODULES
 PREIMPORTS = ("json", "math", "re", "datetime", "time", "collections", "itertools", "functools", "random",
@@ -80,38 +82,46 @@ PREIMPORTS = ("json", "math", "re", "datetime", "time", "collections", "itertool
 
 # ---------------------------------------------------------------------------------- audit hook
 def audit(event, args, _refused=REFUSED_EVENTS, _prefixes=REFUSED_PREFIXES, _guarded=GUARDED_ATTRIBUTES,
-          _unsafe=UNSAFE_MODULES, _type=type, _str=str, _len=len, _error=RuntimeError,
-          _setattr=("object.__setattr__", "object.__delattr__")):
+          _unsafe=UNSAFE_MODULES, _type=type, _str=str, _len=len, _error=RuntimeError, _import_error=ImportError,
+          _denied=PermissionError, _setattr=("object.__setattr__", "object.__delattr__")):
     """Refuse the events listed in the module docstring (trusted: see the rules)."""
     if event in _refused or event.startswith(_prefixes):
         raise _error(f"{event} is not available in the sandbox")
     if event in _setattr and _len(args) > 1 and (_type(args[1]) is not _str or args[1] in _guarded):
         raise _error("functions' __code__ and __defaults__ cannot be changed in the sandbox")
     if event == "import" and args and (_type(args[0]) is not _str or args[0].partition(".")[0] in _unsafe):
-        raise _error("this module is not available in the sandbox")
+        raise _import_error("this module is not available in the sandbox")
     if event == "open" and args and _type(args[0]) is _str and args[0].startswith("/proc/") \
             and args[0].rstrip("/").rpartition("/")[2] in ("mem", "map_files"):
-        raise _error("the memory of processes cannot be read in the sandbox")
+        raise _denied(1, "the memory of processes cannot be read in the sandbox")
 
 
 # -------------------------------------------------------------------------- signal handlers
-def on_cpu_limit(signum, frame, _write=os.write, _ctl=CTL):
+def on_cpu_limit(signum, frame, _write=os.write, _ctl=CTL, _oserror=OSError):
     """SIGXCPU (the soft CPU limit): tell the host at once; it checks the CPU time and stops the step."""
     try:
         _write(_ctl, b"C")
-    except OSError:
+    except _oserror:
         pass
 
 
-def on_file_limit(signum, frame, _write=os.write, _ctl=CTL):
+def on_file_limit(signum, frame, _write=os.write, _ctl=CTL, _oserror=OSError):
     """SIGXFSZ: a write went past ``RLIMIT_FSIZE`` (the write still fails with EFBIG)."""
     try:
         _write(_ctl, b"Z")
-    except OSError:
+    except _oserror:
         pass
 
 
 # ------------------------------------------------------------------------------ the step
+def discard(fd, _close=os.close, _oserror=OSError):
+    """Close ``fd`` if it is still open (trusted)."""
+    try:
+        _close(fd)
+    except _oserror:
+        pass
+
+
 def _guard_enter(self):
     return None
 
@@ -158,7 +168,7 @@ def run_step(ctl, source, fds, namespace, calls, step, forked, grace, *,
              _rusage=resource.getrusage, _self=resource.RUSAGE_SELF, _send=_socket.socket.send,
              _end=END.pack, _enter=_guard_enter, _exit=_guard_exit, _error=RuntimeError, _quit=os._exit,
              _has_sentinel=hasattr(_thread, "_set_sentinel"), _round=round, _str=str, _len=len,
-             _token=TOKEN_BYTES, _decode=bytes.decode, _sub=operator.sub):
+             _token=TOKEN_BYTES, _decode=bytes.decode, _sub=operator.sub, _discard=discard):
     """Run one step (trusted: see the rules); returns the step count. ``calls`` are the state's
     ``(pre, after, describe)``, bound at boot; they run in the step's thread, after ``t`` is sent."""
     try:
@@ -187,8 +197,8 @@ def run_step(ctl, source, fds, namespace, calls, step, forked, grace, *,
         try:
             _start(_thread_fn, (box, first, go, chain, describe))
         except _error as exc:  # no thread: the machine's limit, not the code's
-            _close(verdict)
-            _close(tool)
+            _discard(verdict)
+            _discard(tool)
             _send(ctl, b"N" + _str(exc).encode("ascii", "replace")[:200])
             return step - 1
         first.acquire()
@@ -212,8 +222,8 @@ def run_step(ctl, source, fds, namespace, calls, step, forked, grace, *,
         _gc_disable()
         for which in _timers:
             _setitimer(which, 0)
-        _close(verdict)
-        _close(tool)
+        _discard(verdict)  # (the step's code may have closed them already)
+        _discard(tool)
         usage = _rusage(_self)
         _send(ctl, b"E" + _end(0, _int(_round((usage.ru_utime + usage.ru_stime) * 1e6))))
         return step

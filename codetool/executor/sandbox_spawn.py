@@ -38,7 +38,8 @@ LIMITS = (("as", "RLIMIT_AS"), ("cpu", "RLIMIT_CPU"), ("fsize", "RLIMIT_FSIZE"),
           ("nofile", "RLIMIT_NOFILE"), ("nproc", "RLIMIT_NPROC"), ("core", "RLIMIT_CORE"))
 UNSAFE_MODULES = ("_ctypes", "_ctypes_test", "_testcapi", "_testinternalcapi", "_testbuffer", "_xxtestfuzz",
                   "_testmultiphase", "_testimportmultiple", "_testclinic")
-FIXED = (1, 3, 4, 5)  # output, control socket, sources, scratch parent (2 is a copy of 1)
+FIXED = (1, 3, 4, 5)
+MS_NOEXEC = 8  # output, control socket, sources, scratch parent (2 is a copy of 1)
 
 
 def unsafe_files():
@@ -145,7 +146,14 @@ def _own_mounts(hidden):
     """The worker's own mount namespace (see the module docstring); ``False`` if it cannot have one."""
     if not kernel.unshare(kernel.CLONE_NEWNS):
         return False
-    if kernel.mount("none", "/", "", kernel.MS_REC | kernel.MS_SLAVE, "") < 0 or kernel.umount("/proc") < 0:
+    if kernel.mount("none", "/", "", kernel.MS_REC | kernel.MS_SLAVE, "") < 0:
+        raise RuntimeError("could not make the worker's mounts its own")
+    for _ in range(8):  # every procfs stacked there (the fallback's own is mounted over the host's)
+        if kernel.umount("/proc") < 0:
+            break
+    # and an empty, read-only directory in its place
+    if kernel.mount("none", "/proc", "tmpfs", kernel.MS_RDONLY | kernel.MS_NOSUID | kernel.MS_NODEV | MS_NOEXEC,
+                    "size=4k,nr_inodes=1,mode=0555") < 0:
         raise RuntimeError("could not hide /proc from the worker")
     for path in hidden:
         if kernel.mount("/dev/null", path, "", kernel.MS_BIND, "") < 0:

@@ -26,6 +26,8 @@ import sys
 import threading
 import traceback
 import types
+from json import dumps as _dumps
+from json import loads as _loads  # bound now: a step that patches the json module keeps its tools
 
 try:
     from sandbox_io import Channel, Output
@@ -174,7 +176,7 @@ class State:
         call = next(self.call_ids)  # atomic, so threads of the code get distinct ids
         frame = {"op": "tool", "call": call, "name": name, "args": list(args), "kwargs": kwargs}
         try:
-            payload = json.dumps(frame).encode("ascii")
+            payload = _dumps(frame).encode("ascii")
         except (TypeError, ValueError, RecursionError) as exc:
             raise TypeError(f"{name}(): every argument must be a JSON value (str, int, float, bool, None, "
                             f"list or dict); {_bad_argument(args, kwargs) or exc}") from None
@@ -195,7 +197,7 @@ class State:
             raise ToolError(name, reply["status"], reply.get("error") or reply["status"])
         content = reply.get("content") or ""
         try:
-            return json.loads(content)
+            return _loads(content)
         except ValueError:
             return content
 

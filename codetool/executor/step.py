@@ -348,11 +348,14 @@ def _handle(frame: dict, conn, step: StepLedger, deadline: float, output: StepOu
 
 
 def _drain(conn, step, output, worker, tools, config) -> None:
-    """Frames and output the step sent before its thread ended, still in the sockets."""
+    """Frames and output the step sent before its thread ended, still in the sockets. A tool call
+    among them is not performed: the thread that asked for it is gone."""
     try:
         conn.read()
         while conn.frames:
-            _handle(conn.frames.popleft(), conn, step, time.monotonic(), output, tools, config)
+            frame = conn.frames.popleft()
+            if frame.get("op") != "tool":
+                _handle(frame, conn, step, time.monotonic(), output, tools, config)
     except (EOFError, ProtocolError):
         pass
     output.add(read_available(worker.output_fd) or b"")
