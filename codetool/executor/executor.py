@@ -29,7 +29,8 @@ from codetool.executor.family import WorkerHandle
 from codetool.executor.launch import ExecutorError
 from codetool.executor.result import NOT_EXECUTED, ExecutionResult
 from codetool.executor.sandbox import ForkFailed, Sandbox
-from codetool.executor.step import failure_outcome, run_step
+from codetool.executor.step import run_step
+from codetool.executor.verdict import failure_outcome
 
 logger = logging.getLogger(__name__)
 

@@ -155,7 +155,7 @@ class Sandbox(Family):
             request = b"F" + FORK.pack(key if self.principals else -1, len(name)) + name
             try:
                 send_message(parent.ctl, request, [ctl_worker.fileno(), write_fd])
-                reply = self._wait(budget, watch, lambda: wait_message(parent.ctl, 0.05)[0])
+                reply = self._wait(budget, watch, lambda: wait_message(parent.ctl, 0.05)[0], "the state's worker")
             except EOFError as exc:
                 raise ForkFailed("infra", f"the state's worker is gone ({exc})", True) from None
             if reply[:1] == b"x":
@@ -170,7 +170,7 @@ class Sandbox(Family):
             if not self.principals:  # the root learns the copy's pid from its zygote (there is no setresuid)
                 self._tell({"op": "adopt", "key": key, "pid": pid})
             send_message(ctl_host, b"M" + bytes.fromhex(prepared.get("fdmap") or ""))
-            data, host_pid = self._wait(budget, watch, lambda: _wait_hello(ctl_host, 0.05))
+            data, host_pid = self._wait(budget, watch, lambda: _wait_hello(ctl_host, 0.05), "the copy")
             if host is not None:
                 host.wait(key, time.monotonic() + 1.0)
             os.set_blocking(read_fd, False)
@@ -193,7 +193,7 @@ class Sandbox(Family):
             ctl_worker.close()
             os.close(write_fd)
 
-    def _wait(self, budget: float, watch: Watch, attempt):
+    def _wait(self, budget: float, watch: Watch, attempt, waiting_for: str):
         """Call ``attempt`` (which raises ``TimeoutError`` while nothing came) until it answers or
         ``budget`` seconds passed that the processes doing the work could run (:class:`Watch`),
         up to ``busy_backstop`` times ``budget`` in all."""
@@ -206,19 +206,22 @@ class Sandbox(Family):
                     continue
                 if elapsed - watch.starved() < budget and elapsed < budget * self.config.busy_backstop:
                     continue
-                raise ForkFailed("infra", f"the copy of the state did not start within {budget:g} s (its "
-                                          f"processes waited {watch.starved():.1f} s of {elapsed:.1f} s for a "
-                                          f"CPU)", False) from None
+                raise ForkFailed("infra", f"the copy of the state did not start within {budget:g} s ({waiting_for} "
+                                          f"did not answer; its processes waited {watch.starved():.1f} s of "
+                                          f"{elapsed:.1f} s for a CPU)", False) from None
 
     def _fork_prepared(self, link: RootLink, rid: int, budget: float, watch: Watch) -> dict:
         """The root's answer to ``expect``: the new principal is ready (or its copy adopted)."""
         def ask():
             try:
-                return link.wait(rid, 0.05)
+                return link.wait(rid, 0.05, keep=True)
             except EOFError as exc:
                 raise ExecutorError(f"the sandbox root process failed: {exc}") from None
 
-        prepared = self._wait(budget, watch, ask)
+        try:
+            prepared = self._wait(budget, watch, ask, "the sandbox root")
+        finally:
+            link.forget(rid)
         if prepared.get("op") not in ("adopted", "prepared"):
             raise ForkFailed("infra", f"the copy of the state did not start: {log_safe(prepared.get('error'))}", False)
         return prepared

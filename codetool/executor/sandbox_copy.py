@@ -46,8 +46,11 @@ def reopen(records, *, _unpack=RECORD.unpack_from, _size=RECORD.size, _len=len, 
         at += _size + length
         new = -1
         try:
+            info = _fstat(fd)
+        except _oserror:
+            continue  # (not open in the copy: the zygote held it for the request that forked it)
+        try:
             if kind in _kinds:
-                info = _fstat(fd)
                 flags = _fcntl(fd, _getfl)
                 offset = _lseek(fd, 0, _cur)
                 if kind == _deleted:

@@ -24,10 +24,8 @@ for ``timeout_s`` before the backstop is ``not_executed``: no reward, label or m
 from __future__ import annotations
 
 import logging
-import math
 import os
 import select
-import signal
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -47,88 +45,24 @@ from codetool.executor.channel import (
 from codetool.executor.config import ExecutorConfig
 from codetool.executor.family import WorkerHandle
 from codetool.executor.proxy import perform_tool_call
-from codetool.executor.result import NOT_EXECUTED, ExecutionResult, ToolCall
+from codetool.executor.result import NOT_EXECUTED, ExecutionResult
 from codetool.executor.sandbox import Sandbox
 from codetool.executor.sandbox_principals import cgroup_pids
 from codetool.executor.schedstat import longest_wait, process_cpu, task_waits, total_cpu
+from codetool.executor.verdict import (
+    StepLedger,
+    StepOutput,
+    Verdict,
+    code_error,
+    failure_outcome,
+    number,
+    ran,
+)
 
 logger = logging.getLogger(__name__)
 
-MAX_MESSAGE_CHARS = 2000
 MAX_ANSWER_CHARS = 100_000  # of a finish answer or give_up reason, enforced here (not only in the sandbox)
-TOKEN_BYTES = 16
-# Error types the host writes for its own verdicts; the same name reported by the code is marked.
-HOST_ERROR_TYPES = frozenset(("Timeout", "CPULimit", "MemoryLimit", "ToolLimit", "StepLimit", "WorkerLost",
-                              "ProtocolError", "NotExecuted", "HostBusy", "StateLost", "WorkerStart",
-                              "VerdictTampered"))
 
-
-class StepLedger:
-    """Host-side bookkeeping of one run: the tool calls, the budgets used, the code's report."""
-
-    def __init__(self, conn, cfg: ExecutorConfig):
-        self.calls: list[ToolCall] = []
-        self.requested = 0  # tool calls asked for, performed or not
-        self.ended: dict[str, str | None] = {}
-        self.limit: str | None = None  # why the step is over its budget
-        self.out_of_time = False  # a tool call was cut short by the step's deadline
-        self.raised: dict | None = None  # the code's own description of its error (not trusted)
-        self.dropped = 0  # output characters the worker dropped (its report)
-        self.bytes_start = conn.bytes_in
-        self.max_calls, self.max_bytes = cfg.max_tool_calls, cfg.max_step_mb << 20
-
-    def held(self, conn, output: StepOutput) -> int:
-        """Bytes the host holds for this step: all it received, what it queued for the sandbox
-        and that is not read yet, the output kept, the answer."""
-        answer = sum(len(v or "") for v in self.ended.values())
-        return conn.bytes_in - self.bytes_start + conn.held + output.size + answer
-
-
-class StepOutput:
-    """The step's output bytes, capped as they arrive (4 bytes per kept character at most)."""
-
-    def __init__(self, max_chars: int):
-        self.max_chars = max_chars
-        self.max_bytes = 4 * max_chars
-        self.chunks: list[bytes] = []
-        self.size = 0
-        self.dropped = 0
-
-    def add(self, data: bytes) -> None:
-        room = self.max_bytes - self.size
-        if len(data) > room:
-            self.dropped += len(data) - max(room, 0)
-            data = data[:max(room, 0)]
-        if data:
-            self.chunks.append(data)
-            self.size += len(data)
-
-    def text(self, worker_dropped: int) -> tuple[str, bool]:
-        text = clean_output(b"".join(self.chunks).decode("utf-8", "replace"))
-        truncated = bool(worker_dropped or self.dropped or len(text) > self.max_chars)
-        if truncated:
-            text = text[:self.max_chars] + (f"\n[output truncated: only the first {self.max_chars} "
-                                            f"characters are shown]")
-        return text, truncated
-
-
-class _Verdict:
-    """What arrived on the step's verdict socket: the announced ``t``; its second copy (the code
-    returned), or ``t`` and a zero byte (it ended at ``finish``/``give_up``); anything else."""
-
-    def __init__(self):
-        self.token: bytes | None = None
-        self.committed = False
-        self.at_finish = False
-        self.tampered = False
-
-    def add(self, data: bytes) -> None:
-        if self.token is None and len(data) == TOKEN_BYTES:
-            self.token = data
-        elif self.token is not None and not self.committed and data in (self.token, self.token + b"\x00"):
-            self.committed, self.at_finish = True, data != self.token
-        elif data:
-            self.tampered = True
 
 
 def run_step(sandbox: Sandbox, worker: WorkerHandle, code: str, timeout: float, *, config: ExecutorConfig,
@@ -171,7 +105,7 @@ def run_step(sandbox: Sandbox, worker: WorkerHandle, code: str, timeout: float, 
     conn = Conn(tool_host)
     verdict_host.setblocking(False)
     step = StepLedger(conn, config)
-    verdict = _Verdict()
+    verdict = Verdict()
     try:
         ended, failure, notes = _serve(sandbox, worker, conn, verdict_host, verdict, step, output, tools, config,
                                        start, timeout, baseline)
@@ -265,7 +199,7 @@ def _unwatch(poller, watched: set, fd: int) -> None:
         poller.unregister(fd)
 
 
-def _read_verdict(sock, verdict: _Verdict) -> bool:
+def _read_verdict(sock, verdict: Verdict) -> bool:
     """Take what waits on the verdict socket; returns whether its other end is closed."""
     while True:
         try:
@@ -340,9 +274,9 @@ def _handle(frame: dict, conn, step: StepLedger, deadline: float, output: StepOu
         if step.raised is None:
             step.raised = {"error_type": frame.get("error_type"), "error_message": frame.get("error_message"),
                            "kind": frame.get("kind")}
-        step.dropped = int(_number(frame.get("output_dropped"), 0, 1 << 53))
+        step.dropped = int(number(frame.get("output_dropped"), 0, 1 << 53))
     elif op == "end":
-        step.dropped = int(_number(frame.get("output_dropped"), 0, 1 << 53))
+        step.dropped = int(number(frame.get("output_dropped"), 0, 1 << 53))
     else:
         raise ProtocolError(f"unexpected frame {op!r}")
 
@@ -368,7 +302,7 @@ def _finished(sandbox, worker, conn, verdict, step, output, notes, start, timeou
     worker.cpu_s = ended[1] / 1e6
     memory = sandbox.end(worker)  # every other process of the principal is killed
     output.add(read_available(worker.output_fd) or b"")
-    ok = _ran(verdict, step)
+    ok = ran(verdict, step)
     outcome, error_type, message = "ok", None, None
     if verdict.token is None:  # the code never started, yet the keeper ended: cannot be
         outcome, error_type, message = "sandbox_violation", "ProtocolError", "ProtocolError: the step never started."
@@ -376,7 +310,7 @@ def _finished(sandbox, worker, conn, verdict, step, output, notes, start, timeou
         outcome, error_type = "sandbox_violation", "VerdictTampered"
         message = "VerdictTampered: the step wrote on the channel the host decides its verdict from."
     elif not ok:
-        outcome, error_type, message = _code_error(step)
+        outcome, error_type, message = code_error(step)
         if "Z" in notes:
             outcome = "resource_limit"
     if step.out_of_time and outcome != "timeout":
@@ -400,7 +334,7 @@ def _stopped(sandbox, worker, conn, verdict, step, output, notes, start, timeout
     started = verdict.token is not None
     memory = status.get("reason") == "memory" or status.get("oom")
     if failure is None:  # ended, but left threads running: the verdict stands, the state is lost
-        outcome, error_type, message = ("ok", None, None) if _ran(verdict, step) else _code_error(step)
+        outcome, error_type, message = ("ok", None, None) if ran(verdict, step) else code_error(step)
         return _result(outcome, error_type, message, output, step, start, sandbox, state_lost=True)
     if failure == "not_started" or (failure == "lost" and not started and not memory):
         detail = ("the step's thread could not be started" if failure == "not_started"
@@ -429,31 +363,6 @@ def _stopped(sandbox, worker, conn, verdict, step, output, notes, start, timeout
     return _result(outcome, error_type, message, output, step, start, sandbox, state_lost=True)
 
 
-def _ran(verdict: _Verdict, step: StepLedger) -> bool:
-    """The step ran to its end: ``t`` came back, and when it ended at the exception of
-    ``finish``/``give_up``, one of them was called (else some code raised that class to stop early)."""
-    return verdict.committed and not verdict.tampered and (not verdict.at_finish or bool(step.ended))
-
-
-REPORTED_KINDS = ("runtime_error", "resource_limit", "sandbox_violation")
-
-
-def _code_error(step: StepLedger) -> tuple[str, str, str]:
-    """A failure of the code, with its own description (an observation, not trusted). The code's
-    report may only tell failures apart (``REPORTED_KINDS``: a resource or a permission error raised
-    by the interpreter, which no kernel fact shows the host); it can never make one a success, a
-    timeout or a step that did not run."""
-    raised = step.raised or {}
-    kind = raised.get("kind") if raised.get("kind") in REPORTED_KINDS else "runtime_error"
-    error_type = clean_text(raised.get("error_type") if isinstance(raised.get("error_type"), str) else "Error", 100)
-    if error_type in HOST_ERROR_TYPES:
-        error_type = f"{error_type} (raised by the code)"
-    message = raised.get("error_message") if isinstance(raised.get("error_message"), str) else ""
-    if not raised:
-        message = "the step did not run to its end (it exited, or stopped early without finish or give_up)"
-    return kind, error_type or "Error", clean_output(clean_text(message, MAX_MESSAGE_CHARS))
-
-
 def _result(outcome, error_type, message, output, step, start, sandbox, state_lost) -> ExecutionResult:
     stdout, truncated = output.text(step.dropped)
     ok = outcome == "ok"
@@ -474,31 +383,3 @@ def _not_executed(error_type: str, detail: str, start: float, sandbox: Sandbox, 
                            duration_s=round(time.monotonic() - start, 6), isolation=sandbox.isolation)
 
 
-def _number(value, low: float, high: float) -> float:
-    """A numeric field of a frame, clamped to ``[low, high]`` (``low`` when not a finite number)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return low
-    value = float(value)
-    return min(max(value, low), high) if math.isfinite(value) else low
-
-
-def failure_outcome(status: dict | None) -> tuple[str, str, str]:
-    """``(outcome, error_type, message)`` for a worker that died while its step ran."""
-    status = status or {}
-    sig = status.get("signal")
-    if status.get("reason") == "memory" or status.get("oom"):
-        return ("resource_limit", "MemoryLimit",
-                "MemoryLimit: the step's processes and files used more memory than allowed, so it was killed.")
-    if sig == signal.SIGXCPU:
-        return "resource_limit", "CPULimit", "CPULimit: the step used more CPU time than allowed."
-    if sig is not None:
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = f"signal {sig}"
-        hint = " (a resource limit, or the process killed itself)" if sig == signal.SIGKILL else ""
-        return "worker_lost", "WorkerLost", f"WorkerLost: the sandbox process died from {name}{hint}."
-    if "exit" in status:
-        return ("worker_lost", "WorkerLost",
-                f"WorkerLost: the sandbox process exited with code {status['exit']} (os._exit or a crash).")
-    return "worker_lost", "WorkerLost", "WorkerLost: the sandbox process died."
