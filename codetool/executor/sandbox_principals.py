@@ -58,11 +58,12 @@ class Principal:
 
 
 class Expectation:
-    __slots__ = ("key", "parent", "request", "deadline", "fdmap")
+    __slots__ = ("key", "parent", "request", "deadline", "fdmap", "ready")
 
     def __init__(self, key, parent, request, timeout):
         self.key, self.parent, self.request = key, parent, request
         self.fdmap = ""  # (hex) the parent's descriptor map, for the copy
+        self.ready = False  # its scratch is copied: its setresuid may go through
         self.deadline = time.monotonic() + timeout
 
 
@@ -86,11 +87,13 @@ class Principals:
         self.pending = []  # (listener, notification, deadline): setresuid calls not answered yet
         self.leftover_paths = []  # scratch or cgroup directories to remove once empty
         self.next_poll = 0.0
+        self.helpers = set()  # the root's own helper processes (scratch copies): nobody's to kill
 
     # ------------------------------------------------------------------------------- life cycle
-    def prepare(self, key, parent_key=None):
-        """Create principal ``key``: its scratch (a copy of ``parent_key``'s when given) and its
-        cgroup. Raises ``OSError`` when that cannot be done."""
+    def prepare(self, key, parent_key=None, copy=True):
+        """Create principal ``key``: its scratch (a copy of ``parent_key``'s when given, unless
+        ``copy`` is false: the caller copies it) and its cgroup. Raises ``OSError`` when that
+        cannot be done."""
         uid = key if self.uids else None
         path = os.path.join(self.parent, f"c{key}")
         principal = Principal(key, uid, path)
@@ -107,7 +110,7 @@ class Principals:
             elif uid is not None:
                 os.chown(path, uid, self.gid if self.gid is not None else uid)
             parent = self.by_key.get(parent_key)
-            if parent is not None:
+            if parent is not None and copy:
                 copy_tree(parent.scratch, path, uid, self.gid)
             if self.cgroup_dir:
                 principal.cgroup = self._make_cgroup(key)
@@ -194,7 +197,8 @@ class Principals:
         now = time.monotonic()
         for listener, note, deadline in self.pending:
             verdict = self._verdict(note)
-            if verdict is None and now < deadline and kernel.notification_alive(listener, note.id):
+            early = verdict is not None and not verdict[0].ready  # its scratch is still being copied
+            if (early or (verdict is None and now < deadline)) and kernel.notification_alive(listener, note.id):
                 waiting.append((listener, note, deadline))
                 continue
             allow = False
@@ -297,9 +301,9 @@ class Principals:
         else those the family walk attributes to it, and those that belong to nobody."""
         if principal.cgroup:
             return cgroup_pids(principal.cgroup)
-        workers = self._workers() - {principal.pid}  # another principal's worker is not its leftover
+        spared = (self._workers() - {principal.pid}) | self.helpers  # another principal's worker, the root's helpers
         return [pid for pid, _, _, state, owner in self.family(root_pid)
-                if state not in ("Z", "X") and pid not in workers and (owner == principal.key or owner is None)]
+                if state not in ("Z", "X") and pid not in spared and (owner == principal.key or owner is None)]
 
     def _workers(self):
         return {p.pid for p in self.by_key.values() if p.pid}

@@ -28,13 +28,13 @@ try:
     import sandbox_kernel as kernel
     from sandbox_io import RootChannel, close_fd
     from sandbox_principals import Principals, cgroup_pids
-    from sandbox_scratch import descriptor_map
+    from sandbox_scratch import copy_for_fork
     from sandbox_spawn import exec_worker, unsafe_files
 except ImportError:  # imported on the host (documentation tools): the package's copies
     from codetool.executor import sandbox_kernel as kernel
     from codetool.executor.sandbox_io import RootChannel, close_fd
     from codetool.executor.sandbox_principals import Principals, cgroup_pids
-    from codetool.executor.sandbox_scratch import descriptor_map
+    from codetool.executor.sandbox_scratch import copy_for_fork
     from codetool.executor.sandbox_spawn import exec_worker, unsafe_files
 
 WORKER_MODULES = ("sandbox_io", "sandbox_worker", "sandbox_copy", "sandbox_keeper")  # in import order
@@ -48,6 +48,7 @@ class Root:
         self.config = config
         self.worker_sources = json.dumps([[n, sources[n]] for n in WORKER_MODULES]).encode()
         self.hidden = []
+        self.copies = {}  # helper pipe -> [request id, key, helper pid, its output so far]
         self.chan = RootChannel(config["control_fd"])
         self.statuses = {}
         self.principals = Principals(config)
@@ -104,7 +105,7 @@ class Root:
                 self.handle(msg)
                 continue
             self.adopt()
-            for fd in self.principals.listeners:
+            for fd in self.principals.listeners + list(self.copies):
                 if fd not in watched:
                     poller.register(fd, select.POLLIN)
                     watched.add(fd)
@@ -124,7 +125,12 @@ class Root:
                     self.exit(remove_scratch=True)
                 continue  # the host's requests first: an expectation precedes its copy's call
             for fd, ev in events:
-                if ev & select.POLLIN:
+                if fd in self.copies:
+                    self.copied(fd)
+                    if fd not in self.copies:
+                        poller.unregister(fd)
+                        watched.discard(fd)
+                elif ev & select.POLLIN:
                     self.principals.receive(fd)
                 elif ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
                     poller.unregister(fd)
@@ -197,12 +203,15 @@ class Root:
 
     # --------------------------------------------------------------------------- principals
     def expect(self, msg):
+        """Prepare the principal of a fork copy; its scratch is copied by a helper process (in the
+        copy's cgroup, so the copy's memory is charged to it), so a big scratch delays only its own
+        copy, never the family's other requests."""
         key, parent_key, request = int(msg["key"]), msg.get("parent"), msg.get("id")
         parent = self.principals.by_key.get(parent_key)
         try:
             if parent is None:
                 raise OSError("the state to fork is gone")
-            self.principals.prepare(key, parent_key)
+            principal = self.principals.prepare(key, parent_key, copy=False)
         except OSError as exc:
             self.chan.send({"op": "adopt_failed", "id": request, "error": str(exc)[:200]})
             return
@@ -210,13 +219,49 @@ class Root:
         if pid is None and parent.cgroup:  # (a copy the host adopted: the only process of its cgroup when idle)
             pids = cgroup_pids(parent.cgroup)
             pid = pids[0] if len(pids) == 1 else None
-        fdmap = descriptor_map(pid, parent.scratch).hex() if pid else ""
         timeout = max(1.0, float(msg.get("timeout") or 5.0))
-        if self.config.get("host_listeners") or not self.principals.uids:  # the host lets the copy through
-            self.chan.send({"op": "prepared", "id": request, "fdmap": fdmap})
+        if self.principals.uids and not self.config.get("host_listeners"):
+            self.principals.expect(key, parent_key, request, timeout)  # (its setresuid waits for the copy)
+        read_fd, write_fd = os.pipe()
+        try:
+            helper = os.fork()
+        except OSError as exc:
+            close_fd(read_fd)
+            close_fd(write_fd)
+            self.principals.expected.pop(key, None)
+            self.chan.send({"op": "adopt_failed", "id": request, "error": str(exc)[:200]})
             return
-        self.principals.expect(key, parent_key, request, timeout)
-        self.principals.expected[key].fdmap = fdmap
+        if helper == 0:
+            close_fd(read_fd)
+            os._exit(copy_for_fork(self.principals, principal, parent, pid, write_fd))
+        close_fd(write_fd)
+        self.principals.helpers.add(helper)
+        self.copies[read_fd] = [request, key, helper, bytearray()]
+
+    def copied(self, fd):
+        """A helper's output is readable: take it; at its end, answer the ``expect`` it served."""
+        request, key, helper, data = self.copies[fd]
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except OSError:
+            chunk = b""
+        if chunk:
+            data += chunk
+            return
+        del self.copies[fd]
+        close_fd(fd)
+        status = self._wait_reaped(helper, 5.0)
+        self.principals.helpers.discard(helper)
+        expectation = self.principals.expected.get(key)
+        if status is None or not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
+            self.principals.expected.pop(key, None)
+            self.chan.send({"op": "adopt_failed", "id": request, "error": "the scratch could not be copied"})
+            return
+        fdmap = data.decode("ascii", "replace")
+        if expectation is not None:
+            expectation.fdmap, expectation.ready = fdmap, True
+        else:  # the host (or no setresuid at all) lets the copy through
+            self.chan.send({"op": "prepared", "id": request, "fdmap": fdmap})
 
     def spawn(self, msg):
         fds, self.chan.fds = self.chan.fds[:2], self.chan.fds[2:]

@@ -179,3 +179,20 @@ def descriptor_map(pid, scratch):
         data = path.encode("utf-8", "surrogateescape")[:65535]
         out.append(RECORD.pack(int(name), kind, len(data)) + data)
     return b"".join(out)
+
+
+def copy_for_fork(principals, principal, parent, parent_pid, out_fd):
+    """In a helper process of the root: join the copy's cgroup (its pages are charged there), copy
+    the parent's scratch into the copy's, write the parent's descriptor map (hex) to ``out_fd``.
+    Returns the helper's exit status (0: done)."""
+    try:
+        if principal.cgroup:
+            with open(os.path.join(principal.cgroup, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+        copy_tree(parent.scratch, principal.scratch, principal.uid, principals.gid)
+        data = (descriptor_map(parent_pid, parent.scratch) if parent_pid else b"").hex().encode("ascii")
+        while data:
+            data = data[os.write(out_fd, data):]
+        return 0
+    except BaseException:  # noqa: B036 - a helper: any failure is its exit status
+        return 1
