@@ -50,7 +50,6 @@ import resource
 import signal
 import struct
 import sys
-from collections import deque
 
 try:
     import sandbox_copy
@@ -71,8 +70,8 @@ REFUSED_EVENTS = frozenset(("sys.settrace", "sys.setprofile", "sys._current_fram
                             "code.__new__", "marshal.load", "marshal.loads", "gc.get_referrers",
                             "gc.get_referents", "sys._settraceallthreads", "sys._setprofileallthreads"))
 REFUSED_PREFIXES = ("ctypes.", "sys.monitoring", "cpython.")
-TRUSTED = ("audit", "on_cpu_limit", "on_file_limit", "discard", "_guard_enter", "_guard_exit", "run_code", "step_thread",
-           "run_step", "receive", "reap", "become_copy", "fork_copy", "serve")  # (and sandbox_copy.reopen)
+TRUSTED = ("audit", "discard", "_guard_enter", "_guard_exit", "run_code", "step_thread", "run_step", "receive", "reap",
+           "become_copy", "fork_copy", "serve")  # (and sandbox_copy.reopen)
 GUARDED_ATTRIBUTES = frozenset(("__code__", "__defaults__", "__kwdefaults__"))
 WORKER_MODULES = ("sandbox_io", "sandbox_worker", "sandbox_copy", "sandbox_keeper")  # as launch.WORKER_MODULES
 PREIMPORTS = ("json", "math", "re", "datetime", "time", "collections", "itertools", "functools", "random",
@@ -94,23 +93,6 @@ def audit(event, args, _refused=REFUSED_EVENTS, _prefixes=REFUSED_PREFIXES, _gua
     if event == "open" and args and _type(args[0]) is _str and args[0].startswith("/proc/") \
             and args[0].rstrip("/").rpartition("/")[2] in ("mem", "map_files"):
         raise _denied(1, "the memory of processes cannot be read in the sandbox")
-
-
-# -------------------------------------------------------------------------- signal handlers
-def on_cpu_limit(signum, frame, _write=os.write, _ctl=CTL, _oserror=OSError):
-    """SIGXCPU (the soft CPU limit): tell the host at once; it checks the CPU time and stops the step."""
-    try:
-        _write(_ctl, b"C")
-    except _oserror:
-        pass
-
-
-def on_file_limit(signum, frame, _write=os.write, _ctl=CTL, _oserror=OSError):
-    """SIGXFSZ: a write went past ``RLIMIT_FSIZE`` (the write still fails with EFBIG)."""
-    try:
-        _write(_ctl, b"Z")
-    except _oserror:
-        pass
 
 
 # ------------------------------------------------------------------------------ the step
@@ -142,32 +124,29 @@ def run_code(code, namespace, guard, _exec=exec):
     return 0
 
 
-def step_thread(box, first, go, chain, describe, _sentinel=getattr(_thread, "_set_sentinel", None),
-                _next=next, _base=BaseException):
-    """The step's thread: hand the keeper a lock released when this thread is gone, wait for its go,
-    then run the chain; an exception of the code is described for the model (not trusted)."""
-    if _sentinel is not None:
-        lock = _sentinel()
-        lock.acquire()
-        box.append(lock)
-    first.release()
-    go.acquire()
+def step_thread(done, chain, describe, _next=next, _base=BaseException):
+    """The step's thread: run the chain; an exception of the code is described for the model (not
+    trusted); then wake the keeper (which still waits for every thread to be gone: a release by
+    the code only wakes it early)."""
     try:
-        _next(chain)
-    except _base as exc:
-        describe(exc)
+        try:
+            _next(chain)
+        except _base as exc:
+            describe(exc)
+    finally:
+        done.release()
 
 
 def run_step(ctl, source, fds, namespace, calls, step, forked, grace, *,
              _repeat=itertools.repeat, _map=map, _filter=filter, _compress=itertools.compress,
              _urandom=os.urandom, _fileio=io.FileIO, _compile=compile, _run=run_code, _bool=bool, _int=int,
              _bytes=bytes, _add=operator.add, _write=os.write, _type=type, _lock=_thread.allocate_lock,
-             _deque=deque, _start=_thread.start_new_thread, _thread_fn=step_thread, _count=_thread._count,
+             _start=_thread.start_new_thread, _thread_fn=step_thread, _count=_thread._count,
              _sleep=__import__("time").sleep, _gc_disable=gc.disable, _setitimer=signal.setitimer,
              _timers=(signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF), _close=os.close,
              _rusage=resource.getrusage, _self=resource.RUSAGE_SELF, _send=_socket.socket.send,
              _end=END.pack, _enter=_guard_enter, _exit=_guard_exit, _error=RuntimeError, _quit=os._exit,
-             _has_sentinel=hasattr(_thread, "_set_sentinel"), _round=round, _str=str, _len=len,
+             _min=min, _round=round, _str=str, _len=len,
              _token=TOKEN_BYTES, _decode=bytes.decode, _sub=operator.sub, _discard=discard):
     """Run one step (trusted: see the rules); returns the step count. ``calls`` are the state's
     ``(pre, after, describe)``, bound at boot; they run in the step's thread, after ``t`` is sent."""
@@ -191,30 +170,21 @@ def run_step(ctl, source, fds, namespace, calls, step, forked, grace, *,
         mark = _map(_bytes, _map(_sub, _repeat(1, 1), ran))  # b"" returned, b"\\x00" finish/give_up
         rest = _map(_bytes, _map(_int, _map(_bool, _map(after, _repeat(None, 1)))))  # b"" unless tampered
         chain = _map(_write, _repeat(verdict, 1), _map(_add, token, _map(_add, mark, rest)))
-        first, go, box = _lock(), _lock(), _deque()
-        first.acquire()
-        go.acquire()
+        done = _lock()
+        done.acquire()
         try:
-            _start(_thread_fn, (box, first, go, chain, describe))
+            _start(_thread_fn, (done, chain, describe))
         except _error as exc:  # no thread: the machine's limit, not the code's
             _discard(verdict)
             _discard(tool)
             _send(ctl, b"N" + _str(exc).encode("ascii", "replace")[:200])
             return step - 1
-        first.acquire()
-        if _has_sentinel:
-            sentinel = box.popleft()
-            go.release()
-            while not sentinel.acquire(True, 0.05):  # handlers (SIGXCPU) run between the waits
-                pass
-        else:  # Python 3.13+: no sentinel lock; wait for every thread to end
-            go.release()
-            while _count() > 0:
-                _sleep(0.005)
-        left, waited = _count(), 0.0
-        while left and waited < grace:  # threads the step left get a moment to end
-            _sleep(0.005)
-            waited += 0.005
+        done.acquire()
+        left, waited, pause = _count(), 0.0, 0.0001
+        while left and waited < grace:  # the step's thread is ending; threads it left get a moment
+            _sleep(pause)
+            waited += pause
+            pause = _min(pause * 2, 0.005)
             left = _count()
         if left:  # they could act between steps: the host kills the state
             _send(ctl, b"E" + _end(left, 0))
@@ -235,12 +205,13 @@ def run_step(ctl, source, fds, namespace, calls, step, forked, grace, *,
 def receive(ctl, *, _recv_into=_socket.socket.recv_into, _recvmsg=_socket.socket.recvmsg, _buffer=bytearray,
             _peek=_socket.MSG_PEEK | _socket.MSG_TRUNC, _space=_socket.CMSG_SPACE(4 * 8), _rights=_socket.SCM_RIGHTS,
             _level=_socket.SOL_SOCKET, _view=memoryview, _tuple=tuple, _len=len, _quit=os._exit, _max=max,
-            _private=os.set_inheritable):
+            _private=os.set_inheritable, _gc_disable=gc.disable):
     """The next message and the descriptors sent with it, close-on-exec (a program the step starts
     holds none); the host's end closed: the worker ends."""
-    size = _recv_into(ctl, _buffer(1), 1, _peek)
+    size = _recv_into(ctl, _buffer(1), 1, _peek)  # (blocks; allocates nothing the collector tracks)
     if size <= 0:
         _quit(0)
+    _gc_disable()  # before the keeper allocates: no finalizer of the state runs in it
     data, ancillary, _, _ = _recvmsg(ctl, _max(size, 1), _space)
     fds = ()
     for level, kind, raw in ancillary:
@@ -326,15 +297,14 @@ def fork_copy(ctl, payload, fds, parent_path, *, _fork=os.fork, _close=os.close,
         _quit(70)
 
 
-def serve(ctl, namespace, calls, hello, grace, parent_path, *, _gc_disable=gc.disable, _reap=reap,
+def serve(ctl, namespace, calls, hello, grace, parent_path, *, _reap=reap,
           _receive=receive, _run=run_step, _fork=fork_copy, _send=_socket.socket.send, _quit=os._exit):
     """The keeper's loop (trusted); it never returns."""
     step, forked = 0, 0
     _send(ctl, hello)
     while True:
-        _gc_disable()
+        message, fds = _receive(ctl)  # (which turns the collector off first)
         _reap()
-        message, fds = _receive(ctl)
         op = message[:1]
         if op == b"R":
             step = _run(ctl, message[1:], fds, namespace, calls, step, forked, grace)
@@ -361,9 +331,7 @@ def main(settings):
     imp = sys.modules["_imp"]
     del imp.create_builtin  # no second instance of a builtin module (and so no real register_at_fork)
     sys.implementation.cache_tag = None  # imports compile from source: marshal is refused
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGXCPU, on_cpu_limit)
-    signal.signal(signal.SIGXFSZ, on_file_limit)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the keeper has no Python signal handler at all
     state = sandbox_worker.State(settings["tools"], int(settings["max_output_chars"]))
     uid = settings.get("uid")
     info = {key: settings.get(key) for key in ("limits", "seccomp", "principal", "mounts")}

@@ -45,6 +45,43 @@ def longest_wait(pids: list[int], baseline: dict[int, float]) -> float:
     return max((wait - baseline.get(tid, 0.0) for tid, wait in waits.items()), default=0.0)
 
 
+def step_usage(worker: int, others: list[int]) -> tuple[float, float]:
+    """``(longest run-queue wait, CPU seconds)`` of a step so far: over the threads of process
+    ``worker`` but its main one (the keeper: a step runs in threads it starts, from zero) and every
+    thread of ``others`` (the step's processes, which started during it)."""
+    wait, cpu, tick = 0.0, 0.0, os.sysconf("SC_CLK_TCK")
+    for pid in [worker] + others:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            if pid == worker and tid == str(worker):
+                continue
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    wait = max(wait, int(f.read().split()[1]) / 1e9)
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                cpu += (int(fields[11]) + int(fields[12])) / tick
+            except (OSError, ValueError, IndexError):
+                continue
+    return wait, cpu
+
+
+def exit_signal(pid: int) -> int | None:
+    """The signal that ended process ``pid``, while it is a zombie (``/proc/<pid>/stat``'s exit code)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        if fields[0] != "Z":
+            return None
+        code = int(fields[49])
+    except (OSError, ValueError, IndexError):
+        return None
+    return code & 0x7F or None
+
+
 def children(pids: list[int]) -> set[int]:
     """The children of ``pids`` (host pids, from ``/proc/<pid>/task/<tid>/children``)."""
     found: set[int] = set()

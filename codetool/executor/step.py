@@ -48,7 +48,7 @@ from codetool.executor.proxy import perform_tool_call
 from codetool.executor.result import NOT_EXECUTED, ExecutionResult
 from codetool.executor.sandbox import Sandbox
 from codetool.executor.sandbox_principals import cgroup_pids
-from codetool.executor.schedstat import longest_wait, process_cpu, task_waits, total_cpu
+from codetool.executor.schedstat import exit_signal, step_usage
 from codetool.executor.verdict import (
     StepLedger,
     StepOutput,
@@ -87,8 +87,6 @@ def run_step(sandbox: Sandbox, worker: WorkerHandle, code: str, timeout: float, 
     output = StepOutput(config.max_output_chars)
     verdict_host, verdict_worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     tool_host, tool_worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    baseline = task_waits([worker.pid])
-    baseline[0] = process_cpu(worker.pid) or 0.0  # (key 0: the worker's CPU seconds so far)
     sandbox.begin(worker)
     try:
         send_message(worker.ctl, b"R" + code.encode("utf-8", "surrogatepass"),
@@ -108,7 +106,7 @@ def run_step(sandbox: Sandbox, worker: WorkerHandle, code: str, timeout: float, 
     verdict = Verdict()
     try:
         ended, failure, notes = _serve(sandbox, worker, conn, verdict_host, verdict, step, output, tools, config,
-                                       start, timeout, baseline)
+                                       start, timeout)
     finally:
         verdict_host.close()
     if ended is not None and ended[0] == 0 and failure is None:
@@ -120,11 +118,11 @@ def run_step(sandbox: Sandbox, worker: WorkerHandle, code: str, timeout: float, 
     return result
 
 
-def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, config, start, timeout, baseline):
+def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, config, start, timeout):
     """The step's loop: until the keeper says the step ended, or it has to be stopped. Returns
     ``(ended, failure, notes)``: the keeper's end report ``(threads left, CPU µs)`` or ``None``; why
-    it was stopped (``timeout``, ``busy``, ``cpu``, ``budget``, ``violation``, ``lost``,
-    ``not_started``) or ``None``; the signals the keeper reported (``C``, ``Z``)."""
+    it was stopped (``timeout``, ``busy``, ``budget``, ``violation``, ``lost``, ``not_started``) or
+    ``None``; notes (none yet). The CPU limit kills the worker (SIGXCPU): a ``lost`` worker."""
     deadline, backstop = start + timeout, start + timeout * config.busy_backstop
     notes: set[str] = set()
     poller = select.poll()
@@ -138,8 +136,8 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
         if now >= deadline:
             # the step had its time when its processes got timeout s of CPU (a fork bomb starves itself),
             # or when timeout s passed that its threads did not spend waiting for a CPU
-            pids = [worker.pid] + _principal_pids(sandbox, worker)
-            effective = max((now - start) - longest_wait(pids, baseline), total_cpu(pids) - baseline[0])
+            wait, cpu = step_usage(worker.pid, _principal_pids(sandbox, worker))
+            effective = max((now - start) - wait, cpu)
             if effective >= timeout:
                 return None, ("timeout" if verdict.token is not None else "not_started"), notes
             if now >= backstop:
@@ -167,13 +165,6 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
                         return (int.from_bytes(data[1:5], "big"), int.from_bytes(data[5:13], "big")), None, notes
                     if kind == b"N":
                         return None, "not_started", notes
-                    if kind == b"C":
-                        used = process_cpu(worker.pid)
-                        if used is None or used >= config.cpu_time_s - 0.5:  # (else the code signalled itself)
-                            notes.add("C")
-                            return None, "cpu", notes
-                    elif kind == b"Z":
-                        notes.add("Z")
             else:
                 try:
                     if events & select.POLLOUT:
@@ -311,8 +302,6 @@ def _finished(sandbox, worker, conn, verdict, step, output, notes, start, timeou
         message = "VerdictTampered: the step wrote on the channel the host decides its verdict from."
     elif not ok:
         outcome, error_type, message = code_error(step)
-        if "Z" in notes:
-            outcome = "resource_limit"
     if step.out_of_time and outcome != "timeout":
         outcome, error_type = "timeout", "Timeout"
         message = f"Timeout: the step ran longer than {timeout:g} s and was stopped"
@@ -329,7 +318,10 @@ def _stopped(sandbox, worker, conn, verdict, step, output, notes, start, timeout
              threads_left=0) -> ExecutionResult:
     """The step was stopped (or its worker died, or left threads running): the worker is killed."""
     _drain(conn, step, output, worker, {}, sandbox.config)
+    killed_by = exit_signal(worker.pid)  # (a fork copy's zombie waits for its zygote to reap it)
     status = drop(worker) or {}
+    if killed_by is not None and "signal" not in status:
+        status["signal"] = killed_by
     output.add(read_available(worker.output_fd) or b"")
     started = verdict.token is not None
     memory = status.get("reason") == "memory" or status.get("oom")
@@ -347,8 +339,6 @@ def _stopped(sandbox, worker, conn, verdict, step, output, notes, start, timeout
     if failure == "timeout":
         outcome, error_type = "timeout", "Timeout"
         message = f"Timeout: the step ran longer than {timeout:g} s and was killed."
-    elif failure == "cpu":
-        outcome, error_type, message = "resource_limit", "CPULimit", "CPULimit: the step used more CPU time than allowed."
     elif failure == "budget":
         outcome, error_type = "resource_limit", "StepLimit"
         message = (f"StepLimit: the step made the host hold more than {step.max_bytes >> 20} MiB (what it "
