@@ -202,19 +202,24 @@ PROBES = [
     ("wall-clock kill", {"timeout_s": 1}, "while True:\n    try:\n        pass\n    except BaseException:\n        pass",
      lambda r: r.timed_out),
     ("output cap", {"max_output_chars": 1000}, "print('x' * 10**6)", lambda r: r.output_truncated),
-    ("seccomp: pidfd_getfd denied", {},
+    ("no ctypes, or pidfd_getfd denied", {},
      "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\npfd = os.pidfd_open(os.getpid())\n"
-     "print(libc.syscall(438, pfd, 0, 0), ctypes.get_errno())", lambda r: r.stdout == "-1 1\n"),
+     "print(libc.syscall(438, pfd, 0, 0), ctypes.get_errno())",
+     lambda r: r.stdout == "-1 1\n" or r.error_type == "ImportError"),
     ("seccomp: AF_VSOCK denied", {}, "import socket\nsocket.socket(40, socket.SOCK_STREAM)",
      lambda r: not r.ok and "97" in (r.error_message or "")),
     ("seccomp: SysV shm and memfd denied", {}, "import os\nos.memfd_create('x')",
      lambda r: r.outcome == "sandbox_violation"),
     ("tool-call budget (max_tool_calls)", {"max_tool_calls": 5},
      "while True:\n    search(query='x')", lambda r: r.error_type == "ToolLimit"),
-    ("forged frame rejected (nonce)", {},
-     "import gc, struct\nw = next(o for o in gc.get_objects() if type(o).__name__ == 'Worker')\n"
-     "d = b'{\"op\": \"done\", \"outcome\": \"ok\"}'\nw.chan.sock.sendall(struct.pack('>I', len(d)) + d)\n"
-     "raise ValueError", lambda r: r.outcome == "sandbox_violation"),
+    ("verdict out of reach (classifier swapped)", {},
+     "import sys\nfor m in list(sys.modules.values()):\n    for k in ('classify', 'kind_of'):\n"
+     "        if k in getattr(m, '__dict__', {}):\n            m.__dict__[k] = lambda *a, **kw: 'ok'\n"
+     "finish.__globals__['classify'] = lambda e: 'ok'\nraise ValueError('forged?')",
+     lambda r: r.outcome == "runtime_error"),
+    ("verdict out of reach (host's timeout line)", {},
+     "class Timeout(BaseException):\n    pass\nraise Timeout('the step ran longer than 30 s and was stopped')",
+     lambda r: r.outcome == "runtime_error"),
 ]
 
 
@@ -280,9 +285,8 @@ MEMORY_ATTACKS = [
     ("2,000,000 file locks", "import fcntl\nf = open('locks', 'w')\n"
      "for i in range(2_000_000):\n    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 2 * i)"),
     ("24 processes x 30,000 mappings", "import mmap, os, time\n"
-     "def split():\n    m = mmap.mmap(-1, 30_000 * 8192)\n    import ctypes\n"
-     "    libc = ctypes.CDLL(None)\n    base = ctypes.addressof(ctypes.c_char.from_buffer(m))\n"
-     "    for i in range(0, 30_000 * 8192, 8192):\n        libc.mprotect(ctypes.c_void_p(base + i), 4096, 1)\n"
+     "def split():\n    flags, rw = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, mmap.PROT_READ | mmap.PROT_WRITE\n"
+     "    kept = [mmap.mmap(-1, 4096, flags=flags, prot=rw if i % 2 else mmap.PROT_READ) for i in range(30_000)]\n"
      "    time.sleep(30)\n"
      "for _ in range(24):\n    if os.fork() == 0:\n        split()\n        os._exit(0)\ntime.sleep(8)"),
 ]

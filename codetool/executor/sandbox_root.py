@@ -28,13 +28,13 @@ try:
     import sandbox_kernel as kernel
     from sandbox_io import RootChannel, close_fd
     from sandbox_principals import Principals, cgroup_pids
-    from sandbox_scratch import copy_for_fork
+    from sandbox_scratch import copy_for_fork, small_scratch
     from sandbox_spawn import exec_worker, unsafe_files
 except ImportError:  # imported on the host (documentation tools): the package's copies
     from codetool.executor import sandbox_kernel as kernel
     from codetool.executor.sandbox_io import RootChannel, close_fd
     from codetool.executor.sandbox_principals import Principals, cgroup_pids
-    from codetool.executor.sandbox_scratch import copy_for_fork
+    from codetool.executor.sandbox_scratch import copy_for_fork, small_scratch
     from codetool.executor.sandbox_spawn import exec_worker, unsafe_files
 
 WORKER_MODULES = ("sandbox_io", "sandbox_worker", "sandbox_copy", "sandbox_keeper")  # in import order
@@ -222,6 +222,10 @@ class Root:
         timeout = max(1.0, float(msg.get("timeout") or 5.0))
         if self.principals.uids and not self.config.get("host_listeners"):
             self.principals.expect(key, parent_key, request, timeout)  # (its setresuid waits for the copy)
+        if small_scratch(parent.scratch):  # a few files: copied here at once (cheaper than a helper)
+            done = copy_for_fork(self.principals, principal, parent, pid, None)
+            self._copied(request, key, isinstance(done, str), done if isinstance(done, str) else "")
+            return
         read_fd, write_fd = os.pipe()
         try:
             helper = os.fork()
@@ -252,12 +256,16 @@ class Root:
         close_fd(fd)
         status = self._wait_reaped(helper, 5.0)
         self.principals.helpers.discard(helper)
+        done = status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        self._copied(request, key, done, data.decode("ascii", "replace"))
+
+    def _copied(self, request, key, done, fdmap):
+        """A fork's scratch is copied (or could not be): let its copy through, or say it failed."""
         expectation = self.principals.expected.get(key)
-        if status is None or not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
+        if not done:
             self.principals.expected.pop(key, None)
             self.chan.send({"op": "adopt_failed", "id": request, "error": "the scratch could not be copied"})
             return
-        fdmap = data.decode("ascii", "replace")
         if expectation is not None:
             expectation.fdmap, expectation.ready = fdmap, True
         else:  # the host (or no setresuid at all) lets the copy through

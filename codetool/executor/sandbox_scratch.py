@@ -181,18 +181,48 @@ def descriptor_map(pid, scratch):
     return b"".join(out)
 
 
-def copy_for_fork(principals, principal, parent, parent_pid, out_fd):
-    """In a helper process of the root: join the copy's cgroup (its pages are charged there), copy
-    the parent's scratch into the copy's, write the parent's descriptor map (hex) to ``out_fd``.
-    Returns the helper's exit status (0: done)."""
+SMALL_FILES, SMALL_BYTES = 64, 1 << 20  # a scratch the root copies itself (no helper process)
+
+
+def small_scratch(path):
+    """Whether the scratch directory at ``path`` holds at most ``SMALL_FILES`` inodes and
+    ``SMALL_BYTES`` of data (a tmpfs: its own counts; else a walk that stops early)."""
     try:
-        if principal.cgroup:
+        info = os.statvfs(path)
+        if info.f_files:  # a mount of its own (tmpfs)
+            used_inodes = info.f_files - info.f_ffree
+            return used_inodes <= SMALL_FILES and (info.f_blocks - info.f_bfree) * info.f_frsize <= SMALL_BYTES
+    except OSError:
+        return False
+    seen, size = 0, 0
+    for top, dirs, files in os.walk(path):
+        seen += len(dirs) + len(files)
+        for name in files:
+            try:
+                size += os.lstat(os.path.join(top, name)).st_blocks * 512
+            except OSError:
+                pass
+        if seen > SMALL_FILES or size > SMALL_BYTES:
+            return False
+    return True
+
+
+def copy_for_fork(principals, principal, parent, parent_pid, out_fd):
+    """Copy the parent's scratch into the copy's and map the parent's open files. In a helper
+    process of the root (``out_fd`` given): join the copy's cgroup first (its pages are charged
+    there), write the map (hex) to ``out_fd``, return the exit status (0: done). In the root itself
+    (``out_fd`` is ``None``): return the map (hex), or 1 when the copy failed."""
+    try:
+        if principal.cgroup and out_fd is not None:
             with open(os.path.join(principal.cgroup, "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))
         copy_tree(parent.scratch, principal.scratch, principal.uid, principals.gid)
-        data = (descriptor_map(parent_pid, parent.scratch) if parent_pid else b"").hex().encode("ascii")
+        text = (descriptor_map(parent_pid, parent.scratch) if parent_pid else b"").hex()
+        if out_fd is None:
+            return text
+        data = text.encode("ascii")
         while data:
             data = data[os.write(out_fd, data):]
         return 0
-    except BaseException:  # noqa: B036 - a helper: any failure is its exit status
+    except BaseException:  # noqa: B036 - any failure is the copy's exit status
         return 1

@@ -107,9 +107,9 @@ class State:
         return True
 
     def after(self, _nothing):
-        """The step's code ran to its end (or to ``finish``): report the output dropped. Returns
-        ``None`` (anything true spoils the step's verdict)."""
-        self._close({"op": "end"})
+        """The step's code ran to its end (or to ``finish``): report the output dropped, if any.
+        Returns ``None`` (anything true spoils the step's verdict)."""
+        self._close({"op": "end"}, quiet=True)
 
     def describe(self, exc):
         """The step's code raised ``exc``: report it for the model (type and the failing line)."""
@@ -121,18 +121,19 @@ class State:
         self._close({"op": "raised", "error_type": str(error_type)[:100], "error_message": message[:2000],
                      "kind": kind})
 
-    def _close(self, frame):
+    def _close(self, frame, quiet=False):
         out, self.out = self.out, None
         if out is not None:
             out.flush()
             frame["output_dropped"] = out.dropped
         sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
         chan, self.chan = self.chan, None
-        if chan is not None:
+        if chan is not None and (not quiet or frame.get("output_dropped")):
             try:
                 chan.send(frame)
             except (OSError, ValueError):
                 pass
+        if chan is not None:
             chan.detach()
 
     def _after_fork(self):

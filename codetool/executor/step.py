@@ -107,6 +107,7 @@ def run_step(sandbox: Sandbox, worker: WorkerHandle, code: str, timeout: float, 
     try:
         ended, failure, notes = _serve(sandbox, worker, conn, verdict_host, verdict, step, output, tools, config,
                                        start, timeout)
+        _read_verdict(verdict_host, verdict)  # (what the keeper wrote before it was stopped or lost)
     finally:
         verdict_host.close()
     if ended is not None and ended[0] == 0 and failure is None:
@@ -126,7 +127,7 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
     deadline, backstop = start + timeout, start + timeout * config.busy_backstop
     notes: set[str] = set()
     poller = select.poll()
-    watched = {worker.ctl.fileno(), verdict_sock.fileno(), worker.output_fd, conn.fileno()}
+    watched = {worker.ctl.fileno(), worker.output_fd, conn.fileno()}  # (the verdict socket is read at the end)
     for fd in watched:
         poller.register(fd, POLL_IN)
     while True:
@@ -139,6 +140,7 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
             wait, cpu = step_usage(worker.pid, _principal_pids(sandbox, worker))
             effective = max((now - start) - wait, cpu)
             if effective >= timeout:
+                _read_verdict(verdict_sock, verdict)
                 return None, ("timeout" if verdict.token is not None else "not_started"), notes
             if now >= backstop:
                 return None, "busy", notes
@@ -151,9 +153,6 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
                     _unwatch(poller, watched, fd)
                 else:
                     output.add(data)
-            elif fd == verdict_sock.fileno():
-                if _read_verdict(verdict_sock, verdict):
-                    _unwatch(poller, watched, fd)
             elif fd == worker.ctl.fileno():
                 while (got := read_message(worker.ctl)) is not None:
                     data = got[0]
