@@ -5,9 +5,10 @@ state-by-fork save, and which isolation layers work on this machine? (codetool.e
    measured side by side with the executor of ``--compare`` (a git ref, default ``main``: its
    ``codetool`` package is extracted to a temporary folder and run from there). Rounds alternate
    between the two, each in a fresh process, and the medians (p90) of all samples are compared
-   (issue 27's target: ours within 1.5x). ``poll`` is ours with ``cgroup=False`` (the memory
-   budget polled by the sandbox root, and the root stopping and sweeping each principal), what a
-   host without a delegated memory cgroup gets. Plus the cost of starting a family.
+   (issue 37's target: ours within 1.5x). ``poll`` is ``cgroup=False`` (the memory budget polled
+   by the sandbox root, which also sweeps each principal and lets each fork's ``setresuid``
+   through), what a host without a delegated memory cgroup gets. Plus the cost of starting a
+   family.
 2. Trajectory: 5 steps, 2 candidates per step, one tool call per candidate (a host tool that
    sleeps ``--tool-latency`` seconds, like a fast API). Ours forks the kept state for each
    candidate; the baseline is the public CodeTool approach, re-running every earlier chosen step
@@ -16,7 +17,7 @@ state-by-fork save, and which isolation layers work on this machine? (codetool.e
    candidate tries against a sibling (signals, ``/proc/<pid>/fd``, shared files, a full scratch,
    the process limit) and against the host's memory.
 
-    .venv/bin/python benchmarks/bench_executor.py [--iterations 100] [--rounds 6] [--compare main]
+    .venv/bin/python benchmarks/bench_executor.py [--iterations 100] [--rounds 6] [--compare main] [--overhead-only]
 
 Timings on a shared 2-core CPU are noisy: other processes delay every fork and wake-up, hence the
 alternating rounds and pooled medians.
@@ -97,6 +98,7 @@ def compare_overhead(modes: list[str], ref: str, iterations: int, rounds: int) -
     variants = {f"{mode} {ref}": (old_root, mode, None) for mode in modes}
     variants.update({f"{mode} ours": (REPO, mode, None) for mode in modes})
     if "bwrap" in modes and os.geteuid() == 0:
+        variants[f"bwrap {ref} poll"] = (old_root, "bwrap", {"cgroup": False})
         variants["bwrap ours poll"] = (REPO, "bwrap", {"cgroup": False})
     samples: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
@@ -362,6 +364,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=100, help="fork+run+close repetitions per round")
     parser.add_argument("--rounds", type=int, default=6, help="alternating rounds per variant")
     parser.add_argument("--compare", default="main", help="git ref whose executor is measured side by side")
+    parser.add_argument("--overhead-only", action="store_true", help="measure only 1. (fork + run + close)")
     parser.add_argument("--tool-latency", type=float, default=0.05, help="seconds each tool call sleeps")
     args = parser.parse_args()
     available = modes()
@@ -374,13 +377,15 @@ def main() -> None:
     print(f"{'variant':<22} {'median':>8} {'p90':>8} {'vs ' + args.compare:>10}")
     ratios = {}
     for name, values in samples.items():
-        mode = name.split()[0]
-        base = sorted(samples[f"{mode} {args.compare}"])
+        mode, poll = name.split()[0], " poll" if name.endswith(" poll") else ""
+        base = sorted(samples[f"{mode} {args.compare}{poll}"])
         ratio = sorted(values)[len(values) // 2] / base[len(base) // 2]
         ratios[name] = ratio
         print(f"{name:<22} {ms(values):>8} {ms(values, 0.9):>8} {ratio:>9.2f}x")
     starts = {mode: bench_overhead(mode, 0)["start"] for mode in available}
     print("new family (Executor()):", ", ".join(f"{m} {ms(v)} ms" for m, v in starts.items()))
+    if args.overhead_only:
+        return
 
     print(f"\n2. 5 steps x 2 candidates x 1 tool call ({args.tool_latency * 1000:.0f} ms each)")
     print(f"{'mode':<10} {'approach':<22} {'tool calls':>10} {'wall s':>8}")
@@ -391,13 +396,13 @@ def main() -> None:
 
     print("\n3. isolation layers that work here (each probed by code it must stop)")
     layers = {mode: bench_layers(mode) for mode in available}
-    print(f"{'layer':<34} " + " ".join(f"{m:>9}" for m in available))
+    print(f"{'layer':<44} " + " ".join(f"{m:>9}" for m in available))
     for layer, *_ in PROBES:
-        print(f"{layer:<34} " + " ".join(f"{layers[m][layer]:>9}" for m in available))
+        print(f"{layer:<44} " + " ".join(f"{layers[m][layer]:>9}" for m in available))
     print("\n   a candidate against its sibling (forked from the same state)")
     siblings = {mode: bench_siblings(mode) for mode in available}
     for name, *_ in SIBLING_PROBES:
-        print(f"{name:<34} " + " ".join(f"{siblings[m][name]:>9}" for m in available))
+        print(f"{name:<44} " + " ".join(f"{siblings[m][name]:>9}" for m in available))
     with Executor(ExecutorConfig(isolation=available[-1])) as ex:
         print(f"\nactive isolation ({available[-1]}): {ex.isolation}")
 

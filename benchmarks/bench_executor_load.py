@@ -9,7 +9,9 @@ machine's doing. Printed per variant: how many steps came back ``ok``, as a fail
 (``worker_lost``, ``timeout``, ...), or ``not_executed``, and (ours) the family's retries.
 
 The hogs run at the benchmark's own ``nice`` level (start it with ``nice -n 10`` on a shared
-machine: the hogs then compete with the executor, not with everyone else).
+machine, so that the hogs compete with the executor rather than with everyone else), and the
+executor ``--executor-nice`` levels below them (default 9): a host whose CPU the executor gets
+little of, made without taking more of the machine from its other users.
 
     nice -n 10 .venv/bin/python benchmarks/bench_executor_load.py [--hogs 16] [--steps 8] [--threads 4]
 
@@ -58,9 +60,9 @@ print(json.dumps({"results": seen, "seconds": time.monotonic() - t0, "infra": co
 HOG = "while True:\n    pass"
 
 
-def batch_in(package_root, mode: str, steps: int, threads: int) -> dict:
+def batch_in(package_root, mode: str, steps: int, threads: int, nice: int) -> dict:
     env = {**os.environ, "PYTHONPATH": str(package_root)}
-    out = subprocess.run([sys.executable, "-c", BATCH, mode, str(steps), str(threads)], env=env,
+    out = subprocess.run(["nice", "-n", str(nice), sys.executable, "-c", BATCH, mode, str(steps), str(threads)], env=env,
                          capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
@@ -72,6 +74,7 @@ def main() -> None:
     parser.add_argument("--hogs", type=int, default=16, help="CPU-bound processes beside the executor")
     parser.add_argument("--steps", type=int, default=8, help="fork+run pairs per search thread per round")
     parser.add_argument("--threads", type=int, default=4, help="searches forking side by side")
+    parser.add_argument("--executor-nice", type=int, default=9, help="niceness of the executor above the hogs'")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per variant")
     parser.add_argument("--compare", default="main", help="git ref whose executor is measured side by side")
     args = parser.parse_args()
@@ -80,12 +83,12 @@ def main() -> None:
     try:
         time.sleep(1.0)
         print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} with {args.hogs} hogs "
-              f"at nice {os.nice(0)} (the benchmark's own level)\n")
+              f"at nice {os.nice(0)}, the executor at nice {min(os.nice(0) + args.executor_nice, 19)}\n")
         totals: dict[str, dict] = {}
         for _ in range(args.rounds):
             for mode in modes():
                 for name, root in ((f"{mode} {args.compare}", old_root), (f"{mode} ours", REPO)):
-                    got = batch_in(root, mode, args.steps, args.threads)
+                    got = batch_in(root, mode, args.steps, args.threads, args.executor_nice)
                     total = totals.setdefault(name, {"outcomes": Counter(), "infra": Counter(), "attempts": 0,
                                                      "seconds": 0.0})
                     for outcome, error_type, attempts in got["results"]:

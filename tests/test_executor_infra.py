@@ -93,8 +93,10 @@ def test_a_worker_the_machine_killed_between_steps_is_not_a_failure_of_the_next_
 
 
 def _hog_cpu0():
-    code = "import os\nos.sched_setaffinity(0, {0})\nwhile True:\n    pass"
-    return subprocess.Popen([sys.executable, "-c", code])
+    code = "import os\nos.sched_setaffinity(0, {0})\nprint(flush=True)\nwhile True:\n    pass"
+    hog = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    hog.stdout.readline()  # it runs on CPU 0 from now on
+    return hog
 
 
 def _pin(pid: int, idle: bool = False) -> None:
@@ -140,6 +142,41 @@ def test_a_step_the_host_starved_is_not_executed_and_a_sleeping_one_times_out(mo
             hog.wait()
         r = ex.run("import time\ntime.sleep(5)")  # sleeping is not starving: its deadline holds
         assert r.outcome == "timeout", r
+
+
+def test_a_step_cannot_make_itself_wait_for_the_cpu(root):
+    """Deadlines give back the time a step's threads waited for a CPU: a step that lowered its own
+    priority (nice 19, ``SCHED_IDLE``) or pinned itself to one CPU would stretch its deadline on a
+    busy host and turn an endless loop into ``not_executed``. Each is refused."""
+    ex = root.fork()
+    try:
+        code = ("import os\nfor change in (lambda: os.nice(19), lambda: os.setpriority(os.PRIO_PROCESS, 0, 19),\n"
+                "               lambda: os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0)),\n"
+                "               lambda: os.sched_setaffinity(0, {0})):\n"
+                "    try:\n        change()\n        print('changed')\n    except PermissionError:\n"
+                "        print('refused')\nprint(os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0))")
+        r = ex.run(code)
+        nice = os.getpriority(os.PRIO_PROCESS, 0)  # (the sandbox starts at the host's)
+        assert r.ok and r.stdout == f"refused\nrefused\nrefused\nrefused\n{nice} 0\n", r
+    finally:
+        ex.close()
+
+
+def test_a_state_cannot_make_its_next_step_not_executed(root):
+    """A state that holds all its address space (``RLIMIT_AS``) still gets its next step's thread:
+    a failure to start one is the machine's (``not_executed``), so a state must not be able to
+    cause it."""
+    ex = root.fork()
+    try:
+        fill = ("import mmap\nheld, size = [], 64 << 20\nwhile size >= 4096:\n    try:\n"
+                "        held.append(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))\n"
+                "    except (OSError, MemoryError):\n        size //= 2\nprint(len(held) > 0)")
+        r = ex.run(fill)
+        assert r.ok and r.stdout == "True\n", r
+        r = ex.run("print(len(held) > 0)")
+        assert r.ok and r.executed and r.stdout == "True\n", r
+    finally:
+        ex.close()
 
 
 def test_config_of_the_retries():

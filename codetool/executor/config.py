@@ -67,8 +67,9 @@ class ExecutorConfig:
             between steps, a resource the machine refused) is tried again, its deadline doubled,
             before the step is recorded as ``not_executed`` (which no reward or label counts).
         start_timeout_s (`float`, *optional*, defaults to `5.0`): seconds a fork copy may take to
-            start (a fresh worker gets four times as much), extended while the machine's CPU is
-            under pressure (``/proc/pressure/cpu``), up to ``busy_backstop`` times.
+            start (a fresh worker gets four times as much), not counting the time the processes
+            doing it waited for a CPU (their run-queue waits, ``codetool.executor.schedstat``), up
+            to ``busy_backstop`` times in all.
         busy_backstop (`float`, *optional*, defaults to `10.0`): how far a busy host may stretch a
             deadline: a step whose threads waited for a CPU gets that time back, but it is stopped
             at ``busy_backstop * timeout_s`` whatever happened; if it had not had ``timeout_s`` to

@@ -204,12 +204,14 @@ class Executor:
         """An independent executor holding a copy of the current state (nothing is re-executed).
 
         The copy is its own principal (its own uid, scratch and memory budget when the host is
-        root). If the state cannot be copied within ``FORK_TIMEOUT_S`` (1 s) because of the code
-        (its worker does not answer, answers with something that is not a frame, or the copy does
-        not start), the new executor is a failed candidate: its first ``run`` returns
-        ``worker_lost`` or ``sandbox_violation`` with ``state_lost=True`` without running
-        anything, and later runs start from a fresh state. A worker that answered with garbage or
-        not at all is killed (this executor's next result then has ``state_lost=True``).
+        root). The fork is the keeper's, not the code's: no code of the state runs during it. A
+        fork that does not complete within ``config.start_timeout_s`` of time the machine gave
+        the sandbox (run-queue waits do not count, up to ``busy_backstop`` times) is tried again
+        with twice the budget, up to ``config.infra_retries`` times; then the new executor is a
+        candidate that could not start: its first ``run`` returns ``not_executed``
+        (``error_type`` ``WorkerStart``, ``attempts`` the forks tried) without running
+        anything, and later runs start from a fresh state. When the parent's worker itself was
+        lost, this executor's next result is ``not_executed`` too (``StateLost``).
 
         Raises:
             ExecutorError: the executor is closed, or the sandbox cannot start a worker at all.

@@ -15,13 +15,15 @@ Every executor is a *principal* (``sandbox_principals``): when the host is root,
 (picked here at random, for every spawn and every fork), its own scratch directory (a tmpfs of
 ``scratch_mb`` and ``max_files`` inodes, mounted by the root), its own memory budget (a cgroup
 where the host may create one, see ``codetool.executor.cgroups``, else polled by the root). A
-worker runs only while the host talks to it: the root resumes it at ``begin`` and, at ``end``,
-stops it (threads an earlier step left included) and kills every other process of its principal.
+worker runs code of the state only during a step: between steps its keeper holds no thread, timer
+or handler of the state (``sandbox_keeper``), and at ``end`` the root kills every other process
+of its principal.
 
-The root never runs model code. In bubblewrap it keeps CAP_SETUID, CAP_SETGID, CAP_KILL (uids,
-stop and kill), CAP_SYS_ADMIN (scratch mounts, ``/proc`` options), CAP_CHOWN, CAP_DAC_OVERRIDE
-and CAP_FOWNER (copying a parent's scratch for a fork); a worker keeps only CAP_SETUID, whose
-every use goes through the root (``codetool.executor.seccomp``).
+The root never runs model code. It execs every worker as a fresh interpreter
+(``sandbox_spawn``). In bubblewrap it keeps CAP_SETUID, CAP_SETGID, CAP_KILL (uids and kills),
+CAP_SYS_ADMIN (scratch mounts, the workers' mount namespaces), CAP_CHOWN, CAP_DAC_OVERRIDE and
+CAP_FOWNER (copying a parent's scratch for a fork); a worker keeps only CAP_SETUID, whose every
+use goes through the root (``codetool.executor.seccomp``).
 """
 
 from __future__ import annotations

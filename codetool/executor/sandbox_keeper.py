@@ -88,7 +88,8 @@ def audit(event, args, _refused=REFUSED_EVENTS, _prefixes=REFUSED_PREFIXES, _gua
         raise _error(f"{event} is not available in the sandbox")
     if event in _setattr and _len(args) > 1 and (_type(args[1]) is not _str or args[1] in _guarded):
         raise _error("functions' __code__ and __defaults__ cannot be changed in the sandbox")
-    if event == "import" and args and (_type(args[0]) is not _str or args[0].partition(".")[0] in _unsafe):
+    if event == "import" and args and (_type(args[0]) is not _str or args[0].partition(".")[0] in _unsafe
+                                       or args[0].rpartition(".")[2] in _unsafe):  # (the name its init has)
         raise _import_error("this module is not available in the sandbox")
     if event == "open" and args and _type(args[0]) is _str and args[0].startswith("/proc/") \
             and args[0].rstrip("/").rpartition("/")[2] in ("mem", "map_files"):

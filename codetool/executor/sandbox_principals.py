@@ -12,11 +12,13 @@ uid), and only once.
 
 Each principal also has its own scratch directory (its cwd, HOME and TMPDIR; mode 0700): a tmpfs
 of ``scratch_bytes`` and ``scratch_inodes`` when the root may mount, so that a full scratch costs
-only its owner. A fork's scratch starts as a copy of its parent's (made by the root, which never
-follows a link the code left there). Memory is bounded per principal, for all its processes
-together: by a memory cgroup when the host delegated one (kernel memory included), else by
-polling the principals that are running (resident memory of their processes, plus their scratch
-use) and killing one that passes ``memory_bytes``.
+only its owner. A fork's scratch starts as a copy of its parent's (made by the root, or for a big
+scratch by a helper of the root in the copy's cgroup, so the copy is charged to it; holes of
+sparse files stay holes; no link the code left there is followed). Memory is bounded per
+principal, for all its processes together: by a memory cgroup when the host delegated one
+(kernel memory included), else by polling the principals that are running (resident memory of
+their processes, plus their scratch use), once more at each step's end, and killing one that
+passes ``memory_bytes``; between steps nothing of a principal runs, so its memory cannot grow.
 
 Without per-principal uids (host not root), principals are told apart by the process tree: a
 process belongs to the nearest worker above it, and a detached process to nobody (it is killed
@@ -331,6 +333,18 @@ class Principals:
                 self.kill(principal, spare=None, root_pid=root_pid)
                 killed.append(principal)
         return killed
+
+    def check_idle(self, principal, root_pid):
+        """At a step's end, once its other processes are killed: kill the principal if its worker
+        and its scratch hold more than ``memory_bytes`` (a step may end between two polls)."""
+        fields = status(principal.pid) if principal.pid else None
+        if fields is None:
+            return self.poll_memory(root_pid)
+        rss = fields.get("VmRSS", "0 kB").split()[0]
+        if (int(rss) * 1024 if rss.isdigit() else 0) + _scratch_use(principal) > self.memory_bytes:
+            principal.reason = "memory"
+            self.kill(principal, spare=None, root_pid=root_pid)
+        return []
 
     def tidy(self):
         """Retry removing directories that were busy."""

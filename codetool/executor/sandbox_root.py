@@ -170,9 +170,10 @@ class Root:
         elif op == "end":
             reply = {"op": "ended", "id": msg.get("id"), "reason": None, "oom": 0}
             if principal is not None:
-                if principal.active and self.principals.poll_due() is not None:
-                    self.principals.poll_memory(self.pid)  # the last look: a step may end over its budget
+                last_look = principal.active and self.principals.poll_due() is not None
                 self.principals.kill(principal, spare=principal.pid)
+                if last_look:  # what the candidate keeps while idle is within its budget too
+                    self.principals.check_idle(principal, self.pid)
                 principal.active = False
                 seen = self.principals.oom_kills(principal)
                 reply.update(reason=principal.reason, oom=seen - principal.oom_seen)

@@ -11,7 +11,7 @@ with, so that a busy host makes a step or a fork slower, never a failure of the 
   child they started since, over its whole life.
 
 Both are read on the host, from the kernel; nothing in the sandbox can change them except by
-running (which is what they count). Where a file is missing (no ``CONFIG_SCHED_INFO``/PSI), the
+running (which is what they count). Where a file is missing (no ``CONFIG_SCHED_INFO``), the
 readings are 0: deadlines are then plain wall-clock times, extended by nothing.
 """
 
@@ -45,11 +45,12 @@ def longest_wait(pids: list[int], baseline: dict[int, float]) -> float:
     return max((wait - baseline.get(tid, 0.0) for tid, wait in waits.items()), default=0.0)
 
 
-def step_usage(worker: int, others: list[int]) -> tuple[float, float]:
-    """``(longest run-queue wait, CPU seconds)`` of a step so far: over the threads of process
-    ``worker`` but its main one (the keeper: a step runs in threads it starts, from zero) and every
-    thread of ``others`` (the step's processes, which started during it)."""
-    wait, cpu, tick = 0.0, 0.0, os.sysconf("SC_CLK_TCK")
+def step_usage(worker: int, others: list[int]) -> tuple[float, float, int]:
+    """``(longest run-queue wait, CPU seconds, threads of the worker running the step)`` of a step
+    so far: over the threads of process ``worker`` but its main one (the keeper: a step runs in
+    threads it starts, from zero) and every thread of ``others`` (the step's processes, which
+    started during it)."""
+    wait, cpu, tick, running = 0.0, 0.0, os.sysconf("SC_CLK_TCK"), 0
     for pid in [worker] + others:
         try:
             tids = os.listdir(f"/proc/{pid}/task")
@@ -58,6 +59,7 @@ def step_usage(worker: int, others: list[int]) -> tuple[float, float]:
         for tid in tids:
             if pid == worker and tid == str(worker):
                 continue
+            running += pid == worker
             try:
                 with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
                     wait = max(wait, int(f.read().split()[1]) / 1e9)
@@ -66,7 +68,7 @@ def step_usage(worker: int, others: list[int]) -> tuple[float, float]:
                 cpu += (int(fields[11]) + int(fields[12])) / tick
             except (OSError, ValueError, IndexError):
                 continue
-    return wait, cpu
+    return wait, cpu, running
 
 
 def exit_signal(pid: int) -> int | None:

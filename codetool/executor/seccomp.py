@@ -22,6 +22,11 @@ model code runs (every worker and every process it starts inherits it; none can 
   ``inotify``/``fanotify``, POSIX message queues, SysV semaphores, ``io_setup`` (AIO rings);
 - shared memory mappings (``mmap`` with ``MAP_SHARED``): a fork copy would share them with the
   worker it came from (a channel between candidates); ``MAP_PRIVATE`` mappings work;
+- lowering its own scheduling priority or pinning its CPUs (``setpriority``, ``sched_setscheduler``,
+  ``sched_setparam``, ``sched_setattr``, ``sched_setaffinity``): a step's deadline gives back the
+  time its threads waited for a CPU (``codetool.executor.schedstat``), so a step that made itself
+  wait (``SCHED_IDLE``, nice 19) would stretch its deadline up to ``busy_backstop`` and turn an
+  endless loop into a ``not_executed`` step;
 - identity changes: ``setresuid`` goes to the family's root (``SECCOMP_RET_USER_NOTIF``), which
   lets exactly one call through, the one that makes a fresh fork its own principal (a new uid);
   every other ``set*uid``/``set*gid``/``setgroups`` and ``capset`` is ``EPERM``. A worker keeps
@@ -57,7 +62,8 @@ SYSCALLS = {
                "setresuid": 117, "setresgid": 119, "setfsuid": 122, "setfsgid": 123, "capset": 126,
                "epoll_create": 213, "epoll_create1": 291, "inotify_init": 253, "inotify_init1": 294,
                "fanotify_init": 300, "mq_open": 240, "semget": 64, "io_setup": 206, "seccomp": 317,
-               "mmap": 9},
+               "setpriority": 141, "sched_setparam": 142, "sched_setscheduler": 144, "sched_setattr": 314,
+               "sched_setaffinity": 203, "mmap": 9},
     "aarch64": {"ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272,
                 "keyctl": 219, "add_key": 217, "request_key": 218, "unshare": 97, "setns": 268,
                 "shmget": 194, "shmat": 196, "msgget": 186, "memfd_create": 279, "bpf": 280,
@@ -66,7 +72,9 @@ SYSCALLS = {
                 "setuid": 146, "setgid": 144, "setreuid": 145, "setregid": 143, "setgroups": 159,
                 "setresuid": 147, "setresgid": 149, "setfsuid": 151, "setfsgid": 152, "capset": 91,
                 "epoll_create1": 20, "inotify_init1": 26, "fanotify_init": 262, "mq_open": 180,
-                "semget": 190, "io_setup": 0, "seccomp": 277, "mmap": 222},
+                "semget": 190, "io_setup": 0, "seccomp": 277, "mmap": 222,
+                "setpriority": 140, "sched_setparam": 118, "sched_setscheduler": 119, "sched_setattr": 274,
+                "sched_setaffinity": 122},
 }
 COMMON = {"io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "clone3": 435,
           "pidfd_getfd": 438, "memfd_secret": 447}  # same number on every architecture
@@ -75,7 +83,8 @@ DENIED = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcm
           "io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "perf_event_open", "userfaultfd",
           "mount", "umount2", "pivot_root", "open_by_handle_at", "setuid", "setgid", "setreuid", "setregid",
           "setgroups", "setresgid", "setfsuid", "setfsgid", "capset", "epoll_create", "epoll_create1",
-          "inotify_init", "inotify_init1", "fanotify_init", "mq_open", "semget", "io_setup")
+          "inotify_init", "inotify_init1", "fanotify_init", "mq_open", "semget", "io_setup", "setpriority",
+          "sched_setparam", "sched_setscheduler", "sched_setattr", "sched_setaffinity")
 NOTIFIED = ("setresuid",)  # decided by the family's root (sandbox_guard)
 SOCKET_FAMILIES = (16,)  # AF_NETLINK (getaddrinfo, if_nameindex)
 DENIED_FAMILIES = (1, 2, 10)  # AF_UNIX, AF_INET, AF_INET6: EPERM

@@ -10,8 +10,8 @@ a ``sandbox_violation``. No code of the state can read ``t``, so none can forge 
 
 Everything else is decided here too, from facts the host sees: the deadline (``timeout_s`` of time
 the step's threads could run: their run-queue waits on a busy host are given back, up to
-``busy_backstop`` times, ``codetool.executor.schedstat``), the CPU limit (SIGXCPU, checked against
-the worker's CPU time), the memory limit (the cgroup's OOM kills, or the root's poll), the file
+``busy_backstop`` times, ``codetool.executor.schedstat``), the CPU limit (the kernel's SIGXCPU
+kills the worker; the host reads the signal from its exit), the memory limit (the cgroup's OOM kills, or the root's poll), the file
 size limit (SIGXFSZ), the tool-call and byte budgets (:class:`StepLedger`), the worker's death.
 What the code reports about its error (type, message) is only the observation shown to the model;
 a type name the host uses for its own verdicts is marked as the code's.
@@ -24,8 +24,10 @@ for ``timeout_s`` before the backstop is ``not_executed``: no reward, label or m
 from __future__ import annotations
 
 import logging
+import math
 import os
 import select
+import signal
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -48,7 +50,7 @@ from codetool.executor.proxy import perform_tool_call
 from codetool.executor.result import NOT_EXECUTED, ExecutionResult
 from codetool.executor.sandbox import Sandbox
 from codetool.executor.sandbox_principals import cgroup_pids
-from codetool.executor.schedstat import exit_signal, step_usage
+from codetool.executor.schedstat import exit_signal, process_cpu, step_usage
 from codetool.executor.verdict import (
     StepLedger,
     StepOutput,
@@ -119,6 +121,9 @@ def run_step(sandbox: Sandbox, worker: WorkerHandle, code: str, timeout: float, 
     return result
 
 
+IDLE_RECHECK_S = 0.05  # how often a deadline is looked at again while no thread of the step runs
+
+
 def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, config, start, timeout):
     """The step's loop: until the keeper says the step ended, or it has to be stopped. Returns
     ``(ended, failure, notes)``: the keeper's end report ``(threads left, CPU µs)`` or ``None``; why
@@ -136,17 +141,27 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
         now = time.monotonic()
         if now >= deadline:
             # the step had its time when its processes got timeout s of CPU (a fork bomb starves itself),
-            # or when timeout s passed that its threads did not spend waiting for a CPU
-            wait, cpu = step_usage(worker.pid, _principal_pids(sandbox, worker))
-            effective = max((now - start) - wait, cpu)
-            if effective >= timeout:
-                _read_verdict(verdict_sock, verdict)
-                return None, ("timeout" if verdict.token is not None else "not_started"), notes
-            if now >= backstop:
-                return None, "busy", notes
-            deadline = now + (timeout - effective)
-            continue
-        for fd, events in poller.poll(min(deadline - now, 0.5) * 1000):
+            # or when timeout s passed that its threads did not spend waiting for a CPU; what already
+            # arrived (its end included) is read first, and while no thread of the step runs (not
+            # started yet, or ended and the keeper not yet scheduled) the time is the machine's
+            ready = poller.poll(0)
+            if not ready:
+                wait, cpu, running = step_usage(worker.pid, _principal_pids(sandbox, worker))
+                effective = max((now - start) - wait, cpu)
+                if now >= backstop:
+                    _read_verdict(verdict_sock, verdict)
+                    return None, ("busy" if effective < timeout or not running else "timeout"), notes
+                if not running:
+                    deadline = min(now + IDLE_RECHECK_S, backstop)
+                    continue
+                if effective >= timeout:
+                    _read_verdict(verdict_sock, verdict)
+                    return None, ("timeout" if verdict.token is not None else "not_started"), notes
+                deadline = min(now + (timeout - effective), backstop)
+                continue
+        else:
+            ready = poller.poll(min(deadline - now, 0.5) * 1000)
+        for fd, events in ready:
             if fd == worker.output_fd:
                 data = read_available(worker.output_fd)
                 if data is None:
@@ -318,9 +333,12 @@ def _stopped(sandbox, worker, conn, verdict, step, output, notes, start, timeout
     """The step was stopped (or its worker died, or left threads running): the worker is killed."""
     _drain(conn, step, output, worker, {}, sandbox.config)
     killed_by = exit_signal(worker.pid)  # (a fork copy's zombie waits for its zygote to reap it)
+    used = process_cpu(worker.pid) if killed_by is not None else None
     status = drop(worker) or {}
     if killed_by is not None and "signal" not in status:
         status["signal"] = killed_by
+    if status.get("signal") == signal.SIGKILL and used is not None and used >= math.ceil(sandbox.config.cpu_time_s):
+        status["signal"] = signal.SIGXCPU  # the hard CPU limit: SIGXCPU came while it was in the kernel
     output.add(read_available(worker.output_fd) or b"")
     started = verdict.token is not None
     memory = status.get("reason") == "memory" or status.get("oom")
