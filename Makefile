@@ -32,11 +32,8 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# The two --help runs keep train-prm's and train-policy's options (~20 s once; codetool/cli.py),
-# so their --help takes < 1 s instead of 6-15 s (their configs import TRL, transformers and torch).
 setup: $(STAMP)
 	$(CODETOOL) setup
-	@$(CODETOOL) train-prm --help >/dev/null && $(CODETOOL) train-policy --help >/dev/null
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -4,13 +4,16 @@ A group (``PolicyGroup``, ``ToolsGroup``, ``OutputGroup``, ...) is declared once
 that reads it, with its ``option(...)`` help texts and its ``__post_init__`` checks; a command's
 config composes groups by inheritance, so their keys stay flat and the flags, recipe keys and
 config hashes keep their names. This module holds the base (:class:`Group`), per-command defaults
-(:func:`with_defaults`) and the hand-over of one config's group to another (:func:`group_values`).
+(:func:`with_defaults`), the hand-over of one config's group to another (:func:`group_values`) and
+a config's settings as dotted keys (:func:`flat_settings`, what the pipeline's stage texts list).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, TypeVar
+
+from codetool.config import _exposed, unread_keys
 
 T = TypeVar("T")
 
@@ -59,3 +62,26 @@ def group_values(cfg: Any, group: type) -> dict[str, Any]:
     """The values of ``cfg`` for the fields of the config group ``group`` (``{"policy": ...}``), to
     hand one config's group to another config that composes it too."""
     return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(group)}
+
+
+def flat_settings(cfg: Any, prefix: str = "") -> dict[str, Any]:
+    """The settings of the config ``cfg`` as ``{dotted key: value}``: nested groups flattened
+    (``search.k``), a list of groups as a list of mappings, without the keys its classes refuse as
+    unread (:func:`codetool.config.unread_keys`: a config built in code may hold them; nothing reads them)."""
+    unread = unread_keys(type(cfg)) if not prefix else set()
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        value, key = getattr(cfg, f.name), f"{prefix}{f.name}"
+        if not _exposed(f):
+            continue
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            out.update(flat_settings(value, f"{key}."))
+        elif isinstance(value, (list, tuple)):
+            out[key] = [_plain(v) for v in value]
+        else:
+            out[key] = value
+    return {k: v for k, v in out.items() if k not in unread}
+
+
+def _plain(value: Any) -> Any:
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) and not isinstance(value, type) else value

@@ -19,7 +19,7 @@ from codetool.config_groups import with_defaults
 from codetool.decide.config import DecisionEvalConfig, TrainProbeConfig
 from codetool.decide.labelled import DrawGroup
 from codetool.distributed.ray_cluster import ShardedWorkersGroup, WorkersGroup
-from codetool.jobs.pipeline import EvalSetConfig, PipelineConfig, run_text
+from codetool.jobs.pipeline import EvalSetConfig, PipelineConfig
 from codetool.jobs.queries import RunConfig
 from codetool.models.spec import PolicyBackendGroup, PolicyGroup
 from codetool.resume import OutputGroup
@@ -110,15 +110,6 @@ def test_the_parsed_spec_is_not_a_setting():
     assert TreeConfig().policy_spec.max_batch_size == 32
     again = dataclasses.replace(run, policy="default", remote_model=None)  # a replaced config parses again
     assert again.policy_spec.kind == "local" and config_hash(again) != config_hash(run)
-
-
-def test_the_search_stage_text_names_every_run_field_in_the_order_of_before():
-    from codetool.jobs.pipeline import RUN_TEXT_ORDER
-
-    assert sorted(RUN_TEXT_ORDER) == sorted(f.name for f in dataclasses.fields(RunConfig))
-    run = RunConfig(benchmark="stabletoolbench")
-    assert run_text(run).startswith("RunConfig(query=None, tools=None, benchmark='stabletoolbench', group=")
-    assert run_text(run).endswith(f"ray=None, cluster={run.cluster!r})")
 
 
 def _parse_calls(path: Path) -> list[tuple[int, str | None]]:
