@@ -58,8 +58,10 @@ bench: setup
 gpu-check: setup
 	$(PY) benchmarks/gpu_check.py --out reports/gpu_check $(GPU_CHECK_ARGS)
 
+# ruff over the code, then mypy over codetool/ (settings in pyproject.toml's [tool.mypy]).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check codetool tests benchmarks scripts
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) .venv-vllm build *.egg-info .pytest_cache

@@ -218,9 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             cfg = config_from_args(config_cls, args, sections)
         except ConfigError:
-            hint = _pipeline_recipe(name, config_cls, getattr(args, "config", None))
-            if hint:
-                raise ConfigError(hint) from None
+            recipe_hint = _pipeline_recipe(name, config_cls, getattr(args, "config", None))
+            if recipe_hint:
+                raise ConfigError(recipe_hint) from None
             raise
         start = time.time()
         status = func(cfg)

@@ -136,7 +136,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if optional or tp is Any:
             return None
         raise ConfigError(f"{where}: got no value (null); expected {getattr(tp, '__name__', tp)}.")
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _to_dataclass(value, tp, where)
     convert = _CONVERTERS.get(typing.get_origin(tp) or tp)
     return convert(value, tp, where) if convert else value
@@ -236,7 +236,7 @@ def from_dict(cls: type[T], data: dict[str, Any], *, where: str = "") -> T:
     if not isinstance(data, dict):
         raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {type(data).__name__}.")
     hints = _hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if _exposed(f)}
+    fields = {f.name: f for f in dataclasses.fields(cls) if _exposed(f)}  # type: ignore[arg-type]  # cls: a dataclass
     unread = getattr(cls, "config_unread", {})
     kwargs = {}
     for key, value in data.items():
@@ -305,7 +305,7 @@ def _factory_values(f: dataclasses.Field, tp: Any, unread: Unread | None) -> dic
     config refuses as unread keep their class defaults (nothing reads them)."""
     tp, _ = _unwrap_optional(tp)
     factory = f.default_factory
-    if factory is _MISSING or factory is tp or not dataclasses.is_dataclass(tp):
+    if factory is _MISSING or factory is tp or not (isinstance(tp, type) and dataclasses.is_dataclass(tp)):
         return {}
     try:
         made, plain = factory(), tp()
@@ -324,7 +324,7 @@ def unread_keys(cls: type, prefix: str = "") -> set[str]:
     hints = _hints(cls)
     for f in dataclasses.fields(cls):
         tp, _ = _unwrap_optional(hints[f.name])
-        if _exposed(f) and dataclasses.is_dataclass(tp):
+        if _exposed(f) and isinstance(tp, type) and dataclasses.is_dataclass(tp):
             out |= unread_keys(tp, f"{prefix}{f.name}.")
     return out
 
@@ -383,7 +383,7 @@ def _flat_fields(cls: type, prefix: str = "") -> list[tuple[str, dataclasses.Fie
             continue
         tp, _ = _unwrap_optional(hints[f.name])
         name = f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             out.extend(_flat_fields(tp, name + "."))
         else:
             out.append((name, f, hints[f.name]))

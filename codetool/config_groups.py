@@ -11,9 +11,11 @@ a config's settings as dotted keys (:func:`flat_settings`, what the pipeline's s
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 from typing import Any, TypeVar
 
-from codetool.config import _exposed, unread_keys
+from codetool.config import _exposed, _hints, unread_keys
 
 T = TypeVar("T")
 
@@ -29,33 +31,41 @@ class Group:
         pass
 
 
-def with_defaults(group: type[T], **defaults: Any) -> type[T]:
-    """The config group ``group`` with other defaults for some of its fields (``build-trees`` uses
-    the simulator where ``run`` picks by benchmark): a dataclass subclass whose fields keep the
-    group's type, help text and choices, declared once.
+def with_defaults(**defaults: Any) -> Callable[[type[T]], type[T]]:
+    """A class decorator: the config group that the decorated class extends, with other defaults
+    for some of its fields (``build-trees`` uses the simulator where ``run`` picks by benchmark); the
+    fields keep the group's type, help text and choices, declared once. A class statement, so that
+    the type checker sees the group's fields::
+
+        @with_defaults(tools_backend="simulator")
+        class TreeTools(ToolBackendGroup):
+            \"\"\"The tools group of build-trees: the simulator unless told otherwise.\"\"\"
 
     Args:
-        group (`type`): a dataclass config group.
-        defaults: field name -> its default in the returned group (a list or a dict is copied per
-            instance).
+        defaults: field name -> its default in the decorated class (a list or a dict is copied
+            per instance).
     Raises:
-        TypeError: a name that is not a field of ``group``.
+        TypeError: a name that is not a field of the class's groups.
     """
-    fields = {f.name: f for f in dataclasses.fields(group)}
-    unknown = sorted(set(defaults) - set(fields))
-    if unknown:
-        raise TypeError(f"with_defaults: {group.__name__} has no field {', '.join(unknown)}; "
-                        f"its fields are {', '.join(fields)}.")
-    namespace: dict[str, Any] = {"__module__": group.__module__, "__qualname__": group.__qualname__,
-                                 "__doc__": group.__doc__, "__annotations__": {}}
-    for name, value in defaults.items():
-        namespace["__annotations__"][name] = fields[name].type  # resolved in the group's module
-        if isinstance(value, (list, dict)):
-            namespace[name] = dataclasses.field(default_factory=lambda v=value: type(v)(v),
-                                                metadata=fields[name].metadata)
-        else:
-            namespace[name] = dataclasses.field(default=value, metadata=fields[name].metadata)
-    return dataclasses.dataclass(type(group.__name__, (group,), namespace))
+    def make(cls: type[T]) -> type[T]:
+        fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]  # a dataclass's subclass
+        unknown = sorted(set(defaults) - set(fields))
+        if unknown:
+            raise TypeError(f"with_defaults: {cls.__name__} has no field {', '.join(unknown)}; "
+                            f"its fields are {', '.join(fields)}.")
+        hints = _hints(cls)  # resolved where each field was declared
+        annotations = dict(cls.__dict__.get("__annotations__", {}))
+        for name, value in defaults.items():
+            annotations[name] = hints[name]
+            if isinstance(value, (list, dict)):
+                setattr(cls, name, dataclasses.field(default_factory=functools.partial(type(value), value),
+                                                     metadata=fields[name].metadata))
+            else:
+                setattr(cls, name, dataclasses.field(default=value, metadata=fields[name].metadata))
+        cls.__annotations__ = annotations
+        return dataclasses.dataclass(cls)
+
+    return make
 
 
 def group_values(cfg: Any, group: type) -> dict[str, Any]:

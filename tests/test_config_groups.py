@@ -76,8 +76,12 @@ def test_with_defaults_changes_only_the_default():
     assert (TrainProbeConfig().n_tool, TrainProbeConfig().n_toolbench, DecisionEvalConfig().n_tool) == (24, 8, 20)
     assert TreeConfig().output == "runs/trees/trees.jsonl" and RunConfig(query="q", tools="t").output.startswith("runs/run/")
     with pytest.raises(TypeError, match="has no field nope"):
-        with_defaults(OutputGroup, nope=1)
-    listed = with_defaults(PipelineConfig, stages=["trees"])  # a list default is copied per instance
+        with_defaults(nope=1)(type("Nope", (OutputGroup,), {}))
+
+    @with_defaults(stages=["trees"])  # a list default is copied per instance
+    class listed(PipelineConfig):
+        pass
+
     first, second = listed(), listed()
     first.stages.append("train")
     assert second.stages == ["trees"] and PipelineConfig().stages == ["trees", "train", "search", "eval"]

@@ -52,7 +52,11 @@ class MethodConfig:
     temperature: float | None = option(None, "sampling temperature (default: the pipeline's search setting)")
 
 
-EvalQueries = with_defaults(QueriesGroup, benchmark="stabletoolbench", limit=10)
+@with_defaults(benchmark="stabletoolbench", limit=10)
+class EvalQueries(QueriesGroup):
+    """The queries group of an evaluation set: 10 StableToolBench queries unless told otherwise."""
+
+
 EVAL_BENCHMARKS = ("stabletoolbench", "restbench-tmdb")  # the benchmarks that read their own files
 
 
@@ -61,7 +65,8 @@ class EvalSetConfig(EvalQueries, ToolBackendGroup):
     """One evaluation set: its queries and tools groups, and what it changes of the pipeline's
     search and prompt."""
 
-    tool_doc: str | None = option(None, "tool docs for this set (default: the pipeline's tool_doc)",
+    # ignored for mypy: the set's own setting, none meaning the pipeline's (ToolDocGroup's is a str)
+    tool_doc: str | None = option(None, "tool docs for this set (default: the pipeline's tool_doc)",  # type: ignore[assignment]
                                   choices=[None, "full", "compact", "brief"])
     concurrency: int | None = option(None, "episodes in flight for this set (default: search.concurrency); "
                                            "lower it for long prompts, whose KV caches take memory")
@@ -143,11 +148,10 @@ class PipelineConfig(PolicyGroup, ToolDocGroup):
             raise ConfigError("a pipeline needs at least one method and one evaluation set.")
         # One policy per pipeline: the top-level settings are given to the trees; a different value
         # under trees: would be replaced silently, so it is refused (issue 18).
-        tree_defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
-                         for f in dataclasses.fields(TreeConfig) if f.name in PIPELINE_WIDE}
+        tree_defaults = TreeConfig()
         for name in PIPELINE_WIDE:
             value, top = getattr(self.trees, name), getattr(self, name)
-            if value != tree_defaults[name] and value != top:
+            if value != getattr(tree_defaults, name) and value != top:
                 raise ConfigError(f"trees.{name} is {value!r} but the pipeline's {name} is {top!r}: the pipeline "
                                   f"gives its own {name} to the trees and the search; set {name} at the top level "
                                   f"(or give trees.{name} the same value).")

@@ -88,7 +88,7 @@ class PRMConfig(PRMOptions, SFTConfig):
         self._agree_with_launcher()
         deepspeed_on_cpu = not torch.cuda.is_available() and \
             os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
-        if deepspeed_on_cpu and (self.bf16 or self.fp16):
+        if deepspeed_on_cpu and (self.bf16 or self.fp16):  # type: ignore[has-type]  # TRL's fields: Any to mypy
             raise ConfigError(f"DeepSpeed without CUDA runs on its CPU accelerator, where transformers' Trainer takes no "
                               f"bf16/fp16 (precision {'bf16' if self.bf16 else 'fp16'}, mixed_precision "
                               f"{os.environ.get('ACCELERATE_MIXED_PRECISION', 'unset')}): launch with "
@@ -99,13 +99,13 @@ class PRMConfig(PRMOptions, SFTConfig):
             # A torchrun/accelerate job on CPU is then gloo DDP; under DeepSpeed its own CPU
             # accelerator (DS_ACCELERATOR=cpu) runs the job, which accelerate skips with use_cpu.
             self.use_cpu = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true"
-            if not self.use_cpu and self.ddp_backend is None:
+            if not self.use_cpu and self.ddp_backend is None:  # type: ignore[has-type]  # TRL's field: Any to mypy
                 self.ddp_backend = "gloo"  # accelerate names no backend for a GPU-less DeepSpeed job
             self.dataloader_pin_memory = False
         if not self.eval_steps:
             self.eval_strategy, self.eval_steps = "no", None
         self.max_length = self.format.max_length
-        self.data_seed = self.seed if self.data_seed is None else self.data_seed
+        self.data_seed = self.seed if self.data_seed is None else self.data_seed  # type: ignore[has-type]  # TRL's
         try:
             with warnings.catch_warnings():
                 if "gradient_checkpointing" not in self.given:  # our default, not the user's: nothing to act on
@@ -129,7 +129,7 @@ class PRMConfig(PRMOptions, SFTConfig):
         if ours == "auto":
             self.precision = "bf16" if launcher == "bf16" else "fp32"
             self.bf16 = launcher == "bf16"
-            self.fp16 = self.fp16 or launcher == "fp16"
+            self.fp16 = self.fp16 or launcher == "fp16"  # type: ignore[has-type]  # TRL's field: Any to mypy
             logger.info("precision %s (from the accelerate config's mixed_precision %s)",
                         "fp16" if self.fp16 else self.precision, launcher)
             return
