@@ -109,6 +109,12 @@ def test_an_old_flag_is_refused_naming_the_new_one(argv, said, capsys):
     assert said in err and err.count("\n") == 1
 
 
+def test_the_never_read_routing_switch_is_refused_naming_run_s(capsys):
+    assert cli.main(["run", "--benchmark", "stabletoolbench", "--routing.enabled", "true"]) == 2
+    assert ("--routing.enabled was removed in 0.2.0: it turned nothing on; codetool run --router routes queries "
+            "through the decision stage (docs/MIGRATING.md).") in capsys.readouterr().err
+
+
 def test_an_old_recipe_key_is_refused_naming_the_new_one(tmp_path, capsys):
     recipe = tmp_path / "train.yaml"
     recipe.write_text("epochs: 2\n")
