@@ -296,8 +296,9 @@ class LLMJudge(JudgeMixin):
         starts = range(0, len(missing), self.batch_size)
         tick = ticker(self.progress if len(starts) > 1 else None, len(starts))
         for first in starts:
-            keep(*ask(missing[first:first + self.batch_size]))
-            tick(1)
+            chunk = missing[first:first + self.batch_size]
+            keep(*ask(chunk))
+            tick(len(chunk))
         return out  # type: ignore[return-value]
 
     def _ask_each(self, prompts: list[str], keys: list[str], field: str, allowed: tuple[str, ...],
