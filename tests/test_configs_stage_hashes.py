@@ -110,6 +110,7 @@ def test_a_setting_no_stage_reads_changes_no_hash(tmp_path):
         dataclasses.replace(cfg, policy_client=slow, prm_client=slow,
                             judge=dataclasses.replace(cfg.judge, client=slow)),  # pace, not content
         dataclasses.replace(cfg, runs_dir=str(tmp_path)),  # where the stages write
+        dataclasses.replace(cfg, trees=dataclasses.replace(cfg.trees, max_memory_mb=512)),  # how fast, not what
     ]
     for other in unread:
         assert stage_hashes(other) == base

@@ -161,11 +161,11 @@ class PipelineConfig(PolicyGroup, ToolDocGroup):
         return Path(self.runs_dir) / self.name
 
 
-# What a stage's text leaves out: where it writes (the pipeline's folder) and its clients' pace
-# (in flight, timeouts, retries change how fast a stage runs, not what it writes).
-TREES_LEAVE_OUT = ("output", "dataset_dir", "policy_client.")
+# What a stage's text leaves out: where it writes (the pipeline's folder), its clients' pace (in
+# flight, timeouts, retries) and its memory cap: they change how fast a stage runs, not what it writes.
+TREES_LEAVE_OUT = ("output", "dataset_dir", "policy_client.", "max_memory_mb")
 TRAIN_LEAVE_OUT = ("output_dir", "dataset", "eval_dataset")
-RUN_LEAVE_OUT = ("output", "prm", "policy_client.", "prm_client.")  # prm: the train stage's hash stands for it
+RUN_LEAVE_OUT = ("output", "prm", "policy_client.", "prm_client.", "max_memory_mb")  # prm: the train stage's hash
 EVAL_LEAVE_OUT = ("client.",)
 
 

@@ -15,6 +15,7 @@ from codetool.config import ConfigError, config_hash, option
 from codetool.config_groups import with_defaults
 from codetool.distributed.ray_cluster import ShardedWorkersGroup
 from codetool.executor import ExecutorConfig
+from codetool.memory_use import MemoryGroup
 from codetool.models.spec import PolicyGroup
 from codetool.resume import OutputGroup
 from codetool.search.config import SearchConfig
@@ -39,7 +40,7 @@ class TreeOutput(OutputGroup):
 
 
 @dataclass
-class TreeConfig(TreePolicy, TreeTools, TreeOutput, ShardedWorkersGroup):
+class TreeConfig(TreePolicy, TreeTools, TreeOutput, ShardedWorkersGroup, MemoryGroup):
     """Settings of ``codetool build-trees``: the groups it composes (policy, tools, output, workers
     with shards) and its own."""
 
@@ -108,4 +109,4 @@ def tree_hash(cfg: TreeConfig) -> str:
     """The config hash stored in tree records and checked on resume (not paths, sharding or speed)."""
     return config_hash(cfg, ignore=("output", "dataset_dir", "shard", "merge", "limit", "batch_trees",
                                     "policy_max_batch_size", "retry_failed", "force_resume", "relabel", "ray",
-                                    "cluster", "policy_client"))
+                                    "cluster", "policy_client", "max_memory_mb"))
