@@ -115,7 +115,7 @@ class Executor:
         child._slot.lost = parent._slot.lost
         return child
 
-    def _attach(self, sandbox: Sandbox, worker: WorkerHandle) -> None:
+    def _attach(self, sandbox: Sandbox, worker: WorkerHandle | None) -> None:
         sandbox.acquire()
         self._sandbox = sandbox
         self._slot = _Slot(worker)

@@ -43,6 +43,7 @@ import time
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
+from typing import IO
 
 from codetool.executor import adoption, cgroups, scratch
 from codetool.executor.channel import Conn, ProtocolError
@@ -206,7 +207,10 @@ class Family:
     def _scratch_parent(self) -> str:
         """Where the principals' scratch directories are, as the sandbox sees it: ``/tmp`` in
         bubblewrap and in the fallback as root (the root hides the host's behind its own)."""
-        return "/tmp" if self.mode == "bwrap" or self.as_root else self._scratch
+        if self.mode == "bwrap" or self.as_root:
+            return "/tmp"
+        assert self._scratch is not None  # made by _start before the root is started
+        return self._scratch
 
     def scratch_of(self, key: int) -> str:
         """The scratch directory of principal ``key``, as its processes see it."""
@@ -249,7 +253,7 @@ class Family:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         command = prefix + [self.python, "-I", "-B", "-c", BOOTSTRAP, str(child.fileno()),
                             json.dumps(self._settings())]
-        errors = tempfile.TemporaryFile()
+        errors: IO[bytes] = tempfile.TemporaryFile()
         debug = os.environ.get("CODETOOL_SANDBOX_DEBUG") == "1"  # the root's stderr stays the host's
         if os.environ.get("CODETOOL_SANDBOX_DEBUG_FILE"):
             errors = open(os.environ["CODETOOL_SANDBOX_DEBUG_FILE"], "ab")
@@ -262,11 +266,13 @@ class Family:
             raise ExecutorError(f"could not start the sandbox ({self.mode}): {exc}") from None
         finally:
             child.close()
-        self._link = RootLink(parent)
+        self._link = link = RootLink(parent)
+        stdin = self._proc.stdin
+        assert stdin is not None  # Popen(stdin=PIPE)
         try:
-            self._proc.stdin.write(_sandbox_sources())
-            self._proc.stdin.close()
-            self._ready = self._link.conn.wait_frame(START_TIMEOUT_S)
+            stdin.write(_sandbox_sources())
+            stdin.close()
+            self._ready = link.conn.wait_frame(START_TIMEOUT_S)
         except (OSError, EOFError, TimeoutError, ProtocolError) as exc:
             self._abort()
             errors.seek(0)
@@ -334,7 +340,8 @@ class Family:
                 return
             clean = False
             try:
-                self._link.send({"op": "exit"})
+                if self._link is not None:
+                    self._link.send({"op": "exit"})
                 clean = self._proc.wait(timeout=3.0) == 0
             except (EOFError, OSError, subprocess.TimeoutExpired):
                 pass
@@ -396,6 +403,7 @@ class Family:
             if not self.alive:
                 self._abort()
                 self._start()
+            assert self._link is not None  # alive, or just started
             return self._link
 
     def _call(self, frame: dict, fds: list[int] | None = None, timeout: float = REQUEST_TIMEOUT_S) -> dict:

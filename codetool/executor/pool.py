@@ -93,6 +93,7 @@ class FamilyPool:
         starting.ready.wait()
         if starting.error is not None:
             raise starting.error
+        assert starting.family is not None  # started, or its error raised above
         return starting.family
 
     def _start(self, starting: _Starting) -> None:

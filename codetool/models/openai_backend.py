@@ -341,7 +341,9 @@ class OpenAIBackend:
         if constraint is not None and not self._constraints_off and self.feature("constraint"):
             if prefix and not constraint.trigger:  # the reply now writes the prefix itself
                 constraint = dataclasses.replace(constraint, trigger=prefix)
-            body.update(constraint_body(self.features.constraint_field, constraint.regex()))
+            field = self.features.constraint_field
+            assert field is not None  # feature("constraint") found the field the server takes
+            body.update(constraint_body(field, constraint.regex()))
         elif constraint is not None and not self._constraints_off:  # (check_constraints said so already)
             self._adapt(f"constraint: not sent ({self.features.notes.get('constraint', 'turned off')}); replies are "
                         "unconstrained", warn=True)

@@ -163,7 +163,8 @@ def grow(builder, tasks: Iterable[SearchTask], on_done: Callable[[dict], None], 
                 kind, payload = running.pop(future)
                 exc = future.exception()
                 if kind == "record":
-                    land(*payload, future.result)
+                    index, done_task, seconds = payload
+                    land(index, done_task, seconds, future.result)
                 elif kind == "start":
                     if exc is not None:
                         record_error(errors, payload, exc)
