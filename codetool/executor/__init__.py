@@ -113,14 +113,15 @@ memory of its processes plus its scratch) and killed past it (``MemoryLimit``). 
 has ``memory_mb`` as its address-space limit.
 
 **Processes.** Each family (a root executor and everything forked from it, i.e. one episode or
-one tree) has one root process that never runs model code: it spawns fresh workers, prepares each
-principal (uid, scratch mount, cgroup), kills principals' other processes, and reaps orphans (it is
-a child subreaper). A forked worker is a child of the worker it was forked from; closing an
-executor kills its whole principal, not the executors forked from it. When the host dies, the root
-sees its channel close and kills the rest. The fallback mode's family directory
-(``codetool-sandbox-<host pid>-<start>-*``) is removed on close, restart or failed start, by the
-root when the host dies first, or by the next sandbox started in the same parent directory
-(``codetool.executor.scratch``).
+one tree; or, through a :class:`~codetool.executor.pool.FamilyPool`, the executors of several
+tasks, each still its own principal) has one root process that never runs model code: it spawns
+fresh workers, prepares each principal (uid, scratch mount, cgroup), kills principals' other
+processes, and reaps orphans (it is a child subreaper). A forked worker is a child of the worker it
+was forked from; closing an executor kills its whole principal, not the executors forked from it.
+When the host dies, the root sees its channel close and kills the rest. The fallback mode's family
+directory (``codetool-sandbox-<host pid>-<start>-*``) is removed on close, restart or failed
+start, by the root when the host dies first, or by the next sandbox started in the same parent
+directory (``codetool.executor.scratch``).
 
 **Recovery.** A timeout, the CPU limit, the memory limit, a crash or ``os._exit`` kill the worker
 and all its processes: the result has ``state_lost=True`` (as has a step that left threads

@@ -27,6 +27,7 @@ from codetool.executor.channel import ProtocolError, log_safe
 from codetool.executor.config import ExecutorConfig
 from codetool.executor.family import WorkerHandle
 from codetool.executor.launch import ExecutorError
+from codetool.executor.pool import FamilyPool
 from codetool.executor.result import NOT_EXECUTED, ExecutionResult
 from codetool.executor.sandbox import ForkFailed, Sandbox
 from codetool.executor.step import run_step
@@ -65,6 +66,9 @@ class Executor:
             ``codetool.tools.spec.ToolResponse`` or any JSON value. The code receives the parsed
             JSON of the content (the raw text when it is not JSON), or a ``ToolError`` when the
             status is not ``ok``. ``finish(answer)`` and ``give_up(reason)`` are always defined.
+        pool (`FamilyPool`, *optional*): a pool whose families this executor may share with the
+            executors of other tasks (``codetool.executor.pool``); without one it starts a family
+            of its own.
     Raises:
         ExecutorError: a tool name is not a usable identifier, or the sandbox cannot start.
 
@@ -79,7 +83,7 @@ class Executor:
     """
 
     def __init__(self, config: ExecutorConfig | None = None,
-                 tools: Mapping[str, Callable[..., Any]] | None = None):
+                 tools: Mapping[str, Callable[..., Any]] | None = None, *, pool: FamilyPool | None = None):
         self.config = config or ExecutorConfig()
         self.tools = dict(tools or {})
         for name, func in self.tools.items():
@@ -90,13 +94,18 @@ class Executor:
                                     f"open...) or one of {sorted(RESERVED_NAMES)}.")
             if not callable(func):
                 raise ExecutorError(f"tool {name!r} maps to a {type(func).__name__}, not a callable.")
-        sandbox = Sandbox(self.config, sorted(self.tools))
+        sandbox = Sandbox(self.config, sorted(self.tools)) if pool is None else pool.take()
         try:
-            worker = _spawn(sandbox, self.config)
+            worker = _spawn(sandbox, self.config, sorted(self.tools))
         except ExecutorError:
-            sandbox.close()
+            if pool is None:
+                sandbox.close()
+            else:
+                sandbox.release()
             raise
         self._attach(sandbox, worker)
+        if pool is not None:
+            sandbox.release()  # the pool's reference: this executor holds its own now
 
     @classmethod
     def _adopt(cls, parent: Executor, worker: WorkerHandle | None) -> Executor:
@@ -106,7 +115,7 @@ class Executor:
         child._slot.lost = parent._slot.lost
         return child
 
-    def _attach(self, sandbox: Sandbox, worker: WorkerHandle) -> None:
+    def _attach(self, sandbox: Sandbox, worker: WorkerHandle | None) -> None:
         sandbox.acquire()
         self._sandbox = sandbox
         self._slot = _Slot(worker)
@@ -288,7 +297,7 @@ class Executor:
             self._drop_worker(worker, wait=False)
             self._slot.lost = True
         if self._slot.worker is None:
-            self._slot.worker = _spawn(self._sandbox, self.config)
+            self._slot.worker = _spawn(self._sandbox, self.config, sorted(self.tools))
         return self._slot.worker
 
     def _refresh(self, worker: WorkerHandle) -> WorkerHandle:
@@ -312,8 +321,9 @@ class Executor:
         return status
 
 
-def _spawn(sandbox: Sandbox, config: ExecutorConfig) -> WorkerHandle:
-    """A fresh worker, retried (deadline doubled) when it does not start: a busy or failing machine.
+def _spawn(sandbox: Sandbox, config: ExecutorConfig, tool_names: list[str]) -> WorkerHandle:
+    """A fresh worker defining ``tool_names``, retried (deadline doubled) when it does not start: a
+    busy or failing machine (a family whose root died restarts on the retry).
 
     Raises:
         ExecutorError: it never started within ``infra_retries`` more tries.
@@ -321,7 +331,7 @@ def _spawn(sandbox: Sandbox, config: ExecutorConfig) -> WorkerHandle:
     timeout = 4 * config.start_timeout_s
     for attempt in range(config.infra_retries + 1):
         try:
-            worker = sandbox.spawn(timeout)
+            worker = sandbox.spawn(tool_names, timeout)
         except ExecutorError:
             if attempt == config.infra_retries:
                 raise

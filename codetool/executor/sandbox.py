@@ -58,7 +58,8 @@ class Sandbox(Family):
 
     Args:
         config (`ExecutorConfig`): limits and isolation mode.
-        tool_names (`list[str]`): the tool functions every worker defines.
+        tool_names (`list[str]`): the tool functions a worker defines unless :meth:`spawn` is given
+            its own (a family shared by executors of different tasks, ``codetool.executor.pool``).
     Raises:
         ExecutorError: when the requested isolation cannot start here.
     """
@@ -68,8 +69,9 @@ class Sandbox(Family):
         self.counts = {"retries": 0, "recovered": 0, "not_executed": 0}  # infrastructure failures
         super().__init__(config)
 
-    def spawn(self, timeout: float | None = None) -> WorkerHandle:
-        """A fresh worker with an empty state (a new principal, a fresh interpreter).
+    def spawn(self, tool_names: list[str] | None = None, timeout: float | None = None) -> WorkerHandle:
+        """A fresh worker with an empty state (a new principal, a fresh interpreter) whose tool
+        functions are ``tool_names`` (default: the family's).
 
         Raises:
             ExecutorError: the root could not start it, or it did not say hello within ``timeout``.
@@ -79,12 +81,13 @@ class Sandbox(Family):
         host_end, worker_end = control_pair()
         read_fd, write_fd = os.pipe()
         try:
-            reply = self._call({"op": "spawn", "key": key, "tools": self.tool_names, "grace": self.config.grace_s,
+            tools = list(self.tool_names if tool_names is None else tool_names)
+            reply = self._call({"op": "spawn", "key": key, "tools": tools, "grace": self.config.grace_s,
                                 "max_output_chars": self.config.max_output_chars},
                                [worker_end.fileno(), write_fd])
             if reply.get("op") != "spawned":
                 raise ExecutorError(f"a sandbox worker did not start: {log_safe(reply.get('error'), 300)}")
-            if reply.get("listener"):
+            if reply.get("listener") and self._link is not None:
                 listener = self._link.take_fd()
                 if listener is not None and self._host is not None:
                     self._host.add_listener(listener)
@@ -123,6 +126,12 @@ class Sandbox(Family):
                                         uid=key if self.principals else None, scratch=self.scratch_of(key),
                                         sandbox_pid=sandbox_pid, info=info))
 
+    @property
+    def _cgroup_version(self) -> int:
+        """The family cgroup's version (the host manages principals only inside one)."""
+        assert self._cgroup is not None
+        return self._cgroup[1]
+
     def fork_worker(self, parent: WorkerHandle, timeout: float | None = None) -> WorkerHandle:
         """A new worker holding a copy of ``parent``'s state (``os.fork`` by its keeper), its own
         principal with a copy of ``parent``'s scratch and open files.
@@ -139,14 +148,14 @@ class Sandbox(Family):
         key = self._new_key()
         link = self._current_link()
         host = self._host
-        watch = Watch([parent.pid, self.root_pid])
+        watch = Watch([parent.pid] + ([self.root_pid] if self.root_pid else []))
         ctl_host, ctl_worker = control_pair()
         read_fd, write_fd = os.pipe()
         copy: WorkerHandle | None = None
         pid = None
         try:
             if host is not None:
-                host.expect(key, parent.pid, parent.uid)
+                host.expect(key, *_managed(parent))
             try:
                 rid = link.send({"op": "expect", "key": key, "parent": parent.key, "timeout": 2 * budget}, reply=True)
             except EOFError as exc:
@@ -242,8 +251,8 @@ class Sandbox(Family):
                 return self._call({"op": "end", "key": worker.key})
             except ExecutorError:
                 return {}
-        host.sweep(worker.key, worker.uid, spare=worker.pid)
-        seen = host.oom_kills(worker.key, self._cgroup[1])
+        host.sweep(worker.key, _managed(worker)[1], spare=worker.pid)
+        seen = host.oom_kills(worker.key, self._cgroup_version)
         oom, worker.oom_seen = seen - worker.oom_seen, seen
         return {"oom": oom}
 
@@ -255,8 +264,8 @@ class Sandbox(Family):
         self._free_key(worker.key)
         oom = 0
         if self._host is not None:
-            oom = self._host.oom_kills(worker.key, self._cgroup[1]) - worker.oom_seen
-            self._host.sweep(worker.key, worker.uid, spare=None, wait=wait)
+            oom = self._host.oom_kills(worker.key, self._cgroup_version) - worker.oom_seen
+            self._host.sweep(worker.key, _managed(worker)[1], spare=None, wait=wait)
         if not wait:
             self._tell(frame)
             return None
@@ -270,6 +279,12 @@ class Sandbox(Family):
         if reply.get("oom") or oom:
             status["oom"] = reply.get("oom") or oom
         return status
+
+
+def _managed(worker: WorkerHandle) -> tuple[int, int]:
+    """``(host pid, uid)`` of a worker whose principal the host manages (it has both then)."""
+    assert worker.uid is not None
+    return worker.pid, worker.uid
 
 
 def _wait_hello(sock, timeout: float) -> tuple[bytes, int]:

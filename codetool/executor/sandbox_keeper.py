@@ -214,7 +214,7 @@ def receive(ctl, *, _recv_into=_socket.socket.recv_into, _recvmsg=_socket.socket
         _quit(0)
     _gc_disable()  # before the keeper allocates: no finalizer of the state runs in it
     data, ancillary, _, _ = _recvmsg(ctl, _max(size, 1), _space)
-    fds = ()
+    fds: tuple = ()  # (a local annotation is never evaluated: no name is looked up)
     for level, kind, raw in ancillary:
         if level == _level and kind == _rights:
             fds = fds + _tuple(_view(raw[:_len(raw) - _len(raw) % 4]).cast("i"))
@@ -331,7 +331,7 @@ def main(settings):
             pass
     imp = sys.modules["_imp"]
     del imp.create_builtin  # no second instance of a builtin module (and so no real register_at_fork)
-    sys.implementation.cache_tag = None  # imports compile from source: marshal is refused
+    sys.implementation.cache_tag = None  # type: ignore[assignment]  # no cache: imports compile from source (marshal is refused)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the keeper has no Python signal handler at all
     state = sandbox_worker.State(settings["tools"], int(settings["max_output_chars"]))
     uid = settings.get("uid")

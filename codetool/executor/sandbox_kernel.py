@@ -17,6 +17,7 @@ import ctypes
 import errno
 import os
 import struct
+from typing import Any
 
 PR_SET_DUMPABLE, PR_SET_KEEPCAPS, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 4, 8, 36, 38
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE = 47, 2
@@ -33,6 +34,7 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MNT_DETACH = 1, 2, 4, 32, 2
 MS_BIND, MS_REC, MS_SLAVE, MS_SHARED = 4096, 16384, 1 << 19, 1 << 20
 CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
 
+_LIBC: Any  # a CDLL, or None: a call on None raises AttributeError, which every caller catches
 try:
     _LIBC = ctypes.CDLL(None, use_errno=True)
 except OSError:  # pragma: no cover - no libc: every call below reports failure

@@ -367,7 +367,10 @@ class Root:
             if remove_scratch and family is not None:
                 import shutil
 
-                shutil.rmtree(family[1], dir_fd=family[0], ignore_errors=True)
+                if sys.version_info >= (3, 11):
+                    shutil.rmtree(family[1], dir_fd=family[0], ignore_errors=True)
+                else:  # no dir_fd before 3.11 (a TypeError there): the folder through its parent's descriptor
+                    shutil.rmtree(f"/proc/self/fd/{family[0]}/{family[1]}", ignore_errors=True)
             os._exit(0)
 
     def _wait_all(self, timeout):

@@ -104,11 +104,11 @@ def code_error(step: StepLedger) -> tuple[str, str, str]:
     by the interpreter, which no kernel fact shows the host); it can never make one a success, a
     timeout or a step that did not run."""
     raised = step.raised or {}
-    kind = raised.get("kind") if raised.get("kind") in REPORTED_KINDS else "runtime_error"
+    kind = str(raised["kind"]) if raised.get("kind") in REPORTED_KINDS else "runtime_error"
     error_type = clean_text(raised.get("error_type") if isinstance(raised.get("error_type"), str) else "Error", 100)
     if error_type in HOST_ERROR_TYPES:
         error_type = f"{error_type} (raised by the code)"
-    message = raised.get("error_message") if isinstance(raised.get("error_message"), str) else ""
+    message = raised["error_message"] if isinstance(raised.get("error_message"), str) else ""
     if not raised:
         message = "the step did not run to its end (it exited, or stopped early without finish or give_up)"
     return kind, error_type or "Error", clean_output(clean_text(message, MAX_MESSAGE_CHARS))
