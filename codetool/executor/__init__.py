@@ -12,9 +12,10 @@ with Executor(ExecutorConfig(timeout_s=10), tools={"get_weather": get_weather}) 
 **State.** A step runs in a long-lived worker process, so variables, functions and imports persist
 across ``run`` calls. ``fork`` makes the worker ``os.fork`` itself: the copy becomes the worker of
 a new executor, so the K candidates of a search step start from the same state without re-running
-any earlier step or tool call. A worker is a fresh interpreter the family's root execs
-(``sandbox_spawn``); its main thread is the *keeper* (``sandbox_keeper``), which never runs code
-of the state: each step runs in a thread of its own.
+any earlier step or tool call. A new executor's worker is a fork of the family's *template*, a
+fresh interpreter the family's root execs (``sandbox_spawn``) and that never runs a step. A
+worker's main thread is the *keeper* (``sandbox_keeper``), which never runs code of the state:
+each step runs in a thread of its own.
 
 **Tools.** Inside the sandbox each tool is a proxy function that sends ``(name, JSON arguments)``
 to the host over a Unix socket; the host performs the call (``codetool.executor.proxy``), records a

@@ -241,7 +241,8 @@ def become_copy(ctl, payload, fds, parent_path, *, _setsid=os.setsid, _dup2=os.d
                 _parent=SCRATCH_PARENT, _oserror=OSError):
     """In the copy, before it serves anything: a session of its own, the new control socket and
     output pipe, its own uid (one ``setresuid`` the host lets through), its own scratch directory
-    and copies of the zygote's open files there (the map comes from the host), then hello."""
+    and copies of the zygote's open files there (the map comes from the host), then hello. Returns
+    the rest of the request (the copy's tool names as JSON, for its state), or ``b"-"``."""
     ctl_fd, out_fd = fds
     _setsid()
     _dup2(out_fd, 1)
@@ -268,12 +269,13 @@ def become_copy(ctl, payload, fds, parent_path, *, _setsid=os.setsid, _dup2=os.d
     _putenv("HOME", path)
     _putenv("TMPDIR", path)
     _send(ctl, b"h" + _hello(_getpid(), uid))
+    return payload[1 + _size + length:] or b"-"
 
 
 def fork_copy(ctl, payload, fds, parent_path, *, _fork=os.fork, _close=os.close, _send=_socket.socket.send,
               _pack=PID.pack, _oserror=OSError, _len=len, _str=str, _become=become_copy, _quit=os._exit):
-    """Fork the state (trusted). Returns ``False`` in the zygote and, in the copy, ``True`` once it
-    became its own principal (see :func:`become_copy`)."""
+    """Fork the state (trusted). Returns ``False`` in the zygote and, in the copy, once it became
+    its own principal, what :func:`become_copy` returns (true)."""
     try:
         if _len(fds) != 2:
             for fd in fds:
@@ -292,8 +294,7 @@ def fork_copy(ctl, payload, fds, parent_path, *, _fork=os.fork, _close=os.close,
                 _close(fd)
             _send(ctl, b"f" + _pack(pid))
             return False
-        _become(ctl, payload, fds, parent_path)
-        return True
+        return _become(ctl, payload, fds, parent_path)
     except:  # noqa: E722
         _quit(70)
 
@@ -311,8 +312,9 @@ def serve(ctl, namespace, calls, hello, grace, parent_path, *, _reap=reap,
             step = _run(ctl, message[1:], fds, namespace, calls, step, forked, grace)
             forked = 0
         elif op == b"F":
-            if _fork(ctl, message, fds, parent_path):
-                forked = 1
+            copied = _fork(ctl, message, fds, parent_path)
+            if copied and (copied != b"-" or not forked):  # the copy: its first step redoes what a
+                forked = copied  # fork changes, and sets the tools still due (a copy forked before it ran)
         elif op == b"X":
             _quit(0)
         else:

@@ -81,8 +81,8 @@ class State:
         sys.modules["__main__"] = module
         self.namespace = module.__dict__
         self.namespace.update(finish=self._finish, give_up=self._give_up, ToolError=ToolError)
-        for name in tools:
-            self.namespace[name] = self._proxy(name)
+        self.tools = []
+        self._set_tools(tools)
         self.builtins = dict(builtins.__dict__)  # what each step starts with
 
     # -- the step's life cycle (called by the keeper's chain, in the step's thread)
@@ -104,6 +104,8 @@ class State:
         sys.stdout = sys.stderr = self.out
         if forked:
             self._after_fork()
+            if forked != b"-":  # a copy of an unused state made for an executor of its own tools
+                self._set_tools(_loads(forked))
         return True
 
     def after(self, _nothing):
@@ -159,6 +161,13 @@ class State:
             self.answered = True
             self.chan.send({"op": op, key: text[:MAX_ANSWER_CHARS]})
         raise EndStep()
+
+    def _set_tools(self, tools):
+        for name in self.tools:
+            self.namespace.pop(name, None)
+        self.tools = [str(name) for name in tools]
+        for name in self.tools:
+            self.namespace[name] = self._proxy(name)
 
     def _proxy(self, name):
         state = self

@@ -71,17 +71,24 @@ def step_usage(worker: int, others: list[int]) -> tuple[float, float, int]:
     return wait, cpu, running
 
 
-def exit_signal(pid: int) -> int | None:
-    """The signal that ended process ``pid``, while it is a zombie (``/proc/<pid>/stat``'s exit code)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        if fields[0] != "Z":
-            return None
-        code = int(fields[49])
-    except (OSError, ValueError, IndexError):
-        return None
-    return code & 0x7F or None
+def exit_status(pid: int, wait: float = 1.0) -> dict:
+    """How process ``pid`` ended, read from its zombie (``/proc/<pid>/stat``'s exit code):
+    ``{"signal": n}``, ``{"exit": n}``, or ``{}`` when it is gone (reaped) or still not a zombie
+    after ``wait`` seconds (a process closes its files, which the host sees, before it is one)."""
+    end, pause = time.monotonic() + wait, 0.001
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            state, code = fields[0], int(fields[49])
+        except (OSError, ValueError, IndexError):
+            return {}
+        if state == "Z":
+            return {"signal": code & 0x7F} if code & 0x7F else {"exit": (code >> 8) & 0xFF}
+        if time.monotonic() >= end:
+            return {}
+        time.sleep(pause)
+        pause = min(pause * 2, 0.02)
 
 
 def children(pids: list[int]) -> set[int]:

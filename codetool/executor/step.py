@@ -50,7 +50,7 @@ from codetool.executor.proxy import perform_tool_call
 from codetool.executor.result import NOT_EXECUTED, ExecutionResult
 from codetool.executor.sandbox import Sandbox
 from codetool.executor.sandbox_principals import cgroup_pids
-from codetool.executor.schedstat import exit_signal, process_cpu, step_usage
+from codetool.executor.schedstat import exit_status, process_cpu, step_usage
 from codetool.executor.verdict import (
     StepLedger,
     StepOutput,
@@ -286,24 +286,30 @@ def _handle(frame: dict, conn, step: StepLedger, deadline: float, output: StepOu
         raise ProtocolError(f"unexpected frame {op!r}")
 
 
-def _drain(conn, step, output, worker, tools, config) -> None:
+def _drain(conn, step, output, worker, tools, config) -> bool:
     """Frames and output the step sent before its thread ended, still in the sockets. A tool call
-    among them is not performed: the thread that asked for it is gone."""
+    among them is not performed: the thread that asked for it is gone. Returns whether a frame
+    broke the protocol."""
+    broken = False
     try:
         conn.read()
         while conn.frames:
             frame = conn.frames.popleft()
             if frame.get("op") != "tool":
                 _handle(frame, conn, step, time.monotonic(), output, tools, config)
-    except (EOFError, ProtocolError):
+    except EOFError:
         pass
+    except ProtocolError as exc:
+        logger.warning("sandbox protocol violation: %s", log_safe(exc))
+        broken = True
     output.add(read_available(worker.output_fd) or b"")
+    return broken
 
 
 def _finished(sandbox, worker, conn, verdict, step, output, notes, start, timeout, config, ended) -> ExecutionResult:
     """The keeper reported the step's end (no thread left): the verdict, overruled where the host
     decides (deadline, memory, budgets, the verdict socket)."""
-    _drain(conn, step, output, worker, {}, config)
+    broken = _drain(conn, step, output, worker, {}, config)
     worker.cpu_s = ended[1] / 1e6
     memory = sandbox.end(worker)  # every other process of the principal is killed
     output.add(read_available(worker.output_fd) or b"")
@@ -311,6 +317,9 @@ def _finished(sandbox, worker, conn, verdict, step, output, notes, start, timeou
     outcome, error_type, message = "ok", None, None
     if verdict.token is None:  # the code never started, yet the keeper ended: cannot be
         outcome, error_type, message = "sandbox_violation", "ProtocolError", "ProtocolError: the step never started."
+    elif broken:
+        outcome, error_type = "sandbox_violation", "ProtocolError"
+        message = "ProtocolError: the sandbox sent malformed data to the host."
     elif verdict.tampered:
         outcome, error_type = "sandbox_violation", "VerdictTampered"
         message = "VerdictTampered: the step wrote on the channel the host decides its verdict from."
@@ -332,11 +341,11 @@ def _stopped(sandbox, worker, conn, verdict, step, output, notes, start, timeout
              threads_left=0) -> ExecutionResult:
     """The step was stopped (or its worker died, or left threads running): the worker is killed."""
     _drain(conn, step, output, worker, {}, sandbox.config)
-    killed_by = exit_signal(worker.pid)  # (a fork copy's zombie waits for its zygote to reap it)
-    used = process_cpu(worker.pid) if killed_by is not None else None
+    ended = exit_status(worker.pid) if failure == "lost" else {}  # (a fork copy's zombie waits
+    used = process_cpu(worker.pid) if ended else None  # for its zygote to reap it)
     status = drop(worker) or {}
-    if killed_by is not None and "signal" not in status:
-        status["signal"] = killed_by
+    if "signal" not in status and "exit" not in status:
+        status.update(ended)
     if status.get("signal") == signal.SIGKILL and used is not None and used >= math.ceil(sandbox.config.cpu_time_s):
         status["signal"] = signal.SIGXCPU  # the hard CPU limit: SIGXCPU came while it was in the kernel
     output.add(read_available(worker.output_fd) or b"")
