@@ -133,9 +133,12 @@ def test_grounded_needs_a_successful_listed_tool_call_before_the_answer():
 
 
 def test_trl_calls_return_one_aggregated_value_per_episode_and_store_the_steps():
-    call = result(calls=[("get_city_for_meteo", "ok")])
-    eps = [honest(), episode(("c = get_city_for_meteo(name='x')", call, 1.0, 0.5),
-                             ("c = get_city_for_meteo(name='y')", call, 1.0, 0.5))]
+    def city(name):  # what the host records of get_city_for_meteo(name=...)
+        return ExecutionResult(ok=True, outcome="ok", tool_calls=[ToolCall("get_city_for_meteo", arguments={"name": name},
+                                                                           response=WEATHER)])
+
+    eps = [honest(), episode(("c = get_city_for_meteo(name='x')", city("x"), 1.0, 0.5),
+                             ("c = get_city_for_meteo(name='y')", city("y"), 1.0, 0.5))]
     for mode, expected in (("mean", [2 / 3, 1.0]), ("min", [0.0, 1.0]), ("last", [1.0, 1.0]), ("sum", [2.0, 2.0])):
         assert OnTheSpotReward(mode)(prompts=["a", "a"], completions=["", ""], episode=eps) == pytest.approx(expected)
     assert eps[0].step_rewards["on_the_spot"] == [1.0, 0.0, 1.0]
