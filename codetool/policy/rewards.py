@@ -45,14 +45,15 @@ earns no outcome reward (``tests/test_policy_integrity.py``).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from codetool.grounding import response_items, sent_items
 from codetool.rewards import PRMItem, grounded_success
 from codetool.search.prompt import step_plan, visible_history
+from codetool.tools.names import canonical_arguments
 
 from .episode import Episode
 
@@ -139,9 +140,13 @@ def free_steps(episode: Episode) -> list[bool]:
     value (issue 37; a failing step is never free):
 
     - no tool call and no end (``finish``/``give_up``): padding (``x = 1``);
-    - every tool call repeats a successful call of an earlier clean step (same function, same
-      arguments by ``arguments_sha256``) and no end: padding with a call the episode already made
-      (the first clean run of a call after a step that failed is the recovery, and counts);
+    - every tool call repeats a successful call of an earlier clean step, and no end: padding with a
+      call the episode already made. A repeat is a call of the same function with the same arguments
+      as the service reads them (``codetool.tools.names.canonical_arguments``: ``x=1``, ``x="1"`` and
+      ``x=1.0`` alike) whose response holds the same salient items (``codetool.grounding``) beyond
+      its arguments' (an echo of the argument's spelling aside); a poll whose answer changed is new,
+      and so is a call with other arguments. The first clean run of a call after a step that failed
+      is the recovery, and counts;
     - an end (``finish`` or ``give_up``) without a tool call, before any step of the episode called a
       tool, on a query that offers tools: an episode that never tried (its end step would otherwise
       score 1 and make giving up at once the best an on-the-spot reward can pay).
@@ -152,7 +157,7 @@ def free_steps(episode: Episode) -> list[bool]:
         One bool per step.
     """
     offers_tools = bool(episode.tool_names())
-    made: set[tuple[str, str]] = set()  # (function, arguments) of the successful calls of clean steps so far
+    made: set[tuple[str, str, frozenset[str]]] = set()  # the clean steps' successful calls (_call_key)
     tried = False  # an earlier step called a tool
     out = []
     for step in episode.steps:
@@ -170,10 +175,13 @@ def free_steps(episode: Episode) -> list[bool]:
     return out
 
 
-def _call_key(call: Any) -> tuple[str, str]:
-    """``(function, arguments)`` of a recorded call: its ``arguments_sha256``, else its arguments' JSON."""
-    digest = getattr(call, "arguments_sha256", "") or json.dumps(call.arguments, sort_keys=True, default=str)
-    return str(call.name), digest
+def _call_key(call: Any) -> tuple[str, str, frozenset[str]]:
+    """``(function, canonical arguments, items)``: a call as the service read it, and the salient items
+    of its response beyond those of its arguments."""
+    arguments = getattr(call, "arguments", None)
+    arguments = arguments if isinstance(arguments, dict) else {"": arguments}
+    told = response_items(getattr(call, "response", "") or "") - sent_items(arguments)
+    return str(call.name), canonical_arguments(arguments), frozenset(told)
 
 
 class ToolCostReward(StepReward):
