@@ -139,6 +139,10 @@ def test_an_import_alias_of_import_module_counts_its_package():
     f"import code\ncode.InteractiveInterpreter().runsource({PROGRAM!r})",
     f"import timeit\ntimeit.timeit({PROGRAM!r}, number=1)",
     "p = __import__('pickle')\np.loads(blob)",
+    f"import operator, builtins\noperator.attrgetter('exec')(builtins)({PROGRAM!r})",
+    f"import importlib, operator\nb = importlib.import_module('builtins')\noperator.attrgetter('exec')(b)({PROGRAM!r})",
+    f"import pydoc\npydoc.locate('builtins.exec')({PROGRAM!r})",
+    f"import pkgutil\npkgutil.resolve_name('builtins:exec')({PROGRAM!r})",
 ])
 def test_running_the_program_from_data_never_lowers_its_cost(packed):
     assert code_cost(packed) >= code_cost(PROGRAM)
@@ -157,3 +161,14 @@ def test_honest_uses_of_os_sys_platform_and_re_compile_cost_as_plain_code():
     assert code_cost("import sys\nprint(sys.version)") == pytest.approx(math.sqrt(2) * 0.5)
     assert code_cost("import platform\nprint(platform.system())") == pytest.approx(math.sqrt(2) * 0.5)
     assert code_cost("from re import compile\np = compile('a+')") == pytest.approx(math.sqrt(2) * 0.5)
+
+
+@pytest.mark.parametrize("rebound", [
+    f"s = 'x = 1'\ns += {PROGRAM!r}\nexec(s)",                      # augmented after a harmless literal
+    f"s = 'x = 1'\ns = s + chr(10) + {PROGRAM!r}\nexec(s)",          # rebound to a computed string
+    f"s = {PROGRAM!r}\nif True:\n    s = 'x = 1'\nexec(s)",           # two literals: which one runs?
+    f"s = 'x = 1'\nfor s in [{PROGRAM!r}]:\n    pass\nexec(s)",       # a loop target
+    f"s = 'x = 1'\n(s := {PROGRAM!r})\nexec(s)",                     # a walrus
+])
+def test_a_name_bound_more_than_once_is_not_read_as_its_first_string(rebound):
+    assert code_cost(rebound) >= code_cost(PROGRAM)
