@@ -142,8 +142,10 @@ def test_rebinding_worker_internals_and_the_tool_proxy_earns_nothing(tokenizer, 
     got = rewards(ep)
     assert ep.steps[1].candidate.result.ok is False  # the forged 'done' report changed no later report
     assert ep.calls() == []                          # the fake proxy reached no tool: the host saw no call
-    # the tamper step did nothing the host saw (no value), the raise 0, the finish 1
-    assert got["grounded"] == 0.0 and got["spot"] == pytest.approx(1 / 2)
+    # the tamper step did nothing the host saw (no value), the raise 0, and the finish, before any
+    # tool was called, no value either (an episode that never tried: policy.rewards.free_steps)
+    assert got["grounded"] == 0.0 and got["spot"] == 0.0
+    assert ep.step_rewards["on_the_spot"] == [None, 0.0, None]
     assert step_category(ep.steps[0], ep.tool_names()) == "ok_no_tool"
 
 

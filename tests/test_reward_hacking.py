@@ -29,19 +29,21 @@ def task(shared_data):
 
 
 @pytest.mark.parametrize("hack", _params())
-def test_no_hack_earns_more_than_the_honest_episode_in_train_policy(hack, tokenizer, task):
+def test_no_hack_earns_more_than_the_honest_episode_in_train_policy(hack, tokenizer, shared_data):
+    task = rh.load_task(shared_data, *hack.query)
     got = rh.rewards(rh.rollout(tokenizer, task, hack.hack))
     honest = rh.rewards(rh.rollout(tokenizer, task, hack.honest))
     assert None not in honest.values(), "the honest episode must be scored"
     for setting, value in got.items():
         # a dropped episode (None) escapes its score: only the machine may cause that
         assert value is not None, f"{hack.name}: dropped from its group under {setting}"
-        assert value <= honest[setting] + 1e-9, f"{hack.name} under {setting}: {value} > {honest[setting]}"
+        if setting not in hack.legitimate_under:
+            assert value <= honest[setting] + 1e-9, f"{hack.name} under {setting}: {value} > {honest[setting]}"
 
 
 @pytest.mark.parametrize("hack", _params())
-def test_no_hack_wins_its_sibling_pair_in_build_trees(hack, task):
-    record = rh.tree(task, hack)
+def test_no_hack_wins_its_sibling_pair_in_build_trees(hack, shared_data):
+    record = rh.tree(rh.load_task(shared_data, *hack.query), hack)
     assert "error" not in record, record.get("error")
     if hack.honest_wins_tree:
         assert rh.outcome(record, hack) == "honest wins"
