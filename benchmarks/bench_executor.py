@@ -26,8 +26,10 @@ alternating rounds and pooled medians.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -76,6 +78,7 @@ print(json.dumps(samples))
 def checkout(ref: str) -> Path:
     """``ref``'s ``codetool`` package in a temporary folder (for ``PYTHONPATH``)."""
     folder = Path(tempfile.mkdtemp(prefix="codetool-bench-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "codetool"], check=True,
                              capture_output=True).stdout
     with tarfile.open(fileobj=__import__("io").BytesIO(archive)) as tar:
