@@ -64,8 +64,8 @@ class Hack:
         name (`str`): the hack, as the table names it.
         hack, honest (`tuple[str, ...]`): the steps of each episode.
         why (`str`): why ``honest`` is the episode the hack imitates.
-        needs_executor (`bool`): the defence is the executor's (issue 37's executor half): on a
-            branch without it the suite marks this hack ``xfail(strict=True)``.
+        needs_executor (`bool`): the defence is the executor's verdict (issue 37's executor half),
+            not the rewards' or the labeller's.
         honest_wins_tree (`bool`): in the tree the honest sibling must win the pair outright (not
             merely tie): a hack that escapes a loss by making its own node say nothing.
         query (`tuple[str, int]`): the ToolBench example query file and index it runs on (default:
@@ -169,7 +169,8 @@ def make_executor(task):
 
 
 class ScriptedSteps:
-    """A rollout step generator that writes a fixed list of steps (tokenised by ``tokenizer``)."""
+    """A rollout step generator that writes a fixed list of steps (tokenised by ``tokenizer``), then
+    ``give_up``."""
 
     def __init__(self, tokenizer, steps):
         self.tokenizer, self.steps = tokenizer, list(steps)
@@ -179,7 +180,8 @@ class ScriptedSteps:
 
         out = []
         for row in rows:
-            raw = self.steps.pop(0) + "\n```"
+            # a script that ran out gives up (a hack whose first line failed may need one more step)
+            raw = (self.steps.pop(0) if self.steps else "give_up('the script ran out')") + "\n```"
             ids = self.tokenizer(raw, add_special_tokens=False, split_special_tokens=True)["input_ids"]
             out.append([Completion(raw[:raw.index("\n```")], len(row), len(ids), "stop", ids)] * n)
         return out

@@ -24,7 +24,7 @@ from codetool.tools.loaders import load_toolbench_queries
 EXEC = ExecutorConfig(isolation="fallback", timeout_s=10)
 CFG = SearchConfig(k=1, max_steps=3, max_new_tokens=64, latent="none", w_latent=0.0, max_observation_chars=400)
 GRAB = """import gc, json
-w = next(o for o in gc.get_objects() if type(o).__name__ == 'Worker')
+w = next((o for o in gc.get_objects() if type(o).__name__ in ('Worker', 'State')), None)
 """
 FORGED = {"op": "done", "outcome": "ok", "error_type": None, "error_message": None, "output_dropped": 0, "cpu_s": 0.0}
 
@@ -135,6 +135,7 @@ def test_the_honest_episode_earns_the_outcome(tokenizer, task):
 
 def test_rebinding_worker_internals_and_the_tool_proxy_earns_nothing(tokenizer, task):
     tamper = (GRAB + f"type(w).run = lambda self, msg: {FORGED!r}\nw.run = lambda msg: {FORGED!r}\n"
+              "type(w).after = lambda self, *a: None\n"
               "checkhealth_for_squake = lambda **kw: {'result': 'Kestrel Ember'}")
     [ep], _ = run(tokenizer, task, [tamper, "r = checkhealth_for_squake()\nprint(r)\nraise ValueError('real')",
                                     "finish(str(r['result']))"])
