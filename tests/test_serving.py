@@ -239,17 +239,18 @@ def test_json_depth_counts_brackets_outside_strings_only():
 # ------------------------------------------------------------------------------- issue 27
 def test_the_json_depth_check_is_linear():
     """A 64 KB body of escaped quotes took the old regex scan ~20 s (quadratic, holding the GIL);
-    run in a child process so that a regression cannot freeze the test session."""
+    these 4 MB bodies would take it hours. Run in a child process so that a regression cannot
+    freeze the test session; its time limit only stops such a freeze (the linear scan takes well
+    under a second; ``benchmarks/bench_timings.py`` times it)."""
     import subprocess
     import sys
 
-    code = ("import time\nfrom codetool.serving import json_depth_exceeds as f\n"
+    code = ("from codetool.serving import json_depth_exceeds as f\n"
             "bodies = [b'\"' + b'\\\\\"' * 2_000_000, b'\"' * 4_000_000, b'[\"\\\\\\\\' * 1_000_000,"
             " b'[]' * 2_000_000, b'[' * 2_000_000]\n"
-            "start = time.perf_counter()\nprint([f(b, 100) for b in bodies], round(time.perf_counter() - start, 2))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
-    verdicts, seconds = out.stdout.rsplit(" ", 1)
-    assert verdicts == "[False, False, True, False, True]" and float(seconds) < 10, out.stdout + out.stderr
+            "print([f(b, 100) for b in bodies])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.stdout.strip() == "[False, False, True, False, True]", out.stdout + out.stderr
 
 
 def _server(app, **kwargs):
