@@ -25,8 +25,8 @@ def _help(name: str, cache: Path) -> tuple[subprocess.CompletedProcess, list[str
     """``codetool <name> --help`` in a fresh interpreter; also returns which heavy libraries it
     imported (a help answered from the kept options imports none of them, which is what makes it
     fast: the time itself is measured in ``benchmarks/bench_timings.py``)."""
-    code = ("import sys\nfrom codetool import cli\ntry:\n    cli.main([%r, '--help'])\nexcept SystemExit:\n    pass\n"
-            "print('@@', sorted(m for m in %r if m in sys.modules), file=sys.stderr)" % (name, HEAVY))
+    code = (f"import sys\nfrom codetool import cli\ntry:\n    cli.main([{name!r}, '--help'])\nexcept SystemExit:\n"
+            f"    pass\nprint('@@', sorted(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=600,
                          env={**os.environ, "CODETOOL_CACHE_DIR": str(cache), "COLUMNS": "100"})
     assert out.returncode == 0 and "@@" in out.stderr, out.stderr[-2000:]

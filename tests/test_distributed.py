@@ -137,3 +137,21 @@ def test_without_ray_installed_the_error_says_how_to_get_it(monkeypatch):
     with pytest.raises(CodetoolError, match=r"pip install 'codetool\[ray\]'"):
         run_on_ray("auto", ClusterConfig(), ["a"], unit_key=str, record_key=str, runner=(object, ()),
                    on_record=print, on_error=print, batch=1)
+
+
+@pytest.mark.parametrize("address, pinned", [("local", "127.0.0.1"), ("auto", None)])
+def test_a_ray_started_for_the_job_listens_on_loopback(monkeypatch, address, pinned):
+    """``--ray local`` starts Ray in this process with its node address pinned to 127.0.0.1 (Ray
+    would pick the machine's non-loopback address, its GCS and raylets listening on every
+    interface); joining a running cluster (``auto``) leaves its address alone."""
+    seen = {}
+
+    def init(address=None, **kwargs):
+        seen.update(kwargs, address=address)
+        raise ConnectionError("stop here")
+
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: False, init=init))
+    with pytest.raises(CodetoolError, match="node-ip-address 127.0.0.1"):
+        run_on_ray(address, ClusterConfig(), [], unit_key=str, record_key=str, runner=(object, ()),
+                   on_record=print, on_error=print, batch=1)
+    assert seen.get("_node_ip_address") == pinned and seen["address"] == (None if address == "local" else address)

@@ -50,6 +50,11 @@ from codetool.resume import error_message
 
 logger = logging.getLogger(__name__)
 
+# The node address of a Ray started by this process (``--ray local``), and the one the docs and
+# tests give ``ray start --head --node-ip-address``: left to itself Ray picks the machine's
+# non-loopback address and its GCS and raylets listen on every interface.
+LOOPBACK = "127.0.0.1"
+
 
 @dataclass
 class ClusterConfig:
@@ -174,7 +179,8 @@ def run_on_ray(address: str, cluster: ClusterConfig, units: list, *, unit_key: C
 
     Args:
         address (`str`): ``auto`` (the cluster of ``ray start`` / ``RAY_ADDRESS``), ``host:port``,
-            ``ray://host:10001`` (Ray Client) or ``local`` (a Ray started here for this job).
+            ``ray://host:10001`` (Ray Client) or ``local`` (a Ray started here for this job, its
+            node address pinned to 127.0.0.1, so nothing of it listens beyond this machine).
         cluster (`ClusterConfig`): worker slots, their resources, batch size, retries.
         units (`list`): picklable units (e.g. ``BenchmarkQuery``), sent in batches of ``batch``
             (``cluster.batch`` when set).
@@ -197,13 +203,14 @@ def run_on_ray(address: str, cluster: ClusterConfig, units: list, *, unit_key: C
     owned = not ray.is_initialized()
     if owned:
         kwargs: dict[str, Any] = {"namespace": "codetool", "log_to_driver": True, "logging_level": logging.WARNING}
-        if address == "local":
-            kwargs.update(include_dashboard=False)
+        if address == "local":  # a Ray started here for this job listens on loopback only (Ray would
+            kwargs.update(include_dashboard=False, _node_ip_address=LOOPBACK)  # pick this machine's address)
         try:
             ray.init(address=None if address == "local" else address, **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise CodetoolError(f"--ray {address}: cannot connect to a Ray cluster ({error_message(e)}); start one "
-                                "with `ray start --head` and pass its address, or --ray local.") from None
+                                f"with `ray start --head --node-ip-address {LOOPBACK}` (on one machine) and pass its "
+                                "address, or --ray local.") from None
     batch = max(1, cluster.batch or batch)
     actors: list = []
     try:
@@ -342,7 +349,9 @@ class WorkersGroup(Group):
     """Where a job's units run: here, or on the workers of a Ray cluster (:func:`run_on_ray`)."""
 
     ray: str | None = option(None, "run the units (queries, trees) on a Ray cluster: its address (auto, host:port, "
-                             "ray://host:10001) or local; this process writes --output (pip install 'codetool[ray]')")
+                             "ray://host:10001) or local (started here, on 127.0.0.1); this process writes --output (pip "
+                             "install 'codetool[ray]'; on one machine start Ray with `ray start --head --node-ip-address "
+                             "127.0.0.1`)")
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
 
