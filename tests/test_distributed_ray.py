@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from codetool.distributed.ray_cluster import LOOPBACK
+from codetool.distributed.ray_cluster import LOCAL_ONLY_ENV, LOOPBACK
 from codetool.serving import is_loopback
 from tests.conftest import CANARY_KEY
 
@@ -78,6 +78,11 @@ class Policy:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
+def _address(c) -> str:
+    """The cluster's GCS on loopback (Ray may report it under the machine's address)."""
+    return f"{LOOPBACK}:{c.address.rsplit(':', 1)[1]}"
+
+
 def _add_node(c):
     return c.add_node(num_cpus=1, object_store_memory=80 * 2**20, node_ip_address=LOOPBACK)
 
@@ -126,6 +131,7 @@ def _listening(pids: set[int]) -> list[str]:
 def cluster(tmp_path_factory):
     for name in ("TOOLBENCH_KEY", "OPENAI_API_KEY"):  # the nodes inherit the canary, as they would a real key
         os.environ[name] = CANARY_KEY
+    os.environ[LOCAL_ONLY_ENV] = "0"  # Ray's "this machine only": the drivers join on 127.0.0.1
     quick = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000, "health_check_failure_threshold": 2}
     c = ray_cluster_utils.Cluster(initialize_head=True, head_node_args={
         "num_cpus": 0, "include_dashboard": False, "object_store_memory": 80 * 2**20, "_system_config": quick,
@@ -134,7 +140,7 @@ def cluster(tmp_path_factory):
     c.wait_for_nodes()
     yield c, workers
     c.shutdown()
-    for name in ("TOOLBENCH_KEY", "OPENAI_API_KEY"):
+    for name in ("TOOLBENCH_KEY", "OPENAI_API_KEY", LOCAL_ONLY_ENV):
         os.environ.pop(name, None)
 
 
@@ -200,7 +206,7 @@ def test_run_on_ray_loses_and_duplicates_nothing_when_a_worker_node_dies(cluster
     out = tmp_path / "traj.jsonl"
     args = ["run", "--benchmark", "toolbench", "--queries", str(queries), "--output", str(out), "--prm", "none",
             "--policy", policy.url, "--search.k", "1", "--search.max_steps", "1", "--search.concurrency", "1",
-            "--executor.isolation", "fallback", "--ray", c.address, "--cluster.batch", "1"]
+            "--executor.isolation", "fallback", "--ray", _address(c), "--cluster.batch", "1"]
     start = time.monotonic()
     proc, lines = _start(args)
     _wait_for(out, 3, proc, lines)
@@ -237,12 +243,14 @@ def test_build_trees_on_ray_equals_the_single_machine_trees_after_a_worker_node_
     c, workers = cluster
     queries = _queries(tmp_path / "q", 8, "tree question")
     base = ["build-trees", "--queries", str(queries), "--policy", policy.url, "--branching", "2", "--max_depth", "1",
-            "--batch_trees", "1", "--executor.isolation", "fallback"]
+            "--executor.isolation", "fallback"]  # default settings: the workers batch other trees than the single run
     single = subprocess.run([CODETOOL, *base, "--output", str(tmp_path / "single.jsonl"), "--dataset_dir",
                              str(tmp_path / "single_prm")], capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr[-3000:]
     out = tmp_path / "ray.jsonl"
-    proc, lines = _start([*base, "--output", str(out), "--dataset_dir", str(tmp_path / "ray_prm"), "--ray", c.address])
+    # Two trees per call (the single run grows all 8 at once), so a node's death catches trees in flight.
+    proc, lines = _start([*base, "--output", str(out), "--dataset_dir", str(tmp_path / "ray_prm"), "--ray", _address(c),
+                          "--cluster.batch", "2"])
     _wait_for(out, 2, proc, lines)
     c.remove_node(workers[1], allow_graceful=False)
     assert proc.wait(timeout=300) == 0

@@ -5,7 +5,10 @@ a ``fork()`` of its parent's executor (no step or tool call is ever re-run), and
 leaf: the code called ``finish``/``give_up``, the depth reached ``max_depth``, or (with
 ``failure_policy: stop``) the code failed. The nodes of one depth level are sampled in one batched
 ``generate`` call; that yields the same tree as a depth-first walk and keeps the CPU busy. Each
-tree is seeded by its query id, so ``--shard i/n`` runs and a single run give the same trees.
+node's children are sampled with their own seed, from the tree's seed (base seed and query id) and
+the node's id (:func:`~codetool.tree.nodes.node_seed`; one seed per prompt of the batched call), so
+a tree does not depend on which trees share its batch: ``--shard i/n`` runs, Ray workers, a resumed
+run and a single run give the same trees (up to float rounding in the batched forward passes).
 
 Leaf success (``success``, see :func:`codetool.tree.labels.leaf_success`): ``executed`` (the
 public code's notion: every step on the path ran without an exception or a tool error),
@@ -54,6 +57,7 @@ from codetool.tree.nodes import (
     faulted,
     guard,
     node_record,
+    node_seed,
     record_error,
     tree_seed,
 )
@@ -99,8 +103,8 @@ class TreeBuilder:
 
         Every level of every tree is sampled in one batched ``expand`` call, so a local policy
         decodes all frontier nodes in the same forward passes and a server sees them concurrently.
-        The sampling seed of a level is the first tree's seed plus the nodes built so far: with one
-        task it is the tree's own seed sequence.
+        Each frontier node is sampled with its own seed (:func:`~codetool.tree.nodes.node_seed`),
+        the one :mod:`codetool.tree.grow` uses: a tree is the same whatever trees share its batch.
 
         Returns:
             One JSON-able record per task, in order. A tree whose building failed (its executor
@@ -108,7 +112,7 @@ class TreeBuilder:
             ``error`` and no nodes or pairs; the other trees go on.
         """
         cfg, start = self.cfg, time.perf_counter()
-        seed = tree_seed(cfg.seed, tasks[0].query_id)
+        seeds = [tree_seed(cfg.seed, task.query_id) for task in tasks]
         trees: list[dict[str, dict]] = [{} for _ in tasks]
         errors: dict[int, str] = {}  # tree index -> why it failed
         frontier = [FrontierNode(t, None, st, [], 0) for t, task in enumerate(tasks)
@@ -117,7 +121,8 @@ class TreeBuilder:
             while frontier:
                 level = time.perf_counter()
                 rows = expand_each(self.policy, [Node(n.state, n.history, tasks[n.tree]) for n in frontier],
-                                   cfg.branching, self.sample_cfg, seed=seed + sum(map(len, trees)))
+                                   cfg.branching, self.sample_cfg,
+                                   seed=[node_seed(seeds[n.tree], n.node_id) for n in frontier])
                 for n, row in zip(frontier, rows):
                     if isinstance(row, Exception):  # this tree's policy call failed: it ends
                         record_error(errors, n.tree, row)

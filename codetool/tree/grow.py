@@ -26,7 +26,6 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from codetool.resume import unit_seed
 from codetool.search.expand import Node, expand_each
 from codetool.search.prompt import history_entry
 from codetool.search.search import SearchTask
@@ -35,6 +34,7 @@ from codetool.tree.nodes import (
     error_record,
     faulted,
     node_record,
+    node_seed,
     record_error,
     tree_seed,
 )
@@ -51,11 +51,6 @@ class _Tree:
     nodes: dict[str, dict] = field(default_factory=dict)
     open: int = 0
     started: float = field(default_factory=time.perf_counter)
-
-
-def node_seed(tree: int, node_id: str | None) -> int:
-    """The sampling seed of a node: from its tree's seed and its id (``None`` for the root)."""
-    return unit_seed(tree, [[node_id or "root"]])
 
 
 def grow(builder, tasks: Iterable[SearchTask], on_done: Callable[[dict], None], *, trees: int, workers: int) -> None:
@@ -81,7 +76,7 @@ def grow(builder, tasks: Iterable[SearchTask], on_done: Callable[[dict], None], 
 
     def expand_node(n: FrontierNode, tree: _Tree):
         node = Node(n.state, n.history, tree.task)
-        return expand_each(builder.policy, [node], cfg.branching, sample_cfg, seed=node_seed(tree.seed, n.node_id))[0]
+        return expand_each(builder.policy, [node], cfg.branching, sample_cfg, seed=[node_seed(tree.seed, n.node_id)])[0]
 
     def close_tree(t: int) -> None:
         # A judged success asks the judge, which may be a local model that must not run in several
