@@ -181,6 +181,50 @@ def test_a_tree_is_the_same_whatever_trees_share_its_batch(shared_data):
     assert len({first[k] for k in ("1", "2")}) == 2 and first["1-1"] != together[tasks[1].query_id]["1-1"]
 
 
+def test_a_tree_continued_from_its_logged_nodes_is_the_tree_built_whole(shared_data, tmp_path):
+    """Issue 40: each level's (or node's) children are logged as they are built; a build killed
+    after the first level continues from it, level by level or node by node, never sampling the
+    roots again, and grows the trees an uninterrupted build grows."""
+    from codetool.tools.loaders import load_toolbench_queries
+    from codetool.tree.checkpoint import NodeLog, open_nodes, read_partial
+    from codetool.tree.grow import grow
+
+    queries = load_toolbench_queries(shared_data / "ToolBench" / "data_example" / "instruction" / "G1_query.json")[:2]
+    tasks = [SearchTask(query_id=f"G1_query/{q.query_id}", query=q.query,
+                        env=ToolEnvironment.from_query(q, make_tool_backend("simulator"))) for q in queries]
+
+    def builder(policy):
+        return TreeBuilder(policy, TreeConfig(branching=2, max_depth=3), lambda t: Executor(EXEC, tools=t.env.functions()))
+
+    def codes(records):
+        return {r["query_id"]: ({k: (n["code"], n["observation"], n["leaf"], n["success"]) for k, n in r["nodes"].items()},
+                                r["pairs"]) for r in records}
+
+    logged = builder(SeedEcho())
+    logged.node_log = NodeLog(tmp_path / "all.nodes", logged.chash)
+    whole = codes(logged.build_many(tasks))
+    logged.node_log.close()
+    lines = (tmp_path / "all.nodes").read_text().splitlines()
+    assert len(lines) == 2 * 3  # one line per tree and level
+    (tmp_path / "cut.nodes").write_text("\n".join(lines[:2]) + "\n")  # killed after the first level
+    partial = read_partial(tmp_path / "cut.nodes", logged.chash, {t.query_id for t in tasks})
+    assert [open_nodes(p["nodes"]) for p in partial.values()] == [["1", "2"], ["1", "2"]]
+
+    class Counting(SeedEcho):
+        depths: list = []
+
+        def generate(self, prompts, **kwargs):
+            self.depths += [(len(p) - 3) // 2 for p in prompts]
+            return super().generate(prompts, **kwargs)
+
+    assert codes(builder(Counting()).build_many(tasks, partial)) == whole
+    assert 0 not in Counting.depths and Counting.depths  # the roots were not sampled again
+    grown = []
+    grow(builder(SeedEcho(continuous=True)), tasks, grown.append, trees=2, workers=3, partial=partial)
+    assert codes(grown) == whole
+    assert read_partial(tmp_path / "cut.nodes", "another config", {t.query_id for t in tasks}) == {}
+
+
 def test_a_local_model_s_batched_trees_equal_the_trees_built_alone(tiny_model_dir, shared_data):
     """The same with a local transformers policy: its batched ``generate`` draws each node's
     samples from the node's own generator (one seed per prompt)."""

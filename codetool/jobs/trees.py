@@ -205,10 +205,22 @@ def build_missing(cfg: TreeConfig, mine: list, path: Path, progress: ProgressFac
         run_on_ray(cfg.ray, cfg.cluster, todo, unit_key=lambda q: str(q.query_id),
                    record_key=lambda r: str(r["query_id"]), runner=(TreeRunner, (cfg, chash)), on_record=land,
                    on_error=lambda q, e: land(tree_error_record(q, e, chash)), batch=ray_batch(cfg))
-    else:
+        return failed[0]
+    from codetool.tree.checkpoint import NodeLog, nodes_path, read_partial
+
+    log = NodeLog(nodes_path(path), chash)  # the nodes of the trees in progress (a kill keeps them)
+    partial = read_partial(log.path, chash, {str(q.query_id) for q in todo})
+    if partial:
+        logger.info("resuming %d trees from their logged nodes (%d nodes) in %s", len(partial),
+                    sum(len(p["nodes"]) for p in partial.values()), log.path)
+    try:
         with TreeRunner(cfg, chash) as runner:
-            runner.run(todo, land)
+            runner.run(todo, land, partial=partial, node_log=log)
             log_client_stats(runner.builder.policy)
+    except BaseException:
+        log.close()  # kept: a rerun continues the trees from their logged nodes
+        raise
+    log.remove()  # every tree is recorded
     return failed[0]
 
 
@@ -256,12 +268,14 @@ class TreeRunner(UnitRunner):
         self.backend = self.open(tool_backend(cfg.tools_backend, server_url=cfg.tool_server_url,
                                               cache_dir=cfg.tool_cache_dir))
 
-    def run(self, queries: list, on_record) -> int:
+    def run(self, queries: list, on_record, *, partial: dict[str, dict] | None = None, node_log=None) -> int:
         """Build the trees of ``queries`` (``BenchmarkQuery``) and call ``on_record(dict)`` once per
         query; a malformed query or a failed build gets an error record. A local policy grows
         ``batch_trees`` trees at a time level by level; a remote one grows them node by node, a
-        new tree as soon as one is done (:mod:`codetool.tree.grow`). Returns the number of error
-        records."""
+        new tree as soon as one is done (:mod:`codetool.tree.grow`). Nodes go to ``node_log`` (a
+        :class:`~codetool.tree.checkpoint.NodeLog`) as they are built, and the trees of
+        ``partial`` (logged by a killed run) continue from their nodes. Returns the number of
+        error records."""
         from codetool.assemble import make_task
         from codetool.jobs import stop_if_unreachable
         from codetool.resume import run_isolated
@@ -287,7 +301,7 @@ class TreeRunner(UnitRunner):
 
         def build_batch(batch: list, on_done) -> None:
             tasks = [make_task(q, self.backend, tool_doc=cfg.tool_doc) for q in batch]
-            for record in self.builder.build_many(tasks):  # each batch lands before the next starts
+            for record in self.builder.build_many(tasks, partial):  # each batch lands before the next starts
                 on_done(record)
 
         def key(x) -> str:
@@ -300,13 +314,15 @@ class TreeRunner(UnitRunner):
             else:
                 good.append(q)
         builder = self.builder
+        builder.node_log = node_log
         with closed_on_interrupt(builder.policy):
             if builder.continuous:
                 from codetool.tree.grow import grow
 
                 def grow_batch(batch: list, on_done) -> None:
                     grow(builder, (make_task(q, self.backend, tool_doc=cfg.tool_doc) for q in batch), on_done,
-                         trees=builder.trees, workers=max(8, getattr(builder.policy, "max_in_flight", 8)))
+                         trees=builder.trees, workers=max(8, getattr(builder.policy, "max_in_flight", 8)),
+                         partial=partial)
 
                 run_isolated(good, grow_batch, key, land, failed_unit)
             else:

@@ -53,14 +53,18 @@ class _Tree:
     started: float = field(default_factory=time.perf_counter)
 
 
-def grow(builder, tasks: Iterable[SearchTask], on_done: Callable[[dict], None], *, trees: int, workers: int) -> None:
+def grow(builder, tasks: Iterable[SearchTask], on_done: Callable[[dict], None], *, trees: int, workers: int,
+         partial: dict[str, dict] | None = None) -> None:
     """Grow the tree of every task, ``trees`` at a time, with at most ``workers`` jobs running.
 
     Args:
-        builder (`TreeBuilder`): its policy, settings, executor factory and judge.
+        builder (`TreeBuilder`): its policy, settings, executor factory and judge; each expanded
+            node's children go to :meth:`~codetool.tree.build.TreeBuilder.log_nodes` at once.
         tasks (`Iterable[SearchTask]`): taken one at a time as trees finish.
         on_done (`Callable[[dict], None]`): receives each tree record (or error record) in this
             thread as soon as the tree is done.
+        partial (`dict`, *optional*): ``{query_id: logged nodes}`` of trees a killed run started:
+            they continue from their open nodes.
     """
     cfg, sample_cfg = builder.cfg, builder.sample_cfg
     pending = iter(tasks)
@@ -113,9 +117,10 @@ def grow(builder, tasks: Iterable[SearchTask], on_done: Callable[[dict], None], 
         if faulted(errors, t, row):
             n.state.close()
             return
+        nodes, steps = {}, {}
         for i, e in enumerate(row, 1):
             node_id = f"{n.node_id}-{i}" if n.node_id else str(i)
-            node = tree.nodes[node_id] = node_record(node_id, n.node_id, n.depth + 1, e)
+            node = tree.nodes[node_id] = nodes[node_id] = node_record(node_id, n.node_id, n.depth + 1, e)
             stop = cfg.failure_policy == "stop" and not node["ok"]
             if e.ended or n.depth + 1 >= cfg.max_depth or stop:
                 node["leaf"] = True
@@ -124,15 +129,19 @@ def grow(builder, tasks: Iterable[SearchTask], on_done: Callable[[dict], None], 
                 continue
             child = e.state if e.state is not None else n.state.fork()
             tree.open += 1
-            ready.append(FrontierNode(t, node_id, child, n.history + [history_entry(e.candidate, e.observation)],
-                                      n.depth + 1))
+            step = steps[node_id] = history_entry(e.candidate, e.observation)
+            ready.append(FrontierNode(t, node_id, child, n.history + [step], n.depth + 1))
         n.state.close()
+        builder.log_nodes(tree.task, nodes, steps)
 
     try:
         while True:
             while len(live) < trees and (task := next(pending, None)) is not None:
+                logged = (partial or {}).get(str(task.query_id))
                 live[counter] = _Tree(task, tree_seed(cfg.seed, task.query_id), open=1)
-                submit("start", counter, builder.make_executor, task)
+                if logged:
+                    live[counter].nodes.update(logged["nodes"])
+                submit("start", counter, builder.start_tree, counter, task, logged)
                 counter += 1
             while ready and len(running) < workers:
                 n = ready.pop()  # deepest first: trees finish early and close their executors
@@ -149,12 +158,13 @@ def grow(builder, tasks: Iterable[SearchTask], on_done: Callable[[dict], None], 
                 exc = future.exception()
                 if kind == "record":
                     land(*payload, future.result)
-                elif kind == "start":
+                elif kind == "start":  # the root, or the open nodes of a logged tree (maybe none left)
                     if exc is not None:
                         record_error(errors, payload, exc)
                     else:
-                        ready.append(FrontierNode(payload, None, future.result(), [], 0))
-                        continue
+                        opened = future.result()
+                        ready.extend(opened)
+                        live[payload].open += len(opened)
                     settle(payload)
                 else:
                     on_row(payload, exc if exc is not None else future.result())
