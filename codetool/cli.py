@@ -297,7 +297,7 @@ def _main(argv: list[str] | None) -> int:
     except CodetoolError as e:
         if debug:
             raise
-        print(f"codetool {name}: error: {e}", file=sys.stderr)
+        print(f"codetool {name}: error: {' '.join(str(e).split())}", file=sys.stderr)  # one line, always
         return 2
     except OSError as e:  # the file system said no (a folder given for a file, a full disk, permissions)
         if debug:

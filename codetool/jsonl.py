@@ -86,6 +86,48 @@ def append_jsonl(path: str | os.PathLike, record: dict[str, Any]) -> None:
                             "rerun: finished records are kept and the run resumes).") from None
 
 
+def read_text(path: str | os.PathLike, what: str = "file") -> str:
+    """The UTF-8 text of ``path``, an input file the user named.
+
+    Raises:
+        CodetoolError: ``path`` is missing or a folder, cannot be read, or is not UTF-8 (the byte
+            offset is named, and what the file should be: ``what``).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise CodetoolError(f"{path} is a folder; expected {what}.")
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise CodetoolError(f"{path} not found; expected {what}.") from None
+    except OSError as e:
+        raise CodetoolError(f"cannot read {path}: {e.strerror or e}.") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CodetoolError(f"{path} is not UTF-8 text (byte {e.start}: {data[e.start:e.start + 4]!r}); expected "
+                            f"{what}, saved as UTF-8.") from None
+
+
+def read_json(path: str | os.PathLike, what: str = "a JSON file") -> Any:
+    """The JSON document in ``path``, an input file the user named.
+
+    Raises:
+        CodetoolError: ``path`` is missing, a folder, not UTF-8, empty, not JSON (the parser's
+            line and column), or nested too deeply for the parser.
+    """
+    text = read_text(path, what)
+    if not text.strip():
+        raise CodetoolError(f"{path} is empty; expected {what}.")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CodetoolError(f"{path} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); expected "
+                            f"{what}.") from None
+    except RecursionError:
+        raise CodetoolError(f"{path} is JSON nested too deeply; expected {what}.") from None
+
+
 def read_jsonl(path: str | os.PathLike, skipped: list[int] | None = None) -> Iterator[dict[str, Any]]:
     """Yield the records (JSON objects) of ``path``; lines that do not parse (a torn write) or
     are not objects are skipped with a warning, and their line numbers appended to ``skipped``

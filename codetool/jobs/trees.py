@@ -41,7 +41,8 @@ def load_training_queries(cfg: TreeConfig) -> list:
 
     Raises:
         ConfigError: no such file or folder.
-        CodetoolError: a file repeats a query id (the ids are named).
+        CodetoolError: a file repeats a query id (the ids are named); no query is found, none is
+            well formed, or none offers an API (a build would write nothing and exit 0).
     """
     from codetool.resume import refuse_duplicates
     from codetool.tools.loaders import data_root, load_toolbench_queries
@@ -52,8 +53,18 @@ def load_training_queries(cfg: TreeConfig) -> list:
                           "(e.g. G1_query.json) or a folder of them; `codetool data fetch toolbench-examples` "
                           "gets the 10 example queries.")
     queries = load_toolbench_queries(path)
+    if not queries:
+        raise CodetoolError(f"--queries {path}: no query found (an empty list, or a folder without *.json query "
+                            "files); pass a ToolBench-format query file such as G1_query.json, or a folder of them.")
+    if all(q.extra.get("load_error") for q in queries):  # not one entry is a query: the wrong file
+        raise CodetoolError(f"--queries {path}: none of its {len(queries)} entries is a query (entry "
+                            f"{queries[0].query_id}: {queries[0].extra['load_error']}); pass a ToolBench-format "
+                            "query file (a list of {query_id, query, api_list}).")
     refuse_duplicates([f"{q.group}/{q.query_id}" for q in queries], str(path))
     usable = [q for q in queries if q.apis or q.extra.get("load_error")]
+    if not usable:
+        raise CodetoolError(f"--queries {path}: none of its {len(queries)} queries offers a documented API "
+                            "(api_list), so no tree has a tool to call; pass queries with their api_list.")
     if len(usable) < len(queries):
         logger.warning("%d of %d queries offer no documented API and are skipped: %s", len(queries) - len(usable),
                        len(queries), ", ".join(f"{q.group}/{q.query_id}" for q in queries
