@@ -1,0 +1,161 @@
+"""The connection guards of every codetool server (:mod:`codetool.serving` builds uvicorn with
+:func:`guarded_h11_protocol`): request heads on a deadline, connections capped per address, per
+address prefix and in all, and new connections rate-limited per address.
+
+Over a cap, a new connection does not get refused while others idle: the connection that has
+waited longest for a request head (an idle keep-alive connection, a head trickling in) is closed
+to make room, taken from the address holding the most connections (:class:`_Connections`), so one
+local process holding 64 keep-alive connections, or 1,200 trickling connections from 20
+addresses, no longer shut another client out (issue 39). A 503 comes only when every connection
+under the cap has a request in work. Clients notice nothing from a closed idle connection (HTTP
+clients open a new one); a head that trickles in is closed anyway at its deadline.
+"""
+
+from __future__ import annotations
+
+import time
+
+from codetool.fairness import address_group
+
+MAX_CONNECTIONS_PER_CLIENT = 64  # per address
+MAX_CONNECTIONS_PER_GROUP = 256  # per address prefix (codetool.fairness.address_group)
+NEW_CONNECTIONS_PER_S = 200  # per client address, sustained (the bucket holds one second's worth)
+
+
+class _Connections:
+    """The open connections of one server, by address and address prefix, and which one to close
+    when a new one would pass a cap: of the connections under that cap that are waiting for a
+    request head (idle keep-alive, or a head still trickling in), the one waiting longest, taken
+    from the address holding the most connections. Busy connections (a request in work) are never
+    closed; when all are busy, the newcomer is refused. Touched on the event loop only."""
+
+    def __init__(self, per_address: int, per_group: int, total: int):
+        self.caps = (per_address, per_group, total)
+        self.by_address: dict[str, set] = {}
+        self.by_group: dict[str, set] = {}
+        self.all: set = set()
+
+    def admit(self, conn) -> bool:
+        """Count ``conn`` in, closing waiting connections where a cap is reached; ``False`` (not
+        counted) when it cannot be made room for."""
+        for pool, cap in zip(self._pools(conn), self.caps):
+            while len(pool) >= cap:
+                victim = self._longest_waiting(pool)
+                if victim is None:
+                    return False
+                self.remove(victim)
+                victim.evict()
+        for pool in self._pools(conn, create=True):
+            pool.add(conn)
+        return True
+
+    def remove(self, conn) -> None:
+        for pool in self._pools(conn):
+            pool.discard(conn)
+        for index, key in ((self.by_address, conn.address), (self.by_group, conn.group)):
+            if key in index and not index[key]:
+                del index[key]
+
+    def _pools(self, conn, create: bool = False) -> list[set]:
+        if create:
+            return [self.by_address.setdefault(conn.address, set()), self.by_group.setdefault(conn.group, set()),
+                    self.all]
+        return [self.by_address.get(conn.address, set()), self.by_group.get(conn.group, set()), self.all]
+
+    @staticmethod
+    def _longest_waiting(pool: set):
+        waiting = [c for c in pool if c.waiting()]
+        if not waiting:
+            return None
+        held: dict[str, int] = {}
+        for c in pool:
+            held[c.address] = held.get(c.address, 0) + 1
+        return max(waiting, key=lambda c: (held[c.address], -c.waiting_since))
+
+
+def guarded_h11_protocol(header_timeout_s: float, max_per_client: int, max_per_group: int = MAX_CONNECTIONS_PER_GROUP,
+                          max_total: int = 1000):
+    """uvicorn's h11 protocol with more guards: a request head must be complete within
+    ``header_timeout_s`` of the connection (or of the previous response), whatever arrives
+    meanwhile (uvicorn's own timer is cancelled by the first byte, so a head trickled a line at a
+    time kept a connection forever); connections are capped per address (``max_per_client``),
+    per address prefix (``max_per_group``) and in all (``max_total``), a new one closing the
+    longest-waiting idle one over a cap (:class:`_Connections`) and being refused with a 503
+    only when all are busy; and new connections per address are rate-limited."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    connections = _Connections(max_per_client, max_per_group, max_total)  # one per server (this class)
+    opened_recently: dict[str, list[float]] = {}  # [tokens, time]: new connections per address
+
+    class GuardedH11Protocol(H11Protocol):
+        head_timer = None
+        counted = False
+        address = group = "?"
+        waiting_since = 0.0
+
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            self.address = (self.client or ("?", 0))[0]
+            self.group = address_group(self.address)
+            now = self.waiting_since = time.monotonic()
+            bucket = opened_recently.setdefault(self.address, [float(NEW_CONNECTIONS_PER_S), now])
+            bucket[0] = min(float(NEW_CONNECTIONS_PER_S), bucket[0] + (now - bucket[1]) * NEW_CONNECTIONS_PER_S)
+            bucket[1] = now
+            if bucket[0] < 1.0:  # a client opening connections faster than this gets no answer at all
+                transport.abort()
+                return
+            bucket[0] -= 1.0
+            if len(opened_recently) > 10_000:
+                opened_recently.clear()
+            if not connections.admit(self):
+                body = b'{"error": "too many connections from this client, all of them busy"}'
+                transport.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+                                b"connection: close\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+                transport.close()
+                return
+            self.counted = True
+            self._arm_head_timer()
+
+        def waiting(self) -> bool:
+            """No request in work: before the first head, or after a response (keep-alive)."""
+            return self.cycle is None or self.cycle.response_complete
+
+        def evict(self) -> None:
+            """Closed to make room for a newcomer (it was waiting for a request head)."""
+            self.counted = False
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def _arm_head_timer(self):
+            if self.head_timer is not None:
+                self.head_timer.cancel()
+            self.head_timer = self.loop.call_later(header_timeout_s, self._head_too_slow)
+
+        def _head_too_slow(self):
+            self.head_timer = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def handle_events(self):
+            cycle = self.cycle
+            super().handle_events()
+            if self.cycle is not cycle and self.head_timer is not None:  # a whole head arrived
+                self.head_timer.cancel()
+                self.head_timer = None
+
+        def on_response_complete(self):
+            super().on_response_complete()
+            self.waiting_since = time.monotonic()
+            if not self.transport.is_closing():
+                self._arm_head_timer()  # the next request head, on a kept-alive connection
+
+        def connection_lost(self, exc):
+            if self.head_timer is not None:
+                self.head_timer.cancel()
+                self.head_timer = None
+            if self.counted:
+                connections.remove(self)
+                self.counted = False
+            super().connection_lost(exc)
+
+    return GuardedH11Protocol
