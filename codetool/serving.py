@@ -64,6 +64,7 @@ from codetool.connections import (
     guarded_h11_protocol,
 )
 from codetool.fairness import FairTurns, identify, json_members
+from codetool.secrets import register_secret
 
 logger = logging.getLogger(__name__)
 
@@ -214,6 +215,8 @@ class ServerGuard:
                                 f"read_timeout_s={read_timeout_s}, request_timeout_s={request_timeout_s}, "
                                 f"max_json_depth={max_json_depth}.")
         self.app, self.api_keys = app, keys
+        for one in keys or []:  # each key is a secret on its own (redacted wherever it shows up)
+            register_secret(one)
         self.api_key = None if keys is None else ",".join(keys)
         self.max_body_bytes, self.read_timeout_s = max_body_bytes, read_timeout_s
         self.request_timeout_s, self.max_json_depth, self.max_json_members = request_timeout_s, max_json_depth, max_json_members

@@ -320,3 +320,24 @@ def test_a_trickled_request_head_is_closed_at_the_header_deadline():
         finally:
             s.close()
         assert closed  # within the trickle (12 lines, 3 s) of a 1 s deadline: each byte used to restart it
+
+
+def test_several_keys_are_one_client_each():
+    """Issue 39: with one key per client (comma-separated), a client is its key, whatever
+    connection it uses; a key of the list opens the door, any other does not."""
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append(scope.get("codetool.client"))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    guard = ServerGuard(app, api_key="key-one-111, key-two-222")
+    assert call(guard, "GET", "/", auth("key-two-222"))[0] == 200
+    assert call(guard, "GET", "/", auth("key-one-111"))[0] == 200
+    assert call(guard, "GET", "/", auth("key-one-111,key-two-222"))[0] == 401
+    assert seen == ["key:1", "key:0"]
+    single = ServerGuard(app, api_key=KEY)  # one shared key: clients are their connections
+    assert call(single, "GET", "/", auth())[0] == 200 and seen[-1] == "conn:127.0.0.1:5000"
+    with pytest.raises(CodetoolError, match="blank"):
+        ServerGuard(app, api_key="key-one-111,,key-two")
