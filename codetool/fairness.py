@@ -134,12 +134,16 @@ class FairTurns:
             granted.set_result(None)
 
 
-def _scan(text: str):
+def _scan(text: str | bytes):
     """Structural positions of JSON ``text`` outside strings, vectorised: ``(chars, outside)``
-    where ``outside`` marks characters that are not inside a string literal."""
+    where ``outside`` marks characters that are not inside a string literal. Bytes are scanned as
+    they are (UTF-8 never puts a byte below 128 inside a multi-byte character), text by code point."""
     import numpy as np
 
-    chars = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    if isinstance(text, (bytes, bytearray)):
+        chars = np.frombuffer(text, dtype=np.uint8)
+    else:
+        chars = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
     backslash = chars == 92
     run = np.cumsum(backslash, dtype=np.int32)
     run = run - np.maximum.accumulate(np.where(backslash, 0, run))  # backslashes ending at each position
@@ -154,10 +158,9 @@ def json_members(body: bytes | str) -> int:
     """About how many values a JSON body holds (commas and containers outside strings, plus one),
     counted in one vectorised pass that releases the interpreter for its long operations; invalid
     JSON is counted by its characters alone."""
-    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
-    if not text:
+    if not body:
         return 0
-    chars, outside = _scan(text)
+    chars, outside = _scan(body)
     import numpy as np
 
     structural = chars[outside]

@@ -198,3 +198,40 @@ def test_a_prm_server_that_refuses_connections_stops_the_run_before_any_generati
         HTTPScorer(f"http://127.0.0.1:9,{url}").check_reachable(timeout_s=2)  # one live endpoint of two
     finally:
         server.shutdown()
+
+
+def test_the_last_idle_worker_is_kept_for_short_items_while_they_keep_coming():
+    """With short items arriving, long batches hold every worker but one: a one-item request is
+    scored while two workers' worth of another client's long batches wait (no long batch ends
+    before it)."""
+    gate, calls, lock = threading.Semaphore(0), [], threading.Lock()
+
+    class GateScorer:
+        def score(self, items):
+            with lock:
+                calls.append([item.query for item in items])
+            if items[0].query.startswith("abuse"):
+                gate.acquire(timeout=120)
+            return [0.5] * len(items)
+
+    app = create_app(GateScorer(), workers=2, max_batch_tokens=600, batch_wait_ms=0, request_timeout_s=300)
+    long_item = {"tools": "", "history": [], "candidate": "x" * 2000}
+    short = {"items": [{"query": "short", "candidate": "print(1)"}]}
+    with serve_in_thread(app) as url:
+        assert httpx.post(f"{url}/score", json=short, timeout=60).status_code == 200  # short items are coming
+        abusers = [threading.Thread(target=httpx.post, args=(f"{url}/score",), daemon=True,
+                                    kwargs={"json": {"items": [{**long_item, "query": f"abuse {k}-{j}"} for j in range(3)]},
+                                            "timeout": 300}) for k in range(4)]
+        for t in abusers:
+            t.start()
+        scheduler = app.app.state.scheduler
+        while sum(len(q) for q in list(scheduler.queues.values())) < 3 or len(calls) < 2:
+            time.sleep(0.01)  # one long batch in work, the other requests queued
+        answer = httpx.post(f"{url}/score", json=short, timeout=60)  # scored with every long batch still held
+        held = len(calls)
+        for _ in range(64):
+            gate.release()
+        for t in abusers:
+            t.join(120)
+    assert answer.status_code == 200
+    assert [c[0].split()[0] for c in calls[:held]] == ["short", "abuse", "short"]

@@ -33,9 +33,10 @@ Robustness (issue 19): one client cannot stall the others.
   ``workers`` threads; each item gets a start-time fair queuing tag (its client's previous tag, or
   the virtual time, plus its estimated tokens), a batch starts with the smallest tag and takes
   the next items of alike cost (concurrent requests share a forward pass, a short item never
-  rides with long ones), and while others wait, a client has at most one batch being scored. A
-  one-item request therefore waits for at most the batches in work, not for another client's
-  queue, however many connections that client opens.
+  rides with long ones), and while others wait, a client has at most one batch being scored;
+  while short items keep coming, the last idle worker is kept for them. A one-item request
+  therefore waits for neither another client's queue nor its long batches, however many
+  connections that client opens.
 - Large bodies are parsed one at a time, in fair order (:class:`~codetool.fairness.FairTurns`),
   in a thread and in pieces (:func:`~codetool.fairness.loads_without_stalling`), so ``/health``
   and small requests keep flowing; a body of more than ``max_json_members`` values is a 413
@@ -72,6 +73,9 @@ MAX_JSON_MEMBERS = 200_000
 # Items of other requests join a batch when they cost at most this many times its first item (or
 # this many tokens): alike items share a forward pass, a short one never waits for long ones.
 COMPANION_RATIO, COMPANION_TOKENS = 4, 256
+# The last idle worker is kept for light items (an eighth of max_batch_tokens at most) while one
+# came within this many seconds, so a short request never waits for a long batch to end.
+LIGHT_HOLD_S = 2.0
 
 
 class _Reject(Exception):
@@ -160,7 +164,9 @@ class _Scheduler:
     once encoded correct its client's tags, and while other clients wait a client has at most
     one batch being scored, so with two workers one client's long items never hold every worker.
     An item's cost before encoding is estimated from its characters (capped at the format's
-    ``max_length``).
+    ``max_length``). With two workers or more, the last idle one is kept for light items (at most
+    an eighth of ``max_batch_tokens``) while such items keep coming (within ``LIGHT_HOLD_S``): long
+    batches then hold every worker but one, and a short request waits for none of them.
 
     If scoring a batch fails, its items are scored one by one: only the request holding the bad
     item gets its error (422, naming the item). Work for a request whose deadline passed is
@@ -176,6 +182,9 @@ class _Scheduler:
         self.queues: dict[str, deque[_Job]] = {}
         self.last: dict[str, float] = {}  # each client's last finish tag
         self.vtime = 0.0
+        self.light = max(1, max_batch_tokens // 8)  # an item this small may use the last idle worker
+        self.light_at = float("-inf")  # when the last light item came
+        self.working = 0  # batches being scored
         self.busy: dict[str, int] = {}  # batches in the workers holding the client's items
         self.ring: deque[str] = deque()  # clients with queued items
         self.oldest = 0.0  # when the oldest waiting item arrived
@@ -202,8 +211,11 @@ class _Scheduler:
                 self.oldest = time.monotonic()
             tag = max(self.vtime, self.last.get(client, 0.0))
             for item in items:
-                tag += self._estimate(item)
+                cost = self._estimate(item)
+                tag += cost
                 job.tags.append(tag)
+                if cost <= self.light:
+                    self.light_at = time.monotonic()
             self.last[client] = tag
             if len(self.last) > 4096:  # clients the virtual time passed are like new ones
                 self.last = {c: t for c, t in self.last.items() if t > self.vtime or self.queues.get(c)}
@@ -227,6 +239,7 @@ class _Scheduler:
                     self._score(batch)
                 finally:
                     with self.cond:
+                        self.working -= 1
                         for client in {job.client for job, _, _ in batch}:
                             self.busy[client] -= 1
                         self.cond.notify_all()
@@ -246,8 +259,12 @@ class _Scheduler:
                     if wait > 0 and self._pending() < self.max_items and all(self.busy.get(c, 0) == 0 for c in self.ring):
                         self.cond.wait(wait)  # a moment for company: concurrent requests share a forward
                         continue
-                    batch = self._fill()
+                    # The last idle worker stays for light items while they keep coming (a short
+                    # request then waits for no long batch); with none lately, it takes any.
+                    last = self.working == len(self.threads) - 1 and len(self.threads) > 1
+                    batch = self._fill(light_only=last and time.monotonic() - self.light_at < LIGHT_HOLD_S)
                     if batch:
+                        self.working += 1
                         for client in {job.client for job, _, _ in batch}:
                             self.busy[client] = self.busy.get(client, 0) + 1
                         self.oldest = time.monotonic()
@@ -263,13 +280,14 @@ class _Scheduler:
                 self.ring.remove(client)
                 self.queues.pop(client, None)
 
-    def _fill(self) -> list[tuple[_Job, int, int]]:
+    def _fill(self, light_only: bool = False) -> list[tuple[_Job, int, int]]:
         """The next batch: items in tag order, first the smallest tag among the clients without a
         batch being scored (among all, when each has one), then the next smallest of any of those
         clients whose cost is alike (at most ``COMPANION_RATIO`` times the first item's, or
         ``COMPANION_TOKENS``), up to ``max_batch_tokens`` and ``max_batch_items``. So concurrent
         requests share a forward pass (several searches' candidates, one search's connections),
-        and a short item never rides with another client's long ones."""
+        and a short item never rides with another client's long ones. With ``light_only``, only
+        items of at most ``light_tokens`` are taken (the last idle worker's lane)."""
         idle = [c for c in self.ring if self.busy.get(c, 0) == 0]
         pool = set(idle or self.ring)
         batch, tokens, alike = [], 0, 0
@@ -281,7 +299,7 @@ class _Scheduler:
                     continue
                 job = queue[0]
                 cost = self._estimate(job.items[job.taken])
-                if batch and (cost > alike or tokens + cost > self.max_tokens):
+                if (batch and (cost > alike or tokens + cost > self.max_tokens)) or (light_only and cost > self.light):
                     continue
                 if best is None or job.tags[job.taken] < best[0]:
                     best = (job.tags[job.taken], client, job, cost)
