@@ -1,6 +1,6 @@
 """The connection guards of every codetool server (:mod:`codetool.serving` builds uvicorn with
 :func:`guarded_h11_protocol`): request heads on a deadline, connections capped per address, per
-address prefix and in all, and new connections rate-limited per address.
+address prefix and in all, and new connections rate-limited per address (off loopback).
 
 Over a cap, a new connection does not get refused while others idle: the connection that has
 waited longest for a request head (an idle keep-alive connection, a head trickling in) is closed
@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import time
 
-from codetool.fairness import address_group
+from codetool.fairness import LOOPBACK_GROUP, address_group
 
 MAX_CONNECTIONS_PER_CLIENT = 64  # per address
 MAX_CONNECTIONS_PER_GROUP = 256  # per address prefix (codetool.fairness.address_group)
-NEW_CONNECTIONS_PER_S = 200  # per client address, sustained (the bucket holds one second's worth)
+# New connections per second and address, sustained (the bucket holds one second's worth); not on
+# loopback, where one process's connects would use up the budget of every other local client
+# (and a local process shares this machine's CPU anyway).
+NEW_CONNECTIONS_PER_S = 200
 
 
 class _Connections:
@@ -81,7 +84,7 @@ def guarded_h11_protocol(header_timeout_s: float, max_per_client: int, max_per_g
     time kept a connection forever); connections are capped per address (``max_per_client``),
     per address prefix (``max_per_group``) and in all (``max_total``), a new one closing the
     longest-waiting idle one over a cap (:class:`_Connections`) and being refused with a 503
-    only when all are busy; and new connections per address are rate-limited."""
+    only when all are busy; and new connections per address are rate-limited (off loopback)."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     connections = _Connections(max_per_client, max_per_group, max_total)  # one per server (this class)
@@ -98,15 +101,9 @@ def guarded_h11_protocol(header_timeout_s: float, max_per_client: int, max_per_g
             self.address = (self.client or ("?", 0))[0]
             self.group = address_group(self.address)
             now = self.waiting_since = time.monotonic()
-            bucket = opened_recently.setdefault(self.address, [float(NEW_CONNECTIONS_PER_S), now])
-            bucket[0] = min(float(NEW_CONNECTIONS_PER_S), bucket[0] + (now - bucket[1]) * NEW_CONNECTIONS_PER_S)
-            bucket[1] = now
-            if bucket[0] < 1.0:  # a client opening connections faster than this gets no answer at all
-                transport.abort()
+            if self.group != LOOPBACK_GROUP and not self._rate_ok(now):  # an address opening connections
+                transport.abort()  # faster than this gets no answer at all
                 return
-            bucket[0] -= 1.0
-            if len(opened_recently) > 10_000:
-                opened_recently.clear()
             if not connections.admit(self):
                 body = b'{"error": "too many connections from this client, all of them busy"}'
                 transport.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
@@ -115,6 +112,17 @@ def guarded_h11_protocol(header_timeout_s: float, max_per_client: int, max_per_g
                 return
             self.counted = True
             self._arm_head_timer()
+
+        def _rate_ok(self, now: float) -> bool:
+            bucket = opened_recently.setdefault(self.address, [float(NEW_CONNECTIONS_PER_S), now])
+            bucket[0] = min(float(NEW_CONNECTIONS_PER_S), bucket[0] + (now - bucket[1]) * NEW_CONNECTIONS_PER_S)
+            bucket[1] = now
+            if len(opened_recently) > 10_000:
+                opened_recently.clear()
+            if bucket[0] < 1.0:
+                return False
+            bucket[0] -= 1.0
+            return True
 
         def waiting(self) -> bool:
             """No request in work: before the first head, or after a response (keep-alive)."""

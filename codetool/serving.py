@@ -27,7 +27,7 @@ benchmarks. Every codetool server is wrapped in :class:`ServerGuard` and started
   address (prefix, server) that has waited longest for a request head, taken from its largest
   holder (an idle keep-alive connection, a head trickling in), and gets 503 only when every one
   of them is busy with a request; at most ``NEW_CONNECTIONS_PER_S`` new ones per second and
-  address (more are reset). Requests: at most ``max_requests_per_client`` of one client in the
+  address off loopback (more are reset). Requests: at most ``max_requests_per_client`` of one client in the
   guard at once (:class:`ClientTurns`), and ``max_in_work`` worked on at once by the app, admitted
   in fair order over clients weighted by body size (:class:`~codetool.fairness.FairTurns`): a
   short request waits for at most the requests in work, not for another client's queue. Body
