@@ -14,6 +14,7 @@ clients open a new one); a head that trickles in is closed anyway at its deadlin
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 
 from codetool.fairness import LOOPBACK_GROUP, address_group
 
@@ -30,50 +31,70 @@ class _Connections:
     when a new one would pass a cap: of the connections under that cap that are waiting for a
     request head (idle keep-alive, or a head still trickling in), the one waiting longest, taken
     from the address holding the most connections. Busy connections (a request in work) are never
-    closed; when all are busy, the newcomer is refused. Touched on the event loop only."""
+    closed; when all are busy, the newcomer is refused. Each address keeps its waiting connections
+    in the order they began to wait, so choosing costs a pass over the addresses, not over the
+    connections. Touched on the event loop only."""
 
     def __init__(self, per_address: int, per_group: int, total: int):
         self.caps = (per_address, per_group, total)
-        self.by_address: dict[str, set] = {}
-        self.by_group: dict[str, set] = {}
-        self.all: set = set()
+        self.count: dict[str, int] = {}  # address -> open connections
+        self.waiting: dict[str, OrderedDict] = {}  # address -> its waiting connections, longest first
+        self.addresses: dict[str, set[str]] = {}  # group -> its addresses
+        self.total = 0
 
     def admit(self, conn) -> bool:
-        """Count ``conn`` in, closing waiting connections where a cap is reached; ``False`` (not
-        counted) when it cannot be made room for."""
-        for pool, cap in zip(self._pools(conn), self.caps):
-            while len(pool) >= cap:
-                victim = self._longest_waiting(pool)
+        """Count ``conn`` in (waiting), closing waiting connections where a cap is reached;
+        ``False`` (not counted) when it cannot be made room for."""
+        for scope, cap in zip(("address", "group", "all"), self.caps):
+            while self._held(conn, scope) >= cap:
+                victim = self._longest_waiting(conn, scope)
                 if victim is None:
                     return False
                 self.remove(victim)
                 victim.evict()
-        for pool in self._pools(conn, create=True):
-            pool.add(conn)
+        self.count[conn.address] = self.count.get(conn.address, 0) + 1
+        self.addresses.setdefault(conn.group, set()).add(conn.address)
+        self.total += 1
+        self.set_waiting(conn, True)
         return True
 
+    def set_waiting(self, conn, waiting: bool) -> None:
+        """``conn`` began to wait for a request head (``True``) or has a request in work."""
+        queue = self.waiting.setdefault(conn.address, OrderedDict())
+        queue.pop(conn, None)
+        if waiting:
+            queue[conn] = None
+
     def remove(self, conn) -> None:
-        for pool in self._pools(conn):
-            pool.discard(conn)
-        for index, key in ((self.by_address, conn.address), (self.by_group, conn.group)):
-            if key in index and not index[key]:
-                del index[key]
+        left = self.count.get(conn.address, 1) - 1
+        self.total -= 1
+        self.waiting.get(conn.address, {}).pop(conn, None)
+        if left > 0:
+            self.count[conn.address] = left
+        else:
+            self.count.pop(conn.address, None)
+            self.waiting.pop(conn.address, None)
+            group = self.addresses.get(conn.group, set())
+            group.discard(conn.address)
+            if not group:
+                self.addresses.pop(conn.group, None)
 
-    def _pools(self, conn, create: bool = False) -> list[set]:
-        if create:
-            return [self.by_address.setdefault(conn.address, set()), self.by_group.setdefault(conn.group, set()),
-                    self.all]
-        return [self.by_address.get(conn.address, set()), self.by_group.get(conn.group, set()), self.all]
+    def _in_scope(self, conn, scope: str):
+        if scope == "address":
+            return [conn.address] if conn.address in self.count else []
+        return list(self.addresses.get(conn.group, ())) if scope == "group" else list(self.count)
 
-    @staticmethod
-    def _longest_waiting(pool: set):
-        waiting = [c for c in pool if c.waiting()]
-        if not waiting:
-            return None
-        held: dict[str, int] = {}
-        for c in pool:
-            held[c.address] = held.get(c.address, 0) + 1
-        return max(waiting, key=lambda c: (held[c.address], -c.waiting_since))
+    def _held(self, conn, scope: str) -> int:
+        if scope == "all":
+            return self.total
+        return sum(self.count.get(a, 0) for a in self._in_scope(conn, scope))
+
+    def _longest_waiting(self, conn, scope: str):
+        for address in sorted(self._in_scope(conn, scope), key=lambda a: -self.count[a]):
+            queue = self.waiting.get(address)
+            if queue:
+                return next(iter(queue))
+        return None
 
 
 def guarded_h11_protocol(header_timeout_s: float, max_per_client: int, max_per_group: int = MAX_CONNECTIONS_PER_GROUP,
@@ -94,13 +115,12 @@ def guarded_h11_protocol(header_timeout_s: float, max_per_client: int, max_per_g
         head_timer = None
         counted = False
         address = group = "?"
-        waiting_since = 0.0
 
         def connection_made(self, transport):
             super().connection_made(transport)
             self.address = (self.client or ("?", 0))[0]
             self.group = address_group(self.address)
-            now = self.waiting_since = time.monotonic()
+            now = time.monotonic()
             if self.group != LOOPBACK_GROUP and not self._rate_ok(now):  # an address opening connections
                 transport.abort()  # faster than this gets no answer at all
                 return
@@ -124,10 +144,6 @@ def guarded_h11_protocol(header_timeout_s: float, max_per_client: int, max_per_g
             bucket[0] -= 1.0
             return True
 
-        def waiting(self) -> bool:
-            """No request in work: before the first head, or after a response (keep-alive)."""
-            return self.cycle is None or self.cycle.response_complete
-
         def evict(self) -> None:
             """Closed to make room for a newcomer (it was waiting for a request head)."""
             self.counted = False
@@ -147,13 +163,17 @@ def guarded_h11_protocol(header_timeout_s: float, max_per_client: int, max_per_g
         def handle_events(self):
             cycle = self.cycle
             super().handle_events()
-            if self.cycle is not cycle and self.head_timer is not None:  # a whole head arrived
-                self.head_timer.cancel()
-                self.head_timer = None
+            if self.cycle is not cycle:  # a whole head arrived: a request in work
+                if self.head_timer is not None:
+                    self.head_timer.cancel()
+                    self.head_timer = None
+                if self.counted:
+                    connections.set_waiting(self, False)
 
         def on_response_complete(self):
+            if self.counted and not self.transport.is_closing():  # before a pipelined request starts
+                connections.set_waiting(self, True)
             super().on_response_complete()
-            self.waiting_since = time.monotonic()
             if not self.transport.is_closing():
                 self._arm_head_timer()  # the next request head, on a kept-alive connection
 

@@ -62,7 +62,8 @@ def guard(app, *, api_key: str | None = None, max_body_bytes: int | None = None,
     ``{"detail": ...}`` as FastAPI's own, and the body must arrive within ``min(timeout_s, 30)`` s."""
     return ServerGuard(app, api_key=api_key, max_body_bytes=max_body_bytes or MOCK_MAX_BODY_BYTES,
                        read_timeout_s=min(timeout_s, READ_TIMEOUT_S), request_timeout_s=timeout_s,
-                       error_field="detail", key_header="toolbench_key", max_requests_per_client=2)
+                       error_field="detail", key_header="toolbench_key", max_requests_per_client=2,
+                       max_in_work=2)  # the interpreter answers one call at a time anyway: a short one goes next
 
 
 def _fastapi_app(title: str):
