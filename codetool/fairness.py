@@ -209,7 +209,8 @@ def loads_without_stalling(body: bytes | str, piece_bytes: int = PIECE_BYTES):
 
     def container(i: int, end: int):
         is_object = text[i] == "{"
-        out: dict | list = {} if is_object else []
+        members: dict = {}
+        items: list = []
         i = skip(i + 1)
         while i < end:
             if is_object:
@@ -220,10 +221,10 @@ def loads_without_stalling(body: bytes | str, piece_bytes: int = PIECE_BYTES):
                 if text[i] != ":":
                     raise json.JSONDecodeError("Expecting ':' delimiter", text, i)
                 item, i = value(i + 1)
-                out[key] = item
+                members[key] = item
             else:
                 item, i = value(i)
-                out.append(item)
+                items.append(item)
             i = skip(i)
             if text[i] == ",":
                 i = skip(i + 1)
@@ -231,7 +232,7 @@ def loads_without_stalling(body: bytes | str, piece_bytes: int = PIECE_BYTES):
                     raise json.JSONDecodeError("Expecting value", text, i)
             elif i != end:
                 raise json.JSONDecodeError("Expecting ',' delimiter", text, i)
-        return out
+        return members if is_object else items
 
     result, end = value(0)
     if skip(end) != len(text):

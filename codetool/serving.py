@@ -56,6 +56,7 @@ import json
 import logging
 import threading
 import time
+from typing import Literal
 
 from codetool import CodetoolError
 from codetool.connections import (
@@ -330,9 +331,13 @@ class ServerGuard:
             else:
                 self._held.pop(holder, None)
 
+        room = self._room
+        if room is None:  # made at the first admission, which every release follows
+            return
+
         async def wake():
-            async with self._room:
-                self._room.notify_all()
+            async with room:
+                room.notify_all()
 
         asyncio.get_running_loop().create_task(wake())
 
@@ -405,7 +410,7 @@ def json_internal_errors(app, error_field: str = "error") -> None:
     app.add_exception_handler(Exception, internal)
 
 
-def uvicorn_config(app, host: str = "127.0.0.1", port: int = 0, *, lifespan: str = "auto",
+def uvicorn_config(app, host: str = "127.0.0.1", port: int = 0, *, lifespan: Literal["auto", "on", "off"] = "auto",
                    header_timeout_s: float = HEADER_TIMEOUT_S, limit_concurrency: int = 1000):
     """The ``uvicorn.Config`` every codetool server uses (see the module docstring for the guards)."""
     import uvicorn
@@ -434,7 +439,7 @@ def serve_forever(app, host: str, port: int, **kwargs) -> None:
 
 @contextlib.contextmanager
 def serve_in_background(app, host: str = "127.0.0.1", port: int = 0, *, start_timeout_s: float = 30.0,
-                        lifespan: str = "auto", name: str = "codetool-server",
+                        lifespan: Literal["auto", "on", "off"] = "auto", name: str = "codetool-server",
                         header_timeout_s: float = HEADER_TIMEOUT_S, limit_concurrency: int = 1000):
     """Serve ``app`` in a daemon thread; yields its base URL, e.g. ``http://127.0.0.1:43817``.
 

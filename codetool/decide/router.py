@@ -41,6 +41,7 @@ from codetool.decide.stage import (
     route_for,
 )
 from codetool.executor.result import StepExecutor
+from codetool.rewards import not_executed
 from codetool.search.episode import Search
 from codetool.search.expand import Node, expand
 from codetool.search.prompt import CODE_PREFIX, history_entry
@@ -75,13 +76,16 @@ def fast_failure(expanded, need_tool: bool = True) -> str | None:
 
     A success ran without error, had no failed tool call, called at least one tool (unless
     ``need_tool`` is False: Probe&Prefill's no-tool fast path) and called ``finish``. Reasons:
-    ``no_code``, ``code_error``, ``tool_error``, ``give_up``, ``no_finish``, ``no_tool_call``
-    (finished without calling any function: an unsupported answer).
+    ``no_code``, ``not_executed`` (the machine could not run it: not the code's failure, but the
+    search still takes over), ``code_error``, ``tool_error``, ``give_up``, ``no_finish``,
+    ``no_tool_call`` (finished without calling any function: an unsupported answer).
     """
     cand = expanded.candidate
     result = cand.result
     if cand.code is None:
         return "no_code"
+    if not_executed(result):
+        return "not_executed"
     if not result.ok:
         return "code_error"
     calls = result.tool_calls
@@ -107,7 +111,7 @@ def routing_record(decision: Decision, route: str, cfg: RouterConfig, fallback: 
             "confidence": round(decision.confidence, 6), "method": decision.method,
             "scoring": (("pmi-" if cfg.calibrate else "") + cfg.length_norm) if decision.method == "logprobs" else None,
             "t_none": cfg.t_none, "t_tool": cfg.t_tool, "fallback": fallback,
-            **({"p_tool": round(decision.p_tool, 6), "t_probe": cfg.t_probe, "prefill": cfg.prefill,
+            **({"p_tool": None if decision.p_tool is None else round(decision.p_tool, 6), "t_probe": cfg.t_probe, "prefill": cfg.prefill,
                 "prefill_text": prefill_text(decision, route, cfg)} if decision.method == "probe" else {}),
             "top": [[name, round(p, 6)] for name, p in ranked], "samples": list(decision.samples),
             "tokens": {"prompt": decision.prompt_tokens, "completion": decision.completion_tokens,
@@ -160,7 +164,7 @@ class Router:
         if self.probe is None:
             self.probe = Probe.load(self.cfg.probe)
         if self.probe_backend is None:
-            if self.cfg.probe_model:
+            if self.cfg.probe_spec is not None:  # parsed from probe_model
                 from codetool.assemble import make_policy
 
                 self.probe_backend = make_policy(self.cfg.probe_spec)
@@ -300,7 +304,7 @@ class Router:
                 parent.close()
                 traj = self._trajectory(p)
                 traj.steps = [step]
-                traj.final_answer, traj.finish_type = str(cand.result.final_answer), "finish"
+                traj.final_answer, traj.finish_type = str(e.result.final_answer), "finish"
                 self._add_step_cost(traj, step, phases)
                 out.append(traj)
                 continue
@@ -320,7 +324,8 @@ class Router:
         traj.prompt_tokens += cand.prompt_tokens
         traj.completion_tokens += cand.completion_tokens
         traj.tool_cost += cand.cost
-        traj.isolation = cand.result.isolation or traj.isolation
+        if cand.result is not None:
+            traj.isolation = cand.result.isolation or traj.isolation
         for phase in ("generation", "execution"):
             traj.phase_seconds[phase] = traj.phase_seconds.get(phase, 0.0) + phases.get(phase, 0.0)
         traj.wall_time_s += phases.get("wall", 0.0)

@@ -6,7 +6,8 @@ copies of one prompt is one prompt with ``n`` samples), each step runs in its ep
 executor (a fresh sandbox family per episode: siblings of a group cannot reach each other's state
 to lower their rewards), gets its on-the-spot reward, LIT cost and observation
 (``codetool.search.expand``'s rules, constrained decoding included), and the episode ends on
-``finish``/``give_up``, after ``max_steps`` or on a host error.
+``finish``/``give_up``, after ``max_steps``, on a host error or on a step the executor could not run
+(``not_executed``: the episode is then dropped from its GRPO group, ``Episode.dropped``).
 
 Token rows (see :mod:`codetool.policy.episode`): the first prompt is the search's prompt,
 tokenised as the search's backend tokenises it; after a step, the row grows by the ids the
@@ -37,7 +38,7 @@ from codetool import CodetoolError
 from codetool.executor.result import host_error_result, no_code_result
 from codetool.models.completion import Completion, find_stop
 from codetool.resume import unit_seed
-from codetool.rewards import ToolCostTable, on_the_spot, step_cost
+from codetool.rewards import ToolCostTable, not_executed, on_the_spot, step_cost
 from codetool.search.expand import step_constraint
 from codetool.search.prompt import CODE_PREFIX, format_observation, parse_candidate, policy_messages
 from codetool.search.records import Candidate
@@ -250,16 +251,17 @@ class EpisodeRunner:
         cand = Candidate(index=0, text=text, code=parsed.code, completion_tokens=completion.completion_tokens,
                          prompt_tokens=completion.prompt_tokens)
         if parsed.code is None:
-            cand.result = no_code_result(parsed.error)
+            result = no_code_result(parsed.error)
         else:
             try:
-                cand.result = state.run(parsed.code)
+                result = state.run(parsed.code)
             except Exception as exc:  # noqa: BLE001 - a fault of the host: the episode ends as an error
-                cand.result = host_error_result(redact(f"{type(exc).__name__}: {exc}")[:2000], type(exc).__name__)
-        cand.r_spot = on_the_spot(cand.result, tool_error_is_failure=cfg.tool_error_is_failure)
-        called = [task.env.api_for(c.name) for c in cand.result.tool_calls]
+                result = host_error_result(redact(f"{type(exc).__name__}: {exc}")[:2000], type(exc).__name__)
+        cand.result = result
+        cand.r_spot = on_the_spot(result, tool_error_is_failure=cfg.tool_error_is_failure)
+        called = [task.env.api_for(c.name) for c in result.tool_calls]
         cand.cost = step_cost(parsed.code or "", [a for a in called if a is not None], self.costs)
-        observation = format_observation(cand.result, max_chars=cfg.max_observation_chars, parse_error=parsed.error)
+        observation = format_observation(result, max_chars=cfg.max_observation_chars, parse_error=parsed.error)
         history = ep.history
         step = EpisodeStep(cand, observation, history=history)
         ep.steps.append(step)
@@ -268,6 +270,8 @@ class EpisodeRunner:
             self.stats.generated_tokens += len(ids)
         if cand.result.outcome == "host_error":
             ep.finish_type, ep.error = "error", cand.result.error_message
+        elif not_executed(cand.result):  # the machine's failure: the episode is dropped from its group
+            ep.finish_type, ep.error = "error", f"not executed: {cand.result.error_message or 'nothing ran'}"
         elif step.ended == "finish":
             ep.finish_type, ep.final_answer = "finish", str(cand.result.final_answer)
         elif step.ended == "give_up":

@@ -290,9 +290,10 @@ class _Scheduler:
         items of at most ``light_tokens`` are taken (the last idle worker's lane)."""
         idle = [c for c in self.ring if self.busy.get(c, 0) == 0]
         pool = set(idle or self.ring)
-        batch, tokens, alike = [], 0, 0
+        batch: list[tuple[_Job, int, int]] = []
+        tokens, alike = 0, 0
         while len(batch) < self.max_items:
-            best = None
+            best: tuple[float, str, _Job, int] | None = None
             for client in pool:
                 queue = self.queues.get(client)
                 if not queue:

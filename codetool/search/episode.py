@@ -7,7 +7,10 @@ ACL 2025, §3) for many episodes at once: sample K candidates per episode in one
 (:func:`~codetool.search.expand.expand_each`), score their latent reward (PRM or rollouts) in one
 ``score`` call, keep the best by :func:`~codetool.search.search.select` and close the other forks.
 
-Isolation: an exception inside one episode ends that episode as ``finish_type='error'`` (secrets
+Isolation: a step none of whose candidates the executor could run (``not_executed``, a failure of
+the machine) ends its episode as ``error`` with ``extra["not_executed"]``, which no metric or pass
+rate counts, and a candidate that was not executed is left out of the pick (:func:`select`, issue
+37). An exception inside one episode ends that episode as ``finish_type='error'`` (secrets
 redacted), not the run; a failure of a batched call is retried episode by episode.
 
 Throughput: with a local policy :meth:`Episodes.run` keeps ``concurrency`` episodes in batched
@@ -33,7 +36,7 @@ from codetool.executor.channel import log_safe
 from codetool.executor.result import StepExecutor
 from codetool.models.completion import LLMBackend
 from codetool.resume import unit_seed
-from codetool.rewards import PRMItem, PRMScorer
+from codetool.rewards import PRMItem, PRMScorer, not_executed
 from codetool.search.config import SearchConfig
 from codetool.search.expand import Expanded, Node, check_constraints, expand_each
 from codetool.search.prompt import history_entry, reference_prm_fields, step_plan, visible_history
@@ -63,19 +66,23 @@ class SearchParts:
             task's tool functions).
         scorer (`PRMScorer`, *optional*): the latent reward source when ``latent='prm'``.
         config_hash (`str`, *optional*): stored in every trajectory.
+        admit (`Callable[[int], bool]`, *optional*): under continuous scheduling, whether one
+            more query may start beside the number in flight (a memory cap,
+            :class:`codetool.memory_use.MemoryGate`); ``None``: as many as the schedule keeps.
     """
 
     policy: LLMBackend
     make_executor: Callable[[SearchTask], StepExecutor]
     scorer: PRMScorer | None = None
     config_hash: str = ""
+    admit: Callable[[int], bool] | None = None
 
 
 Strategy = Callable[[Iterable[SearchTask], SearchParts, SearchConfig, "Hook | None"], list[Trajectory]]
 """Every strategy module's one public function: ``(tasks, parts, cfg, on_done) -> trajectories``;
 ``on_done`` sees each final trajectory as soon as it is finished."""
 
-RolloutValue = Callable[["Episodes", "Episode", Expanded], float]
+RolloutValue = Callable[["Episodes", "Episode", Expanded], "float | None"]
 """A candidate's latent reward from rollouts (``codetool.search.rollout.rollout_value``)."""
 
 
@@ -166,6 +173,12 @@ class Episode:
     history: list[dict] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
 
+    @property
+    def live_state(self) -> StepExecutor:
+        """``state`` of an episode in flight, which has one until it is closed."""
+        assert self.state is not None, "the episode is closed"
+        return self.state
+
 
 class Episodes:
     """The episode mechanics of one search: the parts bound to one config.
@@ -185,6 +198,7 @@ class Episodes:
             raise ConfigError("search.latent is 'rollout' but this strategy was given no rollout value.")
         self.cfg, self.rollout = cfg, rollout
         self.policy, self.make_executor, self.config_hash = parts.policy, parts.make_executor, parts.config_hash
+        self.admit = parts.admit
         self.continuous = is_continuous(parts.policy, cfg.schedule)
         self.scorer = thread_safe(parts.scorer) if self.continuous else parts.scorer
         self.episodes = units_in_flight(cfg.concurrency, parts.policy, self.continuous, local_default=4,
@@ -199,9 +213,9 @@ class Episodes:
     def run(self, tasks: Iterable[SearchTask], land: Hook) -> None:
         """Greedy episodes of every task, ``episodes`` at a time; ``land`` sees each finished one."""
         if self.continuous:
-            stream(self.episode, tasks, self.episodes, land)
+            stream(self.episode, tasks, self.episodes, land, admit=self.admit)
             return
-        pending, active = iter(tasks), []
+        pending, active = iter(tasks), list[Episode]()
         rounds = 0
         while True:
             while len(active) < self.episodes:
@@ -250,7 +264,7 @@ class Episodes:
         seed = None if self.cfg.seed is None else unit_seed(
             self.cfg.seed, [(ep.task.benchmark, ep.task.group, ep.task.query_id, len(ep.traj.steps))
                             for ep in active])
-        rows = expand_each(self.policy, [Node(ep.state, ep.history, ep.task) for ep in active],
+        rows = expand_each(self.policy, [Node(ep.live_state, ep.history, ep.task) for ep in active],
                            self.cfg.k, self.cfg, seed=seed, timings=timings)
         failed += [fail(ep, row) for ep, row in zip(active, rows) if isinstance(row, Exception)]
         active, expansions = ([ep for ep, row in zip(active, rows) if not isinstance(row, Exception)],
@@ -290,6 +304,7 @@ class Episodes:
         if self.cfg.latent == "none" or not self.cfg.w_latent:
             return
         if self.cfg.latent == "rollout":
+            assert self.rollout is not None, "latent rollout needs the rollout value (assemble passes it)"
             for ep, row in zip(active, expansions):
                 for e in row:
                     e.candidate.r_latent = self.rollout(self, ep, e)
@@ -304,6 +319,7 @@ class Episodes:
                 slots.append(e.candidate)
                 owners.append(ep)
         if items:
+            assert self.scorer is not None, "latent prm needs a scorer (refused earlier without one)"
             for cand, value in zip(slots, self.scorer.score(items), strict=True):
                 cand.r_latent = float(value)
             for owner, item in zip(owners, items):  # compute accounting
@@ -314,7 +330,7 @@ class Episodes:
         cfg = self.cfg
         return PRMItem(query=task.query, tools=task.env.render(),
                        history=visible_history(history, cfg.observation_history, cfg.step_format),
-                       candidate=candidate.code, candidate_output=observation,
+                       candidate=candidate.code or "", candidate_output=observation,
                        candidate_plan=step_plan(candidate.text) if cfg.step_format == "step_text" else "",
                        **reference_prm_fields(history, candidate.text))
 
@@ -322,7 +338,7 @@ class Episodes:
         """Select, record the step, keep the chosen fork and close the rest; True when the episode
         ended. An episode that failed this round (executor fault, scorer failure), or whose
         advancing raises, has its candidates' forks closed and ends as an error."""
-        fault = next((e.candidate.result.host_error for e in row if e.candidate.result.host_error), None)
+        fault = next((e.result.host_error for e in row if e.result.host_error), None)
         if fault and ep.traj.finish_type != "error":
             fail(ep, fault)
         if ep.traj.finish_type != "error":
@@ -336,6 +352,8 @@ class Episodes:
         return True
 
     def _advance(self, ep: Episode, row: list[Expanded]) -> bool:
+        if row and all(not_executed(e.candidate.result) for e in row):
+            return self._not_executed(ep, row)
         cands = [e.candidate for e in row]
         chosen = select(cands, self.cfg, tie_key=f"{ep.task.query_id}|{len(ep.traj.steps)}")
         cands[chosen].chosen = True
@@ -344,7 +362,7 @@ class Episodes:
             if e is not pick and e.state is not None:
                 e.state.close()
         if pick.state is not None:
-            ep.state.close()
+            ep.live_state.close()
             ep.state = pick.state
         step = Step(index=len(ep.traj.steps), candidates=cands, chosen=chosen, observation=pick.observation)
         ep.traj.steps.append(step)
@@ -352,18 +370,36 @@ class Episodes:
         ep.traj.prompt_tokens += sum(c.prompt_tokens for c in cands)
         ep.traj.completion_tokens += sum(c.completion_tokens for c in cands)
         count_step(ep.traj, row)
-        ep.traj.isolation = pick.candidate.result.isolation or ep.traj.isolation
+        ep.traj.isolation = pick.result.isolation or ep.traj.isolation
         ep.history.append(history_entry(pick.candidate, pick.observation))
         ended = pick.ended
         if ended == "finish":
-            ep.traj.finish_type, ep.traj.final_answer = "finish", str(pick.candidate.result.final_answer)
+            ep.traj.finish_type, ep.traj.final_answer = "finish", str(pick.result.final_answer)
         elif ended == "give_up":
             ep.traj.finish_type = "give_up"
-            ep.traj.extra["give_up_reason"] = pick.candidate.result.give_up_reason
+            ep.traj.extra["give_up_reason"] = pick.result.give_up_reason
         elif len(ep.traj.steps) >= self.cfg.max_steps:
             ep.traj.finish_type = "max_steps"
         else:
             return False
+        return True
+
+    def _not_executed(self, ep: Episode, row: list[Expanded]) -> bool:
+        """End ``ep`` when the executor could run none of the step's candidates (a failure of the
+        machine, after its retries): there is nothing to choose by and nothing to reject, so no
+        step is recorded; the trajectory ends as ``error`` with ``extra["not_executed"]`` (step,
+        candidates, attempts), which the metrics and pass rates leave out (``codetool.eval.metrics``)."""
+        for e in row:
+            if e.state is not None:
+                e.state.close()
+        cands = [e.candidate for e in row]
+        ep.traj.prompt_tokens += sum(c.prompt_tokens for c in cands)
+        ep.traj.completion_tokens += sum(c.completion_tokens for c in cands)
+        count_step(ep.traj, row)
+        attempts = sum(int(getattr(c.result, "attempts", 1) or 1) for c in cands)
+        ep.traj.extra["not_executed"] = {"step": len(ep.traj.steps), "candidates": len(cands), "attempts": attempts}
+        fail(ep, f"not executed: the executor could not run any of the {len(cands)} candidates of step "
+                 f"{len(ep.traj.steps) + 1} ({attempts} attempts; a failure of the machine, not of the code)")
         return True
 
     def finish(self, ep: Episode) -> Trajectory:
@@ -394,7 +430,7 @@ def fail(ep: Episode, error: Exception | str) -> Episode:
 def count_step(traj: Trajectory, row: list[Expanded]) -> None:
     """Compute accounting of one expanded step: generated tokens, tool calls, forks."""
     traj.generated_tokens += sum(e.candidate.completion_tokens for e in row)
-    traj.tool_calls += sum(len(e.candidate.result.tool_calls) for e in row)
+    traj.tool_calls += sum(len(e.result.tool_calls) for e in row)
     traj.executor_forks += sum(e.state is not None for e in row)
 
 
@@ -435,7 +471,7 @@ def each_query(episodes: Episodes, one: Callable[[SearchTask], Trajectory], task
             on_done(traj)
 
     if episodes.continuous:
-        stream(one, tasks, max(1, episodes.episodes // width), finished)
+        stream(one, tasks, max(1, episodes.episodes // width), finished, admit=episodes.admit)
         return done
     for task in tasks:
         finished(one(task))

@@ -27,7 +27,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from codetool import CodetoolError
 from codetool.jsonl import open_output, read_jsonl
@@ -55,7 +55,7 @@ class NodeLog:
 
     def __init__(self, path: str | os.PathLike, config_hash: str):
         self.path, self.config_hash = Path(path), config_hash
-        self._file = None
+        self._file: BinaryIO | None = None
 
     def write(self, query_id: str, nodes: dict[str, dict], steps: dict[str, dict]) -> None:
         """Log ``nodes`` of the tree of ``query_id``, and the history entries of those that will be
@@ -67,8 +67,9 @@ class NodeLog:
         line = json.dumps(clean_obj({"query_id": str(query_id), "config_hash": self.config_hash, "nodes": nodes,
                                      "steps": steps}), ensure_ascii=False, default=str)
         try:
-            self._file.write(line.encode("utf-8") + b"\n")
-            self._file.flush()
+            out = self._file
+            out.write(line.encode("utf-8") + b"\n")
+            out.flush()
         except OSError as e:
             raise CodetoolError(f"cannot write {self.path}: {e.strerror or e} (free space, then rerun: the trees "
                                 "recorded so far are kept).") from None
@@ -128,7 +129,7 @@ def reopen(tree: int, partial: dict[str, dict], root) -> list[FrontierNode]:
     """
     nodes, steps = partial["nodes"], partial["steps"]
     states: dict[str | None, Any] = {None: root}
-    frontier = []
+    frontier: list[FrontierNode] = []
 
     def state_of(node_id: str | None):
         if node_id not in states:

@@ -54,7 +54,7 @@ class _Tree:
 
 
 def grow(builder, tasks: Iterable[SearchTask], on_done: Callable[[dict], None], *, trees: int, workers: int,
-         partial: dict[str, dict] | None = None) -> None:
+         admit: Callable[[int], bool] | None = None, partial: dict[str, dict] | None = None) -> None:
     """Grow the tree of every task, ``trees`` at a time, with at most ``workers`` jobs running.
 
     Args:
@@ -63,6 +63,9 @@ def grow(builder, tasks: Iterable[SearchTask], on_done: Callable[[dict], None], 
         tasks (`Iterable[SearchTask]`): taken one at a time as trees finish.
         on_done (`Callable[[dict], None]`): receives each tree record (or error record) in this
             thread as soon as the tree is done.
+        admit (`Callable[[int], bool]`, *optional*): whether a new tree may start beside the number
+            growing (a memory cap, :class:`codetool.memory_use.MemoryGate`); asked again when a job
+            ends or half a second later; a tree always starts when none grows.
         partial (`dict`, *optional*): ``{query_id: logged nodes}`` of trees a killed run started:
             they continue from their open nodes.
     """
@@ -121,7 +124,7 @@ def grow(builder, tasks: Iterable[SearchTask], on_done: Callable[[dict], None], 
         for i, e in enumerate(row, 1):
             node_id = f"{n.node_id}-{i}" if n.node_id else str(i)
             node = tree.nodes[node_id] = nodes[node_id] = node_record(node_id, n.node_id, n.depth + 1, e)
-            stop = cfg.failure_policy == "stop" and not node["ok"]
+            stop = (cfg.failure_policy == "stop" and not node["ok"]) or not node["executed"]  # nothing to grow from
             if e.ended or n.depth + 1 >= cfg.max_depth or stop:
                 node["leaf"] = True
                 if e.state is not None:
@@ -136,7 +139,13 @@ def grow(builder, tasks: Iterable[SearchTask], on_done: Callable[[dict], None], 
 
     try:
         while True:
-            while len(live) < trees and (task := next(pending, None)) is not None:
+            held = False
+            while len(live) < trees:
+                if live and admit is not None and not admit(len(live)):
+                    held = True  # asked again when a job ends, or half a second later
+                    break
+                if (task := next(pending, None)) is None:
+                    break
                 logged = (partial or {}).get(str(task.query_id))
                 live[counter] = _Tree(task, tree_seed(cfg.seed, task.query_id), open=1)
                 if logged:
@@ -152,12 +161,13 @@ def grow(builder, tasks: Iterable[SearchTask], on_done: Callable[[dict], None], 
                     submit("node", n, expand_node, n, live[n.tree])
             if not running:
                 break
-            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            done, _ = wait(list(running), timeout=0.5 if held else None, return_when=FIRST_COMPLETED)
             for future in done:
                 kind, payload = running.pop(future)
                 exc = future.exception()
                 if kind == "record":
-                    land(*payload, future.result)
+                    index, done_task, seconds = payload
+                    land(index, done_task, seconds, future.result)
                 elif kind == "start":  # the root, or the open nodes of a logged tree (maybe none left)
                     if exc is not None:
                         record_error(errors, payload, exc)
