@@ -122,12 +122,17 @@ def grow(search: Episodes, task: SearchTask, subtrees: int, name: str = "beam") 
         seed = None if cfg.seed is None else unit_seed(
             cfg.seed, [(task.benchmark, task.group, task.query_id, step, b) for b in range(len(beams))])
         timings: dict[str, float] = {}
+        rows: list[list[Expanded] | Exception]
         if subtrees > 1 and step == 0:  # every subtree starts at the root: one request, dealt out
-            [row] = expand_each(search.policy, [Node(root.state, root.history, task)], cfg.k * subtrees, cfg,
-                                seed=seed, timings=timings)
-            rows = [row] * subtrees if isinstance(row, Exception) else [_deal(row, i, cfg.k) for i in range(subtrees)]
+            [at_root] = expand_each(search.policy, [Node(root.live_state, root.history, root.task)],
+                                    cfg.k * subtrees, cfg, seed=seed, timings=timings)
+            if isinstance(at_root, Exception):
+                rows = [at_root] * subtrees
+            else:
+                rows = [_deal(at_root, i, cfg.k) for i in range(subtrees)]
         else:
-            rows = expand_each(search.policy, [Node(b.episode.state, b.episode.history, task) for _, b in beams],
+            rows = expand_each(search.policy,
+                               [Node(b.episode.live_state, b.episode.history, b.episode.task) for _, b in beams],
                                cfg.k, cfg, seed=seed, timings=timings)
         live: list[tuple[Subtree, Beam]] = []
         live_rows: list[list[Expanded]] = []
@@ -190,7 +195,7 @@ def _step(tree: Subtree, mine: list[tuple[Beam, list[Expanded]]], task: SearchTa
             continue
         select([e.candidate for e in row], cfg, tie_key=f"{task.query_id}|{step}|{p}")  # sets scores
         for e in row:
-            if e.candidate.result.host_error or not_executed(e.candidate.result):
+            if e.result.host_error or not_executed(e.result):
                 continue  # a fault of the host, or a run the machine could not make: no child
             value = aggregate(beam.values + [step_value(e.candidate)], cfg.aggregate)
             pool.append(BeamChild((value, e.candidate.r_spot, -p, -e.candidate.index), p, e))
@@ -231,19 +236,19 @@ def _child(parent: Episode, row: list[Expanded], pick: Expanded, max_steps: int,
     traj.tool_cost += pick.candidate.cost
     traj.prompt_tokens += sum(c.prompt_tokens for c in cands)
     traj.completion_tokens += sum(c.completion_tokens for c in cands)
-    traj.isolation = pick.candidate.result.isolation or traj.isolation
+    traj.isolation = pick.result.isolation or traj.isolation
     state = pick.state
     if state is None:  # no code ran: the beam continues from the parent's state
-        state = parent.state.fork()
+        state = parent.live_state.fork()
         acc.executor_forks += 1
     child = Episode(parent.task, state, traj, history=parent.history + [
         history_entry(pick.candidate, pick.observation)])
     ended = pick.ended
     if ended == "finish":
-        traj.finish_type, traj.final_answer = "finish", str(pick.candidate.result.final_answer)
+        traj.finish_type, traj.final_answer = "finish", str(pick.result.final_answer)
     elif ended == "give_up":
         traj.finish_type = "give_up"
-        traj.extra["give_up_reason"] = pick.candidate.result.give_up_reason
+        traj.extra["give_up_reason"] = pick.result.give_up_reason
     else:
         traj.finish_type = "max_steps"
         return child, len(traj.steps) < max_steps

@@ -94,15 +94,17 @@ def compute_optimal(tasks: Iterable[SearchTask], parts: SearchParts, cfg: Search
     tasks = list(tasks)
     if not tasks:
         return []
+    budget = cfg.budget
+    assert budget is not None, "SearchConfig refuses compute_optimal without search.budget"
     estimates = estimate_difficulty(episodes, tasks)
     levels = difficulty_levels([e.difficulty for e in estimates], len(cfg.level_weights))
     sampled = [t for e in estimates for t in e.tokens]
     per_candidate = statistics.mean(sampled) if sampled else float(cfg.max_new_tokens)
     spent = sum(e.cost.generated_tokens for e in estimates)
-    total = cfg.budget * len(tasks) - spent
+    total = budget * len(tasks) - spent
     if total <= 0:
         logger.warning("the difficulty estimate spent %d tokens, all of search.budget x queries (%d): every query "
-                       "runs its level's smallest search", spent, cfg.budget * len(tasks))
+                       "runs its level's smallest search", spent, budget * len(tasks))
     names = [cfg.level_strategies[lv] for lv in levels]
     plans = plan(cfg, names, budget_shares(levels, cfg.level_weights, total), per_candidate)
     planned = {t.query_id: (e, lv, name, *p) for t, e, lv, name, p in zip(tasks, estimates, levels, names, plans)}
@@ -110,7 +112,7 @@ def compute_optimal(tasks: Iterable[SearchTask], parts: SearchParts, cfg: Search
 
     def one(task: SearchTask) -> Trajectory:
         estimate, level, name, sub_cfg, size, share = planned[task.query_id]
-        [traj] = ALLOCATABLE[name]([task], parts, sub_cfg)
+        [traj] = ALLOCATABLE[name]([task], parts, sub_cfg, None)
         inner = traj.strategy or {"name": name}
         account(traj, estimate.cost)
         traj.wall_time_s += estimate.cost.wall_time_s
@@ -124,7 +126,7 @@ def compute_optimal(tasks: Iterable[SearchTask], parts: SearchParts, cfg: Search
         return traj
 
     # What a query at the mean budget keeps in flight: its candidates per step.
-    mean_width = int(cfg.budget // (cfg.max_steps * max(per_candidate, 1.0)))
+    mean_width = int(budget // (cfg.max_steps * max(per_candidate, 1.0)))
     return each_query(episodes, one, tasks, max(cfg.k, mean_width), on_done)
 
 
@@ -165,7 +167,7 @@ def _probe(episodes: Episodes, chunk: list[SearchTask]) -> dict[str, Estimate]:
     timings: dict[str, float] = {}
     seed = None if cfg.seed is None else unit_seed(
         cfg.seed, [(ep.task.benchmark, ep.task.group, ep.task.query_id, "difficulty") for ep in live])
-    rows = expand_each(episodes.policy, [Node(ep.state, ep.history, ep.task) for ep in live], cfg.k, cfg,
+    rows = expand_each(episodes.policy, [Node(ep.live_state, ep.history, ep.task) for ep in live], cfg.k, cfg,
                        seed=seed, timings=timings) if live else []
     scored = [(ep, row) for ep, row in zip(live, rows) if not isinstance(row, Exception)]
     use_prm = cfg.latent == "prm" and cfg.w_latent and episodes.scorer is not None
@@ -183,7 +185,7 @@ def _probe(episodes: Episodes, chunk: list[SearchTask]) -> dict[str, Estimate]:
         if row is not None:
             count_step(cost, row)
             estimate.tokens = [e.candidate.completion_tokens for e in row]
-            ran = [e.candidate for e in row if not not_executed(e.candidate.result)]  # the machine's failures say nothing
+            ran = [e.candidate for e in row if not not_executed(e.result)]  # the machine's failures say nothing
             if cost.finish_type != "error" and ran:
                 values = [c.r_latent if use_prm and c.r_latent is not None else c.r_spot for c in ran]
                 estimate.difficulty = min(1.0, max(0.0, 1.0 - statistics.mean(values)))
@@ -276,11 +278,11 @@ def sized(cfg: SearchConfig, strategy: str, budget: float, tokens_per_candidate:
                and planned_candidates(strategy, size + unit, cfg) > planned_candidates(strategy, size, cfg)):
             size += unit
     # One trajectory (greedy, lookahead) has nothing to vote over; the budget belongs to the caller.
-    common = {"strategy": strategy, "budget": None, "vote": cfg.vote if strategy in VOTING else "none"}
+    vote = cfg.vote if strategy in VOTING else "none"
     if strategy in ("greedy", "lookahead"):
-        return replace(cfg, k=size, **common), size
+        return replace(cfg, strategy=strategy, budget=None, vote=vote, k=size), size
     if strategy == "best_of_n":
-        return replace(cfg, n=size, **common), size
+        return replace(cfg, strategy=strategy, budget=None, vote=vote, n=size), size
     if strategy == "beam":
-        return replace(cfg, beam_width=size, **common), size
-    return replace(cfg, n=size, beam_width=min(cfg.beam_width, size), **common), size
+        return replace(cfg, strategy=strategy, budget=None, vote=vote, beam_width=size), size
+    return replace(cfg, strategy=strategy, budget=None, vote=vote, n=size, beam_width=min(cfg.beam_width, size)), size
