@@ -113,12 +113,17 @@ def test_the_parsed_spec_is_not_a_setting():
 
 
 def test_the_search_stage_text_names_every_run_field_in_the_order_of_before():
-    from codetool.jobs.pipeline import RUN_TEXT_ORDER
+    from codetool.jobs.pipeline import RUN_TEXT_ORDER, SEARCH_TEXT_ORDER
+    from codetool.search.config import SearchConfig, StepGroup
 
     assert sorted(RUN_TEXT_ORDER) == sorted(f.name for f in dataclasses.fields(RunConfig))
+    # the search composes the step group (issue 38); its text keeps the order of before
+    assert sorted(SEARCH_TEXT_ORDER) == sorted(f.name for f in dataclasses.fields(SearchConfig))
+    assert issubclass(SearchConfig, StepGroup)
     run = RunConfig(benchmark="stabletoolbench")
     assert run_text(run).startswith("RunConfig(query=None, tools=None, benchmark='stabletoolbench', group=")
     assert run_text(run).endswith(f"ray=None, cluster={run.cluster!r})")
+    assert "search=SearchConfig(method='spot+latent', k=2, max_steps=5, temperature=0.9" in run_text(run)
 
 
 def _parse_calls(path: Path) -> list[tuple[int, str | None]]:

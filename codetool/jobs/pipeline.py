@@ -171,9 +171,26 @@ RUN_TEXT_ORDER = ("query", "tools", "benchmark", "group", "subset", "queries", "
                   "force_resume", "ray", "cluster")
 
 
+# SearchConfig's fields in the order of before it composed StepGroup (issue 38), for its repr in run_text.
+SEARCH_TEXT_ORDER = ("method", "k", "max_steps", "temperature", "top_p", "max_new_tokens", "w_spot", "w_latent",
+                     "w_cost", "latent", "rollouts", "rollout_max_steps", "alpha", "beta", "max_len", "concurrency",
+                     "schedule", "max_observation_chars", "observation_history", "step_format", "code_prefix",
+                     "constrain", "constrain_arguments", "constrain_first_tool", "constrain_last_finish",
+                     "tool_error_is_failure", "cost_table", "seed", "tie_break", "reference_steps", "observation_cut",
+                     "strategy", "n", "aggregate", "beam_width", "lookahead_depth", "rollout_temperature",
+                     "rollout_value")
+
+
+def _text(value, order: tuple[str, ...]) -> str:
+    return f"{type(value).__name__}({', '.join(f'{name}={getattr(value, name)!r}' for name in order)})"
+
+
 def run_text(run: RunConfig) -> str:
-    """``run`` as the search stage hashes it: the dataclass repr, fields in :data:`RUN_TEXT_ORDER`."""
-    return f"RunConfig({', '.join(f'{name}={getattr(run, name)!r}' for name in RUN_TEXT_ORDER)})"
+    """``run`` as the search stage hashes it: the dataclass repr, fields in :data:`RUN_TEXT_ORDER`
+    (its ``search`` in :data:`SEARCH_TEXT_ORDER`)."""
+    parts = [f"{name}={_text(run.search, SEARCH_TEXT_ORDER) if name == 'search' else repr(getattr(run, name))}"
+             for name in RUN_TEXT_ORDER]
+    return f"RunConfig({', '.join(parts)})"
 
 
 def tree_config(cfg: PipelineConfig) -> TreeConfig:

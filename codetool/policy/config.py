@@ -3,31 +3,35 @@
 Every ``GRPOConfig`` / ``TrainingArguments`` field is a recipe key and a ``--option`` (with TRL's
 help text), as for ``train-prm``; the fields below are the method's own: which policy and PRM,
 the reward weights (one :class:`RewardSetting`, or several ``settings`` compared at equal
-generated tokens), how step rewards become advantages, the rollout's step format (a
-:class:`~codetool.search.config.SearchConfig`, as the search uses), the training prompts and the
-held-out evaluation sets (:class:`QuerySet`), and the executor.
+generated tokens), how step rewards become advantages, the rollout's steps, the training prompts and the
+held-out evaluation sets (:class:`QuerySet`), and the executor. ``rollout:`` is the search's step group
+(:class:`~codetool.search.config.StepGroup`) and nothing else: any other search key there is
+refused by name, with where it belongs.
 
 Rollout sampling uses GRPO's ``temperature`` and ``top_p`` (TRL scales the trained log-probs by
-that same temperature); ``rollout.temperature``/``top_p`` are not read. ``max_completion_length``
+that same temperature); ``rollout.temperature``/``top_p`` are refused (GRPO's are used). ``max_completion_length``
 is set to ``rollout.max_new_tokens`` (tokens per step, what a vLLM generation call is given).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass, field
 
 import torch
 from trl import GRPOConfig
 
-from codetool.config import ConfigError, option
+from codetool.config import ConfigError, Unread, option
 from codetool.config_groups import with_defaults
 from codetool.executor import ExecutorConfig
 from codetool.judge.config import JudgeConfig
 from codetool.models.lora import LoRAGroup
 from codetool.models.spec import ModelSpec
-from codetool.search.config import SearchConfig
+from codetool.search.config import STEP_KEYS, SearchConfig, StepGroup
+
+logger = logging.getLogger(__name__)
 
 REWARDS = ("grounded", "judged", "on_the_spot", "prm", "tool_cost")
 AGGREGATES = ("min", "mean", "last", "sum")
@@ -115,6 +119,25 @@ def _default_evals() -> list[QuerySet]:
 
 
 PolicyLoRA = with_defaults(LoRAGroup, lora_r=16, lora_alpha=32)  # a policy adapter learns more than a PRM's
+# The rollout's steps: the search's step group, with a CPU-sized default (issue 38: nothing else of search:)
+RolloutSteps = with_defaults(StepGroup, max_steps=3, max_new_tokens=64, constrain="line")
+
+# Where each search key that a rollout does not read belongs (train-policy refuses it by name).
+_ROLLOUT_HOMES = {"k": "A rollout samples one step per episode: the GRPO group (num_generations) is its sampling.",
+                  "temperature": "Rollouts sample at GRPO's temperature (the trained log-probs use it too): set "
+                                 "temperature.",
+                  "top_p": "Rollouts sample at GRPO's top_p: set top_p.",
+                  "seed": "Each run's sampling seed is its training seed: set seed / seeds."}
+
+
+def _rollout_home(key: str) -> str:
+    return _ROLLOUT_HOMES.get(key, f"{key} is a setting of the search over queries: set eval_search.{key} (the search "
+                                   "that evaluates the policy before and after training).")
+
+
+ROLLOUT_UNREAD = Unread(reader="train-policy", reads=STEP_KEYS,
+                        homes={f.name: _rollout_home(f.name) for f in dataclasses.fields(SearchConfig)
+                               if f.init and f.name not in STEP_KEYS})
 
 
 @dataclass
@@ -128,8 +151,11 @@ class TrainPolicyConfig(GRPOConfig, PolicyLoRA):
     learning rate, checkpoints every 10 steps, fp32 on CPU, ...).
 
     Raises:
-        ConfigError: on a value out of range (the message names the key and the fix).
+        ConfigError: on a value out of range (the message names the key and the fix), or a key of
+            ``rollout:`` that the rollout does not read (``rollout.strategy``: the step group only).
     """
+
+    config_unread = {"rollout": ROLLOUT_UNREAD}  # search keys a rollout never reads: refused by name
 
     # ---- the policy
     policy: str = option("default", "the policy to train: default (the embedded 135M model), a folder or a Hub id")
@@ -173,9 +199,9 @@ class TrainPolicyConfig(GRPOConfig, PolicyLoRA):
     evals: list[QuerySet] = option(default_factory=_default_evals, help="held-out evaluation sets")
     never_train_on: list[QuerySet] = option(default_factory=_default_evals, help="query sets kept out of training "
                                             "besides evals (default: the pipeline quickstart's evaluation sets)")
-    rollout: SearchConfig = field(default_factory=lambda: SearchConfig(max_steps=3, k=1, latent="none", w_latent=0.0,
-                                                                       max_new_tokens=64, constrain="line"),
-                                  metadata={"help": "step format of rollouts, as the search's settings"})
+    rollout: RolloutSteps = field(default_factory=RolloutSteps,
+                                  metadata={"help": "the steps of a rollout: the search's step group (format, length, "
+                                                    "constrained decoding, observation, on-the-spot rule), nothing else"})
     eval_search: SearchConfig = field(default_factory=lambda: SearchConfig(method="policy", k=1, latent="none",
                                                                            w_latent=0.0, max_steps=3,
                                                                            max_new_tokens=64, constrain="line"),
@@ -224,12 +250,15 @@ class TrainPolicyConfig(GRPOConfig, PolicyLoRA):
             raise ConfigError(f"torch_threads must be >= 0 (0: torch's default), got {self.torch_threads}.")
         if self.rollout_workers < 1:
             raise ConfigError(f"rollout_workers must be >= 1, got {self.rollout_workers}.")
+        shown = [k for k in STEP_KEYS if k not in ("max_steps", "max_new_tokens", "observation_history")
+                 and getattr(self.rollout, k) != getattr(self.eval_search, k)]
+        if shown:  # allowed (an ablation may want it), but the policy is then evaluated on other steps
+            logger.warning("rollout and eval_search differ in %s: the policy trains on other steps than the "
+                           "evaluation shows it", ", ".join(f"{k} ({getattr(self.rollout, k)!r} vs "
+                                                           f"{getattr(self.eval_search, k)!r})" for k in shown))
         if self.rollout.observation_history != "all":
             raise ConfigError(f"rollout.observation_history is {self.rollout.observation_history!r}: an episode's "
                               "token row cannot hide an output it already showed; use all.")
-        if self.rollout.k != 1:
-            raise ConfigError(f"rollout.k is {self.rollout.k}: a rollout samples one step at a time (the GRPO group, "
-                              "num_generations, is the sampling); set rollout.k 1.")
         if any(q.benchmark == "stabletoolbench" for q in self.prompts):
             raise ConfigError("prompts: StableToolBench's solvable queries are its test sets; train on toolbench "
                               "(ToolBench's training distribution) or restbench-tmdb queries, and evaluate on "

@@ -77,8 +77,7 @@ def build_trainer(cfg: TrainPolicyConfig, tasks: dict, *, scorer: PRMScorer | No
     tokenizer.padding_side = "left"  # GRPO's prompts are left-padded
     setting = cfg.rewards
     funcs, weights = build_rewards(setting.weights, aggregate=cfg.aggregate, scorer=scorer, judge=judge,
-                                   step_format=cfg.rollout.step_format,
-                                   observation_history=cfg.rollout.observation_history)
+                                   step=cfg.rollout)
     cfg.reward_weights = weights
     runner = EpisodeRunner(tokenizer, cfg.rollout, executor_factory(cfg.executor), seed=cfg.seed,
                            max_positions=getattr(model.config, "max_position_embeddings", None),

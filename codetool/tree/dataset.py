@@ -28,7 +28,7 @@ from typing import Any
 
 from codetool import CodetoolError
 from codetool.jsonl import write_jsonl
-from codetool.search.prompt import step_plan, visible_history
+from codetool.search.step import step_item
 from codetool.split import heldout_query_ids
 from codetool.tree.labels import add_counts, pair_counts, path_to
 from codetool.tree.reference import interface_fields
@@ -42,13 +42,13 @@ PRM_FIELDS = ("query_id", "query", "tools", "history", "candidate", "candidate_o
 def _row(record: dict[str, Any], node_id: str, label: int, reference: dict | None = None) -> dict[str, Any]:
     nodes = record["nodes"]
     node = nodes[node_id]
-    step_format = record.get("step_format", "code_only")
-    history = visible_history([nodes[n] for n in path_to(nodes, node_id)[:-1]],
-                              record.get("observation_history", "all"), step_format)
-    row = {"query_id": str(record["query_id"]), "query": record["query"], "tools": record["tools"],
-           "history": history, "candidate": node["code"] or "", "candidate_output": node["observation"],
-           "candidate_plan": step_plan(node.get("text")) if step_format == "step_text" else "",
-           "label": int(label), "latent_reward": float(node["latent_reward"]),
+    item = step_item(record["query"], record["tools"], [nodes[n] for n in path_to(nodes, node_id)[:-1]],
+                     node["code"], node.get("text"), node["observation"],
+                     step_format=record.get("step_format", "code_only"),
+                     observation_history=record.get("observation_history", "all"))  # as the search scores it
+    row = {"query_id": str(record["query_id"]), "query": item.query, "tools": item.tools,
+           "history": item.history, "candidate": item.candidate, "candidate_output": item.candidate_output,
+           "candidate_plan": item.candidate_plan, "label": int(label), "latent_reward": float(node["latent_reward"]),
            "source": f"{record['query_id']}:{node_id}", "label_rule": record.get("label_rule", "ours"),
            **interface_fields(record, node_id)}
     if reference is not None:  # the public code's row: its texts and its latent reward
