@@ -33,8 +33,7 @@ def tiny_config(model_dir, out, shared_data, **over) -> dict:
                          "limit": 2}],
             "evals": [], "never_train_on": [], "max_steps": 1, "learning_rate": 5e-3, "num_generations": 2,
             "per_device_train_batch_size": 2, "save_steps": 1, "seeds": [0],
-            "rollout": {"k": 1, "max_steps": 2, "max_new_tokens": 12, "latent": "none", "w_latent": 0.0,
-                        "constrain": "line"},
+            "rollout": {"max_steps": 2, "max_new_tokens": 12, "constrain": "line"},
             "executor": {"isolation": "fallback", "timeout_s": 10}, "prm": "none", "lora_layers": 1}
     base.update(over)
     return base
@@ -86,6 +85,8 @@ def test_one_grpo_step_end_to_end_writes_a_loadable_policy(tiny_model_dir, share
     run = json.loads((out / "outcome+spot+prm" / "seed0" / "run.json").read_text())
     assert run["steps"] == 1 and run["generated_tokens"] > 0 and run["reward_weights"]["prm"] == 1.0
     assert run["curve"] and set(run["curve"][0]) >= {"step", "reward", "prm", "on_the_spot", "grounded"}
+    assert run["advantage"] == "anchored" and run["loss_type"] == "grpo"
+    assert set(run["advantage_shares"]) == {"grounded", "on_the_spot", "prm"}
     policy = out / "policy"
     card = (policy / "README.md").read_text()
     assert "PRM: given-in-test" in card and "prm 1" in card
@@ -112,7 +113,7 @@ def test_stabletoolbench_prompts_are_refused(tiny_model_dir, shared_data, tmp_pa
     with pytest.raises(ConfigError, match="test sets"):
         load_config(TrainPolicyConfig, None, tiny_config(tiny_model_dir, tmp_path, shared_data, prompts=[
             {"benchmark": "stabletoolbench", "group": "G1_instruction"}]))
-    with pytest.raises(ConfigError, match="observation|rollout.k"):
+    with pytest.raises(ConfigError, match="rollout.k is not read by train-policy"):
         load_config(TrainPolicyConfig, None, tiny_config(tiny_model_dir, tmp_path, shared_data,
                                                          rollout={"k": 2}))
 

@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 REWARDS = ("grounded", "judged", "on_the_spot", "prm", "tool_cost")
 AGGREGATES = ("min", "mean", "last", "sum")
-ADVANTAGES = ("sequence", "process")
+ADVANTAGES = ("anchored", "deepseekmath", "sequence", "process")
 BENCHMARKS = ("toolbench", "stabletoolbench", "restbench-tmdb")
 
 
@@ -119,8 +119,6 @@ def _default_evals() -> list[QuerySet]:
 
 
 PolicyLoRA = with_defaults(LoRAGroup, lora_r=16, lora_alpha=32)  # a policy adapter learns more than a PRM's
-# The rollout's steps: the search's step group, with a CPU-sized default (issue 38: nothing else of search:)
-RolloutSteps = with_defaults(StepGroup, max_steps=3, max_new_tokens=64, constrain="line")
 
 # Where each search key that a rollout does not read belongs (train-policy refuses it by name).
 _ROLLOUT_HOMES = {"k": "A rollout samples one step per episode: the GRPO group (num_generations) is its sampling.",
@@ -175,11 +173,16 @@ class TrainPolicyConfig(GRPOConfig, PolicyLoRA):
                                    metadata={"help": "reward weights of a single run (when settings is empty)"})
     settings: list[RewardSetting] = option(default_factory=list, help="reward settings compared at equal generated "
                                            "tokens, each trained once per seed (empty: rewards alone)")
-    aggregate: str = option("mean", "advantage sequence: how a per-step reward becomes one number per episode",
-                            choices=AGGREGATES)
-    advantage: str = option("process", "sequence (TRL's GRPO advantage of the weighted episode reward) or process "
-                            "(DeepSeekMath process supervision: step rewards normalised in the group, a token's "
-                            "advantage the sum over its own and later steps)", choices=ADVANTAGES)
+    aggregate: str = option("mean", "how a per-step reward becomes one number per episode (advantage sequence: "
+                            "the episode reward; anchored: the episode's value of that reward)", choices=AGGREGATES)
+    advantage: str = option("anchored", "how rewards become advantages: anchored (outcome-anchored step credit: "
+                            "GRPO's advantage of the episode's length-neutral return, spread over its steps by their "
+                            "rewards; fair to length), deepseekmath (DeepSeekMath's process supervision: step rewards "
+                            "normalised in the group, a token's advantage the sum over its own and later steps; the "
+                            "default before, favours length), sequence (TRL's GRPO advantage of the weighted episode "
+                            "reward, on every token); process is an old name of deepseekmath", choices=ADVANTAGES)
+    credit_temperature: float = option(1.0, "advantage anchored: how sharply an episode's credit follows its steps' "
+                                       "standardised rewards (large: evenly over its steps)")
     judge: JudgeConfig = field(default_factory=lambda: JudgeConfig(model="none"),
                                metadata={"help": "the judge of the judged reward (model none: no judged reward)"})
     seeds: list[int] = option(default_factory=lambda: [0], help="training seeds; every setting trains once per seed")
@@ -199,7 +202,7 @@ class TrainPolicyConfig(GRPOConfig, PolicyLoRA):
     evals: list[QuerySet] = option(default_factory=_default_evals, help="held-out evaluation sets")
     never_train_on: list[QuerySet] = option(default_factory=_default_evals, help="query sets kept out of training "
                                             "besides evals (default: the pipeline quickstart's evaluation sets)")
-    rollout: RolloutSteps = field(default_factory=RolloutSteps,
+    rollout: StepGroup = field(default_factory=lambda: StepGroup(max_steps=3, max_new_tokens=64, constrain="line"),
                                   metadata={"help": "the steps of a rollout: the search's step group (format, length, "
                                                     "constrained decoding, observation, on-the-spot rule), nothing else"})
     eval_search: SearchConfig = field(default_factory=lambda: SearchConfig(method="policy", k=1, latent="none",
@@ -224,6 +227,10 @@ class TrainPolicyConfig(GRPOConfig, PolicyLoRA):
     max_steps: int = option(100, "optimisation steps per run (token_budget may stop it earlier)")
     beta: float = option(0.0, "KL coefficient to the reference policy (0: no reference model)")
     temperature: float = option(0.9, "sampling temperature of rollouts (and of the trained log-probs)")
+    loss_type: str = option("grpo", "loss normalisation (TRL): grpo, each episode's mean over its generated tokens, "
+                            "then the mean over episodes (DeepSeekMath's 1/|o_i|: every episode weighs the same, "
+                            "whatever its length); dapo (TRL's default), bnpo, dr_grpo: token sums, so a longer episode "
+                            "with the same advantage pushes harder", choices=("grpo", "dapo", "bnpo", "dr_grpo"))
     top_p: float = option(0.95, "nucleus sampling of rollouts")
     logging_steps: float = option(1, "log rewards every N steps")
     save_steps: float = option(10, "write checkpoint-N every N steps")
@@ -236,6 +243,10 @@ class TrainPolicyConfig(GRPOConfig, PolicyLoRA):
     seed: int = option(0, "seed of a single run (settings runs use seeds)")
 
     def __post_init__(self):
+        if self.advantage == "process":
+            logger.warning("advantage process is the old name of deepseekmath (DeepSeekMath's process supervision); "
+                           "the default is now anchored (docs/POLICY_RL.md)")
+            self.advantage = "deepseekmath"
         # what the user gave, before TrainingArguments rewrites fields: run_config() rebuilds from it
         self._given = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                        if f.init and not f.name.startswith("_")}
@@ -250,6 +261,8 @@ class TrainPolicyConfig(GRPOConfig, PolicyLoRA):
             raise ConfigError(f"torch_threads must be >= 0 (0: torch's default), got {self.torch_threads}.")
         if self.rollout_workers < 1:
             raise ConfigError(f"rollout_workers must be >= 1, got {self.rollout_workers}.")
+        if not self.credit_temperature > 0:
+            raise ConfigError(f"credit_temperature must be > 0, got {self.credit_temperature}.")
         shown = [k for k in STEP_KEYS if k not in ("max_steps", "max_new_tokens", "observation_history")
                  and getattr(self.rollout, k) != getattr(self.eval_search, k)]
         if shown:  # allowed (an ablation may want it), but the policy is then evaluated on other steps

@@ -100,10 +100,12 @@ def build_trainer(cfg: TrainPolicyConfig, tasks: dict, *, scorer: PRMScorer | No
         processing_class=tokenizer, peft_config=peft_config(cfg, model), callbacks=[budget],
         rollout_func=make_rollout_func(runner, tasks, generator_for, on_episodes=budget.add),
         advantage=cfg.advantage, step_weights=dict(zip([f.name for f in funcs], weights)),
-        share_prompt=cfg.share_prompt, runner=runner)
+        share_prompt=cfg.share_prompt, runner=runner, aggregate=cfg.aggregate,
+        outcomes=tuple(f.name for f in funcs if f.outcome), credit_temperature=cfg.credit_temperature)
     trainer.codetool_info = {"policy": cfg.policy, "prm": prm_name, "setting": setting.name,
                              "reward_weights": setting.weights, "aggregate": cfg.aggregate,
-                             "advantage": cfg.advantage, "seed": cfg.seed, "token_budget": cfg.token_budget,
+                             "advantage": cfg.advantage, "loss_type": cfg.loss_type, "seed": cfg.seed,
+                             "token_budget": cfg.token_budget,
                              "prompts": len(keys), "finetune": cfg.finetune, "codetool_version": __version__}
     trainer.reward_objects, trainer.token_budget = funcs, budget
     return trainer
@@ -150,6 +152,7 @@ def train_run(cfg: TrainPolicyConfig, tasks: dict, *, scorer: PRMScorer | None =
     summary = {**trainer.codetool_info, "steps": trainer.state.global_step, "seconds": round(seconds, 1),
                "generated_tokens": trainer.token_budget.generated, "curve": reward_curve(trainer.state.log_history),
                "outcomes": dict(trainer.outcome_counts), "timing": timing,
+               "advantage_shares": {name: sum(v) / len(v) for name, v in trainer.shares.items() if v},
                "inexact_steps": trainer.runner.stats.inexact_steps}
     policy_dir = Path(cfg.output_dir) / "policy"
     save_policy(trainer, policy_dir, summary)

@@ -4,9 +4,10 @@ The rollouts (``rollout_func``), the reward functions (``reward_funcs`` + ``rewa
 the sequence-level advantage, the loss, checkpoints, resume, DDP/DeepSpeed and vLLM generation
 are TRL's. The subclass adds two things TRL cannot do from the outside, each a method override:
 
-- ``_generate_and_score_completions``: with ``advantage: process`` it replaces TRL's (batch,)
-  advantages by (batch, tokens) ones from the step rewards (:mod:`codetool.policy.advantages`;
-  TRL's loss takes either shape), and it logs the per-step outcome histogram
+- ``_generate_and_score_completions``: with ``advantage: anchored`` (the default) or
+  ``deepseekmath`` it replaces TRL's (batch,) advantages by (batch, tokens) ones from the step
+  rewards (:mod:`codetool.policy.advantages`; TRL's loss takes either shape), logs each reward's
+  share of the advantage's variance (``advantages/share_<name>``), and the per-step outcome histogram
   (``outcomes/<category>`` shares, and one JSON line per rollout in ``outcomes.jsonl``) and the
   rollout's timings;
 - ``_get_per_token_logps_and_entropies``: the episodes of a group share their prompt (system
@@ -33,7 +34,14 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 from trl import GRPOTrainer
 
-from .advantages import process_advantages
+from .advantages import (
+    ESTIMATORS,
+    OUTCOME_REWARDS,
+    advantage_shares,
+    process_advantages,
+    sequence_components,
+    step_mask,
+)
 from .episode import CATEGORIES, step_category
 
 logger = logging.getLogger(__name__)
@@ -69,8 +77,11 @@ class PolicyGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` for code-tool episodes (see the module docstring).
 
     Args:
-        advantage (`str`, *optional*, defaults to ``"sequence"``): ``sequence`` (TRL's) or ``process``.
-        step_weights (`dict[str, float]`, *optional*): reward name -> weight (process supervision).
+        advantage (`str`, *optional*, defaults to ``"sequence"``): ``sequence`` (TRL's), ``anchored`` or
+            ``deepseekmath`` (:mod:`codetool.policy.advantages`).
+        step_weights (`dict[str, float]`, *optional*): reward name -> weight.
+        aggregate (`str`), outcomes (`tuple[str, ...]`), credit_temperature (`float`): as
+            :func:`~codetool.policy.advantages.process_advantages` takes them.
         share_prompt (`bool`, *optional*, defaults to `True`): the shared-prompt forward.
         runner (`EpisodeRunner`, *optional*): its stats are logged (generation/execution seconds).
         Other arguments: as ``GRPOTrainer`` (``rollout_func`` runs the episodes).
@@ -79,9 +90,12 @@ class PolicyGRPOTrainer(GRPOTrainer):
     _tag_names = ["trl", "grpo", "codetool", "policy-rl"]
 
     def __init__(self, *args, advantage: str = "sequence", step_weights: dict[str, float] | None = None,
-                 share_prompt: bool = True, runner=None, **kwargs):
+                 share_prompt: bool = True, runner=None, aggregate: str = "mean", outcomes=OUTCOME_REWARDS,
+                 credit_temperature: float = 1.0, **kwargs):
         super().__init__(*args, **kwargs)
         self.advantage, self.step_weights = advantage, dict(step_weights or {})
+        self.aggregate, self.outcomes, self.credit_temperature = aggregate, tuple(outcomes), credit_temperature
+        self.shares: dict[str, list[float]] = {}  # per reward, its share of the advantage variance per batch
         self.share_prompt, self.runner = share_prompt, runner
         self.outcome_counts: Counter = Counter()
         self._seen = {"generation_s": 0.0, "execution_s": 0.0, "inexact_steps": 0}
@@ -92,11 +106,20 @@ class PolicyGRPOTrainer(GRPOTrainer):
         episodes = [x["episode"] for x in inputs]
         mode = "train" if self.model.training else "eval"
         self._log_episodes(episodes, mode)
-        if self.advantage == "process":
-            out["advantages"] = self._process(episodes, out["completion_ids"].shape[1]).to(out["advantages"].device)
+        width = out["completion_ids"].shape[1]
+        advantages, shares = self._process(episodes, width)
+        if self.advantage in ESTIMATORS:
+            out["advantages"] = advantages.to(out["advantages"].device)
+        for name, share in shares.items():  # how much of the advantage each reward carries (the report's PRM share)
+            self._metrics[mode][f"advantages/share_{name}"].append(share)
+            if mode == "train":
+                self.shares.setdefault(name, []).append(share)
         return out
 
-    def _process(self, episodes, width: int) -> torch.Tensor:
+    def _process(self, episodes, width: int) -> tuple[torch.Tensor, dict[str, float]]:
+        """This process's rows of the batch's per-token advantages (``advantage`` ``anchored`` or
+        ``deepseekmath``; for ``sequence``, TRL's on every token) and each reward's share of their
+        variance over the whole batch (:func:`codetool.policy.advantages.advantage_shares`)."""
         from accelerate.utils import gather_object
 
         local = [(e.step_rewards, [s.span for s in e.steps]) for e in episodes]
@@ -104,8 +127,17 @@ class PolicyGRPOTrainer(GRPOTrainer):
         group = self.num_generations if self.model.training else self.num_generations_eval
         start = self.accelerator.process_index * len(episodes)
         widest = max([width] + [spans[-1][1] for _, spans in every if spans])
-        advantages = process_advantages([r for r, _ in every], self.step_weights, [s for _, s in every], group, widest)
-        return advantages[start:start + len(episodes), :width]
+        spans = [s for _, s in every]
+        if self.advantage in ESTIMATORS:
+            total, parts = process_advantages([r for r, _ in every], self.step_weights, spans, group, widest,
+                                              estimator=self.advantage, aggregate=self.aggregate,
+                                              outcomes=self.outcomes, temperature=self.credit_temperature,
+                                              components=True)
+        else:  # sequence: TRL's advantage of the aggregated rewards, every token alike
+            total, parts = sequence_components([r for r, _ in every], self.step_weights, spans, group, widest,
+                                               aggregate=self.aggregate, outcomes=self.outcomes)
+        shares = advantage_shares(total, parts, step_mask(spans, widest))
+        return total[start:start + len(episodes), :width], shares
 
     def _log_episodes(self, episodes, mode: str) -> None:
         counts = Counter(step_category(s, e.tool_names()) for e in episodes for s in e.steps)
