@@ -21,10 +21,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 class LengthPRM:
-    """A PRM stand-in whose score grows with the step's code length (so rewards differ in a group)."""
+    """A PRM stand-in whose score depends on the step's code (so two different episodes of a group
+    get different rewards, and the anchored advantage is not 0)."""
 
     def score(self, items):
-        return [min(len(it.candidate) / 80.0, 1.0) for it in items]
+        return [sum(map(ord, it.candidate)) % 97 / 97.0 for it in items]
 
 
 def tiny_config(model_dir, out, shared_data, **over) -> dict:
@@ -72,6 +73,45 @@ def test_shared_prompt_forward_equals_trls(tiny_model_dir, shared_data, tmp_path
     assert max((a - b).abs().max().item() for a, b in zip(g_ref, g_got)) < 1e-5
 
 
+def test_constrained_steps_get_the_log_probabilities_they_were_sampled_with(tiny_model_dir, shared_data, tmp_path):
+    from codetool.policy.constrained import constrained_logps
+    from codetool.policy.data import make_tasks, training_queries
+    from codetool.policy.train import build_trainer
+    from codetool.policy.trainer import shared_prompt_logps
+    from codetool.tools.backends import make_tool_backend
+
+    cfg = load_config(TrainPolicyConfig, None, tiny_config(tiny_model_dir, tmp_path, shared_data))
+    tasks = make_tasks(training_queries(cfg), {"toolbench": make_tool_backend("simulator")}, cfg)
+    trainer = build_trainer(cfg.run_config(cfg.rewards, 0, str(tmp_path / "r")), tasks)
+    model = trainer.model.train()
+    torch.manual_seed(1)
+    prompt = torch.randint(5, 500, (8,))
+    ids = torch.stack([torch.cat([prompt, torch.randint(5, 500, (5,))]) for _ in range(3)])
+    mask = torch.ones_like(ids)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    some = torch.zeros(vocab, dtype=torch.bool)
+    some[ids[:, 8:].flatten()] = True  # every completion token allowed, and little else
+    some[:40] = True
+    forced = torch.zeros(vocab, dtype=torch.bool)
+    forced[ids[0, 9]] = True  # the only token allowed there: probability 1 under the constraint
+    trainer.constraint_masks.table = [some, forced]
+    masks = torch.tensor([[0, 1, -1, 0, 0], [-1, -1, -1, -1, -1], [0, 0, 0, 0, 0]])
+    shared, shared_h, _ = shared_prompt_logps(trainer, model, ids, mask, 5, True, masks)
+    plain, plain_h, _ = constrained_logps(trainer, model, ids, mask, 5, masks, 2, True)
+    assert (shared - plain).abs().max() < 1e-5 and (shared_h - plain_h).abs().max() < 1e-5
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, 7:12].float() / trainer.temperature
+    free = torch.log_softmax(logits, -1).gather(-1, ids[:, 8:, None]).squeeze(-1)
+    by_hand = torch.log_softmax(logits.masked_fill(~some, float("-inf")), -1).gather(-1, ids[:, 8:, None]).squeeze(-1)
+    assert (shared[0, 1]).abs() < 1e-6  # the forced token
+    assert (shared[1] - free[1]).abs().max() < 1e-5  # a free row is TRL's
+    assert (shared[2] - by_hand[2]).abs().max() < 1e-5 and (shared[2] > free[2] + 1e-3).all()
+    # in the loss, the batch's mask rows reach the forward
+    trainer._constraint_ids = masks
+    got, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, 5)
+    trainer._constraint_ids = None
+    assert (got - shared).abs().max() < 1e-5
+
+
 def test_one_grpo_step_end_to_end_writes_a_loadable_policy(tiny_model_dir, shared_data, tmp_path, monkeypatch):
     import codetool.commands.train_policy as command
 
@@ -113,6 +153,8 @@ def test_stabletoolbench_prompts_are_refused(tiny_model_dir, shared_data, tmp_pa
     with pytest.raises(ConfigError, match="test sets"):
         load_config(TrainPolicyConfig, None, tiny_config(tiny_model_dir, tmp_path, shared_data, prompts=[
             {"benchmark": "stabletoolbench", "group": "G1_instruction"}]))
+    with pytest.raises(ConfigError, match="use_vllm samples rollouts without the constraint"):
+        load_config(TrainPolicyConfig, None, tiny_config(tiny_model_dir, tmp_path, shared_data, use_vllm=True))
     with pytest.raises(ConfigError, match="rollout.k is not read by train-policy"):
         load_config(TrainPolicyConfig, None, tiny_config(tiny_model_dir, tmp_path, shared_data,
                                                          rollout={"k": 2}))

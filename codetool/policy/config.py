@@ -261,6 +261,10 @@ class TrainPolicyConfig(GRPOConfig, PolicyLoRA):
             raise ConfigError(f"torch_threads must be >= 0 (0: torch's default), got {self.torch_threads}.")
         if self.rollout_workers < 1:
             raise ConfigError(f"rollout_workers must be >= 1, got {self.rollout_workers}.")
+        if self.use_vllm and self.rollout.constrain != "off":
+            raise ConfigError(f"rollout.constrain is {self.rollout.constrain!r} but use_vllm samples rollouts without the "
+                              "constraint (its log-probabilities would then train another policy than sampled); set "
+                              "rollout.constrain off, or train without vLLM.")
         if not self.credit_temperature > 0:
             raise ConfigError(f"credit_temperature must be > 0, got {self.credit_temperature}.")
         shown = [k for k in STEP_KEYS if k not in ("max_steps", "max_new_tokens", "observation_history")

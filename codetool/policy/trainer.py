@@ -15,7 +15,9 @@ are TRL's. The subclass adds two things TRL cannot do from the outside, each a m
   completions on its KV cache, gradients flowing through the cache; the log-probabilities and
   entropies are TRL's (its fused LM head, at GRPO's temperature) to float rounding (tested).
   Off with activation checkpointing (no cache there), several processes (DDP expects one
-  forward per backward) or multimodal inputs.
+  forward per backward) or multimodal inputs. Steps sampled under ``rollout.constrain`` get the
+  log-probabilities of the constrained distribution they were sampled from, in the loss and in
+  TRL's old and reference log-probabilities alike (:mod:`codetool.policy.constrained`).
 
 :class:`TokenBudget` stops a run once its rollouts generated ``token_budget`` policy tokens (the
 compute matching of the reward-setting comparison) and is restored on resume.
@@ -42,6 +44,7 @@ from .advantages import (
     sequence_components,
     step_mask,
 )
+from .constrained import ConstraintMasks, constrained_logps, mask_ids, masked_logps
 from .episode import CATEGORIES, step_category
 
 logger = logging.getLogger(__name__)
@@ -96,13 +99,47 @@ class PolicyGRPOTrainer(GRPOTrainer):
         self.advantage, self.step_weights = advantage, dict(step_weights or {})
         self.aggregate, self.outcomes, self.credit_temperature = aggregate, tuple(outcomes), credit_temperature
         self.shares: dict[str, list[float]] = {}  # per reward, its share of the advantage variance per batch
+        vocab = self.accelerator.unwrap_model(self.model).get_output_embeddings().weight.shape[0]
+        self.constraint_masks = ConstraintMasks(self.processing_class, vocab)
+        self._constraint_rows: list | None = None  # the rollout's rows while TRL scores them
+        self._constraint_ids: torch.Tensor | None = None  # the rows of the batch in the loss
         self.share_prompt, self.runner = share_prompt, runner
         self.outcome_counts: Counter = Counter()
         self._seen = {"generation_s": 0.0, "execution_s": 0.0, "inexact_steps": 0}
 
+    # ----------------------------------------------------------------- constrained steps
+    def note_episodes(self, episodes) -> None:
+        """Called by the rollout with its episodes: the masks their constrained steps were sampled
+        under (:mod:`codetool.policy.constrained`), used by every log-probability of this batch."""
+        rows = self.constraint_masks.rows(episodes)
+        self._constraint_rows = rows if any(rows) else None
+
+    def _compute_loss(self, model, inputs):
+        self._constraint_ids = inputs.get("constraint_mask_ids")
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self._constraint_ids = None
+
+    def _masks_for(self, rows: int, width: int) -> torch.Tensor | None:
+        """(rows, width) mask indices of the rows being scored (``None``: no constrained position)."""
+        if self._constraint_ids is not None:
+            ids = self._constraint_ids[:, :width]
+        elif self._constraint_rows is not None and len(self._constraint_rows) == rows:
+            ids = mask_ids(self._constraint_rows, width)
+        else:
+            return None
+        return ids if bool((ids >= 0).any()) else None
+
     # ----------------------------------------------------------------- advantages and logs
     def _generate_and_score_completions(self, inputs):
-        out = super()._generate_and_score_completions(inputs)
+        try:
+            out = super()._generate_and_score_completions(inputs)
+            if self._constraint_rows is not None:
+                out["constraint_mask_ids"] = mask_ids(self._constraint_rows, out["completion_ids"].shape[1]).to(
+                    out["completion_ids"].device)
+        finally:
+            self._constraint_rows = None
         episodes = [x["episode"] for x in inputs]
         mode = "train" if self.model.training else "eval"
         self._log_episodes(episodes, mode)
@@ -168,20 +205,28 @@ class PolicyGRPOTrainer(GRPOTrainer):
                                            compute_entropy=False, compute_aux_loss=False, **multimodal):
         checkpointing = bool(getattr(self.args, "gradient_checkpointing", False)
                              or getattr(self.args, "activation_checkpointing", False))
+        masks = self._masks_for(input_ids.shape[0], logits_to_keep)
         if (not self.share_prompt or compute_aux_loss or checkpointing or self.accelerator.num_processes > 1
                 or any(v is not None for v in multimodal.values())):  # DDP: one forward per backward
+            if masks is not None and not compute_aux_loss and all(v is None for v in multimodal.values()):
+                return constrained_logps(self, model, input_ids, attention_mask, logits_to_keep, masks, batch_size,
+                                         compute_entropy)
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
                 **multimodal)
-        return shared_prompt_logps(self, model, input_ids, attention_mask, logits_to_keep, compute_entropy)
+        return shared_prompt_logps(self, model, input_ids, attention_mask, logits_to_keep, compute_entropy, masks)
 
 
-def shared_prompt_logps(trainer, model, input_ids, attention_mask, logits_to_keep: int, compute_entropy: bool):
+def shared_prompt_logps(trainer, model, input_ids, attention_mask, logits_to_keep: int, compute_entropy: bool,
+                        masks: torch.Tensor | None = None):
     """``(logps, entropies, None)`` as ``GRPOTrainer._get_per_token_logps_and_entropies`` computes
     them, with each distinct prompt of the batch run once (see the module docstring).
 
     Args:
         input_ids, attention_mask: (batch, prompt width + ``logits_to_keep``), prompts left-padded.
+        masks (`torch.Tensor`, *optional*): (batch, ``logits_to_keep``) indices into
+            ``trainer.constraint_masks.table`` (``-1``: free): the log-probabilities are then the
+            constrained distribution's (:func:`codetool.policy.constrained.masked_logps`).
     Returns:
         ``logps`` (batch, ``logits_to_keep``) and ``entropies`` (the same, or ``None``).
     """
@@ -210,9 +255,15 @@ def shared_prompt_logps(trainer, model, input_ids, attention_mask, logits_to_kee
             labels = tail.masked_fill(mask[:, length - 1:] == 0, -100)
             labels[:, 0] = -100
             positions = torch.arange(length - 1, length + logits_to_keep, device=input_ids.device).expand(n, -1)
-            out = model(input_ids=tail, attention_mask=mask, position_ids=positions, labels=labels,
-                        fused_lm_head=True, **{key: shared})
-        parts.append((out.log_probs[:, -logits_to_keep:], out.entropy[:, -logits_to_keep:] if compute_entropy else None))
+            if masks is None:
+                out = model(input_ids=tail, attention_mask=mask, position_ids=positions, labels=labels,
+                            fused_lm_head=True, **{key: shared})
+                logps, ent = out.log_probs[:, -logits_to_keep:], out.entropy[:, -logits_to_keep:] if compute_entropy else None
+            else:  # logits, masked as the steps were sampled
+                out = model(input_ids=tail, attention_mask=mask, position_ids=positions, **{key: shared})
+                logps, ent = masked_logps(out.logits[:, :-1], tail[:, 1:], masks[rows], trainer.constraint_masks.table,
+                                          trainer.temperature, compute_entropy)
+        parts.append((logps, ent))
         order.extend(rows)
     index = torch.tensor(order, device=input_ids.device)
     logps = torch.cat([p for p, _ in parts])[torch.argsort(index)]
