@@ -202,6 +202,10 @@ class TrainPolicyConfig(GRPOConfig, PolicyLoRA):
     evals: list[QuerySet] = option(default_factory=_default_evals, help="held-out evaluation sets")
     never_train_on: list[QuerySet] = option(default_factory=_default_evals, help="query sets kept out of training "
                                             "besides evals (default: the pipeline quickstart's evaluation sets)")
+    test_sets: list[str] = option(default_factory=lambda: ["stabletoolbench"],
+                                  help="named test sets no training prompt may hold, by id and by text, whatever "
+                                       "evals says: stabletoolbench[:<group>] (ToolBench's G*_query.json files hold "
+                                       "its 765 test queries), restbench-tmdb[:<first>-<last>] (codetool.tools.heldout)")
     rollout: StepGroup = field(default_factory=lambda: StepGroup(max_steps=3, max_new_tokens=64, constrain="line"),
                                   metadata={"help": "the steps of a rollout: the search's step group (format, length, "
                                                     "constrained decoding, observation, on-the-spot rule), nothing else"})

@@ -275,9 +275,21 @@ def build_trainer(cfg: PRMConfig) -> PRMTrainer:
             raise CodetoolError(f"PRM dataset not found: {path}. Build one with 'codetool build-trees' or pass "
                                 "--dataset FILE.jsonl (PRM example rows).")
     from codetool.prm.rows import read_rows
+    from codetool.tools.heldout import load_held_out
 
     rows = read_rows(cfg.dataset)  # before the model loads: a bad row is a one-line error at once
     eval_rows = read_rows(cfg.eval_dataset) if cfg.eval_dataset else None
+    held = load_held_out(cfg.never_train_on)  # no test query in the training (or validation) rows
+    rows, dropped = held.split_rows(rows)
+    if eval_rows is not None:
+        eval_rows, dropped_eval = held.split_rows(eval_rows)
+        dropped += dropped_eval
+    if dropped:
+        logger.warning("dropped %d PRM rows of %d test queries (%s)", len(dropped),
+                       len({str(r.get("query_id")) for r in dropped}), ", ".join(cfg.never_train_on))
+    if not rows:
+        raise CodetoolError(f"every row of {cfg.dataset} belongs to a test query of {cfg.never_train_on}; "
+                            "build trees on training queries (build-trees leaves the test sets out).")
     set_seed(cfg.seed)
     logger.info("training on %d process(es), device %s", cfg.world_size, cfg.device)
     model, tokenizer = build_model(cfg, _load_dtype(cfg, cfg))  # after the args: ZeRO-3 loads it partitioned
@@ -288,6 +300,7 @@ def build_trainer(cfg: PRMConfig) -> PRMTrainer:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     meta = {"base_model": cfg.model, "format": dataclasses.asdict(cfg.format), "seed": cfg.seed,
             "label_rules": _label_rules(rows),
+            "test_rows_dropped": len(dropped), "test_queries_dropped": len({str(r.get("query_id")) for r in dropped}),
             "finetune": cfg.finetune, "split": {"eval_fraction": 0.0 if cfg.eval_dataset else cfg.eval_fraction,
                       "seed": cfg.split_seed, "eval_dataset": list(cfg.eval_dataset)},
             "codetool_version": __version__}

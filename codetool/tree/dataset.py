@@ -92,13 +92,14 @@ class EmptyDatasetError(CodetoolError):
 
 
 def export_dataset(records: list[dict[str, Any]], out_dir: str | Path, *, emit: str = "pairs",
-                   val_fraction: float = 0.2, seed: int = 0) -> dict[str, Any]:
+                   val_fraction: float = 0.2, seed: int = 0, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write the PRM dataset into ``out_dir``: ``prm_examples.jsonl`` (every row; what
     ``codetool train-prm`` reads by default), ``train.jsonl`` and ``validation.jsonl`` (split by
     query id; ``datasets.load_dataset("json", data_files=...)`` reads them as a ``Dataset``).
 
     Also writes ``summary.json``: the row counts and the trees' pair counts (pairs by what
-    decided them, drops by reason; see ``codetool.tree.labels.sibling_pairs``).
+    decided them, drops by reason; see ``codetool.tree.labels.sibling_pairs``), and ``extra``
+    (the caller's counts, e.g. ``test_queries_dropped``).
 
     Returns:
         ``{"train": n_rows, "validation": n_rows, "skipped_no_code": n, "val_query_ids": [...],
@@ -129,7 +130,7 @@ def export_dataset(records: list[dict[str, Any]], out_dir: str | Path, *, emit: 
     for name, split_rows in splits.items():
         write_jsonl(out_dir / f"{name}.jsonl", split_rows)
     stats = {"train": len(splits["train"]), "validation": len(splits["validation"]),
-             "skipped_no_code": skipped, "val_query_ids": sorted(val_ids), "pair_counts": counts}
+             "skipped_no_code": skipped, "val_query_ids": sorted(val_ids), "pair_counts": counts, **(extra or {})}
     (out_dir / "summary.json").write_text(json.dumps(stats, indent=2) + "\n")
     logger.info("PRM dataset: %d train rows, %d validation rows (%d held-out queries) -> %s",
                 stats["train"], stats["validation"], len(val_ids), out_dir)
