@@ -115,6 +115,49 @@ def prm_section(path: str | Path, out_dir: str | Path) -> dict[str, Any] | None:
     return out
 
 
+def prm_lines(prm: dict[str, Any]) -> list[str]:
+    """The report's "What the PRM learned" section from ``eval-prm``'s ``metrics.json``: pairwise
+    accuracy over labelled sibling pairs, split by what decided them (the search asks the PRM only
+    about pairs whose steps both ran), each with its n and interval, and best-of-k selection."""
+    lines = ["## What the PRM learned (held-out trees)", ""]
+    decided = prm.get("decided")
+    if not decided:  # metrics.json written before issue 38: every positive x negative row combination
+        acc = prm.get("pairwise_accuracy")
+        lines += [f"Pairwise accuracy {100 * acc:.1f}% over {prm.get('pairs', 0)} positive x negative row combinations "
+                  "of sibling groups (an older eval-prm: not labelled pairs, and not split by what decided them; "
+                  "run `codetool eval-prm` again)." if acc is not None else
+                  f"No held-out sibling pair ({prm.get('rows', 0)} held-out rows): pairwise accuracy not measured.", ""]
+    else:
+        lines += ["Pairwise accuracy on the labelled held-out sibling pairs (50% is chance), by what separates the two "
+                  f"steps; 95% intervals from {prm.get('bootstrap_samples')} resamples of queries (seed "
+                  f"{prm.get('bootstrap_seed')}). The search consults the PRM only between candidates with the same "
+                  "on-the-spot reward: the pairs where both steps ran are what it decides; pairs decided by "
+                  "executability are ranked by the on-the-spot reward already.", "",
+                  "| pairs | n | queries | accuracy | 95% interval |", "|---|---:|---:|---:|---|"]
+        names = {"all": "all labelled", "executability": "decided by executability", "both_ran": "both steps ran",
+                 "both_failed": "both steps failed", "unknown": "not known (rows without ok)"}
+        for kind, part in decided.items():
+            ci = part.get("ci95")
+            acc = "n/a" if part.get("accuracy") is None else f"{100 * part['accuracy']:.1f}%"
+            lines.append(f"| {names.get(kind, kind)} | {part['pairs']} | {part['queries']} | {acc} | "
+                         + (f"{100 * ci[0]:.1f}-{100 * ci[1]:.1f}" if ci else "n/a") + " |")
+        lines.append("")
+        best = prm.get("best_of_k") or {}
+        if best.get("groups"):
+            lines += [f"Best-of-k among runnable siblings ({best['groups']} groups with two or more steps that ran, "
+                      f"{best['informative']} whose steps differ): the PRM's pick has latent reward "
+                      f"{best['prm']:.3f}, a random pick {best['random']:.3f}, the best {best['oracle']:.3f}; the PRM "
+                      f"picks a best step in {100 * best['prm_best']:.0f}% of the groups.", ""]
+        else:
+            lines += ["Best-of-k: no held-out sibling group has two steps that ran (nothing for the PRM to choose).", ""]
+    lines += ["Calibration: " + ", ".join(
+        f"{name} {prm[key]:.3f}" for key, name in (("ece", "ECE"), ("brier", "Brier"), ("accuracy", "accuracy@0.5"),
+                                                   ("auc", "AUC")) if prm.get(key) is not None)
+              + f" over {prm.get('rows', 0)} rows" + (f" ([reliability diagram]({prm['calibration_plot']}))"
+                                                       if prm.get("calibration_plot") else "") + ".", ""]
+    return lines
+
+
 def _cell(value: dict | None, pct: bool, seeds: int) -> str:
     if value is None:
         return "–"
@@ -154,20 +197,5 @@ def render_summary(report: dict[str, Any]) -> list[str]:
                   "crosses: selection score; the ringed candidate was chosen.", ""]
     prm = report.get("prm")
     if prm:
-        lines += ["## What the PRM learned (held-out trees)", ""]
-        acc, ci = prm.get("pairwise_accuracy"), prm.get("pairwise_accuracy_ci95")
-        if acc is None:
-            lines.append(f"No held-out sibling pair with both labels ({prm.get('rows', 0)} held-out rows): "
-                         "pairwise accuracy not measured.")
-        else:
-            interval = (f", bootstrap 95% interval {100 * ci[0]:.1f}-{100 * ci[1]:.1f} "
-                        f"({prm.get('bootstrap_samples')} resamples of sibling groups, seed {prm.get('bootstrap_seed')})"
-                        if ci else "")
-            lines.append(f"Pairwise accuracy {100 * acc:.1f}% on {prm['pairs']} held-out sibling pairs{interval}; "
-                         "50% is chance.")
-        lines += ["", "Calibration: " + ", ".join(
-            f"{name} {prm[key]:.3f}" for key, name in (("ece", "ECE"), ("brier", "Brier"), ("accuracy", "accuracy@0.5"),
-                                                       ("auc", "AUC")) if prm.get(key) is not None)
-                  + f" over {prm.get('rows', 0)} rows" + (f" ([reliability diagram]({prm['calibration_plot']}))"
-                                                           if prm.get("calibration_plot") else "") + ".", ""]
+        lines += prm_lines(prm)
     return lines

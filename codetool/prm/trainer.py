@@ -120,7 +120,9 @@ class PRMTrainer(SFTTrainer):
             loss, logits = self.compute_loss(model, inputs, return_outputs=True)
         if prediction_loss_only:
             return loss.detach(), None, None
-        return loss.detach(), logits.detach(), torch.stack([inputs["target"], inputs["group"]], dim=1)
+        columns = [inputs["target"], inputs["group"]] + [inputs.get(k, torch.full_like(inputs["group"], -1))
+                                                         for k in ("pair", "ok", "query")]
+        return loss.detach(), logits.detach(), torch.stack(columns, dim=1)
 
     def _save(self, output_dir=None, state_dict=None):
         from codetool.prm.folder import save_prm
@@ -243,13 +245,17 @@ def _label_rules(rows: list[dict]) -> list[str]:
 def _compute_metrics(prediction) -> dict[str, float]:
     import numpy as np
 
-    from codetool.prm.evaluate import prm_metrics
+    from codetool.prm.evaluate import pairs_from_ids, prm_metrics
 
     logits = np.asarray(prediction.predictions, dtype=np.float64)
-    labels = np.asarray(prediction.label_ids)
+    labels = np.asarray(prediction.label_ids)  # target, group, pair, ok, query
     scores = 1.0 / (1.0 + np.exp(logits[:, 1] - logits[:, 0]))  # softmax over the two labels
-    metrics = prm_metrics(scores, 1 - labels[:, 0], labels[:, 1])
-    return {k: metrics[k] for k in ("pairwise_accuracy", "auc", "accuracy", "ece")}
+    positive = 1 - labels[:, 0]
+    pairs = pairs_from_ids(labels[:, 2].tolist(), positive, labels[:, 3].tolist(), labels[:, 4].tolist()) \
+        if labels.shape[1] > 4 else []
+    metrics = prm_metrics(scores, positive, pairs)  # on labelled pairs, and on those whose steps both ran
+    return {k: metrics[k] for k in ("pairwise_accuracy", "pairs", "pairwise_accuracy_both_ran", "pairs_both_ran",
+                                    "auc", "accuracy", "ece")}
 
 
 def build_trainer(cfg: PRMConfig) -> PRMTrainer:

@@ -1,7 +1,9 @@
 """Turn labelled trees into PRM examples and a Hugging Face dataset (docs/DESIGN.md §3).
 
 Each sibling pair of a tree gives two rows that share their prefix (query, tools, the path of
-steps above them): the "more promising" sibling with ``label=1`` and the other with ``label=0``.
+steps above them): the "more promising" sibling with ``label=1`` and the other with ``label=0``,
+both with the pair's id (``pair``) and each with whether its own step ran (``ok``, the on-the-spot
+reward): :mod:`codetool.prm.evaluate` measures the PRM on labelled pairs, split by what decided them.
 The history shows what the policy saw when it wrote the step: with the tree's
 ``observation_history: last`` only the parent's output (earlier outputs are ``None``).
 Every row keeps its candidate's own output; the PRM format decides whether the PRM sees it.
@@ -36,10 +38,12 @@ from codetool.tree.reference import interface_fields
 logger = logging.getLogger(__name__)
 
 PRM_FIELDS = ("query_id", "query", "tools", "history", "candidate", "candidate_output", "candidate_plan",
-              "label", "latent_reward", "source", "label_rule", "step_text", "previous_steps", "parent_result")
+              "label", "latent_reward", "source", "label_rule", "step_text", "previous_steps", "parent_result",
+              "ok", "pair")
 
 
-def _row(record: dict[str, Any], node_id: str, label: int, reference: dict | None = None) -> dict[str, Any]:
+def _row(record: dict[str, Any], node_id: str, label: int, reference: dict | None = None,
+         pair: str | None = None) -> dict[str, Any]:
     nodes = record["nodes"]
     node = nodes[node_id]
     item = step_item(record["query"], record["tools"], [nodes[n] for n in path_to(nodes, node_id)[:-1]],
@@ -50,7 +54,7 @@ def _row(record: dict[str, Any], node_id: str, label: int, reference: dict | Non
            "history": item.history, "candidate": item.candidate, "candidate_output": item.candidate_output,
            "candidate_plan": item.candidate_plan, "label": int(label), "latent_reward": float(node["latent_reward"]),
            "source": f"{record['query_id']}:{node_id}", "label_rule": record.get("label_rule", "ours"),
-           **interface_fields(record, node_id)}
+           "ok": bool(node.get("ok")), "pair": pair, **interface_fields(record, node_id)}
     if reference is not None:  # the public code's row: its texts and its latent reward
         row.update({k: reference[k] for k in ("step_text", "previous_steps", "parent_result")})
         row["latent_reward"] = float(record["reference"]["nodes"][node_id]["latent_reward"])
@@ -64,7 +68,8 @@ def tree_rows(record: dict[str, Any], emit: str = "pairs") -> tuple[list[dict[st
     rows, skipped = [], 0
     if emit == "pairs" and record.get("label_rule") == "reference" and "reference" in record:
         # (records written before the reference rows existed called our rule "reference": their pairs stand)
-        return [_row(record, r["node"], r["label"], r) for r in record["reference"]["rows"]], 0
+        return [_row(record, r["node"], r["label"], r, pair=f"{record['query_id']}:{k // 2}")
+                for k, r in enumerate(record["reference"]["rows"])], 0
     if emit == "nodes":
         for node_id, node in nodes.items():
             if node["code"] is None:
@@ -76,8 +81,9 @@ def tree_rows(record: dict[str, Any], emit: str = "pairs") -> tuple[list[dict[st
         if nodes[better]["code"] is None or nodes[worse]["code"] is None:
             skipped += 1
             continue
-        rows.append(_row(record, better, 1))
-        rows.append(_row(record, worse, 0))
+        pair = f"{record['query_id']}:{better}>{worse}"
+        rows.append(_row(record, better, 1, pair=pair))
+        rows.append(_row(record, worse, 0, pair=pair))
     return rows, skipped
 
 
