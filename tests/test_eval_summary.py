@@ -103,3 +103,31 @@ def test_the_prm_section_splits_the_pairs_by_what_decided_them():
     assert "random pick 0.738" in text and "the best 0.925" in text
     old = "\n".join(prm_lines({"pairwise_accuracy": 0.83, "pairs": 12, "rows": 10}))
     assert "positive x negative row combinations" in old  # an older metrics.json is labelled for what it is
+
+
+def test_the_report_gives_paired_differences_between_methods_over_queries(tmp_path):
+    from types import SimpleNamespace
+
+    from codetool.eval.summary import paired_lines, paired_section
+
+    ok, none = [("lookup", "ok")], []
+    # CodeTool (spot+latent) grounds queries 0-3 in both seeds; spot-only grounds 0-1 in seed 0, 0 in seed 1
+    for seed, spot in ((0, (0, 1)), (1, (0,))):
+        write_jsonl(tmp_path / f"spot+latent.seed{seed}.jsonl",
+                    [ran(traj(q, "finish", ok, method="spot+latent")) for q in range(4)])
+        write_jsonl(tmp_path / f"spot-only.seed{seed}.jsonl",
+                    [ran(traj(q, "finish", ok if q in spot else none, method="spot-only")) for q in range(4)])
+    paths = sorted(str(p) for p in tmp_path.glob("*.jsonl"))
+    runs = [SimpleNamespace(method=m, trajectories=[traj(q, "finish", ok, method=m) for q in range(4)])
+            for m in ("spot-only", "spot+latent")]
+    labels = {"spot-only": [["Solved"], ["Unsure"], ["Unsolved"], ["Unsolved"]], "spot+latent": [["Solved"]] * 4}
+    paired = paired_section(paths, ["spot-only", "spot+latent"], labels, runs, samples=500)
+    assert paired["baseline"] == "spot+latent"
+    [g] = paired["grounded"]["stabletoolbench"]
+    # per query, spot-only minus CodeTool over the seed means: 1-1, 0.5-1, 0-1, 0-1 -> mean -0.625
+    assert (g["a"], g["b"], g["n"]) == ("spot-only", "spot+latent", 4) and g["mean"] == pytest.approx(-0.625)
+    assert g["low"] <= g["mean"] <= g["high"] < 0
+    [p] = paired["pass"]["stabletoolbench"]
+    assert p["mean"] == pytest.approx((0 - 0.5 - 1 - 1) / 4)
+    text = "\n".join(paired_lines(paired))
+    assert "| grounded | stabletoolbench | spot-only | 4 | -62.5 |" in text

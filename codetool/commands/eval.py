@@ -33,7 +33,7 @@ from codetool.eval.convert import export_converted
 from codetool.eval.markdown import render_markdown, write_plots
 from codetool.eval.preference import win_rates
 from codetool.eval.runs import open_runs, run_warnings
-from codetool.eval.summary import prm_section, seed_summary
+from codetool.eval.summary import paired_section, prm_section, seed_summary
 from codetool.jsonl import write_jsonl
 from codetool.judge.records import Judge
 from codetool.secrets import redact, redact_obj
@@ -90,6 +90,8 @@ def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
                                                   judge.describe() if judge else None, cfg.run_settings)
     report["summary"] = seed_summary([p for p in [*cfg.trajectories, *cfg.seed_runs] if p.endswith(".jsonl")],
                                      methods=report["methods"])
+    report["paired"] = paired_section([p for p in [*cfg.trajectories, *cfg.seed_runs] if p.endswith(".jsonl")],
+                                      report["methods"], labels, shown, seed=cfg.judge.seed)
     if (prm := prm_section(cfg.prm_metrics, out_dir)) is not None:
         report["prm"] = prm
     write_jsonl(out_dir / "verdicts.jsonl", verdict_rows)

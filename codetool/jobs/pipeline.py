@@ -259,7 +259,8 @@ def comparability_settings(cfg: PipelineConfig) -> dict[str, Any]:
     flattened, with where they come from (``__source__``)."""
     from codetool.eval.comparability import RUN_SECTIONS, flatten
 
-    settings = flatten({k: to_dict(getattr(cfg, k)) for k in RUN_SECTIONS if hasattr(cfg, k)})
+    settings = flatten({k: [to_dict(x) for x in getattr(cfg, k)] if isinstance(getattr(cfg, k), list)
+                        else to_dict(getattr(cfg, k)) for k in RUN_SECTIONS if hasattr(cfg, k)})
     settings["__source__"] = f"pipeline {cfg.name}"
     return settings
 
