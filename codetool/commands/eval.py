@@ -141,7 +141,9 @@ def eval_command(cfg: EvalConfig) -> int:
     block = report["comparability"]
     console.print(f"comparability with {block['target_name']}: "
                   + (f"{len(block['deviations'])} differences" if block["deviations"] else
-                     f"no deviation found ({block['settings_checked']} settings checked)"), markup=False, highlight=False)
+                     f"no setting deviates ({block['settings_checked']} checked)")
+                  + f"; {len(block.get('known_differences', []))} known differences, "
+                    f"{len(block.get('unchecked', []))} things not checked (report.md)", markup=False, highlight=False)
     for deviation in block["deviations"]:
         console.print(f"not comparable: {deviation}", markup=False, highlight=False)
     console.print(f"report: {Path(cfg.out) / 'report.md'}, report.json, {len(report['files'].get('plots', []))} plots",
