@@ -150,25 +150,35 @@ def credit_weights(z: Sequence[float | None], sign: float, temperature: float) -
     return (len(z) * torch.softmax(sign * t / temperature, dim=0)).tolist()
 
 
+def scored(rewards: dict[str, list[float | None]], weights: dict[str, float]) -> bool:
+    """Whether any weighted reward gave the episode a value (a dropped episode has ``None`` everywhere)."""
+    return any(v is not None for name in weights for v in rewards.get(name, []))
+
+
 def anchored_components(step_rewards: Sequence[dict[str, list[float | None]]], weights: dict[str, float],
                         spans: list[list[tuple[int, int]]], group_size: int, width: int, *, eps: float = 1e-4,
-                        aggregate: str = "mean", outcomes: Collection[str] = OUTCOME_REWARDS,
-                        temperature: float = 1.0, spread: bool = True) -> dict[str, torch.Tensor]:
+                        aggregate: str = "mean", aggregates: dict[str, str] | None = None,
+                        outcomes: Collection[str] = OUTCOME_REWARDS, temperature: float = 1.0,
+                        spread: bool = True) -> dict[str, torch.Tensor]:
     """Per reward name, its (episodes, width) part of the ``anchored`` advantage (module docstring);
-    the parts add up to the advantage. ``spread=False`` puts each episode's advantage on all its
-    steps alike (:func:`sequence_components`)."""
+    the parts add up to the advantage. ``aggregates`` overrides ``aggregate`` per reward (the LIT
+    tool cost is summed). An episode no weighted reward scored (``Episode.dropped``: every value
+    ``None``) is left out of its group's statistics and gets 0. ``spread=False`` puts each
+    episode's advantage on all its steps alike (:func:`sequence_components`)."""
     n = len(spans)
     _check_groups(n, group_size)
     steps = [len(s) for s in spans]
+    modes = {name: (aggregates or {}).get(name, aggregate) for name in weights}
     per_step = {name: w for name, w in weights.items() if name not in outcomes}
     z = normalise_groups(step_reward_rows(step_rewards, per_step, steps), group_size, eps) if per_step and spread \
         else [[None] * k for k in steps]
-    parts: dict[str, list[list[float]]] = {name: [[] for _ in range(n)] for name in weights}
+    parts: dict[str, list[list[float]]] = {name: [[0.0] * steps[i] for i in range(n)] for name in weights}
     for g in range(0, n, group_size):
-        members = range(g, g + group_size)
+        # an episode no reward scored (dropped: a step the machine could not run) is out of its group, advantage 0
+        members = [i for i in range(g, g + group_size) if scored(step_rewards[i], weights)]
         values = {name: [episode_value(step_rewards[i].get(name, []) if steps[i] else [], outcome=name in outcomes,
-                                       aggregate=aggregate) for i in members] for name in weights}
-        totals = [sum(w * values[name][k] for name, w in weights.items()) for k in range(group_size)]
+                                       aggregate=modes[name]) for i in members] for name in weights}
+        totals = [sum(w * values[name][k] for name, w in weights.items()) for k in range(len(members))]
         mean_total, std = _stats(totals)
         means = {name: _stats(values[name])[0] for name in weights}
         for k, i in enumerate(members):
@@ -182,11 +192,12 @@ def anchored_components(step_rewards: Sequence[dict[str, list[float | None]]], w
 
 def sequence_components(step_rewards: Sequence[dict[str, list[float | None]]], weights: dict[str, float],
                         spans: list[list[tuple[int, int]]], group_size: int, width: int, *, eps: float = 1e-4,
-                        aggregate: str = "mean", outcomes: Collection[str] = OUTCOME_REWARDS) -> dict[str, torch.Tensor]:
+                        aggregate: str = "mean", aggregates: dict[str, str] | None = None,
+                        outcomes: Collection[str] = OUTCOME_REWARDS) -> dict[str, torch.Tensor]:
     """Per reward name, its part of TRL's sequence-level GRPO advantage of the ``aggregate``d rewards
     (``advantage: sequence``), every token of an episode alike."""
     return anchored_components(step_rewards, weights, spans, group_size, width, eps=eps, aggregate=aggregate,
-                               outcomes=outcomes, spread=False)
+                               aggregates=aggregates, outcomes=outcomes, spread=False)
 
 
 def deepseekmath_components(step_rewards: Sequence[dict[str, list[float | None]]], weights: dict[str, float],
@@ -216,8 +227,9 @@ def deepseekmath_components(step_rewards: Sequence[dict[str, list[float | None]]
 
 def process_advantages(step_rewards: Sequence[dict[str, list[float | None]]], weights: dict[str, float],
                        spans: list[list[tuple[int, int]]], group_size: int, width: int, eps: float = 1e-4, *,
-                       estimator: str = "anchored", aggregate: str = "mean", outcomes: Collection[str] = OUTCOME_REWARDS,
-                       temperature: float = 1.0, components: bool = False):
+                       estimator: str = "anchored", aggregate: str = "mean", aggregates: dict[str, str] | None = None,
+                       outcomes: Collection[str] = OUTCOME_REWARDS, temperature: float = 1.0,
+                       components: bool = False):
     """(episodes, width) per-token advantages of a batch of groups (see the module docstring).
 
     Args:
@@ -228,6 +240,7 @@ def process_advantages(step_rewards: Sequence[dict[str, list[float | None]]], we
         width (`int`): the padded completion width.
         estimator (`str`, *optional*, defaults to ``"anchored"``): ``anchored`` or ``deepseekmath``.
         aggregate (`str`, *optional*, defaults to ``"mean"``): ``anchored``: a per-step reward's episode value.
+        aggregates (`dict[str, str]`, *optional*): per reward, an aggregate that overrides ``aggregate``.
         outcomes (`Collection[str]`): the outcome rewards (their last-step value is the episode's).
         temperature (`float`, *optional*, defaults to 1.0): ``anchored``: how sharply credit follows step quality.
         components (`bool`, *optional*): also return each reward's part (they add up to the advantage).
@@ -238,7 +251,7 @@ def process_advantages(step_rewards: Sequence[dict[str, list[float | None]]], we
     """
     if estimator == "anchored":
         parts = anchored_components(step_rewards, weights, spans, group_size, width, eps=eps, aggregate=aggregate,
-                                    outcomes=outcomes, temperature=temperature)
+                                    aggregates=aggregates, outcomes=outcomes, temperature=temperature)
     elif estimator == "deepseekmath":
         parts = deepseekmath_components(step_rewards, weights, spans, group_size, width, eps=eps)
     else:

@@ -7,7 +7,8 @@ executor (a fresh sandbox family per episode: siblings of a group cannot reach e
 to lower their rewards) and is read, run, rewarded on the spot and shown by the search's own
 function (:func:`codetool.search.step.run_step`, under the same :class:`~codetool.search.config.StepGroup`
 settings, ``observation_cut`` and constrained decoding included), and the episode ends on
-``finish``/``give_up``, after ``max_steps`` or on a host error.
+``finish``/``give_up``, after ``max_steps``, on a host error or on a step the executor could not run
+(``not_executed``: the episode is then dropped from its GRPO group, ``Episode.dropped``).
 
 Token rows (see :mod:`codetool.policy.episode`): the first prompt is the search's prompt,
 tokenised as the search's backend tokenises it; after a step, the row grows by the ids the
@@ -37,6 +38,7 @@ from typing import Any, Protocol
 from codetool import CodetoolError
 from codetool.models.completion import Completion, find_stop
 from codetool.resume import unit_seed
+from codetool.rewards import not_executed
 from codetool.search.expand import step_constraint
 from codetool.search.prompt import policy_messages
 from codetool.search.step import prefixed, reply_lead, reply_text, run_step, stop_words
@@ -255,6 +257,8 @@ class EpisodeRunner:
             self.stats.generated_tokens += len(ids)
         if cand.result.outcome == "host_error":
             ep.finish_type, ep.error = "error", cand.result.error_message
+        elif not_executed(cand.result):  # the machine's failure: the episode is dropped from its group
+            ep.finish_type, ep.error = "error", f"not executed: {cand.result.error_message or 'nothing ran'}"
         elif step.ended == "finish":
             ep.finish_type, ep.final_answer = "finish", str(cand.result.final_answer)
         elif step.ended == "give_up":

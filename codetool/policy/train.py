@@ -7,7 +7,8 @@ dataset of task keys. :func:`train_run` trains it from the run's last checkpoint
 auto``), merges a LoRA adapter, writes the policy folder (``<run>/policy``: weights, tokenizer
 with its chat template, ``codetool_policy.json`` and a model card naming the PRM and the reward
 weights) that ``codetool run --policy DIR`` loads, and returns the run's summary (reward curve,
-steps, tokens, seconds).
+steps, tokens, seconds, and ``dropped_episodes``: episodes left out of their GRPO group because a
+step could not be executed, a failure of the machine).
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def build_trainer(cfg: TrainPolicyConfig, tasks: dict, *, scorer: PRMScorer | No
     tokenizer.padding_side = "left"  # GRPO's prompts are left-padded
     setting = cfg.rewards
     funcs, weights = build_rewards(setting.weights, aggregate=cfg.aggregate, scorer=scorer, judge=judge,
-                                   step=cfg.rollout)
+                                   allow_weak_judge=cfg.allow_weak_judge, step=cfg.rollout)
     cfg.reward_weights = weights
     runner = EpisodeRunner(tokenizer, cfg.rollout, executor_factory(cfg.executor), seed=cfg.seed,
                            max_positions=getattr(model.config, "max_position_embeddings", None),
@@ -107,7 +108,8 @@ def build_trainer(cfg: TrainPolicyConfig, tasks: dict, *, scorer: PRMScorer | No
         rollout_func=make_rollout_func(runner, tasks, generator_for, on_episodes=lambda eps: seen(eps)),
         advantage=cfg.advantage, step_weights=dict(zip([f.name for f in funcs], weights)),
         share_prompt=cfg.share_prompt, runner=runner, aggregate=cfg.aggregate,
-        outcomes=tuple(f.name for f in funcs if f.outcome), credit_temperature=cfg.credit_temperature)
+        outcomes=tuple(f.name for f in funcs if f.outcome), credit_temperature=cfg.credit_temperature,
+        aggregates={f.name: f.always for f in funcs if f.always})
     trainer.codetool_info = {"policy": cfg.policy, "prm": prm_name, "setting": setting.name,
                              "reward_weights": setting.weights, "aggregate": cfg.aggregate,
                              "advantage": cfg.advantage, "loss_type": cfg.loss_type, "seed": cfg.seed,
@@ -160,6 +162,7 @@ def train_run(cfg: TrainPolicyConfig, tasks: dict, *, scorer: PRMScorer | None =
                "generated_tokens": trainer.token_budget.generated, "curve": reward_curve(trainer.state.log_history),
                "outcomes": dict(trainer.outcome_counts), "timing": timing,
                "advantage_shares": {name: sum(v) / len(v) for name, v in trainer.shares.items() if v},
+               "dropped_episodes": trainer.dropped_episodes,
                "inexact_steps": trainer.runner.stats.inexact_steps}
     policy_dir = Path(cfg.output_dir) / "policy"
     save_policy(trainer, policy_dir, summary)

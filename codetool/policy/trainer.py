@@ -7,9 +7,10 @@ are TRL's. The subclass adds two things TRL cannot do from the outside, each a m
 - ``_generate_and_score_completions``: with ``advantage: anchored`` (the default) or
   ``deepseekmath`` it replaces TRL's (batch,) advantages by (batch, tokens) ones from the step
   rewards (:mod:`codetool.policy.advantages`; TRL's loss takes either shape), logs each reward's
-  share of the advantage's variance (``advantages/share_<name>``), and the per-step outcome histogram
-  (``outcomes/<category>`` shares, and one JSON line per rollout in ``outcomes.jsonl``) and the
-  rollout's timings;
+  share of the advantage's variance (``advantages/share_<name>``), the per-step outcome histogram
+  (``outcomes/<category>`` shares, and one JSON line per rollout in ``outcomes.jsonl``), the share
+  of episodes dropped from their group (``episodes/dropped``: a step the machine could not run;
+  their rewards are ``None``, :mod:`codetool.policy.rewards`) and the rollout's timings;
 - ``_get_per_token_logps_and_entropies``: the episodes of a group share their prompt (system
   prompt, tools, query: most of the row), so it runs each distinct prompt once and the group's
   completions on its KV cache, gradients flowing through the cache; the log-probabilities and
@@ -94,10 +95,11 @@ class PolicyGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args, advantage: str = "sequence", step_weights: dict[str, float] | None = None,
                  share_prompt: bool = True, runner=None, aggregate: str = "mean", outcomes=OUTCOME_REWARDS,
-                 credit_temperature: float = 1.0, **kwargs):
+                 aggregates: dict[str, str] | None = None, credit_temperature: float = 1.0, **kwargs):
         super().__init__(*args, **kwargs)
         self.advantage, self.step_weights = advantage, dict(step_weights or {})
         self.aggregate, self.outcomes, self.credit_temperature = aggregate, tuple(outcomes), credit_temperature
+        self.aggregates = dict(aggregates or {})  # per reward, an aggregate of its own (tool cost: sum)
         self.shares: dict[str, list[float]] = {}  # per reward, its share of the advantage variance per batch
         vocab = self.accelerator.unwrap_model(self.model).get_output_embeddings().weight.shape[0]
         self.constraint_masks = ConstraintMasks(self.processing_class, vocab)
@@ -105,6 +107,7 @@ class PolicyGRPOTrainer(GRPOTrainer):
         self._constraint_ids: torch.Tensor | None = None  # the rows of the batch in the loss
         self.share_prompt, self.runner = share_prompt, runner
         self.outcome_counts: Counter = Counter()
+        self.dropped_episodes = 0  # left out of their group: a step the machine could not run
         self._seen = {"generation_s": 0.0, "execution_s": 0.0, "inexact_steps": 0}
 
     # ----------------------------------------------------------------- constrained steps
@@ -168,11 +171,12 @@ class PolicyGRPOTrainer(GRPOTrainer):
         if self.advantage in ESTIMATORS:
             total, parts = process_advantages([r for r, _ in every], self.step_weights, spans, group, widest,
                                               estimator=self.advantage, aggregate=self.aggregate,
-                                              outcomes=self.outcomes, temperature=self.credit_temperature,
-                                              components=True)
+                                              aggregates=self.aggregates, outcomes=self.outcomes,
+                                              temperature=self.credit_temperature, components=True)
         else:  # sequence: TRL's advantage of the aggregated rewards, every token alike
             total, parts = sequence_components([r for r, _ in every], self.step_weights, spans, group, widest,
-                                               aggregate=self.aggregate, outcomes=self.outcomes)
+                                               aggregate=self.aggregate, aggregates=self.aggregates,
+                                               outcomes=self.outcomes)
         shares = advantage_shares(total, parts, step_mask(spans, widest))
         return total[start:start + len(episodes), :width], shares
 
@@ -186,6 +190,9 @@ class PolicyGRPOTrainer(GRPOTrainer):
         self._metrics[mode]["episodes/finish"].append(
             sum(e.finish_type == "finish" for e in episodes) / max(len(episodes), 1))
         self._metrics[mode]["episodes/generated_tokens"].append(float(sum(e.generated_tokens for e in episodes)))
+        dropped = sum(e.dropped for e in episodes)
+        self.dropped_episodes += dropped if mode == "train" else 0
+        self._metrics[mode]["episodes/dropped"].append(dropped / max(len(episodes), 1))
         if self.runner is not None:
             stats = self.runner.stats
             for key in self._seen:
@@ -194,7 +201,7 @@ class PolicyGRPOTrainer(GRPOTrainer):
                 self._seen[key] = value
         if self.args.should_save and mode == "train":
             record = {"step": self.state.global_step, "time": round(time.time(), 3), "outcomes": dict(counts),
-                      "episodes": len(episodes)}
+                      "episodes": len(episodes), "dropped": dropped}
             path = Path(self.args.output_dir) / "outcomes.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "a", encoding="utf-8") as f:
