@@ -151,3 +151,17 @@ def test_equal_rewards_give_zero_advantages_and_groups_must_be_whole():
     assert normalise_groups([[1.0, 1.0], [1.0]], group_size=2) == [[0.0, 0.0], [0.0]]
     with pytest.raises(ValueError):
         normalise_groups([[1.0], [0.0], [1.0]], group_size=2)
+
+
+def test_a_dropped_episode_is_out_of_its_group_and_gets_zero():
+    # a step the machine could not run: every reward None (codetool.policy.rewards); the others as alone
+    dropped = {"prm": [None, None], "grounded": [None, None]}
+    spans = spans_of(1, 1, 2)
+    with_it = process_advantages([ep([0.8], 1.0), ep([0.2], 0.0), dropped], W, spans, 3, 6)
+    alone = process_advantages([ep([0.8], 1.0), ep([0.2], 0.0)], W, spans[:2], 2, 6)
+    assert torch.allclose(with_it[:2], alone) and with_it[2].abs().sum() == 0
+    # the tool cost is summed over the episode whatever the aggregate (as its reward is)
+    cost = [{"tool_cost": [-1.0, -1.0], "grounded": [None, 1.0]}, {"tool_cost": [-2.0], "grounded": [1.0]}]
+    summed = process_advantages(cost, {"tool_cost": 1.0, "grounded": 1.0}, spans_of(2, 1), 2, 6,
+                                aggregates={"tool_cost": "sum"})
+    assert summed.abs().sum() == 0  # both cost 2 in all: equal returns
