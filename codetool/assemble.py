@@ -64,7 +64,8 @@ JUDGES: dict[str, type] = {
 
 
 def make_search(policy: LLMBackend, cfg: SearchConfig, make_executor: Callable[[SearchTask], StepExecutor],
-                scorer: PRMScorer | None = None, config_hash: str = "") -> Search:
+                scorer: PRMScorer | None = None, config_hash: str = "",
+                admit: Callable[[int], bool] | None = None) -> Search:
     """The search ``cfg`` describes: the parts bound to the settings and to ``STRATEGIES[cfg.strategy]``.
 
     Args:
@@ -73,10 +74,11 @@ def make_search(policy: LLMBackend, cfg: SearchConfig, make_executor: Callable[[
         make_executor (`Callable[[SearchTask], StepExecutor]`): a fresh executor for a task.
         scorer (`PRMScorer`, *optional*): the latent reward source when ``latent='prm'``.
         config_hash (`str`, *optional*): stored in every trajectory.
+        admit (`Callable[[int], bool]`, *optional*): a cap on the queries in flight (a memory cap).
     Raises:
         ConfigError: settings the parts cannot run (``codetool.search.episode.check``).
     """
-    return Search(SearchParts(policy, make_executor, scorer, config_hash), cfg, STRATEGIES[cfg.strategy])
+    return Search(SearchParts(policy, make_executor, scorer, config_hash, admit), cfg, STRATEGIES[cfg.strategy])
 
 
 def make_policy(spec: ModelSpec):
@@ -158,10 +160,14 @@ def make_judge(cfg: JudgeConfig, cache_path: str | None = None) -> Judge | None:
 
 
 def executor_factory(executor_cfg: ExecutorConfig) -> Callable[[SearchTask], StepExecutor]:
-    """``task -> Executor`` with the task's tool functions."""
+    """``task -> Executor`` with the task's tool functions; the executors of one factory share
+    sandbox families (:class:`codetool.executor.pool.FamilyPool`): a new one is a fork of a running
+    root, not a new interpreter."""
     from codetool.executor import Executor
+    from codetool.executor.pool import FamilyPool
 
-    return lambda task: Executor(executor_cfg, tools=task.env.functions())
+    pool = FamilyPool(executor_cfg)
+    return lambda task: Executor(executor_cfg, tools=task.env.functions(), pool=pool)
 
 
 def make_task(query, backend, *, max_response_chars: int = 20000, tool_doc: str = "full") -> SearchTask:

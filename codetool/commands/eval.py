@@ -34,6 +34,7 @@ from codetool.eval.markdown import render_markdown, write_plots
 from codetool.eval.preference import win_rates
 from codetool.eval.runs import open_runs, run_warnings
 from codetool.eval.summary import paired_section, prm_section, seed_summary
+from codetool.jobs import client_rows
 from codetool.jsonl import write_jsonl
 from codetool.judge.records import Judge
 from codetool.secrets import redact, redact_obj
@@ -114,7 +115,7 @@ def eval_command(cfg: EvalConfig) -> int:
     from rich.table import Table
 
     judge = make_judge(cfg.judge, cache_path=str(Path(cfg.out) / "judge_cache.jsonl"))
-    with progress_bar(f"judge {redact(judge.name)} (batches)" if judge else "eval") as progress:
+    with progress_bar(f"judge {redact(judge.name)}" if judge else "eval") as progress:
         if judge is not None:
             judge.progress = progress
         report = run_eval(cfg, judge)
@@ -136,6 +137,10 @@ def eval_command(cfg: EvalConfig) -> int:
                           f"{100 * m['scep']:.1f}" if m["scep"] is not None else "n/a",
                           f"{m['mean_steps']:.2f}", f"{m['mean_seconds']:.1f}")
     console.print(table)
+    backend = getattr(judge, "_backend", None) if judge is not None and not getattr(judge, "_lazy", True) else None
+    if callable(getattr(backend, "stats", None)):  # a judge server: its requests and the faults retried
+        for key, value in client_rows({"judge": backend}):
+            console.print(f"{key.strip()}: {value}", markup=False, highlight=False)
     for warning in report["warnings"]:
         console.print(f"warning: {warning}", markup=False, highlight=False)
     block = report["comparability"]

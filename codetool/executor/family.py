@@ -115,6 +115,12 @@ class WorkerHandle:
         self.pidfd = None
 
 
+def separate_principals(config: ExecutorConfig) -> bool:
+    """Whether the executors of a family with ``config`` are separate principals here (the host
+    is root, ``drop_uid`` is on and the sandbox interpreter is usable by an unprivileged uid)."""
+    return bool(config.drop_uid and os.geteuid() == 0 and others_can_use(interpreter_info(resolve_python(config.python))))
+
+
 def _new_key() -> int:
     """A fresh principal key (its uid when uids are per principal): random, and no live principal
     of this process has it. (Hosts in other processes draw from 3e9 values too.)"""
@@ -150,7 +156,7 @@ class Family:
         self.principals = False  # a uid per principal (the host is root and may drop)
         self.gid: int | None = None
         if config.drop_uid and self.as_root:
-            if others_can_use(self.info):
+            if separate_principals(config):
                 self.principals = True
                 self.gid = UID_BASE + secrets.randbelow(UID_SPAN)  # the family's group
             else:
@@ -300,6 +306,20 @@ class Family:
     def acquire(self) -> None:
         with self._lock:
             self._refs += 1
+
+    def acquire_open(self, count: int = 1) -> bool:
+        """Take ``count`` references if the family is still running (not closed by the release of
+        its last executor); whether it did (:class:`codetool.executor.pool.FamilyPool`)."""
+        with self._lock:
+            if self._proc is None:
+                return False
+            self._refs += count
+            return True
+
+    @property
+    def executors(self) -> int:
+        """Executors (and reservations) holding the family."""
+        return self._refs
 
     def release(self) -> None:
         with self._lock:

@@ -43,7 +43,8 @@ class Sandbox(Family):
 
     Args:
         config (`ExecutorConfig`): limits and isolation mode.
-        tool_names (`list[str]`): the tool functions every worker defines.
+        tool_names (`list[str]`): the tool functions a worker defines unless :meth:`spawn` is given
+            its own (a family shared by executors of different tasks, ``codetool.executor.pool``).
     Raises:
         ExecutorError: when the requested isolation cannot start here.
     """
@@ -52,13 +53,15 @@ class Sandbox(Family):
         self.tool_names = list(tool_names)
         super().__init__(config)
 
-    def spawn(self) -> WorkerHandle:
-        """A fresh worker with an empty state (a new principal)."""
+    def spawn(self, tool_names: list[str] | None = None) -> WorkerHandle:
+        """A fresh worker with an empty state (a new principal) whose tool functions are
+        ``tool_names`` (default: the family's)."""
         key = self._new_key()
+        tools = list(self.tool_names if tool_names is None else tool_names)
         host_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         read_fd, write_fd = os.pipe()
         try:
-            reply = self._call({"op": "spawn", "key": key, "tools": self.tool_names,
+            reply = self._call({"op": "spawn", "key": key, "tools": tools,
                                 "max_output_chars": self.config.max_output_chars},
                                [worker_end.fileno(), write_fd])
             if reply.get("op") != "spawned":

@@ -169,6 +169,9 @@ RUN_TEXT_ORDER = ("query", "tools", "benchmark", "group", "subset", "queries", "
                   "tool_server_url", "tool_cache_dir", "max_response_chars", "tool_doc", "prm", "prm_device", "router",
                   "policy_client", "prm_client", "search", "executor", "routing", "answer", "retry_failed",
                   "force_resume", "ray", "cluster")
+# Settings that change how a stage runs, not what it writes, added after the stage hashes were
+# recorded: left out of the text and of the trees' hash, so recorded stages stay valid.
+NOT_HASHED = ("max_memory_mb",)
 
 
 # SearchConfig's fields in the order of before it composed StepGroup (issue 38), for its repr in run_text.
@@ -277,11 +280,12 @@ def runs_stage(cfg: PipelineConfig, name: str) -> bool:
 def stage_hashes(cfg: PipelineConfig) -> dict[str, str]:
     """``{stage: hash}`` of what determines each stage's output (``trees``, ``train``, ``search``,
     ``eval``): a stage whose recorded hash equals this one is skipped. Client limits (in flight,
-    timeouts, retries) change how fast a stage runs, not what it writes, so they are left out."""
+    timeouts, retries) and :data:`NOT_HASHED` change how fast a stage runs, not what it writes, so
+    they are left out."""
     tree_cfg, train_cfg = tree_config(cfg), train_config(cfg)
     # never_train_on decides which queries get trees, and the export drops held-out trees whatever was built: not hashed
     h_trees = _hash({k: v for k, v in dataclasses.asdict(dataclasses.replace(tree_cfg, policy_client=RemoteConfig())).items()
-                     if k != "never_train_on"})
+                     if k not in NOT_HASHED and k != "never_train_on"})
     h_train = _hash(cfg.prm_checkpoint) if cfg.prm_checkpoint else _hash(train_cfg.stage_settings(), h_trees)
     run_cfgs = run_configs(cfg, cfg.prm_checkpoint or train_cfg.output_dir)
     needs_prm = any(m.latent == "prm" for m in cfg.methods)

@@ -96,16 +96,13 @@ def build_trainer(cfg: TrainPolicyConfig, tasks: dict, *, scorer: PRMScorer | No
         return local["gen"]
 
     keys = sorted(tasks)
-    made: dict = {}
-
-    def seen(episodes) -> None:  # the token budget counts them; the trainer replays their constraints
-        budget.add(episodes)
-        made["trainer"].note_episodes(episodes)
-
     trainer = PolicyGRPOTrainer(
         model=model, reward_funcs=funcs, args=cfg, train_dataset=Dataset.from_list([{"prompt": k} for k in keys]),
         processing_class=tokenizer, peft_config=peft_config(cfg, model), callbacks=[budget],
-        rollout_func=make_rollout_func(runner, tasks, generator_for, on_episodes=lambda eps: seen(eps)),
+        # the trainer's budget, not `budget`: a resume replaces it by the checkpoint's (its count restored)
+        # and the trainer replays their constraints for the log-probabilities (codetool.policy.constrained)
+        rollout_func=make_rollout_func(runner, tasks, generator_for, on_episodes=lambda episodes: (
+            trainer.token_budget.add(episodes), trainer.note_episodes(episodes))),
         advantage=cfg.advantage, step_weights=dict(zip([f.name for f in funcs], weights)),
         share_prompt=cfg.share_prompt, runner=runner, aggregate=cfg.aggregate,
         outcomes=tuple(f.name for f in funcs if f.outcome), credit_temperature=cfg.credit_temperature,
@@ -115,8 +112,7 @@ def build_trainer(cfg: TrainPolicyConfig, tasks: dict, *, scorer: PRMScorer | No
                              "advantage": cfg.advantage, "loss_type": cfg.loss_type, "seed": cfg.seed,
                              "token_budget": cfg.token_budget,
                              "prompts": len(keys), "finetune": cfg.finetune, "codetool_version": __version__}
-    made["trainer"] = trainer
-    trainer.reward_objects, trainer.token_budget = funcs, budget
+    trainer.reward_objects = funcs
     return trainer
 
 

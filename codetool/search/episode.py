@@ -67,12 +67,16 @@ class SearchParts:
             task's tool functions).
         scorer (`PRMScorer`, *optional*): the latent reward source when ``latent='prm'``.
         config_hash (`str`, *optional*): stored in every trajectory.
+        admit (`Callable[[int], bool]`, *optional*): under continuous scheduling, whether one
+            more query may start beside the number in flight (a memory cap,
+            :class:`codetool.memory_use.MemoryGate`); ``None``: as many as the schedule keeps.
     """
 
     policy: LLMBackend
     make_executor: Callable[[SearchTask], StepExecutor]
     scorer: PRMScorer | None = None
     config_hash: str = ""
+    admit: Callable[[int], bool] | None = None
 
 
 Strategy = Callable[[Iterable[SearchTask], SearchParts, SearchConfig, "Hook | None"], list[Trajectory]]
@@ -189,6 +193,7 @@ class Episodes:
             raise ConfigError("search.latent is 'rollout' but this strategy was given no rollout value.")
         self.cfg, self.rollout = cfg, rollout
         self.policy, self.make_executor, self.config_hash = parts.policy, parts.make_executor, parts.config_hash
+        self.admit = parts.admit
         self.continuous = is_continuous(parts.policy, cfg.schedule)
         self.scorer = thread_safe(parts.scorer) if self.continuous else parts.scorer
         self.episodes = units_in_flight(cfg.concurrency, parts.policy, self.continuous, local_default=4,
@@ -203,7 +208,7 @@ class Episodes:
     def run(self, tasks: Iterable[SearchTask], land: Hook) -> None:
         """Greedy episodes of every task, ``episodes`` at a time; ``land`` sees each finished one."""
         if self.continuous:
-            stream(self.episode, tasks, self.episodes, land)
+            stream(self.episode, tasks, self.episodes, land, admit=self.admit)
             return
         pending, active = iter(tasks), []
         rounds = 0
@@ -458,7 +463,7 @@ def each_query(episodes: Episodes, one: Callable[[SearchTask], Trajectory], task
             on_done(traj)
 
     if episodes.continuous:
-        stream(one, tasks, max(1, episodes.episodes // width), finished)
+        stream(one, tasks, max(1, episodes.episodes // width), finished, admit=episodes.admit)
         return done
     for task in tasks:
         finished(one(task))

@@ -15,6 +15,7 @@ from codetool.config import ConfigError, config_hash, option
 from codetool.config_groups import with_defaults
 from codetool.distributed.ray_cluster import ShardedWorkersGroup
 from codetool.executor import ExecutorConfig
+from codetool.memory_use import MemoryGroup
 from codetool.models.spec import PolicyGroup
 from codetool.resume import OutputGroup
 from codetool.search.config import SearchConfig
@@ -28,7 +29,7 @@ TreeOutput = with_defaults(OutputGroup, output="runs/trees/trees.jsonl")
 
 
 @dataclass
-class TreeConfig(TreePolicy, TreeTools, TreeOutput, ShardedWorkersGroup):
+class TreeConfig(TreePolicy, TreeTools, TreeOutput, ShardedWorkersGroup, MemoryGroup):
     """Settings of ``codetool build-trees``: the groups it composes (policy, tools, output, workers
     with shards) and its own."""
 
@@ -103,4 +104,4 @@ def tree_hash(cfg: TreeConfig) -> str:
     queries from trees built before, so the guarantee does not depend on the hash)."""
     return config_hash(cfg, ignore=("output", "dataset_dir", "shard", "merge", "limit", "batch_trees", "never_train_on",
                                     "policy_max_batch_size", "retry_failed", "force_resume", "relabel", "ray",
-                                    "cluster", "policy_client"))
+                                    "cluster", "policy_client", "max_memory_mb"))
