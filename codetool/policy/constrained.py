@@ -18,7 +18,8 @@ constraint: ``train-policy`` refuses ``rollout.constrain`` with ``use_vllm``.
 
 Limits: top-p truncation at sampling is not replayed (TRL's log-probabilities never include it);
 the masked forward materialises ``(rows, tokens, vocab)`` logits, which the fused LM head avoids
-(the quickstart's 4 rows x ~100 tokens x 49k vocabulary: ~80 MB).
+(the quickstart's 4 rows x ~200 completion tokens x 49k vocabulary in float32: ~160 MB, twice that
+with the log-softmax).
 """
 
 from __future__ import annotations
