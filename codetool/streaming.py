@@ -121,8 +121,9 @@ class Delivery:
 
     def check(self) -> None:
         """Raise what ``on_result`` raised, if it did."""
-        if self.failed.done():
-            raise self.failed.exception()
+        error = self.failed.exception() if self.failed.done() else None
+        if error is not None:
+            raise error
 
     def put(self, result) -> None:
         """Queue ``result`` for ``on_result``."""

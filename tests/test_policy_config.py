@@ -39,3 +39,17 @@ def test_the_step_keys_are_read_and_checked():
     assert cfg.rollout.observation_cut == "head"
     with pytest.raises(ConfigError, match="max_steps must be >= 1"):
         load_config(TrainPolicyConfig, QUICKSTART, {"rollout.max_steps": 0})
+
+
+def test_the_old_advantage_name_is_refused_naming_the_new_one():
+    # 0.2.0 drops the alias: `advantage: process` used to train silently as deepseekmath (issue 42 A.1)
+    for where in ({"advantage": "process"}, None):
+        with pytest.raises(ConfigError) as err:
+            if where:
+                from_dict(TrainPolicyConfig, where)
+            else:
+                load_config(TrainPolicyConfig, QUICKSTART, {"advantage": "process"})
+        message = str(err.value)
+        assert message == "advantage: 'process' was renamed to 'deepseekmath' in 0.2.0 (docs/MIGRATING.md)."
+    assert load_config(TrainPolicyConfig, QUICKSTART, {"advantage": "deepseekmath"}).advantage == "deepseekmath"
+    assert TrainPolicyConfig.__dataclass_fields__["advantage"].default == "anchored"

@@ -14,6 +14,7 @@ already built; then export the PRM dataset all or nothing and print the summary.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +104,7 @@ def _ticker(bar: Progress, total: int):
     return lambda record: bar.update(job, advance=1)
 
 
-def _print_summary(title: str, summary: dict[str, Any], rows: list[tuple[str, str]] = ()) -> None:
+def _print_summary(title: str, summary: dict[str, Any], rows: Sequence[tuple[str, str]] = ()) -> None:
     from rich.console import Console
     from rich.table import Table
 

@@ -36,7 +36,7 @@ from codetool.eval.runs import open_runs, run_warnings
 from codetool.eval.summary import paired_section, prm_section, seed_summary
 from codetool.jobs import client_rows
 from codetool.jsonl import write_jsonl
-from codetool.judge.records import Judge
+from codetool.judge.records import Judge, JudgeMixin
 from codetool.secrets import redact, redact_obj
 
 __all__ = ["EvalConfig", "eval_command", "run_eval"]
@@ -56,6 +56,7 @@ def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     shown, reference = open_runs(cfg.trajectories, cfg.compare, cfg.reference)
     rounds = cfg.judge.rounds
+    assert rounds is not None  # JudgeConfig.__post_init__ resolves it from the protocol
     gold = restbench.load_gold_paths(cfg.restbench_gold) if cfg.restbench_gold else None
     report: dict[str, Any] = {
         "created": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -81,7 +82,7 @@ def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
         report["warnings"] += restbench.path_warnings(method, data["overall"].get("path"))
     if reference is not None and judge is None:
         report["warnings"].append("win rates (SoWR) need a judge; none was configured.")
-    elif reference is not None:
+    elif reference is not None and judge is not None:
         report["win_rates"] = win_rates(shown, reference, judge, rounds, skip=[RESTBENCH], seed=cfg.judge.seed,
                                         max_details_chars=cfg.judge.max_trajectory_chars,
                                         blank_finish=cfg.judge.blank_finish)
@@ -116,7 +117,7 @@ def eval_command(cfg: EvalConfig) -> int:
 
     judge = make_judge(cfg.judge, cache_path=str(Path(cfg.out) / "judge_cache.jsonl"))
     with progress_bar(f"judge {redact(judge.name)}" if judge else "eval") as progress:
-        if judge is not None:
+        if isinstance(judge, JudgeMixin):  # our judges tick it per batch
             judge.progress = progress
         report = run_eval(cfg, judge)
     console = Console()

@@ -17,6 +17,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from codetool import CodetoolError
 from codetool.config import option
@@ -104,7 +105,7 @@ def eval_prm_command(cfg: EvalPRMConfig) -> int:
     queries = [query_key(r) for r in rows]
     pair_ids, ok = row_pair_ids(rows, groups)
     pairs = pairs_from_ids(pair_ids, labels, ok, queries)
-    metrics = prm_metrics(scores, labels, pairs)
+    metrics: dict[str, Any] = prm_metrics(scores, labels, pairs)
     decided = decided_metrics(scores, pairs, cfg.bootstrap_samples, cfg.bootstrap_seed)
     metrics.update(pairwise_accuracy_ci95=decided["all"]["ci95"], decided=decided,
                    best_of_k=best_of_k(scores, rows, groups, queries, cfg.bootstrap_samples, cfg.bootstrap_seed),

@@ -312,7 +312,9 @@ def comparability_block(report: dict[str, Any], judge_cfg: JudgeConfig, runs: li
     run_lines, run_checked = _run_lines(runs, run_settings, target)
     deviations += run_lines
     checked += run_checked
-    unchecked, known, id_kinds = [], [], {}
+    unchecked: list[str] = []
+    known: list[str] = []
+    id_kinds: dict[str, str] = {}
     if target == "codetool":  # each method's k, steps, sampling, weights; the subset's ids; fixed differences
         method_devs, unchecked, method_checked = method_lines(runs, run_settings)
         deviations += method_devs

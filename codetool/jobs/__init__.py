@@ -6,6 +6,8 @@ commands draw progress bars)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 # What a job is given to report progress (codetool.progress): called once with the number of units
 # it will run; what it returns is called with each record once the record is written.
 from codetool.progress import ProgressFactory
@@ -13,7 +15,7 @@ from codetool.progress import ProgressFactory
 __all__ = ["ProgressFactory", "client_rows", "stop_if_unreachable"]
 
 
-def client_rows(clients: dict[str, object]) -> list[tuple[str, str]]:
+def client_rows(clients: dict[str, Any]) -> list[tuple[str, str]]:
     """Summary rows of remote clients (``{"policy": backend, ...}``, anything with
     ``stats()``, :meth:`codetool.models.remote.RemoteClient.stats`): requests, retries, failovers
     and timeouts; the faults retried, by kind (a server's transient faults: connection errors,

@@ -54,7 +54,13 @@ from codetool.tools.loaders import BENCHMARKS, QueriesGroup
 
 logger = logging.getLogger(__name__)
 
-RunOutput = with_defaults(OutputGroup, output="runs/run/trajectories.jsonl")
+
+
+@with_defaults(output="runs/run/trajectories.jsonl")
+class RunOutput(OutputGroup):
+    """The output group of ``codetool run``."""
+
+
 RERUNS_AT_ONCE = 16  # reference re-runs of finished trajectories in flight at once (each holds a sandbox)
 
 
@@ -108,6 +114,7 @@ def load_benchmark(cfg: RunConfig) -> list:
     elif cfg.benchmark == "restbench-tmdb":
         queries = load_restbench(root, source=cfg.subset if cfg.subset in ("restgpt", "codetool") else "restgpt")
     else:
+        assert cfg.queries is not None  # RunConfig: --benchmark toolbench needs --queries
         queries = load_toolbench_queries(Path(cfg.queries))
     refuse_duplicates([query_key(q) for q in queries], cfg.queries or f"{cfg.benchmark} {cfg.group or ''}".strip())
     end = None if cfg.limit is None else cfg.offset + cfg.limit
@@ -122,6 +129,7 @@ def single_query(cfg: RunConfig):
     from codetool.tools.loaders import BenchmarkQuery, api_from_toolbench
     from codetool.tools.openapi import load_openapi
 
+    assert cfg.tools is not None and cfg.query is not None  # RunConfig: --query needs --tools
     path = Path(cfg.tools)
     if not path.is_file():
         raise CodetoolError(f"--tools file not found: {path}.")
@@ -431,7 +439,7 @@ def serving_rows(trajs: list, clients: dict) -> list[tuple[str, str]]:
     requests, retries (the faults retried, by kind), failovers, timeouts and sequences in flight
     (peak and effective) (:func:`codetool.jobs.client_rows`)."""
     rows: list[tuple[str, str]] = []
-    record = next((t.serving for t in reversed(trajs) if t.serving), {})
+    record: dict = next((t.serving for t in reversed(trajs) if t.serving), {})
     for name in ("policy", "prm"):
         part = record.get(name)
         if not part:

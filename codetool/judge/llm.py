@@ -143,7 +143,7 @@ class LLMJudge(JudgeMixin):
             mode = "options" if kind == "local" and logprobs else "json"
         self._backend, self.mode, self.kind, self.weak = backend, mode, kind, weak
         self._lazy = lazy
-        self.name = name or getattr(backend, "name", "llm")
+        self.name = name or str(getattr(backend, "name", "llm"))
         self.temperature, self.max_new_tokens, self.retries = temperature, max_new_tokens, retries
         self.batch_size = max(1, batch_size)
         self.max_answer_chars, self.max_trajectory_chars = max_answer_chars, max_trajectory_chars
@@ -247,9 +247,9 @@ class LLMJudge(JudgeMixin):
                 records = self._run(prompts, [task] * len(prompts), rounds, "preferred",
                                     ("A", "B", "tie") if tie else ("A", "B"))
                 picks = [r["value"].lower() if r["value"] else None for r in records]
-            for i, r, pick in zip(idx, records, picks):
-                out[i] = Preference(pick or "tie", r["reason"], "judge", cached=r["cached"],
-                                    parse_failed=pick is None and not r.get("error"), error=r.get("error"))
+            for i, record, pick in zip(idx, records, picks):
+                out[i] = Preference(pick or "tie", record["reason"], "judge", cached=record["cached"],
+                                    parse_failed=pick is None and not record.get("error"), error=record.get("error"))
         return out  # type: ignore[return-value]
 
     def _run(self, prompts: list[str], tasks: list[str], rounds: list[int], field: str,
@@ -368,7 +368,7 @@ class LLMJudge(JudgeMixin):
             self._count("tool_fallbacks", len(prompts))
             return self._ask_json(prompts, keys, field, allowed, tools)
         name, description = _FUNCTIONS.get(field, ("record_" + field, "Record the value."))
-        ours = {"type": "function", "function": {
+        ours: dict[str, Any] = {"type": "function", "function": {
             "name": name, "description": description,
             "parameters": {"type": "object", "required": ["reason", field], "properties": {
                 "reason": {"type": "string", "description": "one short sentence"},
@@ -427,7 +427,7 @@ class LLMJudge(JudgeMixin):
             self._logps.update({(p, field): s for p, s in zip(new, scored)})
             self._count("calls", len(new))
         scores = [self._logps[(p, field)] for p in prompts]
-        results = []
+        results: list[tuple[str | None, str, str]] = []
         for key, logps in zip(keys, scores):
             if self.temperature <= 0:
                 pick = max(range(len(allowed)), key=lambda j: logps[j])

@@ -250,7 +250,7 @@ class RemoteClient:
         request go away."""
         import httpx
 
-        extra = {} if timeout_s is None else {"timeout": httpx.Timeout(timeout_s)}
+        extra: dict[str, Any] = {} if timeout_s is None else {"timeout": httpx.Timeout(timeout_s)}
 
         async def send():
             return await self._client.request(method, url, json=body, headers=self._headers(), **extra)
@@ -376,7 +376,7 @@ class RemoteClient:
                 status = response.status_code
                 if status < 400 and parse is None:
                     return response
-                if status < 400:
+                if status < 400 and parse is not None:
                     try:
                         return parse(response)
                     except ValueError:  # not JSON (a proxy's error page, a reply cut short): a fault

@@ -60,8 +60,8 @@ def step_reward_rows(step_rewards: Sequence[dict[str, list[float | None]]], weig
     for rewards, n in zip(step_rewards, n_steps):
         row: list[float | None] = []
         for s in range(n):
-            parts = [w * rewards[name][s] for name, w in weights.items()
-                     if name in rewards and s < len(rewards[name]) and rewards[name][s] is not None]
+            parts = [w * r for name, w in weights.items()
+                     if name in rewards and s < len(rewards[name]) and (r := rewards[name][s]) is not None]
             row.append(float(sum(parts)) if parts else None)
         rows.append(row)
     return rows
@@ -184,9 +184,9 @@ def anchored_components(step_rewards: Sequence[dict[str, list[float | None]]], w
         for k, i in enumerate(members):
             episode = {name: w * (values[name][k] - means[name]) / (std + eps) for name, w in weights.items()}
             above = totals[k] - mean_total  # its sign decides where the credit (or the blame) lands
-            spread = credit_weights(z[i], float(above > 1e-12) - float(above < -1e-12), temperature)
+            credit = credit_weights(z[i], float(above > 1e-12) - float(above < -1e-12), temperature)
             for name, value in episode.items():
-                parts[name][i] = [value * c for c in spread]
+                parts[name][i] = [value * c for c in credit]
     return {name: place(rows, spans, width) for name, rows in parts.items()}
 
 

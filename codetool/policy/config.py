@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 REWARDS = ("grounded", "judged", "on_the_spot", "prm", "tool_cost")
 AGGREGATES = ("min", "mean", "last", "sum")
-ADVANTAGES = ("anchored", "deepseekmath", "sequence", "process")
+ADVANTAGES = ("anchored", "deepseekmath", "sequence")
 BENCHMARKS = ("toolbench", "stabletoolbench", "restbench-tmdb")
 
 
@@ -118,7 +118,9 @@ def _default_evals() -> list[QuerySet]:
             QuerySet("restbench-tmdb", subset="codetool", limit=8)]
 
 
-PolicyLoRA = with_defaults(LoRAGroup, lora_r=16, lora_alpha=32)  # a policy adapter learns more than a PRM's
+@with_defaults(lora_r=16, lora_alpha=32)  # a policy adapter learns more than a PRM's
+class PolicyLoRA(LoRAGroup):
+    """The LoRA group of ``train-policy``."""
 
 # Where each search key that a rollout does not read belongs (train-policy refuses it by name).
 _ROLLOUT_HOMES = {"k": "A rollout samples one step per episode: the GRPO group (num_generations) is its sampling.",
@@ -180,7 +182,8 @@ class TrainPolicyConfig(GRPOConfig, PolicyLoRA):
                             "rewards; fair to length), deepseekmath (DeepSeekMath's process supervision: step rewards "
                             "normalised in the group, a token's advantage the sum over its own and later steps; the "
                             "default before, favours length), sequence (TRL's GRPO advantage of the weighted episode "
-                            "reward, on every token); process is an old name of deepseekmath", choices=ADVANTAGES)
+                            "reward, on every token)", choices=ADVANTAGES,
+                            renamed={"process": "deepseekmath"})  # 0.2.0: refused naming the new value
     credit_temperature: float = option(1.0, "advantage anchored: how sharply an episode's credit follows its steps' "
                                        "standardised rewards (large: evenly over its steps)")
     judge: JudgeConfig = field(default_factory=lambda: JudgeConfig(model="none"),
@@ -249,10 +252,6 @@ class TrainPolicyConfig(GRPOConfig, PolicyLoRA):
     seed: int = option(0, "seed of a single run (settings runs use seeds)")
 
     def __post_init__(self):
-        if self.advantage == "process":
-            logger.warning("advantage process is the old name of deepseekmath (DeepSeekMath's process supervision); "
-                           "the default is now anchored (docs/POLICY_RL.md)")
-            self.advantage = "deepseekmath"
         # what the user gave, before TrainingArguments rewrites fields: run_config() rebuilds from it
         self._given = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                        if f.init and not f.name.startswith("_")}

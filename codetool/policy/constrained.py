@@ -25,8 +25,12 @@ with the log-softmax).
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from codetool.models.call_mask import TokenTrie
 
 
 class ConstraintMasks:
@@ -39,7 +43,7 @@ class ConstraintMasks:
 
     def __init__(self, tokenizer, vocab_size: int):
         self.tokenizer, self.vocab_size = tokenizer, int(vocab_size)
-        self._trie = None
+        self._trie: TokenTrie | None = None
         self._cache: OrderedDict = OrderedDict()
         self.table: list[torch.Tensor] = []
         self._index: dict[int, int] = {}

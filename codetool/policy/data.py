@@ -59,6 +59,7 @@ def load_queries(qs: QuerySet, data_dir: str | None = None) -> list:
 
     root = Path(data_dir) if data_dir else data_root()
     if qs.benchmark == "toolbench":
+        assert qs.queries is not None  # QuerySet: a toolbench set needs queries
         path = Path(qs.queries)
         if not path.exists():
             path = root / qs.queries
@@ -74,7 +75,7 @@ def load_queries(qs: QuerySet, data_dir: str | None = None) -> list:
     return queries[qs.offset:end]
 
 
-def training_queries(cfg: TrainPolicyConfig) -> list:
+def training_queries(cfg: TrainPolicyConfig) -> TrainingQueries:
     """The training queries of ``cfg.prompts``: no evaluation or test query (by id and by text,
     :class:`codetool.tools.heldout.HeldOut`: the filter build-trees and train-prm use too), no
     repeats, no broken entries. How many test queries were dropped is the list's ``dropped``.

@@ -248,19 +248,19 @@ class EpisodeRunner:
         text = reply_text(completion.text, self.lead, cfg)
         taken = run_step(state, text, task, cfg, prompt_tokens=completion.prompt_tokens,
                          completion_tokens=completion.completion_tokens, fork=False)
-        cand, observation = taken.candidate, taken.observation
+        cand, observation, result = taken.candidate, taken.observation, taken.result
         history = ep.history
         step = EpisodeStep(cand, observation, history=history, constraint=constraint)
         ep.steps.append(step)
         with self._lock:
             self.stats.steps += 1
             self.stats.generated_tokens += len(ids)
-        if cand.result.outcome == "host_error":
-            ep.finish_type, ep.error = "error", cand.result.error_message
-        elif not_executed(cand.result):  # the machine's failure: the episode is dropped from its group
-            ep.finish_type, ep.error = "error", f"not executed: {cand.result.error_message or 'nothing ran'}"
+        if result.outcome == "host_error":
+            ep.finish_type, ep.error = "error", result.error_message
+        elif not_executed(result):  # the machine's failure: the episode is dropped from its group
+            ep.finish_type, ep.error = "error", f"not executed: {result.error_message or 'nothing ran'}"
         elif step.ended == "finish":
-            ep.finish_type, ep.final_answer = "finish", str(cand.result.final_answer)
+            ep.finish_type, ep.final_answer = "finish", str(result.final_answer)
         elif step.ended == "give_up":
             ep.finish_type = "give_up"
         going_on = ep.finish_type == "max_steps" and round_index + 1 < cfg.max_steps

@@ -96,13 +96,17 @@ def build_trainer(cfg: TrainPolicyConfig, tasks: dict, *, scorer: PRMScorer | No
         return local["gen"]
 
     keys = sorted(tasks)
-    trainer = PolicyGRPOTrainer(
+
+    def on_episodes(episodes) -> None:
+        # the trainer's budget, not `budget`: a resume replaces it by the checkpoint's (its count restored)
+        assert trainer.token_budget is not None  # callbacks=[budget]: a TokenBudget is among them
+        trainer.token_budget.add(episodes)
+        trainer.note_episodes(episodes)  # their constraints, replayed for the log-probs (codetool.policy.constrained)
+
+    trainer: PolicyGRPOTrainer = PolicyGRPOTrainer(
         model=model, reward_funcs=funcs, args=cfg, train_dataset=Dataset.from_list([{"prompt": k} for k in keys]),
         processing_class=tokenizer, peft_config=peft_config(cfg, model), callbacks=[budget],
-        # the trainer's budget, not `budget`: a resume replaces it by the checkpoint's (its count restored)
-        # and the trainer replays their constraints for the log-probabilities (codetool.policy.constrained)
-        rollout_func=make_rollout_func(runner, tasks, generator_for, on_episodes=lambda episodes: (
-            trainer.token_budget.add(episodes), trainer.note_episodes(episodes))),
+        rollout_func=make_rollout_func(runner, tasks, generator_for, on_episodes=on_episodes),
         advantage=cfg.advantage, step_weights=dict(zip([f.name for f in funcs], weights)),
         share_prompt=cfg.share_prompt, runner=runner, aggregate=cfg.aggregate,
         outcomes=tuple(f.name for f in funcs if f.outcome), credit_temperature=cfg.credit_temperature,

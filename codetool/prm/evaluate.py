@@ -59,7 +59,7 @@ def _kind(ok_a, ok_b) -> str:
     return "both_ran" if ok_a else "both_failed"
 
 
-def pairs_from_ids(pair_ids: Sequence, labels: Sequence[int], ok: Sequence, queries: Sequence) -> list[Pair]:
+def pairs_from_ids(pair_ids: Sequence, labels: Sequence, ok: Sequence, queries: Sequence) -> list[Pair]:
     """The labelled pairs of rows given each row's pair id (``-1``/``None``: in no pair), label,
     ``ok`` (1 ran, 0 failed, ``-1``/``None`` unknown) and query. Two rows with one id and labels 1
     and 0 make a pair; a pair whose rows carry the same label ranks nothing and is left out."""

@@ -251,7 +251,7 @@ def _compute_metrics(prediction) -> dict[str, float]:
     labels = np.asarray(prediction.label_ids)  # target, group, pair, ok, query
     scores = 1.0 / (1.0 + np.exp(logits[:, 1] - logits[:, 0]))  # softmax over the two labels
     positive = 1 - labels[:, 0]
-    pairs = pairs_from_ids(labels[:, 2].tolist(), positive, labels[:, 3].tolist(), labels[:, 4].tolist()) \
+    pairs = pairs_from_ids(labels[:, 2].tolist(), positive.tolist(), labels[:, 3].tolist(), labels[:, 4].tolist()) \
         if labels.shape[1] > 4 else []
     metrics = prm_metrics(scores, positive, pairs)  # on labelled pairs, and on those whose steps both ran
     return {k: metrics[k] for k in ("pairwise_accuracy", "pairs", "pairwise_accuracy_both_ran", "pairs_both_ran",

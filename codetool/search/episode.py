@@ -174,6 +174,12 @@ class Episode:
     history: list[dict] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
 
+    @property
+    def live_state(self) -> StepExecutor:
+        """``state`` of an episode in flight, which has one until it is closed."""
+        assert self.state is not None, "the episode is closed"
+        return self.state
+
 
 class Episodes:
     """The episode mechanics of one search: the parts bound to one config.
@@ -210,7 +216,7 @@ class Episodes:
         if self.continuous:
             stream(self.episode, tasks, self.episodes, land, admit=self.admit)
             return
-        pending, active = iter(tasks), []
+        pending, active = iter(tasks), list[Episode]()
         rounds = 0
         while True:
             while len(active) < self.episodes:
@@ -259,7 +265,7 @@ class Episodes:
         seed = None if self.cfg.seed is None else unit_seed(
             self.cfg.seed, [(ep.task.benchmark, ep.task.group, ep.task.query_id, len(ep.traj.steps))
                             for ep in active])
-        rows = expand_each(self.policy, [Node(ep.state, ep.history, ep.task) for ep in active],
+        rows = expand_each(self.policy, [Node(ep.live_state, ep.history, ep.task) for ep in active],
                            self.cfg.k, self.cfg, seed=seed, timings=timings)
         failed += [fail(ep, row) for ep, row in zip(active, rows) if isinstance(row, Exception)]
         active, expansions = ([ep for ep, row in zip(active, rows) if not isinstance(row, Exception)],
@@ -299,6 +305,7 @@ class Episodes:
         if self.cfg.latent == "none" or not self.cfg.w_latent:
             return
         if self.cfg.latent == "rollout":
+            assert self.rollout is not None, "latent rollout needs the rollout value (assemble passes it)"
             for ep, row in zip(active, expansions):
                 for e in row:
                     e.candidate.r_latent = self.rollout(self, ep, e)
@@ -314,6 +321,7 @@ class Episodes:
                 slots.append(e.candidate)
                 owners.append(ep)
         if items:
+            assert self.scorer is not None, "latent prm needs a scorer (refused earlier without one)"
             for cand, value in zip(slots, self.scorer.score(items), strict=True):
                 cand.r_latent = float(value)
             for owner, item in zip(owners, items):  # compute accounting
@@ -330,7 +338,7 @@ class Episodes:
         """Select, record the step, keep the chosen fork and close the rest; True when the episode
         ended. An episode that failed this round (executor fault, scorer failure), or whose
         advancing raises, has its candidates' forks closed and ends as an error."""
-        fault = next((e.candidate.result.host_error for e in row if e.candidate.result.host_error), None)
+        fault = next((e.result.host_error for e in row if e.result.host_error), None)
         if fault and ep.traj.finish_type != "error":
             fail(ep, fault)
         if ep.traj.finish_type != "error":
@@ -354,7 +362,7 @@ class Episodes:
             if e is not pick and e.state is not None:
                 e.state.close()
         if pick.state is not None:
-            ep.state.close()
+            ep.live_state.close()
             ep.state = pick.state
         step = Step(index=len(ep.traj.steps), candidates=cands, chosen=chosen, observation=pick.observation)
         ep.traj.steps.append(step)
@@ -362,14 +370,14 @@ class Episodes:
         ep.traj.prompt_tokens += sum(c.prompt_tokens for c in cands)
         ep.traj.completion_tokens += sum(c.completion_tokens for c in cands)
         count_step(ep.traj, row)
-        ep.traj.isolation = pick.candidate.result.isolation or ep.traj.isolation
+        ep.traj.isolation = pick.result.isolation or ep.traj.isolation
         ep.history.append(history_entry(pick.candidate, pick.observation))
         ended = pick.ended
         if ended == "finish":
-            ep.traj.finish_type, ep.traj.final_answer = "finish", str(pick.candidate.result.final_answer)
+            ep.traj.finish_type, ep.traj.final_answer = "finish", str(pick.result.final_answer)
         elif ended == "give_up":
             ep.traj.finish_type = "give_up"
-            ep.traj.extra["give_up_reason"] = pick.candidate.result.give_up_reason
+            ep.traj.extra["give_up_reason"] = pick.result.give_up_reason
         elif len(ep.traj.steps) >= self.cfg.max_steps:
             ep.traj.finish_type = "max_steps"
         else:
@@ -422,7 +430,7 @@ def fail(ep: Episode, error: Exception | str) -> Episode:
 def count_step(traj: Trajectory, row: list[Expanded]) -> None:
     """Compute accounting of one expanded step: generated tokens, tool calls, forks."""
     traj.generated_tokens += sum(e.candidate.completion_tokens for e in row)
-    traj.tool_calls += sum(len(e.candidate.result.tool_calls) for e in row)
+    traj.tool_calls += sum(len(e.result.tool_calls) for e in row)
     traj.executor_forks += sum(e.state is not None for e in row)
 
 

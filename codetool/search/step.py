@@ -42,7 +42,7 @@ from codetool.search.prompt import (
     step_plan,
     visible_history,
 )
-from codetool.search.records import Candidate
+from codetool.search.records import Candidate, ImportedResult
 from codetool.secrets import redact
 
 if TYPE_CHECKING:
@@ -63,9 +63,16 @@ class Expanded:
     parse_error: str | None = None
 
     @property
+    def result(self) -> ExecutionResult | ImportedResult:
+        """The candidate's result: an expanded candidate always has one (``no_code_result`` for a
+        reply without code, ``host_error_result`` for an executor that raised)."""
+        assert self.candidate.result is not None
+        return self.candidate.result
+
+    @property
     def ended(self) -> str | None:
         """``finish`` or ``give_up`` when this candidate's code ended the episode."""
-        result = self.candidate.result
+        result = self.result
         if result.final_answer is not None:
             return "finish"
         if result.give_up_reason is not None:

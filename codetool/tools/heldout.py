@@ -83,7 +83,8 @@ class HeldOut:
     def split(self, queries: Iterable) -> tuple[list, list]:
         """``(kept, dropped)`` of ``BenchmarkQuery``-like queries (``query_id``, ``query``,
         ``benchmark``, ``group``)."""
-        kept, dropped = [], []
+        kept: list = []
+        dropped: list = []
         for q in queries:
             held = self.reason(q.query_id, q.query, id_family(q.benchmark, q.group))
             (dropped if held else kept).append(q)
@@ -92,7 +93,8 @@ class HeldOut:
     def split_rows(self, rows: Iterable[dict]) -> tuple[list[dict], list[dict]]:
         """``(kept, dropped)`` of PRM rows (``query_id`` as build-trees writes it: ``G1_query/588``;
         ``query``): by text, and by id in the ToolBench family of the id's file prefix."""
-        kept, dropped = [], []
+        kept: list[dict] = []
+        dropped: list[dict] = []
         for row in rows:
             qid = str(row.get("query_id", ""))
             group = qid.rsplit("/", 1)[0] if "/" in qid else None

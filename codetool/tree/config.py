@@ -23,9 +23,20 @@ from codetool.tools.config import ToolBackendGroup
 from codetool.tree.labels import LABEL_RULES, SUCCESS_MODES
 from codetool.tree.search_settings import TREE_SEARCH
 
-TreePolicy = with_defaults(PolicyGroup, policy_max_batch_size=32)  # a tree level decodes many candidates at once
-TreeTools = with_defaults(ToolBackendGroup, tools_backend="simulator")
-TreeOutput = with_defaults(OutputGroup, output="runs/trees/trees.jsonl")
+
+@with_defaults(policy_max_batch_size=32)  # a tree level decodes many candidates at once
+class TreePolicy(PolicyGroup):
+    """The policy group of ``build-trees``."""
+
+
+@with_defaults(tools_backend="simulator")
+class TreeTools(ToolBackendGroup):
+    """The tools group of ``build-trees``: the simulator unless told otherwise."""
+
+
+@with_defaults(output="runs/trees/trees.jsonl")
+class TreeOutput(OutputGroup):
+    """The output group of ``build-trees``."""
 
 
 @dataclass
