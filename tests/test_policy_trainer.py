@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -22,10 +23,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 class LengthPRM:
     """A PRM stand-in whose score depends on the step's code (so two different episodes of a group
-    get different rewards, and the anchored advantage is not 0)."""
+    get different rewards, and the anchored advantage is not 0): a CRC, not a character sum mod 97
+    (two of the tiny model's replies, 'result = give_up(od' and 'give_up(lfstrputZod', tie there)."""
 
     def score(self, items):
-        return [sum(map(ord, it.candidate)) % 97 / 97.0 for it in items]
+        return [zlib.crc32(it.candidate.encode()) % 1000 / 1000.0 for it in items]
 
 
 def tiny_config(model_dir, out, shared_data, **over) -> dict:
