@@ -102,3 +102,30 @@ def test_train_prm_and_train_policy_drop_them_too(shared_data, test_query, tmp_p
     # an evaluation set given as loaded queries holds them by id and text as well
     evals = held_out_of(load_stabletoolbench("G1_instruction", shared_data, subset="full"), "evals")
     assert evals.split([test_query]) == ([], [test_query])
+
+
+def test_train_prm_drops_the_rows_of_a_training_file_that_hold_a_test_query(tiny_model_dir, shared_data, test_query,
+                                                                             tmp_path, monkeypatch):
+    from codetool.jsonl import write_jsonl
+    from codetool.prm.synthetic import synthetic_rows
+    from codetool.prm.trainer import PRMConfig, build_trainer
+
+    monkeypatch.setenv("CODETOOL_DATA", str(shared_data))  # where train-prm finds the test sets' ids and texts
+    rows = synthetic_rows(4, steps=1, candidates=2, extra_tools=0)  # 4 queries x 2 sibling rows
+    for row in rows:
+        if row["query_id"] == "synthetic-0":  # the test query's id, as build-trees writes a G1_query.json id
+            row["query_id"] = f"G1_query/{test_query.query_id}"
+        elif row["query_id"] == "synthetic-1":  # its text, spaced and cased otherwise
+            row["query"] = f"  {test_query.query.upper()} "
+    path = tmp_path / "prm.jsonl"
+    write_jsonl(path, rows)
+    cfg = load_config(PRMConfig, None, {"model": str(tiny_model_dir), "dataset": [str(path)], "eval_fraction": 0.0,
+                                        "output_dir": str(tmp_path / "out"), "format.max_length": 384,
+                                        "format.max_suffix_length": 128, "max_steps": 1, "resume": "none"})
+    trainer = build_trainer(cfg)
+    assert (trainer.prm_meta["test_rows_dropped"], trainer.prm_meta["test_queries_dropped"]) == (4, 2)
+    assert len(trainer.train_dataset) == 4  # the rows of synthetic-2 and synthetic-3
+    # a file of test queries only trains nothing, and says so in one line
+    write_jsonl(path, [r for r in rows if r["query_id"] != "synthetic-2" and r["query_id"] != "synthetic-3"])
+    with pytest.raises(CodetoolError, match="belongs to a test query"):
+        build_trainer(cfg)
