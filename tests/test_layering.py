@@ -46,6 +46,48 @@ RULES = [
     ("codetool.commands", ("cli",)),
 ]
 
+# Inside the executor (issue 42): the API (``codetool.executor``, ``executor.py``) stands on
+# ``host/``, ``host/`` on ``kernel/`` (and ``config``, ``result``), ``kernel/`` on nothing of ours;
+# ``inside/`` is shipped as text, so no module of the package imports it but itself. Outside the
+# executor, code imports the API package, ``config`` and ``result``, never a folder.
+EXECUTOR_RULES = [
+    ("codetool.executor.kernel", ("codetool.executor.host", "codetool.executor.inside", "codetool.executor.executor",
+                                  "codetool.executor.config", "codetool.executor.result", "codetool.executor")),
+    ("codetool.executor.host", ("codetool.executor.inside", "codetool.executor.executor", "codetool.executor")),
+    ("codetool.executor.config", ("codetool.executor.host", "codetool.executor.inside", "codetool.executor.kernel")),
+    ("codetool.executor.result", ("codetool.executor.host", "codetool.executor.inside", "codetool.executor.kernel")),
+    ("codetool", ("codetool.executor.host", "codetool.executor.inside", "codetool.executor.kernel")),
+]
+
+
+def executor_violations() -> set[tuple[str, str]]:
+    """``EXECUTOR_RULES`` broken: a rule's forbidden module (or a module below it; the bare
+    package ``codetool.executor`` only itself) named by an importer of the rule's package. The
+    last rule is for everything outside ``codetool.executor``; ``inside/`` may import itself."""
+    out = set()
+    for path in sorted(ROOT.rglob("*.py")):
+        importer = module_name(path)
+        inside_executor = importer == "codetool.executor" or importer.startswith("codetool.executor.")
+        for package, forbidden in EXECUTOR_RULES:
+            if package == "codetool" and inside_executor:
+                continue
+            if importer != package and not importer.startswith(package + "."):
+                continue
+            for target in imported_modules(path):
+                target = _strip_attribute(target)
+                if package != "codetool" and (target.startswith(package + ".") or target == package):
+                    continue
+                if any(target == f or (f != "codetool.executor" and target.startswith(f + ".")) for f in forbidden):
+                    out.add((importer, target))
+    return out
+
+
+def test_the_executors_arrows_point_one_way():
+    found = sorted(executor_violations())
+    assert not found, ("executor imports against its layout (API -> host -> kernel; inside/ shipped as text, "
+                       f"imported by nobody; outside the executor only the API package, config and result): {found}")
+
+
 # Imports that run against the layering today (none since the composition module, issue 18).
 ALLOWED: set[tuple[str, str]] = set()
 
