@@ -162,8 +162,10 @@ def load_openapi(path: Path, tool: str | None = None) -> list[APISpec]:
                             "the folder that holds it.")
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:
+    except ValueError as e:  # UnicodeDecodeError too
         raise CodetoolError(f"{path} is not valid JSON ({e}).") from None
+    except RecursionError:
+        raise CodetoolError(f"{path} is JSON nested too deeply to be an OpenAPI spec.") from None
     if not isinstance(document, dict):
         raise CodetoolError(f"{path}: expected an OpenAPI object, got {type(document).__name__}.")
     tool = tool or str((document.get("info") or {}).get("title") or path.stem)

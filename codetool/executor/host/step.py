@@ -131,6 +131,7 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
     ``None``; notes (none yet). The CPU limit kills the worker (SIGXCPU): a ``lost`` worker."""
     deadline, backstop = start + timeout, start + timeout * config.busy_backstop
     notes: set[str] = set()
+    seen: dict = {}  # the step's threads' scheduler counters, for the wait the kernel has not published yet
     poller = select.poll()
     watched = {worker.ctl.fileno(), worker.output_fd, conn.fileno()}  # (the verdict socket is read at the end)
     for fd in watched:
@@ -146,7 +147,7 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
             # started yet, or ended and the keeper not yet scheduled) the time is the machine's
             ready = poller.poll(0)
             if not ready:
-                wait, cpu, running = step_usage(worker.pid, _principal_pids(sandbox, worker))
+                wait, cpu, running = step_usage(worker.pid, _principal_pids(sandbox, worker), seen)
                 effective = max((now - start) - wait, cpu)
                 if now >= backstop:
                     _read_verdict(verdict_sock, verdict)

@@ -45,12 +45,21 @@ def longest_wait(pids: list[int], baseline: dict[int, float]) -> float:
     return max((wait - baseline.get(tid, 0.0) for tid, wait in waits.items()), default=0.0)
 
 
-def step_usage(worker: int, others: list[int]) -> tuple[float, float, int]:
+def step_usage(worker: int, others: list[int], seen: dict[int, tuple[tuple[int, int], float]] | None = None,
+               ) -> tuple[float, float, int]:
     """``(longest run-queue wait, CPU seconds, threads of the worker running the step)`` of a step
     so far: over the threads of process ``worker`` but its main one (the keeper: a step runs in
     threads it starts, from zero) and every thread of ``others`` (the step's processes, which
-    started during it)."""
+    started during it).
+
+    The kernel adds a wait to a thread's ``schedstat`` only when the thread next gets a CPU: a
+    thread the machine keeps waiting (a low share on a busy CPU) shows none of its current wait.
+    With ``seen`` (a dict kept across the calls of one step), a thread that is runnable (state
+    ``R``) and whose run and wait counters did not move since an earlier call has waited at least
+    since that call, and the wait counts from then: an underestimate, so a step that ran out its
+    time is still a timeout."""
     wait, cpu, tick, running = 0.0, 0.0, os.sysconf("SC_CLK_TCK"), 0
+    now = time.monotonic()
     for pid in [worker] + others:
         try:
             tids = os.listdir(f"/proc/{pid}/task")
@@ -62,12 +71,21 @@ def step_usage(worker: int, others: list[int]) -> tuple[float, float, int]:
             running += pid == worker
             try:
                 with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                    wait = max(wait, int(f.read().split()[1]) / 1e9)
+                    ran, waited = (int(x) for x in f.read().split()[:2])
                 with open(f"/proc/{pid}/task/{tid}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
-                cpu += (int(fields[11]) + int(fields[12])) / tick
             except (OSError, ValueError, IndexError):
                 continue
+            pending = 0.0
+            if seen is not None:
+                key = int(tid)
+                before = seen.get(key)
+                if before is not None and before[0] == (ran, waited) and fields[0] == "R":
+                    pending = now - before[1]
+                elif before is None or before[0] != (ran, waited):
+                    seen[key] = ((ran, waited), now)
+            wait = max(wait, waited / 1e9 + pending)
+            cpu += (int(fields[11]) + int(fields[12])) / tick
     return wait, cpu, running
 
 
