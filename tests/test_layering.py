@@ -35,7 +35,7 @@ RULES = [
     ("codetool.eval", ("jobs", "run", "tree", "pipeline", "decide", "cli", "policy", "commands")),
     # following the configuration of build-trees or run stays within the composition module and
     # the stage it configures: the two commands never reach into each other
-    # the trees stand on the judge (leaf success judged), never on evaluation (docs/ARCHITECTURE.md 4)
+    # the trees stand on the judge (leaf success judged), never on evaluation (docs/ARCHITECTURE.md section 1)
     ("codetool.tree", ("jobs", "run", "eval", "pipeline", "decide", "cli", "policy", "commands")),
     # the judge stands on the models (and text, config, records) only
     ("codetool.judge", ("tools", "executor", "prm", *ABOVE_SEARCH)),
@@ -92,9 +92,8 @@ def test_the_executors_arrows_point_one_way():
 ALLOWED: set[tuple[str, str]] = set()
 
 
-# Modules over MAX_MODULE_LINES today, each in the hands of another slice of issue 29's redesign
-# step (docs/ARCHITECTURE.md sections 1 and 9), which splits it or lets it be split once it lands;
-# remove an entry when its module is under the limit (a test below says when). Never add one.
+# Modules over MAX_MODULE_LINES (none since issue 29's redesign step): remove an entry when its
+# module is under the limit (a test below says when). Never add one.
 MAX_MODULE_LINES = 500
 LONG_MODULES: dict[str, str] = {
 }
@@ -196,8 +195,8 @@ def test_commands_reach_their_stage_through_the_composition_module():
 # the submodule ``pkg.sub``, not to ``pkg/__init__``; ``from pkg import name`` is an edge to
 # ``pkg/__init__``. A function-level import that closes a circle still counts: it hides the circle
 # from Python's import machinery, not from the design. The circles of today are listed (each as its
-# strongly connected set of modules) so the test passes now and fails on any new one; the redesign
-# removes them one by one (docs/ARCHITECTURE.md says how).
+# strongly connected set of modules) so the test passes now and fails on any new one (none since
+# issue 29's redesign step; docs/ARCHITECTURE.md section 1).
 ALLOWED_CIRCLES: set[frozenset[str]] = {
 }
 
@@ -419,7 +418,7 @@ def _third_party_imports(path: Path) -> set[str]:
 
 def test_only_commands_draw_progress_and_with_one_library():
     """One progress library (``rich``), in the commands (and ``cli``'s log handler) only: the parts
-    report through ``codetool.progress`` callbacks (docs/ARCHITECTURE.md sections 1 and 7)."""
+    report through ``codetool.progress`` callbacks (docs/ARCHITECTURE.md sections 1 and 6)."""
     found = []
     for path in sorted(ROOT.rglob("*.py")):
         name = module_name(path)
