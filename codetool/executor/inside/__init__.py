@@ -6,11 +6,13 @@ code can reach; ``io``, its channel and output; ``copy``, a fork copy's reopenin
 These files are **shipped as source**: the host reads them as text and sends them to the sandbox
 interpreter (``codetool.executor.host.launch.SOURCES``), which installs each under its wire name
 (``sandbox_root``, ``sandbox_keeper``...) and never sees the package. So each module **may
-import** only the standard library, the other modules of this folder and ``codetool.executor.kernel``,
-by their wire names, with the package path as a fallback for when the host imports one (tests,
-documentation tools) (``tests/test_executor_boundary.py``). No module outside this folder imports
-it.
+import** only the standard library, the other modules of this folder and the shipped modules of
+``codetool.executor.kernel`` (``calls``, ``procs``), by their wire names, with the package path as
+a fallback for when the host imports one (tests, documentation tools)
+(``tests/test_executor_boundary.py``). No module outside this folder imports it.
 
-**Trusts**: the root trusts the host's requests; a worker's keeper trusts nothing of the state it
-keeps; ``worker`` is reachable by the step's code and so is trusted by nobody.
+**Trusts** no object of the host's: nothing of ``host/`` or the API is shipped, and what crosses
+is JSON frames, the shipped sources and descriptors. The root carries out the host's requests (it is the host's agent
+in the sandbox, and polices the principals for it); a worker's keeper trusts nothing of the state
+it keeps; ``worker`` is reachable by the step's code and so is trusted by nobody.
 """
