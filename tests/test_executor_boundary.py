@@ -56,7 +56,8 @@ def test_what_is_shipped_is_inside_and_kernel_exactly():
     assert all(f.split("/")[0] in SHIPPED_FOLDERS and (EXECUTOR / f).is_file() for f in files), files
     assert files == {p.relative_to(EXECUTOR).as_posix() for folder in SHIPPED_FOLDERS for p in _folder_modules(folder)}
     assert len(files) == len(launch.SOURCES)
-    assert HOST_ONLY_KERNEL <= {p.relative_to(EXECUTOR).as_posix() for p in _folder_modules("kernel", shipped_only=False)}
+    kernel = {p.relative_to(EXECUTOR).as_posix() for p in _folder_modules("kernel", shipped_only=False)}
+    assert HOST_ONLY_KERNEL <= kernel
     assert set(launch.SANDBOX_MODULES) == set(launch.SOURCES)
     assert all(name.startswith("sandbox_") for name in launch.SOURCES)  # never a standard module's name
 
@@ -68,7 +69,7 @@ def test_shipped_modules_import_only_the_standard_library_and_each_other():
     by_path = {_package_path(f): wire for wire, f in launch.SOURCES.items()}
     problems = []
     for folder in SHIPPED_FOLDERS:
-        allowed_paths = {p for p, w in by_path.items() if folder == "inside" or p.startswith("codetool.executor.kernel.")}
+        allowed_paths = {p for p in by_path if folder == "inside" or p.startswith("codetool.executor.kernel.")}
         allowed_wires = {by_path[p] for p in allowed_paths}
         for path in _folder_modules(folder):
             tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -83,7 +84,8 @@ def test_shipped_modules_import_only_the_standard_library_and_each_other():
                     wires = {n for s in node.body for n in _imports(s)}
                     fallback = {by_path.get(n, n) for h in node.handlers for s in h.body for n in _imports(s)}
                     if wires != fallback:
-                        problems.append((path.relative_to(EXECUTOR).as_posix(), f"{sorted(wires)} != {sorted(fallback)}"))
+                        problems.append((path.relative_to(EXECUTOR).as_posix(),
+                                         f"{sorted(wires)} != {sorted(fallback)}"))
     assert not problems, problems
 
 
@@ -99,7 +101,8 @@ def test_the_shipped_sources_run_without_the_package():
               "    m=sys.modules[name]=types.ModuleType(name)\n"
               "    exec(compile(mods[name],'<'+name+'>','exec'),m.__dict__)\n"
               "print(sorted(n for n in sys.modules if n.startswith(('sandbox_','codetool'))))")
-    proc = subprocess.run([launch.resolve_python("auto"), "-I", "-S", "-c", script], input=launch._sandbox_sources().decode(),
+    proc = subprocess.run([launch.resolve_python("auto"), "-I", "-S", "-c", script],
+                          input=launch._sandbox_sources().decode(),
                           capture_output=True, text=True, timeout=60, cwd="/")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.replace("'", '"')) == sorted(launch.SANDBOX_MODULES)
@@ -112,7 +115,7 @@ def test_the_kernels_host_only_modules_import_only_the_standard_library_and_the_
     for relative in sorted(HOST_ONLY_KERNEL):
         for name in _imports(ast.parse((EXECUTOR / relative).read_text(encoding="utf-8"))):
             top = name.split(".")[0]
-            if not (name.startswith("codetool.executor.kernel.") or (top in sys.stdlib_module_names and top != "codetool")
-                    or name == "__future__"):
+            standard = top in sys.stdlib_module_names and top != "codetool"
+            if not (name.startswith("codetool.executor.kernel.") or standard or name == "__future__"):
                 problems.append((relative, name))
     assert not problems, problems

@@ -12,7 +12,8 @@ a fallback for when the host imports one (tests, documentation tools)
 (``tests/test_executor_boundary.py``). No module outside this folder imports it.
 
 **Trusts** no object of the host's: nothing of ``host/`` or the API is shipped, and what crosses
-is JSON frames, the shipped sources and descriptors. The root carries out the host's requests (it is the host's agent
-in the sandbox, and polices the principals for it); a worker's keeper trusts nothing of the state
-it keeps; ``worker`` is reachable by the step's code and so is trusted by nobody.
+is JSON frames, the shipped sources and descriptors. The root carries out the host's requests
+(it is the host's agent in the sandbox, and polices the principals for it); a worker's keeper
+trusts nothing of the state it keeps; ``worker`` is reachable by the step's code and so is
+trusted by nobody.
 """
