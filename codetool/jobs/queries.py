@@ -8,7 +8,7 @@ Against a server nothing a finished trajectory needs holds back the next episode
 reference re-run of its steps and its final answer run beside the search (a
 :class:`~codetool.streaming.Finisher`), its record is written in a thread of its own, episodes
 share sandbox families and start their sandbox while their first step is generated
-(:mod:`codetool.executor.pool`), and ``max_memory_mb`` caps what the episodes in flight add to
+(:class:`codetool.executor.FamilyPool`), and ``max_memory_mb`` caps what the episodes in flight add to
 the client's memory (:mod:`codetool.memory_use`); docs/SCALE.md has the measurements.
 """
 
@@ -28,8 +28,7 @@ from codetool.config import ConfigError, config_hash, option
 from codetool.config_groups import with_defaults
 from codetool.decide.stage import RouterConfig
 from codetool.distributed.ray_cluster import WorkersGroup
-from codetool.executor import ExecutorConfig
-from codetool.executor.pool import started_in_background
+from codetool.executor import ExecutorConfig, started_in_background
 from codetool.jobs import ProgressFactory, client_rows
 from codetool.jsonl import append_jsonl
 from codetool.memory_use import MemoryGroup, memory_gate

@@ -295,7 +295,7 @@ class TreeRunner(UnitRunner):
         from codetool.assemble import executor_factory, make_policy, tool_backend
 
         self.cfg, self.chash = cfg, chash
-        from codetool.executor.pool import started_in_background
+        from codetool.executor import started_in_background
         from codetool.memory_use import memory_gate
         from codetool.search.schedule import is_continuous
 

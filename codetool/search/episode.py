@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from codetool.config import ConfigError
-from codetool.executor.channel import log_safe
+from codetool.executor import log_safe
 from codetool.executor.result import StepExecutor
 from codetool.models.completion import LLMBackend
 from codetool.resume import unit_seed
