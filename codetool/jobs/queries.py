@@ -401,7 +401,9 @@ def fidelity_settings(cfg: RunConfig, scorer=None) -> dict[str, Any]:
     fmt = getattr(getattr(scorer, "encoder", None), "fmt", None)
     prm = None if scorer is None else {"interface": getattr(fmt, "interface", None),
                                        "label_rules": meta.get("label_rules")}
-    return {"tie_break": cfg.search.tie_break, "observation_cut": cfg.search.observation_cut,
+    search = {k: getattr(cfg.search, k) for k in ("k", "max_steps", "temperature", "top_p", "w_spot", "w_latent",
+                                                   "w_cost", "latent", "seed")}  # what decides a method's numbers
+    return {"search": search, "tie_break": cfg.search.tie_break, "observation_cut": cfg.search.observation_cut,
             "max_observation_chars": cfg.search.max_observation_chars,
             "observation_history": cfg.search.observation_history, "step_format": cfg.search.step_format,
             "reference_steps": cfg.search.reference_steps, "final_answer": cfg.answer.final_answer, "prm": prm}
