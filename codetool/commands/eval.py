@@ -33,7 +33,7 @@ from codetool.eval.convert import export_converted
 from codetool.eval.markdown import render_markdown, write_plots
 from codetool.eval.preference import win_rates
 from codetool.eval.runs import open_runs, run_warnings
-from codetool.eval.summary import prm_section, seed_summary
+from codetool.eval.summary import paired_section, prm_section, seed_summary
 from codetool.jobs import client_rows
 from codetool.jsonl import write_jsonl
 from codetool.judge.records import Judge, JudgeMixin
@@ -92,6 +92,8 @@ def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
                                                   judge.describe() if judge else None, cfg.run_settings)
     report["summary"] = seed_summary([p for p in [*cfg.trajectories, *cfg.seed_runs] if p.endswith(".jsonl")],
                                      methods=report["methods"])
+    report["paired"] = paired_section([p for p in [*cfg.trajectories, *cfg.seed_runs] if p.endswith(".jsonl")],
+                                      report["methods"], labels, shown, seed=cfg.judge.seed)
     if (prm := prm_section(cfg.prm_metrics, out_dir)) is not None:
         report["prm"] = prm
     write_jsonl(out_dir / "verdicts.jsonl", verdict_rows)
@@ -145,7 +147,9 @@ def eval_command(cfg: EvalConfig) -> int:
     block = report["comparability"]
     console.print(f"comparability with {block['target_name']}: "
                   + (f"{len(block['deviations'])} differences" if block["deviations"] else
-                     f"no deviation found ({block['settings_checked']} settings checked)"), markup=False, highlight=False)
+                     f"no setting deviates ({block['settings_checked']} checked)")
+                  + f"; {len(block.get('known_differences', []))} known differences, "
+                    f"{len(block.get('unchecked', []))} things not checked (report.md)", markup=False, highlight=False)
     for deviation in block["deviations"]:
         console.print(f"not comparable: {deviation}", markup=False, highlight=False)
     console.print(f"report: {Path(cfg.out) / 'report.md'}, report.json, {len(report['files'].get('plots', []))} plots",
