@@ -261,7 +261,10 @@ def stage_hashes(cfg: PipelineConfig) -> dict[str, str]:
     ``eval``): a stage whose recorded hash equals this one is skipped. Client limits (in flight,
     timeouts, retries) change how fast a stage runs, not what it writes, so they are left out."""
     tree_cfg, train_cfg = tree_config(cfg), train_config(cfg)
-    h_trees = _hash(dataclasses.replace(tree_cfg, policy_client=RemoteConfig()))
+    trees = dataclasses.asdict(dataclasses.replace(tree_cfg, policy_client=RemoteConfig()))
+    if trees.get("tools") is None:  # added later: hashed only when set, so finished stages stay valid
+        trees.pop("tools", None)
+    h_trees = _hash(trees)
     h_train = _hash(cfg.prm_checkpoint) if cfg.prm_checkpoint else _hash(train_cfg.stage_settings(), h_trees)
     run_cfgs = run_configs(cfg, cfg.prm_checkpoint or train_cfg.output_dir)
     needs_prm = any(m.latent == "prm" for m in cfg.methods)

@@ -35,25 +35,34 @@ logger = logging.getLogger(__name__)
 
 
 def load_training_queries(cfg: TreeConfig) -> list:
-    """The training queries of ``cfg``, with ids made unique as ``<file stem>/<query_id>`` (ToolBench
-    files reuse ids across groups). Queries that offer no API are skipped with a warning; a
-    malformed entry is kept (its ``extra["load_error"]`` becomes its error record).
+    """The training queries of ``cfg`` (any layout :func:`codetool.tools.files.load_queries` reads),
+    with ids made unique as ``<file stem>/<query_id>`` (ToolBench files reuse ids across groups).
+    Queries that offer no API are skipped with a warning; a malformed entry is kept (its
+    ``extra["load_error"]`` becomes its error record).
 
     Raises:
         ConfigError: no such file or folder.
-        CodetoolError: a file repeats a query id (the ids are named).
+        CodetoolError: a file of another kind (named), a file that repeats a query id (the ids are
+            named), or no query that offers a documented API (nothing to build: says what to pass).
     """
     from codetool.resume import refuse_duplicates
-    from codetool.tools.loaders import data_root, load_toolbench_queries
+    from codetool.tools.files import load_queries
+    from codetool.tools.loaders import data_root
 
     path = Path(cfg.queries) if cfg.queries else data_root() / "ToolBench" / "data_example" / "instruction"
     if not path.exists():
         raise ConfigError(f"--queries {path}: no such file or folder. Pass a ToolBench-format query file "
-                          "(e.g. G1_query.json) or a folder of them; `codetool data fetch toolbench-examples` "
-                          "gets the 10 example queries.")
-    queries = load_toolbench_queries(path)
+                          "(e.g. G1_query.json) or a folder of them, or RestGPT's layout (a list of {query, "
+                          "solution}) with --tools spec.json; `codetool data fetch toolbench-examples` gets the 10 "
+                          "example queries.")
+    queries = load_queries(path, cfg.tools)
     refuse_duplicates([f"{q.group}/{q.query_id}" for q in queries], str(path))
     usable = [q for q in queries if q.apis or q.extra.get("load_error")]
+    if not usable:
+        raise CodetoolError(f"{len(queries)} of {len(queries)} queries in {path} offer no documented API, so there "
+                            "is no tree to build: pass the APIs with --tools (an OpenAPI spec for a list of "
+                            "{query, solution}; ToolBench's toolenv/tools folder for queries that list API names "
+                            "only), or use query files whose api_list documents each API.")
     if len(usable) < len(queries):
         logger.warning("%d of %d queries offer no documented API and are skipped: %s", len(queries) - len(usable),
                        len(queries), ", ".join(f"{q.group}/{q.query_id}" for q in queries

@@ -34,7 +34,12 @@ class TreeConfig(TreePolicy, TreeTools, TreeOutput, ShardedWorkersGroup):
 
     config_unread = {"search": TREE_SEARCH}  # the keys of search: that no tree code reads are refused
 
-    queries: str | None = option(None, "ToolBench-format query file or folder (default: ToolBench's 10 example queries)")
+    queries: str | None = option(None, "query file or folder: ToolBench/StableToolBench format, or RestGPT's layout "
+                                 "(a list of {query, solution}) with --tools SPEC (default: ToolBench's 10 example "
+                                 "queries)")
+    tools: str | None = option(None, "the APIs of RestGPT-layout --queries: an OpenAPI 3 spec (JSON or YAML) or an "
+                               "api_list file; with ToolBench queries that list API names only, ToolBench's "
+                               "toolenv/tools folder")
     dataset_dir: str = option("data/prm", "where the PRM dataset goes (prm_examples.jsonl, train/validation splits)")
     branching: int = option(2, "candidates sampled per node")
     max_depth: int = option(5, "depth at which nodes become leaves")
@@ -95,6 +100,7 @@ class TreeConfig(TreePolicy, TreeTools, TreeOutput, ShardedWorkersGroup):
 
 def tree_hash(cfg: TreeConfig) -> str:
     """The config hash stored in tree records and checked on resume (not paths, sharding or speed)."""
+    unset = ("tools",) if cfg.tools is None else ()  # a setting added later hashes only when set
     return config_hash(cfg, ignore=("output", "dataset_dir", "shard", "merge", "limit", "batch_trees",
                                     "policy_max_batch_size", "retry_failed", "force_resume", "relabel", "ray",
-                                    "cluster", "policy_client"))
+                                    "cluster", "policy_client", *unset))
