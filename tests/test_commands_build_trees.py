@@ -181,9 +181,8 @@ def test_a_query_file_without_apis_is_an_error_that_says_what_to_pass(tmp_path):
 
 
 def test_the_tools_setting_leaves_the_tree_hash_of_earlier_runs(tmp_path):
-    from codetool.tree.config import tree_hash
-
     from codetool.config import config_hash
+    from codetool.tree.config import tree_hash
 
     plain = _cfg(LIBRARY / "queries.json", tmp_path)
     with_spec = _cfg(LIBRARY / "queries.json", tmp_path, tools=str(LIBRARY / "openapi.json"))

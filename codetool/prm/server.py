@@ -43,7 +43,19 @@ import threading
 import time
 from collections import deque
 
+from codetool import __version__
 from codetool.jsonl import clean_text
+from codetool.prm.schema import (
+    API_DESCRIPTION,
+    HISTORY_FIELDS,
+    ITEM_FIELDS,
+    REQUEST_FIELDS,
+    ErrorResponse,
+    HealthResponse,
+    ScoreResponse,
+    install_openapi,
+    unknown_field,
+)
 from codetool.rewards import PRMItem
 from codetool.serving import (
     ClientTurns,
@@ -77,12 +89,14 @@ def parse_items(body: bytes, max_items: int, max_history_steps: int = 1000) -> l
         raise _Reject(400, "body is not valid JSON; send {\"items\": [...]}") from None
     if not isinstance(data, dict) or not isinstance(data.get("items"), list):
         raise _Reject(400, "body must be a JSON object with an 'items' list")
+    _refuse_unknown(data, REQUEST_FIELDS, "")
     if len(data["items"]) > max_items:
         raise _Reject(413, f"{len(data['items'])} items in one request; the limit is {max_items}")
     items = []
     for i, raw in enumerate(data["items"]):
         if not isinstance(raw, dict) or not isinstance(raw.get("query"), str):
             raise _Reject(400, f"items[{i}] must be an object with a text 'query'")
+        _refuse_unknown(raw, ITEM_FIELDS, f"items[{i}].")
         for name in _TEXT_FIELDS[1:]:
             if not isinstance(raw.get(name, ""), str):
                 raise _Reject(400, f"items[{i}].{name} must be text")
@@ -93,6 +107,8 @@ def parse_items(body: bytes, max_items: int, max_history_steps: int = 1000) -> l
                 isinstance(h, dict) and all(isinstance(h.get(k, ""), str) for k in ("code", "output", "plan"))
                 for h in history):
             raise _Reject(400, f"items[{i}].history must be a list of {{'code', 'output'}} text objects")
+        for j, step in enumerate(history):
+            _refuse_unknown(step, HISTORY_FIELDS, f"items[{i}].history[{j}].")
         items.append(PRMItem(
             query=clean_text(raw["query"]), tools=clean_text(raw.get("tools", "")),
             history=[{"code": clean_text(h.get("code", "")), "output": clean_text(h.get("output", "")),
@@ -101,6 +117,11 @@ def parse_items(body: bytes, max_items: int, max_history_steps: int = 1000) -> l
             candidate_plan=clean_text(raw.get("candidate_plan", "")),
             **{name: clean_text(raw.get(name, "")) for name in _TEXT_FIELDS[5:]}))
     return items
+
+
+def _refuse_unknown(obj: dict, known: tuple[str, ...], where: str) -> None:
+    if (reason := unknown_field(obj, known)) is not None:  # a typo is refused, never silently ignored
+        raise _Reject(422, where + reason)
 
 
 class _Job:
@@ -159,10 +180,28 @@ class _Scheduler:
         self.ring: deque[str] = deque()  # clients with work, in turn order
         self.oldest = 0.0  # when the oldest waiting item arrived
         self.stopped = False
-        self.threads = [threading.Thread(target=self._work, name=f"codetool-prm-worker-{i}", daemon=True)
-                        for i in range(max(1, workers))]
-        for thread in self.threads:
-            thread.start()
+        self.restarts = 0
+        self.threads = [self._thread(i) for i in range(max(1, workers))]
+
+    def _thread(self, i: int) -> threading.Thread:
+        thread = threading.Thread(target=self._work, name=f"codetool-prm-worker-{i}", daemon=True)
+        thread.start()
+        return thread
+
+    def alive(self) -> int:
+        """How many scoring threads are alive."""
+        return sum(thread.is_alive() for thread in self.threads)
+
+    def revive(self) -> int:
+        """Restart the scoring threads that died; returns how many were dead (``/health`` reports
+        them: a dead worker is never hidden behind an ok)."""
+        dead = [i for i, thread in enumerate(self.threads) if not thread.is_alive()]
+        if dead and not self.stopped:
+            logger.error("%d of %d PRM scoring workers had died; restarting them", len(dead), len(self.threads))
+            for i in dead:
+                self.threads[i] = self._thread(i)
+            self.restarts += len(dead)
+        return len(dead)
 
     def stop(self) -> None:
         with self.cond:
@@ -170,6 +209,9 @@ class _Scheduler:
             self.cond.notify_all()
 
     async def submit(self, items: list[PRMItem], timeout_s: float, client: str) -> list[float]:
+        if not items:  # nothing to score: never queued (an empty job once killed every worker)
+            return []
+        self.revive()
         loop = asyncio.get_running_loop()
         job = _Job(items, loop.create_future(), loop, time.monotonic() + timeout_s, client)
         with self.cond:
@@ -191,12 +233,21 @@ class _Scheduler:
     # -------------------------------------------------------------------------- the workers
     def _work(self) -> None:
         while True:
-            batch = self._take()
+            try:
+                batch = self._take()
+            except Exception:  # a bug in the scheduling must not take the worker (and every later request) down
+                logger.exception("PRM scheduling failed; the waiting requests get a 500 and the worker goes on")
+                self._fail_waiting()
+                continue
             if batch is None:
                 return
             if batch:
                 try:
                     self._score(batch)
+                except Exception as e:  # noqa: BLE001 - the batch's requests get a 500; the worker goes on
+                    logger.exception("PRM batch failed outside the scorer")
+                    for job in {id(job): job for job, _, _ in batch}.values():
+                        self._fail(job, e)
                 finally:
                     with self.cond:
                         for client in {job.client for job, _, _ in batch}:
@@ -301,6 +352,15 @@ class _Scheduler:
             if job.left == 0 and not job.failed:
                 job.deliver(list(job.scores))
 
+    def _fail_waiting(self) -> None:
+        with self.cond:
+            jobs = [job for queue in self.queues.values() for job in queue]
+            self.queues.clear()
+            self.ring.clear()
+            self.deficit.clear()
+        for job in jobs:
+            self._fail(job, RuntimeError("the scheduler failed"))
+
     def _fail(self, job: _Job, error: BaseException) -> None:
         if not job.failed:
             job.failed = True
@@ -340,7 +400,7 @@ def create_app(scorer, *, api_key: str | None = None, name: str = "prm", max_bod
         yield
         state.pop("scheduler").stop()
 
-    app = FastAPI(title="codetool PRM", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="codetool PRM", lifespan=lifespan, version=__version__, description=API_DESCRIPTION)
     parsing = ClientTurns(2)  # large bodies are parsed in threads, two per client at a time
 
     def error(status: int, reason: str) -> JSONResponse:
@@ -348,11 +408,23 @@ def create_app(scorer, *, api_key: str | None = None, name: str = "prm", max_bod
 
     json_internal_errors(app, "error")
 
-    @app.get("/health")
+    @app.get("/health", response_model=HealthResponse, responses={503: {"model": HealthResponse}},
+             summary="Whether the scoring workers are alive")
     async def health():
-        return {"status": "ok", "prm": name}
+        scheduler = state.get("scheduler")
+        if scheduler is None:
+            return JSONResponse({"status": "unhealthy", "prm": name, "workers": workers, "workers_alive": 0,
+                                 "worker_restarts": 0}, status_code=503)
+        alive = scheduler.alive()
+        dead = scheduler.revive()
+        body = {"status": "unhealthy" if dead else "ok", "prm": name, "workers": len(scheduler.threads),
+                "workers_alive": alive, "worker_restarts": scheduler.restarts}
+        return JSONResponse(body, status_code=503 if dead else 200)
 
-    @app.post("/score")
+    @app.post("/score", response_model=ScoreResponse, summary="Score candidate steps",
+              responses={code: {"model": ErrorResponse} for code in (400, 408, 411, 413, 422, 500, 504)},
+              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                  "schema": {"$ref": "#/components/schemas/ScoreRequest"}}}}})
     async def score(request: Request):
         body = await request.body()  # already read (within read_timeout_s) and size-checked by the guard
         client = request.client.host if request.client else "?"
@@ -364,6 +436,8 @@ def create_app(scorer, *, api_key: str | None = None, name: str = "prm", max_bod
                 items = parse_items(body, max_items, max_history_steps)
         except _Reject as e:
             return error(e.status, e.reason)
+        if not items:
+            return {"scores": []}
         try:
             scores = await state["scheduler"].submit(items, request_timeout_s, client)
         except asyncio.TimeoutError:
@@ -374,6 +448,7 @@ def create_app(scorer, *, api_key: str | None = None, name: str = "prm", max_bod
             return error(500, f"scoring failed ({type(e).__name__}); see the server log")
         return {"scores": scores}
 
+    install_openapi(app)
     guard_limits.setdefault("max_requests_per_client", 32)  # a search sends many at once; the scheduler is fair
     return ServerGuard(app, api_key=api_key, max_body_bytes=max_body_bytes, read_timeout_s=read_timeout_s,
                        request_timeout_s=request_timeout_s + GUARD_GRACE_S, error_field="error", **guard_limits)
