@@ -158,11 +158,14 @@ def test_a_dead_policy_server_stops_the_job_after_the_first_failed_tree(monkeypa
 LIBRARY = __import__("pathlib").Path(__file__).resolve().parents[1] / "examples" / "library"
 
 
-def test_trees_on_an_openapi_spec_and_a_restgpt_query_file(monkeypatch, tmp_path):
-    """Issue 40: build-trees takes RestGPT's layout (a query file + --tools spec.json)."""
+def test_trees_on_an_openapi_spec_and_a_restgpt_query_file(monkeypatch, tmp_path, caplog):
+    """Issue 40: build-trees takes RestGPT's layout (a query file + --tools spec.json); without a
+    terminal its progress is logged in nodes (the last line at the end)."""
     monkeypatch.setattr(assemble, "make_policy", lambda *a, **k: _pairs_policy())
     cfg = _cfg(LIBRARY / "queries.json", tmp_path, tools=str(LIBRARY / "openapi.json"))
-    assert build_trees_command(cfg) == 0
+    with caplog.at_level("INFO", logger="codetool.progress"):
+        assert build_trees_command(cfg) == 0
+    assert "trees: 4/4 trees, 8/~8 nodes (100%)" in caplog.text  # depth 1: each root makes 2 nodes
     records = list(read_jsonl(tmp_path / "trees.jsonl"))
     assert [r["query_id"] for r in records] == ["queries/q0", "queries/q1", "queries/q2", "queries/q3"]
     assert all(r["nodes"] and "finish_type" not in r for r in records)
