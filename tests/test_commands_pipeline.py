@@ -185,3 +185,17 @@ def test_pipeline_end_to_end(monkeypatch, tiny_model_dir, shared_data, tmp_path,
     everything = "".join(p.read_text(errors="replace") for p in root.rglob("*") if p.suffix in (".json", ".jsonl", ".md"))
     assert canary_env not in everything
     assert run_pipeline(cfg) == dict.fromkeys(STAGES, "skipped")
+
+
+def test_a_given_prm_is_measured_on_the_held_out_trees_too(tmp_path):
+    """Before (issue 40): a PRM passed in (prm_checkpoint) got no accuracy in the report."""
+    from codetool.jobs.pipeline import held_out_rows
+
+    cfg = PipelineConfig(name="g", runs_dir=str(tmp_path), prm_checkpoint="http://127.0.0.1:9/prm")
+    rows = tmp_path / "g" / "trees" / "prm_dataset" / "validation.jsonl"
+    assert held_out_rows(cfg, cfg.prm_checkpoint) is None  # no trees yet
+    rows.parent.mkdir(parents=True)
+    rows.write_text('{"label": 1}\n')
+    assert held_out_rows(cfg, cfg.prm_checkpoint) == rows
+    no_prm = PipelineConfig(name="g", runs_dir=str(tmp_path), methods=[MethodConfig(name="s", latent="none")])
+    assert held_out_rows(no_prm, "http://127.0.0.1:9/prm") is None

@@ -203,6 +203,8 @@ def check_settings(settings: Mapping[str, Any], target: str, *, run_known: bool,
             continue
         expected = check.expected[target]
         found, value = check.lookup(settings)
+        if found and value in ([], (), "", None):  # an empty record (e.g. a PRM without label rules) says nothing
+            found = False
         if not found and (is_judge or run_known):
             found, value = True, check.default
         if not found:
@@ -301,6 +303,9 @@ def comparability_block(report: dict[str, Any], judge_cfg: JudgeConfig, runs: li
     run_settings = dict(run_settings or {})
     judge_settings = {f"judge.{k}": v for k, v in to_dict(judge_cfg).items()}
     deviations, checked = check_settings(judge_settings, target, run_known=True, judge_only=True)
+    not_applicable = []
+    if judge_info is None:  # no judge ran: its settings decided no number of this report
+        not_applicable, deviations, checked = deviations, [], 0
     run_lines, run_checked = _run_lines(runs, run_settings, target)
     deviations += run_lines
     checked += run_checked
@@ -365,6 +370,7 @@ def comparability_block(report: dict[str, Any], judge_cfg: JudgeConfig, runs: li
         "answer_sources": sources,
         "sowr_reference": ref,
         "deviations": deviations,
+        "not_applicable": not_applicable,
     }
 
 
@@ -400,4 +406,7 @@ def render_block(block: dict[str, Any]) -> list[str]:
     lines += ["", f"Deviations from {head} in this run:" if block["deviations"]
               else f"No deviation from {head} found ({block.get('settings_checked', 0)} settings checked).", ""]
     lines += [f"- {d}" for d in block["deviations"]] + [""]
+    if block.get("not_applicable"):
+        lines += [f"Not applicable (no judge ran): {len(block['not_applicable'])} judge settings differ from "
+                  f"{head}'s; they decide no number here.", ""]
     return lines

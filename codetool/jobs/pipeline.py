@@ -228,10 +228,12 @@ def open_root(cfg: PipelineConfig) -> Path:
 
 
 def held_out_rows(cfg: PipelineConfig, prm: str) -> Path | None:
-    """The trees' held-out PRM rows that the trained PRM ``prm`` is measured on, or ``None``: a
-    given checkpoint, no method that uses the PRM, no PRM folder or no held-out rows."""
+    """The trees' held-out PRM rows that the PRM ``prm`` is measured on (the pipeline's own, or a
+    given ``prm_checkpoint``: a folder or a serve-prm URL, measured on this run's held-out trees), or
+    ``None``: no method that uses the PRM, no PRM or no held-out rows."""
     rows = cfg.root / "trees" / "prm_dataset" / "validation.jsonl"
-    if cfg.prm_checkpoint or not any(m.latent == "prm" for m in cfg.methods) or not Path(prm).is_dir() \
+    reachable = Path(prm).is_dir() or str(prm).startswith(("http://", "https://"))
+    if not any(m.latent == "prm" for m in cfg.methods) or not reachable \
             or not rows.is_file() or not rows.read_text().strip():
         return None
     return rows

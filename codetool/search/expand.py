@@ -21,7 +21,6 @@ from codetool.executor.result import (
     no_code_result,
 )
 from codetool.models.constraint import CallConstraint
-from codetool.progress import note_work
 from codetool.rewards import ToolCostTable, on_the_spot, step_cost
 from codetool.search.prompt import CODE_PREFIX, format_observation, parse_candidate, policy_messages
 from codetool.search.records import Candidate
@@ -159,7 +158,9 @@ def expand(policy, nodes: list[Node], n: int, cfg: SearchConfig, *,
             row.append(Expanded(cand, child, obs, parsed.error))
         expanded.append(row)
     timings["execution"] = timings.get("execution", 0.0) + time.perf_counter() - t0
-    note_work(len(expanded))  # the commands' progress counts steps and tree nodes (codetool.progress)
+    from codetool.progress import note_work  # the commands' progress counts steps and tree nodes
+
+    note_work(len(expanded))
     return expanded
 
 
