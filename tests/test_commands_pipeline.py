@@ -179,7 +179,8 @@ def test_pipeline_end_to_end(monkeypatch, tiny_model_dir, shared_data, tmp_path,
     summary = report.split("## Summary")[1].split("## Configuration")[0]
     assert "Mean ± spread over 2 seeds (half the range over 2 seeds)" in summary
     assert "| spot+latent | stabletoolbench | 2 |" in summary and "100.0 ± 0.0" in summary
-    assert (root / "step_rewards.png").is_file() and "![per-step rewards of one query](step_rewards.png)" in summary
+    assert (root / "step_rewards.png").is_file() and "![step_rewards](step_rewards.png)" in report
+    assert report.index("## Did the PRM help?") < report.index("## Summary")  # the first screen answers it
     assert "What the PRM learned" in summary and (root / "prm_eval" / "metrics.json").is_file()
     assert "weak judge" not in report  # no judge here (the weak-judge warning: tests/test_eval_summary.py)
     everything = "".join(p.read_text(errors="replace") for p in root.rglob("*") if p.suffix in (".json", ".jsonl", ".md"))
