@@ -108,7 +108,7 @@ def chosen_vs_rejected(rewards: Mapping[str, tuple[Sequence[float], Sequence[flo
                 colors.append(color)
         ticks.append(f"{method}\n(chosen {len(chosen)}, rejected {len(rejected)})")
     if data:
-        boxes = ax.boxplot(data, positions=positions, widths=0.35, patch_artist=True, showmeans=True,
+        boxes = ax.boxplot(data, positions=positions, widths=0.35, patch_artist=True, showmeans=True, showfliers=False,
                            medianprops={"color": "black"},
                            meanprops={"marker": "^", "markerfacecolor": "white", "markeredgecolor": "black"})
         for patch, color in zip(boxes["boxes"], colors):
