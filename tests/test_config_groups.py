@@ -43,7 +43,7 @@ COMPOSED = {RunConfig: (QueriesGroup, PolicyBackendGroup, ToolsGroup, OutputGrou
 OWN = {(EvalSetConfig, "tool_doc"), (TreeConfig, "limit"), (TreeConfig, "seed"),
        (DecisionEvalConfig, "tools_backend"), (DecisionEvalConfig, "output"), (TrainProbeConfig, "output")}
 
-PARSE_MODULES = {"codetool.cli"}  # where a spec may be parsed outside a config's __post_init__
+PARSE_MODULES = {"codetool.cli", "codetool.api"}  # where text enters outside a config's __post_init__ (the CLI, the Python API)
 
 
 def _help(cls: type) -> dict[str, str]:

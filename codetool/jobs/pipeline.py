@@ -116,8 +116,13 @@ class PipelineConfig(PolicyGroup, ToolDocGroup):
     trees: TreeConfig = field(default_factory=TreeConfig)
     train: PRMConfig = section("codetool.prm.config:PRMConfig", "PRM training: the options of 'codetool train-prm'")
     search: SearchConfig = field(default_factory=SearchConfig)
-    methods: list[MethodConfig] = field(default_factory=_default_methods)
-    evals: list[EvalSetConfig] = field(default_factory=lambda: [EvalSetConfig()])
+    methods: list[MethodConfig] = option(
+        default_factory=_default_methods, help="the methods compared, a YAML list of {name, k, w_spot, w_latent, "
+        "w_cost, latent, temperature}, e.g. --methods '[{name: spot-only, k: 2, latent: none, w_latent: 0}, "
+        "{name: spot+latent, k: 2}]'")
+    evals: list[EvalSetConfig] = option(
+        default_factory=lambda: [EvalSetConfig()], help="the evaluation sets, a YAML list of {benchmark, group, "
+        "subset, offset, limit, ...}, e.g. --evals '[{benchmark: stabletoolbench, group: G1_instruction, limit: 4}]'")
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     answer: AnswerConfig = field(default_factory=AnswerConfig)
     reference: str = option("", "SoWR reference: a method name or a StableToolBench converted-answer file or "
