@@ -200,3 +200,18 @@ def test_a_given_prm_is_measured_on_the_held_out_trees_too(tmp_path):
     assert held_out_rows(cfg, cfg.prm_checkpoint) == rows
     no_prm = PipelineConfig(name="g", runs_dir=str(tmp_path), methods=[MethodConfig(name="s", latent="none")])
     assert held_out_rows(no_prm, "http://127.0.0.1:9/prm") is None
+
+
+def test_an_evaluation_set_can_be_your_own_queries_and_spec(tmp_path):
+    from codetool.jobs.pipeline import run_configs
+
+    root = Path(__file__).resolve().parents[1] / "examples" / "library"
+    cfg = load_config(PipelineConfig, overrides={"name": "own", "runs_dir": str(tmp_path), "evals": (
+        f"[{{queries: {root / 'queries.json'}, tools: {root / 'openapi.json'}}}]")})
+    [ev] = cfg.evals
+    assert ev.benchmark == "toolbench" and ev.slug == "queries"
+    runs = run_configs(cfg, "none")
+    assert {(r.queries, r.tools) for r in runs} == {(str(root / "queries.json"), str(root / "openapi.json"))}
+    assert all(r.output.endswith("/queries.jsonl") for r in runs)
+    with pytest.raises(ConfigError, match="your own"):
+        EvalSetConfig(benchmark="toolbench")

@@ -66,16 +66,22 @@ class EvalSetConfig(EvalQueries, ToolBackendGroup):
                                            "lower it for long prompts, whose KV caches take memory")
     max_observation_chars: int | None = option(None, "output shown to the policy per step for this set (default: "
                                                      "search.max_observation_chars; the public code uses 1,500 for TMDB)")
+    queries: str | None = option(None, "your own queries (sets benchmark: toolbench): a ToolBench-format file, or "
+                                       "RestGPT's layout (a list of {query, solution}) with tools")
+    tools: str | None = option(None, "with RestGPT-layout queries: the OpenAPI spec of their API")
 
     def __post_init__(self) -> None:
+        if self.queries:
+            self.benchmark = "toolbench"  # queries from a file (codetool.tools.files reads any layout)
         super().__post_init__()
-        if self.benchmark not in EVAL_BENCHMARKS:
+        if self.benchmark not in EVAL_BENCHMARKS and not self.queries:
             raise ConfigError(f"evals[].benchmark: got {self.benchmark!r}; an evaluation set runs the files of "
-                              f"{' or '.join(EVAL_BENCHMARKS)}. Run a ToolBench-format file with "
-                              "codetool run --benchmark toolbench --queries FILE.")
+                              f"{' or '.join(EVAL_BENCHMARKS)}, or your own: {{queries: FILE, tools: SPEC}}.")
 
     @property
     def slug(self) -> str:
+        if self.queries:
+            return Path(self.queries).stem
         return self.group if self.benchmark == "stabletoolbench" else "restbench-tmdb"
 
 
@@ -212,7 +218,8 @@ def run_configs(cfg: PipelineConfig, prm: str) -> list[RunConfig]:
                 run_search = dataclasses.replace(run_search, max_observation_chars=ev.max_observation_chars)
             groups = {**group_values(ev, QueriesGroup), **group_values(ev, ToolBackendGroup),
                       **group_values(cfg, PolicyGroup), "tool_doc": ev.tool_doc or cfg.tool_doc}
-            runs.append(RunConfig(**groups, prm_client=cfg.prm_client,
+            own = {"queries": ev.queries, "tools": ev.tools} if ev.queries else {}  # unset: the stage hash of before
+            runs.append(RunConfig(**groups, **own, prm_client=cfg.prm_client,
                                   prm=prm if method.latent == "prm" else method.latent,
                                   search=run_search, executor=cfg.executor, answer=cfg.answer,
                                   output=str(cfg.root / "search" / method.name / f"{ev.slug}{suffix}.jsonl")))
