@@ -40,8 +40,9 @@ def test_the_llm_judge_ticks_once_per_batch_sent():
     assert [v.label for v in verdicts] == ["Solved"] * 5
     assert rec.totals == [3] and rec.units == [2, 2, 1]
     judge.judge_answers([AnswerRequest(f"q{i}", f"a{i}") for i in range(5)])  # all cached: nothing sent
-    judge.judge_answers([AnswerRequest("new", "one")])  # one batch: no bar
     assert rec.totals == [3]
+    judge.judge_answers([AnswerRequest("new", "one")])  # one batch counts too (before: none, so a long
+    assert rec.totals == [3, 1] and rec.units[-1] == 1  # single batch logged "0/0 batches" for minutes)
 
 
 def test_necessity_labels_tick_per_no_tool_batch(tmp_path):

@@ -122,7 +122,7 @@ class LLMJudge(JudgeMixin):
         reference (`ReferencePrompts`, *optional*): judge with a reference's prompts and forced
             functions (:mod:`codetool.judge.reference_prompts`); tasks it has no prompt for use ours.
         progress (`ProgressFactory`, *optional*): told the number of batches each call sends to the
-            backend (two or more) and ticked after each (:mod:`codetool.progress`); a command may
+            backend (when it sends any) and ticked after each (:mod:`codetool.progress`); a command may
             also set the ``progress`` attribute after :func:`codetool.assemble.make_judge`.
     """
 
@@ -257,7 +257,7 @@ class LLMJudge(JudgeMixin):
             out.append(dict(hit, cached=True) if hit else None)
         missing = [i for i, r in enumerate(out) if r is None]
         starts = range(0, len(missing), self.batch_size)
-        tick = ticker(self.progress if len(starts) > 1 else None, len(starts))
+        tick = ticker(self.progress if starts else None, len(starts))  # one long batch is progress too
         for first in starts:
             chunk = missing[first:first + self.batch_size]
             values = self._ask_each([prompts[i] for i in chunk], [keys[i] for i in chunk], field, allowed,
