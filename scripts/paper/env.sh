@@ -52,7 +52,7 @@ if [ "$REHEARSAL" = 1 ]; then
                    --search.max_new_tokens 24 --search.max_steps 1 --answer.max_new_tokens 24
                    --executor.timeout_s 20 --policy_client.timeout_s 60
                    --methods '[{name: spot-only, k: 2, w_latent: 0.0, latent: none}, {name: spot+latent, k: 2, latent: prm}]'
-                   --evals "[{benchmark: stabletoolbench, group: G1_instruction, subset: codetool, limit: 2, tools_backend: stabletoolbench, tool_server_url: '$TOOL_SERVER', tool_cache_dir: '$TOOL_CACHE'}, {benchmark: restbench-tmdb, subset: restgpt, limit: 2, max_observation_chars: 1500}]"
+                   --evals "[{benchmark: stabletoolbench, group: G1_instruction, subset: codetool, limit: 2, tools_backend: stabletoolbench, tool_server_url: '$TOOL_SERVER', tool_cache_dir: '$TOOL_CACHE'}, {benchmark: restbench-tmdb, subset: codetool, limit: 1, max_observation_chars: 1500}]"
                    --judge.model default --judge.remote_model "" --judge.api_key_env "" --judge.rounds 1
                    --judge.max_new_tokens 32)
 fi
