@@ -19,11 +19,12 @@ TOOLS = [{"name": "lookup", "tool": "t", "api": "lookup"}]
 
 
 def traj(q: int, method: str, solved: bool, prm: bool) -> Trajectory:
-    calls = [{"name": "lookup", "arguments": {}, "status": "ok" if solved else "error", "response": "{}"}]
+    calls = [{"name": "lookup", "arguments": {}, "status": "ok" if solved else "error",
+              "response": '{"title": "Dispossessed"}'}]
     cands = [Candidate(i, "c", "lookup()", ExecutionResult.from_dict({"ok": True, "tool_calls": calls}),
                        r_spot=1.0, r_latent=0.6 if prm else None, score=1.0 - i / 10, chosen=i == 0) for i in range(2)]
     return Trajectory(str(q), f"question {q}", "stabletoolbench", "G1", method, steps=[Step(0, cands, 0)],
-                      final_answer="good" if solved else "bad", finish_type="finish", available_tools=TOOLS,
+                      final_answer="good: Dispossessed" if solved else "bad", finish_type="finish", available_tools=TOOLS,
                       extra={"fidelity": {"prm": {"interface": "ours"} if prm else None}})
 
 

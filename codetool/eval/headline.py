@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from codetool.eval.metrics import not_executed_trajectory
 from codetool.eval.paired import mean_over_seeds, paired_difference
 from codetool.eval.restbench import path_metrics
 from codetool.eval.runs import load_runs
@@ -44,7 +45,9 @@ def _key(t) -> tuple:
 
 
 def free_scores(trajs: list, bench: str) -> dict[tuple, float]:
-    """Per query of one method on one benchmark: grounded success (0/1), or on RestBench the path score."""
+    """Per query of one method on one benchmark: grounded success (0/1), or on RestBench the path
+    score; an episode the machine could not run is left out (no score, not a 0)."""
+    trajs = [t for t in trajs if not not_executed_trajectory(t)]
     if bench == RESTBENCH:
         per = path_metrics(trajs).per_query
         return {_key(t): per[t.query_id]["fraction"] for t in trajs if t.query_id in per}
@@ -55,6 +58,8 @@ def judged_scores(trajs: list, labels: list[list[str]] | None) -> dict[tuple, fl
     """Per query: the mean over rounds of its pass score (1 / 0.5 / 0); unreadable rounds left out."""
     out = {}
     for t, rounds in zip(trajs, labels or []):
+        if not_executed_trajectory(t):
+            continue
         values = [LABEL_SCORES[label] for label in rounds if label in LABEL_SCORES]
         if values:
             out[_key(t)] = sum(values) / len(values)
