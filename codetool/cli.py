@@ -32,7 +32,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from codetool import CodetoolError, __version__
-from codetool.config import ConfigError, _flat_fields, add_arguments, config_from_args, load_yaml
+from codetool.config import ConfigError, _flat_fields, load_yaml
+from codetool.config_args import add_arguments, config_from_args
 from codetool.secrets import RedactingFilter
 
 # command -> (module, config class, function, one-line help)

@@ -9,12 +9,13 @@ Values are resolved in this order, later wins: dataclass defaults, the YAML file
 An unknown key, in YAML or on the command line, is an error that names the key and the closest
 valid one; so is a key of a nested group that the config's code never reads (a config declares
 those in ``config_unread``, see :class:`Unread`). Old key names (``config_aliases``) work for one
-release, with a deprecation line each. Nothing here touches the network, prompts or exits.
+release, with a deprecation line each. Nothing here touches the network, prompts or exits. The
+command-line side (one ``--option`` per field, parsed back into a config) is
+:mod:`codetool.config_args`.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import difflib
 import hashlib
@@ -424,92 +425,3 @@ def _recipe_base(cls: type, data: dict[str, Any]) -> dict[str, Any]:
             recipe = load_yaml(data[name])
             base.update({s: recipe[s] for s in sections if isinstance(recipe.get(s), dict)})
     return base
-
-
-def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-    """Add ``--config`` and one option per (flattened) field of ``cls`` to ``parser``.
-
-    Options default to ``argparse.SUPPRESS`` so that only what the user typed overrides the
-    recipe; types are converted later by :func:`load_config`, which gives better errors. An old
-    name (``config_aliases``) is its own option (loading it logs its deprecation line); a
-    :func:`section` gets one ``--<name>.KEY`` help line.
-    """
-    parser.add_argument("--config", metavar="YAML", default=None,
-                        help="YAML recipe; command-line options override its values")
-    hidden = unread_keys(cls)  # still parsed, so that from_dict names where such a key belongs
-    types_of: dict[str, Any] = {}
-    fields = _flat_fields(cls)
-    # A list option takes several words (--stages search eval) unless the command has a positional
-    # argument, which the words would swallow (codetool eval FILE --compare a,b).
-    several = not any(f.metadata.get("positional") for _, f, _ in fields)
-    for name, f, tp in fields:
-        help_text = " ".join(str(f.metadata.get("help", "")).split()).replace("%", "%%")
-        if "section" in f.metadata:
-            parser.add_argument(f"--{name}.KEY", dest=f"{name}.KEY", default=argparse.SUPPRESS, metavar="VALUE",
-                                help=f"{help_text}, e.g. --{name}.seed 1")
-            continue
-        default = f.default if f.default is not _MISSING else (
-            f.default_factory() if f.default_factory is not _MISSING else None)
-        choices = f.metadata.get("choices")
-        extra = f" (choices: {', '.join(map(str, choices))})" if choices else ""
-        shown = f"{help_text}{extra} [default: {_default_text(default)}]".replace("%", "%%").replace("%%%%", "%%")
-        if name in hidden:
-            shown = argparse.SUPPRESS
-        if f.metadata.get("positional"):
-            base, _ = _unwrap_optional(tp)
-            is_list = typing.get_origin(base) is list
-            parser.add_argument(name, nargs="*" if is_list else "?", default=argparse.SUPPRESS,
-                                metavar=name.upper(), help=shown)
-            continue
-        types_of[name] = tp
-        _add_option(parser, name, [f"--{name}", *f.metadata.get("aliases", ())], tp, shown, several)
-    for old, new in getattr(cls, "config_aliases", {}).items():
-        if new in types_of:
-            _add_option(parser, old, [f"--{old}"], types_of[new],
-                        f"old name of --{new}; works until the next release", several)
-
-
-def _default_text(default: Any) -> str:
-    """A default as a user writes it: a list of scalars ``a b c``, settings as YAML flow text."""
-    if isinstance(default, list) and default and all(dataclasses.is_dataclass(d) for d in default):
-        return yaml.safe_dump([dataclasses.asdict(d) for d in default], default_flow_style=True, width=10**6).strip()
-    if isinstance(default, (list, tuple)) and all(isinstance(d, (str, int, float)) for d in default):
-        return " ".join(map(str, default)) if default else "none"
-    return repr(default)
-
-
-def _add_option(parser: argparse.ArgumentParser, dest: str, flags: list[str], tp: Any, shown: str,
-                several: bool = True) -> None:
-    """``--flag VALUE`` (a bool: ``--flag`` alone is true; a list of values with ``several``: ``--flag A
-    B``, and always ``A,B``) for ``dest``, also with dashes; flags the parser has (the CLI's
-    ``--debug``) are left out."""
-    if "_" in flags[0]:
-        flags.insert(1, flags[0].replace("_", "-"))
-    flags = [flag for flag in dict.fromkeys(flags) if flag not in parser._option_string_actions]
-    if not flags:  # still a YAML key
-        return
-    base, _ = _unwrap_optional(tp)
-    item = (typing.get_args(base) or (None,))[0] if typing.get_origin(base) in (list, tuple) else None
-    if base is bool:
-        # --flag alone means true; --flag false still works.
-        parser.add_argument(*flags, dest=dest, nargs="?", const="true", default=argparse.SUPPRESS,
-                            metavar="BOOL", help=shown)
-    elif item in (str, int, float):  # a list of values: --stages search eval, or search,eval
-        parser.add_argument(*flags, dest=dest, nargs="+" if several else None, default=argparse.SUPPRESS,
-                            metavar="VALUE", help=f"{shown} (several: {'space- or ' if several else ''}comma-separated)")
-    else:
-        parser.add_argument(*flags, dest=dest, default=argparse.SUPPRESS, metavar="VALUE", help=shown)
-
-
-def config_from_args(cls: type[T], args: argparse.Namespace, sections: dict[str, str] | None = None) -> T:
-    """Build the config of ``cls`` from parsed arguments (see :func:`add_arguments`) and
-    ``sections``, the ``{"train.seed": "1"}`` options of its :func:`section` fields."""
-    values = dict(vars(args))
-    path = values.pop("config", None)
-    names = {name for name, _, _ in _flat_fields(cls)} | set(getattr(cls, "config_aliases", {}))
-    overrides = {k: v for k, v in values.items() if k in names or k.endswith(".KEY")}
-    positional = {name for name, f, _ in _flat_fields(cls) if f.metadata.get("positional")}
-    for k, v in overrides.items():  # the words of a list option (--stages search eval) as its text form
-        if k not in positional and isinstance(v, list) and all(isinstance(w, str) for w in v):
-            overrides[k] = v[0] if len(v) == 1 else ",".join(v)
-    return load_config(cls, path, {**overrides, **(sections or {})})
