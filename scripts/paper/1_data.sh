@@ -6,12 +6,10 @@
 # StableToolBench test queries (by id and text) that ToolBench's G1_query.json contains.
 #   bash scripts/paper/1_data.sh
 source "$(dirname "$0")/env.sh"
-if [ "$REHEARSAL" = 1 ]; then
-    codetool data fetch stabletoolbench codetool restbench toolbench-examples --from "$SHARED" --out "$DATA"
-    "$PY" scripts/paper/stub_checkout.py "$CODETOOL_DIR"
-else
-    codetool data fetch stabletoolbench codetool restbench toolbench-examples --out "$DATA"
-fi
+from=()
+[ -d "${SHARED:-}" ] && from=(--from "$SHARED")   # a local copy (SHARED); else downloaded
+codetool data fetch stabletoolbench codetool restbench toolbench-examples "${from[@]}" --out "$DATA"
+[ "$REHEARSAL" = 1 ] && "$PY" scripts/paper/stub_checkout.py "$CODETOOL_DIR"
 if [ ! -f "$TOOLBENCH_QUERIES" ]; then
     echo "missing $TOOLBENCH_QUERIES: download ToolBench's data release (the data link in" \
          "https://github.com/OpenBMB/ToolBench's README), unzip it under $DATA/ToolBench/, or set TOOLBENCH_QUERIES." >&2

@@ -38,7 +38,7 @@ PIPELINE_ARGS=()
 TRAIN_ARGS=()
 
 if [ "$REHEARSAL" = 1 ]; then
-    SHARED=${SHARED:-../shared/data}                # a local copy of the benchmark files
+    SHARED=${SHARED:-../shared/data}                # a local copy of the benchmark files (else: downloaded)
     POLICY_MODEL=default                            # the embedded 135M model, in-process (no vLLM)
     PRM_BASE=default
     PRM_DIR="$RUNS_DIR/$RUN/prm"
