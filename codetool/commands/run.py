@@ -93,7 +93,8 @@ def run_progress(cfg: RunConfig) -> JobProgress:
     steps happen in the workers, so only queries are counted."""
     s = cfg.search
     per_step = {"beam": s.beam_width, "best_of_n": s.n, "lookahead": 1 + s.k * s.lookahead_depth}.get(s.strategy, 1)
-    return JobProgress(f"{s.method} on {cfg.benchmark or 'query'}", "queries", "" if cfg.ray else "steps",
+    where = Path(cfg.queries).name if cfg.queries else cfg.benchmark or "one query"
+    return JobProgress(f"{s.method} on {where}", "queries", "" if cfg.ray else "steps",
                        work_per_unit=s.max_steps * per_step, used=lambda r: len(r.get("steps") or []) * per_step)
 
 
