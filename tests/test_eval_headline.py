@@ -100,3 +100,16 @@ def test_a_judge_free_block_lists_only_what_applies(runs, tmp_path):
     lines, _ = check_settings({"trees.label_rule": [], "__source__": "x"}, "codetool", run_known=False)
     assert not any("is []" in line for line in lines) and any("trees.label_rule" in line and "not recorded" in line
                                                                for line in lines)
+
+
+def test_your_own_queries_are_not_called_restbench(tmp_path):
+    """Before: a run on your own API was listed as '3 of the 100 RestBench-TMDB queries'."""
+    path = tmp_path / "own.jsonl"
+    rows = [traj(q, "m", True, False) for q in range(3)]
+    for t in rows:
+        t.benchmark, t.group = "custom", "questions"
+    write_jsonl(path, [t.to_dict() for t in rows])
+    report = run_eval(EvalConfig(trajectories=[str(path)], out=str(tmp_path / "o"), plots=False), None)
+    notes = report["comparability"]["deviations"]
+    assert not any("RestBench" in d for d in notes)
+    assert "custom: your own queries (3); no published number to compare them with." in notes

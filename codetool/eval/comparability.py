@@ -255,11 +255,15 @@ def _subset(report: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
                              f"6 groups, CodeTool's filtered 580)" + (f"; groups not run: {', '.join(missing)}"
                                                                        if missing else "") +
                              ": the average over groups is not the papers' Avg.")
-        else:
+        elif bench == RESTBENCH:
             total = sum(sizes.values())
             subset[bench] = {"groups": sizes, "kind": "full (100 queries)" if total == 100 else f"{total} of 100"}
             if total != 100:
                 notes.append(f"{bench}: {total} of the 100 RestBench-TMDB queries.")
+        else:  # your own queries (benchmark custom or toolbench): no published number to stand beside
+            subset[bench] = {"groups": sizes, "kind": "your own queries"}
+            notes.append(f"{bench}: your own queries ({sum(sizes.values())}); no published number to compare "
+                         "them with.")
     return subset, notes
 
 
