@@ -7,7 +7,7 @@ model's estimate of how promising the step is). See ``README.md`` for the pipeli
 API is :mod:`codetool.api` (``from codetool.api import PRM, search, read_trajectories``; docs/API.md).
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 class CodetoolError(Exception):

@@ -8,10 +8,10 @@ Values are resolved in this order, later wins: dataclass defaults, the YAML file
 
 An unknown key, in YAML or on the command line, is an error that names the key and the closest
 valid one; so is a key of a nested group that the config's code never reads (a config declares
-those in ``config_unread``, see :class:`Unread`). Old key names (``config_aliases``) work for one
-release, with a deprecation line each. Nothing here touches the network, prompts or exits. The
-command-line side (one ``--option`` per field, parsed back into a config) is
-:mod:`codetool.config_args`.
+those in ``config_unread``, see :class:`Unread`), and a key renamed in 0.2.0 (a config lists them
+in ``config_renamed``, old name -> new name, only to name the new one: :func:`renamed_error`).
+Nothing here touches the network, prompts or exits. The command-line side (one ``--option`` per
+field, parsed back into a config) is :mod:`codetool.config_args`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import difflib
 import hashlib
 import importlib
 import json
-import logging
 import types
 import typing
 from pathlib import Path
@@ -33,9 +32,7 @@ from codetool import CodetoolError
 
 T = TypeVar("T")
 _MISSING = dataclasses.MISSING
-SPREAD = "*"  # a config_aliases target: the old key held a mapping of the config's own settings
-
-logger = logging.getLogger(__name__)
+RENAMED_IN = "0.2.0"  # the release whose renamed keys config_renamed lists (docs/MIGRATING.md)
 
 
 class ConfigError(CodetoolError, ValueError):
@@ -139,7 +136,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if optional or tp is Any:
             return None
         raise ConfigError(f"{where}: got no value (null); expected {getattr(tp, '__name__', tp)}.")
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _to_dataclass(value, tp, where)
     convert = _CONVERTERS.get(typing.get_origin(tp) or tp)
     return convert(value, tp, where) if convert else value
@@ -239,12 +236,16 @@ def from_dict(cls: type[T], data: dict[str, Any], *, where: str = "") -> T:
     if not isinstance(data, dict):
         raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {type(data).__name__}.")
     hints = _hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if _exposed(f)}
+    fields = {f.name: f for f in dataclasses.fields(cls) if _exposed(f)}  # type: ignore[arg-type]  # cls: a dataclass
     unread = getattr(cls, "config_unread", {})
     kwargs = {}
-    for name, value in _renamed(cls, data, where).items():
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
         path = f"{where}.{name}" if where else name
         if name not in fields:
+            renamed = renamed_error(cls, name, where=where)
+            if renamed is not None:
+                raise renamed
             raise ConfigError(f"unknown config key '{path}'.{_closest(name, fields)} "
                               f"(valid keys: {', '.join(sorted(fields))})")
         if name in unread and isinstance(value, dict):
@@ -266,24 +267,27 @@ def from_dict(cls: type[T], data: dict[str, Any], *, where: str = "") -> T:
         raise ConfigError(f"{where or cls.__name__}: {e}") from None
 
 
-def _renamed(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
-    """``data`` with ``_`` for ``-`` in keys and new names for old ones (``cls.config_aliases``, one
-    deprecation line per old key; under a :data:`SPREAD` alias a mapping gives its keys here:
-    ``trainer_options: {optim: sgd}`` is ``optim: sgd``). A setting given by both names: the later
-    key wins, as a ``--flag`` wins over the recipe (:func:`load_config` puts its keys after)."""
-    aliases = getattr(cls, "config_aliases", {})
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        old = str(key).replace("-", "_")
-        new = aliases.get(old, old)
-        here = f"{where}." if where else ""
-        if new != old:
-            logger.warning("%s%s is an old name that works until the next release; %s", here, old,
-                           f"give its keys directly in {where or 'the recipe'}" if new == SPREAD
-                           else f"use {here}{new}")
-        items = _to_mapping(value, dict, f"{here}{old}").items() if new == SPREAD else [(new, value)]
-        out.update((str(name).replace("-", "_"), item) for name, item in items)
-    return out
+def renamed_error(cls: type, key: str, *, where: str = "", flag: bool = False) -> ConfigError | None:
+    """The one-line error for ``key`` (dotted below ``cls``: ``train.epochs``) if the config that
+    holds it renamed or removed it in 0.2.0 (its ``config_renamed``: old name -> the new name, or a
+    sentence saying what replaced it), else ``None``. ``flag``: spell the keys as ``--flags``."""
+    *groups, name = key.split(".")
+    for group in groups:  # the nested config that holds the key
+        fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+        if group not in fields:
+            return None
+        f = fields[group]
+        cls = section_class(f.metadata["section"]) if "section" in f.metadata else _unwrap_optional(_hints(cls)[group])[0]
+    new = getattr(cls, "config_renamed", {}).get(name)
+    if new is None:
+        return None
+    dash = "--" if flag else ""
+    here = f"{where}." if where else ""
+    old = f"{dash}{here}{key}"
+    if " " in new:
+        return ConfigError(f"{old} was removed in {RENAMED_IN}: {new} (docs/MIGRATING.md).")
+    return ConfigError(f"{old} was renamed to {dash}{here}{'.'.join([*groups, new])} in {RENAMED_IN} "
+                       "(docs/MIGRATING.md).")
 
 
 def _refuse_unread(unread: Unread, value: dict[str, Any], path: str, group: str) -> None:
@@ -301,7 +305,7 @@ def _factory_values(f: dataclasses.Field, tp: Any, unread: Unread | None) -> dic
     config refuses as unread keep their class defaults (nothing reads them)."""
     tp, _ = _unwrap_optional(tp)
     factory = f.default_factory
-    if factory is _MISSING or factory is tp or not dataclasses.is_dataclass(tp):
+    if factory is _MISSING or factory is tp or not (isinstance(tp, type) and dataclasses.is_dataclass(tp)):
         return {}
     try:
         made, plain = factory(), tp()
@@ -320,7 +324,7 @@ def unread_keys(cls: type, prefix: str = "") -> set[str]:
     hints = _hints(cls)
     for f in dataclasses.fields(cls):
         tp, _ = _unwrap_optional(hints[f.name])
-        if _exposed(f) and dataclasses.is_dataclass(tp):
+        if _exposed(f) and isinstance(tp, type) and dataclasses.is_dataclass(tp):
             out |= unread_keys(tp, f"{prefix}{f.name}.")
     return out
 
@@ -379,7 +383,7 @@ def _flat_fields(cls: type, prefix: str = "") -> list[tuple[str, dataclasses.Fie
             continue
         tp, _ = _unwrap_optional(hints[f.name])
         name = f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             out.extend(_flat_fields(tp, name + "."))
         else:
             out.append((name, f, hints[f.name]))

@@ -26,14 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     """Add ``--config`` and one option per (flattened) field of ``cls`` to ``parser``.
 
     Options default to ``argparse.SUPPRESS`` so that only what the user typed overrides the
-    recipe; types are converted later by :func:`load_config`, which gives better errors. An old
-    name (``config_aliases``) is its own option (loading it logs its deprecation line); a
-    :func:`section` gets one ``--<name>.KEY`` help line.
+    recipe; types are converted later by :func:`load_config`, which gives better errors. A
+    :func:`~codetool.config.section` gets one ``--<name>.KEY`` help line.
     """
     parser.add_argument("--config", metavar="YAML", default=None,
                         help="YAML recipe; command-line options override its values")
     hidden = unread_keys(cls)  # still parsed, so that from_dict names where such a key belongs
-    types_of: dict[str, Any] = {}
     fields = _flat_fields(cls)  # list options take several words unless a positional would be swallowed
     several = not any(f.metadata.get("positional") for _, f, _ in fields)
     for name, f, tp in fields:
@@ -55,12 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
             parser.add_argument(name, nargs="*" if is_list else "?", default=argparse.SUPPRESS,
                                 metavar=name.upper(), help=shown)
             continue
-        types_of[name] = tp
         _add_option(parser, name, [f"--{name}", *f.metadata.get("aliases", ())], tp, shown, several)
-    for old, new in getattr(cls, "config_aliases", {}).items():
-        if new in types_of:
-            _add_option(parser, old, [f"--{old}"], types_of[new],
-                        f"old name of --{new}; works until the next release", several)
 
 
 def _default_text(d: Any) -> str:
@@ -98,7 +91,7 @@ def config_from_args(cls: type[T], args: argparse.Namespace, sections: dict[str,
     ``sections``, the ``{"train.seed": "1"}`` options of its :func:`section` fields."""
     values = dict(vars(args))
     path = values.pop("config", None)
-    names = {name for name, _, _ in _flat_fields(cls)} | set(getattr(cls, "config_aliases", {}))
+    names = {name for name, _, _ in _flat_fields(cls)}
     overrides = {k: v for k, v in values.items() if k in names or k.endswith(".KEY")}
     positional = {name for name, f, _ in _flat_fields(cls) if f.metadata.get("positional")}
     for k, v in overrides.items():  # the words of a list option (--stages search eval) as its text form

@@ -43,6 +43,7 @@ import json
 import logging
 import threading
 import time
+from typing import Literal
 
 from codetool import CodetoolError
 
@@ -200,7 +201,7 @@ class ServerGuard:
         token = given[7:].strip() if given[:7].lower() == "bearer " else ""
         if not token and self.key_header:
             token = headers.get(self.key_header, "").strip()
-        return bool(token) and hmac.compare_digest(token.encode(), self.api_key.encode())
+        return bool(token) and hmac.compare_digest(token.encode(), (self.api_key or "").encode())
 
     async def _reply(self, send, status: int, text: str) -> None:
         body = json.dumps({self.error_field: text}).encode()
@@ -272,9 +273,13 @@ class ServerGuard:
         else:
             self._client_inflight.pop(client, None)
 
+        room = self._room
+        if room is None:  # made at the first admission, which every release follows
+            return
+
         async def wake():
-            async with self._room:
-                self._room.notify_all()
+            async with room:
+                room.notify_all()
 
         asyncio.get_running_loop().create_task(wake())
 
@@ -408,7 +413,7 @@ def _guarded_h11_protocol(header_timeout_s: float, max_per_client: int):
     return GuardedH11Protocol
 
 
-def uvicorn_config(app, host: str = "127.0.0.1", port: int = 0, *, lifespan: str = "auto",
+def uvicorn_config(app, host: str = "127.0.0.1", port: int = 0, *, lifespan: Literal["auto", "on", "off"] = "auto",
                    header_timeout_s: float = HEADER_TIMEOUT_S, limit_concurrency: int = 1000):
     """The ``uvicorn.Config`` every codetool server uses (see the module docstring for the guards)."""
     import uvicorn
@@ -434,7 +439,7 @@ def serve_forever(app, host: str, port: int, **kwargs) -> None:
 
 @contextlib.contextmanager
 def serve_in_background(app, host: str = "127.0.0.1", port: int = 0, *, start_timeout_s: float = 30.0,
-                        lifespan: str = "auto", name: str = "codetool-server",
+                        lifespan: Literal["auto", "on", "off"] = "auto", name: str = "codetool-server",
                         header_timeout_s: float = HEADER_TIMEOUT_S):
     """Serve ``app`` in a daemon thread; yields its base URL, e.g. ``http://127.0.0.1:43817``.
 

@@ -390,9 +390,17 @@ def test_failover_to_the_endpoint_that_answers(stub):
     assert b.stats()["endpoints"] == 2
 
 
-def test_non_json_body(stub):
-    stub.script = [(200, "<html>hello</html>", 0, {})]
-    with pytest.raises(CodetoolError, match="not JSON"):
+def test_a_body_that_is_not_json_is_retried_then_named(stub):
+    """A 200 whose body is not a JSON object (a proxy's error page, a list) is a fault like a 5xx:
+    retried and counted by kind (issue 39: it failed the query at once); when every retry gets one,
+    the error names it."""
+    stub.script = [(200, "<html>bad gateway</html>", 0, {}), (200, [1, 2], 0, {})]
+    b = backend(stub)
+    [[completion]] = b.generate(["hi"])  # the second retry gets the stub's own reply
+    assert completion.text and b.stats()["faults"] == {"connection": 0, "timeout": 0, "http_429": 0,
+                                                       "http_5xx": 0, "bad_body": 2}
+    stub.script = [(200, "<html>hello</html>", 0, {})] * 3
+    with pytest.raises(CodetoolError, match="not a JSON object.*after 3 attempts.*ends in /v1"):
         backend(stub).generate(["hi"])
 
 

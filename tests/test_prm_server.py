@@ -190,14 +190,15 @@ def test_a_prm_server_that_refuses_connections_stops_the_run_before_any_generati
     from codetool.prm.client import HTTPScorer
     from codetool.resume import FatalError
 
-    with pytest.raises(FatalError, match=r"the PRM server cannot be reached: http://127.0.0.1:9 \(ConnectError\)"):
-        HTTPScorer("http://127.0.0.1:9").check_reachable(timeout_s=2)
+    with pytest.raises(FatalError, match=r"the PRM server cannot be reached \(http://127.0.0.1:9/health: cannot "
+                                         r"connect \(ConnectError\) after 3 attempts"):
+        HTTPScorer("http://127.0.0.1:9", backoff_s=0.0).check_reachable(timeout_s=2)
     # any HTTP answer counts as reachable, even a 404 (the first /score reports what is wrong)
     server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        HTTPScorer(f"http://127.0.0.1:9,{url}").check_reachable(timeout_s=2)  # one live endpoint of two
+        HTTPScorer(f"http://127.0.0.1:9,{url}", backoff_s=0.0).check_reachable(timeout_s=2)  # one live of two
     finally:
         server.shutdown()
 

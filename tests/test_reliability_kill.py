@@ -107,7 +107,7 @@ PIPELINE_YAML = """
 name: killed
 runs_dir: {runs}
 trees: {{branching: 2, max_depth: 2, limit: 4, batch_trees: 1, val_fraction: 0.25, queries: {queries}}}
-train: {{model: {model}, epochs: 1, batch_size: 4, eval_steps: 0, save_steps: 100, logging_steps: 1}}
+train: {{model: {model}, num_train_epochs: 1, per_device_train_batch_size: 4, eval_steps: 0, save_steps: 100, logging_steps: 1}}
 search: {{max_steps: 2, max_new_tokens: 16, concurrency: 1}}
 methods:
   - {{name: single-sample, k: 1, w_latent: 0.0, latent: none, temperature: 0.0}}

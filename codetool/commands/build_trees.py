@@ -14,12 +14,14 @@ already built; then export the PRM dataset all or nothing and print the summary.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from codetool import CodetoolError
 from codetool.commands import job_progress
 from codetool.config import ConfigError
+from codetool.jobs import client_rows
 from codetool.jobs.trees import (
     build_missing,
     export_atomically,
@@ -47,6 +49,7 @@ def build_trees_command(cfg: TreeConfig) -> int:
     """
     out = Path(cfg.output)
     queries = load_training_queries(cfg)
+    clients: dict[str, Any] = {}  # the remote policy client of this process, for the summary
     order = {q.query_id: i for i, q in enumerate(queries)}
     if cfg.relabel:
         if not out.is_file():
@@ -66,10 +69,10 @@ def build_trees_command(cfg: TreeConfig) -> int:
         if path.is_dir():
             raise CodetoolError(f"--output {path} is a folder; pass a file path such as {path / 'trees.jsonl'}.")
         with OutputLock(path), job_progress(tree_progress(cfg)) as progress:
-            build_missing(cfg, mine, path, progress=progress)
+            build_missing(cfg, mine, path, progress=progress, clients=clients)
         records = sorted(read_jsonl(path), key=lambda r: order.get(str(r["query_id"]), len(order)))
         if cfg.shard is not None:
-            _print_summary(f"shard {cfg.shard}: {path}", summarize(records))
+            _print_summary(f"shard {cfg.shard}: {path}", summarize(records), client_rows(clients))
             if not _report_failed(records):
                 logger.info("shard done; run again with --merge once every shard has finished")
                 return 0
@@ -78,7 +81,7 @@ def build_trees_command(cfg: TreeConfig) -> int:
     stats = export_atomically([r for r in records if r.get("finish_type") != "error"], cfg)
     if stats is not None:
         summary.update({f"dataset_{k}": v for k, v in stats.items() if k not in ("val_query_ids", "pair_counts")})
-    _print_summary(f"trees: {out}", summary)
+    _print_summary(f"trees: {out}", summary, client_rows(clients))
     return 1 if _report_failed(records) else 0
 
 
@@ -105,11 +108,13 @@ def tree_progress(cfg: TreeConfig) -> JobProgress:
     return JobProgress("trees", "trees", "" if cfg.ray else "nodes", work_per_unit=inner, scale=b, used=used)
 
 
-def _print_summary(title: str, summary: dict[str, Any]) -> None:
+def _print_summary(title: str, summary: dict[str, Any], rows: Sequence[tuple[str, str]] = ()) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=title, show_header=False)
     for key, value in summary.items():
         table.add_row(key.replace("_", " "), f"{value:.3f}" if isinstance(value, float) else str(value))
+    for key, value in rows:  # the remote clients' use (codetool.jobs.client_rows)
+        table.add_row(key, value)
     Console().print(table)

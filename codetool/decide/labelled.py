@@ -101,7 +101,7 @@ def _draw(usable, n: int, prefix: str, benchmark: str, skipped: Counter, *, firs
           ) -> list[DecisionItem]:
     """The first ``n`` usable queries whose gold APIs are offered (``first_gold``: only the first
     gold API counts, RestBench's first call of its gold path)."""
-    items = []
+    items: list[DecisionItem] = []
     for q in usable:
         if len(items) >= n:
             break

@@ -147,6 +147,7 @@ class _Worker:
 
     def run(self, units: list) -> list[dict]:
         records: list[dict] = []
+        assert self.runner is not None  # the driver calls run() only after ready() passed
         self.runner.run(units, records.append)
         return records
 

@@ -70,7 +70,7 @@ def headline(shown: list, labels: dict[str, Any], seed_paths: list[str]) -> dict
     """The first screen's data: ``{"comparisons": [...], "prm_methods": [...]}``, one comparison per
     benchmark, PRM method, other method and score (``judge-free`` / ``judged``), each with the
     :class:`~codetool.eval.paired.PairedDifference` fields in points (x100)."""
-    free: dict[str, dict[str, list[dict]]] = {}  # method -> bench -> per-seed scores
+    free: dict[str, dict[str, list[tuple[str, dict]]]] = {}  # method -> bench -> (seed, per-query scores)
     for path in seed_paths:
         for run in load_runs([path]):
             for bench in dict.fromkeys(t.benchmark for t in run.trajectories):

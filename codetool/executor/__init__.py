@@ -71,7 +71,8 @@ memory of its processes plus its scratch) and killed past it (``MemoryLimit``). 
 has ``memory_mb`` as its address-space limit.
 
 **Processes.** Each family (a root executor and everything forked from it, i.e. one episode or
-one tree) has one root process that never runs model code: it spawns fresh workers, prepares each
+one tree; or, through a :class:`~codetool.executor.pool.FamilyPool`, the executors of several
+tasks, each still its own principal) has one root process that never runs model code: it spawns fresh workers, prepares each
 principal (uid, scratch mount, cgroup), stops and kills principals when there is no cgroup, and
 reaps orphans (it is a child subreaper). A forked worker is a child of the worker it was forked
 from; closing an executor kills its whole principal, not the executors forked from it. When the

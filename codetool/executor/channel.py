@@ -20,7 +20,7 @@ import socket
 import struct
 import time
 from collections import deque
-from typing import Any
+from typing import Any, overload
 
 HEADER = struct.Struct(">I")
 POLL_IN = select.POLLIN | select.POLLHUP | select.POLLERR
@@ -38,6 +38,14 @@ _INVISIBLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069
 
 class ProtocolError(Exception):
     """The sandbox sent something that is not a valid frame."""
+
+
+@overload
+def clean_text(value: str, limit: int | None = None) -> str: ...
+
+
+@overload
+def clean_text(value: Any, limit: int | None = None) -> str | None: ...
 
 
 def clean_text(value: Any, limit: int | None = None) -> str | None:
@@ -241,7 +249,8 @@ class Conn:
 
 def read_available(fd: int, limit: int = 1 << 20) -> bytes | None:
     """Read up to ``limit`` bytes that are ready on a non-blocking fd; ``None`` at end of file."""
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     while size < limit:
         try:
             data = os.read(fd, 1 << 16)

@@ -28,6 +28,7 @@ from codetool.executor.channel import ProtocolError, log_safe
 from codetool.executor.config import ExecutorConfig
 from codetool.executor.family import WorkerHandle
 from codetool.executor.launch import ExecutorError
+from codetool.executor.pool import FamilyPool
 from codetool.executor.result import ExecutionResult
 from codetool.executor.sandbox import ForkFailed, Sandbox
 from codetool.executor.step import failure_outcome, run_step
@@ -65,6 +66,9 @@ class Executor:
             ``codetool.tools.spec.ToolResponse`` or any JSON value. The code receives the parsed
             JSON of the content (the raw text when it is not JSON), or a ``ToolError`` when the
             status is not ``ok``. ``finish(answer)`` and ``give_up(reason)`` are always defined.
+        pool (`FamilyPool`, *optional*): a pool whose families this executor may share with the
+            executors of other tasks (``codetool.executor.pool``); without one it starts a family
+            of its own.
     Raises:
         ExecutorError: a tool name is not a usable identifier, or the sandbox cannot start.
 
@@ -79,7 +83,7 @@ class Executor:
     """
 
     def __init__(self, config: ExecutorConfig | None = None,
-                 tools: Mapping[str, Callable[..., Any]] | None = None):
+                 tools: Mapping[str, Callable[..., Any]] | None = None, *, pool: FamilyPool | None = None):
         self.config = config or ExecutorConfig()
         self.tools = dict(tools or {})
         for name, func in self.tools.items():
@@ -90,13 +94,18 @@ class Executor:
                                     f"open...) or one of {sorted(RESERVED_NAMES)}.")
             if not callable(func):
                 raise ExecutorError(f"tool {name!r} maps to a {type(func).__name__}, not a callable.")
-        sandbox = Sandbox(self.config, sorted(self.tools))
+        sandbox = Sandbox(self.config, sorted(self.tools)) if pool is None else pool.take()
         try:
-            worker = sandbox.spawn()
+            worker = sandbox.spawn(sorted(self.tools))
         except ExecutorError:
-            sandbox.close()
+            if pool is None:
+                sandbox.close()
+            else:
+                sandbox.release()
             raise
         self._attach(sandbox, worker)
+        if pool is not None:
+            sandbox.release()  # the pool's reference: this executor holds its own now
 
     @classmethod
     def _adopt(cls, parent: Executor, worker: WorkerHandle | None) -> Executor:
@@ -106,7 +115,7 @@ class Executor:
         child._slot.lost = parent._slot.lost
         return child
 
-    def _attach(self, sandbox: Sandbox, worker: WorkerHandle) -> None:
+    def _attach(self, sandbox: Sandbox, worker: WorkerHandle | None) -> None:
         sandbox.acquire()
         self._sandbox = sandbox
         self._slot = _Slot(worker)
@@ -230,9 +239,9 @@ class Executor:
             self._slot.lost = True
         if self._slot.worker is None:
             try:
-                self._slot.worker = self._sandbox.spawn()
+                self._slot.worker = self._sandbox.spawn(sorted(self.tools))
             except ExecutorError:
-                self._slot.worker = self._sandbox.spawn()  # the family restarts once if its root died
+                self._slot.worker = self._sandbox.spawn(sorted(self.tools))  # the family restarts once if its root died
         return self._slot.worker
 
     def _refresh(self, worker: WorkerHandle) -> WorkerHandle:

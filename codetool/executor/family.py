@@ -43,6 +43,7 @@ import time
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
+from typing import IO
 
 from codetool.executor import adoption, cgroups, scratch
 from codetool.executor.channel import Conn, ProtocolError
@@ -115,6 +116,12 @@ class WorkerHandle:
         self.pidfd = None
 
 
+def separate_principals(config: ExecutorConfig) -> bool:
+    """Whether the executors of a family with ``config`` are separate principals here (the host
+    is root, ``drop_uid`` is on and the sandbox interpreter is usable by an unprivileged uid)."""
+    return bool(config.drop_uid and os.geteuid() == 0 and others_can_use(interpreter_info(resolve_python(config.python))))
+
+
 def _new_key() -> int:
     """A fresh principal key (its uid when uids are per principal): random, and no live principal
     of this process has it. (Hosts in other processes draw from 3e9 values too.)"""
@@ -150,7 +157,7 @@ class Family:
         self.principals = False  # a uid per principal (the host is root and may drop)
         self.gid: int | None = None
         if config.drop_uid and self.as_root:
-            if others_can_use(self.info):
+            if separate_principals(config):
                 self.principals = True
                 self.gid = UID_BASE + secrets.randbelow(UID_SPAN)  # the family's group
             else:
@@ -200,7 +207,10 @@ class Family:
     def _scratch_parent(self) -> str:
         """Where the principals' scratch directories are, as the sandbox sees it: ``/tmp`` in
         bubblewrap and in the fallback as root (the root hides the host's behind its own)."""
-        return "/tmp" if self.mode == "bwrap" or self.as_root else self._scratch
+        if self.mode == "bwrap" or self.as_root:
+            return "/tmp"
+        assert self._scratch is not None  # made by _start before the root is started
+        return self._scratch
 
     def scratch_of(self, key: int) -> str:
         """The scratch directory of principal ``key``, as its processes see it."""
@@ -243,7 +253,7 @@ class Family:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         command = prefix + [self.python, "-I", "-B", "-c", BOOTSTRAP, str(child.fileno()),
                             json.dumps(self._settings())]
-        errors = tempfile.TemporaryFile()
+        errors: IO[bytes] = tempfile.TemporaryFile()
         debug = os.environ.get("CODETOOL_SANDBOX_DEBUG") == "1"  # the root's stderr stays the host's
         if os.environ.get("CODETOOL_SANDBOX_DEBUG_FILE"):
             errors = open(os.environ["CODETOOL_SANDBOX_DEBUG_FILE"], "ab")
@@ -256,11 +266,13 @@ class Family:
             raise ExecutorError(f"could not start the sandbox ({self.mode}): {exc}") from None
         finally:
             child.close()
-        self._link = RootLink(parent)
+        self._link = link = RootLink(parent)
+        stdin = self._proc.stdin
+        assert stdin is not None  # Popen(stdin=PIPE)
         try:
-            self._proc.stdin.write(_sandbox_sources())
-            self._proc.stdin.close()
-            self._ready = self._link.conn.wait_frame(START_TIMEOUT_S)
+            stdin.write(_sandbox_sources())
+            stdin.close()
+            self._ready = link.conn.wait_frame(START_TIMEOUT_S)
         except (OSError, EOFError, TimeoutError, ProtocolError) as exc:
             self._abort()
             errors.seek(0)
@@ -301,6 +313,20 @@ class Family:
         with self._lock:
             self._refs += 1
 
+    def acquire_open(self, count: int = 1) -> bool:
+        """Take ``count`` references if the family is still running (not closed by the release of
+        its last executor); whether it did (:class:`codetool.executor.pool.FamilyPool`)."""
+        with self._lock:
+            if self._proc is None:
+                return False
+            self._refs += count
+            return True
+
+    @property
+    def executors(self) -> int:
+        """Executors (and reservations) holding the family."""
+        return self._refs
+
     def release(self) -> None:
         with self._lock:
             self._refs -= 1
@@ -314,7 +340,8 @@ class Family:
                 return
             clean = False
             try:
-                self._link.send({"op": "exit"})
+                if self._link is not None:
+                    self._link.send({"op": "exit"})
                 clean = self._proc.wait(timeout=3.0) == 0
             except (EOFError, OSError, subprocess.TimeoutExpired):
                 pass
@@ -376,6 +403,7 @@ class Family:
             if not self.alive:
                 self._abort()
                 self._start()
+            assert self._link is not None  # alive, or just started
             return self._link
 
     def _call(self, frame: dict, fds: list[int] | None = None, timeout: float = REQUEST_TIMEOUT_S) -> dict:

@@ -43,7 +43,8 @@ class Sandbox(Family):
 
     Args:
         config (`ExecutorConfig`): limits and isolation mode.
-        tool_names (`list[str]`): the tool functions every worker defines.
+        tool_names (`list[str]`): the tool functions a worker defines unless :meth:`spawn` is given
+            its own (a family shared by executors of different tasks, ``codetool.executor.pool``).
     Raises:
         ExecutorError: when the requested isolation cannot start here.
     """
@@ -52,18 +53,20 @@ class Sandbox(Family):
         self.tool_names = list(tool_names)
         super().__init__(config)
 
-    def spawn(self) -> WorkerHandle:
-        """A fresh worker with an empty state (a new principal)."""
+    def spawn(self, tool_names: list[str] | None = None) -> WorkerHandle:
+        """A fresh worker with an empty state (a new principal) whose tool functions are
+        ``tool_names`` (default: the family's)."""
         key = self._new_key()
+        tools = list(self.tool_names if tool_names is None else tool_names)
         host_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         read_fd, write_fd = os.pipe()
         try:
-            reply = self._call({"op": "spawn", "key": key, "tools": self.tool_names,
+            reply = self._call({"op": "spawn", "key": key, "tools": tools,
                                 "max_output_chars": self.config.max_output_chars},
                                [worker_end.fileno(), write_fd])
             if reply.get("op") != "spawned":
                 raise ExecutorError(f"a sandbox worker did not start: {log_safe(reply.get('error'), 300)}")
-            if reply.get("listener"):
+            if reply.get("listener") and self._link is not None:
                 listener = self._link.take_fd()
                 if listener is not None and self._host is not None:
                     self._host.add_listener(listener)
@@ -104,6 +107,12 @@ class Sandbox(Family):
         return self._track(WorkerHandle(conn=conn, output_fd=read_fd, pid=hello["pid"], key=key,
                                         uid=key if self.principals else None, scratch=self.scratch_of(key), info=hello))
 
+    @property
+    def _cgroup_version(self) -> int:
+        """The family cgroup's version (the host manages principals only inside one)."""
+        assert self._cgroup is not None
+        return self._cgroup[1]
+
     def fork_worker(self, parent: WorkerHandle) -> WorkerHandle:
         """A new worker holding a copy of ``parent``'s state (``os.fork`` inside the sandbox), its
         own principal with a copy of ``parent``'s scratch.
@@ -122,9 +131,9 @@ class Sandbox(Family):
         resumed = False
         try:
             if host is not None:
-                host.expect(key, parent.host_pid, parent.uid)
+                host.expect(key, *_managed(parent))
                 if parent.stopped:  # it has threads: they run only while the fork is made
-                    host.resume(parent.host_pid, parent.uid)
+                    host.resume(*_managed(parent))
                     parent.stopped, resumed = False, True
             try:
                 rid = link.send({"op": "expect", "key": key, "parent": parent.key}, reply=True)
@@ -165,9 +174,9 @@ class Sandbox(Family):
         finally:
             worker_end.close()
             os.close(write_fd)
-            if resumed:  # stop it again, and kill what its threads started meanwhile
-                parent.stopped = host.stop(parent.key, parent.host_pid, parent.uid)
-                host.sweep(parent.key, parent.uid, spare=parent.host_pid)
+            if resumed and host is not None:  # stop it again, and kill what its threads started meanwhile
+                parent.stopped = host.stop(parent.key, *_managed(parent))
+                host.sweep(parent.key, _managed(parent)[1], spare=parent.host_pid)
         pid = prepared["pid"] if prepared.get("op") == "adopted" else reply["pid"]
         if not self.principals:  # the root learns the copy's pid from its zygote (there is no setresuid)
             self._tell({"op": "adopt", "key": key, "pid": pid})
@@ -195,7 +204,7 @@ class Sandbox(Family):
         if self._host is None:
             self._tell({"op": "begin", "key": worker.key})
         elif worker.stopped:
-            self._host.resume(worker.host_pid, worker.uid)
+            self._host.resume(*_managed(worker))
             worker.stopped = False
 
     def end(self, worker: WorkerHandle) -> dict:
@@ -209,9 +218,9 @@ class Sandbox(Family):
                 return self._call({"op": "end", "key": worker.key})
             except ExecutorError:
                 return {}
-        worker.stopped = host.stop(worker.key, worker.host_pid, worker.uid)
-        host.sweep(worker.key, worker.uid, spare=worker.host_pid)
-        seen = host.oom_kills(worker.key, self._cgroup[1])
+        worker.stopped = host.stop(worker.key, *_managed(worker))
+        host.sweep(worker.key, _managed(worker)[1], spare=worker.host_pid)
+        seen = host.oom_kills(worker.key, self._cgroup_version)
         oom, worker.oom_seen = seen - worker.oom_seen, seen
         return {"oom": oom}
 
@@ -223,8 +232,8 @@ class Sandbox(Family):
         self._free_key(worker.key)
         oom = 0
         if self._host is not None:
-            oom = self._host.oom_kills(worker.key, self._cgroup[1]) - worker.oom_seen
-            self._host.sweep(worker.key, worker.uid, spare=None, wait=wait)
+            oom = self._host.oom_kills(worker.key, self._cgroup_version) - worker.oom_seen
+            self._host.sweep(worker.key, _managed(worker)[1], spare=None, wait=wait)
         if not wait:
             self._tell(frame)
             return None
@@ -238,6 +247,12 @@ class Sandbox(Family):
         if reply.get("oom") or oom:
             status["oom"] = reply.get("oom") or oom
         return status
+
+
+def _managed(worker: WorkerHandle) -> tuple[int, int]:
+    """``(host pid, uid)`` of a worker whose principal the host manages (it has both then)."""
+    assert worker.host_pid is not None and worker.uid is not None
+    return worker.host_pid, worker.uid
 
 
 def _fork_reply(conn: Conn, deadline: float) -> dict:

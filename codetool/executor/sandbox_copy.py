@@ -167,4 +167,4 @@ def _move_directories(cwd, old_scratch, new_scratch):
             os.environ[name] = new_scratch
     tempfile = sys.modules.get("tempfile")
     if tempfile is not None and (tempfile.tempdir is None or _inside(tempfile.tempdir, old_scratch)):
-        tempfile.tempdir = new_scratch
+        tempfile.tempdir = new_scratch  # type: ignore[attr-defined]  # sys.modules holds a bare ModuleType

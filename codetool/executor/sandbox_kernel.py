@@ -16,6 +16,7 @@ import ctypes
 import errno
 import os
 import struct
+from typing import Any
 
 PR_SET_DUMPABLE, PR_SET_KEEPCAPS, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 4, 8, 36, 38
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
@@ -30,6 +31,7 @@ CAPABILITY_VERSION_3 = 0x20080522
 MS_NOSUID, MS_NODEV, MS_REMOUNT, MNT_DETACH = 2, 4, 32, 2
 CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
 
+_LIBC: Any  # a CDLL, or None: a call on None raises AttributeError, which every caller catches
 try:
     _LIBC = ctypes.CDLL(None, use_errno=True)
 except OSError:  # pragma: no cover - no libc: every call below reports failure

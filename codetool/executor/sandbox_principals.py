@@ -148,6 +148,7 @@ class Principals:
 
     # ---------------------------------------------------------------------------- the cgroup
     def _make_cgroup(self, key):
+        assert self.cgroup_dir is not None  # called only with a cgroup
         path = os.path.join(self.cgroup_dir, f"c{key}")
         os.mkdir(path)
         if self.cgroup_version == 1:
@@ -272,7 +273,7 @@ class Principals:
         not killed already (a killed process cannot fork any more). With ``wait``, until they are
         dead (zombies hold no memory, and their parent reaps them before its next fork)."""
         root_pid = root_pid or os.getpid()
-        killed = set()
+        killed: set[int] = set()
         try:
             self._kill_loop(principal, spare, root_pid, killed)
         finally:
@@ -429,7 +430,7 @@ def real_uid(fields):
 
 
 def _children(pid):
-    found = []
+    found: list[int] = []
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:

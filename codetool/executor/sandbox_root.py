@@ -293,7 +293,7 @@ class Root:
             except (ValueError, OSError, AttributeError):
                 pass
         if uid is not None:
-            gid = config.get("gid") if config.get("gid") is not None else uid
+            gid = config["gid"] if config.get("gid") is not None else uid
             kernel.prctl(kernel.PR_SET_KEEPCAPS, 1)  # CAP_SETUID survives the drop, for the copies
             os.setgroups([])
             os.setresgid(gid, gid, gid)
@@ -372,7 +372,10 @@ class Root:
             if remove_scratch and family is not None:
                 import shutil
 
-                shutil.rmtree(family[1], dir_fd=family[0], ignore_errors=True)
+                if sys.version_info >= (3, 11):
+                    shutil.rmtree(family[1], dir_fd=family[0], ignore_errors=True)
+                else:  # no dir_fd before 3.11 (a TypeError there): the folder through its parent's descriptor
+                    shutil.rmtree(f"/proc/self/fd/{family[0]}/{family[1]}", ignore_errors=True)
             os._exit(0)
 
     def _wait_all(self, timeout):

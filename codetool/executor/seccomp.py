@@ -97,7 +97,7 @@ def filter_program(machine: str | None = None, notify: bool = True) -> bytes | N
     if machine not in SYSCALLS:
         return None
     nr = syscall_numbers(machine)
-    code: list[tuple] = [(_LD_ABS_W, _ARCH), (_JEQ, AUDIT_ARCH[machine], None, "kill"), (_LD_ABS_W, _NR)]
+    code: list[tuple | str] = [(_LD_ABS_W, _ARCH), (_JEQ, AUDIT_ARCH[machine], None, "kill"), (_LD_ABS_W, _NR)]
     if machine == "x86_64":
         code.append((_JGE, 0x40000000, "deny", None))
     code += [(_JEQ, nr["socket"], "socket", None), (_JEQ, nr["socketpair"], "deny", None),

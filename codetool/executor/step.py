@@ -30,7 +30,14 @@ from codetool.executor.channel import (
 from codetool.executor.config import ExecutorConfig
 from codetool.executor.family import WorkerHandle
 from codetool.executor.proxy import perform_tool_call
-from codetool.executor.result import HOST_ERROR, NO_CODE, NOT_EXECUTED, OUTCOMES, ExecutionResult, ToolCall
+from codetool.executor.result import (
+    HOST_ERROR,
+    NO_CODE,
+    NOT_EXECUTED,
+    OUTCOMES,
+    ExecutionResult,
+    ToolCall,
+)
 from codetool.executor.sandbox import Sandbox
 
 logger = logging.getLogger(__name__)

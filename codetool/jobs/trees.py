@@ -172,7 +172,8 @@ def export_atomically(records: list[dict], cfg: TreeConfig) -> dict | None:
     return stats
 
 
-def build_missing(cfg: TreeConfig, mine: list, path: Path, progress: ProgressFactory | None = None) -> int:
+def build_missing(cfg: TreeConfig, mine: list, path: Path, progress: ProgressFactory | None = None,
+                  clients: dict | None = None) -> int:
     """Build the trees of ``mine`` not yet in ``path`` (resume keyed by the unique query id and
     guarded by ``tree_hash``), here or on Ray workers (``--ray``); a tree whose build raises, or a
     malformed query, is recorded as ``finish_type: error`` and the others go on
@@ -182,6 +183,8 @@ def build_missing(cfg: TreeConfig, mine: list, path: Path, progress: ProgressFac
         progress (`Callable[[int], Callable[[dict], None]]`, *optional*): called once with the
             number of trees to build (when there are any); what it returns is called with each
             record once it is written (the command's progress bar).
+        clients (`dict`, *optional*): receives this process's remote policy client (``{"policy":
+            ...}``, what has ``stats()``), for the summary (a Ray worker's stay on the worker).
     Returns:
         The number of trees that failed.
     """
@@ -218,6 +221,8 @@ def build_missing(cfg: TreeConfig, mine: list, path: Path, progress: ProgressFac
         with TreeRunner(cfg, chash) as runner:
             runner.run(todo, land)
             log_client_stats(runner.builder.policy)
+            if clients is not None and callable(getattr(runner.builder.policy, "stats", None)):
+                clients["policy"] = runner.builder.policy
     return failed[0]
 
 
@@ -233,10 +238,10 @@ def log_client_stats(policy) -> None:
     a local policy."""
     if callable(getattr(policy, "stats", None)):
         stats = policy.stats()
-        logger.info("policy server: %d requests (%d retries, %d failovers, %d timeouts); sequences in flight: peak "
-                    "%s of %s, effective %.1f", stats["requests"], stats["retries"], stats["failovers"],
-                    stats["timeouts"], stats["in_flight_peak"], stats["max_in_flight"],
-                    stats["in_flight_effective"])
+        logger.info("policy server: %d requests (%d retries, %d failovers, %d timeouts; faults retried: %s); "
+                    "sequences in flight: peak %s of %s, effective %.1f", stats["requests"], stats["retries"],
+                    stats["failovers"], stats["timeouts"], stats.get("faults"), stats["in_flight_peak"],
+                    stats["max_in_flight"], stats["in_flight_effective"])
 
 
 def tree_error_record(query, error: BaseException | str, config_hash: str) -> dict[str, Any]:
@@ -260,8 +265,17 @@ class TreeRunner(UnitRunner):
         from codetool.assemble import executor_factory, make_policy, tool_backend
 
         self.cfg, self.chash = cfg, chash
+        from codetool.executor.pool import started_in_background
+        from codetool.memory_use import memory_gate
+        from codetool.search.schedule import is_continuous
+
         policy = make_policy(cfg.policy_spec)
-        self.builder = TreeBuilder(policy, cfg, executor_factory(cfg.executor), judge=judge_fn(cfg))
+        make_executor = executor_factory(cfg.executor)
+        self.gate = None
+        if is_continuous(policy, cfg.search.schedule):  # a tree's sandbox starts while its root is sampled
+            make_executor = started_in_background(make_executor)
+            self.gate = memory_gate(cfg.max_memory_mb)  # new trees wait while they would pass the cap
+        self.builder = TreeBuilder(policy, cfg, make_executor, judge=judge_fn(cfg))
         self.backend = self.open(tool_backend(cfg.tools_backend, server_url=cfg.tool_server_url,
                                               cache_dir=cfg.tool_cache_dir))
 
@@ -274,6 +288,7 @@ class TreeRunner(UnitRunner):
         from codetool.assemble import make_task
         from codetool.jobs import stop_if_unreachable
         from codetool.resume import run_isolated
+        from codetool.streaming import Delivery
 
         cfg, failed = self.cfg, 0
 
@@ -314,11 +329,25 @@ class TreeRunner(UnitRunner):
                 from codetool.tree.grow import grow
 
                 def grow_batch(batch: list, on_done) -> None:
-                    grow(builder, (make_task(q, self.backend, tool_doc=cfg.tool_doc) for q in batch), on_done,
-                         trees=builder.trees, workers=max(8, getattr(builder.policy, "max_in_flight", 8)))
+                    # records are written (fsynced) in a thread of their own: the scheduler goes on
+                    delivery = Delivery(on_done)
+                    try:
+                        grow(builder, (make_task(q, self.backend, tool_doc=cfg.tool_doc) for q in batch),
+                             delivery.put, trees=builder.trees,
+                             workers=max(8, getattr(builder.policy, "max_in_flight", 8)),
+                             admit=self.gate.admit if self.gate is not None else None)
+                    except Exception:
+                        delivery.close()  # what finished before the error lands (run_isolated reruns the rest)
+                        raise
+                    except BaseException:
+                        delivery.abandon()
+                        raise
+                    delivery.close()
 
                 run_isolated(good, grow_batch, key, land, failed_unit)
             else:
                 for b in range(0, len(good), builder.trees):
                     run_isolated(good[b:b + builder.trees], build_batch, key, land, failed_unit)
+        if self.gate is not None:
+            self.gate.report()
         return failed

@@ -110,7 +110,7 @@ class ScriptedBackend:
 
 
 # The one table of backends; make_backend chooses among them from the spec's form.
-BACKENDS: dict[str, type] = {
+BACKENDS: dict[str, Callable[..., LLMBackend]] = {  # the type checker holds each class to the LLMBackend seam
     "transformers": TransformersBackend,
     "openai": OpenAIBackend,
     "vllm": VLLMBackend,

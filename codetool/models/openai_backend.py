@@ -76,6 +76,7 @@ from codetool.models.remote import (
     EndpointError,
     RemoteClient,
     RemoteConfig,
+    json_object,
     split_urls,
 )
 from codetool.secrets import key_from_env, redact
@@ -85,7 +86,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["CONSTRAINT_FIELDS", "EndpointError", "OpenAIBackend", "sample_seed"]
 
 TOP_LOGPROBS = 20  # the most the OpenAI API (and vLLM by default) returns per position
-PROBE_RETRIES = 2  # a probe is a set-up step: an unreachable server should fail fast
 # Constructor keywords of earlier versions -> RemoteConfig fields.
 _LEGACY = {"timeout": "timeout_s", "max_concurrency": "max_in_flight"}
 _PROBES = {"sampling": probe_sampling, "continuation": probe_continuation, "logprobs": probe_logprobs}
@@ -195,28 +195,20 @@ class OpenAIBackend:
             return describe_refusal(url, status, text, body, role=self.role, key_env=self.api_key_env)
         return describe
 
-    def _post(self, body: dict, *, key: str = "", units: int = 1, retries: int | None = None) -> dict[str, Any]:
+    def _post(self, body: dict, *, key: str = "", units: int = 1) -> dict[str, Any]:
+        """One ``/chat/completions`` request; a reply whose body is not a JSON object is a fault,
+        retried like a 5xx (``RemoteClient.request``)."""
         body = {k: v for k, v in body.items() if v is not None}
-        response = self.remote.request("POST", "/chat/completions", body, key=key, units=units,
-                                       describe=self._describe(body), retries=retries)
-        try:
-            return response.json()
-        except ValueError:
-            raise CodetoolError(f"{response.request.url} answered {response.status_code} with a body that is "
-                                f"not JSON ({self._clean(response.text)}); is it an OpenAI-compatible endpoint "
-                                "(usually ending in /v1)?") from None
+        return self.remote.request("POST", "/chat/completions", body, key=key, units=units,
+                                   describe=self._describe(body), parse=json_object)
 
     def resolved_model(self) -> str:
         """The model name sent with requests (asks the server's ``/models`` once if not given)."""
         with self._lock:
             if self.model is None:
-                response = self.remote.request("GET", "/models", describe=self._describe(None),
-                                               retries=PROBE_RETRIES)
-                try:
-                    data = response.json().get("data") or []
-                except (ValueError, AttributeError):
-                    data = []
-                if not data or "id" not in data[0]:
+                listing = self.remote.request("GET", "/models", describe=self._describe(None), parse=json_object)
+                data = listing.get("data") or []
+                if not isinstance(data, list) or not data or not isinstance(data[0], dict) or "id" not in data[0]:
                     raise CodetoolError(f"{self.base_url}/models lists no model; pass the model name explicitly.")
                 self.model = str(data[0]["id"])
                 logger.info("%s serves %s", self.base_url, self.model)
@@ -240,7 +232,7 @@ class OpenAIBackend:
         with self._probe_lock:
             if getattr(self.features, attribute) is None:
                 def send(body: dict) -> dict:
-                    return self._post({"model": model, **body}, retries=PROBE_RETRIES)
+                    return self._post({"model": model, **body})
 
                 if name == "constraint":
                     fields = CONSTRAINT_FIELDS if self.config.constraint_field == "auto" else (
@@ -349,7 +341,9 @@ class OpenAIBackend:
         if constraint is not None and not self._constraints_off and self.feature("constraint"):
             if prefix and not constraint.trigger:  # the reply now writes the prefix itself
                 constraint = dataclasses.replace(constraint, trigger=prefix)
-            body.update(constraint_body(self.features.constraint_field, constraint.regex()))
+            field = self.features.constraint_field
+            assert field is not None  # feature("constraint") found the field the server takes
+            body.update(constraint_body(field, constraint.regex()))
         elif constraint is not None and not self._constraints_off:  # (check_constraints said so already)
             self._adapt(f"constraint: not sent ({self.features.notes.get('constraint', 'turned off')}); replies are "
                         "unconstrained", warn=True)

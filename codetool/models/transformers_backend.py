@@ -22,7 +22,7 @@ unbatched runs in low precision (padding changes the matmul shapes; in float32 g
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from codetool import CodetoolError
 from codetool.models.completion import (
@@ -37,6 +37,9 @@ from codetool.models.completion import (
 from codetool.models.kv import cache_kwargs, output_cache
 from codetool.models.memory import release_host_memory
 from codetool.models.prompt_cache import PromptCache, PromptKV
+
+if TYPE_CHECKING:
+    from codetool.models.call_mask import TokenTrie
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +124,7 @@ class TransformersBackend:
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (eos[0] if eos else 0)
         self._warned_no_template = False
-        self._token_trie = None  # built on the first constrained call (codetool.models.call_mask)
+        self._token_trie: TokenTrie | None = None  # built on the first constrained call (codetool.models.call_mask)
         self._masks: Any = None
 
     @property
@@ -256,7 +259,7 @@ class TransformersBackend:
         else:
             config.num_return_sequences = samples
         if constrained:  # rows are prompt-major: prompt r's samples are rows r*samples .. r*samples+samples-1
-            processors.insert(0, self._call_processor([c for c in constraints for _ in range(samples)], width))
+            processors.insert(0, self._call_processor([c for c in constraints or [] for _ in range(samples)], width))
         criteria = StoppingCriteriaList([_stop_criteria(self.tokenizer, stop, width)] if stop else [])
         out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
                                   stopping_criteria=criteria, logits_processor=processors, **kwargs)
@@ -271,10 +274,12 @@ class TransformersBackend:
 
         from codetool.models.call_mask import CallLogitsProcessor, TokenTrie
 
-        if self._token_trie is None:
-            self._token_trie, self._masks = TokenTrie(self.tokenizer), OrderedDict()
+        trie = self._token_trie
+        if trie is None:
+            trie = self._token_trie = TokenTrie(self.tokenizer)
+            self._masks = OrderedDict()
         vocab = self.model.get_output_embeddings().weight.shape[0]
-        return CallLogitsProcessor(self._token_trie, constraints, width, vocab, self._masks)
+        return CallLogitsProcessor(trie, constraints, width, vocab, self._masks)
 
     def _cacheable(self) -> bool:
         """Whether this model's KV cache is a plain full-attention one (prompt caching applies)."""
@@ -333,7 +338,7 @@ class TransformersBackend:
                 k = some.keys[layer].new_zeros(shape)
                 v = some.values[layer].new_zeros(shape)
                 for i, (n, e) in enumerate(hits):
-                    if n:
+                    if n and e is not None:
                         k[i, :, cached - n:] = e.keys[layer][:, :n]
                         v[i, :, cached - n:] = e.values[layer][:, :n]
                 cache.update(k, v, layer)

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from codetool.rewards import PRMItem, grounded_success
@@ -72,7 +72,9 @@ def aggregate(values: Sequence[float | None], mode: str) -> float:
         raise ValueError(f"aggregate must be min, mean, last or sum, got {mode!r}.")
     if not defined:
         return 0.0
-    return {"min": min, "mean": lambda v: sum(v) / len(v), "last": lambda v: v[-1], "sum": sum}[mode](defined)
+    aggregate: dict[str, Callable[[list[float]], float]] = {"min": min, "mean": lambda v: sum(v) / len(v),
+                                                            "last": lambda v: v[-1], "sum": sum}
+    return aggregate[mode](defined)
 
 
 class StepReward:

@@ -102,7 +102,7 @@ def add_label_tokens(model, tokenizer, fmt: PRMFormat, *, seed: int = 0, init_ro
     return ids
 
 
-def write_label_rows(weight: torch.Tensor, label_ids: tuple[int, int], head: torch.Tensor) -> None:
+def write_label_rows(weight: torch.Tensor, label_ids: tuple[int, ...], head: torch.Tensor) -> None:
     """Copy the (2, hidden) ``head`` into rows ``label_ids`` of ``weight``, on the weight's device
     and in its dtype (a float32 CPU head into a bfloat16 CUDA weight is the usual case)."""
     with torch.no_grad():
@@ -252,8 +252,7 @@ class PRMModel(nn.Module):
         Raises:
             CodetoolError: on an unknown value.
         """
-        mode = {True: "packed", False: "none"}.get(share_prefix, share_prefix) if isinstance(share_prefix, bool) \
-            else str(share_prefix).lower()
+        mode = ("packed" if share_prefix else "none") if isinstance(share_prefix, bool) else str(share_prefix).lower()
         mode = {"true": "packed", "false": "none", "on": "packed", "off": "none"}.get(mode, mode)
         if mode not in SHARE_MODES:
             raise CodetoolError(f"share_prefix: got {share_prefix!r}; choose one of {list(SHARE_MODES)}.")
@@ -383,7 +382,7 @@ def unique_positions(rows: list[list[int]]) -> int:
     """Positions of ``rows`` (token id lists) with every shared prefix counted once: the nodes of
     their token trie (sorted rows: each adds what follows its longest common prefix with the one
     before)."""
-    total, previous = 0, []
+    total, previous = 0, list[int]()
     for row in sorted(rows):
         common = 0
         for a, b in zip(previous, row):

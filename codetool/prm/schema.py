@@ -20,7 +20,7 @@ API_DESCRIPTION = ("Scores candidate steps of a code-writing agent with a proces
                    "2025). POST /score {\"items\": [...]} answers {\"scores\": [...]}, one probability per item. "
                    "Send the K candidates of one step in one request: they share their prefix. Guide: docs/SERVING.md.")
 
-EXAMPLE_ITEM = {
+EXAMPLE_ITEM: dict[str, Any] = {
     "query": "Which books by Ursula K. Le Guin are on the shelf?",
     "tools": "def get_books(q: str, available: bool = None):\n    \"\"\"Search the catalogue.\"\"\"",
     "history": [{"code": "books = get_books(q='Le Guin')\nprint(books)",

@@ -295,7 +295,8 @@ class _Scheduler:
         client = (idle or list(self.ring))[0]
         queue = self.queues[client]
         self.deficit[client] = min(self.deficit.get(client, 0.0) + self.max_tokens, float(self.max_tokens))
-        batch, tokens = [], 0
+        batch: list[tuple[_Job, int, int]] = []
+        tokens = 0
         while queue and self.deficit[client] > 0 and len(batch) < self.max_items:
             job = queue[0]
             cost = self._estimate(job.items[job.taken])

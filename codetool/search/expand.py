@@ -23,7 +23,7 @@ from codetool.executor.result import (
 from codetool.models.constraint import CallConstraint
 from codetool.rewards import ToolCostTable, on_the_spot, step_cost
 from codetool.search.prompt import CODE_PREFIX, format_observation, parse_candidate, policy_messages
-from codetool.search.records import Candidate
+from codetool.search.records import Candidate, ImportedResult
 from codetool.secrets import redact
 
 if TYPE_CHECKING:
@@ -60,9 +60,16 @@ class Expanded:
     parse_error: str | None = None
 
     @property
+    def result(self) -> ExecutionResult | ImportedResult:
+        """The candidate's result: an expanded candidate always has one (``no_code_result`` for a
+        reply without code, ``host_error_result`` for an executor that raised)."""
+        assert self.candidate.result is not None
+        return self.candidate.result
+
+    @property
     def ended(self) -> str | None:
         """``finish`` or ``give_up`` when this candidate's code ended the episode."""
-        result = self.candidate.result
+        result = self.result
         if result.final_answer is not None:
             return "finish"
         if result.give_up_reason is not None:
@@ -81,7 +88,7 @@ def expand_each(policy, nodes: list[Node], n: int, cfg: SearchConfig, *,
         Per node, its row of :class:`Expanded` or the exception that expanding it raised.
     """
     try:
-        return expand(policy, nodes, n, cfg, seed=seed, timings=timings)
+        return [*expand(policy, nodes, n, cfg, seed=seed, timings=timings)]
     except Exception as exc:  # noqa: BLE001 - retried node by node below
         if len(nodes) == 1:
             return [exc]

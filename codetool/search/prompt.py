@@ -160,9 +160,9 @@ def shown_observations(history: list[dict], observation_history: str = "all") ->
     """
     if observation_history not in OBSERVATION_HISTORIES:
         raise ValueError(f"observation_history must be one of {OBSERVATION_HISTORIES}, got {observation_history!r}.")
-    shown = [str(step.get("observation") or "") for step in history]
+    shown: list[str | None] = [str(step.get("observation") or "") for step in history]
     if observation_history == "last":
-        shown = [None] * (len(shown) - 1) + shown[-1:]
+        shown = [*[None] * (len(shown) - 1), *shown[-1:]]
     return shown
 
 

@@ -155,7 +155,8 @@ def fetch(datasets: list[str], out: Path, from_dir: Path | None = None, timeout_
     report: dict[str, dict[str, list[str]]] = {}
     try:
         for name in datasets:
-            got, missing = [], []
+            got: list[str] = []
+            missing: list[str] = []
             for rel in DATASETS[name]:
                 target = out / rel
                 ok = _copy(rel, from_dir, target) if from_dir is not None else _download(rel, target, client)

@@ -144,7 +144,7 @@ def build_openapi_app(apis: list[APISpec], *, title: str = "OpenAPI mock (codeto
     async def dispatch(full_path: str, request: Request):
         path = "/" + full_path.strip("/")
         candidates = [path, path[2:]] if path.startswith("/3/") else [path]
-        found = []  # (api, path values) of every operation on this path, static paths first
+        found: list[tuple[APISpec, dict[str, str]]] = []  # (api, path values) of every operation on this path
         for _, pattern, api in routes:
             match = next((m for m in (pattern.fullmatch(c) for c in candidates) if m), None)
             if match is not None and not any(a.path != api.path and a.method == api.method for a, _ in found):

@@ -73,7 +73,7 @@ def _parameter(raw: dict) -> Parameter:
                      enum=list(schema["enum"]) if isinstance(schema.get("enum"), list) else None)
 
 
-def _merge_parameters(path: str, *groups: list[dict]) -> list[Parameter]:
+def _merge_parameters(path: str, *groups: list[dict] | None) -> list[Parameter]:
     merged: dict[tuple[str, str], Parameter] = {}
     for group in groups:
         for raw in group or []:
@@ -111,7 +111,7 @@ def _success_response(responses: Any) -> tuple[Any, Any]:
     media = ((chosen or {}).get("content") or {}).get("application/json") or {}
     example = media.get("example")
     if example is None and isinstance(media.get("examples"), dict):
-        first = next(iter(media["examples"].values()), {})
+        first: Any = next(iter(media["examples"].values()), {})
         example = first.get("value") if isinstance(first, dict) else None
     return media.get("schema"), example
 

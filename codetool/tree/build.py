@@ -128,12 +128,12 @@ class TreeBuilder:
                 for n, row in zip(frontier, rows):
                     if isinstance(row, Exception):  # this tree's policy call failed: it ends
                         record_error(errors, n.tree, row)
-                rows = [[] if isinstance(row, Exception) else row for row in rows]
+                done = [[] if isinstance(row, Exception) else row for row in rows]
                 logger.info("trees %s: depth %d, %d nodes sampled and executed in %.1f s",
                             ", ".join(str(t.query_id) for t in tasks[:3]) + (", ..." if len(tasks) > 3 else ""),
-                            frontier[0].depth + 1, sum(map(len, rows)), time.perf_counter() - level)
+                            frontier[0].depth + 1, sum(map(len, done)), time.perf_counter() - level)
                 next_frontier = []
-                for n, row in zip(frontier, rows):
+                for n, row in zip(frontier, done):
                     t, parent, state, history, depth = n.tree, n.node_id, n.state, n.history, n.depth
                     if faulted(errors, t, row):
                         state.close()
@@ -158,7 +158,7 @@ class TreeBuilder:
         seconds = (time.perf_counter() - start) / len(tasks)  # the batch's time, shared evenly
         records = [guard(errors, t, self.record, task, tree, seconds) if t not in errors else None
                    for t, (task, tree) in enumerate(zip(tasks, trees))]
-        return [error_record(task, errors[t], seconds, self.chash) if t in errors else record
+        return [error_record(task, errors[t], seconds, self.chash) if t in errors or record is None else record
                 for t, (task, record) in enumerate(zip(tasks, records))]
 
     def record(self, task: SearchTask, tree: dict[str, dict], seconds: float) -> dict[str, Any]:

@@ -58,7 +58,8 @@ def node_seed(tree: int, node_id: str | None) -> int:
     return unit_seed(tree, [[node_id or "root"]])
 
 
-def grow(builder, tasks: Iterable[SearchTask], on_done: Callable[[dict], None], *, trees: int, workers: int) -> None:
+def grow(builder, tasks: Iterable[SearchTask], on_done: Callable[[dict], None], *, trees: int, workers: int,
+         admit: Callable[[int], bool] | None = None) -> None:
     """Grow the tree of every task, ``trees`` at a time, with at most ``workers`` jobs running.
 
     Args:
@@ -66,6 +67,9 @@ def grow(builder, tasks: Iterable[SearchTask], on_done: Callable[[dict], None], 
         tasks (`Iterable[SearchTask]`): taken one at a time as trees finish.
         on_done (`Callable[[dict], None]`): receives each tree record (or error record) in this
             thread as soon as the tree is done.
+        admit (`Callable[[int], bool]`, *optional*): whether a new tree may start beside the number
+            growing (a memory cap, :class:`codetool.memory_use.MemoryGate`); asked again when a job
+            ends or half a second later; a tree always starts when none grows.
     """
     cfg, sample_cfg = builder.cfg, builder.sample_cfg
     pending = iter(tasks)
@@ -135,7 +139,13 @@ def grow(builder, tasks: Iterable[SearchTask], on_done: Callable[[dict], None], 
 
     try:
         while True:
-            while len(live) < trees and (task := next(pending, None)) is not None:
+            held = False
+            while len(live) < trees:
+                if live and admit is not None and not admit(len(live)):
+                    held = True  # asked again when a job ends, or half a second later
+                    break
+                if (task := next(pending, None)) is None:
+                    break
                 live[counter] = _Tree(task, tree_seed(cfg.seed, task.query_id), open=1)
                 submit("start", counter, builder.make_executor, task)
                 counter += 1
@@ -148,12 +158,13 @@ def grow(builder, tasks: Iterable[SearchTask], on_done: Callable[[dict], None], 
                     submit("node", n, expand_node, n, live[n.tree])
             if not running:
                 break
-            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            done, _ = wait(list(running), timeout=0.5 if held else None, return_when=FIRST_COMPLETED)
             for future in done:
                 kind, payload = running.pop(future)
                 exc = future.exception()
                 if kind == "record":
-                    land(*payload, future.result)
+                    index, done_task, seconds = payload
+                    land(index, done_task, seconds, future.result)
                 elif kind == "start":
                     if exc is not None:
                         record_error(errors, payload, exc)

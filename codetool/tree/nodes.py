@@ -51,7 +51,7 @@ class FrontierNode:
 
     tree: int
     node_id: str | None
-    state: StepExecutor | None
+    state: StepExecutor
     history: list[dict]
     depth: int
 
