@@ -21,7 +21,9 @@ import difflib
 import importlib
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 
 from codetool import CodetoolError, __version__
@@ -169,8 +171,31 @@ def _command_parser(name: str, config_cls: type) -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, Slurm's time limit) raised in the main thread: it unwinds like Ctrl-C, so
+    output locks are released, logs closed and finished work kept (issue 40)."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``codetool`` console script; returns the exit status."""
+    """Entry point of the ``codetool`` console script; returns the exit status (143 after SIGTERM,
+    130 after Ctrl-C: the work finished so far is kept and a rerun resumes)."""
+    handled = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) in (
+        signal.SIG_DFL, None)
+    if handled:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _main(argv)
+    finally:
+        if handled:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("WANDB_MODE", "disabled")  # tracking is opt-in (report_to: wandb)
     top = _top_parser()
@@ -222,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     except CodetoolError as e:
         if debug:
             raise
-        print(f"codetool {name}: error: {e}", file=sys.stderr)
+        print(f"codetool {name}: error: {' '.join(str(e).split())}", file=sys.stderr)  # one line, always
         return 2
     except OSError as e:  # the file system said no (a folder given for a file, a full disk, permissions)
         if debug:
@@ -230,9 +255,10 @@ def main(argv: list[str] | None = None) -> int:
         where = f": {e.filename}" if getattr(e, "filename", None) else ""
         print(f"codetool {name}: error: {e.strerror or e}{where}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"codetool {name}: interrupted; finished work is saved and a rerun resumes.", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+        print(f"codetool {name}: {how}; finished work is saved and a rerun resumes.", file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
 
 
 if __name__ == "__main__":

@@ -399,7 +399,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({e}).") from None
+        raise ConfigError(f"{path}: not valid YAML ({' '.join(str(e).split())}).") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a recipe; a recipe is a mapping of settings.") from None
     except (UnicodeDecodeError, ValueError) as e:  # a binary file, or one yaml cannot read
         raise ConfigError(f"{path}: not a YAML text file ({type(e).__name__}).") from None
     if not isinstance(data, dict):

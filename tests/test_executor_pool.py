@@ -79,3 +79,24 @@ def test_a_background_start_reports_its_failure_at_first_use():
     finally:
         ex.close()
     assert ex.closed
+
+
+@principals
+def test_executors_of_one_family_have_their_own_tools():
+    """A new executor's worker is a fork of its family's template (a fresh interpreter that never
+    runs a step): it defines its own executor's tools, also when it is forked before its first run."""
+    pool = FamilyPool(EXEC, per_family=4)
+    first = Executor(EXEC, tools={"alpha": lambda: "a"}, pool=pool)
+    second = Executor(EXEC, tools={"beta": lambda: "b"}, pool=pool)
+    try:
+        assert pool.started == 1
+        r = first.run("print(alpha(), 'beta' in globals())")
+        assert r.ok and r.stdout == "a False\n", r
+        early = second.fork()  # before its parent ran anything
+        for ex in (second, early):
+            r = ex.run("print(beta(), 'alpha' in globals())")
+            assert r.ok and r.stdout == "b False\n", r
+        early.close()
+    finally:
+        first.close()
+        second.close()

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from codetool import CodetoolError
+from codetool.jsonl import read_json
 from codetool.search.records import Candidate, ImportedCall, ImportedResult, Step, Trajectory
 from codetool.secrets import redact_obj
 
@@ -285,11 +286,14 @@ def import_converted(path: str | Path) -> list[Trajectory]:
                             f"<group>.json or its folder.")
     out: list[Trajectory] = []
     for file in files:
-        data = json.loads(file.read_text())
+        data = read_json(file, "a converted-answer file (query_id -> answer)")
         if not isinstance(data, dict):
             raise CodetoolError(f"{file}: expected a mapping query_id -> answer, got {type(data).__name__}.")
-        out.extend(converted_to_trajectory(qid, entry, group=file.stem, method=file.parent.name)
-                   for qid, entry in data.items())
+        try:
+            out.extend(converted_to_trajectory(qid, entry, group=file.stem, method=file.parent.name)
+                       for qid, entry in data.items())
+        except CodetoolError as e:
+            raise CodetoolError(f"{file}: {e}") from None
     logger.info("imported %d converted answers from %s", len(out), path)
     return out
 

@@ -5,7 +5,7 @@ process (a whole Python interpreter, in bubblewrap or not) that spawns its worke
 keeps many episodes (or trees) in flight, each with its own root: ~6 MiB of memory (proportional
 set size) and one interpreter start each, the start on the way of the episode's first step.
 Through a :class:`FamilyPool` the root executors of different tasks share families: a new
-executor's worker is a fork of a running root (milliseconds) as long as the family holds fewer
+executor's worker is a fork of the family's template worker (milliseconds) as long as the family holds fewer
 than ``per_family`` executors (a step's forks count), and a new family starts only when every
 family is full. Families start in parallel, and executors that arrive while one starts wait for
 it instead of starting their own. A family still closes with its last executor, as without a pool.

@@ -43,7 +43,8 @@ def load_training_queries(cfg: TreeConfig) -> list:
     Raises:
         ConfigError: no such file or folder.
         CodetoolError: a file of another kind (named), a file that repeats a query id (the ids are
-            named), or no query that offers a documented API (nothing to build: says what to pass).
+            named); no query is found, none is well formed, or none offers a documented API (a build
+            would write nothing and exit 0: says what to pass).
     """
     from codetool.resume import refuse_duplicates
     from codetool.tools.files import load_queries
@@ -56,11 +57,19 @@ def load_training_queries(cfg: TreeConfig) -> list:
                           "solution}) with --tools spec.json; `codetool data fetch toolbench-examples` gets the 10 "
                           "example queries.")
     queries = load_queries(path, cfg.tools)
+    if not queries:
+        raise CodetoolError(f"--queries {path}: no query found (an empty list, or a folder without *.json query "
+                            "files); pass a ToolBench-format query file such as G1_query.json, a folder of them, "
+                            "or RestGPT's layout (a list of {query, solution}) with --tools spec.json.")
+    if all(q.extra.get("load_error") for q in queries):  # not one entry is a query: the wrong file
+        raise CodetoolError(f"--queries {path}: none of its {len(queries)} entries is a query (entry "
+                            f"{queries[0].query_id}: {queries[0].extra['load_error']}); pass a ToolBench-format "
+                            "query file (a list of {query_id, query, api_list}) or RestGPT's layout with --tools.")
     refuse_duplicates([f"{q.group}/{q.query_id}" for q in queries], str(path))
     usable = [q for q in queries if q.apis or q.extra.get("load_error")]
     if not usable:
-        raise CodetoolError(f"{len(queries)} of {len(queries)} queries in {path} offer no documented API, so there "
-                            "is no tree to build: pass the APIs with --tools (an OpenAPI spec for a list of "
+        raise CodetoolError(f"{len(queries)} of {len(queries)} queries in {path} offer no documented API, so "
+                            "there is no tree to build: pass the APIs with --tools (an OpenAPI spec for a list of "
                             "{query, solution}; ToolBench's toolenv/tools folder for queries that list API names "
                             "only), or use query files whose api_list documents each API.")
     if len(usable) < len(queries):
@@ -217,12 +226,24 @@ def build_missing(cfg: TreeConfig, mine: list, path: Path, progress: ProgressFac
         run_on_ray(cfg.ray, cfg.cluster, todo, unit_key=lambda q: str(q.query_id),
                    record_key=lambda r: str(r["query_id"]), runner=(TreeRunner, (cfg, chash)), on_record=land,
                    on_error=lambda q, e: land(tree_error_record(q, e, chash)), batch=ray_batch(cfg))
-    else:
+        return failed[0]
+    from codetool.tree.checkpoint import NodeLog, nodes_path, read_partial
+
+    log = NodeLog(nodes_path(path), chash)  # the nodes of the trees in progress (a kill keeps them)
+    partial = read_partial(log.path, chash, {str(q.query_id) for q in todo})
+    if partial:
+        logger.info("resuming %d trees from their logged nodes (%d nodes) in %s", len(partial),
+                    sum(len(p["nodes"]) for p in partial.values()), log.path)
+    try:
         with TreeRunner(cfg, chash) as runner:
-            runner.run(todo, land)
+            runner.run(todo, land, partial=partial, node_log=log)
             log_client_stats(runner.builder.policy)
             if clients is not None and callable(getattr(runner.builder.policy, "stats", None)):
                 clients["policy"] = runner.builder.policy
+    except BaseException:
+        log.close()  # kept: a rerun continues the trees from their logged nodes
+        raise
+    log.remove()  # every tree is recorded
     return failed[0]
 
 
@@ -279,12 +300,14 @@ class TreeRunner(UnitRunner):
         self.backend = self.open(tool_backend(cfg.tools_backend, server_url=cfg.tool_server_url,
                                               cache_dir=cfg.tool_cache_dir))
 
-    def run(self, queries: list, on_record) -> int:
+    def run(self, queries: list, on_record, *, partial: dict[str, dict] | None = None, node_log=None) -> int:
         """Build the trees of ``queries`` (``BenchmarkQuery``) and call ``on_record(dict)`` once per
         query; a malformed query or a failed build gets an error record. A local policy grows
         ``batch_trees`` trees at a time level by level; a remote one grows them node by node, a
-        new tree as soon as one is done (:mod:`codetool.tree.grow`). Returns the number of error
-        records."""
+        new tree as soon as one is done (:mod:`codetool.tree.grow`). Nodes go to ``node_log`` (a
+        :class:`~codetool.tree.checkpoint.NodeLog`) as they are built, and the trees of
+        ``partial`` (logged by a killed run) continue from their nodes. Returns the number of
+        error records."""
         from codetool.assemble import make_task
         from codetool.jobs import stop_if_unreachable
         from codetool.resume import run_isolated
@@ -311,7 +334,7 @@ class TreeRunner(UnitRunner):
 
         def build_batch(batch: list, on_done) -> None:
             tasks = [make_task(q, self.backend, tool_doc=cfg.tool_doc) for q in batch]
-            for record in self.builder.build_many(tasks):  # each batch lands before the next starts
+            for record in self.builder.build_many(tasks, partial):  # each batch lands before the next starts
                 on_done(record)
 
         def key(x) -> str:
@@ -324,6 +347,7 @@ class TreeRunner(UnitRunner):
             else:
                 good.append(q)
         builder = self.builder
+        builder.node_log = node_log
         with closed_on_interrupt(builder.policy):
             if builder.continuous:
                 from codetool.tree.grow import grow
@@ -335,7 +359,7 @@ class TreeRunner(UnitRunner):
                         grow(builder, (make_task(q, self.backend, tool_doc=cfg.tool_doc) for q in batch),
                              delivery.put, trees=builder.trees,
                              workers=max(8, getattr(builder.policy, "max_in_flight", 8)),
-                             admit=self.gate.admit if self.gate is not None else None)
+                             admit=self.gate.admit if self.gate is not None else None, partial=partial)
                     except Exception:
                         delivery.close()  # what finished before the error lands (run_isolated reruns the rest)
                         raise

@@ -53,8 +53,10 @@ from codetool.models.completion import (
     Completion,
     Constraints,
     Prompt,
+    Seeds,
     check_sampling,
     per_prompt,
+    per_prompt_seeds,
     to_messages,
 )
 from codetool.models.openai_probe import (
@@ -399,18 +401,19 @@ class OpenAIBackend:
                         "and the search then degrades to one sample", warn=True)
 
     def generate(self, prompts: list[Prompt], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
-                 max_new_tokens: int = 256, stop: list[str] | None = None, seed: int | None = None,
+                 max_new_tokens: int = 256, stop: list[str] | None = None, seed: Seeds = None,
                  constraint: Constraints = None) -> list[list[Completion]]:
         """``n`` completions per prompt, every request in flight together (within
         ``max_in_flight``); see ``LLMBackend`` (``constraint``: one for all prompts or one per
-        prompt, sent in the field the server takes)."""
+        prompt, sent in the field the server takes; ``seed``: one for all prompts or one per prompt)."""
         check_sampling(n, temperature, top_p, max_new_tokens)
         constraints = per_prompt(constraint, len(prompts))
+        seeds = per_prompt_seeds(seed, len(prompts))
         params = {"temperature": temperature, "top_p": top_p, "max_tokens": max_new_tokens,
-                  "stop": [s for s in (stop or []) if s] or None, "seed": seed}
+                  "stop": [s for s in (stop or []) if s] or None}
         self.resolved_model()  # once, before the threads start
-        return _parallel(lambda pc: self._sample(pc[0], n, params, pc[1]), list(zip(prompts, constraints)),
-                         self.max_in_flight)
+        return _parallel(lambda pcs: self._sample(pcs[0], n, {**params, "seed": pcs[2]}, pcs[1]),
+                         list(zip(prompts, constraints, seeds)), self.max_in_flight)
 
     def option_logprobs(self, prompts: list[Prompt], options: list[str]) -> list[list[float]]:
         """Log-probability (nats) of each option as the start of the reply, from ``top_logprobs``.

@@ -78,11 +78,12 @@ class Expanded:
 
 
 def expand_each(policy, nodes: list[Node], n: int, cfg: SearchConfig, *,
-                seed: int | None = None, timings: dict[str, float] | None = None,
+                seed: int | list[int] | None = None, timings: dict[str, float] | None = None,
                 ) -> list[list[Expanded] | Exception]:
     """:func:`expand`, isolating failures per node: if the batched call raises (a policy error
     for one prompt, e.g. its context is too long), each node is expanded on its own, so only the
-    nodes that still fail get their exception back in place of their row.
+    nodes that still fail get their exception back in place of their row. ``seed`` is one for the
+    call or one per node (each node's samples then depend on its seed alone: the tree builder).
 
     Returns:
         Per node, its row of :class:`Expanded` or the exception that expanding it raised.
@@ -93,16 +94,17 @@ def expand_each(policy, nodes: list[Node], n: int, cfg: SearchConfig, *,
         if len(nodes) == 1:
             return [exc]
     rows: list[list[Expanded] | Exception] = []
-    for node in nodes:
+    for i, node in enumerate(nodes):
         try:
-            rows.extend(expand(policy, [node], n, cfg, seed=seed, timings=timings))
+            rows.extend(expand(policy, [node], n, cfg, seed=seed[i:i + 1] if isinstance(seed, list) else seed,
+                               timings=timings))
         except Exception as exc:  # noqa: BLE001 - recorded on this node by the caller
             rows.append(exc)
     return rows
 
 
 def expand(policy, nodes: list[Node], n: int, cfg: SearchConfig, *,
-           seed: int | None = None, timings: dict[str, float] | None = None) -> list[list[Expanded]]:
+           seed: int | list[int] | None = None, timings: dict[str, float] | None = None) -> list[list[Expanded]]:
     """Sample ``n`` candidates for each node in one batched call and execute each in a fork.
 
     Args:

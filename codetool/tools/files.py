@@ -71,7 +71,9 @@ def read_document(path: Path) -> Any:
 
             return yaml.safe_load(text)
         return json.loads(text)
-    except (ValueError, RecursionError) as e:
+    except RecursionError:
+        raise CodetoolError(f"{path} is nested too deeply to be a spec or a query file.") from None
+    except ValueError as e:
         raise CodetoolError(f"{path} does not parse as {'YAML' if path.suffix.lower() in ('.yaml', '.yml') else 'JSON'} "
                             f"({type(e).__name__}: {str(e)[:120]}).") from None
     except Exception as e:  # yaml.YAMLError

@@ -181,7 +181,9 @@ def load_openapi(path: Path, tool: str | None = None) -> list[APISpec]:
             document = yaml.safe_load(text)
         else:
             document = json.loads(text)
-    except Exception as e:  # ValueError, yaml.YAMLError
+    except RecursionError:
+        raise CodetoolError(f"{path} is nested too deeply to be an OpenAPI spec.") from None
+    except Exception as e:  # ValueError (UnicodeDecodeError too), yaml.YAMLError
         raise CodetoolError(f"{path} does not parse ({type(e).__name__}: {str(e)[:120]}).") from None
     return openapi_from_document(document, path, tool)
 
