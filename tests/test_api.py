@@ -46,6 +46,22 @@ def test_every_example_of_the_api_page_runs(tiny_prm, tiny_model_dir, tmp_path, 
     assert len(records) == 4 and all(len(t.steps[0].candidates) == 2 for t in records if t.steps)
 
 
+def test_the_readme_python_block_runs(tiny_prm, tiny_model_dir, tmp_path, monkeypatch):
+    """The README's five lines, as written, with the tiny PRM and policy in place of the trained
+    PRM and the embedded model (the only names mapped)."""
+    monkeypatch.chdir(ROOT)
+    (block,) = python_blocks(ROOT / "README.md")
+    block = block.replace('"runs/quickstart/train/prm"', repr(str(tiny_prm)))
+    block = block.replace("from codetool.api import PRM, load_tools, search\n", "from functools import partial\n"
+                          "from codetool.api import PRM, load_tools, search\n"
+                          f"search = partial(search, policy={str(tiny_model_dir)!r}, "
+                          f"output={str(tmp_path / 't.jsonl')!r})\n")
+    names: dict = {}
+    exec(compile(block, "README.md", "exec"), names)
+    assert len(names["scores"]) == 2 and all(0.0 <= score <= 1.0 for score in names["scores"])
+    assert len(names["trajectories"]) == 4
+
+
 def test_the_httpx_example_scores_against_a_served_prm(tiny_prm, capsys, monkeypatch):
     from codetool.api import PRM
     from codetool.prm.scorer import LocalPRMScorer

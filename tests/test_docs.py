@@ -100,6 +100,19 @@ def test_the_readme_is_short_and_every_relative_link_resolves():
             assert (page.parent / target).exists(), f"{page.name} links to {target}, which does not exist"
 
 
+_REPO_PATH = re.compile(r"(?<![\w./-])((?:configs|scripts|examples|benchmarks|tests)/[\w./-]*\w)([*<]?)")
+
+
+def test_every_repository_file_the_pages_name_exists():
+    """A recipe, script or example a page names (`bash scripts/paper/3_trees.sh`, `--config
+    configs/train/quickstart.yaml`) is a file of the repository; a prefix followed by a pattern
+    (`tests/test_<area>`, `tests/test_executor_*`) names no file."""
+    missing = [f"{page.name}: {path}" for page in PAGES
+               for path, pattern in _REPO_PATH.findall(page.read_text(encoding="utf-8"))
+               if not pattern and not (ROOT / path).exists()]
+    assert not missing, f"pages name files the repository does not hold: {missing}"
+
+
 def test_the_command_reader_finds_blocks_spans_and_continuations():
     text = ("```bash\ncodetool run --query x \\\n    --tools a.json  # one query\n.venv/bin/codetool eval f.jsonl "
             "| tee log\n```\nInline: `codetool serve-prm --port 8600` and `codetool <command> --help`.")
