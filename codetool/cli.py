@@ -257,7 +257,8 @@ def _main(argv: list[str] | None) -> int:
         return 2
     except KeyboardInterrupt as e:
         how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
-        print(f"codetool {name}: {how}; finished work is saved and a rerun resumes.", file=sys.stderr)
+        after = "stopped." if name.startswith("serve-") else "finished work is saved and a rerun resumes."
+        print(f"codetool {name}: {how}; {after}", file=sys.stderr)  # a server has nothing to resume
         return 143 if isinstance(e, Terminated) else 130
 
 
