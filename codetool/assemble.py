@@ -164,10 +164,9 @@ def make_judge(cfg: JudgeConfig, cache_path: str | None = None) -> Judge | None:
 
 def executor_factory(executor_cfg: ExecutorConfig) -> Callable[[SearchTask], StepExecutor]:
     """``task -> Executor`` with the task's tool functions; the executors of one factory share
-    sandbox families (:class:`codetool.executor.pool.FamilyPool`): a new one is a fork of a running
+    sandbox families (:class:`codetool.executor.FamilyPool`): a new one is a fork of a running
     root, not a new interpreter."""
-    from codetool.executor import Executor
-    from codetool.executor.pool import FamilyPool
+    from codetool.executor import Executor, FamilyPool
 
     pool = FamilyPool(executor_cfg)
     return lambda task: Executor(executor_cfg, tools=task.env.functions(), pool=pool)

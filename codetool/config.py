@@ -9,7 +9,8 @@ Values are resolved in this order, later wins: dataclass defaults, the YAML file
 An unknown key, in YAML or on the command line, is an error that names the key and the closest
 valid one; so is a key of a nested group that the config's code never reads (a config declares
 those in ``config_unread``, see :class:`Unread`), and a key renamed in 0.2.0 (a config lists them
-in ``config_renamed``, old name -> new name, only to name the new one: :func:`renamed_error`).
+in ``config_renamed``, old name -> new name, only to name the new one: :func:`renamed_error`), and
+a value renamed in 0.2.0 (``option(renamed={old: new})``: ``advantage: process``).
 Nothing here touches the network, prompts or exits. The command-line side (one ``--option`` per
 field, parsed back into a config) is :mod:`codetool.config_args`.
 """
@@ -41,7 +42,7 @@ class ConfigError(CodetoolError, ValueError):
 
 def option(default: Any = _MISSING, help: str = "", *, default_factory: Any = _MISSING,
            choices: typing.Sequence[Any] | None = None, positional: bool = False,
-           aliases: typing.Sequence[str] = ()) -> Any:
+           aliases: typing.Sequence[str] = (), renamed: dict[str, str] | None = None) -> Any:
     """A dataclass field with CLI metadata.
 
     Args:
@@ -50,9 +51,10 @@ def option(default: Any = _MISSING, help: str = "", *, default_factory: Any = _M
         choices (`Sequence`, *optional*): allowed values; checked on load.
         positional (`bool`, *optional*, defaults to `False`): a positional CLI argument.
         aliases (`Sequence[str]`, *optional*): extra CLI flags, e.g. ``("--from",)``.
+        renamed (`dict[str, str]`, *optional*): values renamed in 0.2.0, old -> new: refused naming the new.
     """
     metadata = {"help": help, "choices": tuple(choices) if choices else None, "positional": positional,
-                "aliases": tuple(aliases)}
+                "aliases": tuple(aliases), "renamed": dict(renamed or {})}
     if default_factory is not _MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -255,6 +257,10 @@ def from_dict(cls: type[T], data: dict[str, Any], *, where: str = "") -> T:
         if "section" in fields[name].metadata:
             value = _to_dataclass(value, section_class(fields[name].metadata["section"]), path)
         coerced = _coerce(value, hints[name], path)
+        new_names = fields[name].metadata.get("renamed") or {}
+        if isinstance(coerced, str) and coerced in new_names:
+            raise ConfigError(f"{path}: {coerced!r} was renamed to {new_names[coerced]!r} in {RENAMED_IN} "
+                              "(docs/MIGRATING.md).")
         choices = fields[name].metadata.get("choices")
         if isinstance(choices, tuple) and coerced not in choices:
             raise ConfigError(f"{path}: got {coerced!r}; choose one of {list(choices)}.")

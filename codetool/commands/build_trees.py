@@ -48,7 +48,7 @@ def build_trees_command(cfg: TreeConfig) -> int:
             the PRM dataset cannot be written (the trees are kept; the previous dataset too).
     """
     out = Path(cfg.output)
-    queries = load_training_queries(cfg)
+    queries, test_dropped = load_training_queries(cfg)
     clients: dict[str, Any] = {}  # the remote policy client of this process, for the summary
     order = {q.query_id: i for i, q in enumerate(queries)}
     if cfg.relabel:
@@ -78,6 +78,7 @@ def build_trees_command(cfg: TreeConfig) -> int:
                 return 0
             return 1
     summary = summarize(records)  # "errors" counts the failed trees
+    summary["test_queries_dropped"] = test_dropped  # from the queries; the export drops any tree of one too
     stats = export_atomically([r for r in records if r.get("finish_type") != "error"], cfg)
     if stats is not None:
         summary.update({f"dataset_{k}": v for k, v in stats.items() if k not in ("val_query_ids", "pair_counts")})

@@ -34,7 +34,7 @@ from codetool.eval.headline import headline, prm_line, verdict
 from codetool.eval.markdown import render_markdown, write_plots
 from codetool.eval.preference import win_rates
 from codetool.eval.runs import open_runs, run_warnings
-from codetool.eval.summary import prm_section, seed_summary
+from codetool.eval.summary import paired_section, prm_section, seed_summary
 from codetool.jobs import client_rows
 from codetool.jsonl import write_jsonl
 from codetool.judge.records import Judge, JudgeMixin
@@ -93,6 +93,7 @@ def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
                                                   judge.describe() if judge else None, cfg.run_settings)
     seed_paths = [p for p in [*cfg.trajectories, *cfg.seed_runs] if p.endswith(".jsonl")]
     report["summary"] = seed_summary(seed_paths, methods=report["methods"])
+    report["paired"] = paired_section(seed_paths, report["methods"], labels, shown, seed=cfg.judge.seed)
     report["headline"] = headline(shown, labels, seed_paths)
     if (prm := prm_section(cfg.prm_metrics, out_dir)) is not None:
         report["prm"] = prm
@@ -172,7 +173,9 @@ def eval_command(cfg: EvalConfig) -> int:
     block = report["comparability"]
     console.print(f"comparability with {block['target_name']}: "
                   + (f"{len(block['deviations'])} differences" if block["deviations"] else
-                     f"no deviation found ({block['settings_checked']} settings checked)"), markup=False, highlight=False)
+                     f"no setting deviates ({block['settings_checked']} checked)")
+                  + f"; {len(block.get('known_differences', []))} known differences, "
+                    f"{len(block.get('unchecked', []))} things not checked (report.md)", markup=False, highlight=False)
     for deviation in block["deviations"]:
         console.print(f"not comparable: {deviation}", markup=False, highlight=False)
     console.print(f"report: {Path(cfg.out) / 'report.md'}, report.json, {len(report['files'].get('plots', []))} plots",

@@ -174,7 +174,9 @@ class PipelineConfig(PolicyGroup, ToolDocGroup):
 
 # What a stage's text leaves out: where it writes (the pipeline's folder), its clients' pace (in
 # flight, timeouts, retries) and its memory cap: they change how fast a stage runs, not what it writes.
-TREES_LEAVE_OUT = ("output", "dataset_dir", "policy_client.", "max_memory_mb")
+# The trees also leave out never_train_on: it only decides which queries get trees, and the export
+# drops held-out trees whatever was built.
+TREES_LEAVE_OUT = ("output", "dataset_dir", "policy_client.", "max_memory_mb", "never_train_on")
 TRAIN_LEAVE_OUT = ("output_dir", "dataset", "eval_dataset")
 RUN_LEAVE_OUT = ("output", "prm", "policy_client.", "prm_client.", "max_memory_mb")  # prm: the train stage's hash
 EVAL_LEAVE_OUT = ("client.",)
@@ -253,7 +255,8 @@ def comparability_settings(cfg: PipelineConfig) -> dict[str, Any]:
     flattened, with where they come from (``__source__``)."""
     from codetool.eval.comparability import RUN_SECTIONS, flatten
 
-    settings = flatten({k: to_dict(getattr(cfg, k)) for k in RUN_SECTIONS if hasattr(cfg, k)})
+    settings = flatten({k: [to_dict(x) for x in getattr(cfg, k)] if isinstance(getattr(cfg, k), list)
+                        else to_dict(getattr(cfg, k)) for k in RUN_SECTIONS if hasattr(cfg, k)})
     settings["__source__"] = f"pipeline {cfg.name}"
     return settings
 

@@ -8,7 +8,7 @@ Against a server nothing a finished trajectory needs holds back the next episode
 reference re-run of its steps and its final answer run beside the search (a
 :class:`~codetool.streaming.Finisher`), its record is written in a thread of its own, episodes
 share sandbox families and start their sandbox while their first step is generated
-(:mod:`codetool.executor.pool`), and ``max_memory_mb`` caps what the episodes in flight add to
+(:class:`codetool.executor.FamilyPool`), and ``max_memory_mb`` caps what the episodes in flight add to
 the client's memory (:mod:`codetool.memory_use`); docs/SCALE.md has the measurements.
 """
 
@@ -27,8 +27,7 @@ from codetool.config import ConfigError, config_hash, option
 from codetool.config_groups import with_defaults
 from codetool.decide.stage import RouterConfig
 from codetool.distributed.ray_cluster import WorkersGroup
-from codetool.executor import ExecutorConfig
-from codetool.executor.pool import started_in_background
+from codetool.executor import ExecutorConfig, started_in_background
 from codetool.jobs import ProgressFactory, client_rows
 from codetool.jsonl import append_jsonl
 from codetool.memory_use import MemoryGroup, memory_gate
@@ -393,7 +392,9 @@ def fidelity_settings(cfg: RunConfig, scorer=None) -> dict[str, Any]:
     fmt = getattr(getattr(scorer, "encoder", None), "fmt", None)
     prm = None if scorer is None else {"interface": getattr(fmt, "interface", None),
                                        "label_rules": meta.get("label_rules")}
-    return {"tie_break": cfg.search.tie_break, "observation_cut": cfg.search.observation_cut,
+    search = {k: getattr(cfg.search, k) for k in ("k", "max_steps", "temperature", "top_p", "w_spot", "w_latent",
+                                                   "w_cost", "latent", "seed")}  # what decides a method's numbers
+    return {"search": search, "tie_break": cfg.search.tie_break, "observation_cut": cfg.search.observation_cut,
             "max_observation_chars": cfg.search.max_observation_chars,
             "observation_history": cfg.search.observation_history, "step_format": cfg.search.step_format,
             "reference_steps": cfg.search.reference_steps, "final_answer": cfg.answer.final_answer, "prm": prm}

@@ -34,11 +34,12 @@ from codetool.tree.config import TreeConfig, tree_hash
 logger = logging.getLogger(__name__)
 
 
-def load_training_queries(cfg: TreeConfig) -> list:
-    """The training queries of ``cfg`` (any layout :func:`codetool.tools.files.load_queries` reads),
-    with ids made unique as ``<file stem>/<query_id>`` (ToolBench files reuse ids across groups).
-    Queries that offer no API are skipped with a warning; a malformed entry is kept (its
-    ``extra["load_error"]`` becomes its error record).
+def load_training_queries(cfg: TreeConfig) -> tuple[list, int]:
+    """The training queries of ``cfg`` (any layout :func:`codetool.tools.files.load_queries` reads)
+    and how many test queries were dropped from them (``never_train_on``, by id and by text:
+    :mod:`codetool.tools.heldout`), with ids made unique as ``<file stem>/<query_id>`` (ToolBench
+    files reuse ids across groups). Queries that offer no API are skipped with a warning; a
+    malformed entry is kept (its ``extra["load_error"]`` becomes its error record).
 
     Raises:
         ConfigError: no such file or folder.
@@ -48,6 +49,7 @@ def load_training_queries(cfg: TreeConfig) -> list:
     """
     from codetool.resume import refuse_duplicates
     from codetool.tools.files import load_queries
+    from codetool.tools.heldout import load_held_out
     from codetool.tools.loaders import data_root
 
     path = Path(cfg.queries) if cfg.queries else data_root() / "ToolBench" / "data_example" / "instruction"
@@ -66,6 +68,10 @@ def load_training_queries(cfg: TreeConfig) -> list:
                             f"{queries[0].query_id}: {queries[0].extra['load_error']}); pass a ToolBench-format "
                             "query file (a list of {query_id, query, api_list}) or RestGPT's layout with --tools.")
     refuse_duplicates([f"{q.group}/{q.query_id}" for q in queries], str(path))
+    queries, held = load_held_out(cfg.never_train_on).split(queries)
+    if held:
+        logger.warning("%d of the training queries are test queries of %s (e.g. %s/%s); no tree is built for them",
+                       len(held), ", ".join(cfg.never_train_on), held[0].group, held[0].query_id)
     usable = [q for q in queries if q.apis or q.extra.get("load_error")]
     if not usable:
         raise CodetoolError(f"{len(queries)} of {len(queries)} queries in {path} offer no documented API, so "
@@ -78,7 +84,7 @@ def load_training_queries(cfg: TreeConfig) -> list:
                                  if not (q.apis or q.extra.get("load_error"))))
     for q in usable:
         q.query_id = f"{q.group}/{q.query_id}"
-    return usable[: cfg.limit] if cfg.limit is not None else usable
+    return (usable[: cfg.limit] if cfg.limit is not None else usable), len(held)
 
 
 def merge_shards(cfg: TreeConfig, out: Path, queries: list, order: dict) -> list[dict]:
@@ -139,6 +145,9 @@ def export_atomically(records: list[dict], cfg: TreeConfig) -> dict | None:
     written into a temporary folder beside it and moved in once complete, so a failed export (a
     full disk) leaves the previous dataset, or no dataset, and raises.
 
+    Trees of queries in ``cfg.never_train_on`` (built before the filter existed, or under another
+    setting) are left out, and counted (``test_queries_dropped``).
+
     Returns:
         The export's statistics, or ``None`` when the trees give no row (a warning; nothing written).
     Raises:
@@ -147,9 +156,14 @@ def export_atomically(records: list[dict], cfg: TreeConfig) -> dict | None:
     import shutil
     import tempfile
 
+    from codetool.tools.heldout import load_held_out
     from codetool.tree.dataset import EmptyDatasetError, export_dataset
 
     target = Path(cfg.dataset_dir)
+    records, held = load_held_out(cfg.never_train_on).split_rows(records)
+    if held:
+        logger.warning("%d trees belong to test queries (%s) and are left out of the PRM dataset", len(held),
+                       ", ".join(cfg.never_train_on))
 
     def refuse(error) -> CodetoolError:
         return CodetoolError(f"cannot write the PRM dataset into {target}: {error} (free space or fix permissions, "
@@ -162,7 +176,8 @@ def export_atomically(records: list[dict], cfg: TreeConfig) -> dict | None:
     except OSError as e:
         raise refuse(e.strerror or e) from None
     try:
-        stats = export_dataset(records, staging, emit=cfg.emit, val_fraction=cfg.val_fraction, seed=cfg.seed)
+        stats = export_dataset(records, staging, emit=cfg.emit, val_fraction=cfg.val_fraction, seed=cfg.seed,
+                               extra={"test_queries_dropped": len(held)})
         target.mkdir(exist_ok=True)
         for entry in sorted(staging.iterdir()):  # renames within one file system: no space needed
             dest = target / entry.name
@@ -286,7 +301,7 @@ class TreeRunner(UnitRunner):
         from codetool.assemble import executor_factory, make_policy, tool_backend
 
         self.cfg, self.chash = cfg, chash
-        from codetool.executor.pool import started_in_background
+        from codetool.executor import started_in_background
         from codetool.memory_use import memory_gate
         from codetool.search.schedule import is_continuous
 

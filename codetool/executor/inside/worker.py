@@ -1,19 +1,19 @@
 """Sandbox side of :mod:`codetool.executor`: a worker's **state**, the part the step's code can
 reach. Standard library only.
 
-Not imported by the host: the sandbox root passes this source, with ``sandbox_io`` and
-``sandbox_keeper``, to each fresh worker interpreter (``codetool.executor.launch.WORKER_BOOT``).
+Not imported by the host: the sandbox root passes this source, with ``inside.io`` and
+``inside.keeper``, to each fresh worker interpreter (``codetool.executor.host.launch.WORKER_BOOT``).
 
 :class:`State` holds the namespace every step of the worker runs in (a ``__main__`` module), the
-tool proxies, ``finish``/``give_up``, the step's output (``sandbox_io.Output``) and its tool
-channel (``sandbox_io.Channel``, a socket made for that step). Its methods run in the step's
+tool proxies, ``finish``/``give_up``, the step's output (``inside.io.Output``) and its tool
+channel (``inside.io.Channel``, a socket made for that step). Its methods run in the step's
 thread: :meth:`State.pre` before the step's code is compiled, :meth:`State.after` when it ran to its
 end, :meth:`State.describe` when it raised.
 
 **Nothing here is trusted.** The step's code can rebind anything in this module or call any of
 it; what it can reach this way is its own observation (the error message, the output, the
 frames it sends, which the host checks), never the verdict: whether the step ran to its end is
-decided by ``sandbox_keeper`` and the host, where the step's code cannot write.
+decided by ``inside.keeper`` and the host, where the step's code cannot write.
 """
 
 import builtins
@@ -31,8 +31,8 @@ from json import loads as _loads  # bound now: a step that patches the json modu
 
 try:
     from sandbox_io import Channel, Output
-except ImportError:  # imported on the host (documentation tools): the package's copies
-    from codetool.executor.sandbox_io import Channel, Output
+except ImportError:  # imported on the host (tests, documentation tools): the package's copies
+    from codetool.executor.inside.io import Channel, Output
 
 MAX_TOOL_PAYLOAD = 1 << 20  # bytes of JSON arguments one tool call may send to the host
 MAX_ANSWER_CHARS = 100_000

@@ -3,7 +3,7 @@ through ``ctypes``. Standard library only (it runs in the sandbox's system inter
 
 - ``prctl`` options, ``capset`` (the capability sets of the calling thread) and the ambient set,
   ``mount``/``umount2``;
-- installing the seccomp filter built by the host (``codetool.executor.seccomp``), optionally with a
+- installing the seccomp filter built by the host (``codetool.executor.kernel.seccomp``), optionally with a
   *listener*: a file descriptor on which the family's root receives the calls the filter hands it
   (``SECCOMP_RET_USER_NOTIF``: only ``setresuid``) and answers each one, letting it run or failing
   it with ``EPERM`` (``struct seccomp_notif``/``seccomp_notif_resp``, Linux >= 5.5);

@@ -9,7 +9,7 @@ run's end reads one ``cgroup.procs`` file and signals what it lists. Processes a
 through pidfds opened after checking their uid, so a pid recycled meanwhile is never touched.
 
 Without a cgroup (or without a uid per principal) the sandbox root does all of it instead
-(``sandbox_principals``).
+(``inside.principals``).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from codetool.executor import sandbox_kernel as kernel
-from codetool.executor.sandbox_principals import cgroup_pids, oom_kills, real_uid, state_of, status
+from codetool.executor.kernel import calls as kernel
+from codetool.executor.kernel.procs import cgroup_pids, oom_kills, real_uid, state_of, status
 
 SWEEP_WAIT_S = 0.5  # how long a sweep waits for the processes it killed to die
 
@@ -58,7 +58,7 @@ class Principals:
     """The host's view of one family's principals (see the module docstring).
 
     Args:
-        cgroup_dir (`str`): the family's cgroup directory (``codetool.executor.cgroups``).
+        cgroup_dir (`str`): the family's cgroup directory (``codetool.executor.kernel.cgroups``).
         setresuid_nr (`int`): the syscall number the filters hand over.
     """
 

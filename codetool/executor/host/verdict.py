@@ -1,4 +1,4 @@
-"""What the host decides a step's result from (``codetool.executor.step``): the records of one
+"""What the host decides a step's result from (``codetool.executor.host.step``): the records of one
 step kept on the host (:class:`StepLedger`, :class:`StepOutput`), what arrived on its verdict
 socket (:class:`Verdict`), and how a failure is named. Nothing here is taken from the sandbox
 without a check: the code's own report of its error is an observation that may only tell failures
@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 import signal
 
-from codetool.executor.channel import clean_output, clean_text
 from codetool.executor.config import ExecutorConfig
+from codetool.executor.host.channel import clean_output, clean_text
 from codetool.executor.result import ToolCall
 
 MAX_MESSAGE_CHARS = 2000

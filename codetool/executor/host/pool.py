@@ -31,8 +31,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from codetool.executor.config import ExecutorConfig
-from codetool.executor.family import separate_principals
-from codetool.executor.sandbox import Sandbox
+from codetool.executor.host.family import separate_principals
+from codetool.executor.host.sandbox import Sandbox
 
 logger = logging.getLogger(__name__)
 

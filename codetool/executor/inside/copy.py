@@ -1,6 +1,6 @@
 """Sandbox side of :mod:`codetool.executor`: what a fork copy does to stop sharing open files with
 the worker it was forked from, once it is its own principal. Standard library only; run by the
-keeper (``sandbox_keeper``), so it follows the keeper's rules: every callable is a default argument
+keeper (``inside.keeper``), so it follows the keeper's rules: every callable is a default argument
 bound before any code of the state existed, and only values made by C functions are handled.
 
 ``os.fork`` copies memory, but open file descriptions stay *shared*: a file object of an earlier

@@ -1,12 +1,12 @@
 """Sandbox side of :mod:`codetool.executor`, run by the family's **root** in the child it forks for a
 new worker: what must happen with the root's privileges before the worker's interpreter starts,
-then ``execve`` of a fresh interpreter (``codetool.executor.launch.WORKER_BOOT``). Standard library
+then ``execve`` of a fresh interpreter (``codetool.executor.host.launch.WORKER_BOOT``). Standard library
 only.
 
 Why a fresh interpreter: a fork of the root would carry the root's ``ctypes`` objects (calling them
 reads and writes the process's memory and raises no audit event) and whatever fork hooks its
 imports registered; the fresh one has neither, and its keeper disables both before any code of the
-state exists (``sandbox_keeper``).
+state exists (``inside.keeper``).
 
 In order: the descriptors at fixed numbers (1 and 2 the output pipe, 3 the control socket, 4 the
 worker's sources, 5 the directory of the scratch directories) and no other; the principal's cgroup;
@@ -30,9 +30,9 @@ import sys
 try:
     import sandbox_kernel as kernel
     from sandbox_io import close_fd
-except ImportError:  # imported on the host (documentation tools): the package's copies
-    from codetool.executor import sandbox_kernel as kernel
-    from codetool.executor.sandbox_io import close_fd
+except ImportError:  # imported on the host (tests, documentation tools): the package's copies
+    from codetool.executor.inside.io import close_fd
+    from codetool.executor.kernel import calls as kernel
 
 LIMITS = (("as", "RLIMIT_AS"), ("cpu", "RLIMIT_CPU"), ("fsize", "RLIMIT_FSIZE"),
           ("nofile", "RLIMIT_NOFILE"), ("nproc", "RLIMIT_NPROC"), ("core", "RLIMIT_CORE"))
@@ -64,8 +64,8 @@ def exec_worker(config, fds, msg, principal, principals, handoff, sources, hidde
         config (`dict`): the root's settings.
         fds (`list[int]`): the worker's control socket and the write end of its output pipe.
         msg (`dict`): the host's ``spawn`` request (tools, output size, grace).
-        principal: the new principal (``sandbox_principals.Principal``).
-        principals: the family's ``sandbox_principals.Principals``.
+        principal: the new principal (``inside.principals.Principal``).
+        principals: the family's ``inside.principals.Principals``.
         handoff (`socket.socket`): where the seccomp listener goes (to the root).
         sources (`bytes`): JSON ``[[name, source], ...]`` of the worker's modules.
         hidden (`list[str]`): files to hide behind ``/dev/null`` (:func:`unsafe_files`).

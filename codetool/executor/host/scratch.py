@@ -6,7 +6,7 @@ Every way a family ends removes its directory:
 - ``Sandbox.close`` (explicit, on garbage collection of its last executor, or at interpreter
   exit) and every restart or failed start of the family (the host, through :func:`remove`);
 - the host dying first (SIGKILL, crash): its root sees the control channel close, or fail while it
-  is still starting, kills the family and removes the directory (``sandbox_root.main``).
+  is still starting, kills the family and removes the directory (``inside.root.main``).
 
 Only when both are gone before either cleans (the host killed between creating the directory and
 starting the root, the root killed together with the host, or the root's bootstrap cut short) does a
@@ -24,32 +24,11 @@ import os
 import shutil
 import tempfile
 
+from codetool.executor.kernel.procs import owner_alive, start_time
+
 logger = logging.getLogger(__name__)
 
-PREFIX = "codetool-sandbox-"  # sandbox_root only removes directories named so
-
-
-def _start_time(pid: int) -> str | None:
-    """Start time of process ``pid`` in clock ticks since boot (``/proc/<pid>/stat`` field 22), or
-    ``None`` when the process does not exist."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def owner_alive(pid: int, start: str) -> bool:
-    """Whether the host ``pid`` that started at ``start`` (``"0"``: unknown) is still running."""
-    if start != "0" and os.path.isdir("/proc/self"):
-        return _start_time(pid) == start  # a recycled pid has another start time
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
+PREFIX = "codetool-sandbox-"  # inside.root only removes directories named so
 
 
 def reclaim(parent: str | None) -> list[str]:
@@ -80,7 +59,7 @@ def make(parent: str | None, uid: int | None) -> str:
     given (mode 0700), named after this process; stale ones of dead hosts are reclaimed first."""
     reclaim(parent)
     pid = os.getpid()
-    path = tempfile.mkdtemp(prefix=f"{PREFIX}{pid}-{_start_time(pid) or 0}-", dir=parent)
+    path = tempfile.mkdtemp(prefix=f"{PREFIX}{pid}-{start_time(pid) or 0}-", dir=parent)
     if uid is not None:
         try:
             os.chown(path, uid, uid)

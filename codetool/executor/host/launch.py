@@ -3,9 +3,15 @@ here, bubblewrap's command line, and the sources the sandbox interpreter boots f
 
 The sandbox interpreter reads its modules (JSON ``[[name, source], ...]``) from stdin, installs
 the root's under their names and runs the root (``BOOTSTRAP``); nothing of the host's file system is
-needed inside. Each worker is a fresh interpreter started by the root (``sandbox_spawn``): it reads
+needed inside. Each worker is a fresh interpreter started by the root (``inside/spawn.py``): it reads
 the worker's modules from descriptor 4, disables ``os.register_at_fork`` before anything else is
-imported, and runs its keeper (``WORKER_BOOT``, ``sandbox_keeper``).
+imported, and runs its keeper (``WORKER_BOOT``, ``inside/keeper.py``).
+
+What is shipped is :data:`SOURCES`: the files of ``codetool/executor/inside/`` and
+``codetool/executor/kernel/``, read as text (the host never imports them for this), each installed
+in the sandbox under the *wire name* :data:`SOURCES` gives it (``sandbox_io`` for ``inside/io.py``,
+``sandbox_kernel`` for ``kernel/calls.py``...), the name the shipped modules import each other by.
+Nothing of ``host/`` is ever shipped (``tests/test_executor_boundary.py``).
 """
 
 from __future__ import annotations
@@ -25,8 +31,13 @@ from codetool.secrets import sandbox_environment
 
 logger = logging.getLogger(__name__)
 
-ROOT_MODULES = ("sandbox_kernel", "sandbox_io", "sandbox_scratch", "sandbox_principals", "sandbox_spawn",
-                "sandbox_root")  # in import order; the last one has main()
+# wire name -> its file, relative to codetool/executor/
+SOURCES = {"sandbox_kernel": "kernel/calls.py", "sandbox_procs": "kernel/procs.py", "sandbox_io": "inside/io.py",
+           "sandbox_scratch": "inside/scratch.py", "sandbox_principals": "inside/principals.py",
+           "sandbox_spawn": "inside/spawn.py", "sandbox_root": "inside/root.py", "sandbox_worker": "inside/worker.py",
+           "sandbox_copy": "inside/copy.py", "sandbox_keeper": "inside/keeper.py"}
+ROOT_MODULES = ("sandbox_kernel", "sandbox_procs", "sandbox_io", "sandbox_scratch", "sandbox_principals",
+                "sandbox_spawn", "sandbox_root")  # in import order; the last one has main()
 WORKER_MODULES = ("sandbox_io", "sandbox_worker", "sandbox_copy", "sandbox_keeper")  # the last one has main()
 SANDBOX_MODULES = tuple(dict.fromkeys(ROOT_MODULES + WORKER_MODULES))
 BOOTSTRAP = ("import json,sys,types\n"
@@ -36,7 +47,7 @@ BOOTSTRAP = ("import json,sys,types\n"
              "    exec(compile(mods[name],'<'+name+'>','exec'),m.__dict__)\n"
              "m.main(mods)")
 WORKER_BOOT = ("import posix,sys,types\n"
-               "posix.register_at_fork=dict\n"  # before anything registers a fork hook (sandbox_keeper)
+               "posix.register_at_fork=dict\n"  # before anything registers a fork hook (inside/keeper.py)
                "src=b''\n"
                "while 1:\n"
                " c=posix.read(4,1<<20)\n"
@@ -178,7 +189,7 @@ def _bwrap_problem(python: str) -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def _sandbox_sources() -> bytes:
-    here = Path(__file__).parent
-    return json.dumps([[name, (here / f"{name}.py").read_text()] for name in SANDBOX_MODULES]).encode()
+    executor = Path(__file__).parent.parent
+    return json.dumps([[name, (executor / SOURCES[name]).read_text()] for name in SANDBOX_MODULES]).encode()
 
 

@@ -273,7 +273,7 @@ CONTROL_BUFFER = 16 << 20  # the largest message the host sends (a step's source
 
 
 def control_pair() -> tuple[socket.socket, socket.socket]:
-    """A Unix ``SOCK_SEQPACKET`` pair for a keeper's control channel (``sandbox_keeper``):
+    """A Unix ``SOCK_SEQPACKET`` pair for a keeper's control channel (``inside.keeper``):
     ``(host end, worker end)``. The host end is non-blocking and receives the sender's credentials
     with every message (``SO_PASSCRED``: its pid as the kernel sees it, in the host's namespace)."""
     host, worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

@@ -1,9 +1,9 @@
 """The processes of one executor *family* (a root executor and every executor forked from it,
 directly or not): start its root, restart it when it dies, stop it, and carry the root's requests.
 The requests for workers (spawn, fork, a step's begin and end, release) are
-:class:`codetool.executor.sandbox.Sandbox`'s, on top of this.
+:class:`codetool.executor.host.sandbox.Sandbox`'s, on top of this.
 
-A family is one root process (``sandbox_root.py``) started either inside bubblewrap
+A family is one root process (``inside/root.py``) started either inside bubblewrap
 (``bwrap`` mode: new network, pid, ipc and uts namespaces, a read-only root built from ``/usr``
 and a few ``/etc`` files, ``/proc`` of the new pid namespace (each principal sees only its own
 processes there), a minimal ``/dev``, and a ``/tmp`` where only the root may create anything)
@@ -11,19 +11,19 @@ or directly (``fallback`` mode: a family directory, plus network and mount names
 host is root). In both modes the environment is :func:`codetool.secrets.sandbox_environment`
 and stdin is ``/dev/null``.
 
-Every executor is a *principal* (``sandbox_principals``): when the host is root, its own uid
+Every executor is a *principal* (``inside.principals``): when the host is root, its own uid
 (picked here at random, for every spawn and every fork), its own scratch directory (a tmpfs of
 ``scratch_mb`` and ``max_files`` inodes, mounted by the root), its own memory budget (a cgroup
-where the host may create one, see ``codetool.executor.cgroups``, else polled by the root). A
+where the host may create one, see ``codetool.executor.kernel.cgroups``, else polled by the root). A
 worker runs code of the state only during a step: between steps its keeper holds no thread, timer
-or handler of the state (``sandbox_keeper``), and at ``end`` the root kills every other process
+or handler of the state (``inside.keeper``), and at ``end`` the root kills every other process
 of its principal.
 
 The root never runs model code. It execs every worker as a fresh interpreter
-(``sandbox_spawn``). In bubblewrap it keeps CAP_SETUID, CAP_SETGID, CAP_KILL (uids and kills),
+(``inside.spawn``). In bubblewrap it keeps CAP_SETUID, CAP_SETGID, CAP_KILL (uids and kills),
 CAP_SYS_ADMIN (scratch mounts, the workers' mount namespaces), CAP_CHOWN, CAP_DAC_OVERRIDE and
 CAP_FOWNER (copying a parent's scratch for a fork); a worker keeps only CAP_SETUID, whose every
-use goes through the root (``codetool.executor.seccomp``).
+use goes through the root (``codetool.executor.kernel.seccomp``).
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ import weakref
 from dataclasses import dataclass, field
 from typing import IO
 
-from codetool.executor import adoption, cgroups, schedstat, scratch
-from codetool.executor.channel import ProtocolError, read_message
 from codetool.executor.config import ExecutorConfig
-from codetool.executor.launch import (
+from codetool.executor.host import adoption, scratch
+from codetool.executor.host.channel import ProtocolError, read_message
+from codetool.executor.host.launch import (
     BOOTSTRAP,
     CGROUP_MOUNT,
     NAMESPACES,
@@ -63,8 +63,9 @@ from codetool.executor.launch import (
     others_can_use,
     resolve_python,
 )
-from codetool.executor.root_link import RootLink
-from codetool.executor.seccomp import filter_program, syscall_numbers
+from codetool.executor.host.root_link import RootLink
+from codetool.executor.kernel import cgroups, schedstat
+from codetool.executor.kernel.seccomp import filter_program, syscall_numbers
 from codetool.secrets import sandbox_environment
 
 logger = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ _KEYS_LOCK = threading.Lock()
 @dataclass(eq=False)  # compared (and hashed) by identity
 class WorkerHandle:
     """The host's view of one worker: the host's end of its keeper's control socket
-    (``sandbox_keeper``), the read end of its output pipe, its pid on the host (from the kernel, with
+    (``inside.keeper``), the read end of its output pipe, its pid on the host (from the kernel, with
     its first message), its principal (``key``; its ``uid`` when uids are per principal), its scratch
     directory, its pid in the sandbox (as the root counts) and the CPU seconds it used so far."""
 
@@ -144,7 +145,7 @@ def _free_key_globally(key: int) -> None:
 
 class Family:
     """The processes of one executor family and the link to its root; shared (reference-counted)
-    by its executors. :class:`codetool.executor.sandbox.Sandbox` adds the requests for workers.
+    by its executors. :class:`codetool.executor.host.sandbox.Sandbox` adds the requests for workers.
 
     Args:
         config (`ExecutorConfig`): limits and isolation mode.
@@ -324,7 +325,7 @@ class Family:
 
     def acquire_open(self, count: int = 1) -> bool:
         """Take ``count`` references if the family is still running (not closed by the release of
-        its last executor); whether it did (:class:`codetool.executor.pool.FamilyPool`)."""
+        its last executor); whether it did (:class:`codetool.executor.host.pool.FamilyPool`)."""
         with self._lock:
             if self._proc is None:
                 return False

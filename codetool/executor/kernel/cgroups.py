@@ -13,7 +13,7 @@ kernel. Two layouts are supported:
   host to move itself first, which this module never does.
 
 Anything else (no permission, systemd-managed v2 without delegation, a rootless host) gives
-``None``, and the root polls memory instead (``sandbox_principals``). Directories left by a host
+``None``, and the root polls memory instead (``inside.principals``). Directories left by a host
 that was killed are removed at the next start (:func:`reclaim`).
 """
 
@@ -23,7 +23,7 @@ import logging
 import os
 import secrets
 
-from codetool.executor import scratch
+from codetool.executor.kernel.procs import owner_alive, start_time
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def family_cgroup() -> tuple[str, int] | None:
     base, version = found
     reclaim(base)
     pid = os.getpid()
-    path = os.path.join(base, f"{PREFIX}{pid}-{scratch._start_time(pid) or 0}-{secrets.token_hex(4)}")
+    path = os.path.join(base, f"{PREFIX}{pid}-{start_time(pid) or 0}-{secrets.token_hex(4)}")
     try:
         if version == 2:
             _enable_memory(base)
@@ -165,5 +165,5 @@ def reclaim(base: str) -> None:
     for name in names:
         pid, _, rest = name[len(PREFIX):].partition("-")
         start = rest.partition("-")[0]
-        if pid.isdigit() and start.isdigit() and not scratch.owner_alive(int(pid), start):
+        if pid.isdigit() and start.isdigit() and not owner_alive(int(pid), start):
             remove(os.path.join(base, name))

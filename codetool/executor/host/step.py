@@ -2,7 +2,7 @@
 output, and decide the result from what the host observes (``Executor.run`` calls :func:`run_step`).
 
 **The verdict is the host's.** Each step gets two fresh sockets: a *verdict* socket, on which the
-keeper's C chain (``sandbox_keeper``) writes 16 random bytes ``t`` before the step's code is
+keeper's C chain (``inside.keeper``) writes 16 random bytes ``t`` before the step's code is
 compiled and writes them again only when the code ran to its end (or to ``finish``/``give_up``),
 and a *tool* socket for tool calls and the code's own report of its error. The step is ``ok``
 exactly when the second ``t`` arrived; anything else the code writes on the verdict socket makes it
@@ -10,7 +10,7 @@ a ``sandbox_violation``. No code of the state can read ``t``, so none can forge 
 
 Everything else is decided here too, from facts the host sees: the deadline (``timeout_s`` of time
 the step's threads could run: their run-queue waits on a busy host are given back, up to
-``busy_backstop`` times, ``codetool.executor.schedstat``), the CPU limit (the kernel's SIGXCPU
+``busy_backstop`` times, ``codetool.executor.kernel.schedstat``), the CPU limit (the kernel's SIGXCPU
 kills the worker; the host reads the signal from its exit), the memory limit (the cgroup's OOM kills, or the root's poll), the file
 size limit (SIGXFSZ), the tool-call and byte budgets (:class:`StepLedger`), the worker's death.
 What the code reports about its error (type, message) is only the observation shown to the model;
@@ -33,7 +33,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from codetool.executor.channel import (
+from codetool.executor.config import ExecutorConfig
+from codetool.executor.host.channel import (
     POLL_IN,
     Conn,
     ProtocolError,
@@ -44,14 +45,10 @@ from codetool.executor.channel import (
     read_message,
     send_message,
 )
-from codetool.executor.config import ExecutorConfig
-from codetool.executor.family import WorkerHandle
-from codetool.executor.proxy import perform_tool_call
-from codetool.executor.result import NOT_EXECUTED, ExecutionResult
-from codetool.executor.sandbox import Sandbox
-from codetool.executor.sandbox_principals import cgroup_pids
-from codetool.executor.schedstat import exit_status, process_cpu, step_usage
-from codetool.executor.verdict import (
+from codetool.executor.host.family import WorkerHandle
+from codetool.executor.host.proxy import perform_tool_call
+from codetool.executor.host.sandbox import Sandbox
+from codetool.executor.host.verdict import (
     StepLedger,
     StepOutput,
     Verdict,
@@ -60,6 +57,9 @@ from codetool.executor.verdict import (
     number,
     ran,
 )
+from codetool.executor.kernel.procs import cgroup_pids
+from codetool.executor.kernel.schedstat import exit_status, process_cpu, step_usage
+from codetool.executor.result import NOT_EXECUTED, ExecutionResult
 
 logger = logging.getLogger(__name__)
 

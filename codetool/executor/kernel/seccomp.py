@@ -24,7 +24,7 @@ model code runs (every worker and every process it starts inherits it; none can 
   worker it came from (a channel between candidates); ``MAP_PRIVATE`` mappings work;
 - lowering its own scheduling priority or pinning its CPUs (``setpriority``, ``sched_setscheduler``,
   ``sched_setparam``, ``sched_setattr``, ``sched_setaffinity``): a step's deadline gives back the
-  time its threads waited for a CPU (``codetool.executor.schedstat``), so a step that made itself
+  time its threads waited for a CPU (``codetool.executor.kernel.schedstat``), so a step that made itself
   wait (``SCHED_IDLE``, nice 19) would stretch its deadline up to ``busy_backstop`` and turn an
   endless loop into a ``not_executed`` step;
 - identity changes: ``setresuid`` goes to the family's root (``SECCOMP_RET_USER_NOTIF``), which

@@ -1,13 +1,13 @@
 """Sandbox side of :mod:`codetool.executor`, the **root** role. Standard library only.
 
-Runs inside the sandbox next to ``sandbox_worker``. The root is the first process of an executor
+Runs inside the sandbox next to ``inside.worker``. The root is the first process of an executor
 family and never runs model code. It serves the host's requests, in order, on its control channel:
 
 - ``spawn``: a fresh worker (a new principal: its uid, scratch and cgroup prepared first), a fresh
-  interpreter set up by ``sandbox_spawn`` before any model code runs;
+  interpreter set up by ``inside.spawn`` before any model code runs;
 - ``expect``: prepare the principal of a fork copy (its scratch a copy of its parent's, and the map
-  of its parent's open files, ``sandbox_scratch.descriptor_map``) and let the copy's one
-  ``setresuid`` through when it comes (``sandbox_principals``);
+  of its parent's open files, ``inside.scratch.descriptor_map``) and let the copy's one
+  ``setresuid`` through when it comes (``inside.principals``);
 - ``begin``/``end``: a step of a principal starts (its memory is polled) or ended (every process of
   the principal but its worker is killed);
 - ``release``: kill all of a principal and remove its scratch and cgroup;
@@ -27,15 +27,17 @@ import time
 try:
     import sandbox_kernel as kernel
     from sandbox_io import RootChannel, close_fd
-    from sandbox_principals import Principals, cgroup_pids
+    from sandbox_principals import Principals
+    from sandbox_procs import cgroup_pids
     from sandbox_scratch import copy_for_fork, small_scratch
     from sandbox_spawn import exec_worker, unsafe_files
-except ImportError:  # imported on the host (documentation tools): the package's copies
-    from codetool.executor import sandbox_kernel as kernel
-    from codetool.executor.sandbox_io import RootChannel, close_fd
-    from codetool.executor.sandbox_principals import Principals, cgroup_pids
-    from codetool.executor.sandbox_scratch import copy_for_fork, small_scratch
-    from codetool.executor.sandbox_spawn import exec_worker, unsafe_files
+except ImportError:  # imported on the host (tests, documentation tools): the package's copies
+    from codetool.executor.inside.io import RootChannel, close_fd
+    from codetool.executor.inside.principals import Principals
+    from codetool.executor.inside.scratch import copy_for_fork, small_scratch
+    from codetool.executor.inside.spawn import exec_worker, unsafe_files
+    from codetool.executor.kernel import calls as kernel
+    from codetool.executor.kernel.procs import cgroup_pids
 
 WORKER_MODULES = ("sandbox_io", "sandbox_worker", "sandbox_copy", "sandbox_keeper")  # in import order
 MS_REC, MS_PRIVATE, MS_NOEXEC = 16384, 1 << 18, 8

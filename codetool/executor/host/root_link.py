@@ -1,4 +1,4 @@
-"""The host's end of a sandbox root's control channel (``sandbox_root``).
+"""The host's end of a sandbox root's control channel (``inside.root``).
 
 Requests are numbered; the root answers those that ask for it with a frame carrying the same
 ``id``, in its own time (the answer to ``expect`` comes when the fork copy became its own
@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 
-from codetool.executor.channel import HEADER, Conn, ProtocolError
+from codetool.executor.host.channel import HEADER, Conn, ProtocolError
 
 SEND_TIMEOUT_S = 10.0
 

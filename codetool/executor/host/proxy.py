@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from codetool.executor.channel import log_safe
+from codetool.executor.host.channel import log_safe
 from codetool.executor.result import ARGUMENT_PREVIEW_CHARS, RESPONSE_PREVIEW_CHARS, ToolCall
 from codetool.secrets import redact
 from codetool.tools.spec import TOOL_STATUSES, ToolResponse

@@ -6,7 +6,7 @@ When the host runs as root, each principal has its own uid, picked by the host a
 spawn and every fork, so the kernel itself keeps siblings apart: a process cannot signal, trace,
 read the ``/proc`` files of, or lower the limits of another uid's process, and ``RLIMIT_NPROC``
 counts per uid. A fork copy becomes its own principal with one ``setresuid`` call, which the
-seccomp filter hands to the root (``sandbox_kernel``): the root lets it through only for the
+seccomp filter hands to the root (``kernel/calls.py``): the root lets it through only for the
 copy it was told to expect (the child of the expected worker, single-threaded, still the parent's
 uid), and only once.
 
@@ -31,10 +31,12 @@ import time
 
 try:
     import sandbox_kernel as kernel
+    from sandbox_procs import cgroup_pids, oom_kills, real_uid, state_of, status
     from sandbox_scratch import copy_tree, remove_tree
-except ImportError:  # imported on the host (documentation tools): the package's copies
-    from codetool.executor import sandbox_kernel as kernel
-    from codetool.executor.sandbox_scratch import copy_tree, remove_tree
+except ImportError:  # imported on the host (tests, documentation tools): the package's copies
+    from codetool.executor.inside.scratch import copy_tree, remove_tree
+    from codetool.executor.kernel import calls as kernel
+    from codetool.executor.kernel.procs import cgroup_pids, oom_kills, real_uid, state_of, status
 
 EXPECT_TIMEOUT_S = 5.0  # a fork copy must ask for its uid within this (the host may give more)
 DEFER_S = 0.2  # how long a setresuid that no expectation matches yet may wait for one
@@ -70,7 +72,7 @@ class Expectation:
 
 
 class Principals:
-    """The principals of one family (see the module docstring); driven by ``sandbox_root.Root``."""
+    """The principals of one family (see the module docstring); driven by ``inside.root.Root``."""
 
     def __init__(self, config):
         self.uids = bool(config.get("principals"))
@@ -372,42 +374,6 @@ def _write(directory, name, value, required=True):
             raise
 
 
-def oom_kills(directory, version):
-    """``oom_kill`` of a memory cgroup: processes the kernel killed at its limit so far."""
-    name = "memory.oom_control" if version == 1 else "memory.events"
-    try:
-        with open(os.path.join(directory, name)) as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) == 2 and parts[0] == "oom_kill":
-                    return int(parts[1])
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
-def cgroup_pids(directory):
-    try:
-        with open(os.path.join(directory, "cgroup.procs")) as f:
-            return [int(x) for x in f.read().split()]
-    except (OSError, ValueError):
-        return []
-
-
-def status(pid):
-    """``/proc/<pid>/status`` as a dict (``None`` when the process is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return dict(line.split(":\t", 1) for line in f.read().splitlines() if ":\t" in line)
-    except OSError:
-        return None
-
-
-def real_uid(fields):
-    parts = fields.get("Uid", "").split()
-    return int(parts[0]) if parts and parts[0].isdigit() else None
-
-
 def _children(pid):
     found: list[int] = []
     try:
@@ -421,14 +387,6 @@ def _children(pid):
         except (OSError, ValueError):
             pass
     return found
-
-
-def state_of(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
 
 
 def _scratch_use(principal):

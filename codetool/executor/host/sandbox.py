@@ -12,7 +12,7 @@ slower, never a failure of the code. A fork that still does not complete is a
 :class:`ForkFailed` of kind ``infra``; the executor retries it (``ExecutorConfig.infra_retries``).
 
 The family itself (its root process, modes, restarts, principals' keys) is
-:class:`codetool.executor.family.Family`; one step's protocol is ``codetool.executor.step``.
+:class:`codetool.executor.host.family.Family`; one step's protocol is ``codetool.executor.host.step``.
 """
 
 from __future__ import annotations
@@ -23,21 +23,21 @@ import struct
 import threading
 import time
 
-from codetool.executor.channel import (
+from codetool.executor.config import ExecutorConfig
+from codetool.executor.host.channel import (
     control_pair,
     log_safe,
     read_available,
     send_message,
     wait_message,
 )
-from codetool.executor.config import ExecutorConfig
-from codetool.executor.family import REQUEST_TIMEOUT_S, Family, WorkerHandle
-from codetool.executor.launch import ExecutorError, _warn_once
-from codetool.executor.root_link import RootLink
-from codetool.executor.schedstat import Watch
+from codetool.executor.host.family import REQUEST_TIMEOUT_S, Family, WorkerHandle
+from codetool.executor.host.launch import ExecutorError, _warn_once
+from codetool.executor.host.root_link import RootLink
+from codetool.executor.kernel.schedstat import Watch
 
-FORK = struct.Struct(">qH")  # as sandbox_keeper.FORK
-HELLO = struct.Struct(">iq")  # as sandbox_keeper.HELLO
+FORK = struct.Struct(">qH")  # as inside.keeper.FORK
+HELLO = struct.Struct(">iq")  # as inside.keeper.HELLO
 
 
 class ForkFailed(Exception):
@@ -61,7 +61,7 @@ class Sandbox(Family):
     Args:
         config (`ExecutorConfig`): limits and isolation mode.
         tool_names (`list[str]`): the tool functions a worker defines unless :meth:`spawn` is given
-            its own (a family shared by executors of different tasks, ``codetool.executor.pool``).
+            its own (a family shared by executors of different tasks, ``codetool.executor.host.pool``).
     Raises:
         ExecutorError: when the requested isolation cannot start here.
     """

@@ -3,7 +3,7 @@ with, so that a busy host makes a step or a fork slower, never a failure of the 
 
 - :func:`task_waits`: seconds each thread of some processes waited on a run queue while runnable
   (``/proc/<pid>/task/<tid>/schedstat``, second field), by thread id. A step's deadline is
-  extended by the longest wait of its threads since it began (``codetool.executor.step``).
+  extended by the longest wait of its threads since it began (``codetool.executor.host.step``).
 - :func:`total_cpu`: CPU seconds a step's processes received: a step that starves itself (a fork
   bomb) still reaches its deadline, in CPU time.
 - :class:`Watch`: the same for a fork or a worker start, whose processes are known only in part

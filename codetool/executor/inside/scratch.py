@@ -1,5 +1,5 @@
 """Sandbox side of :mod:`codetool.executor`, run by the family's root: copying a parent's scratch
-directory for a fork, the map of the parent's open files for the copy (``sandbox_copy``), and
+directory for a fork, the map of the parent's open files for the copy (``inside.copy``), and
 emptying a scratch directory. Standard library only.
 
 A file is copied as it is stored: the holes of a sparse file stay holes (``SEEK_DATA``/``SEEK_HOLE``),
@@ -146,14 +146,14 @@ def _empty_dir(fd, depth):
 
 
 # ------------------------------------------------------------------- the map of open files
-RECORD = struct.Struct(">iBH")  # as sandbox_copy.RECORD
+RECORD = struct.Struct(">iBH")  # as inside.copy.RECORD
 SCRATCH, OUTSIDE, DELETED, NULL = 0, 1, 2, 3
 KEEPER_FDS = 6  # descriptors 0-5 are the worker's own (stdio, control socket, scratch parent)
 
 
 def descriptor_map(pid, scratch):
     """What the fork copy of worker ``pid`` (idle) must do with each descriptor it inherits, as
-    ``sandbox_copy.reopen`` reads it; ``scratch`` is the worker's scratch directory."""
+    ``inside.copy.reopen`` reads it; ``scratch`` is the worker's scratch directory."""
     try:
         names = os.listdir(f"/proc/{pid}/fd")
     except OSError:

@@ -1,7 +1,7 @@
 """Sandbox side of :mod:`codetool.executor`, the worker's **keeper**: what runs a step and says
 whether it ran to its end, in a place the step's code cannot write to. Standard library only.
 
-A worker is a fresh interpreter (``codetool.executor.launch.WORKER_BOOT``) whose main thread is the
+A worker is a fresh interpreter (``codetool.executor.host.launch.WORKER_BOOT``) whose main thread is the
 keeper. It serves the host's requests on its control socket (fd ``CTL``, Unix, one message each):
 ``R`` run a step, ``F`` fork a copy of the state (``M``: the copy's descriptor map, sent to the
 copy), ``X`` exit. **The step's code never runs in the main thread**: each step runs in a new
@@ -54,8 +54,9 @@ import sys
 try:
     import sandbox_copy
     import sandbox_worker
-except ImportError:  # imported on the host (documentation tools): the package's copies
-    from codetool.executor import sandbox_copy, sandbox_worker
+except ImportError:  # imported on the host (tests, documentation tools): the package's copies
+    from codetool.executor.inside import copy as sandbox_copy
+    from codetool.executor.inside import worker as sandbox_worker
 
 CTL = 3  # the control socket, in every worker
 SCRATCH_PARENT = 5  # an O_PATH descriptor of the directory holding every scratch directory

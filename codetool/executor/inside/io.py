@@ -1,6 +1,6 @@
 """Sandbox side of :mod:`codetool.executor`: the worker's channel to the host and its output.
 Standard library only (it runs inside the sandbox, installed from its source like
-``sandbox_worker``, see ``codetool.executor.launch.BOOTSTRAP``).
+``inside.worker``, see ``codetool.executor.host.launch.BOOTSTRAP``).
 
 - :class:`Channel`: frames on a Unix stream socket, a 4-byte big-endian length then JSON (nothing
   is ever pickled): the tool calls of one step, ``finish``/``give_up`` and the step's own report.
