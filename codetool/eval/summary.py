@@ -126,34 +126,31 @@ def prm_section(path: str | Path, out_dir: str | Path) -> dict[str, Any] | None:
     return out
 
 
-def _grounded(t) -> float:
-    names = {a.get("name") for a in t.available_tools}
-    answered = t.finish_type == "finish" and bool((t.final_answer or "").strip())
-    return float(answered and any(c.status == "ok" and c.name in names for c in t.executed_calls()))
-
-
 def paired_section(paths: list[str], methods: list[str], labels: dict[str, list | None] | None = None,
-                   runs: list | None = None, *, samples: int = 1000, seed: int = 0) -> dict[str, Any]:
+                   runs: list | None = None, *, samples: int = 2000, seed: int = 0) -> dict[str, Any]:
     """Paired differences between methods (:mod:`codetool.eval.paired`), each method minus the
     baseline (``spot+latent``, CodeTool's method, when present; else the first), per benchmark, with
     a bootstrap over queries: the judged pass score (Solved 1 / Unsure 0.5 / Unsolved 0, mean over
-    rounds; the judged runs, one seed) and grounded success (mean over the seeds in ``paths``)."""
+    rounds; the judged runs, one seed) and grounded success (:func:`grounded`, the rule of every other
+    success number; mean over the seeds in ``paths``). An episode the machine could not run is left
+    out (no score, not a 0), and the bootstrap takes as many resamples as the first screen's."""
     from codetool.eval.paired import mean_over_seeds, paired_differences
     from codetool.judge.records import LABEL_SCORES
 
     if len(methods) < 2:
         return {}
     baseline = "spot+latent" if "spot+latent" in methods else methods[0]
-    grounded: dict[str, dict[str, list[dict]]] = {}
+    seeds: dict[str, dict[str, list[dict]]] = {}  # bench -> method -> per-query scores of each seed
     for path in paths:
         for run in load_runs([path]):
             by_bench: dict[str, dict] = {}
             for t in run.trajectories:
-                by_bench.setdefault(t.benchmark, {})[(t.group, t.query_id)] = _grounded(t)
+                if not not_executed_trajectory(t):
+                    by_bench.setdefault(t.benchmark, {})[(t.group, t.query_id)] = float(grounded(t))
             for bench, scores in by_bench.items():
-                grounded.setdefault(bench, {}).setdefault(run.method.split("@")[0], []).append(scores)
+                seeds.setdefault(bench, {}).setdefault(run.method.split("@")[0], []).append(scores)
     out: dict[str, Any] = {"baseline": baseline, "samples": samples, "seed": seed, "grounded": {}, "pass": {}}
-    for bench, per_method in grounded.items():
+    for bench, per_method in seeds.items():
         scores = {m: mean_over_seeds(per_method[m]) for m in methods if m in per_method}
         if baseline in scores and len(scores) > 1:
             out["grounded"][bench] = [d.to_dict() for d in paired_differences(scores, baseline=baseline,
