@@ -11,7 +11,11 @@ Stages, each writing under ``runs/<name>/``:
    per step, spot only, spot + latent with the trained PRM);
 4. ``eval``: SoPR, path rates, SCEP, tokens, cost and the report (``report.md``, ``report.json``,
    plots) in ``runs/<name>/``: judge-free metrics as mean ± spread over ``seeds`` (the first seed's
-   runs are judged) and the PRM's held-out pairwise accuracy (``eval-prm``, ``prm_eval/``).
+   runs are judged) and the PRM's held-out pairwise accuracy (``eval-prm``, ``prm_eval/``). With
+   ``policy_rl`` (a train-policy recipe) it then trains and evaluates the policy before/after
+   (``policy_rl/``); with an evaluation set on the synthetic world it writes the testbed's summary
+   (``testbed.md``, ``testbed.json``: exact held-out success per method with intervals, paired
+   differences, the PRM on both-ran pairs; :mod:`codetool.eval.testbed`, docs/TESTBED.md).
 
 A stage whose record (``<stage>/stage.json``: the hash of its settings and of the stages it reads)
 matches is skipped; one that crashed resumes; one whose settings changed is redone, and so are the
@@ -147,7 +151,58 @@ def stage_eval(cfg: PipelineConfig, run_cfgs: list[RunConfig], prm: str) -> dict
     if eval_command(eval_cfg):  # failed judge requests: error records in the report, not a failed stage
         logger.warning("some judge requests failed (see report.md's warnings); `--force eval` asks them again, "
                        "the cached verdicts cost nothing")
-    return {"report": str(cfg.root / "report.md")}
+    out = {"report": str(cfg.root / "report.md")}
+    if cfg.policy_rl:
+        out["policy_rl"] = stage_policy_rl(cfg, prm)
+    if any(ev.benchmark == "world" for ev in cfg.evals):
+        out["testbed"] = str(testbed_summary(cfg, run_cfgs))
+    return out
+
+
+def stage_policy_rl(cfg: PipelineConfig, prm: str) -> str:
+    """``codetool train-policy`` with the recipe ``cfg.policy_rl`` on this pipeline's policy and PRM
+    (its outputs resume: a finished run is read back), writing ``<root>/policy_rl/``."""
+    from codetool.commands.train_policy import TrainPolicyConfig, train_policy_command
+    from codetool.config import load_config
+
+    out = cfg.root / "policy_rl"
+    policy_cfg = load_config(TrainPolicyConfig, cfg.policy_rl, {"policy": cfg.policy, "prm": prm,
+                                                                 "output_dir": str(out)})
+    train_policy_command(policy_cfg)
+    return str(out)
+
+
+def testbed_summary(cfg: PipelineConfig, run_cfgs: list[RunConfig]) -> Path:
+    """The testbed's summary of the world evaluation sets (:mod:`codetool.eval.testbed`): every
+    method on held-out queries, paired against single sampling and each other, the PRM on the
+    trees' held-out pairs, the RL before/after when it ran. Returns ``testbed.md``."""
+    import os
+    import platform
+
+    from codetool.eval.testbed import (
+        method_rows,
+        paired_rows,
+        policy_section,
+        prm_pair_accuracy,
+        world_scores,
+        write_testbed,
+    )
+
+    scores = world_scores([r.output for r in run_cfgs if r.benchmark == "world" and Path(r.output).is_file()])
+    names = [m.name for m in cfg.methods]
+    comparisons = [(b, a) for i, a in enumerate(names) for b in names[i + 1:]]  # each later method minus an earlier
+    search = cfg.search
+    summary = {"name": cfg.name, "methods": method_rows(scores), "paired": paired_rows(scores, comparisons),
+               "prm_pairs": prm_pair_accuracy(cfg.root / "trees" / "trees.jsonl", cfg.root / "prm_eval" / "scores.jsonl"),
+               "policy_rl": policy_section(cfg.root / "policy_rl") if cfg.policy_rl else None,
+               "search": f"k per method {[m.k for m in cfg.methods]}, at most {search.max_steps} steps of "
+                         f"{search.max_new_tokens} tokens, temperature {search.temperature}, constrain "
+                         f"{search.constrain}, seeds {cfg.seeds}, policy {cfg.policy}",
+               "machine": f"{os.cpu_count()} CPUs, load {', '.join(f'{x:.1f}' for x in os.getloadavg())}, "
+                          f"{platform.machine()}"}
+    _, md = write_testbed(cfg.root, summary)
+    logger.info("testbed summary: %s", md)
+    return md
 
 
 def pipeline_command(cfg: PipelineConfig) -> int:

@@ -52,7 +52,8 @@ class MethodConfig:
 
 
 EvalQueries = with_defaults(QueriesGroup, benchmark="stabletoolbench", limit=10)
-EVAL_BENCHMARKS = ("stabletoolbench", "restbench-tmdb")  # the benchmarks that read their own files
+EVAL_BENCHMARKS = ("stabletoolbench", "restbench-tmdb", "world")  # the benchmarks that read their own files
+# (world: the synthetic world's generated queries, codetool.world; its group is the template split)
 
 
 @dataclass
@@ -70,12 +71,14 @@ class EvalSetConfig(EvalQueries, ToolBackendGroup):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.benchmark not in EVAL_BENCHMARKS:
-            raise ConfigError(f"evals[].benchmark: got {self.benchmark!r}; an evaluation set runs the files of "
-                              f"{' or '.join(EVAL_BENCHMARKS)}. Run a ToolBench-format file with "
+            raise ConfigError(f"evals[].benchmark: got {self.benchmark!r}; an evaluation set runs the queries of "
+                              f"{', '.join(EVAL_BENCHMARKS)}. Run a ToolBench-format file with "
                               "codetool run --benchmark toolbench --queries FILE.")
 
     @property
     def slug(self) -> str:
+        if self.benchmark == "world":
+            return f"world-{self.group}"
         return self.group if self.benchmark == "stabletoolbench" else "restbench-tmdb"
 
 
@@ -123,6 +126,9 @@ class PipelineConfig(PolicyGroup, ToolDocGroup):
     reference: str = option("", "SoWR reference: a method name or a StableToolBench converted-answer file or "
                             "folder (the field's: ChatGPT CoT); default: the first method")
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    policy_rl: str | None = option(None, "a train-policy recipe that the eval stage runs on this pipeline's policy "
+                                   "and trained PRM (before/after at equal generated tokens; the testbed's "
+                                   "configs/policy/testbed.yaml), writing <root>/policy_rl/")
     seeds: list[int] = option(default_factory=lambda: [0],
                               help="search seeds: every method runs every evaluation set once per seed (search.seed); "
                                    "the report gives the judge-free metrics as mean ± spread over them and judges the "
@@ -135,6 +141,9 @@ class PipelineConfig(PolicyGroup, ToolDocGroup):
         for name in [*self.stages, *self.force]:
             if name not in STAGES:
                 raise ConfigError(f"unknown pipeline stage {name!r}; stages are {list(STAGES)}.")
+        if self.policy_rl and not Path(self.policy_rl).is_file():
+            raise ConfigError(f"policy_rl: no such train-policy recipe {self.policy_rl!r}; pass a file such as "
+                              "configs/policy/testbed.yaml, or leave policy_rl empty.")
         names = [m.name for m in self.methods]
         if len(set(names)) != len(names):
             raise ConfigError(f"method names must be unique, got {names}.")
@@ -269,4 +278,6 @@ def stage_hashes(cfg: PipelineConfig) -> dict[str, str]:
                       for r in run_cfgs], h_train if needs_prm else "")
     judge = dataclasses.replace(cfg.judge, client=RemoteConfig())
     h_eval = _hash(judge, cfg.reference, h_search) if cfg.reference else _hash(judge, h_search)
+    if cfg.policy_rl:  # the testbed's RL before/after runs in the eval stage: its recipe is part of it
+        h_eval = _hash(h_eval, Path(cfg.policy_rl).read_text() if Path(cfg.policy_rl).is_file() else cfg.policy_rl)
     return {"trees": h_trees, "train": h_train, "search": h_search, "eval": h_eval}

@@ -36,7 +36,8 @@ logger = logging.getLogger(__name__)
 
 def load_training_queries(cfg: TreeConfig) -> list:
     """The training queries of ``cfg``, with ids made unique as ``<file stem>/<query_id>`` (ToolBench
-    files reuse ids across groups). Queries that offer no API are skipped with a warning; a
+    files reuse ids across groups); ``world:<split>[:<n>]`` generates the synthetic world's queries
+    (``codetool.world``; ``limit`` applies, ids stay ``<split>-<i>``). Queries that offer no API are skipped with a warning; a
     malformed entry is kept (its ``extra["load_error"]`` becomes its error record).
 
     Raises:
@@ -45,7 +46,16 @@ def load_training_queries(cfg: TreeConfig) -> list:
     """
     from codetool.resume import refuse_duplicates
     from codetool.tools.loaders import data_root, load_toolbench_queries
+    from codetool.world import load_queries, parse_spec
 
+    try:
+        world = parse_spec(cfg.queries or "")
+    except ValueError as e:
+        raise ConfigError(f"--queries: {e}") from None
+    if world is not None:  # the synthetic world's queries (generated; ids are unique already)
+        split, n = world
+        counts = [x for x in (n, cfg.limit) if x is not None]
+        return load_queries(split, min(counts) if counts else None)  # none given: the world's default (40)
     path = Path(cfg.queries) if cfg.queries else data_root() / "ToolBench" / "data_example" / "instruction"
     if not path.exists():
         raise ConfigError(f"--queries {path}: no such file or folder. Pass a ToolBench-format query file "

@@ -54,6 +54,10 @@ def load_queries(qs: QuerySet, data_dir: str | None = None) -> list:
         load_toolbench_queries,
     )
 
+    if qs.benchmark == "world":  # generated: nothing is read
+        from codetool.world import load_queries as load_world
+
+        return load_world(qs.group, qs.limit, offset=qs.offset)
     root = Path(data_dir) if data_dir else data_root()
     if qs.benchmark == "toolbench":
         path = Path(qs.queries)
@@ -109,10 +113,12 @@ def evaluation_queries(cfg: TrainPolicyConfig) -> dict[str, list]:
 
 
 def backend_kind(cfg: TrainPolicyConfig, benchmark: str) -> str:
-    """The tool backend of a benchmark: ``restbench_backend`` for RestBench-TMDB, else
-    ``tools_backend`` (``auto``: the simulator)."""
+    """The tool backend of a benchmark: ``restbench_backend`` for RestBench-TMDB, the world's own
+    for the synthetic world, else ``tools_backend`` (``auto``: the simulator)."""
     if benchmark == "restbench-tmdb":
         return cfg.restbench_backend
+    if benchmark == "world":
+        return "world"
     return "simulator" if cfg.tools_backend == "auto" else cfg.tools_backend
 
 

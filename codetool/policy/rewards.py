@@ -16,7 +16,10 @@ supervision reads); called by TRL it returns one number per episode:
   successful call of a listed tool (``codetool.rewards.grounded_success``), else 0; given to the
   last step;
 - ``judged`` (outcome): the judge's verdict on the final answer (Solved 1 / Unsure 0.5 /
-  Unsolved 0; no answer is Unsolved without a call); given to the last step.
+  Unsolved 0; no answer is Unsolved without a call); given to the last step;
+- ``answer`` (outcome, the synthetic world): 1 when the episode finished with an answer that the
+  query's answer key accepts (:func:`codetool.world.check_answer`: the known value, no competing
+  one), else 0 (also on a query without a key); given to the last step.
 
 Sequence-level GRPO needs one number per episode: a per-step reward is reduced by ``aggregate``
 (``min``, ``mean``, ``last`` or ``sum`` of its defined values, 0 for none); an outcome reward is
@@ -131,6 +134,22 @@ class GroundedReward(StepReward):
         return [None] * (len(episode.steps) - 1) + [value]
 
 
+class AnswerReward(StepReward):
+    """``answer``: 1 for a finish answer the query's answer key accepts (``task.extra["answer"]``)."""
+
+    name = "answer"
+    outcome = True
+
+    def per_step(self, episode):
+        from codetool.world import check_answer
+
+        if not episode.steps:
+            return []
+        key = (episode.task.extra or {}).get("answer")
+        value = float(bool(key) and episode.finish_type == "finish" and check_answer(key, episode.final_answer))
+        return [None] * (len(episode.steps) - 1) + [value]
+
+
 class JudgedReward(StepReward):
     """``judged``: the judge's score of the final answer, on the last step.
 
@@ -211,6 +230,8 @@ def build_rewards(weights: dict[str, float], *, aggregate: str, scorer: PRMScore
             funcs.append(ToolCostReward(aggregate))
         elif name == "grounded":
             funcs.append(GroundedReward(aggregate))
+        elif name == "answer":
+            funcs.append(AnswerReward(aggregate))
         elif name == "prm":
             if scorer is None:
                 raise ValueError("the prm reward needs a PRM scorer.")

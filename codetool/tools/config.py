@@ -26,8 +26,8 @@ class ToolDocGroup(Group):
 class ToolBackendGroup(ToolDocGroup):
     """Which backend answers the tool calls (``codetool.tools.backends.BACKENDS``)."""
 
-    tools_backend: str = option("auto", "tool backend: auto (simulator; TMDB mock for RestBench), simulator, "
-                                "stabletoolbench, cache, server, tmdb, mock-tmdb")
+    tools_backend: str = option("auto", "tool backend: auto (simulator; TMDB mock for RestBench; the world for "
+                                "world), simulator, stabletoolbench, cache, server, tmdb, mock-tmdb, world")
     tool_server_url: str | None = option(None, "StableToolBench server URL (tools_backend server/stabletoolbench)")
     tool_cache_dir: str | None = option(None, "StableToolBench response cache folder (tools_backend cache/stabletoolbench)")
 

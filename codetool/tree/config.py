@@ -34,13 +34,15 @@ class TreeConfig(TreePolicy, TreeTools, TreeOutput, ShardedWorkersGroup):
 
     config_unread = {"search": TREE_SEARCH}  # the keys of search: that no tree code reads are refused
 
-    queries: str | None = option(None, "ToolBench-format query file or folder (default: ToolBench's 10 example queries)")
+    queries: str | None = option(None, "ToolBench-format query file or folder (default: ToolBench's 10 example "
+                                 "queries), or world:<train|heldout>[:<n>] for the synthetic world's queries")
     dataset_dir: str = option("data/prm", "where the PRM dataset goes (prm_examples.jsonl, train/validation splits)")
     branching: int = option(2, "candidates sampled per node")
     max_depth: int = option(5, "depth at which nodes become leaves")
     failure_policy: str = option("continue", "what a failed node does", choices=["continue", "stop"])
     success: str = option("grounded", "leaf success: executed (public code: the path ran cleanly), grounded (finish "
-                          "with an answer after a successful tool call), judged (grounded + a judge says Solved)",
+                          "with an answer after a successful tool call), judged (grounded + a judge says Solved), "
+                          "answer (the query's answer key accepts the finish answer: the synthetic world)",
                           choices=list(SUCCESS_MODES))
     label_rule: str = option("ours", "sibling labels: ours (every sibling pair; executability of the step's own "
                              "run, then hard/soft LR; no success difference: no pair), reference (the public "
