@@ -208,7 +208,8 @@ def tool_backend(kind: str, *, benchmark: str | None = None, data_dir: str | Non
 
     ``auto`` is our TMDB mock on RestBench (``benchmark == "restbench-tmdb"``), the world's tools
     on the synthetic world (``benchmark == "world"``) and the simulator otherwise; ``mock-tmdb`` starts the mock (a guarded app, ``codetool.serving``) on a free
-    loopback port and stops it when the block ends.
+    loopback port and stops it when the block ends; ``world`` is the synthetic world's
+    :class:`~codetool.world.WorldBackend`.
 
     Raises:
         ConfigError: see :func:`tool_backend_options`.
@@ -217,6 +218,11 @@ def tool_backend(kind: str, *, benchmark: str | None = None, data_dir: str | Non
 
     if kind == "auto":
         kind = {"restbench-tmdb": "mock-tmdb", "world": "world"}.get(benchmark or "", "simulator")
+    if kind == "world":  # the synthetic world (codetool.world stands on tools: tools' table cannot name it)
+        from codetool.world import WorldBackend
+
+        yield WorldBackend()
+        return
     if kind == "mock-tmdb":
         from codetool.serving import serve_in_background
         from codetool.tools.loaders import data_root

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from codetool.tools.backends import make_tool_backend
+from codetool.assemble import tool_backend
 from codetool.tools.environment import ToolEnvironment
 from codetool.tools.render import render_tools
 from codetool.tools.spec import APISpec
@@ -31,7 +31,10 @@ def test_a_few_dozen_typed_tools_render_as_apis(env):
     text = render_tools(world_apis(), "brief")
     assert "def find_city(name: str) -> dict:" in text and "def add_days(date: str, days: int) -> dict:" in text
     assert "def list_hotels(city_id: str, page: int | None = 1) -> dict:" in text
-    assert make_tool_backend("world").name == "world"
+    with tool_backend("auto", benchmark="world") as backend:
+        assert isinstance(backend, WorldBackend)
+    with tool_backend("world") as backend:
+        assert isinstance(backend, WorldBackend)
 
 
 def test_lookups_chain_through_ids(env):

@@ -173,36 +173,16 @@ def stage_policy_rl(cfg: PipelineConfig, prm: str) -> str:
 
 
 def testbed_summary(cfg: PipelineConfig, run_cfgs: list[RunConfig]) -> Path:
-    """The testbed's summary of the world evaluation sets (:mod:`codetool.eval.testbed`): every
-    method on held-out queries, paired against single sampling and each other, the PRM on the
-    trees' held-out pairs, the RL before/after when it ran. Returns ``testbed.md``."""
-    import os
-    import platform
+    """:func:`codetool.eval.testbed.summarize` of the world evaluation sets; returns ``testbed.md``."""
+    from codetool.eval.testbed import summarize
 
-    from codetool.eval.testbed import (
-        method_rows,
-        paired_rows,
-        policy_section,
-        prm_pair_accuracy,
-        world_scores,
-        write_testbed,
-    )
-
-    scores = world_scores([r.output for r in run_cfgs if r.benchmark == "world" and Path(r.output).is_file()])
-    names = [m.name for m in cfg.methods]
-    comparisons = [(b, a) for i, a in enumerate(names) for b in names[i + 1:]]  # each later method minus an earlier
-    search = cfg.search
-    summary = {"name": cfg.name, "methods": method_rows(scores), "paired": paired_rows(scores, comparisons),
-               "prm_pairs": prm_pair_accuracy(cfg.root / "trees" / "trees.jsonl", cfg.root / "prm_eval" / "scores.jsonl"),
-               "policy_rl": policy_section(cfg.root / "policy_rl") if cfg.policy_rl else None,
-               "search": f"k per method {[m.k for m in cfg.methods]}, at most {search.max_steps} steps of "
-                         f"{search.max_new_tokens} tokens, temperature {search.temperature}, constrain "
-                         f"{search.constrain}, seeds {cfg.seeds}, policy {cfg.policy}",
-               "machine": f"{os.cpu_count()} CPUs, load {', '.join(f'{x:.1f}' for x in os.getloadavg())}, "
-                          f"{platform.machine()}"}
-    _, md = write_testbed(cfg.root, summary)
-    logger.info("testbed summary: %s", md)
-    return md
+    s = cfg.search
+    return summarize(cfg.root, name=cfg.name, methods=[m.name for m in cfg.methods],
+                     trajectories=[r.output for r in run_cfgs if r.benchmark == "world"],
+                     policy_rl=bool(cfg.policy_rl),
+                     search=f"k per method {[m.k for m in cfg.methods]}, at most {s.max_steps} steps of "
+                            f"{s.max_new_tokens} tokens, temperature {s.temperature}, constrain {s.constrain}, "
+                            f"seeds {cfg.seeds}, policy {cfg.policy}")
 
 
 def pipeline_command(cfg: PipelineConfig) -> int:

@@ -27,6 +27,9 @@ and its n, not whether a difference is "significant".
 from __future__ import annotations
 
 import json
+import logging
+import os
+import platform
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -38,6 +41,7 @@ from codetool.eval.paired import bootstrap_mean, mean_over_seeds, paired_differe
 from codetool.jsonl import read_jsonl
 from codetool.world.answers import episode_success
 
+logger = logging.getLogger(__name__)
 SEED_RE = re.compile(r"\.seed(\d+)\.jsonl$")
 
 
@@ -195,3 +199,25 @@ def write_testbed(out_dir: str | Path, summary: dict[str, Any]) -> tuple[Path, P
     (out_dir / "testbed.json").write_text(json.dumps(clean, indent=2) + "\n")
     (out_dir / "testbed.md").write_text(render(summary))
     return out_dir / "testbed.json", out_dir / "testbed.md"
+
+
+def summarize(root: str | Path, *, name: str, methods: list[str], trajectories: list[str | Path], search: str,
+              policy_rl: bool = False, samples: int = 2000, seed: int = 0) -> Path:
+    """The testbed summary of a pipeline folder ``root``: every method on the world trajectories,
+    each later method paired against each earlier one (``methods`` order), the PRM on the trees'
+    held-out pairs (``trees/trees.jsonl`` with ``prm_eval/scores.jsonl``), the RL before/after
+    (``policy_rl/``) when it ran. Writes ``testbed.json`` and ``testbed.md``; returns the latter."""
+    root = Path(root)
+    scores = world_scores([p for p in trajectories if Path(p).is_file()])
+    comparisons = [(b, a) for i, a in enumerate(methods) for b in methods[i + 1:]]
+    summary = {"name": name, "methods": method_rows(scores, samples=samples, seed=seed),
+               "paired": paired_rows(scores, comparisons, samples=samples, seed=seed),
+               "prm_pairs": prm_pair_accuracy(root / "trees" / "trees.jsonl", root / "prm_eval" / "scores.jsonl",
+                                              samples=samples, seed=seed),
+               "policy_rl": policy_section(root / "policy_rl", samples=samples, seed=seed) if policy_rl else None,
+               "search": search,
+               "machine": f"{os.cpu_count()} CPUs, load {', '.join(f'{x:.1f}' for x in os.getloadavg())}, "
+                          f"{platform.machine()}"}
+    _, md = write_testbed(root, summary)
+    logger.info("testbed summary: %s", md)
+    return md

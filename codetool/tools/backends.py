@@ -6,7 +6,6 @@
   written through in its own layout.
 - :class:`codetool.tools.clients.HTTPBackend`: plain HTTP for OpenAPI services (TMDB).
 - :class:`codetool.tools.simulator.SimulatorBackend`: deterministic offline answers.
-- :class:`codetool.world.WorldBackend`: the synthetic world's tools (``world``; the laptop testbed).
 - :class:`FallbackBackend`: tries backends in order (e.g. cache -> server -> simulator), records
   every fallback in ``ToolResponse.fallbacks`` and writes real answers through to the cache.
 
@@ -112,13 +111,6 @@ def _mock_tmdb(port: int = 8000, host: str = "127.0.0.1", **options) -> HTTPBack
     return HTTPBackend(f"http://{host}:{port}", token_env=options.pop("token_env", None), **options)
 
 
-def _world():
-    """The synthetic world's tools (``codetool.world``, issue 41)."""
-    from codetool.world import WorldBackend
-
-    return WorldBackend()
-
-
 # kind -> constructor; the only place that knows the backend kinds.
 BACKENDS: dict[str, Any] = {
     "simulator": SimulatorBackend,
@@ -128,7 +120,6 @@ BACKENDS: dict[str, Any] = {
     "stabletoolbench": _stabletoolbench_chain,
     "tmdb": _tmdb,
     "mock-tmdb": _mock_tmdb,
-    "world": _world,
 }
 
 

@@ -4,8 +4,8 @@
 The executor's proxies reach the world exactly as they reach a benchmark's tools: the sandboxed
 code calls ``find_city(name="Velmora")``, the proxy sends the call to the host, the host's
 :class:`~codetool.tools.environment.ToolEnvironment` binds the arguments and asks this backend.
-``tools_backend: world`` (``codetool.tools.backends.BACKENDS``) selects it; ``benchmark: world``
-selects it by default.
+``tools_backend: world`` selects it (``codetool.assemble.tool_backend``: the world stands on
+``codetool.tools``, so the tools' own table cannot name it); ``benchmark: world`` selects it by default.
 
 Guarantees: :meth:`WorldBackend.call` never raises; a tool's refusal comes back with its status
 (``invalid_arguments``, ``not_found``) or as an error payload (``api_error`` with
