@@ -29,7 +29,7 @@ def world_policy():
     """Solves a world query by its scripted calls, except that every other sample at the first step
     calls the right tool with a misspelled argument (its step fails) and every third final answer
     lists two values (the checker fails it): siblings differ in running and in success."""
-    by_text = {q.query: q for split in SPLITS for q in generate(split, 8)}
+    by_text = {q.query: q for split in SPLITS for q in generate(split, 4)}
     counter = {"n": 0}
 
     def reply(prompt):
@@ -49,8 +49,8 @@ def world_policy():
 def testbed_config(tmp_path, tiny_model_dir, **over) -> PipelineConfig:
     return PipelineConfig(
         name="tb", runs_dir=str(tmp_path), policy=str(tiny_model_dir),
-        trees=TreeConfig(queries="world:train:4", tools_backend="world", success="answer", branching=2, max_depth=5,
-                         val_fraction=0.5, search=SearchConfig(method="tree", max_new_tokens=40)),
+        trees=TreeConfig(queries="world:train:3", tools_backend="world", success="answer", branching=2, max_depth=5,
+                         val_fraction=0.34, search=SearchConfig(method="tree", max_new_tokens=40)),
         train=PRMConfig(model=str(tiny_model_dir), num_train_epochs=1, per_device_train_batch_size=4, eval_steps=0,
                         save_steps=100, logging_steps=1),
         search=SearchConfig(max_steps=5, max_new_tokens=40, concurrency=4),
@@ -58,7 +58,7 @@ def testbed_config(tmp_path, tiny_model_dir, **over) -> PipelineConfig:
                  MethodConfig(name="spot-only", k=2, w_latent=0.0, latent="none"),
                  MethodConfig(name="latent-only", k=2, w_spot=0.0, latent="prm"),
                  MethodConfig(name="spot+latent", k=2, latent="prm")],
-        evals=[EvalSetConfig(benchmark="world", group="heldout", limit=3)],
+        evals=[EvalSetConfig(benchmark="world", group="heldout", limit=2)],
         judge=JudgeConfig(model="none"), executor=ExecutorConfig(isolation="fallback", timeout_s=10), seeds=[0, 1],
         **over)
 
@@ -71,21 +71,21 @@ def test_testbed_pipeline_end_to_end(monkeypatch, tiny_model_dir, tmp_path, cana
     assert run_pipeline(cfg) == dict.fromkeys(STAGES, "ran")
     root = tmp_path / "tb"
     trees = list(read_jsonl(root / "trees" / "trees.jsonl"))
-    assert len(trees) == 4 and all(t["answer_key"] and t["summary"]["successful_leaves"] for t in trees)
+    assert len(trees) == 3 and all(t["answer_key"] and t["summary"]["successful_leaves"] for t in trees)
     leaves = [n for t in trees for n in t["nodes"].values() if n["leaf"]]
     assert any(not n["success"] and n["ended"] == "finish" for n in leaves)  # the two-value answers failed
     counts = json.loads((root / "trees" / "prm_dataset" / "summary.json").read_text())["pair_counts"]["decided"]
     assert counts["executability"] and counts["success_share"]
     spot = list(read_jsonl(root / "search" / "spot-only" / "world-heldout.seed1.jsonl"))
-    assert sorted(t["query_id"] for t in spot) == ["heldout-0000", "heldout-0001", "heldout-0002"]
+    assert sorted(t["query_id"] for t in spot) == ["heldout-0000", "heldout-0001"]
     assert all(t["extra"]["answer"] and t["benchmark"] == "world" for t in spot)
     summary = json.loads((root / "testbed.json").read_text())
     methods = {r["method"]: r for r in summary["methods"]}
     assert set(methods) == {"single-sample", "spot-only", "latent-only", "spot+latent"}
-    assert all(r["queries"] == 3 and r["seeds"] == [0, 1] and 0.0 <= r["success"] <= 1.0 for r in methods.values())
+    assert all(r["queries"] == 2 and r["seeds"] == [0, 1] and 0.0 <= r["success"] <= 1.0 for r in methods.values())
     assert all(r["low"] <= r["success"] <= r["high"] for r in methods.values())
     pairs = {(p["a"], p["b"]): p for p in summary["paired"]}
-    assert len(pairs) == 6 and pairs[("spot+latent", "single-sample")]["n"] == 3
+    assert len(pairs) == 6 and pairs[("spot+latent", "single-sample")]["n"] == 2
     single = methods["single-sample"]["success"]
     assert pairs[("spot-only", "single-sample")]["mean"] == pytest.approx(methods["spot-only"]["success"] - single)
     assert summary["prm_pairs"] is not None and set(summary["prm_pairs"]) == {"both_ran", "one_ran", "none_ran"}
