@@ -7,11 +7,14 @@
   successful leaves below the step and tau the mean number of steps from it to its leaves
   (docs/DESIGN.md §4; defaults alpha 0.9, beta 0.95, L 20; the public code sums the leaf depths,
   ``trees.tau_mode: sum``). Leaf success is ``codetool.tree.labels.leaf_success`` (default
-  ``grounded``: a finish after a successful tool call). It comes from a :class:`PRMScorer`
+  ``grounded``: a finish whose answer uses what a successful tool call returned, :func:`grounded_success`). It comes from a :class:`PRMScorer`
   (the trained PRM) or from rollouts (Monte Carlo estimate, see ``codetool.search``). The PRM's
   training labels follow the public code's rule by default (``codetool.tree.labels``): tau never
   decides which sibling is more promising.
-- **Tool cost** (LIT): P + D + C per API from a YAML table, plus a dynamic cost of the code.
+- **Tool cost** (LIT): P + D + C per API from a YAML table, plus a dynamic cost of the code that
+  packing cannot lower (:func:`code_cost`).
+- A step that was **not executed** (:func:`not_executed`: the machine, not the code, failed) has no
+  on-the-spot reward; every consumer leaves it out (docs/REWARD_HACKING.md).
 
 Only the formulas and the scorer interface live here; the PRM itself is ``codetool.prm``.
 """
@@ -29,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import yaml
 
 from codetool import CodetoolError
+from codetool.grounding import answer_uses_results
 
 if TYPE_CHECKING:
     from codetool.executor.result import ToolCall
@@ -63,21 +67,47 @@ class PRMItem:
 
 
 
-def grounded_success(answer: str | None, calls: Iterable[ToolCall], tool_names: Collection[str] | None) -> bool:
-    """A grounded success (our default leaf success, issue 14): a non-empty final answer after at
-    least one successful call of a listed tool on the path. A query that offers no tools
-    (``tool_names`` empty) needs the answer only; ``tool_names=None`` counts any recorded call.
+def grounded_success(answer: str | None, calls: Iterable[ToolCall], tool_names: Collection[str] | None, *,
+                     query: str | None = None) -> bool:
+    """A grounded success (our default leaf success, issue 14; policy RL's outcome reward): a
+    non-empty final answer that *uses* what a successful call of a listed tool on the path returned
+    (:func:`codetool.grounding.answer_uses_results`, issue 37: it shares a salient word or number
+    with that call's response, beyond what the query, the tool names and the call's own arguments
+    already held). A query that offers no tools (``tool_names`` empty) needs the answer only;
+    ``tool_names=None`` counts any recorded call.
 
     Args:
         answer (`str`, *optional*): the ``finish`` answer (``None``: the path did not finish).
-        calls (`Iterable[ToolCall]`): the tool calls of the whole path (``name`` and ``status`` are read).
+        calls (`Iterable[ToolCall]`): the tool calls of the whole path (``name``, ``status``,
+            ``response`` and ``arguments`` are read).
         tool_names (`Collection[str]`, *optional*): the functions the query offers.
+        query (`str`, *optional*): the user query (its words are not evidence of use).
     """
-    if not str(answer or "").strip():
+    text = str(answer or "").strip()
+    if not text:
         return False
     if tool_names is not None and not tool_names:
         return True
-    return any(c.status == "ok" and (tool_names is None or c.name in tool_names) for c in calls)
+    listed = [c for c in calls if c.status == "ok" and (tool_names is None or c.name in tool_names)]
+    return bool(listed) and answer_uses_results(text, listed, query=query or "", tool_names=tool_names or ())
+
+
+def not_executed(result) -> bool:
+    """Whether ``result`` says nothing about the step's code: the executor could not run it for a
+    reason outside the code (``outcome == "not_executed"``, after its bounded retries), or a record
+    written before that outcome existed whose ``worker_lost`` says nothing ran (a fork that could not
+    start: the host writes that message, a worker cannot report ``worker_lost``). No reward, label,
+    SCEP, pass rate or search choice counts such a step as the code's failure (docs/DESIGN.md §5).
+
+    Args:
+        result (`ExecutionResult` or `dict`, *optional*): the step's result, or its record
+            (``ExecutionResult.to_dict()``); ``None`` (not run yet) gives ``False``.
+    """
+    get = result.get if isinstance(result, dict) else (lambda key: getattr(result, key, None))
+    outcome = get("outcome")
+    if outcome == "not_executed":
+        return True
+    return outcome == "worker_lost" and "nothing ran" in str(get("error_message") or "")
 
 
 @runtime_checkable
@@ -143,27 +173,124 @@ def on_the_spot(result, *, tool_error_is_failure: bool = True) -> float:
         return 0.0
     return 1.0
 
+DYNAMIC_LINES = 50  # what a site of code the cost model cannot read adds: 50 lines and one package
+EXEC_NAMES = frozenset({"exec", "eval", "compile"})
+IMPORT_NAMES = frozenset({"__import__", "import_module"})
+# Names and attributes that reach code or modules by computed value, or the interpreter's internals.
+DYNAMIC_NAMES = frozenset({"__builtins__", "globals", "vars", "locals", "__loader__", "__spec__"})
+PLAIN_DUNDERS = frozenset({"__name__", "__doc__", "__class__", "__module__", "__qualname__"})
+_MAX_NESTING = 4
+
+
+@dataclass
+class _Size:
+    """What :func:`code_cost` counts: lines, statements (and ``:=``), packages, unreadable sites."""
+
+    lines: int = 0
+    statements: int = 0
+    packages: set[str] = field(default_factory=set)
+    dynamic: int = 0
+
+
 def code_cost(code: str) -> float:
-    """Dynamic cost of a code step (LIT): ``sqrt(lines) * max(imported_packages, 1) * 0.5``.
+    """Dynamic cost of a code step (LIT): ``sqrt(lines) * max(imported_packages, 1) * 0.5``, costed on
+    the code that actually runs, so packing a program cannot lower it (issue 37).
+
+    - ``lines``: the non-blank, non-comment lines, or the statements (each ``:=`` counting as one
+      more) when there are more of those (``a = 1; b = 2`` on one line is two);
+    - ``imported_packages``: the distinct top-level modules imported (``import a.b`` and ``from a
+      import b`` both count ``a``; ``__import__('a')`` and ``importlib.import_module('a')`` too);
+    - code run by ``exec``/``eval``/``compile`` from a string the step spells out (a literal, a
+      concatenation of literals, or a name bound to one in the step) is costed as part of the step,
+      its lines and packages added (nested up to 4 levels);
+    - every site the cost model cannot read (``exec`` of a computed string or an alias of it,
+      ``__import__`` of a computed name, ``getattr`` of a computed or code-running name,
+      ``__builtins__``/``globals()``/``vars()``, attributes such as ``__globals__``, ``__code__``,
+      ``__subclasses__``) adds :data:`DYNAMIC_LINES` lines and one package.
 
     Args:
         code (`str`): the step's Python source.
     Returns:
-        A float >= 0; lines are non-blank, non-comment lines; packages are the distinct top-level
-        modules imported (``import a.b`` and ``from a import b`` both count ``a``). Code that does
-        not parse counts its lines and no imports.
+        A float >= 0 (0 for empty code). Code that does not parse counts its lines and no imports.
     """
-    lines = [ln for ln in code.splitlines() if ln.strip() and not ln.strip().startswith("#")]
-    packages: set[str] = set()
+    size = _Size()
+    _measure(code, size, 0)
+    lines = max(size.lines, size.statements) + DYNAMIC_LINES * size.dynamic
+    return math.sqrt(lines) * (max(len(size.packages), 1) + size.dynamic) * 0.5
+
+
+def _measure(code: str, size: _Size, depth: int) -> None:
+    size.lines += sum(1 for ln in code.splitlines() if ln.strip() and not ln.strip().startswith("#"))
     try:
-        for node in ast.walk(ast.parse(code)):
-            if isinstance(node, ast.Import):
-                packages.update(alias.name.split(".")[0] for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                packages.add(node.module.split(".")[0])
+        tree = ast.parse(code)
     except (SyntaxError, ValueError):
-        pass
-    return math.sqrt(len(lines)) * max(len(packages), 1) * 0.5
+        return
+    bound: dict[str, str] = {}  # names bound to a spelled-out string
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            text = _literal(node.value, bound)
+            if text is not None:
+                bound[node.targets[0].id] = text
+    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    for node in ast.walk(tree):
+        size.statements += isinstance(node, (ast.stmt, ast.NamedExpr))
+        if isinstance(node, ast.Import):
+            size.packages.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            size.packages.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Call):
+            _measure_call(node, size, bound, depth)
+        elif isinstance(node, ast.Name) and node.id in DYNAMIC_NAMES:
+            size.dynamic += 1
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("__") and node.attr not in PLAIN_DUNDERS:
+            size.dynamic += 1
+        elif _runner(node) and id(node) not in called:
+            size.dynamic += 1  # exec, eval, __import__... taken as a value (an alias)
+
+
+def _runner(func: ast.AST) -> str | None:
+    """The name of the code-running or importing builtin ``func`` refers to (``exec``,
+    ``builtins.eval``, ``importlib.import_module``...), else ``None``."""
+    if isinstance(func, ast.Name) and func.id in EXEC_NAMES | IMPORT_NAMES:
+        return func.id
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+        if func.value.id in ("builtins", "__builtins__") and func.attr in EXEC_NAMES | {"__import__"}:
+            return func.attr
+        if func.value.id == "importlib" and func.attr == "import_module":
+            return func.attr
+    return None
+
+
+def _measure_call(node: ast.Call, size: _Size, bound: dict[str, str], depth: int) -> None:
+    if getattr(node.func, "id", None) == "getattr" and len(node.args) >= 2:
+        attr = _literal(node.args[1], bound)
+        size.dynamic += attr is None or attr in EXEC_NAMES | IMPORT_NAMES | DYNAMIC_NAMES
+        return
+    name = _runner(node.func)
+    if name is None:
+        return
+    arg = node.args[0] if node.args else None
+    if isinstance(arg, ast.Call) and _runner(arg.func) == "compile":
+        return  # exec(compile(...)): the inner compile is costed on its own
+    text = None if arg is None else _literal(arg, bound)
+    if text is None or depth >= _MAX_NESTING:
+        size.dynamic += 1
+    elif name in IMPORT_NAMES:
+        size.packages.add(text.split(".")[0])
+    else:
+        _measure(text, size, depth + 1)
+
+
+def _literal(node: ast.AST, bound: dict[str, str]) -> str | None:
+    """The string ``node`` spells out (a str/bytes literal, ``+`` of such, a name bound to one), else ``None``."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)):
+        return node.value if isinstance(node.value, str) else node.value.decode("utf-8", "replace")
+    if isinstance(node, ast.Name):
+        return bound.get(node.id)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _literal(node.left, bound), _literal(node.right, bound)
+        return None if left is None or right is None else left + right
+    return None
 
 
 @dataclass

@@ -65,3 +65,34 @@ def stub_runner():
 
     executor = Executor(ExecutorConfig(isolation="fallback", timeout_s=10), tools=ReferenceTools(StubEnv()).functions())
     return ReferenceRunner(executor)
+
+
+class _LostForks:
+    """A clean-state executor whose forks run nothing: each run is ``not_executed`` (the machine
+    failed after the executor's retries); the runner's prelude runs on the real root."""
+
+    def __init__(self, inner, lost=False):
+        self.inner, self.lost = inner, lost
+
+    def run(self, code, **kw):
+        from codetool.executor.result import ExecutionResult
+
+        if self.lost:
+            return ExecutionResult(ok=False, outcome="not_executed", error_type="NotExecuted", attempts=3,
+                                   error_message="the fork did not start; nothing ran")
+        return self.inner.run(code, **kw)
+
+    def fork(self):
+        return _LostForks(self.inner.fork(), lost=True)
+
+    def close(self):
+        self.inner.close()
+
+
+def lost_runner():
+    """A :class:`ReferenceRunner` on the stub tools whose every program is ``not_executed``."""
+    from codetool.executor import Executor, ExecutorConfig
+    from codetool.search.reference import ReferenceRunner, ReferenceTools
+
+    executor = Executor(ExecutorConfig(isolation="fallback", timeout_s=10), tools=ReferenceTools(StubEnv()).functions())
+    return ReferenceRunner(_LostForks(executor))

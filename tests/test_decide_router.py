@@ -433,3 +433,13 @@ def test_prefill_without_code_prefix_is_kept_in_the_candidate_text():
     assert policy.calls[0][0][0][-1]["content"].startswith("This request needs no function")
     assert traj.steps[0].chosen_candidate.text.startswith("This request needs no function")
     assert traj.final_answer == "Paris"
+
+
+def test_a_fast_step_the_machine_could_not_run_falls_back_as_not_executed_not_as_a_code_error():
+    from codetool.decide.router import fast_failure
+    from codetool.executor.result import ExecutionResult
+    from codetool.search.expand import Expanded
+    from codetool.search.records import Candidate
+
+    lost = ExecutionResult(ok=False, outcome="not_executed", attempts=3)
+    assert fast_failure(Expanded(Candidate(0, "", "finish('x')", result=lost), None, "")) == "not_executed"

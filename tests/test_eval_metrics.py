@@ -55,3 +55,22 @@ def test_scep_counts_every_chosen_step_as_the_public_code():
     m = run_metrics([t, u, Trajectory("3", "q", steps=[Step(0, [cand(0, True)], 0)])])  # 3 has no re-runs: left out
     assert (m.scep, m.reference_steps, m.reference_successful) == (pytest.approx(2 / 3), 3, 2)
     assert m.scep_code_steps == 1.0  # ours leaves the code-less step out
+
+
+def test_what_the_machine_could_not_run_is_left_out_of_every_scep():
+    lost = Candidate(1, "", "y = 1", ExecutionResult(ok=False, outcome="not_executed", attempts=3))
+    legacy = Candidate(1, "", "y = 1", ExecutionResult(ok=False, outcome="worker_lost", error_message=(
+        "WorkerLost: the state this step was forked from could not be copied (timeout); nothing ran.")))
+    crashed = Candidate(1, "", "import os; os._exit(3)", ExecutionResult(ok=False, outcome="worker_lost",
+                        error_message="WorkerLost: the sandbox process exited with code 3 (os._exit or a crash)."))
+    t = Trajectory("1", "q", steps=[Step(0, [cand(0, True), lost], 0), Step(1, [cand(0, False), legacy], 0),
+                                    Step(2, [cand(0, True), crashed], 0)],
+                   extra={"reference_steps": [{"status": 0, "res": ""}, {"status": None, "res": "", "not_executed": True},
+                                              {"status": 1, "res": ""}]})
+    m = run_metrics([t])
+    # candidates: 3 chosen (ran, failed, ran) + the crash (the code's own failure) count; lost and legacy do not
+    assert m.executed_candidates == 4 and m.scep_all_candidates == pytest.approx(2 / 4)
+    assert m.not_executed_candidates == 2 and m.scep_code_steps == pytest.approx(2 / 3)
+    assert (m.reference_steps, m.reference_successful) == (2, 1) and m.scep == pytest.approx(1 / 2)
+    chosen, rejected = candidate_rewards([t])
+    assert len(chosen) == 3 and len(rejected) == 1  # only the crash among the rejected

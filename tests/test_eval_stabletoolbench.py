@@ -317,3 +317,22 @@ def test_a_give_up_whose_answer_was_regenerated_is_judged():
     again.extra.update({"answer_source": "generated", "answer_procedure": "reference"})
     verdicts = judge_pass([plain, again], ScriptedJudge("Solved"), rounds=1)
     assert [(row[0].label, row[0].source) for row in verdicts] == [("Unsolved", "rule"), ("Solved", "answer")]
+
+
+def test_episodes_the_machine_could_not_run_leave_the_pass_rate_and_are_counted():
+    from codetool.eval.markdown import _detail_header, _detail_rows
+    from codetool.eval.runs import Run
+    from codetool.eval.stabletoolbench import evaluate
+
+    lost = Trajectory("3", "q", benchmark="stabletoolbench", group="G1", finish_type="error",
+                      error="not executed: ...", extra={"not_executed": {"step": 0, "candidates": 2, "attempts": 6}})
+    trajs = [traj("1"), traj("2", finish="max_steps"), lost]
+    labels = {"m": [["Solved"], ["Unsolved"], ["Unsolved"]]}
+    out = evaluate([Run("m", "x", trajs)], labels, 1, ["stabletoolbench"])["stabletoolbench"]["methods"]["m"]
+    # 1 of the 2 episodes that ran is Solved: 0.5, not 1/3 (the lost one is no Unsolved)
+    for part in (out["groups"]["G1"], out["overall"]):
+        assert part["pass_rate"]["mean"] == pytest.approx(0.5) and part["n"] == 2
+        assert part["not_executed"] == 1
+    header = _detail_header("stabletoolbench")
+    row = dict(zip(header, _detail_rows("stabletoolbench", out)[-1]))
+    assert row["not executed"] == 1

@@ -16,10 +16,12 @@ from codetool.search.records import Candidate, Step, Trajectory
 TOOLS = [{"name": "lookup", "tool": "t", "api": "lookup"}]
 
 
-def traj(q, finish, calls, answer="an answer", method="m"):
-    """One step whose chosen candidate made ``calls`` (``(name, status)`` pairs)."""
+def traj(q, finish, calls, answer="Saffron Lattice", method="m"):
+    """One step whose chosen candidate made ``calls`` (``(name, status)`` pairs), each returning
+    ``{"value": "Saffron Lattice"}``."""
     cand = Candidate(0, "c", "result = lookup()", ExecutionResult.from_dict({"ok": True, "tool_calls": [
-        {"name": n, "arguments": {}, "status": s, "response": "{}"} for n, s in calls]}), chosen=True)
+        {"name": n, "arguments": {}, "status": s, "response": '{"value": "Saffron Lattice"}'} for n, s in calls]}),
+        chosen=True)
     return Trajectory(str(q), f"question {q}", "stabletoolbench", "G1", method, steps=[Step(0, [cand], 0)],
                       final_answer=answer, finish_type=finish, available_tools=TOOLS)
 
@@ -39,6 +41,12 @@ def test_judge_free_counts_listed_calls_and_grounded_success():
     m = judge_free(trajs)
     assert m["finish"] == 0.75 and m["grounded"] == 0.25 and m["tool_calls"] == 1.0  # (1+0+1+2)/4
     assert m["scep"] is None and m["correct_path"] is None  # no reference re-runs recorded
+    # an answer that does not use the result is no grounded success; an episode the machine could
+    # not run leaves every share
+    lost = Trajectory("9", "q", "stabletoolbench", "G1", "m", finish_type="error", available_tools=TOOLS,
+                      extra={"not_executed": {"step": 0, "candidates": 1, "attempts": 3}})
+    assert judge_free([traj(0, "finish", [("lookup", "ok")], answer="an answer")])["grounded"] == 0.0
+    assert judge_free(trajs + [lost]) == judge_free(trajs)
     for t in trajs:
         t.extra["reference_steps"] = [{"status": 0, "res": ""}]
     assert judge_free(trajs)["scep"] == 1.0

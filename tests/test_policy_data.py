@@ -63,3 +63,13 @@ def test_settings_and_weights_are_checked():
         load_config(TrainPolicyConfig, None, {"settings": [{"judged": 1.0}]})
     with pytest.raises(ConfigError, match="names must differ"):
         load_config(TrainPolicyConfig, None, {"settings": [{"grounded": 1.0}, {"grounded": 2.0}]})
+
+
+def test_a_weak_local_judge_is_refused_for_the_judged_reward_unless_asked_for():
+    judged = {"settings": [{"judged": 1.0}], "judge": {"model": "default"}}
+    with pytest.raises(ConfigError, match="weak judge"):
+        load_config(TrainPolicyConfig, None, judged)
+    assert load_config(TrainPolicyConfig, None, {**judged, "allow_weak_judge": True}).allow_weak_judge
+    # a local judge the user declares strong, and any server, are accepted
+    load_config(TrainPolicyConfig, None, {**judged, "judge": {"model": "default", "weak": False}})
+    load_config(TrainPolicyConfig, None, {**judged, "judge": {"model": "http://127.0.0.1:9/v1"}})

@@ -36,9 +36,13 @@ class _Task:
     query_id, query, env = "q1", "What is the weather in Paris?", _Env()
 
 
+WEATHER = '{"city": "Paris", "temp": "18 C", "sky": "sunny"}'  # what every call here returns
+
+
 def result(ok=True, calls=(), answer=None, outcome=None) -> ExecutionResult:
     return ExecutionResult(ok=ok, outcome=outcome or ("ok" if ok else "runtime_error"),
-                           tool_calls=[ToolCall(name, status=status) for name, status in calls], final_answer=answer)
+                           tool_calls=[ToolCall(name, status=status, response=WEATHER) for name, status in calls],
+                           final_answer=answer)
 
 
 def episode(*steps) -> Episode:
@@ -129,7 +133,9 @@ def test_grounded_needs_a_successful_listed_tool_call_before_the_answer():
 
 
 def test_trl_calls_return_one_aggregated_value_per_episode_and_store_the_steps():
-    eps = [honest(), episode(("x = 1", result(), 1.0, 0.5), ("y = 2", result(), 1.0, 0.5))]
+    call = result(calls=[("get_city_for_meteo", "ok")])
+    eps = [honest(), episode(("c = get_city_for_meteo(name='x')", call, 1.0, 0.5),
+                             ("c = get_city_for_meteo(name='y')", call, 1.0, 0.5))]
     for mode, expected in (("mean", [2 / 3, 1.0]), ("min", [0.0, 1.0]), ("last", [1.0, 1.0]), ("sum", [2.0, 2.0])):
         assert OnTheSpotReward(mode)(prompts=["a", "a"], completions=["", ""], episode=eps) == pytest.approx(expected)
     assert eps[0].step_rewards["on_the_spot"] == [1.0, 0.0, 1.0]
@@ -167,3 +173,80 @@ def test_step_categories_of_the_histogram():
     odd = episode(("print('hi')", result(), 1.0, 0.5), ("f()", result(calls=[("get_city_for_meteo", "error")]), 0.0, 3),
                   (None, no_code_result("none"), 0.0, 0.0), ("while 1: pass", result(ok=False, outcome="timeout"), 0, 1))
     assert [step_category(s, names) for s in odd.steps] == ["ok_no_tool", "tool_error", "no_code", "timeout"]
+
+
+# ------------------------------------------------------------- issue 37: no information, no pay
+def lost() -> ExecutionResult:
+    return ExecutionResult(ok=False, outcome="not_executed", error_type="NotExecuted", attempts=3,
+                           error_message="the fork did not start (host busy); nothing ran")
+
+
+def test_an_episode_with_a_step_the_machine_could_not_run_is_dropped_never_scored_zero():
+    ep = episode(("r = get_weather_for_meteo(city='Paris')", result(calls=[("get_weather_for_meteo", "ok")]), 1.0, 3.5),
+                 ("print(r['sky'])", lost(), 0.0, 0.5))
+    ep.finish_type = "error"  # as the rollout ends it
+    judge = ScriptedJudge("Solved")
+    for reward in (OnTheSpotReward(), ToolCostReward(), GroundedReward(), PRMReward(CountingPRM()),
+                   JudgedReward(judge)):
+        # None: TRL leaves the episode out of its group's baseline and gives it advantage 0
+        assert reward(episode=[ep, honest()])[0] is None, reward.name
+        assert ep.step_rewards[reward.name] == [None, None]
+    assert step_category(ep.steps[1], {a.name for a in _Env.apis}) == "not_executed"
+
+
+def test_a_dropped_episode_leaves_its_groups_process_statistics():
+    from codetool.policy.advantages import process_advantages
+
+    done, failed = honest(), episode(("print(r['x'])", result(ok=False), 0.0, 0.5))
+    dropped = episode(("print(1)", lost(), 0.0, 0.5))
+    dropped.finish_type = "error"
+    reward = GroundedReward()
+    reward(episode=[done, failed, dropped])
+    spans = [[s.span for s in e.steps] for e in (done, failed, dropped)]
+    adv = process_advantages([e.step_rewards for e in (done, failed, dropped)], {"grounded": 1.0}, spans, 3, 40)
+    # the group is (1, 0): mean 0.5, std 0.7071; the dropped episode adds no 0 to it and learns nothing
+    assert adv[0, 0].item() == pytest.approx(0.5 / (0.5 ** 0.5 + 1e-4), rel=1e-5)
+    assert adv[1, 0].item() == pytest.approx(-0.5 / (0.5 ** 0.5 + 1e-4), rel=1e-5)
+    assert adv[2].abs().sum().item() == 0.0
+
+
+def test_a_free_step_that_does_nothing_the_host_can_see_earns_no_on_the_spot_reward():
+    # padding an episode with clean no-op steps used to raise its mean on-the-spot reward (3/4 > 2/3)
+    padded = episode(("x = 1", result(), 1.0, 0.5), *[(s.candidate.code, s.candidate.result, s.candidate.r_spot,
+                                                        s.candidate.cost) for s in honest().steps])
+    assert OnTheSpotReward().per_step(padded) == [None, 1.0, 0.0, 1.0]
+    assert OnTheSpotReward()(episode=[padded])[0] == OnTheSpotReward()(episode=[honest()])[0] == pytest.approx(2 / 3)
+    # a no-tool step that fails still costs: the code's failure is information
+    assert OnTheSpotReward().per_step(honest())[1] == 0.0
+
+
+def test_judged_never_takes_the_judges_word_alone():
+    # a gullible judge says Solved to anything: an answer that uses no tool result still earns 0
+    judge = ScriptedJudge("Solved")
+    invented = episode(("get_weather_for_meteo(city='Paris')", result(calls=[("get_weather_for_meteo", "ok")]), 1.0, 3),
+                       ("finish('I could not get the weather, sorry.')", result(answer="I could not get the weather, sorry."),
+                        1.0, 0.5))
+    assert JudgedReward(judge)(episode=[invented, honest()]) == [0.0, 1.0]
+
+
+def test_a_weak_judge_is_refused_for_training_rewards_unless_asked_for():
+    weak = ScriptedJudge("Solved", weak=True)
+    with pytest.raises(ValueError, match="weak"):
+        build_rewards({"judged": 1.0}, aggregate="mean", judge=weak)
+    funcs, _ = build_rewards({"judged": 1.0}, aggregate="mean", judge=weak, allow_weak_judge=True)
+    assert funcs[0].judge is weak
+
+
+def test_tool_cost_is_the_episodes_sum_whatever_the_aggregate():
+    # a mean would let cheap padding steps lower an episode's cost per step
+    ep = honest()
+    for mode in ("mean", "min", "last", "sum"):
+        assert ToolCostReward(mode)(episode=[ep]) == [pytest.approx(-4.5)]
+
+
+def test_an_answer_from_a_step_that_failed_earns_no_outcome():
+    # finish() called from a __del__ during a step that then raised: the answer is recorded, the step failed
+    ep = episode(("r = get_weather_for_meteo(city='Paris')", result(calls=[("get_weather_for_meteo", "ok")]), 1.0, 3),
+                 ("gc.collect(); x = r['x']", ExecutionResult(ok=False, outcome="runtime_error", final_answer="sunny"),
+                  0.0, 1.0))
+    assert ep.finish_type == "finish" and GroundedReward().per_step(ep)[-1] == 0.0

@@ -141,7 +141,8 @@ def test_rebinding_worker_internals_and_the_tool_proxy_earns_nothing(tokenizer, 
     got = rewards(ep)
     assert ep.steps[1].candidate.result.ok is False  # the forged 'done' report changed no later report
     assert ep.calls() == []                          # the fake proxy reached no tool: the host saw no call
-    assert got["grounded"] == 0.0 and got["spot"] == pytest.approx(2 / 3)
+    # the tamper step did nothing the host saw (no value), the raise 0, the finish 1
+    assert got["grounded"] == 0.0 and got["spot"] == pytest.approx(1 / 2)
     assert step_category(ep.steps[0], ep.tool_names()) == "ok_no_tool"
 
 
@@ -174,3 +175,25 @@ def test_a_key_printed_by_a_step_never_reaches_the_row_or_the_prm(tokenizer, tas
     prm = Keep()
     PRMReward(prm).per_step(ep)
     assert canary_env not in repr(prm.items)
+
+
+def test_a_step_the_machine_could_not_run_ends_the_episode_and_drops_it(tokenizer, task):
+    from codetool.executor.result import ExecutionResult
+
+    class Lost:  # an executor whose runs of code marked "# lost" are not executed (the machine failed)
+        def __init__(self, inner):
+            self.inner = inner
+
+        def run(self, code, **kw):
+            if "# lost" in code:
+                return ExecutionResult(ok=False, outcome="not_executed", attempts=3, error_message="host busy")
+            return self.inner.run(code, **kw)
+
+        def close(self):
+            self.inner.close()
+
+    r = EpisodeRunner(tokenizer, CFG, lambda t: Lost(Executor(EXEC, tools=t.env.functions())))
+    [ep] = r.run([task], ScriptedSteps(tokenizer, ["r = checkhealth_for_squake()  # lost", "finish(str(r))"]))
+    assert len(ep.steps) == 1 and ep.finish_type == "error" and ep.error == "not executed: host busy"
+    assert ep.dropped and rewards(ep)["grounded"] is None and rewards(ep)["spot"] is None
+    assert step_category(ep.steps[0], ep.tool_names()) == "not_executed"

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from codetool import CodetoolError
-from codetool.rewards import ToolCostTable, code_cost, step_cost
+from codetool.rewards import DYNAMIC_LINES, ToolCostTable, code_cost, step_cost
 from codetool.tools.spec import APISpec, Parameter
 
 
@@ -55,3 +55,62 @@ def test_step_cost_counts_every_call(tmp_path):
     (tmp_path / "bad.yaml").write_text("overrides: {}\n")
     with pytest.raises(CodetoolError, match="defaults"):
         ToolCostTable.load(tmp_path / "bad.yaml")
+
+
+# ------------------------------------------------------------- packing cannot lower the cost (issue 37)
+PROGRAM = """import json
+import math
+import statistics
+data = json.loads('[1, 2, 3, 4]')
+mean = statistics.mean(data)
+spread = statistics.pstdev(data)
+root = math.sqrt(mean)
+print(mean, spread, root)
+"""
+
+
+def test_the_issues_program_costs_what_it_did_before():
+    # 8 lines, 3 packages: the figure of the issue (6.00 with its own program) is sqrt(n) * 3 * 0.5
+    assert code_cost(PROGRAM) == pytest.approx(math.sqrt(8) * 3 * 0.5)
+
+
+@pytest.mark.parametrize("packed", [
+    f"exec({PROGRAM!r})",
+    f"exec(compile({PROGRAM!r}, 'step', 'exec'))",
+    f"source = {PROGRAM!r}\nexec(source)",
+    f"exec({PROGRAM[:60]!r} + {PROGRAM[60:]!r})",
+    "; ".join(line for line in PROGRAM.splitlines() if line),   # one long line
+    f"import builtins\nbuiltins.exec({PROGRAM!r})",
+])
+def test_packing_the_program_never_lowers_its_cost(packed):
+    assert code_cost(packed) >= code_cost(PROGRAM)
+
+
+def test_one_long_line_counts_its_statements_and_walrus_chains():
+    assert code_cost("a = 1; b = 2; c = 3; d = 4") == pytest.approx(1.0)  # 4 statements, as 4 lines
+    assert code_cost("(a := 1, b := 2, c := 3, d := 4)") == pytest.approx(math.sqrt(5) * 0.5)
+    # an honest multi-line statement keeps its lines (the paper's count)
+    assert code_cost("x = {\n  'a': 1,\n  'b': 2,\n}") == pytest.approx(math.sqrt(4) * 0.5)
+
+
+def test_imports_reached_dynamically_count_as_packages():
+    assert code_cost("j = __import__('json')\nm = __import__('math')") == pytest.approx(math.sqrt(2) * 2 * 0.5)
+    assert code_cost("import importlib\nj = importlib.import_module('json')") == pytest.approx(math.sqrt(2) * 2 * 0.5)
+
+
+@pytest.mark.parametrize("dynamic", [
+    "import base64\nexec(base64.b64decode('cHJpbnQoMSk='))",   # code the cost model cannot read
+    "e = exec\ne('print(1)')",                                  # an alias of exec
+    "name = 'js' + input()\nm = __import__(name)",
+    "getattr(__builtins__, 'ex' + 'ec')('print(1)')",
+    "().__class__.__base__.__subclasses__()",
+    "g = finish.__globals__",
+])
+def test_code_it_cannot_read_is_charged_the_dynamic_penalty(dynamic):
+    assert code_cost(dynamic) >= math.sqrt(1 + DYNAMIC_LINES) * 2 * 0.5
+
+
+def test_honest_uses_of_like_named_functions_cost_as_before():
+    assert code_cost("import re\np = re.compile(pattern)\nprint(p)") == pytest.approx(math.sqrt(3) * 0.5)
+    assert code_cost("name = type(x).__name__\nprint(name)") == pytest.approx(math.sqrt(2) * 0.5)
+    assert code_cost("v = getattr(r, 'title', None)") == pytest.approx(0.5)

@@ -10,6 +10,7 @@ from codetool.assemble import make_search
 from codetool.commands.run import run_command
 from codetool.config import ConfigError, load_config
 from codetool.executor import Executor, ExecutorConfig
+from codetool.executor.result import ExecutionResult
 from codetool.jobs.queries import RunConfig
 from codetool.jsonl import read_jsonl
 from codetool.models.backends import ScriptedBackend
@@ -130,11 +131,11 @@ def test_missing_prm_is_a_config_error(query):
 
 
 def test_rollout_latent_reward(query):
-    # candidates: A calls a listed tool, B gives up. Rollouts from A finish with an answer after that
-    # successful call (grounded: LR 1, tau 1); B ended with give_up (LR 0, tau 0).
+    # candidates: A calls a listed tool, B gives up. Rollouts from A finish with an answer that uses
+    # that successful call's result (grounded: LR 1, tau 1); B ended with give_up (LR 0, tau 0).
     name = make_task(query).env.apis[0].name
     replies = iter([block(f"r = {name}(id_conc='40698227')\nprint(type(r).__name__)"), block("give_up('no')")])
-    policy = ScriptedBackend(lambda p: next(replies) if len(p) == 3 else block("finish('done')"))
+    policy = ScriptedBackend(lambda p: next(replies) if len(p) == 3 else block("finish(str(r))"))
     cfg = SearchConfig(latent="rollout", rollouts=2, rollout_max_steps=2, max_steps=1)
     traj = make_search(policy, cfg, factory).solve(make_task(query))
     a, b = traj.steps[0].candidates
@@ -219,3 +220,45 @@ def test_a_reply_without_code_gets_the_defined_no_code_result(query):
 def test_sampling_settings_are_checked_before_any_model_loads(override):
     with pytest.raises(ConfigError, match=next(iter(override))):
         SearchConfig(**override)
+
+
+class LostRuns:
+    """An executor whose forks report every run as not executed (the machine failed, after the
+    executor's retries) while the episode's own state is real."""
+
+    def __init__(self, inner, lost=False):
+        self.inner, self.lost = inner, lost
+
+    def run(self, code, **kw):
+        if self.lost:
+            return ExecutionResult(ok=False, outcome="not_executed", error_type="NotExecuted", attempts=3,
+                                   error_message="the fork did not start; nothing ran")
+        return self.inner.run(code, **kw)
+
+    def fork(self):
+        return LostRuns(self.inner.fork(), lost=True)
+
+    def close(self):
+        self.inner.close()
+
+    @property
+    def closed(self):
+        return self.inner.closed
+
+
+def test_a_step_the_machine_could_not_run_ends_the_episode_as_not_executed(query):
+    from codetool.eval.metrics import not_executed_trajectory, run_metrics
+
+    policy = ScriptedBackend(lambda p: block("print(1)"))
+    cfg = SearchConfig(k=2, max_steps=3, latent="none", w_latent=0.0)
+    traj = make_search(policy, cfg, lambda t: LostRuns(factory(t))).solve(make_task(query))
+    # no candidate ran: nothing is chosen or rejected, no step is recorded, and the episode says why
+    assert traj.steps == [] and traj.finish_type == "error" and "not executed" in traj.error
+    assert traj.extra["not_executed"] == {"step": 0, "candidates": 2, "attempts": 6}
+    assert not_executed_trajectory(traj)
+    m = run_metrics([traj])
+    assert m.not_executed_trajectories == 1 and m.executed_candidates == 0 and m.scep_all_candidates is None
+    from codetool.jobs.queries import summary_rows
+
+    rows = dict(summary_rows(m, [traj], {}))
+    assert rows["  not executed (the machine's failure: left out of every rate)"] == "1 episodes, 0 candidates"

@@ -18,7 +18,7 @@ CANDIDATE = {
                "tool_calls": [{"name": "f", "arguments": {"x": 1}, "status": "ok", "latency_s": 0.25, "error": None,
                                "response": "7", "arguments_sha256": "ab"}],
                "final_answer": None, "give_up_reason": None, "duration_s": 0.5, "isolation": "rlimits",
-               "timed_out": False},
+               "attempts": 1, "timed_out": False},
     "r_spot": 1.0, "r_latent": 0.75, "cost": 0.5, "score": 1.25, "chosen": True, "prompt_tokens": 12,
     "completion_tokens": 9,
 }
@@ -111,3 +111,11 @@ def test_expand_leaves_a_typed_result_on_every_candidate():
     [[faulted]] = expand(policy, [Node(_State(broken=True), [], task)], 1, cfg)
     assert faulted.state is None and faulted.candidate.result.outcome == HOST_ERROR
     assert faulted.candidate.result.host_error == "OSError: no more processes"
+
+
+def test_a_record_written_before_attempts_existed_reads_as_one_attempt():
+    old = {k: v for k, v in CANDIDATE["result"].items() if k != "attempts"}
+    result = ExecutionResult.from_dict(old)
+    assert result.attempts == 1 and result.executed
+    lost = ExecutionResult.from_dict({**old, "ok": False, "outcome": "not_executed", "attempts": 3})
+    assert not lost.executed and lost.to_dict()["attempts"] == 3

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
-from conformance_stubs import StubEnv, corpus, jsonl, stub_runner
+from conformance_stubs import StubEnv, corpus, jsonl, lost_runner, stub_runner
 
 from codetool.eval.metrics import run_metrics
 from codetool.executor import Executor, ExecutorConfig
@@ -191,3 +191,18 @@ def test_observations_cut_head_only_in_reference_mode():
     head = format_observation(result, max_chars=500, cut="head")
     assert head == "Output:\n" + "a" * 300 + "b" * 200
     assert "characters cut" in format_observation(result, max_chars=500)
+
+
+def test_a_reference_run_the_machine_could_not_make_has_no_status():
+    from codetool.search.reference import ReferenceNotRun
+
+    with lost_runner() as runner:
+        with pytest.raises(ReferenceNotRun, match="failure of the machine"):
+            runner.run("print(1)")
+        t = Trajectory("1", "q", steps=[Step(0, [Candidate(0, "```python\nprint(1)\n```", "print(1)",
+                                                           ExecutionResult(ok=True))], 0)])
+        steps = reference_steps(t, runner)
+    # not a raise (status 1): no status at all, and SCEP leaves it out
+    assert steps == [{"status": None, "res": "", "not_executed": True}]
+    t.extra["reference_steps"] = steps
+    assert run_metrics([t]).scep is None and run_metrics([t]).reference_steps == 0

@@ -51,3 +51,34 @@ def test_among_equally_good_candidates_the_cost_method_picks_the_cheapest():
     trade = [Candidate(0, "", "a", r_spot=1.0, r_latent=0.5, cost=4.0),
              Candidate(1, "", "b", r_spot=1.0, r_latent=0.45, cost=0.5)]
     assert select(trade, cfg) == 1
+
+
+# ------------------------------------------------------------- not executed (issue 37)
+def _lost(index, latent=0.9):
+    from codetool.executor.result import ExecutionResult
+
+    result = ExecutionResult(ok=False, outcome="not_executed", error_type="NotExecuted", attempts=3)
+    return Candidate(index, "", "print(api())", result=result, r_spot=0.0, r_latent=latent)
+
+
+def test_a_candidate_the_machine_could_not_run_is_never_chosen_for_its_other_rewards():
+    from codetool.executor.result import ExecutionResult
+
+    cfg = SearchConfig(w_spot=1.0, w_latent=1.0, latent="prm")
+    def ran(index):
+        return Candidate(index, "", "x = {}['k']", result=ExecutionResult(ok=False, outcome="runtime_error"),
+                         r_spot=0.0, r_latent=0.3)
+
+    # the lost candidate would score 0.9 > 0.3; it is no candidate at all: the one that ran is kept
+    assert select([ran(0), _lost(1)], cfg) == 0
+    assert select([_lost(0), ran(1)], cfg) == 1
+
+
+def test_a_missing_latent_reward_beside_defined_ones_is_their_mean_not_zero():
+    # a candidate whose every rollout was not executed has no latent value (None): it is neither
+    # rejected (0) nor favoured; it gets the mean of its siblings' values
+    cfg = SearchConfig(w_spot=1.0, w_latent=1.0, latent="rollout", tie_break="first")
+    cands = [Candidate(0, "", "a", r_spot=1.0, r_latent=0.2), Candidate(1, "", "b", r_spot=1.0, r_latent=None),
+             Candidate(2, "", "c", r_spot=1.0, r_latent=0.6)]
+    assert select(cands, cfg) == 2
+    assert [round(c.score, 6) for c in cands] == [1.2, 1.4, 1.6]

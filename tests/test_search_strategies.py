@@ -139,13 +139,13 @@ def test_lookahead_scores_candidates_by_a_rollout_and_counts_its_tokens(query):
     call = f"r = {make_task(query).env.apis[0].name}(id_conc='40698227')"  # a rollout success is grounded
     policy = ScriptedBackend([
         block(f"{call}\nx = 1\nprint(x)"), block(f"{call}\nx = 2\nprint(x)"),   # step 1: both run fine
-        block("finish(str(x))"),                                # rollout of x=1: it finishes
+        block("finish(str(x)+str(r))"),                         # rollout of x=1: it finishes, using r
         block("raise ValueError('stuck')"),                     # rollout of x=2: it does not
-        block("finish(str(x))"), block("finish(str(x))"),     # step 2 (ended candidates need no rollout)
+        block("finish(str(x)+str(r))"), block("finish(str(x)+str(r))"),  # step 2 (ended: no rollout)
     ])
     cfg = SearchConfig(strategy="lookahead", lookahead_depth=1, k=2, max_steps=2, tie_break="first", seed=None)
     traj = make_search(policy, cfg, lambda t: Executor(EXEC, tools=t.env.functions())).run([make_task(query)])[0]
-    assert traj.final_answer == "1" and traj.steps[0].chosen == 0
+    assert traj.final_answer.startswith("1{") and traj.steps[0].chosen == 0
     assert traj.steps[0].candidates[0].r_latent > traj.steps[0].candidates[1].r_latent
     assert traj.strategy == {"name": "lookahead", "depth": 1}
     own = sum(c.completion_tokens for s in traj.steps for c in s.candidates)

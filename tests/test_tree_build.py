@@ -42,7 +42,7 @@ def depth_policy():
         counter["n"] += 1
         if depth == 0:
             return block("print(checkhealth_for_squake())") if counter["n"] % 2 else block("raise KeyError('k')")
-        return block("finish('the answer')") if counter["n"] % 2 else block("give_up('stuck')")
+        return block("finish('Kestrel Ember')") if counter["n"] % 2 else block("give_up('stuck')")
     return ScriptedBackend(reply)
 
 
@@ -61,7 +61,7 @@ def test_builder_expands_labels_and_pairs(task):
     assert ["1", "2"] in [list(p) for p in record["pairs"]]  # executability decides
     assert record["summary"]["pair_counts"] == {
         "decided": {"executability": 1, "success_share": 1, "latent_reward": 0},
-        "dropped": {"no_success_difference": 1, "both_failed": 0, "tie": 0}}
+        "dropped": {"no_success_difference": 1, "both_failed": 0, "tie": 0, "not_executed": 0}}
     assert record["tool_names"] == ["checkhealth_for_squake", "projects_for_squake"]
     json.dumps(record)  # JSON-able
 
@@ -73,7 +73,7 @@ def test_trees_grown_together_share_each_levels_generate_call(shared_data):
     tasks = [SearchTask(query_id=f"G1_query/{q.query_id}", query=q.query,
                         env=ToolEnvironment.from_query(q, make_tool_backend("simulator"))) for q in queries]
     policy = ScriptedBackend(lambda prompt: block("print(checkhealth_for_squake())") if len(prompt) <= 3
-                             else block("finish('done')"))
+                             else block("finish(str(checkhealth_for_squake()))"))
     records = TreeBuilder(policy, TreeConfig(branching=2, max_depth=3),
                           lambda t: Executor(EXEC, tools=t.env.functions())).build_many(tasks)
     assert [r["query_id"] for r in records] == [t.query_id for t in tasks]
@@ -162,3 +162,53 @@ def test_shards_merge_to_the_single_run(tiny_model_dir, shared_data, tmp_path):
     before = single.read_text()
     assert build_trees_command(load_config(TreeConfig, overrides={**base, "output": str(single)})) == 0
     assert single.read_text() == before
+
+
+class MachineFails:
+    """An executor whose run of any code containing ``# lost`` is not executed (as the executor
+    reports a failure of the machine after its retries); everything else runs for real."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def run(self, code, **kw):
+        from codetool.executor.result import ExecutionResult
+
+        if "# lost" in code:
+            return ExecutionResult(ok=False, outcome="not_executed", error_type="NotExecuted", attempts=3,
+                                   error_message="the fork did not start (host busy); nothing ran")
+        return self.inner.run(code, **kw)
+
+    def fork(self):
+        return MachineFails(self.inner.fork())
+
+    def close(self):
+        self.inner.close()
+
+    @property
+    def closed(self):
+        return self.inner.closed
+
+
+def test_a_node_the_machine_could_not_run_is_a_leaf_without_label(task, tmp_path):
+    # depth 1: a tool call, and a KeyError that the machine failed to run (it would have lost)
+    replies = iter([block("print(checkhealth_for_squake())"), block("raise KeyError('k')  # lost"),
+                    block("finish('Kestrel Ember')"), block("give_up('stuck')")])
+    policy = ScriptedBackend(lambda p: next(replies))
+    cfg = TreeConfig(branching=2, max_depth=3)
+    record = TreeBuilder(policy, cfg, lambda t: MachineFails(Executor(EXEC, tools=t.env.functions()))).build(task)
+    nodes = record["nodes"]
+    assert sorted(nodes) == ["1", "1-1", "1-2", "2"]          # 2 is not expanded: nothing to grow from
+    assert nodes["2"]["leaf"] and nodes["2"]["executed"] is False and nodes["2"]["success"] is None
+    assert nodes["2"]["result"]["attempts"] == 3
+    # (1, 2) would have gone to 1 by executability; 2 did not fail, it did not run: dropped
+    assert ["1", "2"] not in [list(p) for p in record["pairs"]]
+    assert record["summary"]["pair_counts"]["dropped"]["not_executed"] == 1
+    assert record["summary"]["not_executed"] == 1 and record["summary"]["leaves"] == 2
+    from codetool.tree.build import summarize
+    from codetool.tree.dataset import export_dataset
+
+    assert summarize([record])["not_executed"] == 1
+    stats = export_dataset([record], tmp_path)
+    assert stats["not_executed_nodes"] == 1 and stats["pair_counts"]["dropped"]["not_executed"] == 1
+    assert json.loads((tmp_path / "summary.json").read_text())["not_executed_nodes"] == 1

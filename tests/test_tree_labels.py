@@ -146,3 +146,65 @@ def test_rows_of_step_text_trees_carry_the_plans():
     record["step_format"] = "code_only"
     row = next(r for r in tree_rows(record)[0] if r["source"] == "q7:1-2-1-2")
     assert row["candidate_plan"] == "" and all("plan" not in h for h in row["history"])
+
+
+# ------------------------------------------------------------- not executed (issue 37)
+def _lost(parent):
+    """A node whose code the executor could not run (a failure of the machine, after its retries)."""
+    return {"parent": parent, "ok": False, "leaf": True, "success": None, "executed": False,
+            "result": {"outcome": "not_executed", "attempts": 3}}
+
+
+def test_a_not_executed_node_is_no_information_for_its_pairs_and_its_ancestors():
+    tree = {
+        "1": {"parent": None, "ok": True, "leaf": False},
+        "1-1": {"parent": "1", "ok": True, "leaf": True, "success": True},
+        "1-2": _lost("1"),
+        "2": {"parent": None, "ok": False, "leaf": True, "success": False},
+    }
+    label_tree(tree)
+    # 1's only informative leaf is 1-1: LR 1, tau 1 (1-2 counts neither as a loss nor in tau)
+    assert tree["1"]["n_leaves"] == 1 and tree["1"]["lr_soft"] == 1.0 and tree["1"]["tau"] == 1.0
+    assert tree["1-2"]["lr_soft"] is None and tree["1-2"]["latent_reward"] is None
+    pairs, counts = sibling_pairs(tree)
+    # (1-1, 1-2) is dropped: 1-2 did not fail, it did not run; (1, 2) stands on executability
+    assert pairs == [("1", "2")]
+    assert counts["dropped"]["not_executed"] == 1 and counts["decided"]["executability"] == 1
+
+
+def test_a_node_whose_every_leaf_was_not_executed_is_dropped_too():
+    tree = {
+        "1": {"parent": None, "ok": True, "leaf": False},
+        "1-1": _lost("1"),
+        "1-2": _lost("1"),
+        "2": {"parent": None, "ok": True, "leaf": True, "success": False},
+    }
+    label_tree(tree)
+    assert tree["1"]["n_leaves"] == 0 and tree["1"]["lr_hard"] is None
+    for rule in ("ours", "latent"):
+        pairs, counts = sibling_pairs(tree, rule)
+        assert pairs == [] and counts["dropped"]["not_executed"] == 2, rule
+
+
+def test_a_legacy_worker_lost_that_ran_nothing_counts_as_not_executed():
+    legacy = {"parent": "1", "ok": False, "leaf": True, "success": False,
+              "result": {"outcome": "worker_lost", "error_message": "WorkerLost: the state this step was forked "
+                                                                    "from could not be copied (x); nothing ran."}}
+    crashed = {"parent": "1", "ok": False, "leaf": True, "success": False,   # the code's own crash: a failure
+               "result": {"outcome": "worker_lost", "error_message": "WorkerLost: the sandbox process exited "
+                                                                     "with code 3 (os._exit or a crash)."}}
+    base = {"1": {"parent": None, "ok": True, "leaf": False},
+            "1-1": {"parent": "1", "ok": True, "leaf": True, "success": True}}
+    tree = label_tree({**base, "1-2": legacy})
+    assert sibling_pairs(tree)[1]["dropped"]["not_executed"] == 1
+    tree = label_tree({**base, "1-2": crashed})
+    assert sibling_pairs(tree)[0] == [("1-1", "1-2")]
+
+
+def test_not_executed_nodes_give_no_dataset_row():
+    tree = label_tree({"1": {"parent": None, "ok": True, "leaf": True, "success": True, "code": "x = 1",
+                             "observation": ""},
+                       "2": {**_lost(None), "code": "y = 1", "observation": ""}})
+    record = {"query_id": "q", "query": "Q", "tools": "", "nodes": tree, "pairs": []}
+    rows, skipped = tree_rows(record, emit="nodes")
+    assert [r["source"] for r in rows] == ["q:1"] and skipped == 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conformance_stubs import jsonl, stub_runner
+from conformance_stubs import jsonl, lost_runner, stub_runner
 
 from codetool import CodetoolError
 from codetool.search.reference import python_blocks, step_program, strip_prints
@@ -289,3 +289,14 @@ def test_relabel_to_the_reference_rule_reruns_the_missing_programs(shared_data, 
     assert relabelled["label_rule"] == "reference" and len(relabelled["reference_runs"]) == 4  # four programs
     assert relabelled["pairs"] == [["1", "2"], ["2-1", "2-2"]]
     assert [r["label"] for r in read_jsonl(tmp_path / "ds" / "train.jsonl")] == [1, 0, 0, 1]
+
+
+def test_a_reference_program_the_machine_could_not_run_fails_the_tree_not_the_node():
+    # the public code has no "not executed": the tree gets no labels (an error record, rebuilt by
+    # --retry_failed) rather than a status 1 the code never earned
+    from codetool.search.reference import ReferenceNotRun
+
+    record = {"nodes": hand_tree()}
+    with lost_runner() as runner, pytest.raises(ReferenceNotRun):
+        label_reference(record, runner)
+    assert record["reference_runs"] == {}  # nothing cached: a relabel runs them again

@@ -14,7 +14,8 @@ TOOLS = ["get_weather", "get_city"]
 
 
 def call(name: str, status: str = "ok") -> dict:
-    return {"name": name, "status": status}
+    # every response here says what the answers below state (the grounded check reads it, issue 37)
+    return {"name": name, "status": status, "response": '{"city": "Paris", "weather": "sunny, it rains"}'}
 
 
 def node(parent, *, ok=True, leaf=False, ended=None, answer=None, calls=()):
@@ -47,7 +48,7 @@ def test_success_modes_by_hand():
         "2-1": node("2", leaf=True, ended="finish", answer="sunny"),             # no successful call
         "2-2": node("2", leaf=True, calls=[call("get_city")], ended="finish", answer="Paris"),
         "3": node(None, calls=[call("print_helper")]),                           # not a listed tool
-        "3-1": node("3", leaf=True, ended="finish", answer="x"),
+        "3-1": node("3", leaf=True, ended="finish", answer="Paris"),
         "3-2": node("3", leaf=True, ended="finish", answer="   ", calls=[call("get_city")]),  # empty
         "4": node(None, ok=False, leaf=True),                                    # code failed
         "5": node(None, calls=[call("get_city")]),
@@ -119,15 +120,15 @@ def test_a_tau_only_difference_decides_only_under_latent():
     # 1 and 2 both succeed on every leaf; 1 gets there in one step, 2 in two.
     tree = {
         "1": node(None, calls=[call("get_city")]),
-        "1-1": node("1", leaf=True, ended="finish", answer="a"),
-        "1-2": node("1", leaf=True, ended="finish", answer="b"),
+        "1-1": node("1", leaf=True, ended="finish", answer="Paris"),
+        "1-2": node("1", leaf=True, ended="finish", answer="Paris"),
         "2": node(None, calls=[call("get_city")]),
         "2-1": node("2", calls=[call("get_weather")]),
-        "2-1-1": node("2-1", leaf=True, ended="finish", answer="c"),
-        "2-1-2": node("2-1", leaf=True, ended="finish", answer="d"),
+        "2-1-1": node("2-1", leaf=True, ended="finish", answer="Paris"),
+        "2-1-2": node("2-1", leaf=True, ended="finish", answer="Paris"),
         "2-2": node("2", calls=[call("get_weather")]),
-        "2-2-1": node("2-2", leaf=True, ended="finish", answer="e"),
-        "2-2-2": node("2-2", leaf=True, ended="finish", answer="f"),
+        "2-2-1": node("2-2", leaf=True, ended="finish", answer="Paris"),
+        "2-2-2": node("2-2", leaf=True, ended="finish", answer="Paris"),
     }
     success_of(tree, "grounded")
     label_tree(tree)
@@ -168,3 +169,12 @@ def test_tree_config_rejects_bad_success_and_missing_judge():
     with pytest.raises(ConfigError, match="reference"):
         load_config(TreeConfig, overrides={"label_rule": "tau"})
     assert TreeConfig().success == "grounded" and TreeConfig().label_rule == "ours"
+
+
+def test_an_answer_from_a_finishing_step_that_failed_is_no_success():
+    tree = {"1": node(None, calls=[call("get_weather")]),
+            "1-1": node("1", leaf=True, ended="finish", answer="sunny", ok=False)}
+    tree["1-1"]["result"]["ok"] = False  # finish() from a __del__, then the step raised
+    assert success_of(tree, "grounded")["1-1"] is False
+    tree["1-1"]["result"]["ok"] = True
+    assert success_of(tree, "grounded")["1-1"] is True

@@ -167,7 +167,8 @@ def make_record(item: DecisionItem, d: Decision, direct: dict | None, fast: Traj
         search_first_action=first_action(searched), benchmark=item.benchmark, p_tool=d.p_tool, necessity=necessity,
         search_tool_calls=None if searched is None else len(searched.executed_calls()),
         search_success=None if searched is None else grounded_success(
-            searched.final_answer, searched.executed_calls(), [n for n, _ in api_candidates(item.apis)]))
+            searched.final_answer, searched.executed_calls(), [n for n, _ in api_candidates(item.apis)],
+            query=item.query))
 
 
 def prompt_baselines(items: list[DecisionItem], policy, *, modes: list[str], reasoning: list[str], step_format: str,

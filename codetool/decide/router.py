@@ -41,6 +41,7 @@ from codetool.decide.stage import (
     route_for,
 )
 from codetool.executor.result import StepExecutor
+from codetool.rewards import not_executed
 from codetool.search.episode import Search
 from codetool.search.expand import Node, expand
 from codetool.search.prompt import CODE_PREFIX, history_entry
@@ -75,13 +76,16 @@ def fast_failure(expanded, need_tool: bool = True) -> str | None:
 
     A success ran without error, had no failed tool call, called at least one tool (unless
     ``need_tool`` is False: Probe&Prefill's no-tool fast path) and called ``finish``. Reasons:
-    ``no_code``, ``code_error``, ``tool_error``, ``give_up``, ``no_finish``, ``no_tool_call``
-    (finished without calling any function: an unsupported answer).
+    ``no_code``, ``not_executed`` (the machine could not run it: not the code's failure, but the
+    search still takes over), ``code_error``, ``tool_error``, ``give_up``, ``no_finish``,
+    ``no_tool_call`` (finished without calling any function: an unsupported answer).
     """
     cand = expanded.candidate
     result = cand.result
     if cand.code is None:
         return "no_code"
+    if not_executed(result):
+        return "not_executed"
     if not result.ok:
         return "code_error"
     calls = result.tool_calls

@@ -69,7 +69,7 @@ def _detail_rows(bench: str, data: dict) -> list[list[str]]:
         row += [_pct(m["scep"]), _pct(m.get("scep_all_candidates")), _num(m["mean_steps"], 2), _num(m["mean_tool_calls"], 2),
                 _num(m["mean_prompt_tokens"], 0), _num(m["mean_completion_tokens"], 0), _num(m["mean_seconds"], 1),
                 _num(m["mean_tool_cost"], 2), f.get("finish", 0), f.get("give_up", 0), f.get("max_steps", 0),
-                f.get("error", 0)]
+                f.get("error", 0), s.get("not_executed", 0)]
         rows.append(row)
     return rows
 
@@ -79,7 +79,7 @@ def _detail_header(bench: str, weak: bool = False) -> list[str]:
     if bench == RESTBENCH:
         head += ["correct path % (0/1)", "gold calls % (pooled)", "path score % (frac.)", "CoAgents path %", "Δ len"]
     return head + ["SCEP %", "SCEP all cand. %", "steps", "calls", "tokens in", "tokens out", "episode wall s", "tool cost", "finish",
-                   "give up", "max steps", "error"]
+                   "give up", "max steps", "error", "not executed"]
 
 
 def _comparison(bench: str, methods: dict[str, dict], weak: bool = False) -> list[str]:
@@ -114,10 +114,14 @@ def _comparison(bench: str, methods: dict[str, dict], weak: bool = False) -> lis
         metric_rows.append([label] + [fmt(overall[n].get(key)) for n in names])
     for kind in ("finish", "give_up", "max_steps", "error"):
         metric_rows.append([kind] + [str(overall[n]["finish_types"].get(kind, 0)) for n in names])
+    metric_rows.append(["not executed (left out)"] + [str(methods[n]["overall"].get("not_executed", 0)) for n in names])
+    metric_rows.append(["candidates not executed"] + [str(overall[n].get("not_executed_candidates", 0)) for n in names])
     phases = list(dict.fromkeys(p for n in names for p in overall[n]["phase_seconds"]))
     for phase in phases:
         metric_rows.append([f"s {phase}"] + [_num(overall[n]["phase_seconds"].get(phase), 2) for n in names])
     return lines + ["Run metrics (per query):", ""] + _table(["metric"] + names, metric_rows) + [
+        "", "Not executed: episodes that ended because the machine could run none of a step's candidates "
+        "(after the executor's retries); they are left out of n and every rate above.",
         "", "Episode wall s: start to end of each episode. Episodes run concurrently and share each "
         "generate call, so these times overlap; `s generation`, `s execution` and `s scoring` split "
         "each shared call's time among the episodes in it."]

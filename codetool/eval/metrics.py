@@ -19,6 +19,12 @@
   episodes ended (finish / give_up / max_steps / error).
 - The rewards of chosen vs rejected candidates (for plots): the selection score of every
   candidate of a step that had more than one.
+- Not executed (issue 37): a candidate the executor could not run (``codetool.rewards.not_executed``,
+  a failure of the machine after its retries) is left out of every SCEP's numerator and
+  denominator and of the candidate rewards, and counted (``not_executed_candidates``); so is a
+  reference re-run that could not run (status ``None``); an episode that ended because no candidate
+  of a step ran (:func:`not_executed_trajectory`) is counted (``not_executed_trajectories``), and
+  the pass rates of ``codetool.eval.stabletoolbench`` leave it out.
 
 Nothing here calls a model; the numbers are exact for the records given.
 """
@@ -31,6 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from codetool.rewards import not_executed
 from codetool.search.records import FINISH_TYPES, Trajectory
 
 
@@ -45,6 +52,8 @@ class RunMetrics:
         scep_chosen (`float` or `None`): the same number as ``scep_code_steps`` (older name).
         scep_code_steps (`float` or `None`): ours: chosen steps with code whose own run succeeded.
         reference_steps (`int`), reference_successful (`int`): SCEP's denominator and numerator.
+        not_executed_candidates (`int`): candidates the executor could not run (left out above).
+        not_executed_trajectories (`int`): episodes ended because no candidate of a step ran.
         executed_candidates (`int`): every candidate with code (``scep_all_candidates``' denominator).
         scep_all_candidates (`float` or `None`): share of every candidate with code that ran.
         executed_chosen (`int`): chosen steps with code (SCEP's denominator).
@@ -75,6 +84,8 @@ class RunMetrics:
     scep_code_steps: float | None = None
     reference_steps: int = 0
     reference_successful: int = 0
+    not_executed_candidates: int = 0
+    not_executed_trajectories: int = 0
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -83,13 +94,16 @@ def _mean(values: Sequence[float]) -> float:
 
 def run_metrics(trajs: Sequence[Trajectory]) -> RunMetrics:
     """:class:`RunMetrics` of ``trajs`` (zeros for an empty list)."""
-    ran = executed = ran_chosen = executed_chosen = 0
+    ran = executed = ran_chosen = executed_chosen = lost = 0
     recorded, successful = reference_counts(trajs)
     phases: dict[str, list[float]] = {}
     for traj in trajs:
         for step in traj.steps:
             for j, cand in enumerate(step.candidates):
                 if cand.code is None:
+                    continue
+                if not_executed(cand.result):  # the machine's failure: no information on the code
+                    lost += 1
                     continue
                 ok = bool(cand.result is not None and cand.result.ok)
                 executed += 1
@@ -120,7 +134,15 @@ def run_metrics(trajs: Sequence[Trajectory]) -> RunMetrics:
         scep_all_candidates=ran / executed if executed else None,
         executed_chosen=executed_chosen,
         answer_sources=dict(Counter(answer_source(t) for t in trajs)),
+        not_executed_candidates=lost,
+        not_executed_trajectories=sum(not_executed_trajectory(t) for t in trajs),
     )
+
+
+def not_executed_trajectory(traj: Trajectory) -> bool:
+    """Whether ``traj`` ended because the executor could run none of a step's candidates (the search
+    records ``extra["not_executed"]``, ``codetool.search.episode``): it says nothing about the policy."""
+    return traj.finish_type == "error" and bool((traj.extra or {}).get("not_executed"))
 
 
 def reference_counts(trajs: Sequence[Trajectory]) -> tuple[int, int]:
@@ -131,8 +153,9 @@ def reference_counts(trajs: Sequence[Trajectory]) -> tuple[int, int]:
         steps = (traj.extra or {}).get("reference_steps")
         if not steps:
             continue
-        recorded += len(steps)
-        successful += sum(1 for s in steps if int(s.get("status", 1)) == 0)
+        ran = [s for s in steps if s.get("status", 1) is not None]  # None: the re-run was not executed
+        recorded += len(ran)
+        successful += sum(1 for s in ran if int(s.get("status", 1)) == 0)
     return recorded, successful
 
 
@@ -148,7 +171,8 @@ def answer_source(traj: Trajectory) -> str:
 
 def candidate_rewards(trajs: Sequence[Trajectory], key: str = "score") -> tuple[list[float], list[float]]:
     """``(chosen, rejected)`` values of ``key`` (``score``, ``r_spot`` or ``r_latent``) over every
-    step with more than one candidate; ``None`` values (e.g. no latent reward) are skipped."""
+    step with more than one candidate; ``None`` values (e.g. no latent reward) and candidates that
+    were not executed are skipped."""
     chosen, rejected = [], []
     for traj in trajs:
         for step in traj.steps:
@@ -156,7 +180,7 @@ def candidate_rewards(trajs: Sequence[Trajectory], key: str = "score") -> tuple[
                 continue
             for j, cand in enumerate(step.candidates):
                 value = getattr(cand, key)
-                if value is None:
+                if value is None or not_executed(cand.result):
                     continue
                 (chosen if j == step.chosen else rejected).append(float(value))
     return chosen, rejected

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from codetool import CodetoolError
-from codetool.eval.metrics import answer_source, run_metrics
+from codetool.eval.metrics import answer_source, not_executed_trajectory, run_metrics
 from codetool.judge.records import LABEL_SCORES, LABELS, AnswerRequest, Judge, Verdict
 from codetool.search.records import Trajectory
 from codetool.secrets import redact
@@ -397,7 +397,9 @@ def evaluate(runs: Sequence, labels: Mapping[str, Sequence[Sequence[str]] | None
 
     Returns:
         ``{benchmark: {"methods": {method: {"groups": {...}, "overall": {...}}}}}``, benchmarks in
-        first-seen order.
+        first-seen order. An episode that ended because the executor could run none of a step's
+        candidates (:func:`codetool.eval.metrics.not_executed_trajectory`, a failure of the machine)
+        is left out of every number (``n`` and the rates) and counted as ``not_executed``.
     """
     def summary(trajs: list[Trajectory], lab: list | None) -> dict[str, Any]:
         return {**pass_summary(trajs, lab, rounds), **(extra(trajs, lab) if extra else {})}
@@ -405,7 +407,10 @@ def evaluate(runs: Sequence, labels: Mapping[str, Sequence[Sequence[str]] | None
     out: dict[str, Any] = {}
     for run in runs:
         for bench in dict.fromkeys(t.benchmark for t in run.trajectories if t.benchmark in benchmarks):
-            idx = [i for i, t in enumerate(run.trajectories) if t.benchmark == bench]
+            every = [i for i, t in enumerate(run.trajectories) if t.benchmark == bench]
+            idx = [i for i in every if not not_executed_trajectory(run.trajectories[i])]
+            kept = set(idx)
+            lost = Counter(run.trajectories[i].group or "all" for i in every if i not in kept)
             trajs = [run.trajectories[i] for i in idx]
             lab = [labels[run.method][i] for i in idx] if labels[run.method] is not None else None
             by_group: dict[str, list[int]] = {}
@@ -414,12 +419,12 @@ def evaluate(runs: Sequence, labels: Mapping[str, Sequence[Sequence[str]] | None
             groups = {}
             for group, members in by_group.items():
                 sub = [lab[i] for i in members] if lab is not None else None
-                groups[group] = summary([trajs[i] for i in members], sub)
+                groups[group] = {**summary([trajs[i] for i in members], sub), "not_executed": lost[group]}
                 ids = filters(group) if sub is not None and filters else None
                 if ids:  # CodeTool's own formula: its Filter_Map ids leave the sum, not the count
                     groups[group]["pass_rate_codetool"] = asdict(codetool_pass_rate(
                         [trajs[i].query_id for i in members], sub, rounds, ids))
-            overall = summary(trajs, lab)
+            overall = {**summary(trajs, lab), "not_executed": sum(lost.values())}
             if lab is not None:
                 overall["pass_rate_pooled"] = overall["pass_rate"]
                 overall["pass_rate"] = asdict(average_pass_rate(

@@ -7,8 +7,11 @@ Judge-free metrics (they need no judge, so they mean something even with a 135M 
   :mod:`codetool.eval.metrics`);
 - ``tool_calls``: calls of the query's listed tools per episode (chosen path);
 - ``finish``: share of episodes that ended with ``finish``;
-- ``grounded``: share of episodes that finished with a non-empty answer after >= 1 successful call
-  of a listed tool on the chosen path;
+- ``grounded``: share of episodes that finished with a non-empty answer that uses what a successful
+  call of a listed tool on the chosen path returned (``codetool.rewards.grounded_success``);
+
+Episodes the machine could not run (``codetool.eval.metrics.not_executed_trajectory``) are left out
+of every share.
 - RestBench-TMDB only: ``correct_path`` (RestGPT's binary correct-path rate) and ``path_score``
   (the fractional share of the gold path matched in order, the kind CodeTool reported).
 
@@ -26,9 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from codetool.eval.metrics import run_metrics
+from codetool.eval.metrics import not_executed_trajectory, run_metrics
 from codetool.eval.restbench import path_metrics
 from codetool.eval.runs import load_runs
+from codetool.rewards import grounded_success
 
 RESTBENCH = "restbench-tmdb"
 METRICS = (("scep", "chosen-step SCEP %", True), ("tool_calls", "tool calls / episode", False),
@@ -45,14 +49,14 @@ def seed_of(path: str | Path) -> str:
 
 def judge_free(trajs: list) -> dict[str, float | None]:
     """The judge-free metrics of the module docstring over one method's trajectories on one benchmark."""
+    trajs = [t for t in trajs if not not_executed_trajectory(t)]
     n = max(len(trajs), 1)
     calls = grounded = 0
     for t in trajs:
         names = {a.get("name") for a in t.available_tools}
         listed = [c for c in t.executed_calls() if c.name in names]
         calls += len(listed)
-        answered = t.finish_type == "finish" and bool((t.final_answer or "").strip())
-        grounded += answered and any(c.status == "ok" for c in listed)
+        grounded += t.finish_type == "finish" and grounded_success(t.final_answer, listed, names, query=t.query)
     out: dict[str, float | None] = {
         "scep": run_metrics(trajs).scep, "tool_calls": calls / n,
         "finish": sum(t.finish_type == "finish" for t in trajs) / n, "grounded": grounded / n,

@@ -12,10 +12,14 @@ from typing import Any, Protocol, runtime_checkable
 # by the executor (a worker that reports it is treated as a sandbox violation).
 # HOST_ERROR: the executor itself raised instead of reporting (a fault of the host, not of the code);
 # set by the search (host_error_result), never by the executor; it ends the episode as an error.
+# NOT_EXECUTED: the step's code could not run for a reason outside the code (a fork or worker that did
+# not start or was lost, a lost state, a host resource failure, a deadline caused by a busy host), after
+# the executor's bounded retries (``attempts``): no information about the code, never its failure.
 NO_CODE = "no_code"
 HOST_ERROR = "host_error"
+NOT_EXECUTED = "not_executed"
 OUTCOMES = ("ok", "runtime_error", "sandbox_violation", "timeout", "resource_limit", "worker_lost", NO_CODE,
-            HOST_ERROR)
+            HOST_ERROR, NOT_EXECUTED)
 
 
 @dataclass
@@ -75,8 +79,9 @@ class ExecutionResult:
             line of the step (with the calling line when it failed inside an earlier step's
             function).
         outcome (`str`): one of ``OUTCOMES``: ``ok``, ``runtime_error``, ``sandbox_violation``,
-            ``timeout``, ``resource_limit``, ``worker_lost``, ``no_code`` (:func:`no_code_result`) or
-            ``host_error`` (:func:`host_error_result`).
+            ``timeout``, ``resource_limit``, ``worker_lost``, ``no_code`` (:func:`no_code_result`),
+            ``host_error`` (:func:`host_error_result`) or ``not_executed`` (the code could not run for
+            a reason outside it; see :attr:`executed`).
         output_truncated (`bool`): output beyond ``max_output_chars`` was dropped.
         state_lost (`bool`): the worker was replaced during this run (timeout kill, crash,
             ``os._exit``) or had died before it: variables, functions and imports of earlier steps
@@ -88,6 +93,8 @@ class ExecutionResult:
         duration_s (`float`): wall-clock seconds of the run.
         isolation (`str`): the isolation layers that were active, e.g.
             ``bwrap(net,pid,ipc,uts,mount)+uid+rlimits(as,cpu,fsize,nofile,nproc,core)``.
+        attempts (`int`, *optional*, defaults to 1): how many times the executor tried to run the
+            step (more than 1 after a failure of the machine was retried).
     """
 
     ok: bool
@@ -102,6 +109,7 @@ class ExecutionResult:
     give_up_reason: str | None = None
     duration_s: float = 0.0
     isolation: str = ""
+    attempts: int = 1
 
     def __post_init__(self):
         if self.outcome not in OUTCOMES:
@@ -111,6 +119,12 @@ class ExecutionResult:
     def timed_out(self) -> bool:
         """Whether the run hit its wall-clock limit."""
         return self.outcome == "timeout"
+
+    @property
+    def executed(self) -> bool:
+        """Whether the step's code ran (``False`` only for ``not_executed``): a result that was not
+        executed says nothing about the code, and no reward, label or metric counts it."""
+        return self.outcome != NOT_EXECUTED
 
     @property
     def finished(self) -> bool:

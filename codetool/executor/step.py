@@ -30,7 +30,7 @@ from codetool.executor.channel import (
 from codetool.executor.config import ExecutorConfig
 from codetool.executor.family import WorkerHandle
 from codetool.executor.proxy import perform_tool_call
-from codetool.executor.result import HOST_ERROR, NO_CODE, OUTCOMES, ExecutionResult, ToolCall
+from codetool.executor.result import HOST_ERROR, NO_CODE, NOT_EXECUTED, OUTCOMES, ExecutionResult, ToolCall
 from codetool.executor.sandbox import Sandbox
 
 logger = logging.getLogger(__name__)
@@ -252,7 +252,8 @@ def _finished(sandbox: Sandbox, worker: WorkerHandle, done: dict, output: StepOu
     host decides (timeout, memory, tool budget)."""
     calls, ended = step.calls, step.ended
     outcome = done.get("outcome")
-    if outcome not in OUTCOMES or outcome in ("worker_lost", NO_CODE, HOST_ERROR):
+    # Outcomes only the host may give: a worker that reports one of them is lying.
+    if outcome not in OUTCOMES or outcome in ("worker_lost", NO_CODE, HOST_ERROR, NOT_EXECUTED):
         outcome = "sandbox_violation"
     worker.cpu_s = _number(done.get("cpu_s"), 0.0, 1e9)
     dropped = int(_number(done.get("output_dropped"), 0, 1 << 53))

@@ -360,6 +360,8 @@ def summary_rows(m, trajs: list, clients: dict[str, Any]) -> list[tuple[str, Any
     then how remote servers were used (:func:`serving_rows`)."""
     rows = [("finished", m.finish_types.get("finish", 0)), ("gave up", m.finish_types.get("give_up", 0)),
             ("hit max steps", m.finish_types.get("max_steps", 0)), ("errors", m.finish_types.get("error", 0)),
+            ("  not executed (the machine's failure: left out of every rate)",
+             f"{m.not_executed_trajectories} episodes, {m.not_executed_candidates} candidates"),
             ("SCEP (public code's count: every chosen step, re-run)", "n/a" if m.scep is None
              else f"{100 * m.scep:.1f}%"),
             ("  chosen code steps that ran (ours)", "n/a" if m.scep_code_steps is None

@@ -163,6 +163,8 @@ class TrainPolicyConfig(GRPOConfig, PolicyLoRA):
                             "advantage the sum over its own and later steps)", choices=ADVANTAGES)
     judge: JudgeConfig = field(default_factory=lambda: JudgeConfig(model="none"),
                                metadata={"help": "the judge of the judged reward (model none: no judged reward)"})
+    allow_weak_judge: bool = option(False, "train the judged reward on a weak judge (a local model, judge.weak) "
+                                    "anyway; refused by default: the embedded judge rules failed answers Solved")
     seeds: list[int] = option(default_factory=lambda: [0], help="training seeds; every setting trains once per seed")
     token_budget: int = option(0, "stop a run once its rollouts generated this many policy tokens (compute "
                                "matching across settings); 0: max_steps alone")
@@ -252,6 +254,12 @@ class TrainPolicyConfig(GRPOConfig, PolicyLoRA):
         if any(s.judged for s in self.run_settings) and not self.judge.enabled:
             raise ConfigError("a setting weights the judged reward but judge.model is none; set judge.model "
                               "(an OpenAI-compatible URL or a local model) or the judged weight to 0.")
+        weak = self.judge.weak if self.judge.weak is not None else not (self.judge.model_spec and self.judge.model_spec.remote)
+        if any(s.judged for s in self.run_settings) and self.judge.enabled and weak and not self.allow_weak_judge:
+            raise ConfigError(f"a setting weights the judged reward, but judge.model {self.judge.model!r} is a weak "
+                              "judge (a local model): its verdicts are close to chance and a policy would learn to "
+                              "please it; use an OpenAI-compatible judge (judge.model http(s)://...), set judge.weak "
+                              "false for a strong local model, or allow_weak_judge true to train on it anyway.")
         several = len(self.run_settings) > 1 or len(self.seeds) > 1
         if several and (self.resume_from_checkpoint or self.resume not in ("auto", "none")):
             raise ConfigError("resume_from_checkpoint (or a resume folder) names one run's checkpoint, but this "

@@ -18,10 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from codetool.rewards import not_executed
 from codetool.search.records import Candidate
 
 CATEGORIES = ("tool_ok", "tool_error", "ok_no_tool", "finish", "give_up", "no_code", "runtime_error", "timeout",
-              "resource_limit", "sandbox_violation", "worker_lost", "host_error")
+              "resource_limit", "sandbox_violation", "worker_lost", "host_error", "not_executed")
 
 
 @dataclass
@@ -104,6 +105,14 @@ class Episode:
         """Every tool call the host performed in this episode, in order."""
         return [c for s in self.steps if s.candidate.result is not None for c in s.candidate.result.tool_calls]
 
+    @property
+    def dropped(self) -> bool:
+        """Whether the episode says nothing about the policy: a step the executor could not run
+        (``not_executed``, a failure of the machine after its retries) or a fault of the host
+        (``error``: its executor did not start or raised). Every reward function gives it ``None``,
+        so GRPO leaves it out of its group (:mod:`codetool.policy.rewards`); it is never scored 0."""
+        return self.finish_type == "error" or any(not_executed(s.candidate.result) for s in self.steps)
+
 
 def _entry(step: EpisodeStep) -> dict:
     from codetool.search.prompt import history_entry
@@ -114,13 +123,16 @@ def _entry(step: EpisodeStep) -> dict:
 def step_category(step: EpisodeStep, tool_names: set[str]) -> str:
     """What one step did, one of :data:`CATEGORIES` (the per-step outcome histogram).
 
-    Order: no code; a failure of the run (its ``outcome``); ``finish``/``give_up``; a failed tool
+    Order: no code; not executed (the machine's failure); a failure of the run (its ``outcome``);
+    ``finish``/``give_up``; a failed tool
     call; a successful call of a listed tool; else ``ok_no_tool`` (the code ran and called none).
     """
     cand = step.candidate
     result = cand.result
     if cand.code is None or result is None or result.outcome == "no_code":
         return "no_code"
+    if not_executed(result):
+        return "not_executed"
     if not result.ok:
         return result.outcome if result.outcome in CATEGORIES else "runtime_error"
     if step.ended:

@@ -5,21 +5,34 @@ says nothing) and stores it on the episode (``Episode.step_rewards[name]``, what
 supervision reads); called by TRL it returns one number per episode:
 
 - ``on_the_spot`` (per step): CodeTool's R_spot, 1 if the step's code ran and its tool calls
-  succeeded (``codetool.rewards.on_the_spot``), 0 otherwise, from what the host recorded;
+  succeeded (``codetool.rewards.on_the_spot``), 0 otherwise, from what the host recorded; a step
+  that ran cleanly but did nothing the host can see (no tool call, no ``finish``/``give_up``) has no
+  value (``None``), so padding an episode with free no-op steps cannot raise it (a failing one is 0);
 - ``prm`` (per step): the PRM's latent reward of each step, the item the search would score
   (query, tools, the history the policy saw, the step), one ``score`` call per episode so its
   steps share their prefix; a step without code gets 0 (as in the search). The PRM reads the
   rendered steps, not the policy's token ids, so policy and PRM tokenizers may differ, and the PRM
   may run on another device or behind ``serve-prm``;
-- ``tool_cost`` (per step, LIT): minus the step's tool cost (code cost + P+D+C of its API calls);
-- ``grounded`` (outcome): 1 when the episode finished with a non-empty answer after at least one
-  successful call of a listed tool (``codetool.rewards.grounded_success``), else 0; given to the
-  last step;
+- ``tool_cost`` (per step, LIT): minus the step's tool cost (code cost + P+D+C of its API calls),
+  summed over the episode whatever ``aggregate`` says (a plan costs the sum of its steps, LIT; a
+  mean would pay for padding an episode with cheap steps);
+- ``grounded`` (outcome): 1 when the episode finished with a non-empty answer that uses what a
+  successful call of a listed tool returned (``codetool.rewards.grounded_success``), from a step
+  that itself ran to its end (a ``finish`` called from a ``__del__`` of a step that then raised
+  earns nothing), else 0; given to the last step;
 - ``judged`` (outcome): the judge's verdict on the final answer (Solved 1 / Unsure 0.5 /
-  Unsolved 0; no answer is Unsolved without a call); given to the last step;
-- ``answer`` (outcome, the synthetic world): 1 when the episode finished with an answer that the
-  query's answer key accepts (:func:`codetool.world.check_answer`: the known value, no competing
-  one), else 0 (also on a query without a key); given to the last step.
+  Unsolved 0), asked only about a grounded answer (any other is 0 without a call: a judge's word
+  never pays alone); a weak judge (a small local model) is refused unless ``allow_weak_judge``.
+  Given to the last step;
+- ``answer`` (outcome, the synthetic world): 1 when the episode finished, from a step that ran
+  cleanly, with an answer that the query's answer key accepts (:func:`codetool.world.check_answer`:
+  the known value, no competing one), else 0 (also on a query without a key); given to the last step.
+
+An episode that says nothing about the policy (``Episode.dropped``: a step the executor could not
+run, ``not_executed``, or a fault of the host) gets ``None`` from every reward function, for the
+episode and each step: TRL then leaves it out of its group's baseline and gives it advantage 0
+(its "unscorable" rows), and process advantages skip its steps (:mod:`codetool.policy.advantages`
+ignores ``None``). It is never scored 0, and it is counted (``episodes/dropped``).
 
 Sequence-level GRPO needs one number per episode: a per-step reward is reduced by ``aggregate``
 (``min``, ``mean``, ``last`` or ``sum`` of its defined values, 0 for none); an outcome reward is
@@ -74,6 +87,7 @@ class StepReward:
 
     name = "reward"
     outcome = False  # an outcome reward: the last step's value is the episode's, whatever the aggregate
+    always: str | None = None  # an aggregate this reward always uses (tool cost: sum)
 
     def __init__(self, aggregate: str = "mean"):
         self.aggregate = aggregate
@@ -87,18 +101,24 @@ class StepReward:
         """``per_step`` of each episode (subclasses batch here)."""
         return [self.per_step(e) for e in episodes]
 
-    def __call__(self, prompts=None, completions=None, episode: list[Episode] | None = None, **kwargs) -> list[float]:
+    def __call__(self, prompts=None, completions=None, episode: list[Episode] | None = None,
+                 **kwargs) -> list[float | None]:
         episodes = list(episode or [])
         start = time.perf_counter()
-        values = self.score_episodes(episodes)
+        kept = [e for e in episodes if not e.dropped]
+        scored = dict(zip(map(id, kept), self.score_episodes(kept)))
         self.seconds += time.perf_counter() - start
-        out = []
-        for ep, steps in zip(episodes, values):
-            ep.step_rewards[self.name] = steps
+        out: list[float | None] = []
+        for ep in episodes:
+            if id(ep) not in scored:  # no information: out of the group, never a 0
+                ep.step_rewards[self.name] = [None] * len(ep.steps)
+                out.append(None)
+                continue
+            steps = ep.step_rewards[self.name] = scored[id(ep)]
             if self.outcome:
                 out.append(float(steps[-1]) if steps and steps[-1] is not None else 0.0)
             else:
-                out.append(aggregate(steps, self.aggregate))
+                out.append(aggregate(steps, self.always or self.aggregate))
         return out
 
 
@@ -108,20 +128,29 @@ class OnTheSpotReward(StepReward):
     name = "on_the_spot"
 
     def per_step(self, episode):
-        return [float(s.candidate.r_spot) for s in episode.steps]
+        return [None if _free(s) else float(s.candidate.r_spot) for s in episode.steps]
+
+
+def _free(step) -> bool:
+    """A step that ran cleanly and did nothing the host can see: no tool call, no finish/give_up."""
+    result = step.candidate.result
+    return (result is not None and result.ok and not result.tool_calls and step.ended is None
+            and step.candidate.r_spot == 1.0)
 
 
 class ToolCostReward(StepReward):
-    """``tool_cost``: minus each step's LIT tool cost."""
+    """``tool_cost``: minus each step's LIT tool cost, summed over the episode."""
 
     name = "tool_cost"
+    always = "sum"
 
     def per_step(self, episode):
         return [-float(s.candidate.cost) for s in episode.steps]
 
 
 class GroundedReward(StepReward):
-    """``grounded``: 1 for a finish answer after a successful call of a listed tool, on the last step."""
+    """``grounded``: 1 for a finish answer that uses a successful listed tool call's result, given by a
+    step that ran cleanly; on the last step."""
 
     name = "grounded"
     outcome = True
@@ -129,13 +158,16 @@ class GroundedReward(StepReward):
     def per_step(self, episode):
         if not episode.steps:
             return []
-        value = float(episode.finish_type == "finish"
-                      and grounded_success(episode.final_answer, episode.calls(), episode.tool_names()))
+        last = episode.steps[-1].candidate.result
+        value = float(episode.finish_type == "finish" and last is not None and bool(last.ok)
+                      and grounded_success(episode.final_answer, episode.calls(), episode.tool_names(),
+                                            query=episode.task.query))
         return [None] * (len(episode.steps) - 1) + [value]
 
 
 class AnswerReward(StepReward):
-    """``answer``: 1 for a finish answer the query's answer key accepts (``task.extra["answer"]``)."""
+    """``answer``: 1 for a finish answer the query's answer key accepts (``task.extra["answer"]``), given
+    by a step that ran cleanly; on the last step."""
 
     name = "answer"
     outcome = True
@@ -146,28 +178,41 @@ class AnswerReward(StepReward):
         if not episode.steps:
             return []
         key = (episode.task.extra or {}).get("answer")
-        value = float(bool(key) and episode.finish_type == "finish" and check_answer(key, episode.final_answer))
+        last = episode.steps[-1].candidate.result
+        value = float(bool(key) and episode.finish_type == "finish" and last is not None and bool(last.ok)
+                      and check_answer(key, episode.final_answer))
         return [None] * (len(episode.steps) - 1) + [value]
 
 
 class JudgedReward(StepReward):
-    """``judged``: the judge's score of the final answer, on the last step.
+    """``judged``: the judge's score of the final answer, on the last step; 0 without asking when
+    the answer is not grounded (the judge's word never pays alone).
 
     Args:
         judge (`codetool.judge.records.Judge`): labels answers (all of a batch in one call).
+        allow_weak_judge (`bool`, *optional*, defaults to `False`): accept a judge flagged ``weak``.
+    Raises:
+        ValueError: a weak judge without ``allow_weak_judge``.
     """
 
     name = "judged"
     outcome = True
 
-    def __init__(self, judge: Judge, aggregate: str = "mean"):
+    def __init__(self, judge: Judge, aggregate: str = "mean", *, allow_weak_judge: bool = False):
         super().__init__(aggregate)
+        if getattr(judge, "weak", False) and not allow_weak_judge:
+            raise ValueError(f"the judged reward would train the policy on a weak judge's verdicts "
+                             f"({getattr(judge, 'name', 'a local model')}: the embedded 135M judge rules an answer "
+                             "that says it failed Solved); use an OpenAI-compatible judge (judge.model http(s)://...), "
+                             "or set allow_weak_judge true to train on it anyway.")
         self.judge = judge
+        self.grounded = GroundedReward(aggregate)
 
     def score_episodes(self, episodes):
         from codetool.judge.records import AnswerRequest
 
-        asked = [e for e in episodes if e.finish_type == "finish" and (e.final_answer or "").strip()]
+        grounded = {id(e): bool(g and g[-1]) for e, g in zip(episodes, self.grounded.score_episodes(episodes))}
+        asked = [e for e in episodes if grounded[id(e)]]  # the judge can only lower a grounded answer
         verdicts = self.judge.judge_answers([AnswerRequest(e.task.query, e.final_answer) for e in asked]) if asked else []
         score = {id(e): v.score for e, v in zip(asked, verdicts)}
         return [[None] * (len(e.steps) - 1) + [float(score.get(id(e), 0.0))] if e.steps else [] for e in episodes]
@@ -213,14 +258,16 @@ class PRMReward(StepReward):
 
 
 def build_rewards(weights: dict[str, float], *, aggregate: str, scorer: PRMScorer | None = None,
-                  judge: Judge | None = None,
+                  judge: Judge | None = None, allow_weak_judge: bool = False,
                   step_format: str = "code_only", observation_history: str = "all") -> tuple[list[StepReward], list[float]]:
     """The reward functions of a setting and their weights (TRL's ``reward_funcs``/``reward_weights``).
 
     Args:
         weights (`dict[str, float]`): reward name -> weight (``RewardSetting.weights``).
+        allow_weak_judge (`bool`, *optional*): accept a weak judge for ``judged`` (:class:`JudgedReward`).
     Raises:
-        ValueError: ``prm`` without a scorer, ``judged`` without a judge, or an unknown name.
+        ValueError: ``prm`` without a scorer, ``judged`` without a judge (or with a weak one not
+            allowed), or an unknown name.
     """
     funcs: list[StepReward] = []
     for name in weights:
@@ -239,7 +286,7 @@ def build_rewards(weights: dict[str, float], *, aggregate: str, scorer: PRMScore
         elif name == "judged":
             if judge is None:
                 raise ValueError("the judged reward needs a judge.")
-            funcs.append(JudgedReward(judge, aggregate))
+            funcs.append(JudgedReward(judge, aggregate, allow_weak_judge=allow_weak_judge))
         else:
             raise ValueError(f"unknown reward {name!r}.")
     return funcs, [float(weights[f.name]) for f in funcs]

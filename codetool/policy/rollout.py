@@ -6,7 +6,8 @@ copies of one prompt is one prompt with ``n`` samples), each step runs in its ep
 executor (a fresh sandbox family per episode: siblings of a group cannot reach each other's state
 to lower their rewards), gets its on-the-spot reward, LIT cost and observation
 (``codetool.search.expand``'s rules, constrained decoding included), and the episode ends on
-``finish``/``give_up``, after ``max_steps`` or on a host error.
+``finish``/``give_up``, after ``max_steps``, on a host error or on a step the executor could not run
+(``not_executed``: the episode is then dropped from its GRPO group, ``Episode.dropped``).
 
 Token rows (see :mod:`codetool.policy.episode`): the first prompt is the search's prompt,
 tokenised as the search's backend tokenises it; after a step, the row grows by the ids the
@@ -37,7 +38,7 @@ from codetool import CodetoolError
 from codetool.executor.result import host_error_result, no_code_result
 from codetool.models.completion import Completion, find_stop
 from codetool.resume import unit_seed
-from codetool.rewards import ToolCostTable, on_the_spot, step_cost
+from codetool.rewards import ToolCostTable, not_executed, on_the_spot, step_cost
 from codetool.search.expand import step_constraint
 from codetool.search.prompt import CODE_PREFIX, format_observation, parse_candidate, policy_messages
 from codetool.search.records import Candidate
@@ -268,6 +269,8 @@ class EpisodeRunner:
             self.stats.generated_tokens += len(ids)
         if cand.result.outcome == "host_error":
             ep.finish_type, ep.error = "error", cand.result.error_message
+        elif not_executed(cand.result):  # the machine's failure: the episode is dropped from its group
+            ep.finish_type, ep.error = "error", f"not executed: {cand.result.error_message or 'nothing ran'}"
         elif step.ended == "finish":
             ep.finish_type, ep.final_answer = "finish", str(cand.result.final_answer)
         elif step.ended == "give_up":

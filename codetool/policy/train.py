@@ -7,7 +7,8 @@ dataset of task keys. :func:`train_run` trains it from the run's last checkpoint
 auto``), merges a LoRA adapter, writes the policy folder (``<run>/policy``: weights, tokenizer
 with its chat template, ``codetool_policy.json`` and a model card naming the PRM and the reward
 weights) that ``codetool run --policy DIR`` loads, and returns the run's summary (reward curve,
-steps, tokens, seconds).
+steps, tokens, seconds, and ``dropped_episodes``: episodes left out of their GRPO group because a
+step could not be executed, a failure of the machine).
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ def build_trainer(cfg: TrainPolicyConfig, tasks: dict, *, scorer: PRMScorer | No
     tokenizer.padding_side = "left"  # GRPO's prompts are left-padded
     setting = cfg.rewards
     funcs, weights = build_rewards(setting.weights, aggregate=cfg.aggregate, scorer=scorer, judge=judge,
+                                   allow_weak_judge=cfg.allow_weak_judge,
                                    step_format=cfg.rollout.step_format,
                                    observation_history=cfg.rollout.observation_history)
     cfg.reward_weights = weights
@@ -151,6 +153,7 @@ def train_run(cfg: TrainPolicyConfig, tasks: dict, *, scorer: PRMScorer | None =
     summary = {**trainer.codetool_info, "steps": trainer.state.global_step, "seconds": round(seconds, 1),
                "generated_tokens": trainer.token_budget.generated, "curve": reward_curve(trainer.state.log_history),
                "outcomes": dict(trainer.outcome_counts), "timing": timing,
+               "dropped_episodes": trainer.dropped_episodes,
                "inexact_steps": trainer.runner.stats.inexact_steps}
     policy_dir = Path(cfg.output_dir) / "policy"
     save_policy(trainer, policy_dir, summary)

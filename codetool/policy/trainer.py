@@ -7,8 +7,9 @@ are TRL's. The subclass adds two things TRL cannot do from the outside, each a m
 - ``_generate_and_score_completions``: with ``advantage: process`` it replaces TRL's (batch,)
   advantages by (batch, tokens) ones from the step rewards (:mod:`codetool.policy.advantages`;
   TRL's loss takes either shape), and it logs the per-step outcome histogram
-  (``outcomes/<category>`` shares, and one JSON line per rollout in ``outcomes.jsonl``) and the
-  rollout's timings;
+  (``outcomes/<category>`` shares, and one JSON line per rollout in ``outcomes.jsonl``), the share
+  of episodes dropped from their group (``episodes/dropped``: a step the machine could not run;
+  their rewards are ``None``, :mod:`codetool.policy.rewards`) and the rollout's timings;
 - ``_get_per_token_logps_and_entropies``: the episodes of a group share their prompt (system
   prompt, tools, query: most of the row), so it runs each distinct prompt once and the group's
   completions on its KV cache, gradients flowing through the cache; the log-probabilities and
@@ -84,6 +85,7 @@ class PolicyGRPOTrainer(GRPOTrainer):
         self.advantage, self.step_weights = advantage, dict(step_weights or {})
         self.share_prompt, self.runner = share_prompt, runner
         self.outcome_counts: Counter = Counter()
+        self.dropped_episodes = 0  # left out of their group: a step the machine could not run
         self._seen = {"generation_s": 0.0, "execution_s": 0.0, "inexact_steps": 0}
 
     # ----------------------------------------------------------------- advantages and logs
@@ -117,6 +119,9 @@ class PolicyGRPOTrainer(GRPOTrainer):
         self._metrics[mode]["episodes/finish"].append(
             sum(e.finish_type == "finish" for e in episodes) / max(len(episodes), 1))
         self._metrics[mode]["episodes/generated_tokens"].append(float(sum(e.generated_tokens for e in episodes)))
+        dropped = sum(e.dropped for e in episodes)
+        self.dropped_episodes += dropped if mode == "train" else 0
+        self._metrics[mode]["episodes/dropped"].append(dropped / max(len(episodes), 1))
         if self.runner is not None:
             stats = self.runner.stats
             for key in self._seen:
@@ -125,7 +130,7 @@ class PolicyGRPOTrainer(GRPOTrainer):
                 self._seen[key] = value
         if self.args.should_save and mode == "train":
             record = {"step": self.state.global_step, "time": round(time.time(), 3), "outcomes": dict(counts),
-                      "episodes": len(episodes)}
+                      "episodes": len(episodes), "dropped": dropped}
             path = Path(self.args.output_dir) / "outcomes.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "a", encoding="utf-8") as f:

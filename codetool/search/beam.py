@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from codetool.resume import unit_seed
+from codetool.rewards import not_executed
 from codetool.search.config import SearchConfig
 from codetool.search.episode import (
     Episode,
@@ -122,8 +123,8 @@ def _beam(search: Episodes, task: SearchTask) -> Trajectory:
                 continue
             select([e.candidate for e in row], cfg, tie_key=f"{task.query_id}|{step}|{p}")  # sets scores
             for e in row:
-                if e.candidate.result.host_error:
-                    continue
+                if e.candidate.result.host_error or not_executed(e.candidate.result):
+                    continue  # a fault of the host, or a run the machine could not make: no child
                 value = aggregate(beam.values + [step_value(e.candidate)], cfg.aggregate)
                 pool.append(BeamChild((value, e.candidate.r_spot, -p, -e.candidate.index), p, e))
         pool.sort(key=lambda c: c.rank, reverse=True)

@@ -7,7 +7,10 @@ ACL 2025, §3) for many episodes at once: sample K candidates per episode in one
 (:func:`~codetool.search.expand.expand_each`), score their latent reward (PRM or rollouts) in one
 ``score`` call, keep the best by :func:`~codetool.search.search.select` and close the other forks.
 
-Isolation: an exception inside one episode ends that episode as ``finish_type='error'`` (secrets
+Isolation: a step none of whose candidates the executor could run (``not_executed``, a failure of
+the machine) ends its episode as ``error`` with ``extra["not_executed"]``, which no metric or pass
+rate counts, and a candidate that was not executed is left out of the pick (:func:`select`, issue
+37). An exception inside one episode ends that episode as ``finish_type='error'`` (secrets
 redacted), not the run; a failure of a batched call is retried episode by episode.
 
 Throughput: with a local policy :meth:`Episodes.run` keeps ``concurrency`` episodes in batched
@@ -33,7 +36,7 @@ from codetool.executor.channel import log_safe
 from codetool.executor.result import StepExecutor
 from codetool.models.completion import LLMBackend
 from codetool.resume import unit_seed
-from codetool.rewards import PRMItem, PRMScorer
+from codetool.rewards import PRMItem, PRMScorer, not_executed
 from codetool.search.config import SearchConfig
 from codetool.search.expand import Expanded, Node, check_constraints, expand_each
 from codetool.search.prompt import history_entry, reference_prm_fields, step_plan, visible_history
@@ -75,7 +78,7 @@ Strategy = Callable[[Iterable[SearchTask], SearchParts, SearchConfig, "Hook | No
 """Every strategy module's one public function: ``(tasks, parts, cfg, on_done) -> trajectories``;
 ``on_done`` sees each final trajectory as soon as it is finished."""
 
-RolloutValue = Callable[["Episodes", "Episode", Expanded], float]
+RolloutValue = Callable[["Episodes", "Episode", Expanded], "float | None"]
 """A candidate's latent reward from rollouts (``codetool.search.rollout.rollout_value``)."""
 
 
@@ -336,6 +339,8 @@ class Episodes:
         return True
 
     def _advance(self, ep: Episode, row: list[Expanded]) -> bool:
+        if row and all(not_executed(e.candidate.result) for e in row):
+            return self._not_executed(ep, row)
         cands = [e.candidate for e in row]
         chosen = select(cands, self.cfg, tie_key=f"{ep.task.query_id}|{len(ep.traj.steps)}")
         cands[chosen].chosen = True
@@ -364,6 +369,24 @@ class Episodes:
             ep.traj.finish_type = "max_steps"
         else:
             return False
+        return True
+
+    def _not_executed(self, ep: Episode, row: list[Expanded]) -> bool:
+        """End ``ep`` when the executor could run none of the step's candidates (a failure of the
+        machine, after its retries): there is nothing to choose by and nothing to reject, so no
+        step is recorded; the trajectory ends as ``error`` with ``extra["not_executed"]`` (step,
+        candidates, attempts), which the metrics and pass rates leave out (``codetool.eval.metrics``)."""
+        for e in row:
+            if e.state is not None:
+                e.state.close()
+        cands = [e.candidate for e in row]
+        ep.traj.prompt_tokens += sum(c.prompt_tokens for c in cands)
+        ep.traj.completion_tokens += sum(c.completion_tokens for c in cands)
+        count_step(ep.traj, row)
+        attempts = sum(int(getattr(c.result, "attempts", 1) or 1) for c in cands)
+        ep.traj.extra["not_executed"] = {"step": len(ep.traj.steps), "candidates": len(cands), "attempts": attempts}
+        fail(ep, f"not executed: the executor could not run any of the {len(cands)} candidates of step "
+                 f"{len(ep.traj.steps) + 1} ({attempts} attempts; a failure of the machine, not of the code)")
         return True
 
     def finish(self, ep: Episode) -> Trajectory:

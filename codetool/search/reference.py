@@ -45,6 +45,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from codetool import CodetoolError
+from codetool.rewards import not_executed
 from codetool.tools.spec import ToolResponse
 
 logger = logging.getLogger(__name__)
@@ -210,6 +212,12 @@ def as_payload(response: Any) -> Any:
     return dataclasses.replace(response, status="ok", content=payload, error=None)
 
 
+class ReferenceNotRun(CodetoolError):
+    """A reference program the executor could not run (``not_executed``): no status exists for it.
+    A tree labelled by ``label_rule: reference`` then becomes an error record (``--retry_failed``
+    rebuilds it); a chosen step of a trajectory gets status ``None``, which SCEP leaves out."""
+
+
 class ReferenceRunner:
     """Runs reference programs (see the module docstring) in forks of one clean sandbox state.
 
@@ -235,13 +243,21 @@ class ReferenceRunner:
         return cls(make_executor(dataclasses.replace(task, env=ReferenceTools(task.env))), **kwargs)
 
     def run(self, program: str) -> ReferenceOutcome:
-        """Run one program in a fork of the clean state; never raises for what the code does."""
+        """Run one program in a fork of the clean state; never raises for what the code does.
+
+        Raises:
+            ReferenceNotRun: the executor could not run it (a failure of the machine after its
+                retries): the public code has no such outcome, so the program gets no status.
+        """
         sentinel = f"@@reference-run-{secrets.token_hex(8)}@@"
         fork = self.root.fork()
         try:
             result = fork.run(_wrapped(program, sentinel, self.max_chars))
         finally:
             fork.close()
+        if not_executed(result):
+            raise ReferenceNotRun(f"a reference program could not be run ({result.error_message or result.outcome}; "
+                                  f"{result.attempts} attempts): a failure of the machine, so it has no status")
         if not result.ok:
             return ReferenceOutcome(STATUS_RAISED, exception_text(result))
         stdout = result.stdout or ""
@@ -293,14 +309,20 @@ def reference_output(result) -> str:
 def reference_steps(traj, runner: ReferenceRunner) -> list[dict[str, Any]]:
     """``{"status", "res"}`` of each chosen step of ``traj`` as the public search records them
     (``StepInfer``'s ``exec_res``): a reply without a ```` ```python ```` block is status 1 with
-    no output; otherwise the program's status, the marker (2) folded into 1."""
+    no output; otherwise the program's status, the marker (2) folded into 1. A program the executor
+    could not run (:class:`ReferenceNotRun`) has status ``None`` and ``not_executed: true`` (SCEP
+    leaves it out; the public code has no such step)."""
     texts = [step.chosen_candidate.text or "" for step in traj.steps]
     out = []
     for program in chosen_programs(texts):
         if program is None:
             out.append({"status": STATUS_RAISED, "res": ""})
             continue
-        outcome = runner.run(program)
+        try:
+            outcome = runner.run(program)
+        except ReferenceNotRun:
+            out.append({"status": None, "res": "", "not_executed": True})
+            continue
         out.append({"status": STATUS_OK if outcome.status == STATUS_OK else STATUS_RAISED, "res": outcome.res})
     return out
 

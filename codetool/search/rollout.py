@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from codetool.rewards import PRMItem, grounded_success, latent_reward
+from codetool.rewards import PRMItem, grounded_success, latent_reward, not_executed
 from codetool.search.episode import Episode, Episodes, SearchParts, account, prm_tokens
 from codetool.search.prompt import history_entry
 from codetool.search.records import Trajectory
@@ -28,24 +28,29 @@ if TYPE_CHECKING:
     from codetool.search.expand import Expanded
 
 
-def rollout_value(search: Episodes, ep: Episode, e: Expanded) -> float:
+def rollout_value(search: Episodes, ep: Episode, e: Expanded) -> float | None:
     """Latent reward in [0, 1] of candidate ``e`` of episode ``ep`` from ``search.rollouts`` rollouts.
 
     Rollouts are greedy single-sample searches of at most ``rollout_max_steps`` steps at
     ``rollout_temperature``; their generated tokens, tool calls and forks are added to ``ep``'s
     compute, and PRM-scored tokens too under ``rollout_value: prm``. A candidate without code is
     worth 0; one that ended the episode is its own leaf (its grounded success, or its PRM score).
+    A candidate that was not executed, or whose every rollout was not (a failure of the machine),
+    has no value (``None``); a rollout that was not executed is left out of the others' mean.
     """
     cfg = search.cfg
     if e.candidate.code is None:
         return 0.0
+    if not_executed(e.candidate.result):
+        return None
     by_prm = search.scorer is not None and cfg.rollout_value in ("prm", "auto")  # prm without one: refused earlier
     names = [api.name for api in ep.task.env.apis]
     path_calls = ep.traj.executed_calls() + list(e.candidate.result.tool_calls)
     if e.ended and by_prm:
         return _mean_prm_score(search, ep, [search.prm_item(ep.task, ep.history, e.candidate, e.observation)])
     if e.ended:
-        lr = float(e.ended == "finish" and grounded_success(e.candidate.result.final_answer, path_calls, names))
+        lr = float(e.ended == "finish" and bool(e.candidate.result.ok) and grounded_success(e.candidate.result.final_answer, path_calls, names,
+                                                             query=ep.task.query))
         return latent_reward(lr, 0.0, alpha=cfg.alpha, beta=cfg.beta, max_len=cfg.max_len)
     sub_cfg = replace(cfg, k=1, latent="none", w_latent=0.0, max_steps=cfg.rollout_max_steps,
                       concurrency=cfg.rollouts, strategy="greedy",
@@ -61,8 +66,10 @@ def rollout_value(search: Episodes, ep: Episode, e: Expanded) -> float:
     for traj in paths:
         account(ep.traj, traj)
         ep.traj.executor_forks += 1
+        if traj.extra.get("not_executed"):  # the machine could not run it: no information
+            continue
         successes.append(float(traj.finish_type == "finish" and grounded_success(
-            traj.final_answer, path_calls + traj.executed_calls(), names)))
+            traj.final_answer, path_calls + traj.executed_calls(), names, query=ep.task.query)))
         lengths.append(len(traj.steps))
         last = traj.steps[-1].chosen_candidate if traj.steps else None
         if by_prm and last is not None and last.code is not None:
@@ -71,7 +78,9 @@ def rollout_value(search: Episodes, ep: Episode, e: Expanded) -> float:
         elif by_prm:  # the rollout made no step with code: the candidate is the last step scored
             ends.append(search.prm_item(ep.task, ep.history, e.candidate, e.observation))
     if by_prm:
-        return _mean_prm_score(search, ep, ends)
+        return _mean_prm_score(search, ep, ends) if ends else None
+    if not successes:  # every rollout was not executed: no value (select gives it its siblings' mean)
+        return None
     lr = sum(successes) / len(successes)
     tau = sum(lengths) / len(lengths)
     return latent_reward(lr, tau, alpha=cfg.alpha, beta=cfg.beta, max_len=cfg.max_len)

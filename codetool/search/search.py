@@ -20,6 +20,7 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from codetool.rewards import not_executed
 from codetool.search.records import Candidate
 
 if TYPE_CHECKING:
@@ -55,7 +56,11 @@ def select(candidates: list[Candidate], cfg: SearchConfig, *, tie_key: str = "")
     """Score every candidate and return the index of the one to keep.
 
     Sets ``score`` on each candidate: ``w_spot*r_spot + w_latent*r_latent - w_cost*cost`` (a
-    missing latent reward counts as 0). The pick, in order:
+    missing latent reward counts as 0, or as the mean of its siblings' when some have one: a
+    candidate whose rollouts were all not executed). A candidate that was not executed (the
+    machine failed to run it, ``codetool.rewards.not_executed``) is neither chosen nor counted
+    against: it is left out of the pick while any candidate ran (the caller ends the episode when
+    none did, ``codetool.search.episode``). The pick, in order:
 
     1. with ``w_cost > 0``, only candidates whose R_spot is at least that of the best candidate
        *without* the cost term stay in: a cheaper candidate can never win by failing on the spot
@@ -76,11 +81,17 @@ def select(candidates: list[Candidate], cfg: SearchConfig, *, tie_key: str = "")
     Returns:
         The ``index`` of the chosen candidate.
     """
+    known = [c.r_latent for c in candidates if c.r_latent is not None]
+    missing = sum(known) / len(known) if known else 0.0
+
+    def latent(c: Candidate) -> float:
+        return missing if c.r_latent is None else c.r_latent
+
     for c in candidates:
-        c.score = cfg.w_spot * c.r_spot + cfg.w_latent * (c.r_latent or 0.0) - cfg.w_cost * c.cost
-    pool = list(candidates)
+        c.score = cfg.w_spot * c.r_spot + cfg.w_latent * latent(c) - cfg.w_cost * c.cost
+    pool = [c for c in candidates if not not_executed(c.result)] or list(candidates)
     if cfg.w_cost > 0:
-        quality = {c.index: cfg.w_spot * c.r_spot + cfg.w_latent * (c.r_latent or 0.0) for c in pool}
+        quality = {c.index: cfg.w_spot * c.r_spot + cfg.w_latent * latent(c) for c in pool}
         top = max(quality.values())
         floor = max(c.r_spot for c in pool if quality[c.index] >= top - 1e-9)
         pool = [c for c in pool if c.r_spot >= floor]

@@ -46,7 +46,14 @@ from codetool.search.prompt import history_entry
 from codetool.search.schedule import is_continuous, serving_records, units_in_flight
 from codetool.search.search import SearchTask
 from codetool.tree.config import TreeConfig, tree_hash
-from codetool.tree.labels import add_counts, label_tree, leaf_success, pair_counts, sibling_pairs
+from codetool.tree.labels import (
+    add_counts,
+    label_tree,
+    leaf_success,
+    node_executed,
+    pair_counts,
+    sibling_pairs,
+)
 from codetool.tree.nodes import (
     FrontierNode,
     drop_failed,
@@ -134,7 +141,7 @@ class TreeBuilder:
                     for i, e in enumerate(row, 1):
                         node_id = f"{parent}-{i}" if parent else str(i)
                         node = trees[t][node_id] = node_record(node_id, parent, depth + 1, e)
-                        stop = cfg.failure_policy == "stop" and not node["ok"]
+                        stop = (cfg.failure_policy == "stop" and not node["ok"]) or not node["executed"]  # nothing to grow from
                         if e.ended or depth + 1 >= cfg.max_depth or stop:
                             node["leaf"] = True
                             if e.state is not None:
@@ -164,7 +171,7 @@ class TreeBuilder:
         key = task.extra.get("answer") if cfg.success == "answer" else None
         for node_id, node in tree.items():
             if node["leaf"]:
-                ok = leaf_success(tree, node_id, mode, tool_names=tool_names, answer_key=key)
+                ok = leaf_success(tree, node_id, mode, tool_names=tool_names, query=task.query, answer_key=key)
                 if ok and cfg.success == "judged":
                     ok = bool(self.judge(task.query, str(node["final_answer"])))
                 node["success"] = ok
@@ -207,7 +214,7 @@ def label_record(record: dict[str, Any], cfg: TreeConfig, *, recompute_success: 
         for node_id, node in tree.items():
             if node["leaf"]:
                 node["success"] = leaf_success(tree, node_id, cfg.success, tool_names=names,
-                                               answer_key=record.get("answer_key"))
+                                                query=record.get("query"), answer_key=record.get("answer_key"))
     label_tree(tree, alpha=cfg.alpha, beta=cfg.beta, max_len=cfg.max_len, tau_mode=cfg.tau_mode)
     if cfg.label_rule == "reference":
         counts = label_reference(record, runner, generator=cfg.generator_quirks, alpha=cfg.alpha, beta=cfg.beta,
@@ -215,10 +222,11 @@ def label_record(record: dict[str, Any], cfg: TreeConfig, *, recompute_success: 
         pairs = record["pairs"]
     else:
         pairs, counts = sibling_pairs(tree, cfg.label_rule)
-    leaves = [n for n in tree.values() if n["leaf"]]
+    leaves = [n for n in tree.values() if n["leaf"] and node_executed(n)]
     record["pairs"] = pairs
     record["label_rule"], record["success_mode"] = cfg.label_rule, cfg.success
     record["summary"] = {"nodes": len(tree), "leaves": len(leaves),
+                         "not_executed": sum(not node_executed(n) for n in tree.values()),
                          "successful_leaves": sum(bool(n["success"]) for n in leaves),
                          "pairs": len(pairs), "pair_counts": counts,
                          "tool_calls": sum(n["tool_calls"] for n in tree.values()),
@@ -228,11 +236,12 @@ def label_record(record: dict[str, Any], cfg: TreeConfig, *, recompute_success: 
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Totals over tree records: trees (built), errors (trees whose build failed: left out of every
-    other total), nodes, leaves, leaf success rate, pairs (``pairs_by_<reason>`` for what decided
+    other total), nodes, leaves (executed ones), leaf success rate, ``not_executed`` (nodes the
+    executor could not run: no label counts them), pairs (``pairs_by_<reason>`` for what decided
     them, ``dropped_<reason>`` for drops), tool calls, seconds per tree and trees per hour."""
     s = [r["summary"] for r in records if r.get("finish_type") != "error"]
     total = {k: sum(x.get(k, 0) for x in s) for k in ("nodes", "leaves", "successful_leaves", "pairs",
-                                                      "tool_calls", "seconds")}
+                                                      "tool_calls", "seconds", "not_executed")}
     counts = pair_counts()
     for x in s:
         add_counts(counts, x.get("pair_counts", {}))

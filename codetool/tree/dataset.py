@@ -6,7 +6,8 @@ The history shows what the policy saw when it wrote the step: with the tree's
 ``observation_history: last`` only the parent's output (earlier outputs are ``None``).
 Every row keeps its candidate's own output; the PRM format decides whether the PRM sees it.
 With ``emit='nodes'`` every node becomes a row with its soft target (``latent_reward``) and
-``label = 1 if lr_soft >= 0.5``. Candidates whose reply had no code block are left out: the search
+``label = 1 if lr_soft >= 0.5`` (a node that was not executed, or none of whose leaves was, has no
+target and gives no row). Candidates whose reply had no code block are left out: the search
 never asks the PRM about them (they get latent reward 0), so they would only waste training.
 
 Under ``label_rule: reference`` the rows are the public code's (:mod:`codetool.tree.reference`),
@@ -67,6 +68,8 @@ def tree_rows(record: dict[str, Any], emit: str = "pairs") -> tuple[list[dict[st
         return [_row(record, r["node"], r["label"], r) for r in record["reference"]["rows"]], 0
     if emit == "nodes":
         for node_id, node in nodes.items():
+            if node.get("lr_soft") is None:  # not executed (or nothing below it was): no target
+                continue
             if node["code"] is None:
                 skipped += 1
                 continue
@@ -97,23 +100,25 @@ def export_dataset(records: list[dict[str, Any]], out_dir: str | Path, *, emit: 
     ``codetool train-prm`` reads by default), ``train.jsonl`` and ``validation.jsonl`` (split by
     query id; ``datasets.load_dataset("json", data_files=...)`` reads them as a ``Dataset``).
 
-    Also writes ``summary.json``: the row counts and the trees' pair counts (pairs by what
-    decided them, drops by reason; see ``codetool.tree.labels.sibling_pairs``).
+    Also writes ``summary.json``: the row counts, the nodes the executor could not run
+    (``not_executed_nodes``: no row or label counts them) and the trees' pair counts (pairs by what
+    decided them, drops by reason, ``not_executed`` among them; see ``codetool.tree.labels.sibling_pairs``).
 
     Returns:
-        ``{"train": n_rows, "validation": n_rows, "skipped_no_code": n, "val_query_ids": [...],
-        "pair_counts": {"decided": {...}, "dropped": {...}}}``.
+        ``{"train": n_rows, "validation": n_rows, "skipped_no_code": n, "not_executed_nodes": n,
+        "val_query_ids": [...], "pair_counts": {"decided": {...}, "dropped": {...}}}``.
     Raises:
         EmptyDatasetError: when the trees hold no usable row (e.g. every pair dropped).
         CodetoolError: a file cannot be written (e.g. a full disk).
     """
     out_dir = Path(out_dir)
-    rows, skipped, counts = [], 0, pair_counts()
+    rows, skipped, counts, lost = [], 0, pair_counts(), 0
     for record in records:
         r, s = tree_rows(record, emit)
         rows.extend(r)
         skipped += s
         add_counts(counts, record.get("summary", {}).get("pair_counts", {}))
+        lost += int(record.get("summary", {}).get("not_executed", 0))
     logger.info("sibling pairs by what decided them: %s; dropped: %s",
                 ", ".join(f"{k} {v}" for k, v in counts["decided"].items()),
                 ", ".join(f"{k} {v}" for k, v in counts["dropped"].items()))
@@ -129,7 +134,8 @@ def export_dataset(records: list[dict[str, Any]], out_dir: str | Path, *, emit: 
     for name, split_rows in splits.items():
         write_jsonl(out_dir / f"{name}.jsonl", split_rows)
     stats = {"train": len(splits["train"]), "validation": len(splits["validation"]),
-             "skipped_no_code": skipped, "val_query_ids": sorted(val_ids), "pair_counts": counts}
+             "skipped_no_code": skipped, "not_executed_nodes": lost, "val_query_ids": sorted(val_ids),
+             "pair_counts": counts}
     (out_dir / "summary.json").write_text(json.dumps(stats, indent=2) + "\n")
     logger.info("PRM dataset: %d train rows, %d validation rows (%d held-out queries) -> %s",
                 stats["train"], stats["validation"], len(val_ids), out_dir)

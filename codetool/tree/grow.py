@@ -121,7 +121,7 @@ def grow(builder, tasks: Iterable[SearchTask], on_done: Callable[[dict], None], 
         for i, e in enumerate(row, 1):
             node_id = f"{n.node_id}-{i}" if n.node_id else str(i)
             node = tree.nodes[node_id] = node_record(node_id, n.node_id, n.depth + 1, e)
-            stop = cfg.failure_policy == "stop" and not node["ok"]
+            stop = (cfg.failure_policy == "stop" and not node["ok"]) or not node["executed"]  # nothing to grow from
             if e.ended or n.depth + 1 >= cfg.max_depth or stop:
                 node["leaf"] = True
                 if e.state is not None:

@@ -19,6 +19,12 @@ then soft LR) and ``latent`` (the paper's wording) compares the latent reward. E
 siblings is compared. Pairs are counted by what decided them, drops by reason (docs/FIDELITY.md).
 ``label_rule: reference`` (the public code's rows exactly, its notion of a failed step included)
 is :mod:`codetool.tree.reference`.
+
+A node whose code was **not executed** (:func:`node_executed` is false: the executor could not run it
+for a reason outside the code, after its retries; ``codetool.rewards.not_executed``) is a leaf that
+says nothing: it is left out of its ancestors' leaves (LR, tau), its own LR and latent reward are
+``None``, and every pair it is in is dropped (``not_executed``), as is every pair of a node none of
+whose leaves ran. It never loses a pair for the machine's failure.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from __future__ import annotations
 from itertools import combinations
 
 from codetool.executor.result import ToolCall
-from codetool.rewards import grounded_success, latent_reward
+from codetool.rewards import grounded_success, latent_reward, not_executed
 
 
 def children_of(tree: dict[str, dict]) -> dict[str | None, list[str]]:
@@ -58,8 +64,10 @@ def label_tree(tree: dict[str, dict], *, alpha: float = 0.9, beta: float = 0.95,
     kids = children_of(tree)
 
     def leaf_stats(node_id: str) -> list[tuple[bool, int]]:
-        """(success, depth below node_id) of every leaf in the subtree."""
+        """(success, depth below node_id) of every leaf in the subtree that was executed."""
         node = tree[node_id]
+        if not node_executed(node):
+            return []
         if node.get("leaf"):
             return [(bool(node.get("success")), 0)]
         below = kids.get(node_id, [])
@@ -69,9 +77,12 @@ def label_tree(tree: dict[str, dict], *, alpha: float = 0.9, beta: float = 0.95,
 
     for node_id, node in tree.items():
         leaves = leaf_stats(node_id)
+        node["n_leaves"] = len(leaves)
+        if not leaves:  # not executed, or nothing below it ran: no information
+            node.update(lr_soft=None, lr_hard=None, tau=None, latent_reward=None)
+            continue
         wins = sum(ok for ok, _ in leaves)
         depths = [d for _, d in leaves]
-        node["n_leaves"] = len(leaves)
         node["lr_soft"] = wins / len(leaves)
         node["lr_hard"] = 1.0 if wins else 0.0
         node["tau"] = (sum(depths) / len(depths)) if tau_mode == "mean" else float(sum(depths))
@@ -84,7 +95,7 @@ LABEL_RULES = ("ours", "latent", "reference")
 PAIR_RULES = ("ours", "latent")  # the rules of sibling_pairs; reference is codetool.tree.reference
 SUCCESS_MODES = ("executed", "grounded", "judged", "answer")
 DECIDED_BY = ("executability", "success_share", "latent_reward")
-DROPPED_FOR = ("no_success_difference", "both_failed", "tie")
+DROPPED_FOR = ("no_success_difference", "both_failed", "tie", "not_executed")
 
 
 def pair_counts() -> dict[str, dict[str, int]]:
@@ -95,8 +106,9 @@ def pair_counts() -> dict[str, dict[str, int]]:
 def sibling_pairs(tree: dict[str, dict], rule: str = "ours") -> tuple[list[tuple[str, str]], dict]:
     """Ordered ``(more promising, less promising)`` node-id pairs over all sibling groups.
 
-    Both rules look at executability first: a sibling whose own code ran (``ok``) beats one whose
-    code failed. Then:
+    A pair with a sibling that was not executed, or none of whose leaves was, is dropped
+    (``not_executed``). Both rules look at executability first: a sibling whose own code ran
+    (``ok``) beats one whose code failed. Then:
 
     - ``ours`` (the public CodeTool code's comparison): the sibling with the strictly greater hard
       LR, or else the strictly greater soft LR, wins ("success share"). A pair with no success
@@ -129,8 +141,18 @@ def sibling_pairs(tree: dict[str, dict], rule: str = "ours") -> tuple[list[tuple
     return pairs, counts
 
 
+def node_executed(node: dict) -> bool:
+    """Whether a node's code ran (``executed``, or for records written before that key, what its
+    ``result`` says: ``codetool.rewards.not_executed``)."""
+    if "executed" in node:
+        return bool(node["executed"])
+    return not not_executed(node.get("result"))
+
+
 def _compare(na: dict, nb: dict, rule: str) -> tuple[int | None, str]:
     """``(0 or 1, reason)`` for the winning sibling, or ``(None, drop reason)``."""
+    if na.get("lr_soft") is None or nb.get("lr_soft") is None:  # not executed, or nothing below it ran
+        return None, "not_executed"
     if bool(na.get("ok")) != bool(nb.get("ok")):
         return (0 if na.get("ok") else 1), "executability"
     if rule == "ours":
@@ -153,13 +175,15 @@ def add_counts(total: dict, counts: dict) -> dict:
     return total
 
 
-def leaf_success(tree: dict[str, dict], node_id: str, mode: str, *, tool_names=None, answer_key=None) -> bool:
+def leaf_success(tree: dict[str, dict], node_id: str, mode: str, *, tool_names=None, query: str | None = None,
+                 answer_key=None) -> bool | None:
     """Whether the leaf ``node_id`` succeeded, for the modes ``executed``, ``grounded`` and ``answer``.
 
     - ``executed`` (the public CodeTool code): every step on the path ran without an exception or
       a tool error (each node's ``ok``).
-    - ``grounded`` (our default): the leaf ended in ``finish`` with a non-empty answer, and some
-      step on the path made at least one successful call of a listed tool. A finish without a
+    - ``grounded`` (our default): the leaf ended in ``finish``, from a step that ran to its end, with
+      a non-empty answer that uses what a successful call of a listed tool on the path returned
+      (``codetool.rewards.grounded_success``). A finish without a
       tool call is never a success on a query that offers tools; on a query without tools a
       non-empty finish suffices.
     - ``judged`` is ``grounded`` plus a judge's verdict; the caller adds the verdict.
@@ -167,33 +191,38 @@ def leaf_success(tree: dict[str, dict], node_id: str, mode: str, *, tool_names=N
       the query's answer key accepts (:func:`codetool.world.check_answer`: the right value and no
       competing one).
 
+    A leaf that was not executed has no success (``None``).
+
     Args:
         tree (`dict[str, dict]`): nodes with ``ok``, ``ended``, ``final_answer`` and ``result``
-            (its ``tool_calls``, each with ``name`` and ``status``).
+            (its ``tool_calls``, each with ``name``, ``status``, ``response`` and ``arguments``).
         tool_names (`Collection[str]`, *optional*): the functions the query offers; ``None``
             counts any recorded call as listed (the executor records only tool functions).
+        query (`str`, *optional*): the query (its words do not ground an answer).
         answer_key (`dict`, *optional*): the query's answer key (mode ``answer``).
     Raises:
         ValueError: on an unknown mode, or mode ``answer`` without an answer key.
     """
     if mode not in SUCCESS_MODES:
         raise ValueError(f"success mode must be one of {SUCCESS_MODES}, got {mode!r}.")
+    if mode == "answer" and not answer_key:
+        raise ValueError("success mode 'answer' needs the query's answer key; only the synthetic world's "
+                         "queries carry one (trees.queries world:train).")
+    path = path_to(tree, node_id)
+    if not node_executed(tree[node_id]):
+        return None
     if mode == "answer":
-        if not answer_key:
-            raise ValueError("success mode 'answer' needs the query's answer key; only the synthetic world's "
-                             "queries carry one (trees.queries world:train).")
         from codetool.world import check_answer
 
         node = tree[node_id]
         return node.get("ended") == "finish" and check_answer(answer_key, node.get("final_answer"))
-    path = path_to(tree, node_id)
     if mode == "executed":
         return all(bool(tree[n].get("ok")) for n in path)
     node = tree[node_id]
-    if node.get("ended") != "finish":
-        return False
+    if node.get("ended") != "finish" or not (node.get("result") or {}).get("ok", True):
+        return False  # no answer, or one from a step that then failed (finish called from a __del__)
     calls = (ToolCall.from_dict(c) for n in path for c in (tree[n].get("result") or {}).get("tool_calls", []))
-    return grounded_success(node.get("final_answer"), calls, tool_names)
+    return grounded_success(node.get("final_answer"), calls, tool_names, query=query)
 
 
 def path_to(tree: dict[str, dict], node_id: str) -> list[str]:

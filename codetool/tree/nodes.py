@@ -13,6 +13,7 @@ from typing import Any
 
 from codetool.executor.channel import log_safe
 from codetool.executor.result import StepExecutor
+from codetool.rewards import not_executed
 from codetool.search.search import SearchTask
 from codetool.secrets import redact
 
@@ -25,10 +26,12 @@ def tree_seed(base: int, query_id: str) -> int:
 
 
 def node_record(node_id: str, parent: str | None, depth: int, e) -> dict[str, Any]:
-    """The JSON-able record of a sampled and executed node (``e``: an ``Expanded``)."""
+    """The JSON-able record of a sampled and executed node (``e``: an ``Expanded``); ``executed`` is
+    false when the executor could not run its code (a leaf that says nothing, ``codetool.tree.labels``)."""
     c = e.candidate
     return {"id": node_id, "parent": parent, "depth": depth, "code": c.code, "text": c.text,
             "observation": e.observation, "result": c.result.to_dict(), "ok": bool(c.r_spot),
+            "executed": not not_executed(c.result),
             "tool_calls": len(c.result.tool_calls), "final_answer": c.result.final_answer,
             "ended": e.ended, "leaf": False, "success": None,
             "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens}
