@@ -100,8 +100,8 @@ def test_the_shipped_testbed_recipes_load():
     cfg = load_config(PipelineConfig, REPO / "configs" / "pipeline" / "testbed.yaml")
     assert cfg.policy == "testbed" and cfg.trees.success == "answer" and cfg.trees.queries.startswith("world:train")
     assert [e.benchmark for e in cfg.evals] == ["world"] and cfg.evals[0].group == "heldout"
-    assert [m.name for m in cfg.methods] == ["greedy", "single-sample", "spot-only", "latent-only", "spot+latent"]
-    assert len({m.k for m in cfg.methods[2:]}) == 1 and len(cfg.seeds) >= 3
+    assert [m.name for m in cfg.methods] == ["single-sample", "spot-only", "latent-only", "spot+latent"]
+    assert len({m.k for m in cfg.methods[1:]}) == 1 and len(cfg.seeds) >= 3
     from codetool.policy.config import TrainPolicyConfig
 
     rl = load_config(TrainPolicyConfig, REPO / cfg.policy_rl)

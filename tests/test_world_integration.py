@@ -65,14 +65,21 @@ def test_the_answer_reward_and_the_evaluation_metric():
     class Task:
         extra = {"answer": KEY}
 
+    class Step:
+        def __init__(self, ok):
+            self.candidate = type("C", (), {"result": type("R", (), {"ok": ok})()})()
+
     class Ep:
-        def __init__(self, answer, finish="finish", task=Task()):
+        dropped = False
+
+        def __init__(self, answer, finish="finish", task=Task(), last_ok=True):
             self.task, self.finish_type, self.final_answer = task, finish, answer
-            self.steps, self.step_rewards = [object(), object()], {}
+            self.steps, self.step_rewards = [Step(True), Step(last_ok)], {}
 
     reward = AnswerReward()
     assert reward(episode=[Ep("Friday"), Ep("Friday, Saturday"), Ep("Friday", "max_steps"),
-                           Ep("Friday", task=type("T", (), {"extra": {}})())]) == [1.0, 0.0, 0.0, 0.0]
+                           Ep("Friday", task=type("T", (), {"extra": {}})()),
+                           Ep("Friday", last_ok=False)]) == [1.0, 0.0, 0.0, 0.0, 0.0]
     funcs, weights = build_rewards({"answer": 1.0}, aggregate="mean")
     assert [f.name for f in funcs] == ["answer"] and weights == [1.0]
     trajs = [Trajectory(query_id=str(i), query="q", benchmark="world", finish_type="finish", final_answer=a,
