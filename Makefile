@@ -58,7 +58,7 @@ demo: setup
 	$(CODETOOL) pipeline --config configs/pipeline/quickstart.yaml
 
 # The testbed (docs/TESTBED.md): the world policy is built once (cached under checkpoints/testbed/),
-# then trees -> PRM -> 5 methods x 3 seeds on held-out world queries -> train-policy before/after.
+# then trees -> PRM -> 4 methods x 3 seeds on held-out world queries -> train-policy before/after.
 testbed: setup
 	$(CODETOOL) setup --testbed
 	$(CODETOOL) pipeline --config configs/pipeline/testbed.yaml
