@@ -5,9 +5,10 @@ state-by-fork save, and which isolation layers work on this machine? (codetool.e
    measured side by side with the executor of ``--compare`` (a git ref, default ``main``: its
    ``codetool`` package is extracted to a temporary folder and run from there). Rounds alternate
    between the two, each in a fresh process, and the medians (p90) of all samples are compared
-   (issue 27's target: ours within 1.5x). ``poll`` is ours with ``cgroup=False`` (the memory
-   budget polled by the sandbox root, and the root stopping and sweeping each principal), what a
-   host without a delegated memory cgroup gets. Plus the cost of starting a family.
+   (issue 37's target: ours within 1.5x). ``poll`` is ``cgroup=False`` (the memory budget polled
+   by the sandbox root, which also sweeps each principal and lets each fork's ``setresuid``
+   through), what a host without a delegated memory cgroup gets. Plus the cost of starting a
+   family.
 2. Trajectory: 5 steps, 2 candidates per step, one tool call per candidate (a host tool that
    sleeps ``--tool-latency`` seconds, like a fast API). Ours forks the kept state for each
    candidate; the baseline is the public CodeTool approach, re-running every earlier chosen step
@@ -16,7 +17,7 @@ state-by-fork save, and which isolation layers work on this machine? (codetool.e
    candidate tries against a sibling (signals, ``/proc/<pid>/fd``, shared files, a full scratch,
    the process limit) and against the host's memory.
 
-    .venv/bin/python benchmarks/bench_executor.py [--iterations 100] [--rounds 6] [--compare main]
+    .venv/bin/python benchmarks/bench_executor.py [--iterations 100] [--rounds 6] [--compare main] [--overhead-only]
 
 Timings on a shared 2-core CPU are noisy: other processes delay every fork and wake-up, hence the
 alternating rounds and pooled medians.
@@ -25,8 +26,10 @@ alternating rounds and pooled medians.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -75,6 +78,7 @@ print(json.dumps(samples))
 def checkout(ref: str) -> Path:
     """``ref``'s ``codetool`` package in a temporary folder (for ``PYTHONPATH``)."""
     folder = Path(tempfile.mkdtemp(prefix="codetool-bench-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "codetool"], check=True,
                              capture_output=True).stdout
     with tarfile.open(fileobj=__import__("io").BytesIO(archive)) as tar:
@@ -97,6 +101,7 @@ def compare_overhead(modes: list[str], ref: str, iterations: int, rounds: int) -
     variants = {f"{mode} {ref}": (old_root, mode, None) for mode in modes}
     variants.update({f"{mode} ours": (REPO, mode, None) for mode in modes})
     if "bwrap" in modes and os.geteuid() == 0:
+        variants[f"bwrap {ref} poll"] = (old_root, "bwrap", {"cgroup": False})
         variants["bwrap ours poll"] = (REPO, "bwrap", {"cgroup": False})
     samples: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
@@ -202,19 +207,24 @@ PROBES = [
     ("wall-clock kill", {"timeout_s": 1}, "while True:\n    try:\n        pass\n    except BaseException:\n        pass",
      lambda r: r.timed_out),
     ("output cap", {"max_output_chars": 1000}, "print('x' * 10**6)", lambda r: r.output_truncated),
-    ("seccomp: pidfd_getfd denied", {},
+    ("no ctypes, or pidfd_getfd denied", {},
      "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\npfd = os.pidfd_open(os.getpid())\n"
-     "print(libc.syscall(438, pfd, 0, 0), ctypes.get_errno())", lambda r: r.stdout == "-1 1\n"),
+     "print(libc.syscall(438, pfd, 0, 0), ctypes.get_errno())",
+     lambda r: r.stdout == "-1 1\n" or r.error_type == "ImportError"),
     ("seccomp: AF_VSOCK denied", {}, "import socket\nsocket.socket(40, socket.SOCK_STREAM)",
      lambda r: not r.ok and "97" in (r.error_message or "")),
     ("seccomp: SysV shm and memfd denied", {}, "import os\nos.memfd_create('x')",
      lambda r: r.outcome == "sandbox_violation"),
     ("tool-call budget (max_tool_calls)", {"max_tool_calls": 5},
      "while True:\n    search(query='x')", lambda r: r.error_type == "ToolLimit"),
-    ("forged frame rejected (nonce)", {},
-     "import gc, struct\nw = next(o for o in gc.get_objects() if type(o).__name__ == 'Worker')\n"
-     "d = b'{\"op\": \"done\", \"outcome\": \"ok\"}'\nw.chan.sock.sendall(struct.pack('>I', len(d)) + d)\n"
-     "raise ValueError", lambda r: r.outcome == "sandbox_violation"),
+    ("verdict out of reach (classifier swapped)", {},
+     "import sys\nfor m in list(sys.modules.values()):\n    for k in ('classify', 'kind_of'):\n"
+     "        if k in getattr(m, '__dict__', {}):\n            m.__dict__[k] = lambda *a, **kw: 'ok'\n"
+     "finish.__globals__['classify'] = lambda e: 'ok'\nraise ValueError('forged?')",
+     lambda r: r.outcome == "runtime_error"),
+    ("verdict out of reach (host's timeout line)", {},
+     "class Timeout(BaseException):\n    pass\nraise Timeout('the step ran longer than 30 s and was stopped')",
+     lambda r: r.outcome == "runtime_error"),
 ]
 
 
@@ -280,9 +290,8 @@ MEMORY_ATTACKS = [
     ("2,000,000 file locks", "import fcntl\nf = open('locks', 'w')\n"
      "for i in range(2_000_000):\n    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 2 * i)"),
     ("24 processes x 30,000 mappings", "import mmap, os, time\n"
-     "def split():\n    m = mmap.mmap(-1, 30_000 * 8192)\n    import ctypes\n"
-     "    libc = ctypes.CDLL(None)\n    base = ctypes.addressof(ctypes.c_char.from_buffer(m))\n"
-     "    for i in range(0, 30_000 * 8192, 8192):\n        libc.mprotect(ctypes.c_void_p(base + i), 4096, 1)\n"
+     "def split():\n    flags, rw = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, mmap.PROT_READ | mmap.PROT_WRITE\n"
+     "    kept = [mmap.mmap(-1, 4096, flags=flags, prot=rw if i % 2 else mmap.PROT_READ) for i in range(30_000)]\n"
      "    time.sleep(30)\n"
      "for _ in range(24):\n    if os.fork() == 0:\n        split()\n        os._exit(0)\ntime.sleep(8)"),
 ]
@@ -358,6 +367,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=100, help="fork+run+close repetitions per round")
     parser.add_argument("--rounds", type=int, default=6, help="alternating rounds per variant")
     parser.add_argument("--compare", default="main", help="git ref whose executor is measured side by side")
+    parser.add_argument("--overhead-only", action="store_true", help="measure only 1. (fork + run + close)")
     parser.add_argument("--tool-latency", type=float, default=0.05, help="seconds each tool call sleeps")
     args = parser.parse_args()
     available = modes()
@@ -370,13 +380,15 @@ def main() -> None:
     print(f"{'variant':<22} {'median':>8} {'p90':>8} {'vs ' + args.compare:>10}")
     ratios = {}
     for name, values in samples.items():
-        mode = name.split()[0]
-        base = sorted(samples[f"{mode} {args.compare}"])
+        mode, poll = name.split()[0], " poll" if name.endswith(" poll") else ""
+        base = sorted(samples[f"{mode} {args.compare}{poll}"])
         ratio = sorted(values)[len(values) // 2] / base[len(base) // 2]
         ratios[name] = ratio
         print(f"{name:<22} {ms(values):>8} {ms(values, 0.9):>8} {ratio:>9.2f}x")
     starts = {mode: bench_overhead(mode, 0)["start"] for mode in available}
     print("new family (Executor()):", ", ".join(f"{m} {ms(v)} ms" for m, v in starts.items()))
+    if args.overhead_only:
+        return
 
     print(f"\n2. 5 steps x 2 candidates x 1 tool call ({args.tool_latency * 1000:.0f} ms each)")
     print(f"{'mode':<10} {'approach':<22} {'tool calls':>10} {'wall s':>8}")
@@ -387,13 +399,13 @@ def main() -> None:
 
     print("\n3. isolation layers that work here (each probed by code it must stop)")
     layers = {mode: bench_layers(mode) for mode in available}
-    print(f"{'layer':<34} " + " ".join(f"{m:>9}" for m in available))
+    print(f"{'layer':<44} " + " ".join(f"{m:>9}" for m in available))
     for layer, *_ in PROBES:
-        print(f"{layer:<34} " + " ".join(f"{layers[m][layer]:>9}" for m in available))
+        print(f"{layer:<44} " + " ".join(f"{layers[m][layer]:>9}" for m in available))
     print("\n   a candidate against its sibling (forked from the same state)")
     siblings = {mode: bench_siblings(mode) for mode in available}
     for name, *_ in SIBLING_PROBES:
-        print(f"{name:<34} " + " ".join(f"{siblings[m][name]:>9}" for m in available))
+        print(f"{name:<44} " + " ".join(f"{siblings[m][name]:>9}" for m in available))
     with Executor(ExecutorConfig(isolation=available[-1])) as ex:
         print(f"\nactive isolation ({available[-1]}): {ex.isolation}")
 

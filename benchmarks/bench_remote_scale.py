@@ -1,30 +1,40 @@
-"""How busy do ``run``, ``build-trees`` and ``eval`` keep a remote server? (issue 28)
+"""Does every long job keep a remote server full, and what does it cost the client? (issues 28, 39)
 
-Starts a stub OpenAI-compatible server (plus a ``serve-prm``-style ``/prm/score``) in its own
-process, on loopback: every request waits a fixed latency plus jitter once it holds a slot of the
-server's capacity (sequences: a request for n samples holds n), and the server counts what is in
-flight. The latency is that of a request for 256 tokens (the search's ``max_new_tokens``); one
-that may write fewer takes its share (a probe of a few tokens next to none). Then the real commands run against it as subprocesses (``codetool run`` on StableToolBench
-G1 with the simulator, ``codetool build-trees`` on the same queries, ``codetool eval`` with the stub
-as judge), each twice or more: as before issue 28 (batched rounds, 8 requests in flight: the old
-client's fixed cap, ``search.concurrency`` 4, ``batch_trees`` 8, judge batches of 8) and with the
-current defaults (continuous scheduling, ``max_in_flight`` 64), and with 4 allowed in flight.
+One command, from the repository root after ``make setup`` (it reads StableToolBench's G1 test
+queries from ``$CODETOOL_DATA``, ``../shared/data`` or what ``codetool data`` fetched)::
 
-For each it reports, from the server's side: requests, sequences, the effective concurrency
-(sequence-seconds over the seconds in which anything was in flight, i.e. the mean number of
-sequences the server held), the peak, the busy wall time, and the ideal wall time (the work at the
-allowed concurrency, or the longest chain of dependent requests if that is longer).
+    .venv/bin/python benchmarks/bench_remote_scale.py                      # 40 queries, ~3 min
+    .venv/bin/python benchmarks/bench_remote_scale.py --queries 40 1000    # the README table, ~1 h
+    git archive main | tar -x -C /tmp/old && .venv/bin/python benchmarks/bench_remote_scale.py \
+        --baseline-src /tmp/old                                            # beside older code
+
+It starts a stub OpenAI-compatible server (plus a ``serve-prm``-style ``/prm/score``) in its own
+process, on loopback: a request waits a fixed latency (1 s for 256 tokens) plus jitter once it
+holds its slots (a request for n samples holds n), and the server counts what is in flight. Then
+the real commands run against it as subprocesses with their default settings at 64 sequences
+allowed (``--policy_client.max_in_flight 64``): ``codetool run`` (k = 2, 5 steps, the simulator
+as tool backend), ``run`` with a PRM server, ``codetool build-trees`` (depth 4) and ``codetool
+eval`` with the stub as judge (3 rounds). With more queries than G1 holds (163), the queries
+are G1's repeated under new ids (a copy of the file in the output folder is the data folder).
+
+For each command, from the server's side: requests, sequences, the **mean in flight** from the
+first request to the last reply (sequence-seconds over that window; the target is 75% of what is
+allowed, 48 of 64), the peak, the window; from the client's side: the command's wall time and
+its ratio to the window (startup, probes and the last writes included; the target for ``run`` is
+1.3x), and the peak memory of the command's process tree (proportional set size, and the sum of
+resident sizes that counts a shared page in every process) per unit in flight (episodes for
+``run``: ``search.concurrency``'s default 2 x 64 / k, at most the queries; trees for
+``build-trees``: 2 x 64 / (2 x branching), at least 8). ``uptime``'s load is printed with the table.
 
 The stub's replies: a policy prompt (it starts with a system message) gets a short code step
 (``x = <number>`` and a print), or ``finish(...)`` at the fifth step (and before it with
-``--finish-rate``: episodes of different lengths leave the end of a run with few in flight); a judge prompt (it asks for ``answer_status``) gets a Solved verdict (JSON text,
-or a tool call when forced); anything else a short text. Replies depend on the prompt, the seed
-and the sample index only. It plays vLLM: ``n``, ``seed`` and ``continue_final_message`` work.
+``--finish-rate``); a judge prompt (it asks for ``answer_status``) gets a Solved verdict (JSON
+text, or a tool call when forced); anything else a short text. Replies depend on the prompt, the
+seed and the sample index only. It plays vLLM: ``n``, ``seed`` and ``continue_final_message``
+work. With ``--faults F`` a share F of the policy replies is a fault (a 500, a 200 whose body is
+not JSON, or a dropped connection, in turn): the client retries each (``policy_client.*``).
 
-    .venv/bin/python benchmarks/bench_remote_scale.py [--queries 40] [--latency 1.0] [--jitter 0.2]
-        [--only run trees eval run+prm] [--out runs/bench/remote_scale] [--baseline-src DIR]
-
-Loopback only, bounded: each command has a time limit (``--max-seconds``). Needs ../shared/data.
+Loopback only, bounded: each command has a time limit (``--max-seconds``).
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -44,10 +55,24 @@ from pathlib import Path
 
 from _result import emit  # benchmarks/_result.py
 from fastapi import FastAPI, Request
+from fastapi.responses import PlainTextResponse
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
-QUERIES = DATA / "StableToolBench" / "solvable_queries" / "test_instruction" / "G1_instruction.json"
+sys.path.insert(0, str(ROOT))
+from codetool.memory_use import tree_memory  # noqa: E402 - the package of this checkout
+
+ALLOWED = 64  # sequences the client may keep in flight (the issue's setting)
+CHAIN = {"run": 5, "run+prm": 5, "trees": 4, "eval": 1}  # dependent requests in a row
+
+
+def data_root() -> Path:
+    """Where StableToolBench's queries are: $CODETOOL_DATA, ../shared/data, or codetool's data folder."""
+    for candidate in (os.environ.get("CODETOOL_DATA"), ROOT.parent / "shared" / "data"):
+        if candidate and (Path(candidate) / "StableToolBench").is_dir():
+            return Path(candidate)
+    from codetool.tools.loaders import data_root as ours
+
+    return ours()
 
 
 # ------------------------------------------------------------------------------- the stub server
@@ -105,8 +130,9 @@ def policy_reply(body: dict, i: int, steps: int, finish_rate: float) -> str:
 
 
 def build_app(latency: float, jitter: float, capacity: int, prm_latency: float, prm_capacity: int, steps: int = 5,
-              finish_rate: float = 0.0):
+              finish_rate: float = 0.0, faults: float = 0.0):
     app = FastAPI()
+    fault_count = [0, 0]  # replies so far, faults so far: every 1/faults-th reply is one, in turn
     meters = {"policy": Meter(), "prm": Meter(), "all": Meter()}  # "all": policy and PRM together
     slots = {"policy": [capacity, asyncio.Condition()], "prm": [prm_capacity, asyncio.Condition()]}
 
@@ -141,6 +167,15 @@ def build_app(latency: float, jitter: float, capacity: int, prm_latency: float, 
         finally:
             meters["policy"].leave(n)
             meters["all"].leave(n)
+        fault_count[0] += 1
+        if faults and fault_count[0] * faults >= fault_count[1] + 1:
+            fault_count[1] += 1
+            kind = fault_count[1] % 3
+            if kind == 0:
+                return PlainTextResponse("upstream failed", status_code=500)
+            if kind == 1:
+                return PlainTextResponse("<html>bad gateway</html>", status_code=200)  # a 200 that is not JSON
+            return PlainTextResponse('{"choi', headers={"content-length": "4096"})  # the connection drops mid-body
         judge = "answer_status" in body["messages"][0]["content"]
         choices = []
         for i in range(n):
@@ -187,53 +222,61 @@ def serve(args) -> None:
     import uvicorn
 
     app = build_app(args.latency, args.jitter, args.capacity, args.prm_latency, args.prm_capacity, CHAIN["run"],
-                    args.finish_rate)
+                    args.finish_rate, args.faults)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", backlog=2048, limit_concurrency=4096)
 
 
+
 # ---------------------------------------------------------------------------------- the scenarios
-# Before issue 28: batched rounds, the old client's fixed 8 requests in flight (k = 2 samples each),
-# search.concurrency 4 and batch_trees 8 (their old defaults), judge batches of 8.
-ROUNDS_8 = ["--search.schedule", "rounds", "--policy_client.max_in_flight", "16", "--prm_client.max_in_flight", "16"]
-SETTINGS = {  # kind -> [(label, extra flags, sequences allowed in flight)]
-    "run": [("before (rounds, 8 requests)", ROUNDS_8, 16), ("after (continuous, 64)", [], 64),
-            ("after, 4 allowed", ["--policy_client.max_in_flight", "4"], 4)],
-    "trees": [("before (rounds, 8 requests)", ROUNDS_8[:4], 16), ("after (continuous, 64)", [], 64),
-              ("after, 4 allowed", ["--policy_client.max_in_flight", "4"], 4)],
-    "run+prm": [("before (rounds, 8 requests)", ROUNDS_8, 16), ("after (continuous, 64)", [], 64)],
-    "eval": [("before (batches of 8)", ["--judge.batch_size", "8", "--judge.client.max_in_flight", "8"], 8),
-             ("after (64 in flight)", [], 64)],
-}
-CHAIN = {"run": 5, "run+prm": 5, "trees": 4, "eval": 1}  # dependent requests in a row
+def write_queries(out: Path, n: int) -> Path:
+    """A data folder whose G1_instruction holds ``n`` queries: G1's, repeated under new ids."""
+    source = data_root() / "StableToolBench" / "solvable_queries" / "test_instruction" / "G1_instruction.json"
+    if not source.is_file():
+        raise SystemExit(f"no StableToolBench queries at {source}: set CODETOOL_DATA or run `codetool data fetch "
+                         "stabletoolbench`.")
+    base = json.loads(source.read_text())
+    queries = []
+    for i in range(n):
+        q = dict(base[i % len(base)])
+        if i >= len(base):
+            q["query_id"] = int(q["query_id"]) * 1000 + i // len(base)
+        queries.append(q)
+    folder = out / f"data-{n}"
+    target = folder / "StableToolBench" / "solvable_queries" / "test_instruction" / "G1_instruction.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(queries))
+    return folder
 
 
-def scenarios(url: str, out: Path, queries: int, only: list[str], baseline: Path | None = None) -> list[dict]:
-    """The commands to run, in order (``eval`` judges the trajectories of the continuous run)."""
-    common = ["--tool_doc", "brief", "--executor.isolation", "fallback", "--policy", f"{url}/v1"]
-    run = ["run", "--benchmark", "stabletoolbench", "--group", "G1_instruction", "--subset", "full", "--limit",
-           str(queries), "--search.max_steps", str(CHAIN["run"]), *common]
-    argv = {"run": run + ["--prm", "none"], "run+prm": run + ["--prm", f"{url}/prm"],
-            # --search.max_new_tokens 192 (the trees' default) in every variant: a --search.* flag on
-            # build-trees otherwise starts the group from SearchConfig's defaults (256 tokens).
-            "trees": ["build-trees", "--queries", str(QUERIES), "--limit", str(queries), "--max_depth",
-                      str(CHAIN["trees"]), "--search.max_new_tokens", "192", *common],
-            "eval": ["eval", str(out / "run-1.jsonl"), "--judge.model", f"{url}/v1", "--judge.mode", "json",
-                     "--judge.protocol", "codetool", "--plots", "false"]}
+def scenarios(url: str, out: Path, n: int, data: Path, only: list[str], baseline: Path | None) -> list[dict]:
+    """The commands for ``n`` queries, in order; each beside the baseline code's when given."""
+    common = ["--tool_doc", "brief", "--executor.isolation", "fallback", "--policy", f"{url}/v1",
+              "--policy_client.max_in_flight", str(ALLOWED)]
+    run = ["run", "--benchmark", "stabletoolbench", "--group", "G1_instruction", "--subset", "full", "--data_dir",
+           str(data), "--limit", str(n), "--search.max_steps", str(CHAIN["run"]), *common]
+    queries = data / "StableToolBench" / "solvable_queries" / "test_instruction" / "G1_instruction.json"
     found = []
     for kind in ("run", "trees", "run+prm", "eval"):
         if kind not in only:
             continue
-        for i, (label, extra, allowed) in enumerate(SETTINGS[kind]):
-            tag = f"{kind.replace('+', '')}-{i}"
-            where = {"run": ["--output", f"{out}/{tag}.jsonl"], "run+prm": ["--output", f"{out}/{tag}.jsonl"],
-                     "trees": ["--output", f"{out}/{tag}.jsonl", "--dataset_dir", f"{out}/{tag}-data"],
-                     "eval": ["--out", f"{out}/{tag}"]}[kind]
-            found.append({"kind": kind, "label": label, "tag": tag, "argv": argv[kind] + where + extra,
-                          "allowed": allowed, "chain": CHAIN[kind]})
-            if baseline and label.startswith("before"):  # the same command on the older code itself
-                found.append({"kind": kind, "label": f"baseline code ({baseline.name})", "tag": f"{tag}-baseline",
-                              "argv": argv[kind] + [a.replace(tag, f"{tag}-baseline") for a in where], "allowed": allowed,
-                              "chain": CHAIN[kind], "pythonpath": str(baseline)})
+        for code in ([("baseline", baseline)] if baseline else []) + [("this checkout", None)]:
+            tag = f"{kind.replace('+', '')}-{n}" + ("-baseline" if code[1] else "")
+            runs = f"{out}/run-{n}" + ("-baseline" if code[1] else "") + ".jsonl"
+            argv = {"run": run + ["--prm", "none", "--output", runs],
+                    "run+prm": run + ["--prm", f"{url}/prm", "--prm_client.max_in_flight", str(ALLOWED),
+                                      "--output", f"{out}/{tag}.jsonl"],
+                    # --search.max_new_tokens 192: the trees' default (a --search.* flag on build-trees
+                    # otherwise starts the group from SearchConfig's defaults, 256 tokens)
+                    "trees": ["build-trees", "--queries", str(queries), "--limit", str(n), "--max_depth",
+                              str(CHAIN["trees"]), "--search.max_new_tokens", "192", *common, "--output",
+                              f"{out}/{tag}.jsonl", "--dataset_dir", f"{out}/{tag}-data"],
+                    "eval": ["eval", runs, "--judge.model", f"{url}/v1", "--judge.mode", "json", "--judge.protocol",
+                             "codetool", "--judge.rounds", "3", "--judge.client.max_in_flight", str(ALLOWED),
+                             "--plots", "false", "--out", f"{out}/{tag}"]}[kind]
+            units = {"run": min(n, 2 * ALLOWED // 2), "run+prm": min(n, 2 * ALLOWED // 2),
+                     "trees": min(n, max(8, 2 * ALLOWED // 4)), "eval": min(3 * n, ALLOWED)}[kind]
+            found.append({"kind": kind, "code": code[0], "tag": tag, "argv": argv, "pythonpath": code[1],
+                          "units": units, "n": n})
     return found
 
 
@@ -249,22 +292,82 @@ def _get(url: str, method: str = "GET") -> dict:
     return httpx.request(method, url, timeout=10).json()
 
 
+def _load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
+
+
+class Sampler:
+    """Peak memory of a process tree, sampled every ``every_s`` in a thread."""
+
+    def __init__(self, pid: int, every_s: float = 0.5):
+        self.pid, self.every_s = pid, every_s
+        self.peak_pss = self.peak_rss = 0.0
+        self.processes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            use = tree_memory(self.pid)
+            if use.pss_mb > self.peak_pss:
+                self.peak_pss, self.processes = use.pss_mb, use.processes
+            self.peak_rss = max(self.peak_rss, use.rss_mb)
+            self._stop.wait(self.every_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def run_one(sc: dict, url: str, env: dict, max_seconds: float, out: Path) -> dict:
+    """Run one scenario's command; what the server and the sampler saw."""
+    _get(f"{url}/reset", "POST")
+    run_env = {**env, "PYTHONPATH": str(sc["pythonpath"])} if sc["pythonpath"] else {**env, "PYTHONPATH": str(ROOT)}
+    load = _load()
+    start = time.perf_counter()
+    with open(out / f"{sc['tag']}.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "codetool.cli", *sc["argv"], "--log-level", "WARNING"],
+                                cwd=sc["pythonpath"] or ROOT, env=run_env, stdout=log, stderr=subprocess.STDOUT)
+        sampler = Sampler(proc.pid)
+        try:
+            rc = proc.wait(timeout=max_seconds)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+        finally:
+            sampler.stop()
+    seconds = time.perf_counter() - start
+    s = _get(f"{url}/stats")
+    served = s["all"] if sc["kind"] == "run+prm" else s["policy"]
+    window = served["wall_s"] or 1e-9
+    return {"kind": sc["kind"], "code": sc["code"], "queries": sc["n"], "rc": rc, "command_s": round(seconds, 1),
+            "requests": served["requests"], "sequences": served["sequences"], "peak": served["peak"],
+            "window_s": window, "mean_in_flight": round(served["sequence_seconds"] / window, 1),
+            "effective_busy": served["effective"], "wall_over_window": round(seconds / window, 2),
+            "policy_mean_in_flight": round(s["policy"]["sequence_seconds"] / (s["policy"]["wall_s"] or 1e-9), 1),
+            "prm_requests": s["prm"]["requests"], "units": sc["units"],
+            "pss_mb": round(sampler.peak_pss), "rss_mb": round(sampler.peak_rss), "processes": sampler.processes,
+            "pss_per_unit_mb": round(sampler.peak_pss / sc["units"], 1),
+            "rss_per_unit_mb": round(sampler.peak_rss / sc["units"], 1), "load": load}
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--queries", type=int, default=40)
-    parser.add_argument("--latency", type=float, default=1.0, help="seconds per request once it holds its slots")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--queries", type=int, nargs="+", default=[40])
+    parser.add_argument("--latency", type=float, default=1.0, help="seconds per 256-token request once it holds its slots")
     parser.add_argument("--jitter", type=float, default=0.2, help="extra seconds, uniform in [0, jitter]")
     parser.add_argument("--capacity", type=int, default=256, help="sequences the stub serves at once")
     parser.add_argument("--finish-rate", type=float, default=0.0,
-                        help="chance that a step before the last finishes (0: every episode takes 5 steps, every "
-                             "tree is full)")
+                        help="chance that a step before the last finishes (0: every episode takes 5 steps)")
+    parser.add_argument("--faults", type=float, default=0.0, help="share of policy replies that are a fault")
     parser.add_argument("--prm-latency", type=float, default=0.3)
     parser.add_argument("--prm-capacity", type=int, default=256)
-    parser.add_argument("--only", nargs="*", default=["run", "trees", "eval", "run+prm"])
+    parser.add_argument("--only", nargs="*", default=["run", "trees", "run+prm", "eval"])
     parser.add_argument("--out", default="runs/bench/remote_scale")
-    parser.add_argument("--baseline-src", default="", help="a source tree of older code (e.g. `git archive` of a "
-                        "commit before issue 28): its commands run beside the 'before' settings, with its defaults")
-    parser.add_argument("--max-seconds", type=float, default=600, help="time limit of each command")
+    parser.add_argument("--baseline-src", default="", help="a source tree of older code (`git archive` of a commit): "
+                        "each command also runs on it, before ours")
+    parser.add_argument("--max-seconds", type=float, default=3600, help="time limit of each command")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -274,16 +377,15 @@ def main() -> None:
 
     out = Path(args.out).resolve()
     if out.exists():
-        import shutil
-
         shutil.rmtree(out)
     out.mkdir(parents=True)
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([sys.executable, __file__, "--serve", "--port", str(port), "--latency", str(args.latency),
                                "--jitter", str(args.jitter), "--capacity", str(args.capacity), "--finish-rate",
-                               str(args.finish_rate), "--prm-latency",
+                               str(args.finish_rate), "--faults", str(args.faults), "--prm-latency",
                                str(args.prm_latency), "--prm-capacity", str(args.prm_capacity)])
+    results = []
     try:
         for _ in range(100):
             try:
@@ -291,42 +393,34 @@ def main() -> None:
                 break
             except Exception:  # noqa: BLE001 - not up yet
                 time.sleep(0.1)
-        results = []
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "CODETOOL_DATA": str(DATA)}
+        # bytecode caching on, as in a user's install (a PYTHONDONTWRITEBYTECODE shell would compile
+        # every module at each start, ~0.5 s on 2 busy cores, and time that against the commands)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        env.update({"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
         baseline = Path(args.baseline_src).resolve() if args.baseline_src else None
-        for sc in scenarios(url, out, args.queries, args.only, baseline):
-            _get(f"{url}/reset", "POST")
-            start = time.perf_counter()
-            run_env = {**env, "PYTHONPATH": sc["pythonpath"]} if sc.get("pythonpath") else env
-            proc = subprocess.run([sys.executable, "-m", "codetool.cli", *sc["argv"], "--log-level", "WARNING"],
-                                  cwd=sc.get("pythonpath", ROOT), env=run_env, capture_output=True, text=True,
-                                  timeout=args.max_seconds)
-            seconds = time.perf_counter() - start
-            stats = _get(f"{url}/stats")
-            s = stats["policy"]
-            latency = args.latency + args.jitter / 2
-            ideal = max(s["sequence_seconds"] / sc["allowed"], sc["chain"] * latency)
-            row = {"kind": sc["kind"], "label": sc["label"], "rc": proc.returncode, "command_s": round(seconds, 1),
-                   **s, "allowed": sc["allowed"], "ideal_s": round(ideal, 1),
-                   "prm_effective": stats["prm"]["effective"], "prm_requests": stats["prm"]["requests"],
-                   "wall_all_s": stats["all"]["wall_s"]}
-            results.append(row)
-            (out / f"{sc['tag']}.log").write_text(proc.stdout + proc.stderr)
-            print(f"{row['kind']:<8} {row['label']:<30} rc {row['rc']}  requests {row['requests']:>5}  sequences "
-                  f"{row['sequences']:>5}  effective {row['effective']:>6.1f}  peak {row['peak']:>3}  busy "
-                  f"{row['busy_s']:>6.1f} s  ideal {row['ideal_s']:>6.1f} s  (command {row['command_s']} s)"
-                  + (f"  PRM effective {row['prm_effective']:.1f}, policy+PRM wall {row['wall_all_s']} s"
-                     if row["prm_requests"] else ""), flush=True)
+        for n in args.queries:
+            data = write_queries(out, n)
+            for sc in scenarios(url, out, n, data, args.only, baseline):
+                row = run_one(sc, url, env, args.max_seconds, out)
+                results.append(row)
+                print(f"{row['kind']:<8} {row['queries']:>5} q  {row['code']:<14} rc {row['rc']}  requests "
+                      f"{row['requests']:>5}  mean in flight {row['mean_in_flight']:>5.1f} (peak {row['peak']})  "
+                      f"window {row['window_s']:>6.1f} s  command {row['command_s']:>6.1f} s "
+                      f"({row['wall_over_window']:.2f}x)  client {row['pss_mb']} MiB PSS / {row['rss_mb']} MiB RSS "
+                      f"({row['pss_per_unit_mb']} / {row['rss_per_unit_mb']} per unit)  load {row['load']}",
+                      flush=True)
         (out / "results.json").write_text(json.dumps(results, indent=2))
-        emit(**{f"{r['kind']}_{r['label'].split()[0]}_{r['allowed']}_effective": r["effective"] for r in results})
-        print("\n| command | schedule | allowed | requests | sequences | effective | peak | busy s | ideal s | "
-              "PRM effective | wall s |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        emit(**{f"{r['kind']}_{r['queries']}_{r['code'].split()[0]}_mean_in_flight": r["mean_in_flight"]
+                for r in results})
+        print(f"\nat {ALLOWED} allowed, {args.latency:g} s stub (+ up to {args.jitter:g} s); load (1, 5, 15 min) "
+              f"when each started in the last column")
+        print("| command | queries | code | mean in flight (of 64) | peak | window s | command s | command / window "
+              "| client MiB PSS (RSS) | per unit in flight, MiB PSS (RSS) | load |")
+        print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
         for r in results:
-            prm = f"{r['prm_effective']:.1f}" if r["prm_requests"] else "-"
-            print(f"| {r['kind']} | {r['label']} | {r['allowed']} | {r['requests']} | {r['sequences']} | "
-                  f"{r['effective']:.1f} | {r['peak']} | {r['busy_s']:.1f} | {r['ideal_s']:.1f} | {prm} | "
-                  f"{r['wall_all_s']:.1f} |")
+            print(f"| {r['kind']} | {r['queries']} | {r['code']} | {r['mean_in_flight']:.1f} | {r['peak']} | "
+                  f"{r['window_s']:.1f} | {r['command_s']:.1f} | {r['wall_over_window']:.2f}x | {r['pss_mb']} "
+                  f"({r['rss_mb']}) | {r['pss_per_unit_mb']} ({r['rss_per_unit_mb']}) of {r['units']} | {r['load']} |")
     finally:
         server.terminate()
         server.wait(timeout=10)

@@ -38,7 +38,6 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=None, help="hack names (default: all)")
     args = parser.parse_args()
     tokenizer = build_tiny_tokenizer(Path(tempfile.mkdtemp(prefix="reward-hacking-tok-")))
-    task = rh.load_task(SHARED_DATA)
     print(f"codetool from {Path(codetool.__file__).parent}")
     settings = list(rh.SETTINGS)
     print("| hack | " + " | ".join(f"{s} (hack / honest)" for s in settings) + " | tree pair | leaf success (hack / honest) |")
@@ -47,6 +46,7 @@ def main() -> None:
     for hack in rh.HACKS:
         if args.only and hack.name not in args.only:
             continue
+        task = rh.load_task(SHARED_DATA, *hack.query)
         got = rh.rewards(rh.rollout(tokenizer, task, hack.hack))
         honest = rh.rewards(rh.rollout(tokenizer, task, hack.honest))
         record = rh.tree(task, hack)
@@ -54,7 +54,8 @@ def main() -> None:
         leaves = [rh.leaf_success(record, hack, side) for side in ("hack", "honest")]
         cells = [f"{_cell(got[s])} / {_cell(honest[s])}" for s in settings]
         print(f"| {hack.name} | " + " | ".join(cells) + f" | {verdict} | {leaves[0]:.2f} / {leaves[1]:.2f} |")
-        gains = [s for s in settings if got[s] is None or (honest[s] is not None and got[s] > honest[s] + 1e-9)]
+        gains = [s for s in settings if s not in hack.legitimate_under
+                 and (got[s] is None or (honest[s] is not None and got[s] > honest[s] + 1e-9))]
         results[hack.name] = {"gains_under": gains, "tree": verdict}
     wins = sum(bool(r["gains_under"]) or r["tree"] == "hack wins" for r in results.values())
     print(f"\n{wins} of {len(results)} hacks earn more than their honest episode somewhere")

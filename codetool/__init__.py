@@ -6,7 +6,7 @@ chosen by the on-the-spot reward (did the code run?) plus the latent reward (a p
 model's estimate of how promising the step is). See ``README.md`` for the pipeline.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 class CodetoolError(Exception):

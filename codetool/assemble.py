@@ -57,14 +57,15 @@ STRATEGIES: dict[str, Strategy] = {
 # a JudgeConfig; ScriptedJudge answers from a script (tests, replays) and no config names it. The
 # other seams have theirs beside the function that chooses: models.backends.BACKENDS (policy),
 # prm.scorer.SCORERS (PRM), tools.backends.BACKENDS (tools).
-JUDGES: dict[str, type] = {
+JUDGES: dict[str, Callable[..., Judge]] = {  # the type checker holds each class to the Judge seam
     "llm": LLMJudge,
     "scripted": ScriptedJudge,
 }
 
 
 def make_search(policy: LLMBackend, cfg: SearchConfig, make_executor: Callable[[SearchTask], StepExecutor],
-                scorer: PRMScorer | None = None, config_hash: str = "") -> Search:
+                scorer: PRMScorer | None = None, config_hash: str = "",
+                admit: Callable[[int], bool] | None = None) -> Search:
     """The search ``cfg`` describes: the parts bound to the settings and to ``STRATEGIES[cfg.strategy]``.
 
     Args:
@@ -73,10 +74,11 @@ def make_search(policy: LLMBackend, cfg: SearchConfig, make_executor: Callable[[
         make_executor (`Callable[[SearchTask], StepExecutor]`): a fresh executor for a task.
         scorer (`PRMScorer`, *optional*): the latent reward source when ``latent='prm'``.
         config_hash (`str`, *optional*): stored in every trajectory.
+        admit (`Callable[[int], bool]`, *optional*): a cap on the queries in flight (a memory cap).
     Raises:
         ConfigError: settings the parts cannot run (``codetool.search.episode.check``).
     """
-    return Search(SearchParts(policy, make_executor, scorer, config_hash), cfg, STRATEGIES[cfg.strategy])
+    return Search(SearchParts(policy, make_executor, scorer, config_hash, admit), cfg, STRATEGIES[cfg.strategy])
 
 
 def make_policy(spec: ModelSpec):
@@ -125,17 +127,20 @@ def make_judge(cfg: JudgeConfig, cache_path: str | None = None) -> Judge | None:
 
     from codetool.judge.reference_prompts import load_reference_prompts
     from codetool.models.backends import make_backend
+    from codetool.models.openai_backend import OpenAIBackend
 
     reference = load_reference_prompts(cfg.prompts, cfg.reference_dir, evaluator=cfg.stabletoolbench_evaluator,
                                        instruction=cfg.codetool_instruction)  # no checkout: fails before any model
-    spec = cfg.model_spec  # parsed by JudgeConfig
+    spec = cfg.model_spec  # parsed by JudgeConfig (an enabled judge has a model)
+    assert spec is not None
     remote = spec.remote
+    backend: LLMBackend | Callable[[], LLMBackend]
     if remote:
         backend = make_backend(spec)
         # The model's name is part of every cache key: ask the server once when it was not given.
         served = cfg.remote_model or (backend.resolved_model() if hasattr(backend, "resolved_model") else "")
         name = f"openai:{served or 'server-default'}@{cfg.model}"
-        if cfg.mode == "options" and callable(getattr(backend, "feature", None)) and not backend.feature("logprobs"):
+        if cfg.mode == "options" and isinstance(backend, OpenAIBackend) and not backend.feature("logprobs"):
             raise ConfigError(f"judge.mode is 'options' (labels scored by log-probabilities), but the judge server "
                               f"{cfg.model} returns none ({backend.features.notes.get('logprobs', '')}); set "
                               "--judge.mode json or tools.")
@@ -158,10 +163,14 @@ def make_judge(cfg: JudgeConfig, cache_path: str | None = None) -> Judge | None:
 
 
 def executor_factory(executor_cfg: ExecutorConfig) -> Callable[[SearchTask], StepExecutor]:
-    """``task -> Executor`` with the task's tool functions."""
+    """``task -> Executor`` with the task's tool functions; the executors of one factory share
+    sandbox families (:class:`codetool.executor.pool.FamilyPool`): a new one is a fork of a running
+    root, not a new interpreter."""
     from codetool.executor import Executor
+    from codetool.executor.pool import FamilyPool
 
-    return lambda task: Executor(executor_cfg, tools=task.env.functions())
+    pool = FamilyPool(executor_cfg)
+    return lambda task: Executor(executor_cfg, tools=task.env.functions(), pool=pool)
 
 
 def make_task(query, backend, *, max_response_chars: int = 20000, tool_doc: str = "full") -> SearchTask:
@@ -237,3 +246,16 @@ def tool_backend(kind: str, *, benchmark: str | None = None, data_dir: str | Non
             yield make_tool_backend("mock-tmdb", port=port)
         return
     yield make_tool_backend(kind, **tool_backend_options(kind, server_url, cache_dir))
+
+
+if TYPE_CHECKING:
+    # The seams' other implementations, held to their Protocols by the type checker (make lint), as
+    # the tables above hold theirs: a method whose signature drifts from its Protocol is an error.
+    from codetool.executor import Executor
+    from codetool.rewards import ConstantScorer
+    from codetool.search.schedule import Serialized
+    from codetool.tools.backends import FallbackBackend
+    from codetool.tools.spec import ToolBackend
+
+    SEAMS: tuple[type[StepExecutor], type[PRMScorer], type[PRMScorer], type[ToolBackend]] = (
+        Executor, ConstantScorer, Serialized, FallbackBackend)

@@ -6,14 +6,11 @@ is instant. Errors meant for users (:class:`codetool.CodetoolError`) and file-sy
 (``OSError``: a folder given for a file, a full disk) print one line and exit 2; anything else is a
 bug and prints a traceback. ``--debug`` shows tracebacks for all of them.
 
-``codetool <command> --help`` needs the command's config class, and ``train-prm``'s and
-``train-policy``'s extend TRL's (``SFTConfig``, ``GRPOConfig``: importing them imports transformers
-and torch, 6-15 s). So a parser that took over a second to build keeps its options (flags, help,
-defaults, choices) as JSON in the cache folder (``$CODETOOL_CACHE_DIR``, else
-``$XDG_CACHE_HOME/codetool`` or ``~/.cache/codetool``) under a name that changes with codetool's
-sources, Python and the TRL stack's versions, and the next ``--help`` rebuilds the parser from it
-without importing the command (< 0.5 s; ``make setup`` builds both once). Limit: a default that an
-environment variable sets when the class is imported would show its value from the first build.
+``codetool <command> --help`` builds the command's parser from its config class, which imports no
+heavy library, except where a config extends TRL's (``train-prm``: ``SFTConfig``, which imports
+transformers and torch): there :data:`LIGHT_HELP` names a class of the config's own options that
+imports neither, and the help points at ``--help-all``, which builds the full parser (seconds).
+Nothing is cached: ``--help`` reads and writes no file.
 """
 
 from __future__ import annotations
@@ -21,18 +18,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import hashlib
 import importlib
-import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
-from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 
 from codetool import CodetoolError, __version__
-from codetool.config import ConfigError, _flat_fields, add_arguments, config_from_args, load_yaml
+from codetool.config import (
+    ConfigError,
+    _flat_fields,
+    add_arguments,
+    config_from_args,
+    load_yaml,
+    renamed_error,
+    section_class,
+)
 from codetool.secrets import RedactingFilter
 
 # command -> (module, config class, function, one-line help)
@@ -69,10 +72,12 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
                      "GRPO of the policy on code-tool episodes with on-the-spot, PRM and outcome rewards"),
 }
 
-logger = logging.getLogger("codetool")
+# command -> the class of its config's own options ("module:Class"), for --help without TRL, and
+# the library config the full config extends (tests/test_cli.py checks the class against the config).
+LIGHT_HELP: dict[str, str] = {"train-prm": "codetool.prm.options:PRMOptions"}
+LIBRARY_CONFIG = {"train-prm": "TRL's SFTConfig / transformers' TrainingArguments"}
 
-HELP_CACHE_MIN_S = 1.0  # a --help that took longer than this to build is kept (see the docstring)
-HELP_DEPENDENCIES = ("transformers", "trl", "peft", "accelerate")  # whose classes the configs extend
+logger = logging.getLogger("codetool")
 
 
 def _configure_logging(level: str) -> None:
@@ -93,60 +98,6 @@ def _load(name: str):
     module_name, config_name, func_name, _ = COMMANDS[name]
     module = importlib.import_module(module_name)
     return getattr(module, config_name), getattr(module, func_name)
-
-
-def _help_cache_file(name: str) -> Path:
-    """Where ``codetool <name>``'s options are kept for ``--help``; the file name is a hash of what
-    they depend on (codetool's sources, Python, ``HELP_DEPENDENCIES``' versions), so after any
-    change they are built afresh. Hashing the sources takes ~20 ms."""
-    root = os.environ.get("CODETOOL_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "codetool")
-    digest = hashlib.sha256(sys.version.encode())
-    for dist in HELP_DEPENDENCIES:
-        try:
-            digest.update(f"|{dist}={version(dist)}".encode())
-        except PackageNotFoundError:
-            digest.update(f"|{dist}=none".encode())
-    package = Path(__file__).resolve().parent
-    for path in sorted(package.rglob("*.py")):
-        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
-    return Path(root) / "help" / f"{name}-{digest.hexdigest()[:24]}.json"
-
-
-def _parser_options(parser: argparse.ArgumentParser) -> list[dict]:
-    """Every option of ``parser`` but ``--help``, as JSON-ready dicts (:func:`_parser_from_options`)."""
-    return [{"flags": a.option_strings, "dest": a.dest, "switch": isinstance(a, argparse._StoreTrueAction),
-             "nargs": a.nargs, "const": a.const, "default": a.default, "metavar": a.metavar, "help": a.help,
-             "choices": list(a.choices) if a.choices is not None else None}
-            for a in parser._actions if not isinstance(a, argparse._HelpAction)]
-
-
-def _parser_from_options(name: str, options: list[dict]) -> argparse.ArgumentParser:
-    """The parser of ``codetool <name>`` rebuilt from :func:`_parser_options`' list (for ``--help``)."""
-    parser = argparse.ArgumentParser(prog=f"codetool {name}", description=COMMANDS[name][3], allow_abbrev=False)
-    for o in options:
-        # argparse tells SUPPRESS by identity, which a JSON round trip loses
-        o = {k: argparse.SUPPRESS if v == argparse.SUPPRESS else v for k, v in o.items()}
-        if o["switch"]:
-            parser.add_argument(*o["flags"], dest=o["dest"], action="store_true", help=o["help"])
-            continue
-        kwargs = {k: o[k] for k in ("nargs", "const", "default", "metavar", "help", "choices") if o[k] is not None}
-        if o["flags"]:
-            parser.add_argument(*o["flags"], dest=o["dest"], **kwargs)
-        else:
-            parser.add_argument(o["dest"], **kwargs)
-    return parser
-
-
-def _keep_options(path: Path, parser: argparse.ArgumentParser) -> None:
-    """Write ``parser``'s options to ``path`` atomically; a cache folder that cannot be written is skipped."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(_parser_options(parser)), encoding="utf-8")
-        os.replace(tmp, path)
-    except (OSError, TypeError, ValueError) as e:  # TypeError: a default JSON cannot hold
-        logger.debug("options of --help not cached in %s: %s", path.parent, e)
 
 
 def _section_options(config_cls: type, argv: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -204,6 +155,18 @@ def _pipeline_recipe(name: str, config_cls: type, path: str | None) -> str | Non
             f"'codetool {name}' a recipe of its own (see 'codetool {name} --help').")
 
 
+def _help_parser(name: str) -> argparse.ArgumentParser:
+    """The parser ``codetool <name> --help`` prints: the command's, or for a command in
+    :data:`LIGHT_HELP` its own options and a line for the library's, built without importing it."""
+    if name not in LIGHT_HELP:
+        return _command_parser(name, _load(name)[0])
+    parser = _command_parser(name, section_class(LIGHT_HELP[name]))
+    parser.add_argument("--help-all", action="store_true", dest="cli_help_all",
+                        help=f"also list every option of {LIBRARY_CONFIG[name]}, which this command takes too "
+                             "(--KEY VALUE, e.g. --optim adafactor); imports them (seconds)")
+    return parser
+
+
 def _command_parser(name: str, config_cls: type) -> argparse.ArgumentParser:
     """The parser of ``codetool <name>``: the CLI's own options, then one per field of ``config_cls``."""
     parser = argparse.ArgumentParser(prog=f"codetool {name}", description=COMMANDS[name][3], allow_abbrev=False)
@@ -215,8 +178,31 @@ def _command_parser(name: str, config_cls: type) -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, Slurm's time limit) raised in the main thread: it unwinds like Ctrl-C, so
+    output locks are released, logs closed and finished work kept (issue 40)."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``codetool`` console script; returns the exit status."""
+    """Entry point of the ``codetool`` console script; returns the exit status (143 after SIGTERM,
+    130 after Ctrl-C: the work finished so far is kept and a rerun resumes)."""
+    handled = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) in (
+        signal.SIG_DFL, None)
+    if handled:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _main(argv)
+    finally:
+        if handled:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("WANDB_MODE", "disabled")  # tracking is opt-in (report_to: wandb)
     top = _top_parser()
@@ -231,28 +217,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     debug = "--debug" in argv
     rest = [a for a in argv[1:] if a != "--debug"]
-    wants_help = "-h" in rest or "--help" in rest
-    help_file = _help_cache_file(name) if wants_help else None
-    if help_file is not None and help_file.is_file():
-        try:
-            cached = _parser_from_options(name, json.loads(help_file.read_text(encoding="utf-8")))
-        except (OSError, ValueError, KeyError, TypeError) as e:  # unreadable: built afresh below
-            logger.debug("cached options in %s not used: %s", help_file, e)
-        else:
-            cached.print_help()
-            return 0
+    if "-h" in rest or "--help" in rest:
+        _help_parser(name).parse_args(["--help"])  # prints the help and exits 0
+        return 0
     try:
-        built = time.perf_counter()
         config_cls, func = _load(name)
         parser = _command_parser(name, config_cls)
-        if help_file is not None and time.perf_counter() - built > HELP_CACHE_MIN_S:
-            _keep_options(help_file, parser)
+        if "--help-all" in rest:
+            parser.parse_args(["--help"])
+            return 0
         args, unknown = parser.parse_known_intermixed_args(rest)
         sections, unknown = _section_options(config_cls, unknown)
         if unknown:
             valid = ["config"] + [n for n, _, _ in _flat_fields(config_cls)]
             bad = unknown[0]
             key = bad.lstrip("-").split("=")[0].replace("-", "_")
+            renamed = renamed_error(config_cls, key, flag=True)
+            if renamed is not None:
+                raise renamed
             hint = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
             raise ConfigError(f"unknown option '{bad}' for 'codetool {name}'."
                               + (f" Did you mean '--{hint[0]}'?" if hint else "")
@@ -261,9 +243,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             cfg = config_from_args(config_cls, args, sections)
         except ConfigError:
-            hint = _pipeline_recipe(name, config_cls, getattr(args, "config", None))
-            if hint:
-                raise ConfigError(hint) from None
+            recipe_hint = _pipeline_recipe(name, config_cls, getattr(args, "config", None))
+            if recipe_hint:
+                raise ConfigError(recipe_hint) from None
             raise
         start = time.time()
         status = func(cfg)
@@ -272,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     except CodetoolError as e:
         if debug:
             raise
-        print(f"codetool {name}: error: {e}", file=sys.stderr)
+        print(f"codetool {name}: error: {' '.join(str(e).split())}", file=sys.stderr)  # one line, always
         return 2
     except OSError as e:  # the file system said no (a folder given for a file, a full disk, permissions)
         if debug:
@@ -280,9 +262,10 @@ def main(argv: list[str] | None = None) -> int:
         where = f": {e.filename}" if getattr(e, "filename", None) else ""
         print(f"codetool {name}: error: {e.strerror or e}{where}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"codetool {name}: interrupted; finished work is saved and a rerun resumes.", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+        print(f"codetool {name}: {how}; finished work is saved and a rerun resumes.", file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
 
 
 if __name__ == "__main__":

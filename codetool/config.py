@@ -8,8 +8,9 @@ Values are resolved in this order, later wins: dataclass defaults, the YAML file
 
 An unknown key, in YAML or on the command line, is an error that names the key and the closest
 valid one; so is a key of a nested group that the config's code never reads (a config declares
-those in ``config_unread``, see :class:`Unread`). Old key names (``config_aliases``) work for one
-release, with a deprecation line each. Nothing here touches the network, prompts or exits.
+those in ``config_unread``, see :class:`Unread`), and a key renamed in 0.2.0 (a config lists them
+in ``config_renamed``, old name -> new name, only to name the new one: :func:`renamed_error`).
+Nothing here touches the network, prompts or exits.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import difflib
 import hashlib
 import importlib
 import json
-import logging
 import types
 import typing
 from pathlib import Path
@@ -32,9 +32,7 @@ from codetool import CodetoolError
 
 T = TypeVar("T")
 _MISSING = dataclasses.MISSING
-SPREAD = "*"  # a config_aliases target: the old key held a mapping of the config's own settings
-
-logger = logging.getLogger(__name__)
+RENAMED_IN = "0.2.0"  # the release whose renamed keys config_renamed lists (docs/MIGRATING.md)
 
 
 class ConfigError(CodetoolError, ValueError):
@@ -138,7 +136,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if optional or tp is Any:
             return None
         raise ConfigError(f"{where}: got no value (null); expected {getattr(tp, '__name__', tp)}.")
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _to_dataclass(value, tp, where)
     convert = _CONVERTERS.get(typing.get_origin(tp) or tp)
     return convert(value, tp, where) if convert else value
@@ -238,12 +236,16 @@ def from_dict(cls: type[T], data: dict[str, Any], *, where: str = "") -> T:
     if not isinstance(data, dict):
         raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {type(data).__name__}.")
     hints = _hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if _exposed(f)}
+    fields = {f.name: f for f in dataclasses.fields(cls) if _exposed(f)}  # type: ignore[arg-type]  # cls: a dataclass
     unread = getattr(cls, "config_unread", {})
     kwargs = {}
-    for name, value in _renamed(cls, data, where).items():
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
         path = f"{where}.{name}" if where else name
         if name not in fields:
+            renamed = renamed_error(cls, name, where=where)
+            if renamed is not None:
+                raise renamed
             raise ConfigError(f"unknown config key '{path}'.{_closest(name, fields)} "
                               f"(valid keys: {', '.join(sorted(fields))})")
         if name in unread and isinstance(value, dict):
@@ -265,24 +267,27 @@ def from_dict(cls: type[T], data: dict[str, Any], *, where: str = "") -> T:
         raise ConfigError(f"{where or cls.__name__}: {e}") from None
 
 
-def _renamed(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
-    """``data`` with ``_`` for ``-`` in keys and new names for old ones (``cls.config_aliases``, one
-    deprecation line per old key; under a :data:`SPREAD` alias a mapping gives its keys here:
-    ``trainer_options: {optim: sgd}`` is ``optim: sgd``). A setting given by both names: the later
-    key wins, as a ``--flag`` wins over the recipe (:func:`load_config` puts its keys after)."""
-    aliases = getattr(cls, "config_aliases", {})
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        old = str(key).replace("-", "_")
-        new = aliases.get(old, old)
-        here = f"{where}." if where else ""
-        if new != old:
-            logger.warning("%s%s is an old name that works until the next release; %s", here, old,
-                           f"give its keys directly in {where or 'the recipe'}" if new == SPREAD
-                           else f"use {here}{new}")
-        items = _to_mapping(value, dict, f"{here}{old}").items() if new == SPREAD else [(new, value)]
-        out.update((str(name).replace("-", "_"), item) for name, item in items)
-    return out
+def renamed_error(cls: type, key: str, *, where: str = "", flag: bool = False) -> ConfigError | None:
+    """The one-line error for ``key`` (dotted below ``cls``: ``train.epochs``) if the config that
+    holds it renamed or removed it in 0.2.0 (its ``config_renamed``: old name -> the new name, or a
+    sentence saying what replaced it), else ``None``. ``flag``: spell the keys as ``--flags``."""
+    *groups, name = key.split(".")
+    for group in groups:  # the nested config that holds the key
+        fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+        if group not in fields:
+            return None
+        f = fields[group]
+        cls = section_class(f.metadata["section"]) if "section" in f.metadata else _unwrap_optional(_hints(cls)[group])[0]
+    new = getattr(cls, "config_renamed", {}).get(name)
+    if new is None:
+        return None
+    dash = "--" if flag else ""
+    here = f"{where}." if where else ""
+    old = f"{dash}{here}{key}"
+    if " " in new:
+        return ConfigError(f"{old} was removed in {RENAMED_IN}: {new} (docs/MIGRATING.md).")
+    return ConfigError(f"{old} was renamed to {dash}{here}{'.'.join([*groups, new])} in {RENAMED_IN} "
+                       "(docs/MIGRATING.md).")
 
 
 def _refuse_unread(unread: Unread, value: dict[str, Any], path: str, group: str) -> None:
@@ -300,7 +305,7 @@ def _factory_values(f: dataclasses.Field, tp: Any, unread: Unread | None) -> dic
     config refuses as unread keep their class defaults (nothing reads them)."""
     tp, _ = _unwrap_optional(tp)
     factory = f.default_factory
-    if factory is _MISSING or factory is tp or not dataclasses.is_dataclass(tp):
+    if factory is _MISSING or factory is tp or not (isinstance(tp, type) and dataclasses.is_dataclass(tp)):
         return {}
     try:
         made, plain = factory(), tp()
@@ -319,7 +324,7 @@ def unread_keys(cls: type, prefix: str = "") -> set[str]:
     hints = _hints(cls)
     for f in dataclasses.fields(cls):
         tp, _ = _unwrap_optional(hints[f.name])
-        if _exposed(f) and dataclasses.is_dataclass(tp):
+        if _exposed(f) and isinstance(tp, type) and dataclasses.is_dataclass(tp):
             out |= unread_keys(tp, f"{prefix}{f.name}.")
     return out
 
@@ -378,7 +383,7 @@ def _flat_fields(cls: type, prefix: str = "") -> list[tuple[str, dataclasses.Fie
             continue
         tp, _ = _unwrap_optional(hints[f.name])
         name = f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             out.extend(_flat_fields(tp, name + "."))
         else:
             out.append((name, f, hints[f.name]))
@@ -394,7 +399,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({e}).") from None
+        raise ConfigError(f"{path}: not valid YAML ({' '.join(str(e).split())}).") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a recipe; a recipe is a mapping of settings.") from None
     except (UnicodeDecodeError, ValueError) as e:  # a binary file, or one yaml cannot read
         raise ConfigError(f"{path}: not a YAML text file ({type(e).__name__}).") from None
     if not isinstance(data, dict):
@@ -431,13 +438,11 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
 
     Options default to ``argparse.SUPPRESS`` so that only what the user typed overrides the
     recipe; types are converted later by :func:`load_config`, which gives better errors. An old
-    name (``config_aliases``) is its own option (loading it logs its deprecation line); a
     :func:`section` gets one ``--<name>.KEY`` help line.
     """
     parser.add_argument("--config", metavar="YAML", default=None,
                         help="YAML recipe; command-line options override its values")
     hidden = unread_keys(cls)  # still parsed, so that from_dict names where such a key belongs
-    types_of: dict[str, Any] = {}
     for name, f, tp in _flat_fields(cls):
         help_text = " ".join(str(f.metadata.get("help", "")).split()).replace("%", "%%")
         if "section" in f.metadata:
@@ -457,12 +462,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
             parser.add_argument(name, nargs="*" if is_list else "?", default=argparse.SUPPRESS,
                                 metavar=name.upper(), help=shown)
             continue
-        types_of[name] = tp
         _add_option(parser, name, [f"--{name}", *f.metadata.get("aliases", ())], tp, shown)
-    for old, new in getattr(cls, "config_aliases", {}).items():
-        if new in types_of:
-            _add_option(parser, old, [f"--{old}"], types_of[new],
-                        f"old name of --{new}; works until the next release")
 
 
 def _add_option(parser: argparse.ArgumentParser, dest: str, flags: list[str], tp: Any, shown: str) -> None:
@@ -487,6 +487,6 @@ def config_from_args(cls: type[T], args: argparse.Namespace, sections: dict[str,
     ``sections``, the ``{"train.seed": "1"}`` options of its :func:`section` fields."""
     values = dict(vars(args))
     path = values.pop("config", None)
-    names = {name for name, _, _ in _flat_fields(cls)} | set(getattr(cls, "config_aliases", {}))
+    names = {name for name, _, _ in _flat_fields(cls)}
     overrides = {k: v for k, v in values.items() if k in names or k.endswith(".KEY")}
     return load_config(cls, path, {**overrides, **(sections or {})})

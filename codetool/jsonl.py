@@ -10,10 +10,16 @@ written: lone surrogates (``"\ud800"``, which models and tools can emit and whic
 encode) become U+FFFD, so writing never raises ``UnicodeEncodeError``. A full disk or another OS
 error is a one-line :class:`codetool.CodetoolError`; the partial line it may leave is terminated
 by the next append and skipped (and counted) by readers.
+
+Outputs are opened without following a symbolic link at their last component
+(:func:`open_output`; ``O_NOFOLLOW``): a link planted where a job writes (``<output>``, its
+``.tmp``, its ``.lock``) is refused with a one-line error instead of truncating or appending to the
+file it points at. Links among the parent folders are followed (they are the user's own layout).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -32,14 +38,39 @@ def _dumps(record) -> str:
     return json.dumps(clean_obj(redact_obj(record)), ensure_ascii=False, default=str)
 
 
+def open_fd(path: str | os.PathLike, flags: int, what: str = "write") -> int:
+    """``os.open(path, flags | O_NOFOLLOW | O_CLOEXEC, 0o644)``, its parent folders created.
+
+    Raises:
+        CodetoolError: ``path`` is a symbolic link (refused: it could point at any file this user
+            can write), or it cannot be opened (the OS's reason, and what to do).
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP or path.is_symlink():
+            raise CodetoolError(f"{path} is a symbolic link (to {os.readlink(path)!r}); refusing to {what} through "
+                                "it. Remove the link, or pass the real path.") from None
+        raise CodetoolError(f"cannot {what} {path}: {e.strerror or e} (free space or fix permissions).") from None
+
+
+def open_output(path: str | os.PathLike, *, append: bool = False):
+    """``path`` opened for binary writing (truncated, or appended to), refusing a symbolic link
+    (:func:`open_fd`)."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+    return os.fdopen(open_fd(path, flags), "ab" if append else "wb")
+
+
 def append_jsonl(path: str | os.PathLike, record: dict[str, Any]) -> None:
     """Append ``record`` as one line to ``path`` (created with its parent folders), flushed and
     fsynced so the line survives a crash of this process right after the call."""
     path = Path(path)
     data = (_dumps(record) + "\n").encode("utf-8")
+    fd = open_fd(path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a+b") as f:
+        with os.fdopen(fd, "a+b") as f:
             # If a previous writer died mid-line, terminate that fragment so ours stays parseable.
             f.seek(0, os.SEEK_END)
             if f.tell() > 0:
@@ -53,6 +84,48 @@ def append_jsonl(path: str | os.PathLike, record: dict[str, Any]) -> None:
     except OSError as e:
         raise CodetoolError(f"cannot write {path}: {e.strerror or e} (free space or fix permissions, then "
                             "rerun: finished records are kept and the run resumes).") from None
+
+
+def read_text(path: str | os.PathLike, what: str = "file") -> str:
+    """The UTF-8 text of ``path``, an input file the user named.
+
+    Raises:
+        CodetoolError: ``path`` is missing or a folder, cannot be read, or is not UTF-8 (the byte
+            offset is named, and what the file should be: ``what``).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise CodetoolError(f"{path} is a folder; expected {what}.")
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise CodetoolError(f"{path} not found; expected {what}.") from None
+    except OSError as e:
+        raise CodetoolError(f"cannot read {path}: {e.strerror or e}.") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CodetoolError(f"{path} is not UTF-8 text (byte {e.start}: {data[e.start:e.start + 4]!r}); expected "
+                            f"{what}, saved as UTF-8.") from None
+
+
+def read_json(path: str | os.PathLike, what: str = "a JSON file") -> Any:
+    """The JSON document in ``path``, an input file the user named.
+
+    Raises:
+        CodetoolError: ``path`` is missing, a folder, not UTF-8, empty, not JSON (the parser's
+            line and column), or nested too deeply for the parser.
+    """
+    text = read_text(path, what)
+    if not text.strip():
+        raise CodetoolError(f"{path} is empty; expected {what}.")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CodetoolError(f"{path} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); expected "
+                            f"{what}.") from None
+    except RecursionError:
+        raise CodetoolError(f"{path} is JSON nested too deeply; expected {what}.") from None
 
 
 def read_jsonl(path: str | os.PathLike, skipped: list[int] | None = None) -> Iterator[dict[str, Any]]:
@@ -91,13 +164,24 @@ def read_jsonl(path: str | os.PathLike, skipped: list[int] | None = None) -> Ite
 
 
 def write_jsonl(path: str | os.PathLike, records) -> int:
-    """Write ``records`` to ``path`` atomically (temporary file + rename); returns the count."""
+    """Write ``records`` to ``path`` atomically (temporary file + rename); returns the count.
+
+    Raises:
+        CodetoolError: ``path`` or its temporary file is a symbolic link, or cannot be written.
+    """
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
     count = 0
+    if path.is_symlink():
+        raise CodetoolError(f"{path} is a symbolic link (to {os.readlink(path)!r}); refusing to replace it. Remove "
+                            "the link, or pass the real path.")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as f:
+        tmp.unlink(missing_ok=True)  # a crashed run's leftover, or a planted link (removing a link is safe)
+    except OSError:
+        pass
+    fd = open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             for record in records:
                 f.write(_dumps(record) + "\n")
                 count += 1
@@ -124,8 +208,9 @@ def repair_jsonl(path: str | os.PathLike) -> int:
     path = Path(path)
     if not path.is_file():
         return 0
+    fd = open_fd(path, os.O_RDWR, "repair")
     try:
-        with open(path, "r+b") as f:
+        with os.fdopen(fd, "r+b") as f:
             size = f.seek(0, os.SEEK_END)
             if size == 0:
                 return 0

@@ -43,7 +43,7 @@ from typing import Any
 from codetool import CodetoolError
 from codetool.config import option
 from codetool.config_groups import Group
-from codetool.jsonl import read_jsonl, repair_jsonl, write_jsonl
+from codetool.jsonl import open_fd, read_jsonl, repair_jsonl, write_jsonl
 from codetool.text import clean_text
 
 logger = logging.getLogger(__name__)
@@ -103,8 +103,10 @@ def refuse_duplicates(keys: Iterable[str], source: str) -> None:
 
 class OutputLock:
     """Exclusive lock on ``<path>.lock`` for the duration of a ``with`` block; the lock file is
-    removed when the block ends (a killed run leaves it behind, harmless: the lock is the
-    ``flock``, not the file, and the next run takes it over).
+    removed when the block ends, a SIGTERM included (the CLI turns it into an interrupt); a run
+    killed with SIGKILL leaves it behind, harmless: the lock is the ``flock``, not the file, and
+    the next run takes it over. The file is opened without following a symbolic link (a link
+    planted there is refused: opening it would truncate the file it points at).
 
     Removing a lock file races with a run that opened it just before: that run may then lock the
     removed file while a third run locks a new one. So a lock counts only when the file it holds
@@ -120,11 +122,7 @@ class OutputLock:
 
     def __enter__(self) -> OutputLock:
         while True:
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError as e:
-                raise CodetoolError(f"cannot create the lock file {self.path}: {e.strerror or e}.") from None
+            fd = open_fd(self.path, os.O_RDWR | os.O_CREAT, "lock")  # a planted link is refused
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import math
+from collections import Counter
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -179,6 +180,18 @@ IMPORT_NAMES = frozenset({"__import__", "import_module"})
 # Names and attributes that reach code or modules by computed value, or the interpreter's internals.
 DYNAMIC_NAMES = frozenset({"__builtins__", "globals", "vars", "locals", "__loader__", "__spec__"})
 PLAIN_DUNDERS = frozenset({"__name__", "__doc__", "__class__", "__module__", "__qualname__"})
+# Modules whose job is to run code or programs given as data (a pickle, a string, a command line),
+# or to hand out a function by its name (``builtins`` itself, ``pydoc.locate``, ``pkgutil.resolve_name``):
+# importing one is a site the cost model cannot read.
+CODE_MODULES = frozenset({"pickle", "_pickle", "marshal", "dill", "cloudpickle", "shelve", "copyreg", "code", "codeop",
+                          "runpy", "subprocess", "pty", "multiprocessing", "types", "ctypes", "timeit", "doctest",
+                          "pdb", "bdb", "cProfile", "profile", "trace", "zipimport", "imp", "builtins", "__builtin__",
+                          "pydoc", "pkgutil"})
+# Attributes of a module that run another program, or hand out any loaded module without an import.
+RUNNING_ATTRIBUTES = {"os": frozenset({"system", "popen", "execl", "execle", "execlp", "execlpe", "execv", "execve",
+                                       "execvp", "execvpe", "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv",
+                                       "spawnve", "spawnvp", "spawnvpe", "posix_spawn", "posix_spawnp"}),
+                      "sys": frozenset({"modules"})}
 _MAX_NESTING = 4
 
 
@@ -191,6 +204,22 @@ class _Size:
     packages: set[str] = field(default_factory=set)
     dynamic: int = 0
 
+    def add_package(self, name: str) -> None:
+        self.packages.add(name.split(".")[0])
+        self.dynamic += name.split(".")[0] in CODE_MODULES
+
+
+@dataclass
+class _Scope:
+    """What the step's imports bind: ``modules`` (local name -> module: ``import builtins as b``) and
+    ``names`` (local name -> ``module.attribute``: ``from builtins import exec as run``)."""
+
+    modules: dict[str, str] = field(default_factory=dict)
+    names: dict[str, str] = field(default_factory=dict)
+
+    def module(self, name: str) -> str:
+        return self.modules.get(name, name)
+
 
 def code_cost(code: str) -> float:
     """Dynamic cost of a code step (LIT): ``sqrt(lines) * max(imported_packages, 1) * 0.5``, costed on
@@ -201,12 +230,23 @@ def code_cost(code: str) -> float:
     - ``imported_packages``: the distinct top-level modules imported (``import a.b`` and ``from a
       import b`` both count ``a``; ``__import__('a')`` and ``importlib.import_module('a')`` too);
     - code run by ``exec``/``eval``/``compile`` from a string the step spells out (a literal, a
-      concatenation of literals, or a name bound to one in the step) is costed as part of the step,
-      its lines and packages added (nested up to 4 levels);
+      concatenation of literals, or a name the step binds once, to one) is costed as part of the step,
+      its lines and packages added (nested up to 4 levels); the imports are followed, so
+      ``from builtins import exec as run`` and ``import builtins as b`` reach the same rule;
     - every site the cost model cannot read (``exec`` of a computed string or an alias of it,
       ``__import__`` of a computed name, ``getattr`` of a computed or code-running name,
       ``__builtins__``/``globals()``/``vars()``, attributes such as ``__globals__``, ``__code__``,
-      ``__subclasses__``) adds :data:`DYNAMIC_LINES` lines and one package.
+      ``__subclasses__``; an import of a module that runs code given as data or hands out a function
+      by name, :data:`CODE_MODULES`: ``pickle``, ``marshal``, ``subprocess``, ``runpy``, ``code``,
+      ``builtins`` (``operator.attrgetter('exec')(builtins)``), ``pydoc``...; ``os.system``, ``os.exec*``,
+      ``os.spawn*``, ``os.popen``; ``sys.modules``, which hands out a loaded module without an import)
+      adds :data:`DYNAMIC_LINES` lines and one package.
+
+    Limits: a module reached as an attribute of another (``json.decoder.re`` is ``re``) is not counted
+    as a package; a module outside :data:`CODE_MODULES` that runs code from data or resolves a name
+    (``logging.config``'s ``"()"`` factories) is costed as plain code; the code is read with the
+    host's grammar, so a sandbox interpreter newer than the host's (``executor.python``) could run a
+    step the cost cannot parse, which then costs its lines alone (docs/REWARD_HACKING.md).
 
     Args:
         code (`str`): the step's Python source.
@@ -225,58 +265,95 @@ def _measure(code: str, size: _Size, depth: int) -> None:
         tree = ast.parse(code)
     except (SyntaxError, ValueError):
         return
-    bound: dict[str, str] = {}  # names bound to a spelled-out string
+    bound: dict[str, str] = {}  # names bound once in the step, to a spelled-out string
+    scope = _Scope()
+    bindings = _bindings(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             text = _literal(node.value, bound)
-            if text is not None:
+            if text is not None and bindings[node.targets[0].id] == 1:
                 bound[node.targets[0].id] = text
+        elif isinstance(node, ast.Import):
+            scope.modules.update({a.asname: a.name for a in node.names if a.asname})
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            scope.names.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
     called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     for node in ast.walk(tree):
         size.statements += isinstance(node, (ast.stmt, ast.NamedExpr))
         if isinstance(node, ast.Import):
-            size.packages.update(alias.name.split(".")[0] for alias in node.names)
+            for alias in node.names:
+                size.add_package(alias.name)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            size.packages.add(node.module.split(".")[0])
+            size.add_package(node.module)
+            running = RUNNING_ATTRIBUTES.get(node.module, frozenset())
+            size.dynamic += sum(a.name in running for a in node.names)
         elif isinstance(node, ast.Call):
-            _measure_call(node, size, bound, depth)
+            _measure_call(node, size, bound, scope, depth)
         elif isinstance(node, ast.Name) and node.id in DYNAMIC_NAMES:
             size.dynamic += 1
         elif isinstance(node, ast.Attribute) and node.attr.startswith("__") and node.attr not in PLAIN_DUNDERS:
             size.dynamic += 1
-        elif _runner(node) and id(node) not in called:
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                node.attr in RUNNING_ATTRIBUTES.get(scope.module(node.value.id), frozenset()):
+            size.dynamic += 1
+        elif _runner(node, scope) and id(node) not in called:
             size.dynamic += 1  # exec, eval, __import__... taken as a value (an alias)
 
 
-def _runner(func: ast.AST) -> str | None:
+def _bindings(tree: ast.AST) -> Counter[str]:
+    """How many times each name is bound anywhere in ``tree`` (assigned, augmented, a loop, ``with``,
+    ``except`` or ``:=`` target, a parameter, an import, a ``def``/``class``, a ``match`` capture,
+    deleted): a name bound more than once may not hold the string its first binding spelled out."""
+    names: Counter[str] = Counter()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names[node.id] += 1
+        elif isinstance(node, ast.arg):
+            names[node.arg] += 1
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names[node.name] += 1
+        elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
+            names[node.name] += 1
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            names.update({n: 2 for n in node.names})  # bound elsewhere too
+    return names
+
+
+def _runner(func: ast.AST, scope: _Scope) -> str | None:
     """The name of the code-running or importing builtin ``func`` refers to (``exec``,
-    ``builtins.eval``, ``importlib.import_module``...), else ``None``."""
-    if isinstance(func, ast.Name) and func.id in EXEC_NAMES | IMPORT_NAMES:
-        return func.id
+    ``builtins.eval``, ``importlib.import_module``, or a name an import bound to one), else ``None``."""
+    if isinstance(func, ast.Name):
+        module, _, name = scope.names.get(func.id, f"builtins.{func.id}").rpartition(".")
+        if (module == "builtins" and name in EXEC_NAMES | IMPORT_NAMES) or (module, name) == ("importlib", "import_module"):
+            return name
+        return None
     if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
-        if func.value.id in ("builtins", "__builtins__") and func.attr in EXEC_NAMES | {"__import__"}:
+        module = scope.module(func.value.id)
+        if module in ("builtins", "__builtins__") and func.attr in EXEC_NAMES | {"__import__"}:
             return func.attr
-        if func.value.id == "importlib" and func.attr == "import_module":
+        if module == "importlib" and func.attr == "import_module":
             return func.attr
     return None
 
 
-def _measure_call(node: ast.Call, size: _Size, bound: dict[str, str], depth: int) -> None:
+def _measure_call(node: ast.Call, size: _Size, bound: dict[str, str], scope: _Scope, depth: int) -> None:
     if getattr(node.func, "id", None) == "getattr" and len(node.args) >= 2:
         attr = _literal(node.args[1], bound)
         size.dynamic += attr is None or attr in EXEC_NAMES | IMPORT_NAMES | DYNAMIC_NAMES
         return
-    name = _runner(node.func)
+    name = _runner(node.func, scope)
     if name is None:
         return
     arg = node.args[0] if node.args else None
-    if isinstance(arg, ast.Call) and _runner(arg.func) == "compile":
+    if isinstance(arg, ast.Call) and _runner(arg.func, scope) == "compile":
         return  # exec(compile(...)): the inner compile is costed on its own
     text = None if arg is None else _literal(arg, bound)
     if text is None or depth >= _MAX_NESTING:
         size.dynamic += 1
     elif name in IMPORT_NAMES:
-        size.packages.add(text.split(".")[0])
+        size.add_package(text)
     else:
         _measure(text, size, depth + 1)
 

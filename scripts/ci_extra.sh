@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI's second stage (issue 18): what the README promises beyond `make test`.
-#   1. `make lint`  (ruff over codetool, tests, benchmarks, scripts)
+#   1. `make lint`  (ruff over codetool, tests, benchmarks, scripts; mypy over codetool)
 #   2. the slow tests (`pytest -m slow`): the 2-process DDP training job, every shipped accelerate
 #      config launching train-prm (DeepSpeed ZeRO-2/3 on CPU: the deepspeed extra is installed
 #      first), shard/merge equivalence of trees, the real default model end to end, Ray with a

@@ -76,19 +76,6 @@ def build_tiny_model(out_dir: Path, *, tie_word_embeddings: bool = True, seed: i
     return out_dir
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _help_cache(tmp_path_factory):
-    """``codetool --help``'s option cache (``codetool.cli``) goes to a temporary folder, not the
-    user's ``~/.cache/codetool``; subprocesses inherit it."""
-    old = os.environ.get("CODETOOL_CACHE_DIR")
-    os.environ["CODETOOL_CACHE_DIR"] = str(tmp_path_factory.mktemp("codetool-cache"))
-    yield
-    if old is None:
-        os.environ.pop("CODETOOL_CACHE_DIR", None)
-    else:
-        os.environ["CODETOOL_CACHE_DIR"] = old
-
-
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """Path of a saved tiny causal LM + tokenizer (tied embeddings, like SmolLM2)."""

@@ -118,17 +118,14 @@ def test_half_line_is_skipped_and_terminated(tmp_path):
 
 
 def test_full_disk_is_one_line(tmp_path, monkeypatch):
-    import builtins
+    """A full disk fails the write (or the fsync that makes it durable): one line saying what to do."""
+    import codetool.jsonl
 
-    real_open = builtins.open
+    def full(fd):
+        raise OSError(28, "No space left on device")
 
-    def full(path, mode="r", *a, **k):
-        if "a" in mode:
-            raise OSError(28, "No space left on device")
-        return real_open(path, mode, *a, **k)
-
-    monkeypatch.setattr(builtins, "open", full)
-    with pytest.raises(CodetoolError, match="No space left on device"):
+    monkeypatch.setattr(codetool.jsonl.os, "fsync", full)
+    with pytest.raises(CodetoolError, match="No space left on device.*resumes"):
         append_jsonl(tmp_path / "x.jsonl", {"a": 1})
 
 

@@ -25,17 +25,18 @@ def fake_convert(calls):
     return convert
 
 
-def test_second_run_is_instant_and_light(tmp_path):
+def test_second_run_is_light(tmp_path):
+    """A second ``setup`` finds the cached model and imports no torch (which is what keeps it
+    instant; the time itself is in ``benchmarks/bench_timings.py``)."""
     target = tmp_path / DEFAULT_MODEL_SUBDIR
     target.mkdir(parents=True)
     (target / "config.json").write_text("{}")
     (target / MANIFEST_NAME).write_text("{}")
-    code = ("import sys, time; t = time.perf_counter(); from codetool.commands.setup import SetupConfig, setup; "
+    code = ("import sys; from codetool.commands.setup import SetupConfig, setup; "
             f"setup(SetupConfig(checkpoints={str(tmp_path)!r})); "
-            "print(round(time.perf_counter() - t, 3), 'torch' in sys.modules)")
+            "print(sorted(m for m in ('torch', 'transformers', 'gguf') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    seconds, torch_imported = out.stdout.split()
-    assert float(seconds) < 2.0 and torch_imported == "False"
+    assert out.stdout.split("\n")[-2] == "[]", out.stdout
 
 
 def test_installs_package_when_missing(tmp_path, monkeypatch):

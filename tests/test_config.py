@@ -27,6 +27,7 @@ from codetool.config import (
     from_dict,
     load_config,
     option,
+    renamed_error,
     section,
     unread_keys,
 )
@@ -53,7 +54,7 @@ class Outer:
     anything: Any = option(None, "no type")
     max_steps: int = option(5, "steps")
 
-    config_aliases = {"steps": "max_steps"}
+    config_renamed = {"steps": "max_steps", "options": "its keys are this config's own keys now"}
 
 
 # -- bool ------------------------------------------------------------------------------------------
@@ -286,9 +287,9 @@ def test_an_unknown_key_far_from_every_valid_one_gets_no_hint():
     assert str(e.value).startswith("unknown config key 'zzzzzz'. (valid keys: ")
 
 
-def test_dashes_and_aliases_name_the_same_field():
+def test_dashes_and_underscores_name_the_same_field():
     assert from_dict(Outer, {"max-steps": "7"}).max_steps == 7
-    assert from_dict(Outer, {"steps": 8}).max_steps == 8
+    assert from_dict(Outer, {"max_steps": 8}).max_steps == 8
 
 
 def test_untyped_and_unknown_annotations_pass_through():
@@ -316,7 +317,7 @@ def test_command_line_flags_reach_the_config_through_the_same_conversion():
     cfg = config_from_args(Outer, parser.parse_args(["--flag", "--max-steps", "4", "--inner.k", "3",
                                                      "--tags", "a,b", "--maybe", "none"]))
     assert (cfg.flag, cfg.max_steps, cfg.inner.k, cfg.tags, cfg.maybe) == (True, 4, 3, ["a", "b"], None)
-    cfg = config_from_args(Outer, parser.parse_args(["--flag", "false", "--steps", "2"]))
+    cfg = config_from_args(Outer, parser.parse_args(["--flag", "false", "--max_steps", "2"]))
     assert (cfg.flag, cfg.max_steps) == (False, 2)
 
 
@@ -327,45 +328,29 @@ def test_config_hash_is_stable_and_ignores_named_keys():
     assert config_hash(a, ignore=["tags"]) == config_hash(b, ignore=["tags"])
 
 
-# -- old names and sections ------------------------------------------------------------------------
+# -- keys renamed in 0.2.0 and sections ------------------------------------------------------------
 
-@dataclass
-class Renamed:
-    max_steps: int = option(5, "steps")
-    seed: int = option(0, "a seed")
-
-    config_aliases = {"steps": "max_steps", "options": "*"}
-
-
-def test_an_old_name_works_and_logs_one_deprecation_line(caplog):
-    caplog.set_level("WARNING", logger="codetool")
-    assert from_dict(Renamed, {"steps": 3}, where="train").max_steps == 3
-    assert caplog.messages == ["train.steps is an old name that works until the next release; use train.max_steps"]
+def test_a_renamed_key_is_refused_naming_the_new_one():
+    with pytest.raises(ConfigError, match=r"^train\.steps was renamed to train\.max_steps in 0\.2\.0 "
+                                          r"\(docs/MIGRATING\.md\)\.$"):
+        from_dict(Outer, {"steps": 3}, where="train")
+    with pytest.raises(ConfigError, match=r"^steps was renamed to max_steps in 0\.2\.0"):
+        load_config(Outer, None, {"steps": 3})
 
 
-def test_an_old_mapping_of_settings_gives_its_keys_at_the_config_level(caplog):
-    caplog.set_level("WARNING", logger="codetool")
-    assert from_dict(Renamed, {"options": "{seed: 4, max-steps: 2}"}) == Renamed(max_steps=2, seed=4)
-    assert len(caplog.messages) == 1 and "options is an old name" in caplog.messages[0]
+def test_a_removed_key_says_what_replaced_it():
+    with pytest.raises(ConfigError, match=r"^options was removed in 0\.2\.0: its keys are this config's own keys "
+                                          r"now \(docs/MIGRATING\.md\)\.$"):
+        from_dict(Outer, {"options": {"max_steps": 1}})
 
 
-@pytest.mark.parametrize("recipe, flag", [("steps: 1", "--max_steps"), ("max_steps: 1", "--steps"),
-                                          ("options: {max_steps: 1}", "--max-steps")])
-def test_a_flag_wins_over_the_recipe_whichever_name_each_uses(recipe, flag, tmp_path):
-    path = tmp_path / "r.yaml"
-    path.write_text(recipe + "\n")
+def test_a_renamed_flag_gets_the_same_line_with_dashes():
+    assert str(renamed_error(Outer, "steps", flag=True)) == (
+        "--steps was renamed to --max_steps in 0.2.0 (docs/MIGRATING.md).")
+    assert str(renamed_error(Outer, "inner.k", flag=True) or "") == ""  # not a renamed key
     parser = argparse.ArgumentParser()
-    add_arguments(parser, Renamed)
-    assert config_from_args(Renamed, parser.parse_args(["--config", str(path), flag, "2"])).max_steps == 2
-
-
-def test_an_old_flag_is_its_own_option_so_that_it_is_reported_too(caplog):
-    caplog.set_level("WARNING", logger="codetool")
-    parser = argparse.ArgumentParser()
-    add_arguments(parser, Renamed)
-    assert "old name of --max_steps" in parser.format_help()
-    assert config_from_args(Renamed, parser.parse_args(["--steps", "7"])).max_steps == 7
-    assert caplog.messages == ["steps is an old name that works until the next release; use max_steps"]
+    add_arguments(parser, Outer)
+    assert "--steps" not in parser.format_help()  # not an option of its own any more
 
 
 @dataclass

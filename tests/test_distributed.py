@@ -3,6 +3,7 @@ workers die or raise on cue. The real cluster test is tests/test_distributed_ray
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 
@@ -137,3 +138,33 @@ def test_without_ray_installed_the_error_says_how_to_get_it(monkeypatch):
     with pytest.raises(CodetoolError, match=r"pip install 'codetool\[ray\]'"):
         run_on_ray("auto", ClusterConfig(), ["a"], unit_key=str, record_key=str, runner=(object, ()),
                    on_record=print, on_error=print, batch=1)
+
+
+@pytest.mark.parametrize("address, pinned", [("local", True), ("127.0.0.1:6379", True), ("ray://localhost:10001", True),
+                                             ("auto", False), ("10.1.2.3:6379", False)])
+def test_a_ray_on_this_machine_is_kept_on_loopback(monkeypatch, address, pinned):
+    """``--ray local`` starts Ray in this process on 127.0.0.1, and a cluster address on loopback
+    is joined on loopback. Ray left to itself picks the machine's non-loopback address (its GCS
+    and raylets listening on every interface) and rewrites 127.0.0.1 into it; its one switch for
+    "this machine only" is RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, inherited by what it starts.
+    A remote cluster's address is left alone."""
+    from codetool.distributed.ray_cluster import LOCAL_ONLY_ENV
+
+    for name in (LOCAL_ONLY_ENV, "RAY_ADDRESS"):  # set then removed: the test's own setting is undone after it
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    seen = {}
+
+    def init(address=None, **kwargs):
+        seen.update(kwargs, address=address, env=os.environ.get(LOCAL_ONLY_ENV))
+        raise ConnectionError("stop here")
+
+    constants = types.SimpleNamespace(ENABLE_RAY_CLUSTER=True)
+    ray = types.SimpleNamespace(is_initialized=lambda: False, init=init,
+                                _private=types.SimpleNamespace(ray_constants=constants))
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    with pytest.raises(CodetoolError, match="RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 ray start --head"):
+        run_on_ray(address, ClusterConfig(), [], unit_key=str, record_key=str, runner=(object, ()),
+                   on_record=print, on_error=print, batch=1)
+    assert (seen["env"] == "0") is pinned and constants.ENABLE_RAY_CLUSTER is not pinned
+    assert seen.get("_node_ip_address") == ("127.0.0.1" if address == "local" else None)

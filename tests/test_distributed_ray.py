@@ -1,11 +1,13 @@
 """``--ray`` on a real local Ray cluster (issue 28): a head without CPUs and two 1-CPU worker nodes
-on this machine, a stub OpenAI-compatible policy server on loopback with a fixed latency. One
+on this machine, every node pinned to 127.0.0.1 (nothing listens beyond loopback: checked), a stub
+OpenAI-compatible policy server on loopback with a fixed latency. One
 worker node is killed (its raylet and processes, SIGKILL) while it has units in flight: every
 unit still gets exactly one record, the driver's log counts the units it sent again, and the trees
 equal those of the single-machine run. Needs ``pip install 'codetool[ray]'`` (CI's slow stage)."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -18,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from codetool.distributed.ray_cluster import LOCAL_ONLY_ENV, LOOPBACK
+from codetool.serving import is_loopback
 from tests.conftest import CANARY_KEY
 
 ray_cluster_utils = pytest.importorskip("ray.cluster_utils", reason="needs Ray: pip install 'codetool[ray]'")
@@ -74,18 +78,69 @@ class Policy:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
+def _address(c) -> str:
+    """The cluster's GCS on loopback (Ray may report it under the machine's address)."""
+    return f"{LOOPBACK}:{c.address.rsplit(':', 1)[1]}"
+
+
+def _add_node(c):
+    return c.add_node(num_cpus=1, object_store_memory=80 * 2**20, node_ip_address=LOOPBACK)
+
+
+def _descendants(pid: int) -> set[int]:
+    """The processes started under ``pid`` (from /proc: the Ray cluster of this test process)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _listening(pids: set[int]) -> list[str]:
+    """The addresses the TCP sockets of ``pids`` listen on (``ip:port``), from /proc/net/tcp{,6}."""
+    inodes = set()
+    for pid in pids:
+        try:
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:  # ended meanwhile
+            continue
+        inodes |= {link[8:-1] for link in links if link.startswith("socket:[")}
+    found = []
+    for table, width in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 16)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                hex_ip, port = fields[1].split(":")
+                raw = bytes.fromhex(hex_ip)
+                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, width, 4))  # per 32-bit word, host order
+                found.append(f"{ipaddress.ip_address(raw)}:{int(port, 16)}")
+    return found
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     for name in ("TOOLBENCH_KEY", "OPENAI_API_KEY"):  # the nodes inherit the canary, as they would a real key
         os.environ[name] = CANARY_KEY
+    os.environ[LOCAL_ONLY_ENV] = "0"  # Ray's "this machine only": the drivers join on 127.0.0.1
     quick = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000, "health_check_failure_threshold": 2}
     c = ray_cluster_utils.Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "include_dashboard": False, "object_store_memory": 80 * 2**20, "_system_config": quick})
-    workers = [c.add_node(num_cpus=1, object_store_memory=80 * 2**20) for _ in range(2)]
+        "num_cpus": 0, "include_dashboard": False, "object_store_memory": 80 * 2**20, "_system_config": quick,
+        "node_ip_address": LOOPBACK})
+    workers = [_add_node(c) for _ in range(2)]
     c.wait_for_nodes()
     yield c, workers
     c.shutdown()
-    for name in ("TOOLBENCH_KEY", "OPENAI_API_KEY"):
+    for name in ("TOOLBENCH_KEY", "OPENAI_API_KEY", LOCAL_ONLY_ENV):
         os.environ.pop(name, None)
 
 
@@ -134,6 +189,15 @@ def _stats(log: str) -> dict[str, int]:
     return {k: float(v) if k == "seconds" else int(v) for k, v in zip(keys, m.groups())}
 
 
+def test_the_local_cluster_listens_on_loopback_only(cluster):
+    """Ray left to itself listens on the machine's address (GCS, raylets, object managers): the
+    tests, like the docs, pin the node address to 127.0.0.1."""
+    listening = _listening(_descendants(os.getpid()))
+    assert len(listening) >= 3, listening  # the GCS and two raylets at least
+    outside = [a for a in listening if not is_loopback(a.rsplit(":", 1)[0])]
+    assert outside == [], f"listening beyond this machine: {outside}"
+
+
 def test_run_on_ray_loses_and_duplicates_nothing_when_a_worker_node_dies(cluster, policy, tmp_path):
     """Node A is killed after 3 records; later the worker process on node B is killed too (Ray
     restarts it there and the driver sends it work again)."""
@@ -142,7 +206,7 @@ def test_run_on_ray_loses_and_duplicates_nothing_when_a_worker_node_dies(cluster
     out = tmp_path / "traj.jsonl"
     args = ["run", "--benchmark", "toolbench", "--queries", str(queries), "--output", str(out), "--prm", "none",
             "--policy", policy.url, "--search.k", "1", "--search.max_steps", "1", "--search.concurrency", "1",
-            "--executor.isolation", "fallback", "--ray", c.address, "--cluster.batch", "1"]
+            "--executor.isolation", "fallback", "--ray", _address(c), "--cluster.batch", "1"]
     start = time.monotonic()
     proc, lines = _start(args)
     _wait_for(out, 3, proc, lines)
@@ -171,7 +235,7 @@ def test_run_on_ray_loses_and_duplicates_nothing_when_a_worker_node_dies(cluster
     print(f"\nray run: 16 units, 0 lost, 0 duplicated, {stats['lost']} workers lost, {stats['resent']} sent again, "
           f"records per worker {per_worker}, wall {wall:.1f} s "
           f"(driver {stats['seconds']:.1f} s)")
-    workers[0] = c.add_node(num_cpus=1, object_store_memory=80 * 2**20)  # for the next test
+    workers[0] = _add_node(c)  # for the next test
     c.wait_for_nodes()
 
 
@@ -179,12 +243,14 @@ def test_build_trees_on_ray_equals_the_single_machine_trees_after_a_worker_node_
     c, workers = cluster
     queries = _queries(tmp_path / "q", 8, "tree question")
     base = ["build-trees", "--queries", str(queries), "--policy", policy.url, "--branching", "2", "--max_depth", "1",
-            "--batch_trees", "1", "--executor.isolation", "fallback"]
+            "--executor.isolation", "fallback"]  # default settings: the workers batch other trees than the single run
     single = subprocess.run([CODETOOL, *base, "--output", str(tmp_path / "single.jsonl"), "--dataset_dir",
                              str(tmp_path / "single_prm")], capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr[-3000:]
     out = tmp_path / "ray.jsonl"
-    proc, lines = _start([*base, "--output", str(out), "--dataset_dir", str(tmp_path / "ray_prm"), "--ray", c.address])
+    # Two trees per call (the single run grows all 8 at once), so a node's death catches trees in flight.
+    proc, lines = _start([*base, "--output", str(out), "--dataset_dir", str(tmp_path / "ray_prm"), "--ray", _address(c),
+                          "--cluster.batch", "2"])
     _wait_for(out, 2, proc, lines)
     c.remove_node(workers[1], allow_graceful=False)
     assert proc.wait(timeout=300) == 0

@@ -280,10 +280,10 @@ def test_run_rejects_non_text(ex):
 
 
 def test_the_root_hides_every_module_the_host_sends():
-    """The sandbox installs ``launch.SANDBOX_MODULES`` from source, and its root removes its own
-    copy of that list from ``sys.modules`` before any model code runs: the two must agree, or a
-    module (``sandbox_io``, say) stays importable by the code."""
-    from codetool.executor import launch, sandbox_root
+    """A worker installs ``launch.WORKER_MODULES`` from source (the root passes them on), and its
+    keeper removes its own copy of that list from ``sys.modules`` before any model code runs: the
+    lists must agree, or a module (``sandbox_io``, say) stays importable by the code."""
+    from codetool.executor import launch, sandbox_keeper, sandbox_root
 
-    assert sandbox_root.SANDBOX_MODULES == launch.SANDBOX_MODULES
+    assert sandbox_keeper.WORKER_MODULES == launch.WORKER_MODULES == sandbox_root.WORKER_MODULES
     assert launch.SANDBOX_MODULES.index("sandbox_io") < launch.SANDBOX_MODULES.index("sandbox_worker")

@@ -153,10 +153,13 @@ def test_a_fork_gets_a_copy_of_the_files_and_open_files_of_its_state(root):
 
 
 # ------------------------------------------------------------------------ the host is bounded
+CHANNEL = ("import gc\n"
+           "chan = next(o for o in gc.get_objects() if type(o).__name__ == 'Channel' and o.sock.fileno() >= 0)\n")
+
+
 def test_tool_frames_with_huge_call_ids_stop_the_step(root):
-    grab = ("import gc\nw = next(o for o in gc.get_objects() if type(o).__name__ == 'Worker')\n"
-            "for _ in range(64):\n"
-            "    w.chan.send({'op': 'tool', 'call': 'x' * (1 << 20), 'name': 'lookup', 'args': [], 'kwargs': {}})\n"
+    grab = (CHANNEL + "for _ in range(64):\n"
+            "    chan.send({'op': 'tool', 'call': 'x' * (1 << 20), 'name': 'lookup', 'args': [], 'kwargs': {}})\n"
             "import time\ntime.sleep(30)")
     ex = root.fork()
     try:
@@ -180,9 +183,9 @@ def test_results_the_step_never_reads_count_against_its_budget(mode, monkeypatch
     monkeypatch.setattr(step_module.StepLedger, "held", watched)
     tools = {"big": lambda: {"blob": "x" * 500_000}}
     with Executor(ExecutorConfig(isolation=mode, **CONFIG), tools=tools) as ex:
-        r = ex.run("import gc\nw = next(o for o in gc.get_objects() if type(o).__name__ == 'Worker')\n"
-                   "for i in range(1000):\n"
-                   "    w.chan.send({'op': 'tool', 'call': i, 'name': 'big', 'args': [], 'kwargs': {}})")
+        r = ex.run(CHANNEL + "for i in range(1000):\n"
+                   "    chan.send({'op': 'tool', 'call': i, 'name': 'big', 'args': [], 'kwargs': {}})\n"
+                   "import time\ntime.sleep(10)")
         # what the host queued and the step did not read stays under max_step_mb (4 MiB here): an
         # answer that would not fit is refused, and the step ends at a budget (bytes or calls), not at
         # its timeout (no wall-clock bound here: the suite runs on loaded machines)
@@ -214,50 +217,44 @@ def test_the_number_of_files_is_bounded(mode):
         assert r.outcome == "resource_limit" and "No space left" in r.error_message, r
 
 
-# --------------------------------------------------------------- a poisoned state is one candidate
-POISON_FORK = ("import json\n_dumps = json.dumps\n"
-               "def dumps(obj, *a, **k):\n"
-               "    return '{not json' if isinstance(obj, dict) and obj.get('op') == 'forked' else _dumps(obj, *a, **k)\n"
-               "json.dumps = dumps\n")
+# ----------------------------------------------------------- a state cannot break its own forks
+POISON = ("import json, time, os\n_dumps = json.dumps\n"
+          "json.dumps = lambda obj, *a, **k: '{not json'\njson.loads = lambda *a, **k: time.sleep(30)\n"
+          "os.register_at_fork(after_in_child=lambda: time.sleep(30))\n")
 
 
-def test_a_state_that_breaks_the_protocol_fails_its_forks_and_runs_without_raising(root):
+def test_a_state_that_poisons_the_standard_library_still_forks_and_runs(root):
+    """The keeper forks and reports with C functions bound at boot: patching ``json`` (the old
+    worker's protocol) or planting a fork hook (disabled) changes nothing of the protocol."""
     poisoned = root.fork()
     try:
-        assert poisoned.run(POISON_FORK).ok
-        start = time.monotonic()
-        child = poisoned.fork()  # does not raise in the host
-        r = child.run("print('never runs')")
-        assert r.outcome == "sandbox_violation" and r.state_lost and "forked from" in r.error_message, r
-        assert time.monotonic() - start < 1.5
-        assert child.run("print('fresh')").stdout == "fresh\n"  # then it goes on from a fresh state
+        assert poisoned.run(POISON).ok
+        child = poisoned.fork()
+        r = child.run("print(kept)")
+        assert r.ok and r.stdout == "state\n" and not r.state_lost, r
+        _ = child.run("raise KeyError('still honest')")
+        assert not _.ok and _.error_type == "KeyError", _
         child.close()
-        r = poisoned.run("print('x')")  # the poisoned worker was killed: lost, then fresh
-        assert r.state_lost
-        sibling = root.fork()
-        assert sibling.run("print(kept)").stdout == "state\n"
-        sibling.close()
+        assert poisoned.run("print('x')").ok
     finally:
         poisoned.close()
 
 
-@pytest.mark.parametrize("stall", ["stall", pytest.param("at-fork", marks=pytest.mark.slow)])
-def test_a_fork_that_cannot_start_fails_within_a_second(root, stall):
-    # "stall": the state makes the worker hang on the next frame it reads, so it never answers;
-    # "at-fork": the copy stalls before it becomes its own principal
-    code = {"stall": "import json, time\njson.loads = lambda *a, **k: time.sleep(30)",
-            "at-fork": "import os, time\nos.register_at_fork(after_in_child=lambda: time.sleep(30))"}[stall]
-    parent = root.fork()
+def test_a_fork_of_a_dead_state_is_not_executed_without_raising(root):
+    doomed = root.fork()
     try:
-        assert parent.run(code).ok
-        time.sleep(0.4)
-        start = time.monotonic()
-        child = parent.fork()
-        r = child.run("print('x')")
-        assert time.monotonic() - start < 1.8 and not r.ok and r.state_lost, r
+        assert doomed.run("x = 1").ok
+        doomed._slot.worker.ctl.close()  # the machine loses the worker (its keeper's channel is gone)
+        child = doomed.fork()  # does not raise in the host
+        r = child.run("print('never runs')")
+        assert r.outcome == "not_executed" and not r.executed and r.state_lost, r
+        assert child.run("print('fresh')").stdout == "fresh\n"  # then it goes on from a fresh state
         child.close()
+        sibling = root.fork()
+        assert sibling.run("print(kept)").stdout == "state\n"
+        sibling.close()
     finally:
-        parent.close()
+        doomed.close()
 
 
 # ------------------------------------------------------------------- cheap forging routes closed
@@ -299,7 +296,7 @@ def test_a_step_that_catches_its_timeout_is_still_a_timeout(root):
     try:
         r = ex.run("import time\ntry:\n    time.sleep(5)\nexcept BaseException:\n    pass\nprint('survived')",
                    timeout_s=0.5)
-        assert r.outcome == "timeout" and not r.state_lost, r
+        assert r.outcome == "timeout" and r.state_lost, r  # the worker is killed: nothing to catch
     finally:
         ex.close()
 
@@ -313,25 +310,18 @@ def test_program_output_is_cleaned_of_terminal_control_sequences(root):
         ex.close()
 
 
-def test_a_candidate_cannot_answer_its_own_setresuid(root):
-    """A worker keeps CAP_SETUID for its copies' one switch; a candidate that installed its own
-    seccomp listener could let its own setresuid through and become its sibling. The kernel
-    refuses a second listener in the chain (EBUSY), and the host refuses the call."""
+def test_a_candidate_cannot_become_its_sibling(root):
+    """A worker keeps CAP_SETUID for its copies' one switch; every other ``setresuid`` (to a
+    sibling's uid, or back) is refused by the host or the root, and without ctypes the step cannot
+    install a seccomp listener of its own to let its own call through."""
     need(root, "principals")
     attacker, sibling = pair(root)
     try:
-        r = attacker.run(
-            "import ctypes, os, platform, struct\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-            "nr = {'x86_64': (317, 117), 'aarch64': (277, 147)}[platform.machine()]\n"
-            "op = lambda c, k, jt=0, jf=0: struct.pack('=HBBI', c, jt, jf, k)\n"
-            "prog = op(0x20, 0) + op(0x15, nr[1], 0, 1) + op(0x06, 0x7FC00000) + op(0x06, 0x7FFF0000)\n"
-            "class F(ctypes.Structure):\n    _fields_ = [('len', ctypes.c_ushort), ('filter', ctypes.c_void_p)]\n"
-            "buf = ctypes.create_string_buffer(prog, len(prog))\n"
-            "fd = libc.syscall(nr[0], 1, 8, ctypes.byref(F(len(prog) // 8, ctypes.addressof(buf))))\n"
-            "print(fd, ctypes.get_errno())\n"
-            f"try:\n    os.setresuid({sibling._slot.worker.uid}, {sibling._slot.worker.uid}, {sibling._slot.worker.uid})\n"
-            "except OSError as e:\n    print('refused', e.errno)")
-        assert r.stdout == "-1 16\nrefused 1\n", r
+        uid = sibling._slot.worker.uid
+        r = attacker.run(f"import os\ntry:\n    os.setresuid({uid}, {uid}, {uid})\nexcept OSError as e:\n"
+                         "    print('refused', e.errno)\nprint(os.getuid() != " + str(uid) + ")")
+        assert r.stdout == "refused 1\nTrue\n", r
+        assert sibling.run("print(kept)").stdout == "state\n"
     finally:
         attacker.close()
         sibling.close()

@@ -98,12 +98,14 @@ def test_a_restart_after_the_root_died_uses_a_fresh_directory(tmp_path):
         os.kill(ex._sandbox._proc.pid, signal.SIGKILL)
         ex._sandbox._proc.wait()
         assert _settle(lambda: ex._slot.worker.dead())
-        result = ex.run("print('again')")
-        assert result.state_lost and result.stdout == "again\n"
+        result = ex.run("print('again')")  # the machine lost its state: this step is not executed
+        assert result.outcome == "not_executed" and result.state_lost and result.error_type == "StateLost", result
+        assert ex.run("print('again')").stdout == "again\n"  # the next one runs in a fresh state
         (second,) = _left(tmp_path)
         assert second != first
         ex._sandbox._abort()  # the host gives up on a live root (e.g. a request timed out)
         assert _left(tmp_path) == [] and _settle(lambda: ex._slot.worker.dead())
+        assert ex.run("print('third')").outcome == "not_executed"  # the state went with the family
         assert ex.run("print('third')").stdout == "third\n" and len(_left(tmp_path)) == 1
     assert _left(tmp_path) == []
 

@@ -23,15 +23,14 @@ from codetool.executor.result import ARGUMENT_PREVIEW_CHARS
 CONFIG = dict(timeout_s=3.0, grace_s=0.5, memory_mb=512, max_processes=24, max_output_chars=5000,
               scratch_mb=32, max_step_mb=4, max_tool_calls=50)
 
-# Sandbox-side helpers the attacks use: the worker object, and a raw frame writer.
+# Sandbox-side helpers the attacks use: the step's own tool channel (found with gc), and a raw
+# frame writer on it.
 GRAB = """import gc, json, struct
-w = next(o for o in gc.get_objects() if type(o).__name__ == 'Worker')
+chan = next(o for o in gc.get_objects() if type(o).__name__ == 'Channel' and o.sock.fileno() >= 0)
 def raw(obj):
     data = json.dumps(obj).encode()
-    w.chan.sock.sendall(struct.pack('>I', len(data)) + data)
+    chan.sock.sendall(struct.pack('>I', len(data)) + data)
 """
-DONE_OK = {"op": "done", "outcome": "ok", "error_type": None, "error_message": None,
-           "output_dropped": 0, "cpu_s": 0.0}
 
 
 def lookup(city: str = ""):
@@ -59,30 +58,32 @@ def need(ex: Executor, layer: str) -> None:
 
 
 # ------------------------------------------------------------------ reports the code cannot forge
-def test_a_done_frame_sent_by_the_code_does_not_shift_later_results(ex):
-    r = ex.run(GRAB + f"w.chan.send({DONE_OK!r})\nraise ValueError('real')")
-    assert r.outcome in ("ok", "runtime_error")  # the step's own report is the code's (documented)
+def test_a_report_sent_by_the_code_decides_nothing(ex):
+    r = ex.run(GRAB + "raw({'op': 'end', 'output_dropped': 0})\nraise ValueError('real')")
+    assert not r.ok and r.outcome == "runtime_error" and r.error_type == "ValueError", r
+    r = ex.run(GRAB + "raw({'op': 'raised', 'error_type': 'KeyError', 'error_message': 'forged', 'kind': "
+                      "'resource_limit'})\nprint('fine')")
+    assert r.ok and r.stdout == "fine\n", r  # it ran to its end, whatever it reported
     r = ex.run("raise KeyError('second')")
     assert not r.ok and r.error_type == "KeyError"
-    r = ex.run("print('third')")
-    assert r.ok and r.stdout == "third\n"
 
 
-def test_a_frame_without_the_runs_nonce_is_rejected(ex):
-    r = ex.run(GRAB + f"raw({DONE_OK!r})\nraise ValueError('real')")
+def test_a_frame_that_is_not_part_of_the_protocol_stops_the_step(ex):
+    r = ex.run(GRAB + "raw({'op': 'done', 'outcome': 'ok'})\nimport time\ntime.sleep(3)")
     assert not r.ok and r.outcome == "sandbox_violation" and r.state_lost
     assert ex.run("print(1)").stdout == "1\n"  # a fresh worker serves the next step
 
 
-def test_replacing_the_workers_run_method_changes_no_later_report(ex):
-    forged = {**DONE_OK, "op": "done"}
-    r = ex.run(GRAB + f"type(w).run = lambda self, msg: {forged!r}\nw.run = lambda msg: {forged!r}")
+def test_replacing_the_states_methods_changes_no_later_report(ex):
+    r = ex.run("import gc\nstate = next(o for o in gc.get_objects() if type(o).__name__ == 'State')\n"
+               "cls = type(state)\nfor name in ('pre', 'after', 'describe', '_message', '_close'):\n"
+               "    setattr(cls, name, lambda self, *a, **k: True)")
     assert r.ok
     r = ex.run("raise ValueError('the real code ran')")
-    assert not r.ok and r.error_type == "ValueError" and "the real code ran" in r.error_message
+    assert not r.ok and r.outcome == "runtime_error", r
     child = ex.fork()  # a fork of the tampered state reports honestly too
     try:
-        assert child.run("1/0").error_type == "ZeroDivisionError"
+        assert not child.run("1/0").ok
     finally:
         child.close()
 
@@ -92,9 +93,10 @@ def test_a_thread_left_by_a_step_cannot_answer_for_the_next(ex):
                    "def serve():\n"
                    "    while True:\n"
                    "        time.sleep(0.05)\n"
-                   f"        w.chan.send({DONE_OK!r})\n"
+                   "        try:\n            raw({'op': 'end'})\n        except OSError:\n            pass\n"
                    "threading.Thread(target=serve, daemon=True).start()")
-    assert ex.run(code).outcome in ("ok", "sandbox_violation")
+    r = ex.run(code)
+    assert r.ok and r.state_lost, r  # its thread would outlive it: the state is killed with it
     r = ex.run("import time\ntime.sleep(0.3)\nraise ValueError('real')")
     assert not r.ok
 
@@ -126,12 +128,11 @@ def test_a_tool_call_flood_is_capped_in_calls_bytes_and_memory(ex):
 
 
 def test_non_finite_and_oversized_numbers_never_raise_in_the_host(ex):
-    r = ex.run(GRAB + "w.chan.send({'op': 'done', 'outcome': 'ok', 'cpu_s': float('inf'), "
-                      "'output_dropped': float('inf')})")
+    r = ex.run(GRAB + "chan.send({'op': 'end', 'output_dropped': float('inf')})")
     assert r.outcome == "sandbox_violation"
-    r = ex.run(GRAB + "w.chan.send({'op': 'done', 'outcome': 'ok', 'cpu_s': 10**30, 'output_dropped': -5})")
+    r = ex.run(GRAB + "chan.send({'op': 'end', 'output_dropped': 10**30})")
     assert r.outcome == "sandbox_violation"  # an integer beyond 64 bits
-    r = ex.run(GRAB + "w.chan.send({'op': 'done', 'outcome': 'ok', 'cpu_s': 1e308, 'output_dropped': 1e300})")
+    r = ex.run(GRAB + "chan.send({'op': 'end', 'output_dropped': 1e300})")
     assert r.ok  # finite but absurd: clamped, nothing raises
 
 
@@ -139,19 +140,19 @@ def test_deeply_nested_tool_arguments_never_reach_the_record(ex):
     r = ex.run("x = []\nfor _ in range(600):\n    x = [x]\nlookup(city=x)")
     assert r.error_type == "ValueError" and "nest deeper" in r.error_message
     r = ex.run(GRAB + "x = []\nfor _ in range(600):\n    x = [x]\n"
-                      "w.chan.send({'op': 'tool', 'call': 1, 'name': 'lookup', 'args': [], 'kwargs': {'city': x}})")
+                      "chan.send({'op': 'tool', 'call': 1, 'name': 'lookup', 'args': [], 'kwargs': {'city': x}})")
     assert r.outcome == "sandbox_violation"
     json.dumps(r.to_dict())
 
 
 def test_the_answer_cap_is_enforced_by_the_host(ex):
-    r = ex.run(GRAB + "w.chan.send({'op': 'finish', 'answer': 'a' * 3_000_000})\nraise SystemExit")
+    r = ex.run(GRAB + "chan.send({'op': 'finish', 'answer': 'a' * 3_000_000})\nraise SystemExit")
     assert r.final_answer is not None and len(r.final_answer) <= 100_003
 
 
 def test_control_characters_from_the_sandbox_never_reach_a_log_line(ex, caplog):
     with caplog.at_level(logging.WARNING, logger="codetool.executor"):
-        r = ex.run(GRAB + "w.chan.send({'op': '\\x1b[31mX\\nFAKE LOG LINE'})")
+        r = ex.run(GRAB + "chan.send({'op': '\\x1b[31mX\\nFAKE LOG LINE'})")
     assert r.outcome == "sandbox_violation"
     messages = [rec.getMessage() for rec in caplog.records]
     assert messages and not any("\x1b" in m or "\n" in m for m in messages)
@@ -181,57 +182,39 @@ def test_recorded_arguments_are_a_bounded_preview_plus_a_hash():
 
 
 # ------------------------------------------------------------------ siblings and kernel limits
-SYSCALL = """import ctypes, os, platform
-libc = ctypes.CDLL(None, use_errno=True)
-NR = {'x86_64': {'keyctl': 250, 'shmget': 29, 'ptrace': 101},
-      'aarch64': {'keyctl': 219, 'shmget': 194, 'ptrace': 117}}[platform.machine()]
-def call(nr, *args):
-    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
-    return r if r >= 0 else -ctypes.get_errno()
-"""
-
-
-def test_no_sibling_channel_can_be_duplicated_or_traced(ex, root):
+def test_raw_system_calls_and_memory_access_are_out_of_reach(ex):
+    """No ctypes in the step (nor in a fresh interpreter it starts, where the worker has its own
+    mount namespace: the C modules are hidden), so no raw ``pidfd_getfd``, ``ptrace`` or
+    ``process_vm_*`` call on a sibling; the seccomp filter refuses them anyway (its own tests)."""
     need(ex, "seccomp")
-    sibling = root.fork()
-    try:
-        sibling.run("import subprocess\np = subprocess.Popen(['sleep', '5'])")  # an exec'd child
-        r = ex.run(SYSCALL + "got, errors = 0, set()\n"
-                   "for pid in [int(p) for p in os.listdir('/proc') if p.isdigit()]:\n"
-                   "    pfd = call(434, pid, 0)\n"  # pidfd_open
-                   "    if pfd < 0:\n        continue\n"
-                   "    for fd in range(16):\n"
-                   "        r = call(438, pfd, fd, 0)\n"  # pidfd_getfd
-                   "        if r >= 0:\n            got += 1\n            os.close(r)\n"
-                   "        else:\n            errors.add(-r)\n"
-                   "    os.close(pfd)\n"
-                   "print(got, sorted(errors), call(NR['ptrace'], 16, os.getppid(), 0, 0))")
-        assert r.ok and r.stdout == "0 [1] -1\n", r.stdout  # EPERM everywhere
-    finally:
-        sibling.close()
+    r = ex.run("errors = []\nfor name in ('ctypes', '_ctypes', '_testcapi'):\n    try:\n        __import__(name)\n"
+               "    except BaseException as e:\n        errors.append(type(e).__name__)\nprint(len(errors))\n"
+               "import subprocess, sys\n"
+               "print(subprocess.run([sys.executable, '-c', 'import ctypes'], capture_output=True).returncode)")
+    assert r.ok and r.stdout.splitlines()[0] == "3", r
+    if "hidden(proc,ctypes)" in ex.isolation:
+        assert r.stdout.splitlines()[1] == "1", r
 
 
 def test_exec_d_programs_hold_no_channel(ex):
     r = ex.run("import subprocess, sys\n"
-               "print(subprocess.run([sys.executable, '-c', 'import os; print(sorted(os.listdir(\"/proc/self/fd\")))'],"
-               " capture_output=True, text=True).stdout, end='')")
-    assert r.ok and r.stdout == "['0', '1', '2', '3']\n"
+               "probe = 'import os\\nfds = []\\nfor fd in range(256):\\n    try:\\n        os.fstat(fd)\\n"
+               "        fds.append(fd)\\n    except OSError:\\n        pass\\nprint(fds)'\n"
+               "print(subprocess.run([sys.executable, '-c', probe], capture_output=True, text=True).stdout, end='')")
+    assert r.ok and r.stdout == "[0, 1, 2]\n", r
 
 
 def test_seccomp_denies_what_rlimits_cannot_hold(ex):
     need(ex, "seccomp")
-    r = ex.run(SYSCALL + "import socket\n"
+    r = ex.run("import os, socket, mmap\n"
                "try:\n    socket.socket(40, socket.SOCK_STREAM)\nexcept OSError as e:\n    print('vsock', e.errno)\n"
                "try:\n    os.memfd_create('x')\nexcept OSError as e:\n    print('memfd', e.errno)\n"
-               "print('shmget', call(NR['shmget'], 0, 512 << 20, 0o1600))\n"
-               "print('keyctl', call(NR['keyctl'], 0, -3, 0))\n"  # KEYCTL_GET_KEYRING_ID, session
-               "print('unshare', libc.unshare(0x10000000), ctypes.get_errno())\n"
-               "print('io_uring', call(425, 8, 0))\n"
+               "try:\n    mmap.mmap(-1, 4096)\nexcept OSError as e:\n    print('shared mapping', e.errno)\n"
+               "print('private mapping', len(mmap.mmap(-1, 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)))\n"
                "import threading, subprocess\nt = threading.Thread(target=print, args=('thread',))\n"
                "t.start()\nt.join()\nprint(subprocess.run(['true']).returncode)")
     assert r.ok, r.error_message
-    assert r.stdout.splitlines() == ["vsock 97", "memfd 1", "shmget -1", "keyctl -1", "unshare -1 1",
-                                     "io_uring -1", "thread", "0"]
+    assert r.stdout.splitlines() == ["vsock 97", "memfd 1", "shared mapping 1", "private mapping 4096", "thread", "0"]
 
 
 DETACH = ("import os, time\n"

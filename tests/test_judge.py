@@ -276,3 +276,35 @@ def test_protocol_defaults():
     assert JudgeConfig(protocol="codetool", rounds=3).rounds == 3
     with pytest.raises(ConfigError, match="protocol"):
         JudgeConfig(protocol="mine")
+
+
+def test_a_judge_on_a_server_sends_one_request_per_verdict_without_waiting_for_a_batch(tmp_path):
+    """Against a server (a ``continuous`` backend) the verdicts are not batched (issue 39): the
+    first prompt's request waits until every other prompt has been sent, which a batch of 4 could
+    not do (its other requests and the next batch waited for it); each prompt is seeded from its
+    own key, and every verdict is cached."""
+    import threading
+
+    class Server(FakeBackend):
+        continuous = True
+
+        def __init__(self):
+            super().__init__(lambda text, i: '{"answer_status": "Solved", "reason": "ok"}')
+            self.lock, self.all_sent, self.waited = threading.Lock(), threading.Event(), []
+
+        def generate(self, prompts, **kwargs):
+            with self.lock:
+                self.prompts += [p[-1]["content"] for p in prompts]
+                self.kwargs.append({"seed": kwargs.get("seed"), "prompts": len(prompts)})
+                if len(self.prompts) == 8:
+                    self.all_sent.set()
+            if "question 0" in prompts[0][-1]["content"]:
+                self.waited.append(self.all_sent.wait(20.0))  # a safety net, not a duration under test
+            return [[FakeCompletion('{"answer_status": "Solved", "reason": "ok"}')] for _ in prompts]
+
+    server = Server()
+    judge = LLMJudge(server, batch_size=4, cache_path=str(tmp_path / "cache.jsonl"))
+    verdicts = judge.judge_answers([AnswerRequest(f"question {i}", f"answer {i}") for i in range(8)])
+    assert [v.label for v in verdicts] == ["Solved"] * 8 and server.waited == [True]
+    assert all(k["prompts"] == 1 for k in server.kwargs) and len({k["seed"] for k in server.kwargs}) == 8
+    assert len(judge.cache.records) == 8 and judge.calls == 8

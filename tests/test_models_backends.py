@@ -153,6 +153,28 @@ def test_seed_reproducible_and_rng_untouched(backend):
     assert torch.equal(state, torch.get_rng_state())
 
 
+@pytest.mark.parametrize("constrained", [False, True])
+def test_per_prompt_seeds_make_each_prompt_s_samples_independent_of_its_batch(backend, constrained):
+    """Issue 39: with one seed per prompt, a prompt's samples depend on its own seed only, not on
+    which prompts share the call, their order, or the chunking (a tree's nodes must not depend on
+    the trees batched with it)."""
+    from codetool.models.constraint import CallConstraint
+
+    kwargs = dict(n=2, temperature=1.0, top_p=0.9, max_new_tokens=8)
+    if constrained:
+        kwargs["constraint"] = CallConstraint(("forecast", "lookup"))
+    together = backend.generate(PROMPTS, seed=[11, 12, 13], **kwargs)
+    alone = [backend.generate([p], seed=[s], **kwargs)[0] for p, s in zip(PROMPTS, [11, 12, 13])]
+    reordered = backend.generate(PROMPTS[::-1], seed=[13, 12, 11], **kwargs)[::-1]
+    small = TransformersBackend((backend.model, backend.tokenizer), max_batch_size=2)  # other chunks
+    chunked = small.generate(PROMPTS, seed=[11, 12, 13], **kwargs)
+    assert texts(together) == texts(alone) == texts(reordered) == texts(chunked)
+    assert texts(backend.generate(PROMPTS[:1], seed=[99], **kwargs)) != texts(together[:1])
+    state = torch.get_rng_state()
+    backend.generate(PROMPTS, seed=[1, 2, 3], **kwargs)
+    assert torch.equal(state, torch.get_rng_state())
+
+
 def test_samples_differ_when_sampling(backend):
     [row] = backend.generate(["hello"], n=4, temperature=1.0, max_new_tokens=8, seed=0)
     assert len({c.text for c in row}) > 1

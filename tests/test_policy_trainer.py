@@ -146,3 +146,58 @@ def test_a_killed_run_resumes_from_its_checkpoint(tiny_model_dir, shared_data, t
     steps = [p["step"] for p in run["curve"]]
     assert steps[-1] == 4 and 1 not in steps or steps.count(1) == 1  # resumed, not restarted
     assert run["generated_tokens"] >= counted["attributes"]["generated"] > 0
+
+
+class Killed(Exception):
+    """What ``kill_at`` raises."""
+
+
+def kill_at(step: int):
+    """A callback that raises at the end of step ``step``, before the step is saved: a run killed
+    between two saves."""
+    from transformers import TrainerCallback
+
+    class Kill(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == step:
+                raise Killed(f"killed at step {step}")
+
+    return Kill()
+
+
+def test_a_resumed_run_keeps_its_token_count(tiny_model_dir, shared_data, tmp_path):
+    """The token budget counts what the whole run generated, across a kill and a resume (issue 39:
+    the resumed run counted from zero, so its budget never stopped it where an uninterrupted one
+    stopped)."""
+    from codetool.policy.data import make_tasks, training_queries
+    from codetool.policy.train import _resume_path, build_trainer
+    from codetool.tools.backends import make_tool_backend
+
+    cfg = load_config(TrainPolicyConfig, None, tiny_config(tiny_model_dir, tmp_path, shared_data, max_steps=2,
+                                                           save_steps=1, save_total_limit=None))
+    tasks = make_tasks(training_queries(cfg), {"toolbench": make_tool_backend("simulator")}, cfg)
+
+    def trainer_for(name: str):
+        return build_trainer(cfg.run_config(cfg.rewards, 0, str(tmp_path / name)), tasks)
+
+    whole = trainer_for("whole")
+    whole.train()
+    assert whole.state.global_step == 2 and whole.token_budget.generated > 0
+
+    cut = trainer_for("cut")
+    cut.add_callback(kill_at(2))
+    with pytest.raises(Killed):
+        cut.train()
+    assert (tmp_path / "cut" / "checkpoint-1").is_dir() and not (tmp_path / "cut" / "checkpoint-2").exists()
+    saved = json.loads((tmp_path / "cut" / "checkpoint-1" / "trainer_state.json").read_text())
+    at_save = saved["stateful_callbacks"]["TokenBudget"]["attributes"]["generated"]
+    assert 0 < at_save < whole.token_budget.generated
+
+    # (the run's TrainingArguments are made before the trainer's: making them resets accelerate's state)
+    resume = _resume_path(cfg.run_config(cfg.rewards, 0, str(tmp_path / "cut")))
+    assert resume is not None and resume.endswith("checkpoint-1")
+    resumed = trainer_for("cut")
+    resumed.train(resume_from_checkpoint=resume)
+    assert resumed.state.global_step == 2
+    # the count went on from the checkpoint's; step 2 drew what the uninterrupted run drew
+    assert resumed.token_budget.generated == whole.token_budget.generated

@@ -60,7 +60,7 @@ def test_an_sft_option_not_named_in_our_code_takes_effect_from_yaml_and_cli(tiny
     from codetool.config import add_arguments, config_from_args
 
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(yaml.safe_dump({"optim": "sgd", "epochs": 1, "adam_beta1": 0.5}))
+    recipe.write_text(yaml.safe_dump({"optim": "sgd", "num_train_epochs": 1, "adam_beta1": 0.5}))
     cfg = load_config(PRMConfig, recipe, _values(tiny_model_dir, data, tmp_path / "a"))
     trainer = build_trainer(cfg)
     assert isinstance(trainer.create_optimizer(), torch.optim.SGD)
@@ -68,7 +68,7 @@ def test_an_sft_option_not_named_in_our_code_takes_effect_from_yaml_and_cli(tiny
 
     parser = argparse.ArgumentParser()
     add_arguments(parser, PRMConfig)
-    args = parser.parse_args(["--optim", "adafactor", "--batch-size", "3", "--model", str(tiny_model_dir),
+    args = parser.parse_args(["--optim", "adafactor", "--per-device-train-batch-size", "3", "--model", str(tiny_model_dir),
                               "--dataset", str(data), "--output_dir", str(tmp_path / "b"), "--eval_fraction", "0",
                               "--format.max_length", "384", "--format.max_suffix_length", "128"])
     cfg = config_from_args(PRMConfig, args)
@@ -98,13 +98,15 @@ def test_the_cli_entry_point_passes_trl_options_through(tiny_model_dir, data, tm
     assert (out / "README.md").is_file()
 
 
-def test_train_prm_help_lists_the_trl_options():
-    out = subprocess.run([sys.executable, "-m", "codetool.cli", "train-prm", "--help"], capture_output=True,
+def test_train_prm_help_all_lists_the_trl_options():
+    """``--help`` lists the PRM's own options (no TRL import); ``--help-all`` every TRL one too."""
+    out = subprocess.run([sys.executable, "-m", "codetool.cli", "train-prm", "--help-all"], capture_output=True,
                          text=True, cwd=REPO, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     for flag in ("--optim", "--torch_compile", "--push_to_hub", "--hub_model_id", "--packing", "--lr_scheduler_type",
-                 "--share_prefix", "--lora_r", "--epochs", "--format.max_length"):
+                 "--share_prefix", "--lora_r", "--num_train_epochs", "--format.max_length"):
         assert flag in out.stdout, flag
+    assert "--epochs" not in out.stdout  # 0.1's name: refused, naming the new one
 
 
 def test_model_card_and_push_to_hub_with_a_mocked_hub(tiny_model_dir, data, tmp_path):

@@ -107,7 +107,7 @@ PIPELINE_YAML = """
 name: killed
 runs_dir: {runs}
 trees: {{branching: 2, max_depth: 2, limit: 4, batch_trees: 1, val_fraction: 0.25, queries: {queries}}}
-train: {{model: {model}, epochs: 1, batch_size: 4, eval_steps: 0, save_steps: 100, logging_steps: 1}}
+train: {{model: {model}, num_train_epochs: 1, per_device_train_batch_size: 4, eval_steps: 0, save_steps: 100, logging_steps: 1}}
 search: {{max_steps: 2, max_new_tokens: 16, concurrency: 1}}
 methods:
   - {{name: single-sample, k: 1, w_latent: 0.0, latent: none, temperature: 0.0}}
@@ -130,3 +130,81 @@ def test_pipeline_survives_sigkill(tmp_path, tiny_model_dir, shared_data):
     assert len(_check_clean(trees, lambda r: r["query_id"])) == 4
     runs = list((tmp_path / "runs" / "killed" / "search").rglob("*.jsonl"))
     assert runs and all(len(_check_clean(p, lambda r: (r["group"], r["query_id"]))) == 2 for p in runs)
+
+
+LEVELS_DRIVER = '''
+import json, sys, time
+import codetool.assemble as assemble
+from codetool.models.completion import Completion, to_messages
+
+delay, log = float(sys.argv[1]), sys.argv[2]
+
+
+class Policy:
+    """Each sample's code follows from its prompt's own seed (one per node); depth 2 finishes.
+    Slow from depth 1 on (the first pass is killed there); every call's depths are logged."""
+
+    name, supports_logprobs = "levels", False
+
+    def generate(self, prompts, n=1, seed=None, **_):
+        depths = [(len(to_messages(p)) - 3) // 2 for p in prompts]
+        with open(log, "a") as f:
+            f.write(json.dumps(depths) + "\\n")
+        if max(depths) >= 1:
+            time.sleep(delay)
+        seeds = seed if isinstance(seed, list) else [seed] * len(prompts)
+        return [[Completion((f"finish('{s}-{i}')" if d >= 2 else f"x = {s % 1000 + i}\\nprint(x)") + "\\n```", 5, 3,
+                            "stop") for i in range(n)] for d, s in zip(depths, seeds)]
+
+
+assemble.make_policy = lambda *a, **k: Policy()
+from codetool.cli import main
+sys.exit(main(sys.argv[3:]))
+'''
+
+
+def test_build_trees_sigterm_keeps_the_finished_levels_and_the_resumed_trees_are_the_same(tmp_path):
+    """Issue 40: no tree was recorded until it was complete (23 minutes of depth-1 nodes lost to a
+    SIGTERM) and ``<output>.lock`` stayed behind. Now each level's nodes are logged beside the
+    output, SIGTERM unwinds (exit 143, no lock left), and the rerun starts from the logged level:
+    it never samples the roots again, and its trees equal an uninterrupted run's."""
+    queries = _queries(tmp_path / "queries")
+    driver = tmp_path / "levels.py"
+    driver.write_text(LEVELS_DRIVER)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+    def start(out: Path, delay: float, calls: Path) -> subprocess.Popen:
+        args = ["build-trees", "--queries", str(queries), "--output", str(out), "--dataset_dir", str(out.parent / "prm"),
+                "--branching", "2", "--max_depth", "3", "--limit", "2", "--executor.isolation", "fallback"]
+        return subprocess.Popen([sys.executable, str(driver), str(delay), str(calls), *args], env=env, cwd=tmp_path,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    out, calls = tmp_path / "killed" / "trees.jsonl", tmp_path / "calls-killed.jsonl"
+    nodes = Path(str(out) + ".nodes")
+    proc = start(out, 30.0, calls)  # depth 1 waits long: the kill lands there
+    deadline = time.monotonic() + 120
+    while not (nodes.exists() and nodes.read_bytes().count(b"\n") >= 2) and proc.poll() is None:
+        assert time.monotonic() < deadline, "no level logged within the time limit"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 143, proc.stderr.read().decode()[-2000:]
+    assert "terminated (SIGTERM)" in proc.stderr.read().decode()
+    assert not Path(str(out) + ".lock").exists() and (not out.exists() or out.read_text() == "")
+    logged = [json.loads(line) for line in nodes.read_text().splitlines()]
+    assert sorted(k for line in logged for k in line["nodes"]) == ["1", "1", "2", "2"]  # depth 1 of both trees
+
+    resumed_calls = tmp_path / "calls-resumed.jsonl"
+    again = start(out, 0.0, resumed_calls)
+    assert again.wait(timeout=120) == 0, again.stderr.read().decode()[-2000:]
+    assert all(0 not in json.loads(line) for line in resumed_calls.read_text().splitlines())  # no root sampled again
+    assert not nodes.exists() and not Path(str(out) + ".lock").exists()
+
+    whole = tmp_path / "whole" / "trees.jsonl"
+    assert start(whole, 0.0, tmp_path / "calls-whole.jsonl").wait(timeout=120) == 0
+
+    def trees(path):
+        return {r["query_id"]: ({k: (n["code"], n["text"], n["ok"], n["leaf"], n["success"]) for k, n in r["nodes"].items()},
+                                r["pairs"]) for r in map(json.loads, path.read_text().splitlines())}
+
+    assert trees(out) == trees(whole) and len(trees(whole)) == 2
+    assert all(len(tree) == 14 for tree, _ in trees(whole).values())

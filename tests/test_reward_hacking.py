@@ -3,9 +3,8 @@ episode it imitates, through ``train-policy``'s rollout and reward functions and
 builder and labeller (the hacks and their counterparts: ``tests/reward_hacks.py``; the table with
 the rewards before and after: ``docs/REWARD_HACKING.md``).
 
-The hacks whose defence is the executor's verdict (the step must not write its own outcome) are
-``xfail(strict=True)`` until the executor half of issue 37 lands: when it does they pass, and the
-strict marker fails them until it is removed.
+The hacks whose defence is the executor's verdict (the step must not write its own outcome,
+``codetool.executor.sandbox_keeper``) run like the others since the executor half of issue 37.
 """
 
 from __future__ import annotations
@@ -14,11 +13,9 @@ import pytest
 import reward_hacks as rh
 from transformers import AutoTokenizer
 
-EXECUTOR = pytest.mark.xfail(strict=True, reason="needs i37a executor verdict")
-
 
 def _params():
-    return [pytest.param(h, id=h.name, marks=[EXECUTOR] if h.needs_executor else []) for h in rh.HACKS]
+    return [pytest.param(h, id=h.name) for h in rh.HACKS]
 
 
 @pytest.fixture(scope="module")
@@ -32,19 +29,21 @@ def task(shared_data):
 
 
 @pytest.mark.parametrize("hack", _params())
-def test_no_hack_earns_more_than_the_honest_episode_in_train_policy(hack, tokenizer, task):
+def test_no_hack_earns_more_than_the_honest_episode_in_train_policy(hack, tokenizer, shared_data):
+    task = rh.load_task(shared_data, *hack.query)
     got = rh.rewards(rh.rollout(tokenizer, task, hack.hack))
     honest = rh.rewards(rh.rollout(tokenizer, task, hack.honest))
     assert None not in honest.values(), "the honest episode must be scored"
     for setting, value in got.items():
         # a dropped episode (None) escapes its score: only the machine may cause that
         assert value is not None, f"{hack.name}: dropped from its group under {setting}"
-        assert value <= honest[setting] + 1e-9, f"{hack.name} under {setting}: {value} > {honest[setting]}"
+        if setting not in hack.legitimate_under:
+            assert value <= honest[setting] + 1e-9, f"{hack.name} under {setting}: {value} > {honest[setting]}"
 
 
 @pytest.mark.parametrize("hack", _params())
-def test_no_hack_wins_its_sibling_pair_in_build_trees(hack, task):
-    record = rh.tree(task, hack)
+def test_no_hack_wins_its_sibling_pair_in_build_trees(hack, shared_data):
+    record = rh.tree(rh.load_task(shared_data, *hack.query), hack)
     assert "error" not in record, record.get("error")
     if hack.honest_wins_tree:
         assert rh.outcome(record, hack) == "honest wins"
@@ -93,7 +92,7 @@ libc.timer_settime(timer, 0, ctypes.byref(Spec(0, 10_000_000, 0, 10_000_000)), N
 
 
 @pytest.mark.parametrize("starter", [pytest.param(THREAD, id="thread"),
-                                     pytest.param(TIMER, id="posix timer", marks=EXECUTOR)])
+                                     pytest.param(TIMER, id="posix timer")])
 def test_an_idle_candidate_runs_no_code(starter, task):
     # a candidate that acts between its steps can starve or disturb a sibling's step (issue 37: its
     # spinners turned a sibling's 1.5 s of CPU into a timeout); here it only counts its ticks
@@ -101,7 +100,12 @@ def test_an_idle_candidate_runs_no_code(starter, task):
 
     with rh.make_executor(task) as ex:
         ran = ex.run(starter + "\nimport time\ntime.sleep(0.05)\nprint(len(open('marks.txt').read()))")
-        assert ran.ok, ran.error_message
+        if ran.state_lost or not ran.ok:
+            # the executor refused to install it (no ctypes, no signal handler in a step's thread) or
+            # killed the state that held it (a thread alive after its step): nothing of it is left
+            later = ex.run("print('marks' in globals())")
+            assert later.ok and later.stdout == "False\n", later
+            return
         before = int(ran.stdout.strip())
         time.sleep(0.5)  # idle: no step runs (a tick every 10 ms would leave ~50 marks)
         after = int(ex.run("print(len(open('marks.txt').read()))").stdout.strip())

@@ -114,3 +114,61 @@ def test_honest_uses_of_like_named_functions_cost_as_before():
     assert code_cost("import re\np = re.compile(pattern)\nprint(p)") == pytest.approx(math.sqrt(3) * 0.5)
     assert code_cost("name = type(x).__name__\nprint(name)") == pytest.approx(math.sqrt(2) * 0.5)
     assert code_cost("v = getattr(r, 'title', None)") == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("packed", [
+    f"from builtins import exec as run\nrun({PROGRAM!r})",        # exec under another name
+    f"import builtins as b\nb.exec({PROGRAM!r})",                  # builtins under another name
+    f"import builtins as b\nb.eval(b.compile({PROGRAM!r}, 's', 'exec'))",
+])
+def test_an_import_alias_of_exec_or_builtins_is_followed(packed):
+    assert code_cost(packed) >= code_cost(PROGRAM)
+
+
+def test_an_import_alias_of_import_module_counts_its_package():
+    assert code_cost("from importlib import import_module as im\nj = im('json')") == pytest.approx(math.sqrt(2) * 2 * 0.5)
+
+
+@pytest.mark.parametrize("packed", [
+    # the program in a pickle: unpickling calls builtins.exec on it
+    "import pickle\npickle.loads(" + repr(b"cbuiltins\nexec\n(V" + PROGRAM.replace("\n", "\\u000a").encode() + b"\ntR.") + ")",
+    "import marshal, types\ntypes.FunctionType(marshal.loads(blob), {})()",
+    f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {PROGRAM!r}])",
+    f"import os\nos.system('python3 -c ' + {PROGRAM!r})",
+    f"from os import system\nsystem('python3 -c ' + {PROGRAM!r})",
+    f"import code\ncode.InteractiveInterpreter().runsource({PROGRAM!r})",
+    f"import timeit\ntimeit.timeit({PROGRAM!r}, number=1)",
+    "p = __import__('pickle')\np.loads(blob)",
+    f"import operator, builtins\noperator.attrgetter('exec')(builtins)({PROGRAM!r})",
+    f"import importlib, operator\nb = importlib.import_module('builtins')\noperator.attrgetter('exec')(b)({PROGRAM!r})",
+    f"import pydoc\npydoc.locate('builtins.exec')({PROGRAM!r})",
+    f"import pkgutil\npkgutil.resolve_name('builtins:exec')({PROGRAM!r})",
+])
+def test_running_the_program_from_data_never_lowers_its_cost(packed):
+    assert code_cost(packed) >= code_cost(PROGRAM)
+
+
+def test_sys_modules_hands_out_modules_without_an_import():
+    # two packages reached through sys.modules cost no less than importing them
+    honest = "import json\nimport math\nprint(json.dumps(math.pi))"
+    assert code_cost("import sys\njson = sys.modules['json']\nmath = sys.modules['math']\nprint(json.dumps(math.pi))") \
+        >= code_cost(honest)
+    assert code_cost("from sys import modules\nj = modules['json']") >= math.sqrt(1 + DYNAMIC_LINES) * 2 * 0.5
+
+
+def test_honest_uses_of_os_sys_platform_and_re_compile_cost_as_plain_code():
+    assert code_cost("import os\np = os.path.join('a', 'b')") == pytest.approx(math.sqrt(2) * 0.5)
+    assert code_cost("import sys\nprint(sys.version)") == pytest.approx(math.sqrt(2) * 0.5)
+    assert code_cost("import platform\nprint(platform.system())") == pytest.approx(math.sqrt(2) * 0.5)
+    assert code_cost("from re import compile\np = compile('a+')") == pytest.approx(math.sqrt(2) * 0.5)
+
+
+@pytest.mark.parametrize("rebound", [
+    f"s = 'x = 1'\ns += {PROGRAM!r}\nexec(s)",                      # augmented after a harmless literal
+    f"s = 'x = 1'\ns = s + chr(10) + {PROGRAM!r}\nexec(s)",          # rebound to a computed string
+    f"s = {PROGRAM!r}\nif True:\n    s = 'x = 1'\nexec(s)",           # two literals: which one runs?
+    f"s = 'x = 1'\nfor s in [{PROGRAM!r}]:\n    pass\nexec(s)",       # a loop target
+    f"s = 'x = 1'\n(s := {PROGRAM!r})\nexec(s)",                     # a walrus
+])
+def test_a_name_bound_more_than_once_is_not_read_as_its_first_string(rebound):
+    assert code_cost(rebound) >= code_cost(PROGRAM)

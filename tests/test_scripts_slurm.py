@@ -38,7 +38,7 @@ def test_the_array_task_and_merge_commands_give_the_unsharded_trees(tiny_model_d
     queries = shared_data / "ToolBench" / "data_example" / "instruction" / "G1_query.json"
     options = ["--queries", str(queries), "--policy", str(tiny_model_dir), "--max_depth", "2", "--limit", "3",
                "--search.max_new_tokens", "6", "--executor.isolation", "fallback", "--val_fraction", "0.34",
-               "--batch_trees", "1", "--emit", "nodes", "--log-level", "WARNING"]
+               "--emit", "nodes", "--log-level", "WARNING"]  # default batch_trees: shards batch other trees
     single, sharded = tmp_path / "single", tmp_path / "sharded"
     _run([CODETOOL, "build-trees", *options, "--output", str(single / "trees.jsonl"),
           "--dataset_dir", str(single / "prm")])

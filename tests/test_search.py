@@ -155,6 +155,30 @@ def test_rollouts_count_only_grounded_finishes(query):
     assert b.r_latent == pytest.approx(0.9)
 
 
+class BrokenExecutor:
+    """An executor whose forks fail: a fault of the host, not of the model's code."""
+
+    isolation = "none"
+
+    def fork(self):
+        raise RuntimeError("the sandbox is gone")
+
+    def run(self, code, *, timeout_s=None):
+        raise RuntimeError("the sandbox is gone")
+
+    def close(self):
+        pass
+
+
+def test_a_host_fault_under_rollout_latent_is_recorded_as_the_host_s(query):
+    """The candidates' forks failed (no state to roll out from): the episode ends with the host's
+    error, not with the rollout's AttributeError on the missing state (a bug found by mypy)."""
+    policy = ScriptedBackend(lambda p: block("print(1)"))
+    cfg = SearchConfig(latent="rollout", rollouts=2, rollout_max_steps=1, max_steps=2)
+    traj = make_search(policy, cfg, lambda task: BrokenExecutor()).solve(make_task(query))
+    assert traj.finish_type == "error" and traj.error == "RuntimeError: the sandbox is gone"
+
+
 def test_concurrent_episodes_share_generate_calls(query):
     policy = ScriptedBackend(lambda p: block("finish('ok')"))
     tasks = [make_task(query, qid=f"q{i}") for i in range(3)]

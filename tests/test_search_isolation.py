@@ -113,7 +113,8 @@ def test_a_policy_failure_for_one_prompt_ends_only_its_episode(tasks):
 
 
 # ------------------------------------------------------------------------------- issue 27
-# A state whose code breaks the worker's reply to a fork (its own step still ends normally).
+# A state whose code would break the old worker's reply to a fork (its own step still ends normally);
+# the keeper forks with C functions bound at boot, so it breaks nothing now.
 POISON = ("import json\n_dumps = json.dumps\n"
           "def dumps(obj, *a, **k):\n"
           "    return '{not json' if isinstance(obj, dict) and obj.get('op') == 'forked' else _dumps(obj, *a, **k)\n"
@@ -135,9 +136,8 @@ def test_a_poisoned_candidate_costs_only_its_own_subtree(tasks):
     assert record.get("finish_type") != "error" and "error" not in record, record.get("error")
     nodes = record["nodes"]
     assert sorted(nodes) == ["1", "1-1", "1-2", "2", "2-1", "2-2"]
-    # the poisoned state's first fork fails as one candidate (its worker is killed; the next fork
-    # starts from a fresh state and says so)
-    assert not nodes["1-1"]["ok"]
+    # the poisoned state forks like any other: its subtree runs, as does its sibling's
+    assert nodes["1-1"]["ok"] and nodes["1-2"]["ok"]
     assert nodes["2-1"]["ok"] and nodes["2-2"]["ok"] and nodes["2-1"]["ended"] == "finish"
 
 

@@ -25,12 +25,13 @@ EXEC = ExecutorConfig(isolation="fallback", timeout_s=10)
 class ServerLike:
     """A policy that behaves as a server: continuous, each reply a function of the prompt, the
     seed and the sample index, after a random delay (so completion order varies run to run).
-    The episode of a query named in ``hang`` waits ``hang_s`` on its first step."""
+    The episode of a query named in ``hang`` waits on its first step until ``release`` is set."""
 
     name, supports_logprobs, continuous, max_in_flight = "server-like", False, True, 8
 
-    def __init__(self, hang: str = "", hang_s: float = 0.0, finish_at: int = 3):
-        self.hang, self.hang_s, self.finish_at = hang, hang_s, finish_at
+    def __init__(self, hang: str = "", release: threading.Event | None = None, finish_at: int = 3):
+        self.hang, self.release, self.finish_at = hang, release, finish_at
+        self.released = None  # whether the hung request was released (not given up on)
         self.active = self.peak = 0
         self.lock = threading.Lock()
         self.seeds: dict[str, list[int]] = {}
@@ -47,8 +48,10 @@ class ServerLike:
                 step = sum(m["role"] == "assistant" for m in messages[:-1])
                 query = messages[1]["content"]
                 self.seeds.setdefault(query, []).append(seed)
-                delay = self.hang_s if (self.hang and self.hang in query and step == 0) else random.uniform(0, 0.03)
-                time.sleep(delay)
+                if self.hang and self.hang in query and step == 0:
+                    self.released = self.release.wait(120)  # a cap, so a failing test ends
+                else:
+                    time.sleep(random.uniform(0, 0.03))
                 row = []
                 for i in range(n):
                     h = int(hashlib.sha256(f"{query}|{step}|{seed}|{i}".encode()).hexdigest()[:6], 16)
@@ -102,14 +105,20 @@ def test_continuous_results_do_not_depend_on_the_order_of_completion(queries):
 
 
 def test_a_hung_request_does_not_stall_other_episodes(queries):
-    slow = queries[0].query
-    policy = ServerLike(hang=slow[:40], hang_s=1.5)
+    """The first query's request hangs until every other episode has finished: the search ends
+    (no deadlock), that episode lands last, and it was released by the others finishing."""
+    release = threading.Event()
+    policy = ServerLike(hang=queries[0].query[:40], release=release)
     order = []
-    start = time.perf_counter()
-    make_search(policy, SearchConfig(latent="none", k=1, max_steps=3), factory).run(
-        tasks(queries), on_done=lambda t: order.append((t.query_id, time.perf_counter() - start)))
-    assert order[-1][0] == queries[0].query_id  # the hung episode lands last ...
-    assert all(seconds < 1.5 for _, seconds in order[:-1])  # ... after the others all finished
+
+    def done(t):
+        order.append(t.query_id)
+        if len(order) == len(queries) - 1:
+            release.set()
+
+    make_search(policy, SearchConfig(latent="none", k=1, max_steps=3), factory).run(tasks(queries), on_done=done)
+    assert order[-1] == queries[0].query_id and sorted(order) == sorted(q.query_id for q in queries)
+    assert policy.released is True  # the others all finished while it hung
     assert policy.peak > 1
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import select
 import socket
 import time
 
@@ -239,17 +240,18 @@ def test_json_depth_counts_brackets_outside_strings_only():
 # ------------------------------------------------------------------------------- issue 27
 def test_the_json_depth_check_is_linear():
     """A 64 KB body of escaped quotes took the old regex scan ~20 s (quadratic, holding the GIL);
-    run in a child process so that a regression cannot freeze the test session."""
+    these 4 MB bodies would take it hours. Run in a child process so that a regression cannot
+    freeze the test session; its time limit only stops such a freeze (the linear scan takes well
+    under a second; ``benchmarks/bench_timings.py`` times it)."""
     import subprocess
     import sys
 
-    code = ("import time\nfrom codetool.serving import json_depth_exceeds as f\n"
+    code = ("from codetool.serving import json_depth_exceeds as f\n"
             "bodies = [b'\"' + b'\\\\\"' * 2_000_000, b'\"' * 4_000_000, b'[\"\\\\\\\\' * 1_000_000,"
             " b'[]' * 2_000_000, b'[' * 2_000_000]\n"
-            "start = time.perf_counter()\nprint([f(b, 100) for b in bodies], round(time.perf_counter() - start, 2))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
-    verdicts, seconds = out.stdout.rsplit(" ", 1)
-    assert verdicts == "[False, False, True, False, True]" and float(seconds) < 10, out.stdout + out.stderr
+            "print([f(b, 100) for b in bodies])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.stdout.strip() == "[False, False, True, False, True]", out.stdout + out.stderr
 
 
 def _server(app, **kwargs):
@@ -267,43 +269,25 @@ def _held(url: str, n: int, source: str, data: bytes = b"") -> list[socket.socke
     return socks
 
 
-def test_one_client_cannot_hold_every_connection():
-    app = ServerGuard(build_tmdb_app([MOVIE]).app, max_connections_per_client=5)
-    with _server(app) as url:
-        held = _held(url, 20, "127.0.0.2")
-        try:
-            refused = 0
-            for s in held:
-                s.settimeout(0.3)
-                try:
-                    refused += b" 503 " in s.recv(200).split(b"\r\n")[0]
-                except TimeoutError:
-                    pass
-            assert refused >= 15
-            assert httpx.get(f"{url}/movie/550", timeout=5).status_code == 200  # another client is served
-        finally:
-            for s in held:
-                s.close()
-
-
 def test_stalled_uploads_cannot_hold_unbounded_memory():
     """Issue 27: 150 stalled uploads held 614 MB. Now a body is read only once its declared size
     fits the client's and the server's budgets; the others wait unread (and get 503 after the
     read timeout), and another client is served meanwhile."""
     app = ServerGuard(build_tmdb_app([MOVIE]).app, max_body_bytes=1_000_000, max_inflight_bytes=4_000_000,
-                      read_timeout_s=1.5)
+                      read_timeout_s=5.0)
     head = b"POST /movie/550 HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n" + b"x" * 1000
     with _server(app) as url:
         held = _held(url, 12, "127.0.0.2", head)
         try:
-            time.sleep(0.3)
-            assert 0 < app._inflight <= 2_000_000  # two bodies of 1 MB for this client, at most
-            start = time.monotonic()
-            ok = httpx.post(f"{url}/movie/550", content=b"{}", timeout=5)
-            assert ok.status_code == 405 and time.monotonic() - start < 1.0  # served at once, not queued
+            while app._inflight == 0:  # the first uploads reserved their room
+                time.sleep(0.01)
+            assert 0 < app._inflight <= 2_000_000  # two bodies of 1 MB for this address prefix, at most
+            ok = httpx.post(f"{url}/movie/550", content=b"{}", timeout=60)  # a small body: no room needed
+            waiting = [s for s in held if not select.select([s], [], [], 0)[0]]
+            assert ok.status_code == 405 and len(waiting) >= 10  # served while the uploads still wait, unread
             busy = 0
             for s in held:
-                s.settimeout(3)
+                s.settimeout(60)
                 try:
                     reply = s.recv(200).split(b"\r\n")[0]
                     busy += b" 503 " in reply or b" 408 " in reply
@@ -319,7 +303,7 @@ def test_a_trickled_request_head_is_closed_at_the_header_deadline():
     app = build_tmdb_app([MOVIE])
     with _server(app, header_timeout_s=1.0) as url:
         [s] = _held(url, 1, "127.0.0.1", b"GET /movie/550 HTTP/1.1\r\n")
-        start, closed = time.monotonic(), False
+        closed = False
         try:
             for i in range(12):  # one header line every 0.25 s: each byte used to restart the timer
                 time.sleep(0.25)
@@ -329,10 +313,31 @@ def test_a_trickled_request_head_is_closed_at_the_header_deadline():
                     closed = True
                     break
             if not closed:
-                s.settimeout(1)
+                s.settimeout(30)  # a cap on the wait (the server closes it at 1 s, or never without the fix)
                 closed = s.recv(100) == b""
         except OSError:
             closed = True
         finally:
             s.close()
-        assert closed and time.monotonic() - start < 2.5
+        assert closed  # within the trickle (12 lines, 3 s) of a 1 s deadline: each byte used to restart it
+
+
+def test_several_keys_are_one_client_each():
+    """Issue 39: with one key per client (comma-separated), a client is its key, whatever
+    connection it uses; a key of the list opens the door, any other does not."""
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append(scope.get("codetool.client"))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    guard = ServerGuard(app, api_key="key-one-111, key-two-222")
+    assert call(guard, "GET", "/", auth("key-two-222"))[0] == 200
+    assert call(guard, "GET", "/", auth("key-one-111"))[0] == 200
+    assert call(guard, "GET", "/", auth("key-one-111,key-two-222"))[0] == 401
+    assert seen == ["key:1", "key:0"]
+    single = ServerGuard(app, api_key=KEY)  # one shared key: clients are their connections
+    assert call(single, "GET", "/", auth())[0] == 200 and seen[-1] == "conn:127.0.0.1:5000"
+    with pytest.raises(CodetoolError, match="blank"):
+        ServerGuard(app, api_key="key-one-111,,key-two")

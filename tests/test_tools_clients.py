@@ -5,7 +5,6 @@ another path; a dead server falling back, and real answers written through to th
 import asyncio
 import json
 import socket
-import time
 
 import pytest
 
@@ -29,7 +28,7 @@ def _fault_app():
     from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
     app = FastAPI()
-    state = {"flaky": 0, "received": []}
+    state = {"flaky": 0, "dead": 0, "received": []}
     huge = json.dumps({"data": "x" * (HUGE_BYTES - 12)}).encode()
 
     @app.get("/html500")
@@ -67,7 +66,7 @@ def _fault_app():
 
     @app.post("/virtual-dead")
     async def virtual_dead():
-        state["flaky"] += 0
+        state["dead"] += 1
         return JSONResponse({"message": "API doesn't exists"}, status_code=500)
 
     @app.post("/virtual-flaky")
@@ -143,11 +142,9 @@ def test_backend_reads_at_most_max_body_bytes(fault_server):
 def test_slow_tool_times_out(fault_server):
     """Field case slow-tool: a timeout status (the sandbox proxy raises it as an exception)."""
     url, _ = fault_server
-    start = time.monotonic()
     _, function = _env(url, "/slow", timeout_s=0.5)
     response = function(item_id="1")
-    assert response.status == "timeout" and "0.5 s" in response.error
-    assert time.monotonic() - start < 2.5
+    assert response.status == "timeout" and "0.5 s" in response.error  # the tool limit fired (it sleeps 3 s)
 
 
 def test_connection_refused_is_an_error_response():
@@ -206,12 +203,12 @@ def test_stabletoolbench_api_error(fault_server):
 
 def test_dead_api_500_falls_back_and_is_recorded(fault_server):
     """Field case dead-api-500: falls back to the simulator; the fallback is recorded."""
-    url, _ = fault_server
+    url, state = fault_server
     server = StableToolBenchClient(url + "/virtual-dead", retries=2, backoff_s=5)  # 500 is not retried
     env = ToolEnvironment([API], FallbackBackend([server, SimulatorBackend()]))
-    start = time.monotonic()
+    before = state["dead"]
     response = env.functions()["songkick_concert_for_theclique"](id_conc="x")
-    assert time.monotonic() - start < 3
+    assert state["dead"] - before == 1  # asked once: no retry, no backoff wait
     assert response.ok and response.simulated and response.source == "simulator"
     assert response.fallbacks == ["server: http_error: HTTP 500: API doesn't exists"]
     assert env.calls[0].fallbacks == response.fallbacks

@@ -11,6 +11,7 @@ from codetool.config import ConfigError, load_config
 from codetool.executor import Executor, ExecutorConfig
 from codetool.jsonl import read_jsonl
 from codetool.models.backends import ScriptedBackend
+from codetool.models.completion import Completion
 from codetool.search.search import SearchTask
 from codetool.tools.backends import make_tool_backend
 from codetool.tools.environment import ToolEnvironment
@@ -132,6 +133,120 @@ def test_relabel_prints_pair_counts_by_reason(task, tmp_path, capsys):
     assert summary["pair_counts"]["decided"]["executability"] == 1 and summary["train"] == 2
 
 
+class SeedEcho:
+    """Each sample's code is a function of its prompt's own seed and its index (a list of seeds
+    has one per prompt; one int is the call's): a tree then shows which seeds its nodes got."""
+
+    name, supports_logprobs, max_in_flight = "seed-echo", False, 8
+
+    def __init__(self, continuous: bool = False):
+        self.continuous = continuous
+
+    def generate(self, prompts, n=1, seed=None, **_):
+        seeds = seed if isinstance(seed, list) else [seed] * len(prompts)
+        rows = []
+        for prompt, s in zip(prompts, seeds):
+            depth = (len(prompt) - 3) // 2
+            code = [f"x = {s}\nprint(x + {i})" if depth < 2 else f"finish('{s}-{i}')" for i in range(n)]
+            rows.append([Completion(block(c), 5, 3, "stop") for c in code])
+        return rows
+
+
+def test_a_tree_is_the_same_whatever_trees_share_its_batch(shared_data):
+    """Issue 39: a tree grown level by level drew its samples from the first tree's seed plus the
+    nodes built so far, so a Slurm shard and the unsharded run built different trees. Each node's
+    seed now comes from its tree and its id: alone, batched with others, in another order, or
+    grown node by node (continuous scheduling), a tree is the same."""
+    from codetool.tools.loaders import load_toolbench_queries
+    from codetool.tree.grow import grow
+
+    queries = load_toolbench_queries(shared_data / "ToolBench" / "data_example" / "instruction" / "G1_query.json")[:3]
+    tasks = [SearchTask(query_id=f"G1_query/{q.query_id}", query=q.query,
+                        env=ToolEnvironment.from_query(q, make_tool_backend("simulator"))) for q in queries]
+
+    def codes(records):
+        return {r["query_id"]: {k: n["code"] for k, n in r["nodes"].items()} for r in records}
+
+    def builder(policy):
+        return TreeBuilder(policy, TreeConfig(branching=2, max_depth=3), lambda t: Executor(EXEC, tools=t.env.functions()))
+
+    together = codes(builder(SeedEcho()).build_many(tasks))
+    alone = codes([builder(SeedEcho()).build(t) for t in tasks])
+    shards = codes(builder(SeedEcho()).build_many(tasks[::2]) + builder(SeedEcho()).build_many(tasks[1:2]))
+    grown = []
+    grow(builder(SeedEcho(continuous=True)), tasks, grown.append, trees=2, workers=3)
+    assert together == alone == shards == codes(grown)
+    assert all(len(nodes) == 14 for nodes in together.values())
+    first = together[tasks[0].query_id]
+    assert len({first[k] for k in ("1", "2")}) == 2 and first["1-1"] != together[tasks[1].query_id]["1-1"]
+
+
+def test_a_tree_continued_from_its_logged_nodes_is_the_tree_built_whole(shared_data, tmp_path):
+    """Issue 40: each level's (or node's) children are logged as they are built; a build killed
+    after the first level continues from it, level by level or node by node, never sampling the
+    roots again, and grows the trees an uninterrupted build grows."""
+    from codetool.tools.loaders import load_toolbench_queries
+    from codetool.tree.checkpoint import NodeLog, open_nodes, read_partial
+    from codetool.tree.grow import grow
+
+    queries = load_toolbench_queries(shared_data / "ToolBench" / "data_example" / "instruction" / "G1_query.json")[:2]
+    tasks = [SearchTask(query_id=f"G1_query/{q.query_id}", query=q.query,
+                        env=ToolEnvironment.from_query(q, make_tool_backend("simulator"))) for q in queries]
+
+    def builder(policy):
+        return TreeBuilder(policy, TreeConfig(branching=2, max_depth=3), lambda t: Executor(EXEC, tools=t.env.functions()))
+
+    def codes(records):
+        return {r["query_id"]: ({k: (n["code"], n["observation"], n["leaf"], n["success"]) for k, n in r["nodes"].items()},
+                                r["pairs"]) for r in records}
+
+    logged = builder(SeedEcho())
+    logged.node_log = NodeLog(tmp_path / "all.nodes", logged.chash)
+    whole = codes(logged.build_many(tasks))
+    logged.node_log.close()
+    lines = (tmp_path / "all.nodes").read_text().splitlines()
+    assert len(lines) == 2 * 3  # one line per tree and level
+    (tmp_path / "cut.nodes").write_text("\n".join(lines[:2]) + "\n")  # killed after the first level
+    partial = read_partial(tmp_path / "cut.nodes", logged.chash, {t.query_id for t in tasks})
+    assert [open_nodes(p["nodes"]) for p in partial.values()] == [["1", "2"], ["1", "2"]]
+
+    class Counting(SeedEcho):
+        depths: list = []
+
+        def generate(self, prompts, **kwargs):
+            self.depths += [(len(p) - 3) // 2 for p in prompts]
+            return super().generate(prompts, **kwargs)
+
+    assert codes(builder(Counting()).build_many(tasks, partial)) == whole
+    assert 0 not in Counting.depths and Counting.depths  # the roots were not sampled again
+    grown = []
+    grow(builder(SeedEcho(continuous=True)), tasks, grown.append, trees=2, workers=3, partial=partial)
+    assert codes(grown) == whole
+    assert read_partial(tmp_path / "cut.nodes", "another config", {t.query_id for t in tasks}) == {}
+
+
+def test_a_local_model_s_batched_trees_equal_the_trees_built_alone(tiny_model_dir, shared_data):
+    """The same with a local transformers policy: its batched ``generate`` draws each node's
+    samples from the node's own generator (one seed per prompt)."""
+    from codetool.models.transformers_backend import TransformersBackend
+    from codetool.search.config import SearchConfig
+    from codetool.tools.loaders import load_toolbench_queries
+
+    queries = load_toolbench_queries(shared_data / "ToolBench" / "data_example" / "instruction" / "G1_query.json")[:3]
+    tasks = [SearchTask(query_id=f"G1_query/{q.query_id}", query=q.query,
+                        env=ToolEnvironment.from_query(q, make_tool_backend("simulator"))) for q in queries]
+    policy = TransformersBackend(str(tiny_model_dir), dtype="float32", device="cpu")
+    builder = TreeBuilder(policy, TreeConfig(branching=2, max_depth=2, search=SearchConfig(max_new_tokens=8)),
+                          lambda t: Executor(EXEC, tools=t.env.functions()))
+
+    def texts(records):
+        return {r["query_id"]: {k: n["text"] for k, n in r["nodes"].items()} for r in records}
+
+    together = texts(builder.build_many(tasks))
+    assert together == texts([builder.build(t) for t in tasks[::-1]])
+    assert len({t for nodes in together.values() for t in nodes.values()}) > 3  # they did sample
+
+
 def test_tree_seed_depends_only_on_query_and_base():
     assert tree_seed(0, "a") == tree_seed(0, "a") != tree_seed(1, "a")
 
@@ -140,7 +255,7 @@ def test_tree_seed_depends_only_on_query_and_base():
 def test_shards_merge_to_the_single_run(tiny_model_dir, shared_data, tmp_path):
     base = {"queries": str(shared_data / "ToolBench" / "data_example" / "instruction" / "G1_query.json"),
             "policy": str(tiny_model_dir), "max_depth": 2, "limit": 3, "search.max_new_tokens": 6,
-            "executor.isolation": "fallback", "val_fraction": 0.34, "batch_trees": 1}
+            "executor.isolation": "fallback", "val_fraction": 0.34}  # batch_trees: its default (a batch of 3 here)
     single = tmp_path / "single" / "trees.jsonl"
     sharded = tmp_path / "sharded" / "trees.jsonl"
     assert build_trees_command(load_config(TreeConfig, overrides={**base, "output": str(single)})) == 0

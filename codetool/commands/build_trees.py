@@ -14,6 +14,7 @@ already built; then export the PRM dataset all or nothing and print the summary.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from rich.progress import Progress
 
 from codetool import CodetoolError
 from codetool.config import ConfigError
+from codetool.jobs import client_rows
 from codetool.jobs.trees import (
     build_missing,
     export_atomically,
@@ -47,6 +49,7 @@ def build_trees_command(cfg: TreeConfig) -> int:
     """
     out = Path(cfg.output)
     queries = load_training_queries(cfg)
+    clients: dict[str, Any] = {}  # the remote policy client of this process, for the summary
     order = {q.query_id: i for i, q in enumerate(queries)}
     if cfg.relabel:
         if not out.is_file():
@@ -68,12 +71,12 @@ def build_trees_command(cfg: TreeConfig) -> int:
         bar = Progress()  # drawn once there are trees to build
         try:
             with OutputLock(path):
-                build_missing(cfg, mine, path, progress=lambda total: _ticker(bar, total))
+                build_missing(cfg, mine, path, progress=lambda total: _ticker(bar, total), clients=clients)
         finally:
             bar.stop()
         records = sorted(read_jsonl(path), key=lambda r: order.get(str(r["query_id"]), len(order)))
         if cfg.shard is not None:
-            _print_summary(f"shard {cfg.shard}: {path}", summarize(records))
+            _print_summary(f"shard {cfg.shard}: {path}", summarize(records), client_rows(clients))
             if not _report_failed(records):
                 logger.info("shard done; run again with --merge once every shard has finished")
                 return 0
@@ -82,7 +85,7 @@ def build_trees_command(cfg: TreeConfig) -> int:
     stats = export_atomically([r for r in records if r.get("finish_type") != "error"], cfg)
     if stats is not None:
         summary.update({f"dataset_{k}": v for k, v in stats.items() if k not in ("val_query_ids", "pair_counts")})
-    _print_summary(f"trees: {out}", summary)
+    _print_summary(f"trees: {out}", summary, client_rows(clients))
     return 1 if _report_failed(records) else 0
 
 
@@ -100,11 +103,13 @@ def _ticker(bar: Progress, total: int):
     return lambda record: bar.update(job, advance=1)
 
 
-def _print_summary(title: str, summary: dict[str, Any]) -> None:
+def _print_summary(title: str, summary: dict[str, Any], rows: Sequence[tuple[str, str]] = ()) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=title, show_header=False)
     for key, value in summary.items():
         table.add_row(key.replace("_", " "), f"{value:.3f}" if isinstance(value, float) else str(value))
+    for key, value in rows:  # the remote clients' use (codetool.jobs.client_rows)
+        table.add_row(key, value)
     Console().print(table)

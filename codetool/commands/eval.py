@@ -34,8 +34,9 @@ from codetool.eval.markdown import render_markdown, write_plots
 from codetool.eval.preference import win_rates
 from codetool.eval.runs import open_runs, run_warnings
 from codetool.eval.summary import prm_section, seed_summary
+from codetool.jobs import client_rows
 from codetool.jsonl import write_jsonl
-from codetool.judge.records import Judge
+from codetool.judge.records import Judge, JudgeMixin
 from codetool.secrets import redact, redact_obj
 
 __all__ = ["EvalConfig", "eval_command", "run_eval"]
@@ -55,6 +56,7 @@ def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     shown, reference = open_runs(cfg.trajectories, cfg.compare, cfg.reference)
     rounds = cfg.judge.rounds
+    assert rounds is not None  # JudgeConfig.__post_init__ resolves it from the protocol
     gold = restbench.load_gold_paths(cfg.restbench_gold) if cfg.restbench_gold else None
     report: dict[str, Any] = {
         "created": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -80,7 +82,7 @@ def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
         report["warnings"] += restbench.path_warnings(method, data["overall"].get("path"))
     if reference is not None and judge is None:
         report["warnings"].append("win rates (SoWR) need a judge; none was configured.")
-    elif reference is not None:
+    elif reference is not None and judge is not None:
         report["win_rates"] = win_rates(shown, reference, judge, rounds, skip=[RESTBENCH], seed=cfg.judge.seed,
                                         max_details_chars=cfg.judge.max_trajectory_chars,
                                         blank_finish=cfg.judge.blank_finish)
@@ -112,8 +114,8 @@ def eval_command(cfg: EvalConfig) -> int:
     from rich.table import Table
 
     judge = make_judge(cfg.judge, cache_path=str(Path(cfg.out) / "judge_cache.jsonl"))
-    with progress_bar(f"judge {redact(judge.name)} (batches)" if judge else "eval") as progress:
-        if judge is not None:
+    with progress_bar(f"judge {redact(judge.name)}" if judge else "eval") as progress:
+        if isinstance(judge, JudgeMixin):  # our judges tick it per batch
             judge.progress = progress
         report = run_eval(cfg, judge)
     console = Console()
@@ -134,6 +136,10 @@ def eval_command(cfg: EvalConfig) -> int:
                           f"{100 * m['scep']:.1f}" if m["scep"] is not None else "n/a",
                           f"{m['mean_steps']:.2f}", f"{m['mean_seconds']:.1f}")
     console.print(table)
+    backend = getattr(judge, "_backend", None) if judge is not None and not getattr(judge, "_lazy", True) else None
+    if callable(getattr(backend, "stats", None)):  # a judge server: its requests and the faults retried
+        for key, value in client_rows({"judge": backend}):
+            console.print(f"{key.strip()}: {value}", markup=False, highlight=False)
     for warning in report["warnings"]:
         console.print(f"warning: {warning}", markup=False, highlight=False)
     block = report["comparability"]

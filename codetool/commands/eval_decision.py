@@ -82,10 +82,11 @@ def eval_decision_command(cfg: DecisionEvalConfig) -> int:
         if cfg.router.method == "probe":
             from codetool.decide.probe import probe_decisions
 
+            assert probe is not None  # loaded above for method probe
             decisions = probe_decisions(probe_backend, probe_prompts(items, tool_doc, step_format), probe, cfg.router)
         else:
             decisions = decide(decider, [(it.query, api_candidates(it.apis)) for it in items], cfg.router)
-        direct = (direct_answers(policy, items, max_new_tokens=cfg.router.answer_max_new_tokens, seed=cfg.router.seed)
+        direct = ([*direct_answers(policy, items, max_new_tokens=cfg.router.answer_max_new_tokens, seed=cfg.router.seed)]
                   if cfg.answer_direct else [None] * len(items))
         logger.info("tool necessity under %s", ", ".join(cfg.compare) or "no other method")
         scores = necessity_scores(cfg.compare, items, decider, cfg.router, primary=decisions, probe=probe,
@@ -93,7 +94,8 @@ def eval_decision_command(cfg: DecisionEvalConfig) -> int:
         baselines = prompt_baselines(items, policy, modes=cfg.baselines, reasoning=cfg.baseline_reasoning,
                                      step_format=step_format, tool_doc=tool_doc, max_new_tokens=cfg.baseline_max_new_tokens,
                                      seed=cfg.router.seed) if cfg.baselines and cfg.baseline_reasoning else None
-    fast, searched = {}, {}
+    fast: dict = {}
+    searched: dict = {}
     if cfg.run_search:
         search = make_search(policy, cfg.search, executor_factory(cfg.executor), config_hash=config_hash(cfg.search))
         fast, searched = run_routes(items, decisions, search, policy, cfg.router, out=out, tool_doc=cfg.tool_doc,

@@ -12,6 +12,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from codetool import CodetoolError
 from codetool.config import option
@@ -89,7 +90,7 @@ def eval_prm_command(cfg: EvalPRMConfig) -> int:
             tick(start)
     labels = [r["label"] for r in rows]
     groups = [sibling_key(r) for r in rows]
-    metrics = prm_metrics(scores, labels, groups)
+    metrics: dict[str, Any] = prm_metrics(scores, labels, groups)
     ci = bootstrap_pairwise(scores, labels, groups, cfg.bootstrap_samples, cfg.bootstrap_seed)
     metrics.update(pairwise_accuracy_ci95=list(ci) if ci else None, bootstrap_samples=cfg.bootstrap_samples,
                    bootstrap_seed=cfg.bootstrap_seed)

@@ -48,6 +48,15 @@ def score_command(cfg: ScoreConfig) -> int:
     if skipped:  # never write a silently shortened output (issue 19)
         raise CodetoolError(f"{cfg.input}: {len(skipped)} lines are not JSON objects (lines "
                             f"{', '.join(map(str, skipped[:5]))}); fix or delete them, then rerun.")
+    if not rows:
+        raise CodetoolError(f"{cfg.input} holds no row to score; give PRM example rows (JSON lines with query, "
+                            "history, candidate...).")
+    items = []
+    for number, row in enumerate(rows, 1):  # every row checked before the PRM is loaded
+        try:
+            items.append(item_from_row(row))
+        except CodetoolError as e:
+            raise CodetoolError(f"{cfg.input} line {number}: {e}") from None
     scorer = load_scorer(cfg.prm_spec, device=cfg.device)
     if scorer is None:
         raise CodetoolError("codetool score needs a PRM: pass --prm with a checkpoint folder or a server URL.")
@@ -56,7 +65,7 @@ def score_command(cfg: ScoreConfig) -> int:
         tick = progress(len(starts))
         for start in starts:
             chunk = rows[start:start + cfg.batch_size]
-            for row, value in zip(chunk, scorer.score([item_from_row(r) for r in chunk])):
+            for row, value in zip(chunk, scorer.score(items[start:start + cfg.batch_size])):
                 row["score"] = value
             tick(chunk)
     output = cfg.output or str(Path(cfg.input).with_suffix("")) + ".scored.jsonl"

@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from codetool import CodetoolError
 from codetool.config import ConfigError, option
 from codetool.serving import check_bind
 from codetool.tools.mock_servers import (
@@ -63,12 +64,20 @@ def build_mock_app(cfg: ServeMockConfig, api_key: str | None = None):
             load_toolbench_queries,
         )
 
+        if cfg.cache_dir is not None and not Path(cfg.cache_dir).is_dir():
+            raise CodetoolError(f"--cache_dir {cfg.cache_dir}: {'not a folder' if Path(cfg.cache_dir).exists() else 'not found'}; "
+                                "pass StableToolBench's response-cache folder (<category>/<tool>/<api>.json), or "
+                                "leave it out to simulate every answer.")
         if cfg.queries:
             queries = [q for path in cfg.queries for q in load_toolbench_queries(Path(path))]
         else:
             queries = [q for g in STABLETOOLBENCH_GROUPS for q in load_stabletoolbench(g)]
-    return build_stabletoolbench_app([api for q in queries for api in q.apis], cache_dir=cfg.cache_dir,
-                                     seed=cfg.seed, **limits)
+        apis = [api for q in queries for api in q.apis]
+        if not apis:
+            raise CodetoolError(f"--queries {' '.join(cfg.queries or ['(the StableToolBench groups)'])}: no API "
+                                f"documented ({len(queries)} queries, none with an api_list); the mock would answer "
+                                "nothing. Pass StableToolBench/ToolBench query files.")
+    return build_stabletoolbench_app(apis, cache_dir=cfg.cache_dir, seed=cfg.seed, **limits)
 
 
 def serve_mock(cfg: ServeMockConfig) -> int:

@@ -24,7 +24,9 @@ class ServePRMConfig:
     prm: str = option("checkpoints/prm/quickstart", "PRM checkpoint folder (or vllm:FOLDER on a GPU)")
     host: str = option("127.0.0.1", "address to bind; anything but loopback needs an API key")
     port: int = option(8600, "TCP port")
-    api_key_env: str = option("CODETOOL_PRM_API_KEY", "environment variable holding the bearer key")
+    api_key_env: str = option("CODETOOL_PRM_API_KEY", "environment variable holding the bearer key; several keys, "
+                              "comma-separated, one per client: the server is then fair between keys, whatever "
+                              "connections or addresses a client uses")
     max_body_bytes: int = option(4_000_000, "largest request body accepted")
     max_items: int = option(256, "most items in one request")
     max_batch_items: int = option(64, "most items scored in one forward pass across requests")
@@ -34,7 +36,8 @@ class ServePRMConfig:
     max_history_steps: int = option(1000, "an item with a longer history gets 413 (a work budget)")
     max_batch_tokens: int = option(8192, "tokens of one batch handed to the scorer (fair turns are cut in these)")
     workers: int = option(2, "threads scoring batches at once")
-    max_connections_per_client: int = option(64, "open connections one client address may hold")
+    max_connections_per_client: int = option(64, "open connections one address may hold (over it, the one idle "
+                                             "longest is closed to make room)")
     device: str = option("auto", "auto, cpu or cuda")
 
     def __post_init__(self):

@@ -54,7 +54,7 @@ from codetool.search.records import Trajectory
 logger = logging.getLogger(__name__)
 
 
-def direct_answers(policy, items: list[DecisionItem], *, max_new_tokens: int, seed: int) -> list[dict]:
+def direct_answers(policy, items: list[DecisionItem], *, max_new_tokens: int, seed: int | None) -> list[dict]:
     """A direct answer for every item in one batched greedy call (``prompts/decide_answer.txt``).
 
     Returns:
@@ -97,7 +97,7 @@ def reuse_records(path: str, items: list[DecisionItem]) -> tuple[list[Decision],
         r = by_id[it.item_id]
         cost = r.costs.decision
         decisions.append(Decision(r.choice, r.confidence, r.method, scores=dict(r.top),
-                                  logprobs=r.logprobs, null_logprobs=r.null_logprobs, samples=r.samples,
+                                  logprobs=r.logprobs or [], null_logprobs=r.null_logprobs or [], samples=r.samples or [],
                                   prompt_tokens=cost.tokens, seconds=cost.seconds, p_tool=r.p_tool))
         d = r.costs.direct
         direct.append(None if d is None else {"text": r.direct_answer, **d.to_dict()})
@@ -172,7 +172,7 @@ def make_record(item: DecisionItem, d: Decision, direct: dict | None, fast: Traj
 
 
 def prompt_baselines(items: list[DecisionItem], policy, *, modes: list[str], reasoning: list[str], step_format: str,
-                     tool_doc: str, max_new_tokens: int, seed: int) -> list[dict]:
+                     tool_doc: str, max_new_tokens: int, seed: int | None) -> list[dict]:
     """The prompt-only modes (:data:`codetool.decide.tradeoff.MODES`): one greedy first reply per
     query, mode and reasoning setting; returns :func:`codetool.decide.tradeoff.baseline_summary`."""
     from codetool.decide.tradeoff import baseline_summary, mode_messages, run_baselines

@@ -21,7 +21,10 @@ from codetool.models.spec import ModelSpec
 from codetool.search.config import SearchConfig
 from codetool.tools.config import ToolDocGroup
 
-CompactToolDoc = with_defaults(ToolDocGroup, tool_doc="compact")  # the 135M model's prompts stay short
+
+@with_defaults(tool_doc="compact")  # the 135M model's prompts stay short
+class CompactToolDoc(ToolDocGroup):
+    """The tool-doc group of the decide-first commands."""
 
 
 @dataclass
@@ -83,7 +86,9 @@ class DecisionEvalConfig(DrawGroup, CompactToolDoc):
 
 
 # the probe reads more queries, of every benchmark, than eval-decision draws by default
-ProbeDraw = with_defaults(DrawGroup, n_tool=24, n_restbench=12, n_toolbench=8, n_free=40)
+@with_defaults(n_tool=24, n_restbench=12, n_toolbench=8, n_free=40)
+class ProbeDraw(DrawGroup):
+    """The query draw of ``train-probe``."""
 
 
 @dataclass

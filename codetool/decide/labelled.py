@@ -23,6 +23,7 @@ from pathlib import Path
 from codetool import CodetoolError
 from codetool.config import ConfigError, option
 from codetool.config_groups import Group
+from codetool.jsonl import read_text
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +64,9 @@ def load_tool_free(path: str | Path | None = None) -> list[dict]:
         CodetoolError: a missing file or a row without ``id``/``query``/``category``.
     """
     if path:
-        if not Path(path).is_file():
+        if not Path(path).exists():
             raise CodetoolError(f"free_queries: {path} not found; leave it empty to use the packaged set.")
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_text(path, "JSON lines of tool-free queries (id, query, category)")
     else:
         text = resources.files("codetool").joinpath("resources/tool_free_queries.jsonl").read_text(encoding="utf-8")
     rows = []
@@ -76,10 +77,16 @@ def load_tool_free(path: str | Path | None = None) -> list[dict]:
             row = json.loads(line)
         except json.JSONDecodeError as e:
             raise CodetoolError(f"{path or 'tool_free_queries.jsonl'} line {i}: not valid JSON ({e}).") from None
+        except RecursionError:
+            raise CodetoolError(f"{path or 'tool_free_queries.jsonl'} line {i}: JSON nested too deeply; each line is "
+                                "one query object (id, query, category).") from None
         if not isinstance(row, dict) or not all(row.get(k) for k in ("id", "query", "category")):
             raise CodetoolError(f"{path or 'tool_free_queries.jsonl'} line {i}: needs id, query and category, "
                                 f"got {row!r:.120}.")
         rows.append(row)
+    if not rows:
+        raise CodetoolError(f"free_queries: {path} holds no query; give JSON lines of tool-free queries (id, query, "
+                            "category), or leave it empty to use the packaged set.")
     return rows
 
 
@@ -101,7 +108,7 @@ def _draw(usable, n: int, prefix: str, benchmark: str, skipped: Counter, *, firs
           ) -> list[DecisionItem]:
     """The first ``n`` usable queries whose gold APIs are offered (``first_gold``: only the first
     gold API counts, RestBench's first call of its gold path)."""
-    items = []
+    items: list[DecisionItem] = []
     for q in usable:
         if len(items) >= n:
             break

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 SEARCH = "SEARCH"  # first action of a query deferred to the full search, when its tool is unknown
 
 
-def action_metrics(rows: Sequence[DecisionRecord], actions: list[str | None]) -> dict[str, float | int | None]:
+def action_metrics(rows: Sequence[DecisionRecord], actions: Sequence[str | None]) -> dict[str, float | int | None]:
     """When2Tool-style metrics of the first actions taken on a labelled set.
 
     Let T be the tool-needing queries (gold functions G(q)) and F the tool-free ones. The first
@@ -105,7 +105,10 @@ def threshold_row(records: list[DecisionRecord], t_none: float, t_tool: float, p
     per query are the decision's cost plus the measured cost of the route taken (``None`` when a
     needed cost was not measured); ``always_search`` is the baseline's cost without a decision.
     """
-    actions, tokens, seconds, routes = [], [], [], Counter()
+    actions: list[str | None] = []
+    tokens: list[int | None] = []
+    seconds: list[float | None] = []
+    routes: Counter[str] = Counter()
     for r in records:
         route = route_at(r, t_none, t_tool, prefill)
         routes[route] += 1
@@ -121,15 +124,15 @@ def threshold_row(records: list[DecisionRecord], t_none: float, t_tool: float, p
     row: dict[str, Any] = {"t_none": t_none, "t_tool": t_tool, **action_metrics(records, actions),
                            "routes": {k: routes.get(k, 0) for k in ("direct", "fast", "search")}}
     complete = records and all(x is not None for x in tokens)
-    row["tokens_per_query"] = sum(tokens) / len(tokens) if complete else None
-    row["seconds_per_query"] = sum(seconds) / len(seconds) if complete else None
+    row["tokens_per_query"] = sum(t for t in tokens if t is not None) / len(tokens) if complete else None
+    row["seconds_per_query"] = sum(s for s in seconds if s is not None) / len(seconds) if complete else None
     return row
 
 
 def baseline_row(records: list[DecisionRecord]) -> dict[str, Any] | None:
     """Always running the full search: its metrics and cost per query (``None`` when not run)."""
-    searched = [r.costs.search for r in records]
-    if not records or any(c is None for c in searched):
+    searched = [r.costs.search for r in records if r.costs.search is not None]
+    if not records or len(searched) < len(records):
         return None
     actions = [r.search_first_action or SEARCH for r in records]
     n = len(records)
@@ -142,7 +145,8 @@ def sweep_thresholds(records: list[DecisionRecord], thresholds: list[float] | No
                      prefill: str = "soft") -> list[dict[str, Any]]:
     """:func:`threshold_row` at ``t_none = t_tool = t`` for each ``t`` (default: 0, every recorded
     confidence (a probe's P(tool necessary)), and 1), in increasing order."""
-    grid = thresholds or [0.0, 1.0] + [round(r.p_tool if r.method == "probe" else r.confidence, 4) for r in records]
+    grid = thresholds or [0.0, 1.0] + [round(r.p_tool if r.method == "probe" and r.p_tool is not None else r.confidence, 4)
+                                       for r in records]
     return [threshold_row(records, t, t, prefill) for t in sorted(set(grid))]
 
 
@@ -174,10 +178,12 @@ SCORINGS = ("sum", "chars", "pmi-sum", "pmi-chars")
 def argmax_choices(records: list[DecisionRecord], scoring: str) -> list[str | None]:
     """The top option of each logprobs record under another scoring: ``sum`` or ``chars`` of the
     raw log-probs, or ``pmi-sum``/``pmi-chars`` of the calibrated ones (needs ``null_logprobs``)."""
-    out = []
+    out: list[str | None] = []
     for r in records:
         raw = r.logprobs
+        assert raw is not None, "a logprobs record"
         if scoring.startswith("pmi-"):
+            assert r.null_logprobs is not None, "pmi scoring needs null_logprobs (calibrate)"
             raw = [a - b for a, b in zip(raw, r.null_logprobs, strict=True)]
         probs = option_probabilities(raw, r.options, scoring.removeprefix("pmi-"))
         out.append(r.options[max(range(len(probs)), key=lambda j: (probs[j], -j))])

@@ -162,7 +162,7 @@ def label_items(items: Sequence[DecisionItem], policy: LLMBackend, judge: Judge 
         texts = [redact(c.text.strip()) for [c] in replies]
         need_judge = [i for i, it in enumerate(batch) if rule_for(it, rules) == "judge"]
         verdicts = dict(zip(need_judge, judge.judge_answers([AnswerRequest(batch[i].query, texts[i])
-                                                             for i in need_judge]))) if need_judge else {}
+                                                             for i in need_judge]))) if need_judge and judge else {}
         for i, (it, [c]) in enumerate(zip(batch, replies, strict=True)):
             if i in verdicts:
                 verdict = verdicts[i].label

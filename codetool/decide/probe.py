@@ -244,7 +244,7 @@ def fit_probe(features: np.ndarray, labels: Sequence[int], *, C: float = 1e-3, m
                  C=C, **meta)
 
 
-def auroc(scores: Sequence[float], labels: Sequence[int]) -> float:
+def auroc(scores: Sequence[float] | np.ndarray, labels: Sequence[int] | np.ndarray) -> float:
     """ROC AUC of ``scores`` for binary ``labels`` (Mann-Whitney with average ranks for ties, the
     function ``codetool eval-prm`` uses); NaN with a single class."""
     from codetool.prm.evaluate import roc_auc
@@ -252,8 +252,8 @@ def auroc(scores: Sequence[float], labels: Sequence[int]) -> float:
     return roc_auc(scores, labels)
 
 
-def auroc_interval(scores: Sequence[float], labels: Sequence[int], *, samples: int = 1000, seed: int = 0,
-                   level: float = 0.95) -> tuple[float, float] | None:
+def auroc_interval(scores: Sequence[float] | np.ndarray, labels: Sequence[int] | np.ndarray, *, samples: int = 1000,
+                   seed: int = 0, level: float = 0.95) -> tuple[float, float] | None:
     """Percentile bootstrap interval of :func:`auroc`, resampling queries with replacement.
 
     Resamples with a single class are drawn again (they have no AUROC). ``None`` when the labels

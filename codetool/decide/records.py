@@ -59,7 +59,8 @@ class RouteCosts:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RouteCosts:
-        return cls(decision=Cost.from_dict(data["decision"]), direct=Cost.from_dict(data.get("direct")),
+        decision = data["decision"]
+        return cls(decision=Cost(tokens=decision["tokens"], seconds=decision["seconds"]), direct=Cost.from_dict(data.get("direct")),
                    fast=Cost.from_dict(data.get("fast")), search=Cost.from_dict(data.get("search")))
 
 

@@ -103,8 +103,8 @@ def build_report(records: list[DecisionRecord], skipped: dict[str, int], seconds
         "at_threshold": at, "always_act": threshold_row(records, 0.0, 0.0, r_cfg.prefill), "always_search": base,
         "saving": saving, "sweep": sweep_thresholds(records, thresholds or None, r_cfg.prefill),
         "by_category": by_category,
-        "direct_answers": {"with_reference": len(judged), "correct": sum(r.answer_correct for r in judged),
-                           "accuracy": sum(r.answer_correct for r in judged) / len(judged) if judged else None},
+        "direct_answers": {"with_reference": len(judged), "correct": sum(bool(r.answer_correct) for r in judged),
+                           "accuracy": sum(bool(r.answer_correct) for r in judged) / len(judged) if judged else None},
         "seconds_total": seconds, "notes": notes, "config": config or {},
     }
 

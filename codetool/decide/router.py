@@ -111,7 +111,7 @@ def routing_record(decision: Decision, route: str, cfg: RouterConfig, fallback: 
             "confidence": round(decision.confidence, 6), "method": decision.method,
             "scoring": (("pmi-" if cfg.calibrate else "") + cfg.length_norm) if decision.method == "logprobs" else None,
             "t_none": cfg.t_none, "t_tool": cfg.t_tool, "fallback": fallback,
-            **({"p_tool": round(decision.p_tool, 6), "t_probe": cfg.t_probe, "prefill": cfg.prefill,
+            **({"p_tool": None if decision.p_tool is None else round(decision.p_tool, 6), "t_probe": cfg.t_probe, "prefill": cfg.prefill,
                 "prefill_text": prefill_text(decision, route, cfg)} if decision.method == "probe" else {}),
             "top": [[name, round(p, 6)] for name, p in ranked], "samples": list(decision.samples),
             "tokens": {"prompt": decision.prompt_tokens, "completion": decision.completion_tokens,
@@ -164,7 +164,7 @@ class Router:
         if self.probe is None:
             self.probe = Probe.load(self.cfg.probe)
         if self.probe_backend is None:
-            if self.cfg.probe_model:
+            if self.cfg.probe_spec is not None:  # parsed from probe_model
                 from codetool.assemble import make_policy
 
                 self.probe_backend = make_policy(self.cfg.probe_spec)
@@ -304,7 +304,7 @@ class Router:
                 parent.close()
                 traj = self._trajectory(p)
                 traj.steps = [step]
-                traj.final_answer, traj.finish_type = str(cand.result.final_answer), "finish"
+                traj.final_answer, traj.finish_type = str(e.result.final_answer), "finish"
                 self._add_step_cost(traj, step, phases)
                 out.append(traj)
                 continue
@@ -324,7 +324,8 @@ class Router:
         traj.prompt_tokens += cand.prompt_tokens
         traj.completion_tokens += cand.completion_tokens
         traj.tool_cost += cand.cost
-        traj.isolation = cand.result.isolation or traj.isolation
+        if cand.result is not None:
+            traj.isolation = cand.result.isolation or traj.isolation
         for phase in ("generation", "execution"):
             traj.phase_seconds[phase] = traj.phase_seconds.get(phase, 0.0) + phases.get(phase, 0.0)
         traj.wall_time_s += phases.get("wall", 0.0)

@@ -64,7 +64,9 @@ PREFILLS = ("soft", "hard")
 class RouterConfig:
     """Settings of the decide-first stage (``codetool run --router``, ``codetool eval-decision``)."""
 
-    enabled: bool = option(False, "send each query through the decision stage before the search")
+    # 0.1's routing.enabled was never read (run --router turns the stage on): refused, naming that
+    config_renamed = {"enabled": "it turned nothing on; codetool run --router routes queries through the decision stage"}
+
     method: str = option("auto", "confidence source: logprobs (token probabilities), agreement (samples), "
                          "probe (a hidden-state probe of tool necessity, When2Tool's Probe&Prefill; needs "
                          "router.probe), or auto (logprobs when the backend supports them)",

@@ -142,7 +142,7 @@ def plot_tradeoff(necessity: dict[str, Any], path) -> None:
                         textcoords="offset points", xytext=(3, 3))
     markers = dict(zip(MODES, "s^DvP"))
     for row in necessity.get("baselines") or []:
-        style = {"color": "k"} if row["reasoning"] == "direct" else {"facecolors": "none", "edgecolors": "k"}
+        style: dict[str, Any] = {"color": "k"} if row["reasoning"] == "direct" else {"facecolors": "none", "edgecolors": "k"}
         ax.scatter([row["total_tool_calls"]], [100 * row["accuracy"]], marker=markers.get(row["mode"], "o"),
                    label=f"prompt: {row['mode']} ({row['reasoning']})", **style)
     ax.set(xlabel="total tool calls", ylabel="accuracy (%)",

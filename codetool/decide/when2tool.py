@@ -120,7 +120,7 @@ def load_when2tool(path: str | Path, envs_dir: str | Path | None = None) -> list
     cache: dict = {}
     items = []
     for k, task in enumerate(_read_tasks(path)):
-        expected = task.get("expected") if isinstance(task.get("expected"), dict) else {}
+        expected = given if isinstance(given := task.get("expected"), dict) else {}
         answer = expected.get("answer", task.get("answer"))
         query = _instruction(task)
         if task.get("id") in (None, "") or not query or answer in (None, ""):

@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -49,6 +50,39 @@ from codetool.config_groups import Group
 from codetool.resume import error_message
 
 logger = logging.getLogger(__name__)
+
+# The node address of a Ray started by this process (``--ray local``) or joined on loopback. Left
+# to itself Ray picks the machine's non-loopback address and its GCS and raylets listen on every
+# interface; and Ray (2.x) rewrites a node address or cluster address of 127.0.0.1/localhost into
+# that address too (``ray start --head --node-ip-address 127.0.0.1`` listens on the network). Its
+# one switch for "this machine only" is LOCAL_ONLY_ENV=0, read when ray is imported and inherited
+# by the processes it starts (:func:`pin_loopback`).
+LOOPBACK = "127.0.0.1"
+LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def pin_loopback(ray=None) -> None:
+    """Keep the Ray of this process on loopback: sets ``LOCAL_ONLY_ENV=0`` for Ray and the
+    processes it starts (unless the user set it), and, when ``ray`` is already imported, its
+    constant read from it (private to Ray: only set when present)."""
+    os.environ.setdefault(LOCAL_ONLY_ENV, "0")
+    constants = getattr(getattr(ray, "_private", None), "ray_constants", None)
+    if constants is not None and os.environ[LOCAL_ONLY_ENV] == "0" and hasattr(constants, "ENABLE_RAY_CLUSTER"):
+        constants.ENABLE_RAY_CLUSTER = False
+
+
+def is_loopback_address(address: str) -> bool:
+    """Whether a ``--ray`` address names a cluster on this machine's loopback (``local``, or a
+    ``host:port`` / ``ray://host:port`` whose host is 127.x, ``localhost`` or ``::1``; ``auto``
+    counts when ``RAY_ADDRESS`` does)."""
+    from codetool.serving import is_loopback
+
+    if address == "auto":
+        address = os.environ.get("RAY_ADDRESS", "")
+    if address == "local":
+        return True
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0]
+    return bool(host) and is_loopback(host)
 
 
 @dataclass
@@ -147,6 +181,7 @@ class _Worker:
 
     def run(self, units: list) -> list[dict]:
         records: list[dict] = []
+        assert self.runner is not None  # the driver calls run() only after ready() passed
         self.runner.run(units, records.append)
         return records
 
@@ -174,7 +209,9 @@ def run_on_ray(address: str, cluster: ClusterConfig, units: list, *, unit_key: C
 
     Args:
         address (`str`): ``auto`` (the cluster of ``ray start`` / ``RAY_ADDRESS``), ``host:port``,
-            ``ray://host:10001`` (Ray Client) or ``local`` (a Ray started here for this job).
+            ``ray://host:10001`` (Ray Client) or ``local`` (a Ray started here for this job, pinned
+            to 127.0.0.1, so nothing of it listens beyond this machine; a cluster address on
+            loopback is joined on loopback: :func:`pin_loopback`).
         cluster (`ClusterConfig`): worker slots, their resources, batch size, retries.
         units (`list`): picklable units (e.g. ``BenchmarkQuery``), sent in batches of ``batch``
             (``cluster.batch`` when set).
@@ -192,18 +229,21 @@ def run_on_ray(address: str, cluster: ClusterConfig, units: list, *, unit_key: C
         CodetoolError: Ray is not installed or not reachable, no worker fits the cluster, or no
             worker has been alive for ``cluster.wait_s`` (the records written so far stay).
     """
+    if is_loopback_address(address):  # before Ray is imported, where it can be
+        pin_loopback(sys.modules.get("ray"))
     ray = _ray()
     start = time.perf_counter()
     owned = not ray.is_initialized()
     if owned:
         kwargs: dict[str, Any] = {"namespace": "codetool", "log_to_driver": True, "logging_level": logging.WARNING}
-        if address == "local":
-            kwargs.update(include_dashboard=False)
+        if address == "local":  # a Ray started here for this job listens on loopback only (Ray would
+            kwargs.update(include_dashboard=False, _node_ip_address=LOOPBACK)  # pick this machine's address)
         try:
             ray.init(address=None if address == "local" else address, **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise CodetoolError(f"--ray {address}: cannot connect to a Ray cluster ({error_message(e)}); start one "
-                                "with `ray start --head` and pass its address, or --ray local.") from None
+                                f"with `{LOCAL_ONLY_ENV}=0 ray start --head` (on one machine: loopback only) and "
+                                f"pass its address ({LOOPBACK}:PORT), or --ray local.") from None
     batch = max(1, cluster.batch or batch)
     actors: list = []
     try:
@@ -342,7 +382,9 @@ class WorkersGroup(Group):
     """Where a job's units run: here, or on the workers of a Ray cluster (:func:`run_on_ray`)."""
 
     ray: str | None = option(None, "run the units (queries, trees) on a Ray cluster: its address (auto, host:port, "
-                             "ray://host:10001) or local; this process writes --output (pip install 'codetool[ray]')")
+                             "ray://host:10001) or local (started here, on 127.0.0.1); this process writes --output (pip "
+                             "install 'codetool[ray]'; on one machine start Ray on loopback with "
+                             "`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 ray start --head`)")
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from codetool import CodetoolError
+from codetool.jsonl import read_json
 from codetool.search.records import Candidate, ImportedCall, ImportedResult, Step, Trajectory
 from codetool.secrets import redact_obj
 
@@ -246,10 +247,12 @@ def converted_to_trajectory(query_id: str, entry: dict[str, Any], *, group: str 
             steps.append(_step(len(steps), str(node.get("message") or ""), True))
         elif role == "tool":
             # A ToolBench step is one call, with the thought before it if there was one.
-            last = steps[-1].candidates[0].result if steps else None
-            if last is None or not last.assistant or last.tool_calls:
+            prev = steps[-1].candidates[0].result if steps else None
+            if not isinstance(prev, ImportedResult) or not prev.assistant or prev.tool_calls:
                 steps.append(_step(len(steps), "", False))
-            steps[-1].candidates[0].result.tool_calls.append(ImportedCall(_parse_message(node["message"])))
+            result = steps[-1].candidates[0].result
+            assert isinstance(result, ImportedResult)  # every step _step makes holds one
+            result.tool_calls.append(ImportedCall(_parse_message(node["message"])))
         else:
             raise CodetoolError(f"converted answer {query_id}: unknown node role {role!r}.")
     if finish is None:
@@ -281,13 +284,16 @@ def import_converted(path: str | Path) -> list[Trajectory]:
     if not files or not all(f.is_file() for f in files):
         raise CodetoolError(f"no converted-answer files at {path}; pass model_predictions_converted/<method>/"
                             f"<group>.json or its folder.")
-    out = []
+    out: list[Trajectory] = []
     for file in files:
-        data = json.loads(file.read_text())
+        data = read_json(file, "a converted-answer file (query_id -> answer)")
         if not isinstance(data, dict):
             raise CodetoolError(f"{file}: expected a mapping query_id -> answer, got {type(data).__name__}.")
-        out.extend(converted_to_trajectory(qid, entry, group=file.stem, method=file.parent.name)
-                   for qid, entry in data.items())
+        try:
+            out.extend(converted_to_trajectory(qid, entry, group=file.stem, method=file.parent.name)
+                       for qid, entry in data.items())
+        except CodetoolError as e:
+            raise CodetoolError(f"{file}: {e}") from None
     logger.info("imported %d converted answers from %s", len(out), path)
     return out
 

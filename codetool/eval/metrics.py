@@ -173,7 +173,8 @@ def candidate_rewards(trajs: Sequence[Trajectory], key: str = "score") -> tuple[
     """``(chosen, rejected)`` values of ``key`` (``score``, ``r_spot`` or ``r_latent``) over every
     step with more than one candidate; ``None`` values (e.g. no latent reward) and candidates that
     were not executed are skipped."""
-    chosen, rejected = [], []
+    chosen: list[float] = []
+    rejected: list[float] = []
     for traj in trajs:
         for step in traj.steps:
             if len(step.candidates) < 2:

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from codetool.search.records import Trajectory
 
 COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
 
@@ -148,7 +152,7 @@ def example_query(trajectories: Mapping[str, Sequence]) -> str | None:
     return max(common, key=lambda q: (weight(q), -common.index(q)), default=None)
 
 
-def step_rewards(trajectories: Mapping[str, object], path: str | Path, *, title: str = "") -> Path:
+def step_rewards(trajectories: Mapping[str, Trajectory], path: str | Path, *, title: str = "") -> Path:
     """Per-step rewards of one query, one panel per method: every candidate's on-the-spot reward
     (square), latent reward (circle, when computed) and selection score (cross); the chosen candidate
     is drawn filled and ringed, the rejected ones faded.

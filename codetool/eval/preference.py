@@ -179,7 +179,7 @@ def compare_runs(candidate: Mapping[str, Trajectory], reference: Mapping[str, Tr
             requests.append(CompareRequest(reference[qid].query, first["final_answer"], second["final_answer"], r,
                                            details_a=answer_json(first, max_details_chars),
                                            details_b=answer_json(second, max_details_chars), allow_tie=False))
-        prefs = judge.compare_many(requests) if requests else []
+        prefs = judge.compare_many(requests) if requests and judge is not None else []
         for qid, pref in zip(asks, prefs):
             if pref.winner in ("a", "b"):
                 counts[qid].judged += 1
@@ -223,7 +223,7 @@ def win_rates(runs: Sequence, reference, judge: Judge, rounds: int, *, skip: Seq
             continue
         result: dict[str, Any] = {}
         for bench in dict.fromkeys(t.benchmark for t in run.trajectories if t.benchmark not in skip):
-            groups = {}
+            groups: dict[str, dict[str, Any]] = {}
             for group in dict.fromkeys(t.group or "all" for t in run.trajectories if t.benchmark == bench):
                 cand, ref = pick(run, bench, group), pick(reference, bench, group)
                 if not ref:

@@ -273,7 +273,8 @@ def path_metrics(trajs: Sequence[Trajectory], solved: Sequence[bool] | None = No
         raise CodetoolError(f"RestBench path normalization must be one of {', '.join(NORMALIZATIONS)}, "
                             f"got {normalization!r}.")
     norm = NORMALIZATIONS[normalization]
-    per_query, deltas = {}, []
+    per_query: dict[str, dict[str, Any]] = {}
+    deltas: list[int] = []
     unmapped = missing = first = 0
     for i, traj in enumerate(trajs):
         raw_gold = raw_gold_path(traj, fallback)

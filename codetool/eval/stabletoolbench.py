@@ -185,13 +185,13 @@ def judge_statuses(items: Sequence[tuple[str, Mapping[str, Any], int]], judge: J
         raise CodetoolError(f"{len(todo)} answers need a judge, but none is configured; set --judge.model "
                             f"(a local model or an http(s):// server).")
     first = judge.judge_answers([AnswerRequest(items[i][0], items[i][1].get("final_answer") or "", None,
-                                               items[i][2], reason) for i in todo]) if todo else []
+                                               items[i][2], reason) for i in todo]) if todo and judge else []
     unsure = []
     for i, verdict in zip(todo, first):
         out[i] = verdict
         if verdict.label == "Unsure":
             unsure.append(i)
-    if unsure:
+    if unsure and judge is not None:  # a judge gave the first verdicts
         second = judge.judge_answers([AnswerRequest(items[i][0], items[i][1].get("final_answer") or "",
                                                     answer_json(items[i][1], max_details_chars), items[i][2],
                                                     reason) for i in unsure])
@@ -220,7 +220,7 @@ def judge_pass(trajs: Sequence[Trajectory], judge: Judge | None, rounds: int = 3
             raise CodetoolError(f"{len(trajs)} answers need a judge for the pass rate, but none is configured; "
                                 f"set --judge.model (a local model or an http(s):// server).")
         flat = judge.judge_answers([AnswerRequest(t.query, t.final_answer or "", None, r)
-                                    for t in trajs for r in range(rounds)]) if trajs else []
+                                    for t in trajs for r in range(rounds)]) if trajs and judge else []
         return [flat[i * rounds:(i + 1) * rounds] for i in range(len(trajs))]
     items = [(t.query, converted_answer(t), r) for t in trajs for r in range(rounds)]
     flat = judge_statuses(items, judge, finish_check=True, max_details_chars=max_trajectory_chars,
@@ -276,7 +276,7 @@ def average_pass_rate(groups: Sequence[PassRate]) -> PassRate:
     if not groups:
         return PassRate(0.0, 0.0, [], 0)
     per_round = [float(np.mean(r)) for r in zip(*(g.per_round for g in groups))]
-    counts = Counter()
+    counts: Counter[str] = Counter()
     for g in groups:
         counts.update(g.counts)
     return PassRate(float(np.mean(per_round)), float(np.std(per_round)), per_round,
@@ -412,7 +412,8 @@ def evaluate(runs: Sequence, labels: Mapping[str, Sequence[Sequence[str]] | None
             kept = set(idx)
             lost = Counter(run.trajectories[i].group or "all" for i in every if i not in kept)
             trajs = [run.trajectories[i] for i in idx]
-            lab = [labels[run.method][i] for i in idx] if labels[run.method] is not None else None
+            every_label = labels[run.method]
+            lab = [every_label[i] for i in idx] if every_label is not None else None
             by_group: dict[str, list[int]] = {}
             for i, traj in enumerate(trajs):
                 by_group.setdefault(traj.group or "all", []).append(i)
@@ -421,7 +422,7 @@ def evaluate(runs: Sequence, labels: Mapping[str, Sequence[Sequence[str]] | None
                 sub = [lab[i] for i in members] if lab is not None else None
                 groups[group] = {**summary([trajs[i] for i in members], sub), "not_executed": lost[group]}
                 ids = filters(group) if sub is not None and filters else None
-                if ids:  # CodeTool's own formula: its Filter_Map ids leave the sum, not the count
+                if ids and sub is not None:  # CodeTool's own formula: its Filter_Map ids leave the sum, not the count
                     groups[group]["pass_rate_codetool"] = asdict(codetool_pass_rate(
                         [trajs[i].query_id for i in members], sub, rounds, ids))
             overall = {**summary(trajs, lab), "not_executed": sum(lost.values())}

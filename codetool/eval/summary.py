@@ -98,7 +98,7 @@ def seed_summary(paths: list[str], methods: list[str] | None = None) -> dict[str
             rows = [judge_free(trajs) for trajs in by_seed.values()]
             cell: dict[str, Any] = {"n": [len(t) for t in by_seed.values()]}
             for key, _, _ in METRICS:
-                values = [r[key] for r in rows if r[key] is not None]
+                values = [v for r in rows if (v := r[key]) is not None]
                 cell[key] = ({"mean": float(np.mean(values)), "spread": spread(values), "values": values}
                              if values else None)
             out["methods"].setdefault(method, {})[bench] = cell

@@ -1,6 +1,6 @@
 """The host's side of a family's principals when the host may use a memory cgroup per principal:
-the seccomp listeners that decide each fork copy's one ``setresuid``, and the stop, sweep and kill
-of a principal's processes, found through its cgroup.
+the seccomp listeners that decide each fork copy's one ``setresuid``, and the sweep and kill of a
+principal's processes, found through its cgroup.
 
 Doing this here rather than in the sandbox root keeps the root off the critical path of a fork
 and of a run's end (on a busy machine every extra process that must be scheduled costs up to a
@@ -22,14 +22,7 @@ import time
 from dataclasses import dataclass
 
 from codetool.executor import sandbox_kernel as kernel
-from codetool.executor.sandbox_principals import (
-    all_stopped,
-    cgroup_pids,
-    oom_kills,
-    real_uid,
-    state_of,
-    status,
-)
+from codetool.executor.sandbox_principals import cgroup_pids, oom_kills, real_uid, state_of, status
 
 SWEEP_WAIT_S = 0.5  # how long a sweep waits for the processes it killed to die
 
@@ -212,23 +205,7 @@ class Principals:
             return None
         return (key, expected) if expected.prepared else "wait"
 
-    # ------------------------------------------------------------------- stop, sweep, kill
-    def stop(self, key: int, pid: int, uid: int) -> bool:
-        """Stop the worker ``pid`` if it has threads besides its own loop (an idle candidate runs
-        nothing); returns whether it was stopped."""
-        fields = status(pid)
-        if fields is None or fields.get("Threads") == "1":
-            return False
-        if not signal_if(pid, uid, signal.SIGSTOP):
-            return False
-        end = time.monotonic() + 0.2
-        while time.monotonic() < end and not all_stopped(pid):
-            time.sleep(0.0001)
-        return True
-
-    def resume(self, pid: int, uid: int) -> None:
-        signal_if(pid, uid, signal.SIGCONT)
-
+    # ------------------------------------------------------------------------- sweep, kill
     def sweep(self, key: int, uid: int, spare: int | None, wait: bool = True) -> None:
         """Kill every process of principal ``key`` but ``spare``; with ``wait``, until they died (a
         moment at most), else until none is left that was not killed (a killed process cannot
@@ -251,14 +228,3 @@ class Principals:
     def oom_kills(self, key: int, version: int) -> int:
         """Processes of principal ``key`` the kernel killed at its memory limit so far."""
         return oom_kills(self.cgroup_of(key), version)
-
-
-def host_pid_of(directory: str) -> int | None:
-    """The host pid of a freshly spawned worker: the only process in its cgroup."""
-    for _ in range(100):
-        pids = cgroup_pids(directory)
-        if len(pids) == 1:
-            return pids[0]
-        time.sleep(0.001)
-    return None
-

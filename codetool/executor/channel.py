@@ -12,6 +12,7 @@ escapes control characters of anything sandbox-made before it reaches a log line
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -20,7 +21,7 @@ import socket
 import struct
 import time
 from collections import deque
-from typing import Any
+from typing import Any, overload
 
 HEADER = struct.Struct(">I")
 POLL_IN = select.POLLIN | select.POLLHUP | select.POLLERR
@@ -38,6 +39,14 @@ _INVISIBLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069
 
 class ProtocolError(Exception):
     """The sandbox sent something that is not a valid frame."""
+
+
+@overload
+def clean_text(value: str, limit: int | None = None) -> str: ...
+
+
+@overload
+def clean_text(value: Any, limit: int | None = None) -> str | None: ...
 
 
 def clean_text(value: Any, limit: int | None = None) -> str | None:
@@ -241,7 +250,8 @@ class Conn:
 
 def read_available(fd: int, limit: int = 1 << 20) -> bytes | None:
     """Read up to ``limit`` bytes that are ready on a non-blocking fd; ``None`` at end of file."""
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     while size < limit:
         try:
             data = os.read(fd, 1 << 16)
@@ -254,3 +264,82 @@ def read_available(fd: int, limit: int = 1 << 20) -> bytes | None:
         chunks.append(data)
         size += len(data)
     return b"".join(chunks)
+
+
+# ------------------------------------------------------------- a keeper's control socket
+_CREDS = struct.Struct("iII")  # struct ucred: pid, uid, gid
+_CREDS_SPACE = socket.CMSG_SPACE(_CREDS.size)
+CONTROL_BUFFER = 16 << 20  # the largest message the host sends (a step's source)
+
+
+def control_pair() -> tuple[socket.socket, socket.socket]:
+    """A Unix ``SOCK_SEQPACKET`` pair for a keeper's control channel (``sandbox_keeper``):
+    ``(host end, worker end)``. The host end is non-blocking and receives the sender's credentials
+    with every message (``SO_PASSCRED``: its pid as the kernel sees it, in the host's namespace)."""
+    host, worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    host.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    for option in (getattr(socket, "SO_SNDBUFFORCE", 32), socket.SO_SNDBUF):
+        try:
+            host.setsockopt(socket.SOL_SOCKET, option, CONTROL_BUFFER)
+            break
+        except OSError:
+            continue
+    host.setblocking(False)
+    return host, worker
+
+
+def send_message(sock: socket.socket, data: bytes, fds: list[int] | tuple = (), timeout: float = 10.0) -> None:
+    """One message on a control socket, with descriptors attached.
+
+    Raises:
+        EOFError: the worker's end is gone, does not read, or the message is too big for the socket.
+    """
+    sock.settimeout(timeout)
+    try:
+        if fds:
+            socket.send_fds(sock, [data], list(fds))
+        else:
+            sock.send(data)
+    except OSError as exc:  # socket.timeout included
+        if exc.errno == errno.EMSGSIZE:
+            raise EOFError(f"a message of {len(data)} bytes is more than the sandbox's socket takes") from None
+        raise EOFError(str(exc)) from None
+    finally:
+        sock.setblocking(False)
+
+
+def read_message(sock: socket.socket) -> tuple[bytes, int | None] | None:
+    """The next message waiting on a control socket and the pid of its sender; ``None`` when none
+    is waiting; ``(b"", None)`` at the end of the stream."""
+    try:
+        data, ancillary, _, _ = sock.recvmsg(1 << 16, _CREDS_SPACE)
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError:
+        return b"", None
+    pid = None
+    for level, kind, raw in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(raw) >= _CREDS.size:
+            pid = _CREDS.unpack_from(raw)[0]
+    return data, pid
+
+
+def wait_message(sock: socket.socket, timeout: float) -> tuple[bytes, int | None]:
+    """The next message on a control socket within ``timeout`` seconds.
+
+    Raises:
+        EOFError: the worker's end closed. TimeoutError: nothing came in time.
+    """
+    end = time.monotonic() + timeout
+    poller = select.poll()
+    poller.register(sock.fileno(), POLL_IN)
+    while True:
+        got = read_message(sock)
+        if got is not None:
+            if not got[0]:
+                raise EOFError("the sandbox worker closed its channel")
+            return got
+        remaining = end - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the sandbox worker did not answer in time")
+        poller.poll(remaining * 1000)

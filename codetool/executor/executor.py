@@ -5,13 +5,12 @@ independent executor holding a copy of the state (``os.fork`` of the warm worker
 step and no earlier tool call is repeated); ``close`` kills the worker and everything it started.
 See the package docstring for the isolation layers and their limits.
 
-What the result reports is checked by the host, not trusted: ``codetool.executor.step`` runs one
-step (frames validated and numbered, tool calls and bytes budgeted, timeouts and limits decided
-there); this module keeps the executor's worker, its forks and its life cycle. Residual risk (see
-the package docstring): ``outcome``, ``error_*`` and ``final_answer`` come from the interpreter
-that ran the step, so the step's code can forge them for itself and, with one ordinary line that
-reaches the worker's objects, for every later step of its state and of its forks; a sibling
-candidate, another episode or the host cannot.
+What the result reports is decided by the host, not by the interpreter that ran the step:
+``codetool.executor.step`` runs one step (the verdict, tool calls, budgets, deadlines, limits);
+this module keeps the executor's worker, its forks and its life cycle, and turns failures of the
+machine into retries: a fork, copy or worker start that failed for a reason outside the code is
+tried again (``ExecutorConfig.infra_retries``, deadlines doubled), and only then is the step
+``not_executed``. :attr:`Executor.infra_counts` counts them for the family.
 """
 
 from __future__ import annotations
@@ -28,9 +27,11 @@ from codetool.executor.channel import ProtocolError, log_safe
 from codetool.executor.config import ExecutorConfig
 from codetool.executor.family import WorkerHandle
 from codetool.executor.launch import ExecutorError
-from codetool.executor.result import ExecutionResult
+from codetool.executor.pool import FamilyPool
+from codetool.executor.result import NOT_EXECUTED, ExecutionResult
 from codetool.executor.sandbox import ForkFailed, Sandbox
-from codetool.executor.step import failure_outcome, run_step
+from codetool.executor.step import run_step
+from codetool.executor.verdict import failure_outcome
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +43,8 @@ class _Slot:
 
     def __init__(self, worker: WorkerHandle | None):
         self.worker = worker
-        self.lost = False  # the worker died between runs; the next result must say so
-        self.failure: tuple[str, str, str] | None = None  # a fork that failed: its first result
+        self.lost = False  # the worker was lost between runs (outside the code): the next step is not executed
+        self.failure: ExecutionResult | None = None  # a fork that failed: its first result
 
 
 def _finalize(sandbox: Sandbox, slot: _Slot) -> None:
@@ -65,6 +66,9 @@ class Executor:
             ``codetool.tools.spec.ToolResponse`` or any JSON value. The code receives the parsed
             JSON of the content (the raw text when it is not JSON), or a ``ToolError`` when the
             status is not ``ok``. ``finish(answer)`` and ``give_up(reason)`` are always defined.
+        pool (`FamilyPool`, *optional*): a pool whose families this executor may share with the
+            executors of other tasks (``codetool.executor.pool``); without one it starts a family
+            of its own.
     Raises:
         ExecutorError: a tool name is not a usable identifier, or the sandbox cannot start.
 
@@ -79,7 +83,7 @@ class Executor:
     """
 
     def __init__(self, config: ExecutorConfig | None = None,
-                 tools: Mapping[str, Callable[..., Any]] | None = None):
+                 tools: Mapping[str, Callable[..., Any]] | None = None, *, pool: FamilyPool | None = None):
         self.config = config or ExecutorConfig()
         self.tools = dict(tools or {})
         for name, func in self.tools.items():
@@ -90,13 +94,18 @@ class Executor:
                                     f"open...) or one of {sorted(RESERVED_NAMES)}.")
             if not callable(func):
                 raise ExecutorError(f"tool {name!r} maps to a {type(func).__name__}, not a callable.")
-        sandbox = Sandbox(self.config, sorted(self.tools))
+        sandbox = Sandbox(self.config, sorted(self.tools)) if pool is None else pool.take()
         try:
-            worker = sandbox.spawn()
+            worker = _spawn(sandbox, self.config, sorted(self.tools))
         except ExecutorError:
-            sandbox.close()
+            if pool is None:
+                sandbox.close()
+            else:
+                sandbox.release()
             raise
         self._attach(sandbox, worker)
+        if pool is not None:
+            sandbox.release()  # the pool's reference: this executor holds its own now
 
     @classmethod
     def _adopt(cls, parent: Executor, worker: WorkerHandle | None) -> Executor:
@@ -106,7 +115,7 @@ class Executor:
         child._slot.lost = parent._slot.lost
         return child
 
-    def _attach(self, sandbox: Sandbox, worker: WorkerHandle) -> None:
+    def _attach(self, sandbox: Sandbox, worker: WorkerHandle | None) -> None:
         sandbox.acquire()
         self._sandbox = sandbox
         self._slot = _Slot(worker)
@@ -122,6 +131,13 @@ class Executor:
     @property
     def closed(self) -> bool:
         return not self._finalizer.alive
+
+    @property
+    def infra_counts(self) -> dict[str, int]:
+        """Failures of the machine in this executor's family (the root executor and all its forks):
+        ``retries`` (forks, copies or worker starts tried again), ``recovered`` (runs and forks
+        that worked after a retry) and ``not_executed`` (steps recorded as not executed)."""
+        return dict(self._sandbox.counts)
 
     def run(self, code: str, *, timeout_s: float | None = None) -> ExecutionResult:
         """Run one step in the current state; the state it leaves becomes the current state.
@@ -143,64 +159,116 @@ class Executor:
             raise ValueError(f"Executor.run timeout_s must be > 0 seconds, got {timeout_s!r}.")
         with self._lock:
             self._check_open()
+            counts = self._sandbox.counts
             if self._slot.failure is not None:  # a fork that failed: this candidate's result
-                (outcome, error_type, message), self._slot.failure = self._slot.failure, None
+                result, self._slot.failure = self._slot.failure, None
                 self._slot.lost = False
-                return ExecutionResult(ok=False, error_type=error_type, error_message=message, outcome=outcome,
-                                       state_lost=True, isolation=self.isolation)
+                return self._count(result)
+            attempts = 0
+            while True:
+                attempts += 1
+                result = self._run_once(code, timeout)
+                retry = result.outcome == NOT_EXECUTED and not result.state_lost and attempts <= self.config.infra_retries
+                if not retry:
+                    break
+                counts["retries"] += 1
+            result.attempts = attempts
+            return self._count(result)
+
+    def _run_once(self, code: str, timeout: float) -> ExecutionResult:
+        try:
             worker = self._ensure_worker()
-            lost_before, self._slot.lost = self._slot.lost, False
-            try:
-                if worker.cpu_s > self.config.cpu_time_s / 2:
-                    worker = self._refresh(worker)
-                result = run_step(self._sandbox, worker, code, timeout, config=self.config, tools=self.tools,
-                                  drop=self._drop_worker)
-            except (ProtocolError, EOFError, TimeoutError, OSError) as exc:
-                # whatever the state did to the protocol, it is this candidate's failure
-                violation = isinstance(exc, ProtocolError)
-                logger.warning("sandbox %s: %s", "protocol violation" if violation else "failure", log_safe(exc))
-                self._drop_worker(worker, wait=False)
-                outcome, error_type, message = failure_outcome("violation" if violation else "lost", None, timeout)
-                result = ExecutionResult(ok=False, error_type=error_type, error_message=message, outcome=outcome,
-                                         state_lost=True, isolation=self.isolation)
-            result.state_lost = result.state_lost or lost_before
-            return result
+        except ExecutorError as exc:
+            return _failed("not_executed", "WorkerStart", f"NotExecuted: no sandbox worker could be started "
+                                                         f"({log_safe(exc, 200)}); nothing ran.", self.isolation)
+        if self._slot.lost:  # its state was lost between runs, by no doing of the code
+            self._slot.lost = False
+            return _failed("not_executed", "StateLost", "NotExecuted: the worker holding the state was lost "
+                                                        "between steps; nothing ran.", self.isolation)
+        try:
+            if worker.cpu_s > self.config.cpu_time_s / 2:
+                worker = self._refresh(worker)
+            return run_step(self._sandbox, worker, code, timeout, config=self.config, tools=self.tools,
+                            drop=self._drop_worker)
+        except (ProtocolError, EOFError, TimeoutError, OSError) as exc:
+            # whatever the state did to the protocol, it is this candidate's failure
+            violation = isinstance(exc, ProtocolError)
+            logger.warning("sandbox %s: %s", "protocol violation" if violation else "failure", log_safe(exc))
+            self._drop_worker(worker, wait=False)
+            if violation:
+                return _failed("sandbox_violation", "ProtocolError",
+                               "ProtocolError: the sandbox sent malformed data to the host and was stopped.",
+                               self.isolation)
+            outcome, error_type, message = failure_outcome(None)
+            return _failed(outcome, error_type, message, self.isolation)
+
+    def _count(self, result: ExecutionResult) -> ExecutionResult:
+        if not result.executed:
+            self._sandbox.counts["not_executed"] += 1
+        elif result.attempts > 1:
+            self._sandbox.counts["recovered"] += 1
+        return result
 
     def fork(self) -> Executor:
         """An independent executor holding a copy of the current state (nothing is re-executed).
 
         The copy is its own principal (its own uid, scratch and memory budget when the host is
-        root). If the state cannot be copied within ``FORK_TIMEOUT_S`` (1 s) because of the code
-        (its worker does not answer, answers with something that is not a frame, or the copy does
-        not start), the new executor is a failed candidate: its first ``run`` returns
-        ``worker_lost`` or ``sandbox_violation`` with ``state_lost=True`` without running
-        anything, and later runs start from a fresh state. A worker that answered with garbage or
-        not at all is killed (this executor's next result then has ``state_lost=True``).
+        root). The fork is the keeper's, not the code's: no code of the state runs during it. A
+        fork that does not complete within ``config.start_timeout_s`` of time the machine gave
+        the sandbox (run-queue waits do not count, up to ``busy_backstop`` times) is tried again
+        with twice the budget, up to ``config.infra_retries`` times; then the new executor is a
+        candidate that could not start: its first ``run`` returns ``not_executed``
+        (``error_type`` ``WorkerStart``, ``attempts`` the forks tried) without running
+        anything, and later runs start from a fresh state. When the parent's worker itself was
+        lost, this executor's next result is ``not_executed`` too (``StateLost``).
 
         Raises:
             ExecutorError: the executor is closed, or the sandbox cannot start a worker at all.
         """
         with self._lock:
             self._check_open()
-            worker = self._ensure_worker()
+            counts = self._sandbox.counts
             try:
-                return Executor._adopt(self, self._sandbox.fork_worker(worker))
-            except ForkFailed as exc:
-                logger.warning("fork failed: %s", log_safe(exc, 300))
-                if exc.parent_lost:
-                    self._drop_worker(worker, wait=False)
-                    self._slot.lost = True
-                child = Executor._adopt(self, None)
-                if exc.kind == "violation":
-                    failure = ("sandbox_violation", "ProtocolError",
-                               f"ProtocolError: the state this step was forked from broke the sandbox protocol "
-                               f"({log_safe(exc, 200)}); nothing ran.")
-                else:
-                    failure = ("worker_lost", "WorkerLost",
-                               f"WorkerLost: the state this step was forked from could not be copied "
-                               f"({log_safe(exc, 200)}); nothing ran.")
-                child._slot.failure = failure
-                return child
+                worker = self._ensure_worker()
+            except ExecutorError as exc:
+                return self._failed_fork(_failed("not_executed", "WorkerStart", f"NotExecuted: no sandbox worker "
+                                                 f"could be started ({log_safe(exc, 200)}); nothing ran.",
+                                                 self.isolation))
+            attempts, budget = 0, self.config.start_timeout_s
+            while True:
+                attempts += 1
+                try:
+                    child = Executor._adopt(self, self._sandbox.fork_worker(worker, budget))
+                    if attempts > 1:
+                        counts["recovered"] += 1
+                    return child
+                except ForkFailed as exc:
+                    logger.warning("fork failed: %s", log_safe(exc, 300))
+                    if exc.parent_lost:
+                        self._drop_worker(worker, wait=False)
+                        self._slot.lost = exc.kind == "infra"
+                    if exc.kind == "violation":
+                        failure = _failed("sandbox_violation", "ProtocolError",
+                                          f"ProtocolError: the state this step was forked from broke the sandbox "
+                                          f"protocol ({log_safe(exc, 200)}); nothing ran.", self.isolation)
+                    elif exc.parent_lost or attempts > self.config.infra_retries:
+                        failure = _failed("not_executed", "WorkerStart",
+                                          f"NotExecuted: the state this step was forked from could not be copied "
+                                          f"({log_safe(exc, 200)}); nothing ran.", self.isolation)
+                    else:
+                        counts["retries"] += 1
+                        budget *= 2
+                        continue
+                    failure.attempts = attempts
+                    return self._failed_fork(failure)
+
+    def _failed_fork(self, failure: ExecutionResult) -> Executor:
+        """A failed candidate: its first ``run`` returns ``failure`` (nothing ran), later runs start
+        from a fresh state."""
+        child = Executor._adopt(self, None)
+        child._slot.lost = False
+        child._slot.failure = failure
+        return child
 
     def close(self) -> None:
         """Kill the worker and every process it started; the family's sandbox goes with its last
@@ -229,16 +297,13 @@ class Executor:
             self._drop_worker(worker, wait=False)
             self._slot.lost = True
         if self._slot.worker is None:
-            try:
-                self._slot.worker = self._sandbox.spawn()
-            except ExecutorError:
-                self._slot.worker = self._sandbox.spawn()  # the family restarts once if its root died
+            self._slot.worker = _spawn(self._sandbox, self.config, sorted(self.tools))
         return self._slot.worker
 
     def _refresh(self, worker: WorkerHandle) -> WorkerHandle:
         """Swap the worker for a fork of itself: same state, CPU-time counters back at zero."""
         try:
-            fresh = self._sandbox.fork_worker(worker)
+            fresh = self._sandbox.fork_worker(worker, 2 * self.config.start_timeout_s)
         except ForkFailed as exc:
             logger.warning("could not refresh a worker near its CPU limit: %s", log_safe(exc, 300))
             if exc.parent_lost:
@@ -254,3 +319,31 @@ class Executor:
         if self._slot.worker is worker:
             self._slot.worker = None
         return status
+
+
+def _spawn(sandbox: Sandbox, config: ExecutorConfig, tool_names: list[str]) -> WorkerHandle:
+    """A fresh worker defining ``tool_names``, retried (deadline doubled) when it does not start: a
+    busy or failing machine (a family whose root died restarts on the retry).
+
+    Raises:
+        ExecutorError: it never started within ``infra_retries`` more tries.
+    """
+    timeout = 4 * config.start_timeout_s
+    for attempt in range(config.infra_retries + 1):
+        try:
+            worker = sandbox.spawn(tool_names, timeout)
+        except ExecutorError:
+            if attempt == config.infra_retries:
+                raise
+            sandbox.counts["retries"] += 1
+            timeout *= 2
+            continue
+        if attempt:
+            sandbox.counts["recovered"] += 1
+        return worker
+    raise ExecutorError("no sandbox worker could be started")  # (not reached)
+
+
+def _failed(outcome: str, error_type: str, message: str, isolation: str) -> ExecutionResult:
+    return ExecutionResult(ok=False, error_type=error_type, error_message=message, outcome=outcome,
+                           state_lost=True, isolation=isolation)

@@ -15,13 +15,15 @@ Every executor is a *principal* (``sandbox_principals``): when the host is root,
 (picked here at random, for every spawn and every fork), its own scratch directory (a tmpfs of
 ``scratch_mb`` and ``max_files`` inodes, mounted by the root), its own memory budget (a cgroup
 where the host may create one, see ``codetool.executor.cgroups``, else polled by the root). A
-worker runs only while the host talks to it: the root resumes it at ``begin`` and, at ``end``,
-stops it (threads an earlier step left included) and kills every other process of its principal.
+worker runs code of the state only during a step: between steps its keeper holds no thread, timer
+or handler of the state (``sandbox_keeper``), and at ``end`` the root kills every other process
+of its principal.
 
-The root never runs model code. In bubblewrap it keeps CAP_SETUID, CAP_SETGID, CAP_KILL (uids,
-stop and kill), CAP_SYS_ADMIN (scratch mounts, ``/proc`` options), CAP_CHOWN, CAP_DAC_OVERRIDE
-and CAP_FOWNER (copying a parent's scratch for a fork); a worker keeps only CAP_SETUID, whose
-every use goes through the root (``codetool.executor.seccomp``).
+The root never runs model code. It execs every worker as a fresh interpreter
+(``sandbox_spawn``). In bubblewrap it keeps CAP_SETUID, CAP_SETGID, CAP_KILL (uids and kills),
+CAP_SYS_ADMIN (scratch mounts, the workers' mount namespaces), CAP_CHOWN, CAP_DAC_OVERRIDE and
+CAP_FOWNER (copying a parent's scratch for a fork); a worker keeps only CAP_SETUID, whose every
+use goes through the root (``codetool.executor.seccomp``).
 """
 
 from __future__ import annotations
@@ -41,16 +43,17 @@ import tempfile
 import threading
 import time
 import weakref
-from collections import deque
 from dataclasses import dataclass, field
+from typing import IO
 
-from codetool.executor import adoption, cgroups, scratch
-from codetool.executor.channel import Conn, ProtocolError
+from codetool.executor import adoption, cgroups, schedstat, scratch
+from codetool.executor.channel import ProtocolError, read_message
 from codetool.executor.config import ExecutorConfig
 from codetool.executor.launch import (
     BOOTSTRAP,
     CGROUP_MOUNT,
     NAMESPACES,
+    WORKER_BOOT,
     ExecutorError,
     _bwrap_argv,
     _sandbox_sources,
@@ -76,36 +79,38 @@ _KEYS_LOCK = threading.Lock()
 
 @dataclass(eq=False)  # compared (and hashed) by identity
 class WorkerHandle:
-    """The host's view of one worker: its channel, the read end of its output pipe, its pid (in the
-    sandbox's pid namespace), its principal (``key``; its ``uid`` when uids are per principal),
-    its scratch directory and the CPU seconds it reported after its last run."""
+    """The host's view of one worker: the host's end of its keeper's control socket
+    (``sandbox_keeper``), the read end of its output pipe, its pid on the host (from the kernel, with
+    its first message), its principal (``key``; its ``uid`` when uids are per principal), its scratch
+    directory, its pid in the sandbox (as the root counts) and the CPU seconds it used so far."""
 
-    conn: Conn
+    ctl: socket.socket
     output_fd: int
     pid: int
     key: int
     uid: int | None = None
     scratch: str = ""
-    host_pid: int | None = None  # its pid on the host (when the host manages its principal)
-    stopped: bool = False  # stopped between runs (it had threads of its own)
-    pidfd: int | None = None  # (fallback mode as the host user) to kill it when its root is gone
+    sandbox_pid: int | None = None
+    pidfd: int | None = None  # to kill it when its root is gone (fallback mode as the host user)
     oom_seen: int = 0
     cpu_s: float = 0.0
     info: dict = field(default_factory=dict)
-    reap: bool = False  # processes of its last step were killed; it must reap them
-    nonces: deque = field(default_factory=lambda: deque(maxlen=8))  # of its recent runs
 
     def dead(self) -> bool:
-        """Whether the worker is gone (checked without blocking; stray frames are discarded)."""
-        try:
-            self.conn.read()  # non-blocking
-        except ProtocolError:
-            return True
-        self.conn.frames.clear()
-        return self.conn.eof
+        """Whether the worker is gone (checked without blocking; messages left from an earlier step,
+        e.g. a late signal note, are dropped)."""
+        while True:
+            got = read_message(self.ctl)
+            if got is None:
+                return False
+            if not got[0]:
+                return True
 
     def close(self) -> None:
-        self.conn.close()
+        try:
+            self.ctl.close()
+        except OSError:
+            pass
         for fd in (self.output_fd, self.pidfd):
             try:
                 if fd is not None:
@@ -113,6 +118,12 @@ class WorkerHandle:
             except OSError:
                 pass
         self.pidfd = None
+
+
+def separate_principals(config: ExecutorConfig) -> bool:
+    """Whether the executors of a family with ``config`` are separate principals here (the host
+    is root, ``drop_uid`` is on and the sandbox interpreter is usable by an unprivileged uid)."""
+    return bool(config.drop_uid and os.geteuid() == 0 and others_can_use(interpreter_info(resolve_python(config.python))))
 
 
 def _new_key() -> int:
@@ -150,7 +161,7 @@ class Family:
         self.principals = False  # a uid per principal (the host is root and may drop)
         self.gid: int | None = None
         if config.drop_uid and self.as_root:
-            if others_can_use(self.info):
+            if separate_principals(config):
                 self.principals = True
                 self.gid = UID_BASE + secrets.randbelow(UID_SPAN)  # the family's group
             else:
@@ -171,6 +182,7 @@ class Family:
         self._scratch: str | None = None
         self._cgroup: tuple[str, int] | None = None
         self._ready: dict = {}
+        self.root_pid: int | None = None  # the root's pid on the host
         self._keys: set[int] = set()  # this family's live principals
         self._handles: weakref.WeakSet[WorkerHandle] = weakref.WeakSet()
         self._host: adoption.Principals | None = None  # the host manages the principals (cgroup mode)
@@ -200,7 +212,10 @@ class Family:
     def _scratch_parent(self) -> str:
         """Where the principals' scratch directories are, as the sandbox sees it: ``/tmp`` in
         bubblewrap and in the fallback as root (the root hides the host's behind its own)."""
-        return "/tmp" if self.mode == "bwrap" or self.as_root else self._scratch
+        if self.mode == "bwrap" or self.as_root:
+            return "/tmp"
+        assert self._scratch is not None  # made by _start before the root is started
+        return self._scratch
 
     def scratch_of(self, key: int) -> str:
         """The scratch directory of principal ``key``, as its processes see it."""
@@ -222,7 +237,8 @@ class Family:
                 "memory_bytes": self.memory_bytes, "cgroup": cgroup,
                 "seccomp": program.hex() if program else "", "seccomp_plain": plain.hex() if plain else "",
                 "seccomp_nr": numbers.get("seccomp"), "setresuid_nr": numbers.get("setresuid"),
-                "keyctl_nr": numbers.get("keyctl"), "host_listeners": self._host is not None}
+                "keyctl_nr": numbers.get("keyctl"), "host_listeners": self._host is not None,
+                "worker_boot": WORKER_BOOT, "worker_mounts": self.as_root}
 
     def _start(self) -> None:
         if self.config.cgroup and self.as_root and self._cgroup is None:
@@ -243,7 +259,7 @@ class Family:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         command = prefix + [self.python, "-I", "-B", "-c", BOOTSTRAP, str(child.fileno()),
                             json.dumps(self._settings())]
-        errors = tempfile.TemporaryFile()
+        errors: IO[bytes] = tempfile.TemporaryFile()
         debug = os.environ.get("CODETOOL_SANDBOX_DEBUG") == "1"  # the root's stderr stays the host's
         if os.environ.get("CODETOOL_SANDBOX_DEBUG_FILE"):
             errors = open(os.environ["CODETOOL_SANDBOX_DEBUG_FILE"], "ab")
@@ -256,11 +272,13 @@ class Family:
             raise ExecutorError(f"could not start the sandbox ({self.mode}): {exc}") from None
         finally:
             child.close()
-        self._link = RootLink(parent)
+        self._link = link = RootLink(parent)
+        stdin = self._proc.stdin
+        assert stdin is not None  # Popen(stdin=PIPE)
         try:
-            self._proc.stdin.write(_sandbox_sources())
-            self._proc.stdin.close()
-            self._ready = self._link.conn.wait_frame(START_TIMEOUT_S)
+            stdin.write(_sandbox_sources())
+            stdin.close()
+            self._ready = link.conn.wait_frame(START_TIMEOUT_S)
         except (OSError, EOFError, TimeoutError, ProtocolError) as exc:
             self._abort()
             errors.seek(0)
@@ -270,12 +288,13 @@ class Family:
             errors.close()
         if self._cgroup is not None and not cgroups.move_tree(self._proc.pid, os.path.join(self._cgroup[0], "root")):
             logger.debug("could not move the sandbox root into its cgroup")
+        self.root_pid = _host_pid(self._proc.pid, self._ready.get("pid"))
         logger.debug("sandbox started: mode=%s principals=%s python=%s", self.mode, self.principals, self.python)
 
     def _describe(self, hello: dict) -> str:
         layers = [f"bwrap({NAMESPACES})" if self.mode == "bwrap"
                   else "fallback(net)" if self._ready.get("netns") else "fallback"]
-        if hello.get("uid") not in (None, 0) and hello.get("uid") != os.geteuid():
+        if hello.get("uid") not in (None, 0, -1) and hello.get("uid") != os.geteuid():
             layers.append("uid")
         if self.principals:
             layers.append("principals")
@@ -283,6 +302,8 @@ class Family:
             layers.append(f"rlimits({','.join(hello['limits'])})")
         if hello.get("seccomp"):
             layers.append("seccomp")
+        if hello.get("mounts"):
+            layers.append("hidden(proc,ctypes)")
         if self._ready.get("keyring"):
             layers.append("keyring")
         if self._cgroup is not None:
@@ -301,6 +322,20 @@ class Family:
         with self._lock:
             self._refs += 1
 
+    def acquire_open(self, count: int = 1) -> bool:
+        """Take ``count`` references if the family is still running (not closed by the release of
+        its last executor); whether it did (:class:`codetool.executor.pool.FamilyPool`)."""
+        with self._lock:
+            if self._proc is None:
+                return False
+            self._refs += count
+            return True
+
+    @property
+    def executors(self) -> int:
+        """Executors (and reservations) holding the family."""
+        return self._refs
+
     def release(self) -> None:
         with self._lock:
             self._refs -= 1
@@ -314,7 +349,8 @@ class Family:
                 return
             clean = False
             try:
-                self._link.send({"op": "exit"})
+                if self._link is not None:
+                    self._link.send({"op": "exit"})
                 clean = self._proc.wait(timeout=3.0) == 0
             except (EOFError, OSError, subprocess.TimeoutExpired):
                 pass
@@ -376,6 +412,7 @@ class Family:
             if not self.alive:
                 self._abort()
                 self._start()
+            assert self._link is not None  # alive, or just started
             return self._link
 
     def _call(self, frame: dict, fds: list[int] | None = None, timeout: float = REQUEST_TIMEOUT_S) -> dict:
@@ -405,13 +442,32 @@ class Family:
                     self._abort()
 
     def _track(self, handle: WorkerHandle) -> WorkerHandle:
-        if self.mode == "fallback" and not self.principals:  # its pid is a host pid here
+        if self.mode == "fallback" and not self.principals:
             try:
                 handle.pidfd = os.pidfd_open(handle.pid)
             except OSError:
                 handle.pidfd = None
             self._handles.add(handle)
         return handle
+
+
+def _host_pid(top: int, inner: int | None) -> int:
+    """The host pid of the process that is ``inner`` in the sandbox's pid namespace, among ``top``
+    (bubblewrap, or the root itself) and its descendants; ``top`` when none is found."""
+    frontier = [top]
+    for _ in range(64):
+        if not frontier:
+            break
+        pid = frontier.pop()
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                nspid = next((line.split()[1:] for line in f if line.startswith("NSpid:")), [])
+        except OSError:
+            continue
+        if inner is not None and nspid and nspid[-1] == str(inner):
+            return pid
+        frontier.extend(schedstat.children([pid]))
+    return top
 
 
 def _kill_uids(uids: set[int]) -> None:

@@ -2,8 +2,10 @@
 here, bubblewrap's command line, and the sources the sandbox interpreter boots from.
 
 The sandbox interpreter reads its modules (JSON ``[[name, source], ...]``) from stdin, installs
-them under their names and runs the root (``BOOTSTRAP``); nothing of the host's file system is
-needed inside.
+the root's under their names and runs the root (``BOOTSTRAP``); nothing of the host's file system is
+needed inside. Each worker is a fresh interpreter started by the root (``sandbox_spawn``): it reads
+the worker's modules from descriptor 4, disables ``os.register_at_fork`` before anything else is
+imported, and runs its keeper (``WORKER_BOOT``, ``sandbox_keeper``).
 """
 
 from __future__ import annotations
@@ -23,13 +25,29 @@ from codetool.secrets import sandbox_environment
 
 logger = logging.getLogger(__name__)
 
+ROOT_MODULES = ("sandbox_kernel", "sandbox_io", "sandbox_scratch", "sandbox_principals", "sandbox_spawn",
+                "sandbox_root")  # in import order; the last one has main()
+WORKER_MODULES = ("sandbox_io", "sandbox_worker", "sandbox_copy", "sandbox_keeper")  # the last one has main()
+SANDBOX_MODULES = tuple(dict.fromkeys(ROOT_MODULES + WORKER_MODULES))
 BOOTSTRAP = ("import json,sys,types\n"
-             "for name,source in json.loads(sys.stdin.buffer.read()):\n"
+             "mods=dict(json.loads(sys.stdin.buffer.read()))\n"
+             f"for name in {ROOT_MODULES!r}:\n"
              "    m=sys.modules[name]=types.ModuleType(name)\n"
-             "    exec(compile(source,'<'+name+'>','exec'),m.__dict__)\n"
-             "m.main()")
-SANDBOX_MODULES = ("sandbox_kernel", "sandbox_copy", "sandbox_io", "sandbox_worker", "sandbox_scratch",
-                   "sandbox_principals", "sandbox_root")  # in import order; the last one has main()
+             "    exec(compile(mods[name],'<'+name+'>','exec'),m.__dict__)\n"
+             "m.main(mods)")
+WORKER_BOOT = ("import posix,sys,types\n"
+               "posix.register_at_fork=dict\n"  # before anything registers a fork hook (sandbox_keeper)
+               "src=b''\n"
+               "while 1:\n"
+               " c=posix.read(4,1<<20)\n"
+               " if not c:break\n"
+               " src+=c\n"
+               "posix.close(4)\n"
+               "import json\n"
+               "for name,s in json.loads(src):\n"
+               " m=sys.modules[name]=types.ModuleType(name)\n"
+               " exec(compile(s,'<'+name+'>','exec'),m.__dict__)\n"
+               "m.main(json.loads(sys.argv[1]))")
 NAMESPACES = "net,pid,ipc,uts,mount"
 SYSTEM_PYTHON = "/usr/bin/python3"
 CGROUP_MOUNT = "/run/codetool-cgroup"  # where bubblewrap shows the family's cgroup to its root

@@ -136,6 +136,7 @@ def perform_tool_call(name: str, func: Callable | None, args: list, kwargs: dict
     """
     start = time.monotonic()
     recorded: dict[str, Any] = dict(kwargs)
+    error: str | None
     if func is None:
         status, content, error = "not_found", "", f"there is no tool named {name!r}"
     else:

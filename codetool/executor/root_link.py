@@ -71,9 +71,12 @@ class RootLink:
             raise EOFError(f"the sandbox root does not take requests ({exc})") from None
         return rid
 
-    def wait(self, rid: int, timeout: float) -> dict:
+    def wait(self, rid: int, timeout: float, keep: bool = False) -> dict:
         """The reply to request ``rid``.
 
+        Args:
+            keep (`bool`, *optional*, defaults to `False`): on a timeout, still take the reply when
+                it comes (the caller waits again, or calls :meth:`forget`).
         Raises:
             EOFError: the root is gone. TimeoutError: no reply within ``timeout`` seconds.
         """
@@ -85,7 +88,8 @@ class RootLink:
                     return self._replies.pop(rid)
                 left = deadline - time.monotonic()
                 if self.eof or left <= 0:
-                    self._wanted.discard(rid)
+                    if self.eof or not keep:
+                        self._wanted.discard(rid)
                     if self.eof:
                         raise EOFError("the sandbox root closed its channel")
                     raise TimeoutError("the sandbox root did not answer in time")
@@ -111,6 +115,12 @@ class RootLink:
                             self._replies[frame["id"]] = frame
                     self._reading = False
                     self._cond.notify_all()
+
+    def forget(self, rid: int) -> None:
+        """Drop the reply to ``rid`` (now or when it comes)."""
+        with self._cond:
+            self._wanted.discard(rid)
+            self._replies.pop(rid, None)
 
     def take_fd(self) -> int | None:
         """The next file descriptor the root sent along with a reply (in the order sent)."""

@@ -1,7 +1,15 @@
-"""The requests an executor family makes of its root for its workers: ``spawn`` a fresh worker
-(a new principal), ``fork_worker`` (a copy of a worker's state in a new principal, within
-``FORK_TIMEOUT_S``), ``begin``/``end`` of a step (the worker resumed; then stopped, and the rest of
-its principal killed), ``release_worker`` (the whole principal killed, its scratch removed).
+"""The requests an executor family makes of its root and its workers' keepers: ``spawn`` a worker
+with an empty state (a new principal: a fork of the family's template, a fresh interpreter that
+never runs a step), ``fork_worker`` (a copy of a worker's state in a new principal),
+``begin``/``end`` of a step (its memory watched; then every process of its principal but its
+worker killed), ``release_worker`` (the whole principal killed, its scratch removed).
+
+A fork involves three processes: the root prepares the copy's principal (scratch copied, the
+parent's open files mapped), the parent's keeper forks, the copy's keeper becomes the principal
+(one ``setresuid``, let through by the host or the root) and says hello. Each wait has a deadline
+that counts only time the machine gave the sandbox (:func:`starved`): a busy host makes a fork
+slower, never a failure of the code. A fork that still does not complete is a
+:class:`ForkFailed` of kind ``infra``; the executor retries it (``ExecutorConfig.infra_retries``).
 
 The family itself (its root process, modes, restarts, principals' keys) is
 :class:`codetool.executor.family.Family`; one step's protocol is ``codetool.executor.step``.
@@ -9,28 +17,37 @@ The family itself (its root process, modes, restarts, principals' keys) is
 
 from __future__ import annotations
 
+import json
 import os
-import socket
+import struct
+import threading
 import time
 
-from codetool.executor import adoption
-from codetool.executor.channel import Conn, ProtocolError, log_safe, read_available
+from codetool.executor.channel import (
+    control_pair,
+    log_safe,
+    read_available,
+    send_message,
+    wait_message,
+)
 from codetool.executor.config import ExecutorConfig
 from codetool.executor.family import REQUEST_TIMEOUT_S, Family, WorkerHandle
 from codetool.executor.launch import ExecutorError, _warn_once
 from codetool.executor.root_link import RootLink
+from codetool.executor.schedstat import Watch
 
-FORK_TIMEOUT_S = 1.0  # a fork whose state does not copy within this fails (one failed candidate)
+FORK = struct.Struct(">qH")  # as sandbox_keeper.FORK
+HELLO = struct.Struct(">iq")  # as sandbox_keeper.HELLO
 
 
 class ForkFailed(Exception):
     """A fork that did not give a working copy of the state.
 
     Args:
-        kind (`str`): ``violation`` (the state's worker sent something that is not a valid
-            frame) or ``lost`` (it did not answer, or the copy did not start, within
-            ``FORK_TIMEOUT_S``).
-        parent_lost (`bool`): the state's worker itself misbehaved and was killed.
+        kind (`str`): ``infra`` (a deadline on a busy or failing machine, a resource the host or the
+            kernel refused, a lost worker: retried, then the step is not executed) or ``violation``
+            (the state's keeper answered with something that is not part of the protocol).
+        parent_lost (`bool`): the state's worker itself is gone or was killed.
     """
 
     def __init__(self, kind: str, message: str, parent_lost: bool):
@@ -43,27 +60,60 @@ class Sandbox(Family):
 
     Args:
         config (`ExecutorConfig`): limits and isolation mode.
-        tool_names (`list[str]`): the tool functions every worker defines.
+        tool_names (`list[str]`): the tool functions a worker defines unless :meth:`spawn` is given
+            its own (a family shared by executors of different tasks, ``codetool.executor.pool``).
     Raises:
         ExecutorError: when the requested isolation cannot start here.
     """
 
     def __init__(self, config: ExecutorConfig, tool_names: list[str]):
         self.tool_names = list(tool_names)
+        self.counts = {"retries": 0, "recovered": 0, "not_executed": 0}  # infrastructure failures
+        self._template: WorkerHandle | None = None  # the fresh worker that spawn forks
+        self._template_lock = threading.Lock()
         super().__init__(config)
 
-    def spawn(self) -> WorkerHandle:
-        """A fresh worker with an empty state (a new principal)."""
+    def spawn(self, tool_names: list[str] | None = None, timeout: float | None = None) -> WorkerHandle:
+        """A worker with an empty state (a new principal) whose tool functions are ``tool_names``
+        (default: the family's): a fork of the family's *template*, a fresh interpreter that never
+        runs a step (started at the first spawn, again when it is gone); the copy defines its
+        tools before its first step. A fork takes milliseconds where a fresh interpreter takes a
+        tenth of a second or more (its imports).
+
+        Raises:
+            ExecutorError: the worker could not be started (a fresh template included) within
+                ``timeout`` (fork: ``start_timeout_s``; fresh interpreter: 4 times as much).
+        """
+        tools = list(self.tool_names if tool_names is None else tool_names)
+        with self._template_lock:
+            template = self._template
+            if template is not None and template.dead():
+                self._template = None
+                self.release_worker(template, wait=False)
+                template.close()
+                template = None
+            if template is None:
+                self._template = template = self._spawn_fresh([], timeout)
+            try:
+                return self.fork_worker(template, None, tools)
+            except ForkFailed as exc:
+                if exc.parent_lost:
+                    self._template = None
+                raise ExecutorError(f"a sandbox worker could not be started ({exc})") from None
+
+    def _spawn_fresh(self, tools: list[str], timeout: float | None = None) -> WorkerHandle:
+        """A fresh worker interpreter (a new principal) defining ``tools``."""
+        timeout = timeout or max(REQUEST_TIMEOUT_S, 4 * self.config.start_timeout_s)
         key = self._new_key()
-        host_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        host_end, worker_end = control_pair()
         read_fd, write_fd = os.pipe()
         try:
-            reply = self._call({"op": "spawn", "key": key, "tools": self.tool_names,
+            reply = self._call({"op": "spawn", "key": key, "tools": tools, "grace": self.config.grace_s,
                                 "max_output_chars": self.config.max_output_chars},
                                [worker_end.fileno(), write_fd])
             if reply.get("op") != "spawned":
                 raise ExecutorError(f"a sandbox worker did not start: {log_safe(reply.get('error'), 300)}")
-            if reply.get("listener"):
+            if reply.get("listener") and self._link is not None:
                 listener = self._link.take_fd()
                 if listener is not None and self._host is not None:
                     self._host.add_listener(listener)
@@ -75,9 +125,7 @@ class Sandbox(Family):
         finally:
             worker_end.close()
             os.close(write_fd)
-        handle = self._handshake(host_end, read_fd, key)
-        if self._host is not None:
-            handle.host_pid = adoption.host_pid_of(self._host.cgroup_of(key))
+        handle = self._handshake(host_end, read_fd, key, timeout, reply.get("pid"))
         if self.principals and not handle.info.get("principal"):
             _warn_once("the kernel gives the sandbox no seccomp listener (Linux >= 5.5 needed): forks "
                        "share their parent's uid, so candidates are not separate principals")
@@ -87,131 +135,155 @@ class Sandbox(Family):
             self.isolation = self._describe(handle.info)
         return handle
 
-    def _handshake(self, host_end: socket.socket, read_fd: int, key: int) -> WorkerHandle:
+    def _handshake(self, host_end, read_fd: int, key: int, timeout: float, sandbox_pid) -> WorkerHandle:
         os.set_blocking(read_fd, False)
-        conn = Conn(host_end)
         try:
-            hello = conn.wait_frame(REQUEST_TIMEOUT_S)
-            if hello.get("op") != "hello" or not isinstance(hello.get("pid"), int):
-                raise EOFError(f"unexpected first frame {hello.get('op')!r}")
-        except (EOFError, TimeoutError, ValueError, ProtocolError) as exc:
+            data, pid = _wait_hello(host_end, timeout)
+            _, uid = HELLO.unpack_from(data, 1)
+            info = dict(json.loads(data[1 + HELLO.size:].decode("ascii") or "{}"), uid=uid)
+        except (EOFError, TimeoutError, ValueError) as exc:
             detail = (read_available(read_fd) or b"").decode("utf-8", "replace").strip()[-500:]
-            conn.close()
+            host_end.close()
             os.close(read_fd)
             self._tell({"op": "release", "key": key})
             self._free_key(key)
             raise ExecutorError(f"a sandbox worker did not start: {log_safe(detail or exc, 500)}") from None
-        return self._track(WorkerHandle(conn=conn, output_fd=read_fd, pid=hello["pid"], key=key,
-                                        uid=key if self.principals else None, scratch=self.scratch_of(key), info=hello))
+        return self._track(WorkerHandle(ctl=host_end, output_fd=read_fd, pid=pid, key=key,
+                                        uid=key if self.principals else None, scratch=self.scratch_of(key),
+                                        sandbox_pid=sandbox_pid, info=info))
 
-    def fork_worker(self, parent: WorkerHandle) -> WorkerHandle:
-        """A new worker holding a copy of ``parent``'s state (``os.fork`` inside the sandbox), its
-        own principal with a copy of ``parent``'s scratch.
+    @property
+    def _cgroup_version(self) -> int:
+        """The family cgroup's version (the host manages principals only inside one)."""
+        assert self._cgroup is not None
+        return self._cgroup[1]
 
+    def fork_worker(self, parent: WorkerHandle, timeout: float | None = None,
+                    tool_names: list[str] | None = None) -> WorkerHandle:
+        """A new worker holding a copy of ``parent``'s state (``os.fork`` by its keeper), its own
+        principal with a copy of ``parent``'s scratch and open files.
+
+        Args:
+            parent (`WorkerHandle`): an idle worker.
+            timeout (`float`, *optional*): seconds the fork may take, counted as :func:`starved`
+                allows (defaults to ``config.start_timeout_s``).
+            tool_names (`list[str]`, *optional*): the copy's tool functions, in place of the
+                parent's (a copy of the template, :meth:`spawn`).
         Raises:
-            ForkFailed: the copy did not start within ``FORK_TIMEOUT_S`` (or the parent answered
-                with something that is not a frame).
+            ForkFailed: the copy did not start (see its ``kind``).
             ExecutorError: the family's root is gone.
         """
+        budget = timeout or self.config.start_timeout_s
         key = self._new_key()
         link = self._current_link()
         host = self._host
-        deadline = time.monotonic() + FORK_TIMEOUT_S
-        host_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        watch = Watch([parent.pid] + ([self.root_pid] if self.root_pid else []))
+        ctl_host, ctl_worker = control_pair()
         read_fd, write_fd = os.pipe()
-        resumed = False
+        copy: WorkerHandle | None = None
+        pid = None
         try:
             if host is not None:
-                host.expect(key, parent.host_pid, parent.uid)
-                if parent.stopped:  # it has threads: they run only while the fork is made
-                    host.resume(parent.host_pid, parent.uid)
-                    parent.stopped, resumed = False, True
+                host.expect(key, *_managed(parent))
             try:
-                rid = link.send({"op": "expect", "key": key, "parent": parent.key}, reply=True)
+                rid = link.send({"op": "expect", "key": key, "parent": parent.key, "timeout": 2 * budget}, reply=True)
             except EOFError as exc:
                 raise ExecutorError(f"the sandbox root process failed: {exc}") from None
-            prepared = None
-            if not self.principals:  # no setresuid to hold the copy back: its scratch must exist first
-                prepared = self._fork_prepared(link, rid, deadline)
-            frame = {"op": "fork", "uid": key if self.principals else None, "scratch": self.scratch_of(key)}
+            name = os.path.basename(self.scratch_of(key)).encode("ascii")
+            request = b"F" + FORK.pack(key if self.principals else -1, len(name)) + name
+            if tool_names is not None:
+                request += json.dumps(list(tool_names)).encode("ascii")
             try:
-                parent.conn.send_with_fds(frame, [worker_end.fileno(), write_fd], timeout=FORK_TIMEOUT_S)
-                reply = _fork_reply(parent.conn, deadline)
-            except ProtocolError as exc:
-                raise ForkFailed("violation", f"the state's worker sent malformed data ({exc})", True) from None
-            except (EOFError, TimeoutError, OSError) as exc:
-                raise ForkFailed("lost", f"the state's worker did not fork within {FORK_TIMEOUT_S:g} s ({exc})",
-                                 True) from None
-            if reply.get("op") != "forked" or not isinstance(reply.get("pid"), int):
-                raise ForkFailed("lost", f"the state's worker could not fork: {log_safe(reply.get('error'))}", False)
-            if prepared is None:
-                prepared = self._fork_prepared(link, rid, deadline)
-            host_pid = None
+                send_message(parent.ctl, request, [ctl_worker.fileno(), write_fd])
+                reply = self._wait(budget, watch, lambda: wait_message(parent.ctl, 0.05)[0], "the state's worker")
+            except EOFError as exc:
+                raise ForkFailed("infra", f"the state's worker is gone ({exc})", True) from None
+            if reply[:1] == b"x":
+                raise ForkFailed("infra", f"the state's worker could not fork: {log_safe(reply[1:].decode('ascii', 'replace'))}",
+                                 False)
+            if reply[:1] != b"f" or len(reply) != 5:
+                raise ForkFailed("violation", "the state's worker answered a fork with something else", True)
+            pid = int.from_bytes(reply[1:5], "big", signed=True)
+            prepared = self._fork_prepared(link, rid, budget, watch)
             if host is not None:
                 host.prepared(key)
-                try:
-                    host_pid = host.wait(key, deadline)
-                except TimeoutError:
-                    raise ForkFailed("lost", f"the copy of the state did not start within {FORK_TIMEOUT_S:g} s",
-                                     False) from None
-        except (ForkFailed, ExecutorError):
-            host_end.close()
-            os.close(read_fd)
+            if not self.principals:  # the root learns the copy's pid from its zygote (there is no setresuid)
+                self._tell({"op": "adopt", "key": key, "pid": pid})
+            send_message(ctl_host, b"M" + bytes.fromhex(prepared.get("fdmap") or ""))
+            data, host_pid = self._wait(budget, watch, lambda: _wait_hello(ctl_host, 0.05), "the copy")
             if host is not None:
-                host.forget(key)
-            self._tell({"op": "release", "key": key})
-            self._free_key(key)
+                host.wait(key, time.monotonic() + 1.0)
+            os.set_blocking(read_fd, False)
+            copy = self._track(WorkerHandle(ctl=ctl_host, output_fd=read_fd, pid=host_pid, key=key,
+                                            uid=key if self.principals else None, scratch=self.scratch_of(key),
+                                            sandbox_pid=prepared.get("pid") or pid))
+            return copy
+        except (ForkFailed, ExecutorError, EOFError) as exc:
+            if copy is None:
+                ctl_host.close()
+                os.close(read_fd)
+                if host is not None:
+                    host.forget(key)
+                self._tell({"op": "release", "key": key})
+                self._free_key(key)
+            if isinstance(exc, EOFError):
+                raise ForkFailed("infra", f"the copy of the state did not start ({exc})", False) from None
             raise
         finally:
-            worker_end.close()
+            ctl_worker.close()
             os.close(write_fd)
-            if resumed:  # stop it again, and kill what its threads started meanwhile
-                parent.stopped = host.stop(parent.key, parent.host_pid, parent.uid)
-                host.sweep(parent.key, parent.uid, spare=parent.host_pid)
-        pid = prepared["pid"] if prepared.get("op") == "adopted" else reply["pid"]
-        if not self.principals:  # the root learns the copy's pid from its zygote (there is no setresuid)
-            self._tell({"op": "adopt", "key": key, "pid": pid})
-        os.set_blocking(read_fd, False)
-        return self._track(WorkerHandle(conn=Conn(host_end), output_fd=read_fd, pid=pid, key=key,
-                                        uid=key if self.principals else None, scratch=self.scratch_of(key),
-                                        host_pid=host_pid))
 
-    @staticmethod
-    def _fork_prepared(link: RootLink, rid: int, deadline: float) -> dict:
+    def _wait(self, budget: float, watch: Watch, attempt, waiting_for: str):
+        """Call ``attempt`` (which raises ``TimeoutError`` while nothing came) until it answers or
+        ``budget`` seconds passed that the processes doing the work could run (:class:`Watch`),
+        up to ``busy_backstop`` times ``budget`` in all."""
+        while True:
+            try:
+                return attempt()
+            except TimeoutError:
+                elapsed = time.monotonic() - watch.start
+                if elapsed < budget:
+                    continue
+                if elapsed - watch.starved() < budget and elapsed < budget * self.config.busy_backstop:
+                    continue
+                raise ForkFailed("infra", f"the copy of the state did not start within {budget:g} s ({waiting_for} "
+                                          f"did not answer; its processes waited {watch.starved():.1f} s of "
+                                          f"{elapsed:.1f} s for a CPU)", False) from None
+
+    def _fork_prepared(self, link: RootLink, rid: int, budget: float, watch: Watch) -> dict:
         """The root's answer to ``expect``: the new principal is ready (or its copy adopted)."""
+        def ask():
+            try:
+                return link.wait(rid, 0.05, keep=True)
+            except EOFError as exc:
+                raise ExecutorError(f"the sandbox root process failed: {exc}") from None
+
         try:
-            prepared = link.wait(rid, max(0.001, deadline - time.monotonic()))
-        except TimeoutError:
-            raise ForkFailed("lost", f"the copy of the state did not start within {FORK_TIMEOUT_S:g} s",
-                             False) from None
-        except EOFError as exc:
-            raise ExecutorError(f"the sandbox root process failed: {exc}") from None
+            prepared = self._wait(budget, watch, ask, "the sandbox root")
+        finally:
+            link.forget(rid)
         if prepared.get("op") not in ("adopted", "prepared"):
-            raise ForkFailed("lost", f"the copy of the state did not start: {log_safe(prepared.get('error'))}", False)
+            raise ForkFailed("infra", f"the copy of the state did not start: {log_safe(prepared.get('error'))}", False)
         return prepared
 
     def begin(self, worker: WorkerHandle) -> None:
-        """A step of ``worker`` starts: it is resumed if it was stopped (and its memory polled)."""
+        """A step of ``worker`` starts: without a memory cgroup, the root watches its memory."""
         if self._host is None:
             self._tell({"op": "begin", "key": worker.key})
-        elif worker.stopped:
-            self._host.resume(worker.host_pid, worker.uid)
-            worker.stopped = False
 
     def end(self, worker: WorkerHandle) -> dict:
-        """A step of ``worker`` ended: it is stopped (if it has threads of its own) and every other
-        process of its principal is killed. Returns ``{"reason": str | None, "oom": int}``
-        (``reason`` is ``memory`` when the root killed the principal at its memory budget; ``oom``
-        counts the processes the kernel killed at the cgroup's limit during the step)."""
+        """A step of ``worker`` ended: every process of its principal but the worker is killed.
+        Returns ``{"reason": str | None, "oom": int}`` (``reason`` is ``memory`` when the root killed
+        the principal at its memory budget; ``oom`` counts the processes the kernel killed at the
+        cgroup's limit during the step)."""
         host = self._host
         if host is None:
             try:
                 return self._call({"op": "end", "key": worker.key})
             except ExecutorError:
                 return {}
-        worker.stopped = host.stop(worker.key, worker.host_pid, worker.uid)
-        host.sweep(worker.key, worker.uid, spare=worker.host_pid)
-        seen = host.oom_kills(worker.key, self._cgroup[1])
+        host.sweep(worker.key, _managed(worker)[1], spare=worker.pid)
+        seen = host.oom_kills(worker.key, self._cgroup_version)
         oom, worker.oom_seen = seen - worker.oom_seen, seen
         return {"oom": oom}
 
@@ -223,8 +295,8 @@ class Sandbox(Family):
         self._free_key(worker.key)
         oom = 0
         if self._host is not None:
-            oom = self._host.oom_kills(worker.key, self._cgroup[1]) - worker.oom_seen
-            self._host.sweep(worker.key, worker.uid, spare=None, wait=wait)
+            oom = self._host.oom_kills(worker.key, self._cgroup_version) - worker.oom_seen
+            self._host.sweep(worker.key, _managed(worker)[1], spare=None, wait=wait)
         if not wait:
             self._tell(frame)
             return None
@@ -240,9 +312,17 @@ class Sandbox(Family):
         return status
 
 
-def _fork_reply(conn: Conn, deadline: float) -> dict:
-    """The parent worker's answer to ``fork`` (frames its code sent between runs are skipped)."""
+def _managed(worker: WorkerHandle) -> tuple[int, int]:
+    """``(host pid, uid)`` of a worker whose principal the host manages (it has both then)."""
+    assert worker.uid is not None
+    return worker.pid, worker.uid
+
+
+def _wait_hello(sock, timeout: float) -> tuple[bytes, int]:
+    """A keeper's hello (``h``, its pid and uid, and a description when it was spawned) and the pid
+    the kernel gave with it; other messages before it are dropped."""
+    end = time.monotonic() + timeout
     while True:
-        frame = conn.wait_frame(max(0.0, deadline - time.monotonic()))
-        if frame.get("op") in ("forked", "fork_failed"):
-            return frame
+        data, pid = wait_message(sock, max(0.0, end - time.monotonic()))
+        if data[:1] == b"h" and len(data) >= 1 + HELLO.size and pid:
+            return data, pid

@@ -3,9 +3,9 @@ Standard library only (it runs inside the sandbox, installed from its source lik
 ``sandbox_worker``, see ``codetool.executor.launch.BOOTSTRAP``).
 
 - :class:`Channel`: frames on a Unix stream socket, a 4-byte big-endian length then JSON (nothing
-  is ever pickled); each frame sent carries the current run's nonce and its sequence number, and
-  a thread of an earlier step can only send a frame the host rejects. Received file descriptors
-  are close-on-exec.
+  is ever pickled): the tool calls of one step, ``finish``/``give_up`` and the step's own report.
+  The socket is made for one step and closed after it, so nothing an earlier step left behind can
+  write into a later step's channel. The host checks every frame; nothing here is trusted.
 - :class:`Output`: ``sys.stdout``/``sys.stderr`` of a step, written to fd 1 (a pipe the host reads
   and caps), keeping at most a limit of characters so a print flood costs no I/O once capped.
 """
@@ -16,45 +16,62 @@ import os
 import socket
 import struct
 import threading
+from json import dumps as _dumps
+from json import loads as _loads  # bound now: a step that patches the json module keeps its channel
 
 HEADER = struct.Struct(">I")
 
 
 # ---------------------------------------------------------------------------------------- frames
 class Channel:
-    """Blocking frame I/O on a Unix stream socket; file descriptors sent with a frame are queued.
-    Each frame sent is stamped with the current run's ``nonce`` and the next ``seq``."""
+    """Blocking frame I/O on a Unix stream socket (one per step, see the module docstring)."""
+
+    def __init__(self, fd):
+        self.sock = socket.socket(fileno=fd)
+        self.buf = bytearray()
+        self.lock = threading.Lock()  # threads of the code may call tools or finish at once
+
+    def send(self, obj):
+        data = _dumps(obj).encode("ascii")
+        with self.lock:
+            self.sock.sendall(HEADER.pack(len(data)) + data)
+
+    def recv(self):
+        while True:
+            if len(self.buf) >= 4:
+                size = HEADER.unpack_from(self.buf)[0]
+                if len(self.buf) >= 4 + size:
+                    frame = bytes(self.buf[4:4 + size])
+                    del self.buf[:4 + size]
+                    return _loads(frame)
+            data = self.sock.recv(1 << 18)
+            if not data:
+                raise EOFError
+            self.buf += data
+
+    def detach(self):
+        """Forget the descriptor (the keeper closes it): a later garbage collection of this object
+        must not close whatever descriptor reuses the number."""
+        try:
+            self.sock.detach()
+        except OSError:
+            pass
+
+
+class RootChannel:
+    """The sandbox root's end of its control channel to the host: frames as above, read without
+    blocking the root's loop (:meth:`fill` when the socket is readable, then :meth:`buffered`);
+    file descriptors sent with a frame are queued in :attr:`fds` (close-on-exec)."""
 
     def __init__(self, fd):
         os.set_inheritable(fd, False)
         self.sock = socket.socket(fileno=fd)
         self.buf = bytearray()
         self.fds = []
-        self.nonce = ""
-        self.seq = 0
-        self.old_threads = set()  # threads of earlier steps: their frames carry no valid nonce
-        self.lock = threading.Lock()  # threads of the code may call tools or finish at once
-
-    def begin(self, nonce, old_threads=()):
-        with self.lock:
-            self.nonce, self.seq, self.old_threads = nonce, 0, set(old_threads)
 
     def send(self, obj):
-        with self.lock:
-            if threading.get_ident() in self.old_threads:  # the host rejects it (and the step)
-                data = json.dumps(dict(obj, nonce="stale", seq=0)).encode("ascii")
-                self.sock.sendall(HEADER.pack(len(data)) + data)
-                return
-            self.seq += 1
-            data = json.dumps(dict(obj, nonce=self.nonce, seq=self.seq)).encode("ascii")
-            self.sock.sendall(HEADER.pack(len(data)) + data)
-
-    def recv(self):
-        while True:
-            frame = self.buffered()
-            if frame is not None:
-                return frame
-            self.fill()
+        data = json.dumps(obj).encode("ascii")
+        self.sock.sendall(HEADER.pack(len(data)) + data)
 
     def buffered(self):
         """The next whole frame already received, or ``None``."""
@@ -75,12 +92,6 @@ class Channel:
         if not data:
             raise EOFError
         self.buf += data
-
-    def close(self):
-        self.sock.close()
-        for fd in self.fds:
-            close_fd(fd)
-        self.fds = []
 
 
 def close_fd(fd):

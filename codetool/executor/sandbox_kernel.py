@@ -1,7 +1,8 @@
 """Sandbox side of :mod:`codetool.executor`: the few kernel calls Python's standard library lacks,
 through ``ctypes``. Standard library only (it runs in the sandbox's system interpreter).
 
-- ``prctl`` options, ``capset`` (the capability sets of the calling thread), ``mount``/``umount2``;
+- ``prctl`` options, ``capset`` (the capability sets of the calling thread) and the ambient set,
+  ``mount``/``umount2``;
 - installing the seccomp filter built by the host (``codetool.executor.seccomp``), optionally with a
   *listener*: a file descriptor on which the family's root receives the calls the filter hands it
   (``SECCOMP_RET_USER_NOTIF``: only ``setresuid``) and answers each one, letting it run or failing
@@ -16,8 +17,10 @@ import ctypes
 import errno
 import os
 import struct
+from typing import Any
 
 PR_SET_DUMPABLE, PR_SET_KEEPCAPS, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 4, 8, 36, 38
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE = 47, 2
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER = 1, 1 << 3
 SECCOMP_USER_NOTIF_FLAG_CONTINUE = 1
@@ -27,9 +30,11 @@ NOTIF_SIZE, RESP_SIZE = 80, 24
 KEYCTL_JOIN_SESSION_KEYRING = 1
 CAP_SETUID = 7
 CAPABILITY_VERSION_3 = 0x20080522
-MS_NOSUID, MS_NODEV, MS_REMOUNT, MNT_DETACH = 2, 4, 32, 2
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MNT_DETACH = 1, 2, 4, 32, 2
+MS_BIND, MS_REC, MS_SLAVE, MS_SHARED = 4096, 16384, 1 << 19, 1 << 20
 CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
 
+_LIBC: Any  # a CDLL, or None: a call on None raises AttributeError, which every caller catches
 try:
     _LIBC = ctypes.CDLL(None, use_errno=True)
 except OSError:  # pragma: no cover - no libc: every call below reports failure
@@ -40,10 +45,10 @@ def _errno_result(value):
     return value if value >= 0 else -ctypes.get_errno()
 
 
-def prctl(option, value):
-    """``prctl(option, value, 0, 0, 0) == 0``."""
+def prctl(option, value, arg3=0):
+    """``prctl(option, value, arg3, 0, 0) == 0``."""
     try:
-        return _LIBC.prctl(option, ctypes.c_ulong(value), 0, 0, 0) == 0
+        return _LIBC.prctl(option, ctypes.c_ulong(value), ctypes.c_ulong(arg3), 0, 0) == 0
     except (AttributeError, OSError):
         return False
 
@@ -56,19 +61,28 @@ class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
-def capset(capabilities):
+def capset(capabilities, inheritable=False):
     """Set the calling thread's effective and permitted sets to ``capabilities`` (numbers below
-    32) and its inheritable set to nothing. Only lowering (or re-raising a permitted one) works."""
+    32), and its inheritable set to them too when ``inheritable`` (else to nothing: then an
+    ambient raise, :func:`keep_across_exec`, is possible). Only lowering works."""
     mask = 0
     for cap in capabilities:
         mask |= 1 << cap
     header = _CapHeader(CAPABILITY_VERSION_3, 0)
     data = (_CapData * 2)()
     data[0].effective = data[0].permitted = mask
+    if inheritable:
+        data[0].inheritable = mask
     try:
         return _LIBC.capset(ctypes.byref(header), ctypes.byref(data)) == 0
     except (AttributeError, OSError):
         return False
+
+
+def keep_across_exec(capability):
+    """Raise ``capability`` (already permitted and inheritable) into the ambient set, so that a
+    program this process executes keeps it (``PR_CAP_AMBIENT_RAISE``)."""
+    return prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, capability)
 
 
 class _SockFprog(ctypes.Structure):

@@ -12,11 +12,13 @@ uid), and only once.
 
 Each principal also has its own scratch directory (its cwd, HOME and TMPDIR; mode 0700): a tmpfs
 of ``scratch_bytes`` and ``scratch_inodes`` when the root may mount, so that a full scratch costs
-only its owner. A fork's scratch starts as a copy of its parent's (made by the root, which never
-follows a link the code left there). Memory is bounded per principal, for all its processes
-together: by a memory cgroup when the host delegated one (kernel memory included), else by
-polling the principals that are running (resident memory of their processes, plus their scratch
-use) and killing one that passes ``memory_bytes``.
+only its owner. A fork's scratch starts as a copy of its parent's (made by the root, or for a big
+scratch by a helper of the root in the copy's cgroup, so the copy is charged to it; holes of
+sparse files stay holes; no link the code left there is followed). Memory is bounded per
+principal, for all its processes together: by a memory cgroup when the host delegated one
+(kernel memory included), else by polling the principals that are running (resident memory of
+their processes, plus their scratch use), once more at each step's end, and killing one that
+passes ``memory_bytes``; between steps nothing of a principal runs, so its memory cannot grow.
 
 Without per-principal uids (host not root), principals are told apart by the process tree: a
 process belongs to the nearest worker above it, and a detached process to nobody (it is killed
@@ -34,7 +36,7 @@ except ImportError:  # imported on the host (documentation tools): the package's
     from codetool.executor import sandbox_kernel as kernel
     from codetool.executor.sandbox_scratch import copy_tree, remove_tree
 
-EXPECT_TIMEOUT_S = 1.0  # a fork copy must ask for its uid within this
+EXPECT_TIMEOUT_S = 5.0  # a fork copy must ask for its uid within this (the host may give more)
 DEFER_S = 0.2  # how long a setresuid that no expectation matches yet may wait for one
 POLL_S = 0.01  # memory polling period while a principal runs (no cgroup)
 INODE_BYTES = 1024  # kernel memory counted per scratch inode by the polling fallback
@@ -44,8 +46,7 @@ class Principal:
     """One executor's principal: ``key`` (its uid when uids are per principal), the worker's
     ``pid``, its ``scratch`` directory, its cgroup directory, whether a step of it is running."""
 
-    __slots__ = ("key", "uid", "pid", "scratch", "cgroup", "active", "reason", "oom_seen", "mounted", "stopped",
-                 "spawned")
+    __slots__ = ("key", "uid", "pid", "scratch", "cgroup", "active", "reason", "oom_seen", "mounted", "spawned")
 
     def __init__(self, key, uid, scratch):
         self.key, self.uid, self.scratch = key, uid, scratch
@@ -55,16 +56,17 @@ class Principal:
         self.reason = None  # why the root killed it ("memory")
         self.oom_seen = 0
         self.mounted = False
-        self.stopped = False  # its worker was stopped by the root and not resumed since
         self.spawned = False  # its worker is the root's child (a spawn, not a fork)
 
 
 class Expectation:
-    __slots__ = ("key", "parent", "request", "deadline", "resumed")
+    __slots__ = ("key", "parent", "request", "deadline", "fdmap", "ready")
 
-    def __init__(self, key, parent, request, resumed):
-        self.key, self.parent, self.request, self.resumed = key, parent, request, resumed
-        self.deadline = time.monotonic() + EXPECT_TIMEOUT_S
+    def __init__(self, key, parent, request, timeout):
+        self.key, self.parent, self.request = key, parent, request
+        self.fdmap = ""  # (hex) the parent's descriptor map, for the copy
+        self.ready = False  # its scratch is copied: its setresuid may go through
+        self.deadline = time.monotonic() + timeout
 
 
 class Principals:
@@ -87,11 +89,13 @@ class Principals:
         self.pending = []  # (listener, notification, deadline): setresuid calls not answered yet
         self.leftover_paths = []  # scratch or cgroup directories to remove once empty
         self.next_poll = 0.0
+        self.helpers = set()  # the root's own helper processes (scratch copies): nobody's to kill
 
     # ------------------------------------------------------------------------------- life cycle
-    def prepare(self, key, parent_key=None):
-        """Create principal ``key``: its scratch (a copy of ``parent_key``'s when given) and its
-        cgroup. Raises ``OSError`` when that cannot be done."""
+    def prepare(self, key, parent_key=None, copy=True):
+        """Create principal ``key``: its scratch (a copy of ``parent_key``'s when given, unless
+        ``copy`` is false: the caller copies it) and its cgroup. Raises ``OSError`` when that
+        cannot be done."""
         uid = key if self.uids else None
         path = os.path.join(self.parent, f"c{key}")
         principal = Principal(key, uid, path)
@@ -108,7 +112,7 @@ class Principals:
             elif uid is not None:
                 os.chown(path, uid, self.gid if self.gid is not None else uid)
             parent = self.by_key.get(parent_key)
-            if parent is not None:
+            if parent is not None and copy:
                 copy_tree(parent.scratch, path, uid, self.gid)
             if self.cgroup_dir:
                 principal.cgroup = self._make_cgroup(key)
@@ -118,9 +122,9 @@ class Principals:
         self.by_key[key] = principal
         return principal
 
-    def expect(self, key, parent_key, request, resumed):
-        """Wait (at most ``EXPECT_TIMEOUT_S``) for a fork copy of ``parent_key`` to ask for uid ``key``."""
-        self.expected[key] = Expectation(key, parent_key, request, resumed)
+    def expect(self, key, parent_key, request, timeout=EXPECT_TIMEOUT_S):
+        """Wait (at most ``timeout`` seconds) for a fork copy of ``parent_key`` to ask for uid ``key``."""
+        self.expected[key] = Expectation(key, parent_key, request, timeout)
 
     def release(self, key):
         """Kill every process of principal ``key`` and remove its scratch and cgroup."""
@@ -148,6 +152,7 @@ class Principals:
 
     # ---------------------------------------------------------------------------- the cgroup
     def _make_cgroup(self, key):
+        assert self.cgroup_dir is not None  # called only with a cgroup
         path = os.path.join(self.cgroup_dir, f"c{key}")
         os.mkdir(path)
         if self.cgroup_version == 1:
@@ -195,7 +200,8 @@ class Principals:
         now = time.monotonic()
         for listener, note, deadline in self.pending:
             verdict = self._verdict(note)
-            if verdict is None and now < deadline and kernel.notification_alive(listener, note.id):
+            early = verdict is not None and not verdict[0].ready  # its scratch is still being copied
+            if (early or (verdict is None and now < deadline)) and kernel.notification_alive(listener, note.id):
                 waiting.append((listener, note, deadline))
                 continue
             allow = False
@@ -272,7 +278,7 @@ class Principals:
         not killed already (a killed process cannot fork any more). With ``wait``, until they are
         dead (zombies hold no memory, and their parent reaps them before its next fork)."""
         root_pid = root_pid or os.getpid()
-        killed = set()
+        killed: set[int] = set()
         try:
             self._kill_loop(principal, spare, root_pid, killed)
         finally:
@@ -298,50 +304,12 @@ class Principals:
         else those the family walk attributes to it, and those that belong to nobody."""
         if principal.cgroup:
             return cgroup_pids(principal.cgroup)
-        workers = self._workers() - {principal.pid}  # another principal's worker is not its leftover
+        spared = (self._workers() - {principal.pid}) | self.helpers  # another principal's worker, the root's helpers
         return [pid for pid, _, _, state, owner in self.family(root_pid)
-                if state not in ("Z", "X") and pid not in workers and (owner == principal.key or owner is None)]
+                if state not in ("Z", "X") and pid not in spared and (owner == principal.key or owner is None)]
 
     def _workers(self):
         return {p.pid for p in self.by_key.values() if p.pid}
-
-    def stop(self, principal):
-        """SIGSTOP the principal's worker and wait until all its threads are stopped (an idle
-        candidate runs nothing, not even a thread an earlier step left). A worker with one thread
-        is left running: that thread is the worker's own loop, waiting for the host. Without
-        per-principal uids nothing is stopped (the processes of a family are one principal)."""
-        if not principal.pid or not self.uids:
-            return
-        fields = status(principal.pid)
-        if fields is None or fields.get("Threads") == "1":
-            return
-        try:
-            os.kill(principal.pid, signal.SIGSTOP)
-        except OSError:
-            return
-        principal.stopped = True
-        end = time.monotonic() + 0.2
-        while time.monotonic() < end and not all_stopped(principal.pid):
-            time.sleep(0.0001)
-
-    def resume(self, principal):
-        """SIGCONT the principal's worker if the root stopped it; returns whether it did."""
-        if not principal.pid or not principal.stopped:
-            return False
-        principal.stopped = False
-        try:
-            os.kill(principal.pid, signal.SIGCONT)
-        except OSError:
-            pass
-        return True
-
-    def settle(self, expectation):
-        """After a fork of a worker that was resumed for it (it has threads): stop it again and kill
-        what its threads started meanwhile (the copy is spared: it is a principal's worker now)."""
-        parent = self.by_key.get(expectation.parent)
-        if parent is not None and expectation.resumed:
-            self.stop(parent)
-            self.kill(parent, spare=parent.pid)
 
     def poll_due(self):
         """Seconds until the next memory poll (``None``: nothing to poll)."""
@@ -366,6 +334,18 @@ class Principals:
                 self.kill(principal, spare=None, root_pid=root_pid)
                 killed.append(principal)
         return killed
+
+    def check_idle(self, principal, root_pid):
+        """At a step's end, once its other processes are killed: kill the principal if its worker
+        and its scratch hold more than ``memory_bytes`` (a step may end between two polls)."""
+        fields = status(principal.pid) if principal.pid else None
+        if fields is None:
+            return self.poll_memory(root_pid)
+        rss = fields.get("VmRSS", "0 kB").split()[0]
+        if (int(rss) * 1024 if rss.isdigit() else 0) + _scratch_use(principal) > self.memory_bytes:
+            principal.reason = "memory"
+            self.kill(principal, spare=None, root_pid=root_pid)
+        return []
 
     def tidy(self):
         """Retry removing directories that were busy."""
@@ -429,7 +409,7 @@ def real_uid(fields):
 
 
 def _children(pid):
-    found = []
+    found: list[int] = []
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -449,22 +429,6 @@ def state_of(pid):
             return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return None
-
-
-def all_stopped(pid):
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return True
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state not in ("T", "t", "Z", "X"):
-            return False
-    return True
 
 
 def _scratch_use(principal):

@@ -3,12 +3,13 @@
 Runs inside the sandbox next to ``sandbox_worker``. The root is the first process of an executor
 family and never runs model code. It serves the host's requests, in order, on its control channel:
 
-- ``spawn``: a fresh worker (a new principal: its uid, scratch and cgroup prepared first; rlimits,
-  uid, capabilities and the seccomp filter set before any model code runs);
-- ``expect``: prepare the principal of a fork copy (its scratch a copy of its parent's) and let
-  the copy's one ``setresuid`` through when it comes (``sandbox_principals``);
-- ``begin``/``end``: a step of a principal starts (its worker is resumed, and memory polled) or
-  ended (its worker is stopped, then every other process of the principal is killed);
+- ``spawn``: a fresh worker (a new principal: its uid, scratch and cgroup prepared first), a fresh
+  interpreter set up by ``sandbox_spawn`` before any model code runs;
+- ``expect``: prepare the principal of a fork copy (its scratch a copy of its parent's, and the map
+  of its parent's open files, ``sandbox_scratch.descriptor_map``) and let the copy's one
+  ``setresuid`` through when it comes (``sandbox_principals``);
+- ``begin``/``end``: a step of a principal starts (its memory is polled) or ended (every process of
+  the principal but its worker is killed);
 - ``release``: kill all of a principal and remove its scratch and cgroup;
 - ``exit``, or the end of the control channel (the host died): kill everything and leave.
 
@@ -17,7 +18,6 @@ It also reaps every orphan (it is a child subreaper). Replies carry the request'
 
 import json
 import os
-import resource
 import select
 import signal
 import socket
@@ -26,32 +26,30 @@ import time
 
 try:
     import sandbox_kernel as kernel
-    from sandbox_io import Channel, close_fd
-    from sandbox_principals import Principals
-    from sandbox_worker import Worker
+    from sandbox_io import RootChannel, close_fd
+    from sandbox_principals import Principals, cgroup_pids
+    from sandbox_scratch import copy_for_fork, small_scratch
+    from sandbox_spawn import exec_worker, unsafe_files
 except ImportError:  # imported on the host (documentation tools): the package's copies
     from codetool.executor import sandbox_kernel as kernel
-    from codetool.executor.sandbox_io import Channel, close_fd
-    from codetool.executor.sandbox_principals import Principals
-    from codetool.executor.sandbox_worker import Worker
+    from codetool.executor.sandbox_io import RootChannel, close_fd
+    from codetool.executor.sandbox_principals import Principals, cgroup_pids
+    from codetool.executor.sandbox_scratch import copy_for_fork, small_scratch
+    from codetool.executor.sandbox_spawn import exec_worker, unsafe_files
 
-# Imported once here, so that every worker (a fork of the root) has them already.
-PREIMPORTS = ("json", "math", "re", "datetime", "time", "collections", "itertools", "functools",
-              "random", "string", "statistics", "textwrap", "urllib.parse", "decimal", "fractions",
-              "copy", "typing", "dataclasses", "heapq", "bisect", "operator", "pprint", "subprocess", "tempfile")
-LIMITS = (("as", "RLIMIT_AS"), ("cpu", "RLIMIT_CPU"), ("fsize", "RLIMIT_FSIZE"),
-          ("nofile", "RLIMIT_NOFILE"), ("nproc", "RLIMIT_NPROC"), ("core", "RLIMIT_CORE"))
-SANDBOX_MODULES = ("sandbox_kernel", "sandbox_copy", "sandbox_io", "sandbox_worker", "sandbox_scratch",
-                   "sandbox_principals", "sandbox_root")
+WORKER_MODULES = ("sandbox_io", "sandbox_worker", "sandbox_copy", "sandbox_keeper")  # in import order
 MS_REC, MS_PRIVATE, MS_NOEXEC = 16384, 1 << 18, 8
 
 
 class Root:
     """The family's first process (see the module docstring)."""
 
-    def __init__(self, config):
+    def __init__(self, config, sources):
         self.config = config
-        self.chan = Channel(config["control_fd"])
+        self.worker_sources = json.dumps([[n, sources[n]] for n in WORKER_MODULES]).encode()
+        self.hidden = []
+        self.copies = {}  # helper pipe -> [request id, key, helper pid, its output so far]
+        self.chan = RootChannel(config["control_fd"])
         self.statuses = {}
         self.principals = Principals(config)
         self.pid = os.getpid()
@@ -84,14 +82,14 @@ class Root:
         elif self.config.get("hidepid"):  # a principal sees no other principal's processes
             kernel.mount("proc", "/proc", "proc",
                          kernel.MS_REMOUNT | kernel.MS_NOSUID | kernel.MS_NODEV | MS_NOEXEC, "hidepid=2,gid=0")
+        if self.config.get("worker_mounts"):
+            # the scratch mounts made later reach the workers' own mount namespaces (slaves of this one)
+            if kernel.mount("none", self.principals.parent, "", kernel.MS_SHARED, "") < 0:
+                self.config["worker_mounts"] = False
+            self.hidden = unsafe_files()
         keyring = kernel.new_session_keyring(self.config.get("keyctl_nr"))
         kernel.prctl(kernel.PR_SET_DUMPABLE, 0)
         signal.signal(signal.SIGCHLD, self._reap)
-        for name in PREIMPORTS:
-            try:
-                __import__(name)
-            except ImportError:
-                pass
         self.chan.send({"op": "ready", "pid": self.pid, "subreaper": subreaper, "netns": netns,
                         "keyring": keyring, "python": list(sys.version_info[:3])})
 
@@ -107,7 +105,7 @@ class Root:
                 self.handle(msg)
                 continue
             self.adopt()
-            for fd in self.principals.listeners:
+            for fd in self.principals.listeners + list(self.copies):
                 if fd not in watched:
                     poller.register(fd, select.POLLIN)
                     watched.add(fd)
@@ -127,7 +125,12 @@ class Root:
                     self.exit(remove_scratch=True)
                 continue  # the host's requests first: an expectation precedes its copy's call
             for fd, ev in events:
-                if ev & select.POLLIN:
+                if fd in self.copies:
+                    self.copied(fd)
+                    if fd not in self.copies:
+                        poller.unregister(fd)
+                        watched.discard(fd)
+                elif ev & select.POLLIN:
                     self.principals.receive(fd)
                 elif ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
                     poller.unregister(fd)
@@ -140,12 +143,10 @@ class Root:
         """Answer the pending ``setresuid`` calls; tell the host of each copy adopted."""
         if self.principals.pending:
             for expectation, pid in self.principals.decide():
-                self.principals.settle(expectation)
-                self.chan.send({"op": "adopted", "id": expectation.request, "pid": pid})
+                self.chan.send({"op": "adopted", "id": expectation.request, "pid": pid, "fdmap": expectation.fdmap})
 
     def housekeeping(self):
         for expectation in self.principals.expired():
-            self.principals.settle(expectation)
             self.chan.send({"op": "adopt_failed", "id": expectation.request,
                             "error": "the fork copy did not become its own principal in time"})
         due = self.principals.poll_due()
@@ -166,12 +167,13 @@ class Root:
             principal.active = True
             principal.reason = None
             self.principals.next_poll = 0.0
-            self.principals.resume(principal)
         elif op == "end":
             reply = {"op": "ended", "id": msg.get("id"), "reason": None, "oom": 0}
             if principal is not None:
-                self.principals.stop(principal)
+                last_look = principal.active and self.principals.poll_due() is not None
                 self.principals.kill(principal, spare=principal.pid)
+                if last_look:  # what the candidate keeps while idle is within its budget too
+                    self.principals.check_idle(principal, self.pid)
                 principal.active = False
                 seen = self.principals.oom_kills(principal)
                 reply.update(reason=principal.reason, oom=seen - principal.oom_seen)
@@ -202,23 +204,73 @@ class Root:
 
     # --------------------------------------------------------------------------- principals
     def expect(self, msg):
+        """Prepare the principal of a fork copy; its scratch is copied by a helper process (in the
+        copy's cgroup, so the copy's memory is charged to it), so a big scratch delays only its own
+        copy, never the family's other requests."""
         key, parent_key, request = int(msg["key"]), msg.get("parent"), msg.get("id")
         parent = self.principals.by_key.get(parent_key)
         try:
             if parent is None:
                 raise OSError("the state to fork is gone")
-            self.principals.prepare(key, parent_key)
+            principal = self.principals.prepare(key, parent_key, copy=False)
         except OSError as exc:
             self.chan.send({"op": "adopt_failed", "id": request, "error": str(exc)[:200]})
             return
-        if self.config.get("host_listeners"):  # the host lets the copy's setresuid through
-            self.chan.send({"op": "prepared", "id": request})
+        pid = parent.pid
+        if pid is None and parent.cgroup:  # (a copy the host adopted: the only process of its cgroup when idle)
+            pids = cgroup_pids(parent.cgroup)
+            pid = pids[0] if len(pids) == 1 else None
+        timeout = max(1.0, float(msg.get("timeout") or 5.0))
+        if self.principals.uids and not self.config.get("host_listeners"):
+            self.principals.expect(key, parent_key, request, timeout)  # (its setresuid waits for the copy)
+        if small_scratch(parent.scratch):  # a few files: copied here at once (cheaper than a helper)
+            done = copy_for_fork(self.principals, principal, parent, pid, None)
+            self._copied(request, key, isinstance(done, str), done if isinstance(done, str) else "")
             return
-        resumed = self.principals.resume(parent)
-        if self.principals.uids:
-            self.principals.expect(key, parent_key, request, resumed)
-        else:
-            self.chan.send({"op": "prepared", "id": request})
+        read_fd, write_fd = os.pipe()
+        try:
+            helper = os.fork()
+        except OSError as exc:
+            close_fd(read_fd)
+            close_fd(write_fd)
+            self.principals.expected.pop(key, None)
+            self.chan.send({"op": "adopt_failed", "id": request, "error": str(exc)[:200]})
+            return
+        if helper == 0:
+            close_fd(read_fd)
+            os._exit(copy_for_fork(self.principals, principal, parent, pid, write_fd))
+        close_fd(write_fd)
+        self.principals.helpers.add(helper)
+        self.copies[read_fd] = [request, key, helper, bytearray()]
+
+    def copied(self, fd):
+        """A helper's output is readable: take it; at its end, answer the ``expect`` it served."""
+        request, key, helper, data = self.copies[fd]
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except OSError:
+            chunk = b""
+        if chunk:
+            data += chunk
+            return
+        del self.copies[fd]
+        close_fd(fd)
+        status = self._wait_reaped(helper, 5.0)
+        self.principals.helpers.discard(helper)
+        done = status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        self._copied(request, key, done, data.decode("ascii", "replace"))
+
+    def _copied(self, request, key, done, fdmap):
+        """A fork's scratch is copied (or could not be): let its copy through, or say it failed."""
+        expectation = self.principals.expected.get(key)
+        if not done:
+            self.principals.expected.pop(key, None)
+            self.chan.send({"op": "adopt_failed", "id": request, "error": "the scratch could not be copied"})
+            return
+        if expectation is not None:
+            expectation.fdmap, expectation.ready = fdmap, True
+        else:  # the host (or no setresuid at all) lets the copy through
+            self.chan.send({"op": "prepared", "id": request, "fdmap": fdmap})
 
     def spawn(self, msg):
         fds, self.chan.fds = self.chan.fds[:2], self.chan.fds[2:]
@@ -244,13 +296,14 @@ class Root:
             mine.detach()
             self.principals.listeners = []
             try:
-                self._become_worker(fds, msg, principal, theirs)
+                exec_worker(self.config, fds, msg, principal, self.principals, theirs, self.worker_sources,
+                            self.hidden)
             except BaseException as exc:  # noqa: B036 - report any set-up failure, then die
                 try:
                     os.write(2, (f"sandbox worker set-up failed: {exc!r}\n").encode())
                 finally:
                     os._exit(70)
-            os._exit(0)
+            os._exit(70)
         theirs.close()
         for fd in fds:
             close_fd(fd)
@@ -259,7 +312,7 @@ class Root:
             self.principals.release(key)
             return self.chan.send({"op": "spawn_failed", "id": request, "error": error[:200]})
         principal.pid, principal.spawned = pid, True
-        listener = _receive_listener(mine, 5.0)
+        listener = _receive_listener(mine, 20.0)
         mine.close()
         if listener is not None and self.config.get("host_listeners"):  # the host decides
             socket.send_fds(self.chan.sock, [_frame({"op": "spawned", "id": request, "pid": pid, "listener": True})],
@@ -269,64 +322,6 @@ class Root:
         if listener is not None:
             self.principals.add_listener(listener)
         self.chan.send({"op": "spawned", "id": request, "pid": pid})
-
-    def _become_worker(self, fds, msg, principal, handoff):
-        os.setsid()
-        os.dup2(fds[1], 1)
-        os.dup2(fds[1], 2)
-        close_fd(fds[1])
-        _close_all_but({0, 1, 2, fds[0], handoff.fileno()})
-        # a way into the scratch directories that needs no search permission on their ancestors
-        parent_fd = os.open(self.principals.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        config = dict(self.config, tools=list(msg["tools"]), max_output_chars=int(msg["max_output_chars"]),
-                      scratch=principal.scratch, uid=principal.uid, scratch_parent_fd=parent_fd)
-        self.principals.attach(principal, os.getpid())  # before any allocation of its own
-        uid, applied = principal.uid, []
-        for name, attr in LIMITS:
-            value = config["limits"].get(name)
-            if value is None or (name == "nproc" and uid is None):
-                continue
-            soft, hard = value if isinstance(value, list) else (value, value)
-            try:
-                resource.setrlimit(getattr(resource, attr), (int(soft), int(hard)))
-                applied.append(name)
-            except (ValueError, OSError, AttributeError):
-                pass
-        if uid is not None:
-            gid = config.get("gid") if config.get("gid") is not None else uid
-            kernel.prctl(kernel.PR_SET_KEEPCAPS, 1)  # CAP_SETUID survives the drop, for the copies
-            os.setgroups([])
-            os.setresgid(gid, gid, gid)
-            os.setresuid(uid, uid, uid)
-            if not kernel.capset([kernel.CAP_SETUID] if config.get("principals") else []):
-                raise RuntimeError("could not set the worker's capabilities")
-            kernel.prctl(kernel.PR_SET_KEEPCAPS, 0)
-            if os.getresuid() != (uid, uid, uid):
-                raise RuntimeError(f"could not drop to uid {uid}")
-        os.chdir(parent_fd)  # entered as the principal's own uid
-        os.chdir(os.path.basename(principal.scratch))
-        os.environ["HOME"] = os.environ["TMPDIR"] = principal.scratch
-        kernel.prctl(kernel.PR_SET_DUMPABLE, 0)  # no /proc/<pid>/fd, mem or environ access
-        listener, seccomp = None, False
-        if config.get("seccomp"):
-            if config.get("principals"):
-                listener = kernel.install_seccomp(bytes.fromhex(config["seccomp"]), config.get("seccomp_nr"))
-                seccomp = listener is not None
-            if not seccomp:  # no listener here: every identity change is simply denied
-                seccomp = kernel.install_seccomp(bytes.fromhex(config["seccomp_plain"]))
-        if listener is not None:
-            socket.send_fds(handoff, [b"L"], [listener])
-            close_fd(listener)
-        else:
-            handoff.send(b"N")
-        handoff.close()
-        worker = Worker(Channel(fds[0]), config)
-        sys.argv = ["<sandbox>"]
-        for name in SANDBOX_MODULES:  # not importable by the code (its objects stay reachable)
-            sys.modules.pop(name, None)
-        worker.chan.send({"op": "hello", "pid": os.getpid(), "uid": os.getuid(), "limits": applied,
-                          "seccomp": bool(seccomp), "principal": listener is not None})
-        worker.serve()
 
     # ---------------------------------------------------------------------------- reaping
     def _reap(self, signum=None, frame=None):
@@ -372,7 +367,10 @@ class Root:
             if remove_scratch and family is not None:
                 import shutil
 
-                shutil.rmtree(family[1], dir_fd=family[0], ignore_errors=True)
+                if sys.version_info >= (3, 11):
+                    shutil.rmtree(family[1], dir_fd=family[0], ignore_errors=True)
+                else:  # no dir_fd before 3.11 (a TypeError there): the folder through its parent's descriptor
+                    shutil.rmtree(f"/proc/self/fd/{family[0]}/{family[1]}", ignore_errors=True)
             os._exit(0)
 
     def _wait_all(self, timeout):
@@ -404,20 +402,10 @@ def _receive_listener(sock, timeout):
     return None
 
 
-def _close_all_but(keep):
-    try:
-        fds = [int(name) for name in os.listdir("/proc/self/fd")]
-    except OSError:
-        return
-    for fd in fds:
-        if fd not in keep:
-            close_fd(fd)
-
-
-def main():
+def main(sources):
     config = json.loads(sys.argv[2])
     config["control_fd"] = int(sys.argv[1])
-    root = Root(config)
+    root = Root(config, sources)
     try:
         root.start()
         root.serve()

@@ -56,7 +56,7 @@ def reclaim(parent: str | None) -> list[str]:
     """Remove the scratch directories under ``parent`` (default: the temp dir) whose owner process
     is gone; returns their paths. Directories without an owner in their name are left alone."""
     parent = parent or tempfile.gettempdir()
-    removed = []
+    removed: list[str] = []
     try:
         names = [n for n in os.listdir(parent) if n.startswith(PREFIX)]
     except OSError:

@@ -1,216 +1,252 @@
-"""The host's side of one step: feed the code to the worker, serve its tool calls, read its
-output, and decide the result (``Executor.run`` calls :func:`run_step`).
+"""The host's side of one step: hand the code to the worker's keeper, serve its tool calls, read its
+output, and decide the result from what the host observes (``Executor.run`` calls :func:`run_step`).
 
-What the result reports is checked here, not trusted: frames are validated (``channel``), stamped
-with the run's nonce and numbered, tool calls and every byte the host holds are budgeted per step
-(:class:`StepLedger`), output is capped as it arrives (:class:`StepOutput`), answers capped,
-timeouts and limits decided here. Residual risk (see the package docstring): ``outcome``,
-``error_*`` and ``final_answer`` come from the interpreter that ran the step.
+**The verdict is the host's.** Each step gets two fresh sockets: a *verdict* socket, on which the
+keeper's C chain (``sandbox_keeper``) writes 16 random bytes ``t`` before the step's code is
+compiled and writes them again only when the code ran to its end (or to ``finish``/``give_up``),
+and a *tool* socket for tool calls and the code's own report of its error. The step is ``ok``
+exactly when the second ``t`` arrived; anything else the code writes on the verdict socket makes it
+a ``sandbox_violation``. No code of the state can read ``t``, so none can forge the second one.
+
+Everything else is decided here too, from facts the host sees: the deadline (``timeout_s`` of time
+the step's threads could run: their run-queue waits on a busy host are given back, up to
+``busy_backstop`` times, ``codetool.executor.schedstat``), the CPU limit (the kernel's SIGXCPU
+kills the worker; the host reads the signal from its exit), the memory limit (the cgroup's OOM kills, or the root's poll), the file
+size limit (SIGXFSZ), the tool-call and byte budgets (:class:`StepLedger`), the worker's death.
+What the code reports about its error (type, message) is only the observation shown to the model;
+a type name the host uses for its own verdicts is marked as the code's.
+
+**Not executed.** A step whose code never started (no first ``t``: the step's thread could not be
+created, the worker was lost before it ran, the host was too busy) or that the machine never let run
+for ``timeout_s`` before the backstop is ``not_executed``: no reward, label or metric counts it.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import secrets
+import os
 import select
 import signal
+import socket
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from codetool.executor.channel import (
     POLL_IN,
+    Conn,
     ProtocolError,
     clean_output,
     clean_text,
     log_safe,
     read_available,
+    read_message,
+    send_message,
 )
 from codetool.executor.config import ExecutorConfig
 from codetool.executor.family import WorkerHandle
 from codetool.executor.proxy import perform_tool_call
-from codetool.executor.result import HOST_ERROR, NO_CODE, NOT_EXECUTED, OUTCOMES, ExecutionResult, ToolCall
+from codetool.executor.result import NOT_EXECUTED, ExecutionResult
 from codetool.executor.sandbox import Sandbox
+from codetool.executor.sandbox_principals import cgroup_pids
+from codetool.executor.schedstat import exit_status, process_cpu, step_usage
+from codetool.executor.verdict import (
+    StepLedger,
+    StepOutput,
+    Verdict,
+    code_error,
+    failure_outcome,
+    number,
+    ran,
+)
 
 logger = logging.getLogger(__name__)
 
-MAX_MESSAGE_CHARS = 2000
 MAX_ANSWER_CHARS = 100_000  # of a finish answer or give_up reason, enforced here (not only in the sandbox)
-TIMEOUT_SLACK_S = 0.05  # a "done" later than the timeout by more than this is a timeout, whatever it says
-HOST_FRAMES = ("forked", "fork_failed")  # replies of the fork protocol that may arrive late
 
-
-class StepLedger:
-    """Host-side bookkeeping of one run: its nonce, the next frame number, the budget used."""
-
-    def __init__(self, conn, cfg: ExecutorConfig):
-        self.nonce = secrets.token_hex(8)
-        self.seq = 0
-        self.calls: list[ToolCall] = []
-        self.requested = 0  # tool calls asked for, performed or not
-        self.ended: dict[str, str | None] = {}
-        self.limit: str | None = None  # why the step is over its budget
-        self.out_of_time = False  # a tool call was cut short by the step's deadline
-        self.bytes_start = conn.bytes_in
-        self.max_calls, self.max_bytes = cfg.max_tool_calls, cfg.max_step_mb << 20
-
-    def held(self, conn, output: StepOutput) -> int:
-        """Bytes the host holds for this step: all it received, what it queued for the sandbox
-        and that is not read yet, the output kept, the answer."""
-        answer = sum(len(v or "") for v in self.ended.values())
-        return conn.bytes_in - self.bytes_start + conn.held + output.size + answer
-
-
-class StepOutput:
-    """The step's output bytes, capped as they arrive (4 bytes per kept character at most)."""
-
-    def __init__(self, max_chars: int):
-        self.max_chars = max_chars
-        self.max_bytes = 4 * max_chars
-        self.chunks: list[bytes] = []
-        self.size = 0
-        self.dropped = 0
-
-    def add(self, data: bytes) -> None:
-        room = self.max_bytes - self.size
-        if len(data) > room:
-            self.dropped += len(data) - max(room, 0)
-            data = data[:max(room, 0)]
-        if data:
-            self.chunks.append(data)
-            self.size += len(data)
-
-    def text(self, worker_dropped: int) -> tuple[str, bool]:
-        text = clean_output(b"".join(self.chunks).decode("utf-8", "replace"))
-        truncated = bool(worker_dropped or self.dropped or len(text) > self.max_chars)
-        if truncated:
-            text = text[:self.max_chars] + (f"\n[output truncated: only the first {self.max_chars} "
-                                            f"characters are shown]")
-        return text, truncated
 
 
 def run_step(sandbox: Sandbox, worker: WorkerHandle, code: str, timeout: float, *, config: ExecutorConfig,
              tools: Mapping[str, Callable[..., Any]],
              drop: Callable[[WorkerHandle], dict | None]) -> ExecutionResult:
-    """Run ``code`` on ``worker`` and decide its result: feed the step, serve its tool calls,
-    read its output, and stop it at its deadline (``timeout`` s, killed ``config.grace_s`` later)
-    or at its budgets.
+    """Run ``code`` on ``worker`` and decide its result (see the module docstring).
 
     Args:
         sandbox (`Sandbox`): the worker's family (``begin``/``end`` of the step, memory budget).
-        worker (`WorkerHandle`): the worker holding the state (it keeps it when the step ends).
+        worker (`WorkerHandle`): an idle worker holding the state (it keeps it when the step ends).
         code (`str`): the step's Python source.
-        timeout (`float`): wall-clock seconds.
-        config (`ExecutorConfig`): limits (output, tool calls, bytes held, tool timeout, grace).
+        timeout (`float`): seconds the step may run (its run-queue waits not counted).
+        config (`ExecutorConfig`): limits (output, tool calls, bytes held, tool timeout, backstop).
         tools (`Mapping[str, Callable]`): name -> host callable of the executor's tools.
         drop (`Callable[[WorkerHandle], dict | None]`): releases a worker that has to be killed and
             returns how it ended (the executor's ``_drop_worker``).
     Returns:
         An :class:`ExecutionResult` (``state_lost=True`` when the worker had to be dropped).
-    Raises:
-        ProtocolError, EOFError, TimeoutError, OSError: from the channel outside the frame loop;
-            the executor turns them into a failed candidate.
     """
     start = time.monotonic()
-    deadline, kill_at = start + timeout, start + timeout + config.grace_s
     read_available(worker.output_fd)  # output of background processes between runs: dropped
     output = StepOutput(config.max_output_chars)
-    conn = worker.conn
+    verdict_host, verdict_worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    tool_host, tool_worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    sandbox.begin(worker)
+    try:
+        send_message(worker.ctl, b"R" + code.encode("utf-8", "surrogatepass"),
+                     [verdict_worker.fileno(), tool_worker.fileno()])
+    except EOFError as exc:
+        verdict_host.close()
+        tool_host.close()
+        drop(worker)
+        return _not_executed("StateLost", f"the worker holding the state was gone before the step ran ({exc})",
+                             start, sandbox, state_lost=True)
+    finally:
+        verdict_worker.close()
+        tool_worker.close()
+    conn = Conn(tool_host)
+    verdict_host.setblocking(False)
     step = StepLedger(conn, config)
-    calls, ended = step.calls, step.ended
-    done: dict | None = None
-    failure: str | None = None
-    sandbox.begin(worker)  # the root resumes the worker (it is stopped between runs)
-    conn.queue({"op": "run", "code": code, "timeout": timeout, "reap": worker.reap, "nonce": step.nonce})
-    worker.nonces.append(step.nonce)
-    worker.reap = False
+    verdict = Verdict()
+    try:
+        ended, failure, notes = _serve(sandbox, worker, conn, verdict_host, verdict, step, output, tools, config,
+                                       start, timeout)
+        _read_verdict(verdict_host, verdict)  # (what the keeper wrote before it was stopped or lost)
+    finally:
+        verdict_host.close()
+    if ended is not None and ended[0] == 0 and failure is None:
+        result = _finished(sandbox, worker, conn, verdict, step, output, notes, start, timeout, config, ended)
+    else:
+        result = _stopped(sandbox, worker, conn, verdict, step, output, notes, start, timeout, failure, drop,
+                          threads_left=ended[0] if ended else 0)
+    conn.close()
+    return result
+
+
+IDLE_RECHECK_S = 0.05  # how often a deadline is looked at again while no thread of the step runs
+
+
+def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, config, start, timeout):
+    """The step's loop: until the keeper says the step ended, or it has to be stopped. Returns
+    ``(ended, failure, notes)``: the keeper's end report ``(threads left, CPU µs)`` or ``None``; why
+    it was stopped (``timeout``, ``busy``, ``budget``, ``violation``, ``lost``, ``not_started``) or
+    ``None``; notes (none yet). The CPU limit kills the worker (SIGXCPU): a ``lost`` worker."""
+    deadline, backstop = start + timeout, start + timeout * config.busy_backstop
+    notes: set[str] = set()
+    seen: dict = {}  # the step's threads' scheduler counters, for the wait the kernel has not published yet
     poller = select.poll()
-    output_open = True
-    poller.register(worker.output_fd, POLL_IN)
-    while done is None and failure is None:
-        poller.register(conn.fileno(), POLL_IN | (select.POLLOUT if conn.pending_output else 0))
-        remaining = kill_at - time.monotonic()
-        if remaining <= 0:
-            failure = "timeout"
-            break
-        for fd, events in poller.poll(remaining * 1000):
+    watched = {worker.ctl.fileno(), worker.output_fd, conn.fileno()}  # (the verdict socket is read at the end)
+    for fd in watched:
+        poller.register(fd, POLL_IN)
+    while True:
+        if conn.fileno() in watched:
+            poller.modify(conn.fileno(), POLL_IN | (select.POLLOUT if conn.pending_output else 0))
+        now = time.monotonic()
+        if now >= deadline:
+            # the step had its time when its processes got timeout s of CPU (a fork bomb starves itself),
+            # or when timeout s passed that its threads did not spend waiting for a CPU; what already
+            # arrived (its end included) is read first, and while no thread of the step runs (not
+            # started yet, or ended and the keeper not yet scheduled) the time is the machine's
+            ready = poller.poll(0)
+            if not ready:
+                wait, cpu, running = step_usage(worker.pid, _principal_pids(sandbox, worker), seen)
+                effective = max((now - start) - wait, cpu)
+                if now >= backstop:
+                    _read_verdict(verdict_sock, verdict)
+                    return None, ("busy" if effective < timeout or not running else "timeout"), notes
+                if not running:
+                    deadline = min(now + IDLE_RECHECK_S, backstop)
+                    continue
+                if effective >= timeout:
+                    _read_verdict(verdict_sock, verdict)
+                    return None, ("timeout" if verdict.token is not None else "not_started"), notes
+                deadline = min(now + (timeout - effective), backstop)
+                continue
+        else:
+            ready = poller.poll(min(deadline - now, 0.5) * 1000)
+        for fd, events in ready:
             if fd == worker.output_fd:
                 data = read_available(worker.output_fd)
                 if data is None:
-                    poller.unregister(fd)
-                    output_open = False
+                    _unwatch(poller, watched, fd)
                 else:
                     output.add(data)
-                continue
-            try:
-                if events & select.POLLOUT:
-                    conn.flush()
-                if events & POLL_IN:
-                    conn.read()
-                while conn.frames and done is None and failure is None:
-                    done = _handle(conn.frames.popleft(), conn, step, worker, deadline, output, tools, config)
-                    if step.held(conn, output) > step.max_bytes:
-                        failure = "budget"
-                if done is None and failure is None and conn.eof:
-                    failure = "lost"
-            except EOFError:
-                failure = "lost"
-            except ProtocolError as exc:
-                logger.warning("sandbox protocol violation: %s", log_safe(exc))
-                failure = "violation"
-            if failure:
-                break
-    if output_open:
-        output.add(read_available(worker.output_fd) or b"")
-    if done is not None:
-        return _finished(sandbox, worker, done, output, step, start, timeout)
-    status = drop(worker)
-    output.add(read_available(worker.output_fd) or b"")
-    outcome, error_type, message = failure_outcome(failure, status, timeout)
-    if failure == "budget":
-        outcome, error_type = "resource_limit", "StepLimit"
-        message = (f"StepLimit: the step made the host hold more than {step.max_bytes >> 20} MiB (what it "
-                   f"sent, and what it left unread); it was stopped.")
-    elif step.limit and failure != "violation":
-        outcome, error_type, message = "resource_limit", "ToolLimit", f"ToolLimit: {step.limit}"
-    stdout, truncated = output.text(0)
-    return ExecutionResult(ok=False, stdout=stdout, error_type=error_type,
-                           error_message=message, outcome=outcome,
-                           output_truncated=truncated, state_lost=True, tool_calls=calls,
-                           final_answer=ended.get("answer"), give_up_reason=ended.get("reason"),
-                           duration_s=round(time.monotonic() - start, 6), isolation=sandbox.isolation)
+            elif fd == worker.ctl.fileno():
+                while (got := read_message(worker.ctl)) is not None:
+                    data = got[0]
+                    if not data:
+                        return None, "lost", notes
+                    kind = data[:1]
+                    if kind == b"E" and len(data) == 13:
+                        _read_verdict(verdict_sock, verdict)
+                        return (int.from_bytes(data[1:5], "big"), int.from_bytes(data[5:13], "big")), None, notes
+                    if kind == b"N":
+                        return None, "not_started", notes
+            else:
+                try:
+                    if events & select.POLLOUT:
+                        conn.flush()
+                    if events & POLL_IN:
+                        conn.read()
+                    while conn.frames:
+                        _handle(conn.frames.popleft(), conn, step, deadline, output, tools, config)
+                        if step.held(conn, output) > step.max_bytes:
+                            return None, "budget", notes
+                    if conn.eof:
+                        _unwatch(poller, watched, fd)
+                except EOFError:
+                    _unwatch(poller, watched, fd)
+                except ProtocolError as exc:
+                    logger.warning("sandbox protocol violation: %s", log_safe(exc))
+                    return None, "violation", notes
 
 
-def _handle(frame: dict, conn, step: StepLedger, worker: WorkerHandle, deadline: float, output: StepOutput,
-            tools: Mapping[str, Callable[..., Any]], config: ExecutorConfig) -> dict | None:
-    """Act on one frame of a running step; returns the frame when it is ``done``.
+def _unwatch(poller, watched: set, fd: int) -> None:
+    if fd in watched:
+        watched.discard(fd)
+        poller.unregister(fd)
 
-    A frame of an earlier run of this worker (its nonce) is dropped, as is a late reply of the
-    fork protocol; a frame with an unknown nonce or out of sequence was not sent by the
-    worker's own bookkeeping and stops the step (``ProtocolError``). Past ``max_tool_calls``,
-    tool calls are refused and the step fails; a tool answer that would take the host past
-    the step's byte budget is a tool error."""
+
+def _read_verdict(sock, verdict: Verdict) -> bool:
+    """Take what waits on the verdict socket; returns whether its other end is closed."""
+    while True:
+        try:
+            data = sock.recv(256)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
+        if not data:
+            return True
+        verdict.add(data)
+
+
+def _principal_pids(sandbox: Sandbox, worker: WorkerHandle) -> list[int]:
+    """The other processes of the worker's principal on the host (its cgroup's, else by its uid)."""
+    if sandbox._host is not None:
+        return [pid for pid in cgroup_pids(sandbox._host.cgroup_of(worker.key)) if pid != worker.pid]
+    if worker.uid is None:
+        return []
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == worker.pid:
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid == worker.uid:
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def _handle(frame: dict, conn, step: StepLedger, deadline: float, output: StepOutput,
+            tools: Mapping[str, Callable[..., Any]], config: ExecutorConfig) -> None:
+    """Act on one frame of the step's tool socket. Past ``max_tool_calls``, tool calls are refused
+    and the step fails; a tool answer that would take the host past the step's byte budget is a
+    tool error."""
     op = frame["op"]
-    call = frame.get("call")
-    if op == "tool" and (isinstance(call, bool) or not isinstance(call, int)):
-        raise ProtocolError("a tool call without a numeric id")
-    if frame.get("nonce") != step.nonce:
-        if op in HOST_FRAMES and "nonce" not in frame:
-            return None
-        if frame.get("nonce") in worker.nonces:  # late, from an earlier run: not this step's
-            if op == "tool":
-                conn.queue({"op": "tool_result", "call": call, "status": "step_ended",
-                            "error": "the step that made this call has ended"})
-            return None
-        raise ProtocolError(f"a {op!r} frame that does not belong to this run")
-    step.seq += 1
-    if frame.get("seq") != step.seq:
-        raise ProtocolError(f"a {op!r} frame out of sequence")
-    if op == "done":
-        return frame
     if op == "tool":
-        name, args, kwargs = frame.get("name"), frame.get("args"), frame.get("kwargs")
+        call, name, args, kwargs = frame.get("call"), frame.get("name"), frame.get("args"), frame.get("kwargs")
+        if isinstance(call, bool) or not isinstance(call, int):
+            raise ProtocolError("a tool call without a numeric id")
         if not isinstance(name, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
             raise ProtocolError("malformed tool call")
         step.requested += 1
@@ -219,12 +255,11 @@ def _handle(frame: dict, conn, step: StepLedger, worker: WorkerHandle, deadline:
         if step.limit:
             conn.queue({"op": "tool_result", "call": call, "status": "step_limit", "error": step.limit})
             conn.flush()
-            return None
+            return
         func = tools.get(name)
         shown = name if func is not None else log_safe(name, 100)
         remaining = deadline - time.monotonic()
-        record, reply = perform_tool_call(shown, func, args, kwargs,
-                                          min(config.tool_timeout_s, remaining))
+        record, reply = perform_tool_call(shown, func, args, kwargs, min(config.tool_timeout_s, max(remaining, 0.001)))
         if record.status == "timeout" and remaining < config.tool_timeout_s:
             step.out_of_time = True
         room = step.max_bytes - step.held(conn, output) - 4096
@@ -241,81 +276,127 @@ def _handle(frame: dict, conn, step: StepLedger, worker: WorkerHandle, deadline:
             key = "answer" if op == "finish" else "reason"
             value = frame.get(key)
             step.ended[key] = clean_output(clean_text(value if isinstance(value, str) else "", MAX_ANSWER_CHARS))
+    elif op == "raised":
+        if step.raised is None:
+            step.raised = {"error_type": frame.get("error_type"), "error_message": frame.get("error_message"),
+                           "kind": frame.get("kind")}
+        step.dropped = int(number(frame.get("output_dropped"), 0, 1 << 53))
+    elif op == "end":
+        step.dropped = int(number(frame.get("output_dropped"), 0, 1 << 53))
     else:
         raise ProtocolError(f"unexpected frame {op!r}")
-    return None
 
 
-def _finished(sandbox: Sandbox, worker: WorkerHandle, done: dict, output: StepOutput, step: StepLedger,
-              start: float, timeout: float) -> ExecutionResult:
-    """The result of a step whose worker answered ``done``: what it reports, overruled where the
-    host decides (timeout, memory, tool budget)."""
-    calls, ended = step.calls, step.ended
-    outcome = done.get("outcome")
-    # Outcomes only the host may give: a worker that reports one of them is lying.
-    if outcome not in OUTCOMES or outcome in ("worker_lost", NO_CODE, HOST_ERROR, NOT_EXECUTED):
-        outcome = "sandbox_violation"
-    worker.cpu_s = _number(done.get("cpu_s"), 0.0, 1e9)
-    dropped = int(_number(done.get("output_dropped"), 0, 1 << 53))
-    # The root stops the worker and kills every other process of its principal (whatever
-    # the step left running, detached or not), so nothing of this step outlives the result.
-    ended_info = sandbox.end(worker)
-    worker.reap = True
-    stdout, truncated = output.text(dropped)
-    error_type, message = done.get("error_type"), done.get("error_message")
-    elapsed = time.monotonic() - start
-    if outcome != "timeout" and (step.out_of_time or elapsed > timeout + TIMEOUT_SLACK_S):  # decided here
+def _drain(conn, step, output, worker, tools, config) -> bool:
+    """Frames and output the step sent before its thread ended, still in the sockets. A tool call
+    among them is not performed: the thread that asked for it is gone. Returns whether a frame
+    broke the protocol."""
+    broken = False
+    try:
+        conn.read()
+        while conn.frames:
+            frame = conn.frames.popleft()
+            if frame.get("op") != "tool":
+                _handle(frame, conn, step, time.monotonic(), output, tools, config)
+    except EOFError:
+        pass
+    except ProtocolError as exc:
+        logger.warning("sandbox protocol violation: %s", log_safe(exc))
+        broken = True
+    output.add(read_available(worker.output_fd) or b"")
+    return broken
+
+
+def _finished(sandbox, worker, conn, verdict, step, output, notes, start, timeout, config, ended) -> ExecutionResult:
+    """The keeper reported the step's end (no thread left): the verdict, overruled where the host
+    decides (deadline, memory, budgets, the verdict socket)."""
+    broken = _drain(conn, step, output, worker, {}, config)
+    worker.cpu_s = ended[1] / 1e6
+    memory = sandbox.end(worker)  # every other process of the principal is killed
+    output.add(read_available(worker.output_fd) or b"")
+    ok = ran(verdict, step)
+    outcome, error_type, message = "ok", None, None
+    if verdict.token is None:  # the code never started, yet the keeper ended: cannot be
+        outcome, error_type, message = "sandbox_violation", "ProtocolError", "ProtocolError: the step never started."
+    elif broken:
+        outcome, error_type = "sandbox_violation", "ProtocolError"
+        message = "ProtocolError: the sandbox sent malformed data to the host."
+    elif verdict.tampered:
+        outcome, error_type = "sandbox_violation", "VerdictTampered"
+        message = "VerdictTampered: the step wrote on the channel the host decides its verdict from."
+    elif not ok:
+        outcome, error_type, message = code_error(step)
+    if step.out_of_time and outcome != "timeout":
         outcome, error_type = "timeout", "Timeout"
         message = f"Timeout: the step ran longer than {timeout:g} s and was stopped"
-    if ended_info.get("oom"):
+    if memory.get("oom") or memory.get("reason") == "memory":
         outcome, error_type = "resource_limit", "MemoryLimit"
-        message = (f"MemoryLimit: the step's processes used more than {sandbox.memory_bytes >> 20} MiB "
-                   f"together; the kernel killed {ended_info['oom']} of them.")
+        message = (f"MemoryLimit: the step's processes used more than {sandbox.memory_bytes >> 20} MiB together "
+                   f"and were killed.")
     if step.limit:  # decided here: the code cannot report its way out of its budget
         outcome, error_type, message = "resource_limit", "ToolLimit", f"ToolLimit: {step.limit}"
+    return _result(outcome, error_type, message, output, step, start, sandbox, state_lost=False)
+
+
+def _stopped(sandbox, worker, conn, verdict, step, output, notes, start, timeout, failure, drop,
+             threads_left=0) -> ExecutionResult:
+    """The step was stopped (or its worker died, or left threads running): the worker is killed."""
+    _drain(conn, step, output, worker, {}, sandbox.config)
+    ended = exit_status(worker.pid) if failure == "lost" else {}  # (a fork copy's zombie waits
+    used = process_cpu(worker.pid) if ended else None  # for its zygote to reap it)
+    status = drop(worker) or {}
+    if "signal" not in status and "exit" not in status:
+        status.update(ended)
+    if status.get("signal") == signal.SIGKILL and used is not None and used >= math.ceil(sandbox.config.cpu_time_s):
+        status["signal"] = signal.SIGXCPU  # the hard CPU limit: SIGXCPU came while it was in the kernel
+    output.add(read_available(worker.output_fd) or b"")
+    started = verdict.token is not None
+    memory = status.get("reason") == "memory" or status.get("oom")
+    if failure is None:  # ended, but left threads running: the verdict stands, the state is lost
+        outcome, error_type, message = ("ok", None, None) if ran(verdict, step) else code_error(step)
+        return _result(outcome, error_type, message, output, step, start, sandbox, state_lost=True)
+    if failure == "not_started" or (failure == "lost" and not started and not memory):
+        detail = ("the step's thread could not be started" if failure == "not_started"
+                  else "the worker holding the state was lost before the step ran")
+        return _not_executed("WorkerStart" if failure == "not_started" else "StateLost", detail, start, sandbox,
+                             state_lost=failure != "not_started", output=output, step=step)
+    if failure == "busy":
+        return _not_executed("HostBusy", f"the host was too busy to give the step {timeout:g} s to run", start,
+                             sandbox, state_lost=True, output=output, step=step)
+    if failure == "timeout":
+        outcome, error_type = "timeout", "Timeout"
+        message = f"Timeout: the step ran longer than {timeout:g} s and was killed."
+    elif failure == "budget":
+        outcome, error_type = "resource_limit", "StepLimit"
+        message = (f"StepLimit: the step made the host hold more than {step.max_bytes >> 20} MiB (what it "
+                   f"sent, and what it left unread); it was stopped.")
+    elif failure == "violation":
+        outcome, error_type = "sandbox_violation", "ProtocolError"
+        message = "ProtocolError: the sandbox sent malformed data to the host and was stopped."
+    else:
+        outcome, error_type, message = failure_outcome(status)
+    if step.limit and failure != "violation":
+        outcome, error_type, message = "resource_limit", "ToolLimit", f"ToolLimit: {step.limit}"
+    return _result(outcome, error_type, message, output, step, start, sandbox, state_lost=True)
+
+
+def _result(outcome, error_type, message, output, step, start, sandbox, state_lost) -> ExecutionResult:
+    stdout, truncated = output.text(step.dropped)
     ok = outcome == "ok"
-    return ExecutionResult(ok=ok, stdout=stdout,
-                           error_type=None if ok else clean_text(error_type if isinstance(error_type, str)
-                                                                 else "Error", 100),
-                           error_message=None if ok else clean_output(clean_text(
-                               message if isinstance(message, str) else "", MAX_MESSAGE_CHARS)),
-                           outcome=outcome, output_truncated=truncated, state_lost=False,
-                           tool_calls=calls, final_answer=ended.get("answer"),
-                           give_up_reason=ended.get("reason"),
+    return ExecutionResult(ok=ok, stdout=stdout, error_type=None if ok else error_type,
+                           error_message=None if ok else message, outcome=outcome, output_truncated=truncated,
+                           state_lost=state_lost, tool_calls=step.calls, final_answer=step.ended.get("answer"),
+                           give_up_reason=step.ended.get("reason"),
                            duration_s=round(time.monotonic() - start, 6), isolation=sandbox.isolation)
 
 
-def _number(value, low: float, high: float) -> float:
-    """A numeric field of a frame, clamped to ``[low, high]`` (``low`` when not a finite number)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return low
-    value = float(value)
-    return min(max(value, low), high) if math.isfinite(value) else low
+def _not_executed(error_type: str, detail: str, start: float, sandbox: Sandbox, *, state_lost: bool,
+                  output: StepOutput | None = None, step: StepLedger | None = None) -> ExecutionResult:
+    """A step the machine did not let run (see the module docstring)."""
+    stdout, truncated = output.text(step.dropped if step else 0) if output else ("", False)
+    return ExecutionResult(ok=False, stdout=stdout, error_type=error_type, output_truncated=truncated,
+                           error_message=f"NotExecuted: {detail}; nothing of it is counted.", outcome=NOT_EXECUTED,
+                           state_lost=state_lost, tool_calls=step.calls if step else [],
+                           duration_s=round(time.monotonic() - start, 6), isolation=sandbox.isolation)
 
 
-def failure_outcome(kind: str | None, status: dict | None, timeout: float) -> tuple[str, str, str]:
-    """``(outcome, error_type, message)`` for a run whose worker had to be killed or died."""
-    if kind == "timeout":
-        return ("timeout", "Timeout", f"Timeout: the step ran longer than {timeout:g} s and did not stop "
-                                      f"when interrupted, so it was killed.")
-    if kind == "violation":
-        return ("sandbox_violation", "ProtocolError",
-                "ProtocolError: the sandbox sent malformed data to the host and was stopped.")
-    status = status or {}
-    sig = status.get("signal")
-    if status.get("reason") == "memory" or status.get("oom"):
-        return ("resource_limit", "MemoryLimit",
-                "MemoryLimit: the step's processes and files used more memory than allowed, so it was killed.")
-    if sig == signal.SIGXCPU:
-        return "resource_limit", "CPULimit", "CPULimit: the step used more CPU time than allowed."
-    if sig is not None:
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = f"signal {sig}"
-        hint = " (a resource limit, or the process killed itself)" if sig == signal.SIGKILL else ""
-        return "worker_lost", "WorkerLost", f"WorkerLost: the sandbox process died from {name}{hint}."
-    if "exit" in status:
-        return ("worker_lost", "WorkerLost",
-                f"WorkerLost: the sandbox process exited with code {status['exit']} (os._exit or a crash).")
-    return "worker_lost", "WorkerLost", "WorkerLost: the sandbox process died."

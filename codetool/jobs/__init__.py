@@ -6,11 +6,30 @@ commands draw progress bars)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 # What a job is given to report progress (codetool.progress): called once with the number of units
 # it will run; what it returns is called with each record once the record is written.
 from codetool.progress import ProgressFactory
 
-__all__ = ["ProgressFactory", "stop_if_unreachable"]
+__all__ = ["ProgressFactory", "client_rows", "stop_if_unreachable"]
+
+
+def client_rows(clients: dict[str, Any]) -> list[tuple[str, str]]:
+    """Summary rows of remote clients (``{"policy": backend, ...}``, anything with
+    ``stats()``, :meth:`codetool.models.remote.RemoteClient.stats`): requests, retries, failovers
+    and timeouts; the faults retried, by kind (a server's transient faults: connection errors,
+    timeouts, 429, 5xx, bodies that are not JSON); sequences in flight, peak and effective."""
+    rows = []
+    for name, client in clients.items():
+        s = client.stats()
+        rows.append((f"  {name} requests", f"{s['requests']} ({s['retries']} retries, {s['failovers']} failovers, "
+                                           f"{s['timeouts']} timeouts)"))
+        faults = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in (s.get("faults") or {}).items() if n)
+        rows.append((f"  {name} faults retried", faults or "none"))
+        rows.append((f"  {name} in flight", f"peak {s['in_flight_peak']} of {s['max_in_flight']}, effective "
+                                            f"{s['in_flight_effective']:.1f} over {s['in_flight_busy_s']:.0f} s"))
+    return rows
 
 
 def stop_if_unreachable(parts: dict[str, object], units_left: str) -> None:

@@ -1,8 +1,8 @@
 """The settings of ``codetool pipeline`` (:class:`PipelineConfig`, with its methods and evaluation
 sets) and what each stage is handed: the trees' config (:func:`tree_config`), the trainer's
 (:func:`train_config`), one run config per (seed, method, evaluation set) (:func:`run_configs`),
-and the hash of what determines each stage's output (:func:`stage_hashes`). The command that runs
-the stages is :mod:`codetool.commands.pipeline`.
+and the canonical text of what determines each stage's output (:func:`stage_texts`, hashed by
+:func:`stage_hashes`). The command that runs the stages is :mod:`codetool.commands.pipeline`.
 
 One policy per pipeline: the top-level policy group (``policy``, ``remote_model``,
 ``policy_max_batch_size``, ``policy_client``) and ``tool_doc`` are given to the trees and the
@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from codetool.config import ConfigError, Unread, config_hash, option, section, to_dict
-from codetool.config_groups import group_values, with_defaults
+from codetool.config import ConfigError, Unread, option, section, to_dict
+from codetool.config_groups import flat_settings, group_values, with_defaults
 from codetool.executor import ExecutorConfig
 from codetool.jobs.queries import RunConfig
+from codetool.jobs.stages import settings_text, text_hash
 from codetool.judge.config import JudgeConfig
 from codetool.models.remote import RemoteConfig
 from codetool.models.spec import PolicyGroup
@@ -51,7 +52,11 @@ class MethodConfig:
     temperature: float | None = option(None, "sampling temperature (default: the pipeline's search setting)")
 
 
-EvalQueries = with_defaults(QueriesGroup, benchmark="stabletoolbench", limit=10)
+@with_defaults(benchmark="stabletoolbench", limit=10)
+class EvalQueries(QueriesGroup):
+    """The queries group of an evaluation set: 10 StableToolBench queries unless told otherwise."""
+
+
 EVAL_BENCHMARKS = ("stabletoolbench", "restbench-tmdb", "world")  # the benchmarks that read their own files
 # (world: the synthetic world's generated queries, codetool.world; its group is the template split)
 
@@ -61,7 +66,8 @@ class EvalSetConfig(EvalQueries, ToolBackendGroup):
     """One evaluation set: its queries and tools groups, and what it changes of the pipeline's
     search and prompt."""
 
-    tool_doc: str | None = option(None, "tool docs for this set (default: the pipeline's tool_doc)",
+    # ignored for mypy: the set's own setting, none meaning the pipeline's (ToolDocGroup's is a str)
+    tool_doc: str | None = option(None, "tool docs for this set (default: the pipeline's tool_doc)",  # type: ignore[assignment]
                                   choices=[None, "full", "compact", "brief"])
     concurrency: int | None = option(None, "episodes in flight for this set (default: search.concurrency); "
                                            "lower it for long prompts, whose KV caches take memory")
@@ -151,11 +157,10 @@ class PipelineConfig(PolicyGroup, ToolDocGroup):
             raise ConfigError("a pipeline needs at least one method and one evaluation set.")
         # One policy per pipeline: the top-level settings are given to the trees; a different value
         # under trees: would be replaced silently, so it is refused (issue 18).
-        tree_defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
-                         for f in dataclasses.fields(TreeConfig) if f.name in PIPELINE_WIDE}
+        tree_defaults = TreeConfig()
         for name in PIPELINE_WIDE:
             value, top = getattr(self.trees, name), getattr(self, name)
-            if value != tree_defaults[name] and value != top:
+            if value != getattr(tree_defaults, name) and value != top:
                 raise ConfigError(f"trees.{name} is {value!r} but the pipeline's {name} is {top!r}: the pipeline "
                                   f"gives its own {name} to the trees and the search; set {name} at the top level "
                                   f"(or give trees.{name} the same value).")
@@ -165,24 +170,17 @@ class PipelineConfig(PolicyGroup, ToolDocGroup):
         return Path(self.runs_dir) / self.name
 
 
-def _hash(*parts: Any) -> str:
-    return config_hash([dataclasses.asdict(p) if dataclasses.is_dataclass(p) else p for p in parts])
+# What a stage's text leaves out: where it writes (the pipeline's folder), its clients' pace (in
+# flight, timeouts, retries) and its memory cap: they change how fast a stage runs, not what it writes.
+TREES_LEAVE_OUT = ("output", "dataset_dir", "policy_client.", "max_memory_mb")
+TRAIN_LEAVE_OUT = ("output_dir", "dataset", "eval_dataset")
+RUN_LEAVE_OUT = ("output", "prm", "policy_client.", "prm_client.", "max_memory_mb")  # prm: the train stage's hash
+EVAL_LEAVE_OUT = ("client.",)
 
 
-# The search stage has always hashed its run configs as text: a list of RunConfig is not a dataclass,
-# so config_hash wrote each by its repr (json's default=str), whose fields follow declaration order.
-# Composing RunConfig from groups changed that order; the text keeps the order of before (a test
-# checks it names every field), so every recorded search and eval stage hash stays valid.
-RUN_TEXT_ORDER = ("query", "tools", "benchmark", "group", "subset", "queries", "data_dir", "offset", "limit", "output",
-                  "policy", "policy_dtype", "policy_max_batch_size", "remote_model", "api_key_env", "tools_backend",
-                  "tool_server_url", "tool_cache_dir", "max_response_chars", "tool_doc", "prm", "prm_device", "router",
-                  "policy_client", "prm_client", "search", "executor", "routing", "answer", "retry_failed",
-                  "force_resume", "ray", "cluster")
-
-
-def run_text(run: RunConfig) -> str:
-    """``run`` as the search stage hashes it: the dataclass repr, fields in :data:`RUN_TEXT_ORDER`."""
-    return f"RunConfig({', '.join(f'{name}={getattr(run, name)!r}' for name in RUN_TEXT_ORDER)})"
+def _read(settings: dict[str, Any], leave_out: tuple[str, ...]) -> dict[str, Any]:
+    return {k: v for k, v in settings.items() if not any(k == x or (x.endswith(".") and k.startswith(x))
+                                                         for x in leave_out)}
 
 
 def tree_config(cfg: PipelineConfig) -> TreeConfig:
@@ -265,19 +263,32 @@ def runs_stage(cfg: PipelineConfig, name: str) -> bool:
         name in ("trees", "train") and not needs_prm and not cfg.prm_checkpoint and name not in cfg.force)
 
 
+def stage_texts(cfg: PipelineConfig) -> dict[str, str]:
+    """``{stage: text}``: the canonical text (:func:`codetool.jobs.stages.settings_text`) of the
+    settings each stage's command reads, with the hashes of the stages it reads: ``trees`` the
+    trees' ``build-trees`` config, ``train`` the PRM's settings (:meth:`PRMConfig.stage_settings`)
+    or the given checkpoint, ``search`` every run config keyed by its trajectory file
+    (``spot-only/G1_instruction.search.k``), ``eval`` the judge and the SoWR reference."""
+    tree_cfg, train_cfg = tree_config(cfg), train_config(cfg)
+    texts = {"trees": settings_text(_read(flat_settings(tree_cfg), TREES_LEAVE_OUT))}
+    h_trees = text_hash(texts["trees"])
+    texts["train"] = (settings_text({"prm_checkpoint": cfg.prm_checkpoint}) if cfg.prm_checkpoint else
+                      settings_text(_read(train_cfg.stage_settings(), TRAIN_LEAVE_OUT), {"trees": h_trees}))
+    runs: dict[str, Any] = {}
+    for run in run_configs(cfg, cfg.prm_checkpoint or train_cfg.output_dir):
+        name = Path(run.output).relative_to(cfg.root / "search").with_suffix("").as_posix()
+        runs.update({f"{name}.{k}": v for k, v in _read(flat_settings(run), RUN_LEAVE_OUT).items()})
+    needs_prm = any(m.latent == "prm" for m in cfg.methods)
+    texts["search"] = settings_text(runs, {"train": text_hash(texts["train"])} if needs_prm else {})
+    judge = {f"judge.{k}": v for k, v in _read(flat_settings(cfg.judge), EVAL_LEAVE_OUT).items()}
+    evals: dict[str, Any] = {**judge, "reference": cfg.reference}
+    if cfg.policy_rl:  # the testbed's RL before/after runs in the eval stage: its recipe's text is part of it
+        evals["policy_rl"] = Path(cfg.policy_rl).read_text() if Path(cfg.policy_rl).is_file() else cfg.policy_rl
+    texts["eval"] = settings_text(evals, {"search": text_hash(texts["search"])})
+    return texts
+
+
 def stage_hashes(cfg: PipelineConfig) -> dict[str, str]:
     """``{stage: hash}`` of what determines each stage's output (``trees``, ``train``, ``search``,
-    ``eval``): a stage whose recorded hash equals this one is skipped. Client limits (in flight,
-    timeouts, retries) change how fast a stage runs, not what it writes, so they are left out."""
-    tree_cfg, train_cfg = tree_config(cfg), train_config(cfg)
-    h_trees = _hash(dataclasses.replace(tree_cfg, policy_client=RemoteConfig()))
-    h_train = _hash(cfg.prm_checkpoint) if cfg.prm_checkpoint else _hash(train_cfg.stage_settings(), h_trees)
-    run_cfgs = run_configs(cfg, cfg.prm_checkpoint or train_cfg.output_dir)
-    needs_prm = any(m.latent == "prm" for m in cfg.methods)
-    h_search = _hash([run_text(dataclasses.replace(r, output="", policy_client=RemoteConfig(), prm_client=RemoteConfig()))
-                      for r in run_cfgs], h_train if needs_prm else "")
-    judge = dataclasses.replace(cfg.judge, client=RemoteConfig())
-    h_eval = _hash(judge, cfg.reference, h_search) if cfg.reference else _hash(judge, h_search)
-    if cfg.policy_rl:  # the testbed's RL before/after runs in the eval stage: its recipe is part of it
-        h_eval = _hash(h_eval, Path(cfg.policy_rl).read_text() if Path(cfg.policy_rl).is_file() else cfg.policy_rl)
-    return {"trees": h_trees, "train": h_train, "search": h_search, "eval": h_eval}
+    ``eval``; :func:`stage_texts`): a stage whose recorded hash equals this one is skipped."""
+    return {stage: text_hash(text) for stage, text in stage_texts(cfg).items()}

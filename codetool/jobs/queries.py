@@ -3,12 +3,20 @@ settings (:class:`RunConfig`), which queries it searches (:func:`load_benchmark`
 :func:`single_query`), and :class:`QueryRunner`, what one machine or one Ray worker needs to search
 them; :func:`run_queries` runs it here or hands it to :func:`codetool.distributed.run_on_ray`
 (``--ray``), writing one trajectory record per query. The parts come from :mod:`codetool.assemble`.
+
+Against a server nothing a finished trajectory needs holds back the next episode (issue 39): the
+reference re-run of its steps and its final answer run beside the search (a
+:class:`~codetool.streaming.Finisher`), its record is written in a thread of its own, episodes
+share sandbox families and start their sandbox while their first step is generated
+(:mod:`codetool.executor.pool`), and ``max_memory_mb`` caps what the episodes in flight add to
+the client's memory (:mod:`codetool.memory_use`); docs/SCALE.md has the measurements.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +29,10 @@ from codetool.config_groups import with_defaults
 from codetool.decide.stage import RouterConfig
 from codetool.distributed.ray_cluster import WorkersGroup
 from codetool.executor import ExecutorConfig
-from codetool.jobs import ProgressFactory
+from codetool.executor.pool import started_in_background
+from codetool.jobs import ProgressFactory, client_rows
 from codetool.jsonl import append_jsonl
+from codetool.memory_use import MemoryGroup, memory_gate
 from codetool.models.remote import RemoteConfig
 from codetool.models.spec import ModelSpec, PolicyBackendGroup
 from codetool.resume import (
@@ -37,17 +47,25 @@ from codetool.resume import (
 from codetool.search.answer import AnswerConfig, needs_answer, write_final_answers
 from codetool.search.config import SearchConfig
 from codetool.search.reference import record_reference_steps
-from codetool.search.schedule import closed_on_interrupt, planned_units
+from codetool.search.schedule import closed_on_interrupt, is_continuous, planned_units
+from codetool.streaming import Finisher
 from codetool.tools.config import ToolsGroup
 from codetool.tools.loaders import BENCHMARKS, QueriesGroup
 
 logger = logging.getLogger(__name__)
 
-RunOutput = with_defaults(OutputGroup, output="runs/run/trajectories.jsonl")
+
+
+@with_defaults(output="runs/run/trajectories.jsonl")
+class RunOutput(OutputGroup):
+    """The output group of ``codetool run``."""
+
+
+RERUNS_AT_ONCE = 16  # reference re-runs of finished trajectories in flight at once (each holds a sandbox)
 
 
 @dataclass
-class RunConfig(QueriesGroup, PolicyBackendGroup, ToolsGroup, RunOutput, WorkersGroup):
+class RunConfig(QueriesGroup, PolicyBackendGroup, ToolsGroup, RunOutput, WorkersGroup, MemoryGroup):
     """Settings of ``codetool run``: the groups it composes (queries, policy, tools, output,
     workers) and its own. ``__post_init__`` parses ``prm`` once into ``prm_spec`` (beside the
     policy group's ``policy_spec``; neither is a setting)."""
@@ -100,6 +118,7 @@ def load_benchmark(cfg: RunConfig) -> list:
     elif cfg.benchmark == "restbench-tmdb":
         queries = load_restbench(root, source=cfg.subset if cfg.subset in ("restgpt", "codetool") else "restgpt")
     else:
+        assert cfg.queries is not None  # RunConfig: --benchmark toolbench needs --queries
         queries = load_toolbench_queries(Path(cfg.queries))
     refuse_duplicates([query_key(q) for q in queries], cfg.queries or f"{cfg.benchmark} {cfg.group or ''}".strip())
     end = None if cfg.limit is None else cfg.offset + cfg.limit
@@ -114,6 +133,7 @@ def single_query(cfg: RunConfig):
     from codetool.tools.loaders import BenchmarkQuery, api_from_toolbench
     from codetool.tools.openapi import load_openapi
 
+    assert cfg.tools is not None and cfg.query is not None  # RunConfig: --query needs --tools
     path = Path(cfg.tools)
     if not path.is_file():
         raise CodetoolError(f"--tools file not found: {path}.")
@@ -142,7 +162,8 @@ def single_query(cfg: RunConfig):
 def run_hash(cfg: RunConfig) -> str:
     """The config hash stored in trajectories (what changes results; not paths or limits)."""
     return config_hash(cfg, ignore=("output", "offset", "limit", "data_dir", "prm_device", "retry_failed",
-                                    "force_resume", "ray", "cluster", "policy_client", "prm_client"))
+                                    "force_resume", "ray", "cluster", "policy_client", "prm_client",
+                                    "max_memory_mb"))
 
 
 def query_key(q) -> str:
@@ -253,24 +274,38 @@ class QueryRunner(UnitRunner):
         if scorer is None and hasattr(self.scorer, "check_reachable"):
             self.scorer.check_reachable()  # a dead PRM server stops the run before the policy's first round
         self.policy = policy or assemble.make_policy(spec)
-        self.search = make_search(self.policy, cfg.search, executor_factory(cfg.executor), scorer=self.scorer,
-                                  config_hash=chash)
+        self.make_executor = executor_factory(cfg.executor)
+        self.continuous = is_continuous(self.policy, cfg.search.schedule)
+        # against a server an episode's sandbox starts while its first step is generated, and a memory
+        # cap holds new episodes back (codetool.memory_use)
+        episode_executor = started_in_background(self.make_executor) if self.continuous else self.make_executor
+        self.gate = memory_gate(cfg.max_memory_mb) if self.continuous else None
+        self.search = make_search(self.policy, cfg.search, episode_executor, scorer=self.scorer, config_hash=chash,
+                                  admit=self.gate.admit if self.gate is not None else None)
         self.backend = self.open(tool_backend(cfg.tools_backend, benchmark=cfg.benchmark, data_dir=cfg.data_dir,
                                               server_url=cfg.tool_server_url, cache_dir=cfg.tool_cache_dir))
 
     def run(self, queries: list, on_record) -> int:
         """Search ``queries`` (``BenchmarkQuery``) and call ``on_record(dict)`` once per query with its
-        trajectory record; a malformed query, or one whose episode raises, gets an error record and
-        the others go on. Returns the number of error records."""
+        trajectory record (one call at a time); a malformed query, or one whose episode raises, gets
+        an error record and the others go on. Returns the number of error records.
+
+        Against a server (continuous scheduling) what a finished trajectory still needs (the
+        reference re-run of its steps, its final answer) runs in a :class:`Finisher` beside the
+        search, one trajectory per job, so no episode waits for it; under batched rounds it runs
+        between rounds and final answers are written in batches of ``search.episodes`` (a local
+        model decodes them together), as before."""
         cfg = self.cfg
         answers = cfg.answer.enabled(cfg.benchmark)
         waiting: list = []  # trajectories that await their final answer (written in batches)
         failed = 0
+        lock = threading.Lock()  # on_record is called by one thread at a time
 
         def land(traj) -> None:
             nonlocal failed
-            failed += traj.finish_type == "error"
-            on_record(traj.to_dict())
+            with lock:
+                failed += traj.finish_type == "error"
+                on_record(traj.to_dict())
 
         def flush() -> None:
             write_final_answers(waiting, self.policy, cfg.answer)
@@ -279,14 +314,28 @@ class QueryRunner(UnitRunner):
             waiting.clear()
 
         settings = fidelity_settings(cfg, self.scorer)
+        finisher = Finisher(max(self.search.episodes, 1), land) if self.continuous else None
+        reruns = threading.BoundedSemaphore(RERUNS_AT_ONCE)  # reference re-runs (sandboxes) at once
+
+        def complete(traj):  # in a finisher thread: what the trajectory still needs
+            task = by_key.get(_unit_key(traj))
+            if cfg.search.reference_steps and task is not None:
+                with reruns:
+                    record_reference_steps(traj, task, self.make_executor)
+            if answers and needs_answer(traj, cfg.answer):
+                write_final_answers([traj], self.policy, cfg.answer)  # one request, as in a batch
+            return traj
 
         def done(traj) -> None:
             if traj.finish_type == "error":  # a dead policy or PRM server stops the run (not recorded)
                 self.stop_if_unreachable()
             traj.extra["fidelity"] = settings
+            if finisher is not None:
+                finisher.submit(complete, traj)
+                return
             task = by_key.get(_unit_key(traj))
             if cfg.search.reference_steps and task is not None:  # the public code's step statuses (SCEP)
-                record_reference_steps(traj, task, executor_factory(cfg.executor))
+                record_reference_steps(traj, task, self.make_executor)
             if answers and needs_answer(traj, cfg.answer):  # CodeTool: every trajectory gets a final answer
                 waiting.append(traj)
                 if len(waiting) >= self.search.episodes:
@@ -297,8 +346,9 @@ class QueryRunner(UnitRunner):
         def failed_unit(unit, error: BaseException) -> None:
             nonlocal failed
             self.stop_if_unreachable()
-            failed += 1
-            on_record(error_record(cfg, self.chash, unit, error))
+            with lock:
+                failed += 1
+                on_record(error_record(cfg, self.chash, unit, error))
 
         tasks = []
         for q in queries:
@@ -314,15 +364,23 @@ class QueryRunner(UnitRunner):
             if cfg.router:
                 from codetool.decide.router import route_and_solve
 
-                route_and_solve(batch, cfg.routing, self.search, self.policy, executor_factory(cfg.executor),
-                                on_done=on_done)
+                route_and_solve(batch, cfg.routing, self.search, self.policy, self.make_executor, on_done=on_done)
             else:
                 self.search.run(batch, on_done=on_done)
 
         by_key = {_unit_key(t): t for t in tasks}
         with closed_on_interrupt(self.policy, self.scorer):  # Ctrl-C cancels what servers are generating
-            run_isolated(tasks, run_batch, _unit_key, done, failed_unit)
+            try:
+                run_isolated(tasks, run_batch, _unit_key, done, failed_unit)
+                if finisher is not None:
+                    finisher.close()
+            except BaseException:
+                if finisher is not None:
+                    finisher.abandon()
+                raise
             flush()
+        if self.gate is not None:
+            self.gate.report()
         return failed
 
     def stop_if_unreachable(self) -> None:
@@ -380,9 +438,10 @@ def summary_rows(m, trajs: list, clients: dict[str, Any]) -> list[tuple[str, Any
 def serving_rows(trajs: list, clients: dict) -> list[tuple[str, str]]:
     """Summary rows for remote servers: the client limits and adaptations recorded in the
     trajectories (the last one that has them), and for each live client of this run its
-    requests, retries, failovers, timeouts and sequences in flight (peak and effective)."""
+    requests, retries (the faults retried, by kind), failovers, timeouts and sequences in flight
+    (peak and effective) (:func:`codetool.jobs.client_rows`)."""
     rows: list[tuple[str, str]] = []
-    record = next((t.serving for t in reversed(trajs) if t.serving), {})
+    record: dict = next((t.serving for t in reversed(trajs) if t.serving), {})
     for name in ("policy", "prm"):
         part = record.get(name)
         if not part:
@@ -393,13 +452,7 @@ def serving_rows(trajs: list, clients: dict) -> list[tuple[str, str]]:
             rows.append((f"  {name} identical samples", part["identical_samples"]))
     if record.get("schedule"):
         rows.append(("schedule", record["schedule"]))
-    for name, client in clients.items():
-        s = client.stats()
-        rows.append((f"  {name} requests", f"{s['requests']} ({s['retries']} retries, {s['failovers']} failovers, "
-                                           f"{s['timeouts']} timeouts)"))
-        rows.append((f"  {name} in flight", f"peak {s['in_flight_peak']} of {s['max_in_flight']}, effective "
-                                            f"{s['in_flight_effective']:.1f} over {s['in_flight_busy_s']:.0f} s"))
-    return rows
+    return rows + client_rows(clients)
 
 
 def log_prompt_cache(policy) -> None:

@@ -1,19 +1,47 @@
 """The record of one stage of ``codetool pipeline`` (``<stage>/stage.json``): the hash of what
 determines the stage's output, and whether it is running, done or failed. A stage whose record
 matches is skipped; one whose settings changed starts afresh; one that crashed resumes in place.
+
+The hash is taken over a canonical text of the settings the stage reads (:func:`settings_text`):
+a version line, then one ``key=value`` line per setting, sorted, each value as JSON, then the
+hashes of the stages it reads. Field order, and settings left out of the text, change nothing;
+a change of this format changes the version line, so every stage runs once again (0.1 -> 0.2.0:
+docs/MIGRATING.md).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
+
+STAGE_TEXT_VERSION = "codetool-stage-v2"  # the first line of every stage text (v1: 0.1's hashed mappings)
+
+
+def settings_text(settings: Mapping[str, Any], upstream: Mapping[str, str] | None = None) -> str:
+    """The canonical text of a stage's settings: :data:`STAGE_TEXT_VERSION`, then ``key=value``
+    lines sorted by key (values as JSON with sorted keys; :func:`codetool.config_groups.flat_settings`), then ``upstream.<stage>=<hash>`` for
+    each stage it reads.
+
+    Args:
+        settings (`Mapping[str, Any]`): dotted key -> a JSON-able value.
+        upstream (`Mapping[str, str]`, *optional*): stage name -> the hash of that stage's text.
+    """
+    lines = [f"{key}={json.dumps(value, sort_keys=True, default=str)}" for key, value in settings.items()]
+    lines += [f"upstream.{name}={digest}" for name, digest in (upstream or {}).items()]
+    return "\n".join([STAGE_TEXT_VERSION, *sorted(lines)]) + "\n"
+
+
+def text_hash(text: str) -> str:
+    """12 hex characters of the SHA-256 of ``text`` (a stage's record holds them)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 class Stage:

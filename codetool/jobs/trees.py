@@ -42,7 +42,8 @@ def load_training_queries(cfg: TreeConfig) -> list:
 
     Raises:
         ConfigError: no such file or folder.
-        CodetoolError: a file repeats a query id (the ids are named).
+        CodetoolError: a file repeats a query id (the ids are named); no query is found, none is
+            well formed, or none offers an API (a build would write nothing and exit 0).
     """
     from codetool.resume import refuse_duplicates
     from codetool.tools.loaders import data_root, load_toolbench_queries
@@ -62,8 +63,18 @@ def load_training_queries(cfg: TreeConfig) -> list:
                           "(e.g. G1_query.json) or a folder of them; `codetool data fetch toolbench-examples` "
                           "gets the 10 example queries.")
     queries = load_toolbench_queries(path)
+    if not queries:
+        raise CodetoolError(f"--queries {path}: no query found (an empty list, or a folder without *.json query "
+                            "files); pass a ToolBench-format query file such as G1_query.json, or a folder of them.")
+    if all(q.extra.get("load_error") for q in queries):  # not one entry is a query: the wrong file
+        raise CodetoolError(f"--queries {path}: none of its {len(queries)} entries is a query (entry "
+                            f"{queries[0].query_id}: {queries[0].extra['load_error']}); pass a ToolBench-format "
+                            "query file (a list of {query_id, query, api_list}).")
     refuse_duplicates([f"{q.group}/{q.query_id}" for q in queries], str(path))
     usable = [q for q in queries if q.apis or q.extra.get("load_error")]
+    if not usable:
+        raise CodetoolError(f"--queries {path}: none of its {len(queries)} queries offers a documented API "
+                            "(api_list), so no tree has a tool to call; pass queries with their api_list.")
     if len(usable) < len(queries):
         logger.warning("%d of %d queries offer no documented API and are skipped: %s", len(queries) - len(usable),
                        len(queries), ", ".join(f"{q.group}/{q.query_id}" for q in queries
@@ -173,7 +184,8 @@ def export_atomically(records: list[dict], cfg: TreeConfig) -> dict | None:
     return stats
 
 
-def build_missing(cfg: TreeConfig, mine: list, path: Path, progress: ProgressFactory | None = None) -> int:
+def build_missing(cfg: TreeConfig, mine: list, path: Path, progress: ProgressFactory | None = None,
+                  clients: dict | None = None) -> int:
     """Build the trees of ``mine`` not yet in ``path`` (resume keyed by the unique query id and
     guarded by ``tree_hash``), here or on Ray workers (``--ray``); a tree whose build raises, or a
     malformed query, is recorded as ``finish_type: error`` and the others go on
@@ -183,6 +195,8 @@ def build_missing(cfg: TreeConfig, mine: list, path: Path, progress: ProgressFac
         progress (`Callable[[int], Callable[[dict], None]]`, *optional*): called once with the
             number of trees to build (when there are any); what it returns is called with each
             record once it is written (the command's progress bar).
+        clients (`dict`, *optional*): receives this process's remote policy client (``{"policy":
+            ...}``, what has ``stats()``), for the summary (a Ray worker's stay on the worker).
     Returns:
         The number of trees that failed.
     """
@@ -215,10 +229,24 @@ def build_missing(cfg: TreeConfig, mine: list, path: Path, progress: ProgressFac
         run_on_ray(cfg.ray, cfg.cluster, todo, unit_key=lambda q: str(q.query_id),
                    record_key=lambda r: str(r["query_id"]), runner=(TreeRunner, (cfg, chash)), on_record=land,
                    on_error=lambda q, e: land(tree_error_record(q, e, chash)), batch=ray_batch(cfg))
-    else:
+        return failed[0]
+    from codetool.tree.checkpoint import NodeLog, nodes_path, read_partial
+
+    log = NodeLog(nodes_path(path), chash)  # the nodes of the trees in progress (a kill keeps them)
+    partial = read_partial(log.path, chash, {str(q.query_id) for q in todo})
+    if partial:
+        logger.info("resuming %d trees from their logged nodes (%d nodes) in %s", len(partial),
+                    sum(len(p["nodes"]) for p in partial.values()), log.path)
+    try:
         with TreeRunner(cfg, chash) as runner:
-            runner.run(todo, land)
+            runner.run(todo, land, partial=partial, node_log=log)
             log_client_stats(runner.builder.policy)
+            if clients is not None and callable(getattr(runner.builder.policy, "stats", None)):
+                clients["policy"] = runner.builder.policy
+    except BaseException:
+        log.close()  # kept: a rerun continues the trees from their logged nodes
+        raise
+    log.remove()  # every tree is recorded
     return failed[0]
 
 
@@ -234,10 +262,10 @@ def log_client_stats(policy) -> None:
     a local policy."""
     if callable(getattr(policy, "stats", None)):
         stats = policy.stats()
-        logger.info("policy server: %d requests (%d retries, %d failovers, %d timeouts); sequences in flight: peak "
-                    "%s of %s, effective %.1f", stats["requests"], stats["retries"], stats["failovers"],
-                    stats["timeouts"], stats["in_flight_peak"], stats["max_in_flight"],
-                    stats["in_flight_effective"])
+        logger.info("policy server: %d requests (%d retries, %d failovers, %d timeouts; faults retried: %s); "
+                    "sequences in flight: peak %s of %s, effective %.1f", stats["requests"], stats["retries"],
+                    stats["failovers"], stats["timeouts"], stats.get("faults"), stats["in_flight_peak"],
+                    stats["max_in_flight"], stats["in_flight_effective"])
 
 
 def tree_error_record(query, error: BaseException | str, config_hash: str) -> dict[str, Any]:
@@ -261,20 +289,32 @@ class TreeRunner(UnitRunner):
         from codetool.assemble import executor_factory, make_policy, tool_backend
 
         self.cfg, self.chash = cfg, chash
+        from codetool.executor.pool import started_in_background
+        from codetool.memory_use import memory_gate
+        from codetool.search.schedule import is_continuous
+
         policy = make_policy(cfg.policy_spec)
-        self.builder = TreeBuilder(policy, cfg, executor_factory(cfg.executor), judge=judge_fn(cfg))
+        make_executor = executor_factory(cfg.executor)
+        self.gate = None
+        if is_continuous(policy, cfg.search.schedule):  # a tree's sandbox starts while its root is sampled
+            make_executor = started_in_background(make_executor)
+            self.gate = memory_gate(cfg.max_memory_mb)  # new trees wait while they would pass the cap
+        self.builder = TreeBuilder(policy, cfg, make_executor, judge=judge_fn(cfg))
         self.backend = self.open(tool_backend(cfg.tools_backend, server_url=cfg.tool_server_url,
                                               cache_dir=cfg.tool_cache_dir))
 
-    def run(self, queries: list, on_record) -> int:
+    def run(self, queries: list, on_record, *, partial: dict[str, dict] | None = None, node_log=None) -> int:
         """Build the trees of ``queries`` (``BenchmarkQuery``) and call ``on_record(dict)`` once per
         query; a malformed query or a failed build gets an error record. A local policy grows
         ``batch_trees`` trees at a time level by level; a remote one grows them node by node, a
-        new tree as soon as one is done (:mod:`codetool.tree.grow`). Returns the number of error
-        records."""
+        new tree as soon as one is done (:mod:`codetool.tree.grow`). Nodes go to ``node_log`` (a
+        :class:`~codetool.tree.checkpoint.NodeLog`) as they are built, and the trees of
+        ``partial`` (logged by a killed run) continue from their nodes. Returns the number of
+        error records."""
         from codetool.assemble import make_task
         from codetool.jobs import stop_if_unreachable
         from codetool.resume import run_isolated
+        from codetool.streaming import Delivery
 
         cfg, failed = self.cfg, 0
 
@@ -297,7 +337,7 @@ class TreeRunner(UnitRunner):
 
         def build_batch(batch: list, on_done) -> None:
             tasks = [make_task(q, self.backend, tool_doc=cfg.tool_doc) for q in batch]
-            for record in self.builder.build_many(tasks):  # each batch lands before the next starts
+            for record in self.builder.build_many(tasks, partial):  # each batch lands before the next starts
                 on_done(record)
 
         def key(x) -> str:
@@ -310,16 +350,31 @@ class TreeRunner(UnitRunner):
             else:
                 good.append(q)
         builder = self.builder
+        builder.node_log = node_log
         with closed_on_interrupt(builder.policy):
             if builder.continuous:
                 from codetool.tree.grow import grow
 
                 def grow_batch(batch: list, on_done) -> None:
-                    grow(builder, (make_task(q, self.backend, tool_doc=cfg.tool_doc) for q in batch), on_done,
-                         trees=builder.trees, workers=max(8, getattr(builder.policy, "max_in_flight", 8)))
+                    # records are written (fsynced) in a thread of their own: the scheduler goes on
+                    delivery = Delivery(on_done)
+                    try:
+                        grow(builder, (make_task(q, self.backend, tool_doc=cfg.tool_doc) for q in batch),
+                             delivery.put, trees=builder.trees,
+                             workers=max(8, getattr(builder.policy, "max_in_flight", 8)),
+                             admit=self.gate.admit if self.gate is not None else None, partial=partial)
+                    except Exception:
+                        delivery.close()  # what finished before the error lands (run_isolated reruns the rest)
+                        raise
+                    except BaseException:
+                        delivery.abandon()
+                        raise
+                    delivery.close()
 
                 run_isolated(good, grow_batch, key, land, failed_unit)
             else:
                 for b in range(0, len(good), builder.trees):
                     run_isolated(good[b:b + builder.trees], build_batch, key, land, failed_unit)
+        if self.gate is not None:
+            self.gate.report()
         return failed

@@ -63,8 +63,9 @@ class JudgeConfig:
     codetool_instruction: str = option("v2", "CodeTool's judge instruction: v2 (EVAL_INST_V2, what its "
                                        "run_pass_rate.sh passes) or v1", choices=["v1", "v2"])
     retries: int = option(2, "extra attempts when a judge reply does not parse")
-    batch_size: int | None = option(None, "prompts per judge call; verdicts are cached after each batch (none: 8 "
-                                    "for a local judge, judge.client.max_in_flight for a server)")
+    batch_size: int | None = option(None, "a local judge: prompts per call, verdicts cached after each batch (none: "
+                                    "8); a server: requests in flight, one per verdict, each cached as it lands "
+                                    "(none: judge.client.max_in_flight)")
     client: RemoteConfig = field(default_factory=RemoteConfig)
     cache: str = option("", "JSONL file of cached verdicts (default: judge_cache.jsonl in the output folder)")
     weak: bool | None = option(None, "flag the judge as weak in reports (default: true for local models)")

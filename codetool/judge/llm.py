@@ -26,6 +26,7 @@ import logging
 import math
 import random
 import re
+import threading
 from typing import Any
 
 from codetool import CodetoolError
@@ -44,6 +45,7 @@ from codetool.prompts import fill as fill_prompt
 from codetool.prompts import load as load_prompt
 from codetool.prompts import path_of as prompt_path
 from codetool.secrets import redact
+from codetool.streaming import stream
 from codetool.text import clip
 
 logger = logging.getLogger(__name__)
@@ -114,7 +116,9 @@ class LLMJudge(JudgeMixin):
         max_new_tokens (`int`, *optional*, defaults to 256): reply length in ``json`` mode.
         retries (`int`, *optional*, defaults to 2): extra attempts for a reply that does not parse
             (at temperature >= 0.7 with a new seed).
-        batch_size (`int`, *optional*, defaults to 8): prompts per backend call (cached after each).
+        batch_size (`int`, *optional*, defaults to 8): prompts per backend call (cached after each);
+            against a server (a ``continuous`` backend) the requests in flight, one per prompt, each
+            verdict cached as it lands (its seed from its own key, not from its batch's first).
         max_answer_chars (`int`, *optional*, defaults to 2000): answers are cut to this length
             (our prompts only; reference prompts get what the reference procedure gives them).
         max_trajectory_chars (`int`, *optional*, defaults to 6000): trajectories are cut to this
@@ -139,7 +143,7 @@ class LLMJudge(JudgeMixin):
             mode = "options" if kind == "local" and logprobs else "json"
         self._backend, self.mode, self.kind, self.weak = backend, mode, kind, weak
         self._lazy = lazy
-        self.name = name or getattr(backend, "name", "llm")
+        self.name = name or str(getattr(backend, "name", "llm"))
         self.temperature, self.max_new_tokens, self.retries = temperature, max_new_tokens, retries
         self.batch_size = max(1, batch_size)
         self.max_answer_chars, self.max_trajectory_chars = max_answer_chars, max_trajectory_chars
@@ -147,11 +151,17 @@ class LLMJudge(JudgeMixin):
         self.calls = 0  # prompts sent to the backend (not counting cache hits)
         self.tool_fallbacks = 0  # tools mode: prompts answered as JSON text instead
         self.errors = 0  # requests that failed after their retries (error records, not cached)
+        self._lock = threading.Lock()
         self._logps: dict[tuple[str, str], list[float]] = {}  # options mode: (prompt, field) -> log-probs
         self.templates = {name: load_prompt(f"judge_{name}")
                           for name in ("answer", "trajectory", "compare", "compare_details")}
         self.reference = reference
         self.progress = progress
+
+    def _count(self, name: str, n: int) -> None:
+        """Add ``n`` to the counter ``name`` (verdicts are asked from several threads on a server)."""
+        with self._lock:
+            setattr(self, name, getattr(self, name) + n)
 
     @property
     def backend(self):
@@ -237,14 +247,15 @@ class LLMJudge(JudgeMixin):
                 records = self._run(prompts, [task] * len(prompts), rounds, "preferred",
                                     ("A", "B", "tie") if tie else ("A", "B"))
                 picks = [r["value"].lower() if r["value"] else None for r in records]
-            for i, r, pick in zip(idx, records, picks):
-                out[i] = Preference(pick or "tie", r["reason"], "judge", cached=r["cached"],
-                                    parse_failed=pick is None and not r.get("error"), error=r.get("error"))
+            for i, record, pick in zip(idx, records, picks):
+                out[i] = Preference(pick or "tie", record["reason"], "judge", cached=record["cached"],
+                                    parse_failed=pick is None and not record.get("error"), error=record.get("error"))
         return out  # type: ignore[return-value]
 
     def _run(self, prompts: list[str], tasks: list[str], rounds: list[int], field: str,
              allowed: tuple[str, ...], tools: list[dict | None] | None = None) -> list[dict]:
-        """Cached values for every prompt; the misses go to the backend in batches. ``tools`` (a
+        """Cached values for every prompt; the misses go to the backend in batches (a server: one
+        request per prompt, ``batch_size`` in flight, :func:`codetool.streaming.stream`). ``tools`` (a
         reference's function per prompt, ``None``: ours) is what a forced call sends. A batch whose
         request fails (after the backend's retries) is asked again one prompt at a time; a prompt
         that still fails gets a record with its ``error`` (not cached), so one failed request is
@@ -256,12 +267,8 @@ class LLMJudge(JudgeMixin):
             hit = self.cache.get(key)
             out.append(dict(hit, cached=True) if hit else None)
         missing = [i for i, r in enumerate(out) if r is None]
-        starts = range(0, len(missing), self.batch_size)
-        tick = ticker(self.progress if len(starts) > 1 else None, len(starts))
-        for first in starts:
-            chunk = missing[first:first + self.batch_size]
-            values = self._ask_each([prompts[i] for i in chunk], [keys[i] for i in chunk], field, allowed,
-                                    [tools[i] for i in chunk])
+
+        def keep(chunk: list[int], values: list) -> None:
             for i, (value, reason, raw, error) in zip(chunk, values):
                 record = {"key": keys[i], "task": tasks[i], "round": rounds[i], "judge": self.name,
                           "value": value, "reason": reason, "raw": clip(raw, 1000)}
@@ -270,6 +277,27 @@ class LLMJudge(JudgeMixin):
                     out[i] = dict(record, cached=False)
                 else:
                     out[i] = dict(record, cached=False, error=error)
+
+        def ask(chunk: list[int]) -> tuple[list[int], list]:
+            return chunk, self._ask_each([prompts[i] for i in chunk], [keys[i] for i in chunk], field, allowed,
+                                         [tools[i] for i in chunk])
+
+        if missing and getattr(self.backend, "continuous", False):
+            # A server: one request per prompt, batch_size of them in flight, each verdict kept (and
+            # cached) as it lands, so no request waits for the slowest of a batch (issue 39).
+            tick = ticker(self.progress if len(missing) > 1 else None, len(missing))
+
+            def landed(result: tuple[list[int], list]) -> None:
+                keep(*result)
+                tick(len(result[0]))
+
+            stream(ask, ([i] for i in missing), self.batch_size, landed)
+            return out  # type: ignore[return-value]
+        starts = range(0, len(missing), self.batch_size)
+        tick = ticker(self.progress if len(starts) > 1 else None, len(starts))
+        for first in starts:
+            chunk = missing[first:first + self.batch_size]
+            keep(*ask(chunk))
             tick(len(chunk))
         return out  # type: ignore[return-value]
 
@@ -287,7 +315,7 @@ class LLMJudge(JudgeMixin):
                 error = redact(" ".join(f"{type(e).__name__}: {e}".split()))[:500]
                 logger.warning("judge %s: a request failed after its retries (%s); that verdict is an error record",
                                self.name, error)
-                self.errors += 1
+                self._count("errors", 1)
                 return [(None, "the judge request failed", "", error)]
             logger.warning("judge %s: a batch of %d requests failed (%s); asking one at a time", self.name,
                            len(prompts), " ".join(str(e).split())[:200])
@@ -309,7 +337,7 @@ class LLMJudge(JudgeMixin):
             batch = self.backend.generate([[{"role": "user", "content": prompts[i]}] for i in pending], n=1,
                                           temperature=temperature, top_p=1.0,
                                           max_new_tokens=self.max_new_tokens, seed=seed)
-            self.calls += len(pending)
+            self._count("calls", len(pending))
             still = []
             for i, completions in zip(pending, batch):
                 text = completions[0].text
@@ -337,10 +365,10 @@ class LLMJudge(JudgeMixin):
         backend = self.backend
         chat = getattr(backend, "chat", None)  # OpenAIBackend's one chat-completions request
         if chat is None:
-            self.tool_fallbacks += len(prompts)
+            self._count("tool_fallbacks", len(prompts))
             return self._ask_json(prompts, keys, field, allowed, tools)
         name, description = _FUNCTIONS.get(field, ("record_" + field, "Record the value."))
-        ours = {"type": "function", "function": {
+        ours: dict[str, Any] = {"type": "function", "function": {
             "name": name, "description": description,
             "parameters": {"type": "object", "required": ["reason", field], "properties": {
                 "reason": {"type": "string", "description": "one short sentence"},
@@ -372,12 +400,12 @@ class LLMJudge(JudgeMixin):
             logger.warning("judge %s: the server refused forced function calls (%s); using JSON text replies",
                            self.name, e)
             self.mode = "json"
-            self.tool_fallbacks += len(prompts)
+            self._count("tool_fallbacks", len(prompts))
             return self._ask_json(prompts, keys, field, allowed, tools)
-        self.calls += len(prompts)
+        self._count("calls", len(prompts))
         failed = [j for j, r in enumerate(results) if r[0] is None]
         if failed:
-            self.tool_fallbacks += len(failed)
+            self._count("tool_fallbacks", len(failed))
             retried = self._ask_json([prompts[j] for j in failed], [keys[j] for j in failed], field, allowed,
                                      [tools[j] for j in failed])
             for j, r in zip(failed, retried):
@@ -397,9 +425,9 @@ class LLMJudge(JudgeMixin):
                 raise ConfigError(f"judge {self.name}: judge.mode options needs token log-probabilities, but {e}; "
                                   "set --judge.mode json or tools.") from None
             self._logps.update({(p, field): s for p, s in zip(new, scored)})
-            self.calls += len(new)
+            self._count("calls", len(new))
         scores = [self._logps[(p, field)] for p in prompts]
-        results = []
+        results: list[tuple[str | None, str, str]] = []
         for key, logps in zip(keys, scores):
             if self.temperature <= 0:
                 pick = max(range(len(allowed)), key=lambda j: logps[j])

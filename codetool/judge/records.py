@@ -138,14 +138,14 @@ class JudgeMixin:
     name = "judge"
     kind = "custom"
     weak = False
-    progress = None  # a ProgressFactory a command may set (codetool.progress); LLMJudge ticks it per batch
+    progress: Any = None  # a ProgressFactory a command may set (codetool.progress); LLMJudge ticks it per batch
 
-    def judge_answer(self, query: str, answer: str, *, trajectory: str | None = None,
+    def judge_answer(self: Judge, query: str, answer: str, *, trajectory: str | None = None,
                      round: int = 0) -> Verdict:
         """Label one answer (see :meth:`Judge.judge_answers`)."""
         return self.judge_answers([AnswerRequest(query, answer, trajectory, round)])[0]
 
-    def compare(self, query: str, answer_a: str, answer_b: str, *, round: int = 0) -> Preference:
+    def compare(self: Judge, query: str, answer_a: str, answer_b: str, *, round: int = 0) -> Preference:
         """Compare two answers (see :meth:`Judge.compare_many`)."""
         return self.compare_many([CompareRequest(query, answer_a, answer_b, round)])[0]
 

@@ -167,10 +167,10 @@ def load_stabletoolbench(root: Path, evaluator: str = STB_EVALUATOR) -> Referenc
     template = template_path.read_text(encoding="utf-8")
     texts = {}
     for block in re.findall(r"<function>(.*?)</function>", template, re.DOTALL):
-        name = re.findall(r"<name>(.*?)</name>", block, re.DOTALL)
+        names = re.findall(r"<name>(.*?)</name>", block, re.DOTALL)
         description = re.findall(r"<description>(.*?)</description>", block, re.DOTALL)
-        if name and description:
-            texts[name[0]] = description[0]
+        if names and description:
+            texts[names[0]] = description[0]
     kwargs = config.get("completions_kwargs") or {}
     schemas = {f.get("name"): f for f in kwargs.get("functions") or [] if isinstance(f, dict)}
     prompts = {}
@@ -225,7 +225,7 @@ def load_codetool(root: Path, instruction: str = "v2") -> ReferencePrompts:
         except yaml.YAMLError:
             config = {}
         settings.update({k: config[k] for k in ("model", "temperature") if isinstance(config, dict) and k in config})
-    filters = values.get("Filter_Map") if isinstance(values.get("Filter_Map"), dict) else {}
+    filters = given if isinstance(given := values.get("Filter_Map"), dict) else {}
     return ReferencePrompts("codetool", str(root), prompts, settings,
                             {str(k): [str(i) for i in v] for k, v in filters.items()})
 

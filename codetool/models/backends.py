@@ -24,6 +24,7 @@ from codetool.models.completion import (
     Completion,
     LLMBackend,
     Prompt,
+    Seeds,
     check_sampling,
     find_stop,
     to_messages,
@@ -78,7 +79,7 @@ class ScriptedBackend:
         return self.replies[self._next - 1]
 
     def generate(self, prompts: list[Prompt], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
-                 max_new_tokens: int = 256, stop: list[str] | None = None, seed: int | None = None,
+                 max_new_tokens: int = 256, stop: list[str] | None = None, seed: Seeds = None,
                  constraint=None) -> list[list[Completion]]:
         """Scripted completions: (len(prompts), n); see :class:`LLMBackend` (a ``constraint`` is
         recorded, not enforced: the script decides the text)."""
@@ -110,7 +111,7 @@ class ScriptedBackend:
 
 
 # The one table of backends; make_backend chooses among them from the spec's form.
-BACKENDS: dict[str, type] = {
+BACKENDS: dict[str, Callable[..., LLMBackend]] = {  # the type checker holds each class to the LLMBackend seam
     "transformers": TransformersBackend,
     "openai": OpenAIBackend,
     "vllm": VLLMBackend,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from typing import Any
 
 from codetool.models.constraint import DONE, CallConstraint
 
@@ -133,14 +134,15 @@ class CallLogitsProcessor:
         self.vocab_size = vocab_size
         self.masks = masks if masks is not None else OrderedDict()
         # Per row: ("pre", border text) before the trigger, ("in", trie state), or ("free", None).
-        self.states: list[tuple[str, object]] = [
+        self.states: list[tuple[str, Any]] = [
             ("free", None) if c is None else ("pre", "") if c.trigger else ("in", 0) for c in self.constraints]
         self.seen = prompt_width
 
-    def _mask(self, constraint: CallConstraint, key):
-        """Boolean (vocab,) tensor of allowed tokens for a state key (cached)."""
+    def _mask(self, constraint: CallConstraint | None, key):
+        """Boolean (vocab,) tensor of allowed tokens for a state key (cached) of a constrained row."""
         import torch
 
+        assert constraint is not None  # a row without one is free and never masked
         kind, value = key
         # argument and tail states do not depend on the names: share their masks across queries
         owner = ("shared", constraint.tail_key) if kind == "in" and value < DONE else constraint
@@ -175,6 +177,7 @@ class CallLogitsProcessor:
         if kind == "free":
             return
         constraint = self.constraints[row]
+        assert constraint is not None  # a row without one is free
         text = self.trie.texts[token] if token < len(self.trie.texts) else ""
         if kind == "pre":
             joined = value + text

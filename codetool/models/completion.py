@@ -7,7 +7,10 @@ uses this to start every step with an opening code fence, which small models nee
 returns one list of ``n`` completions per prompt, in prompt order. Stop strings are cut from the
 returned text (like the OpenAI API) and ``finish_reason`` says why generation ended. An optional
 ``constraint`` (:class:`~codetool.models.constraint.CallConstraint`, one for all prompts or one per
-prompt) restricts the step's first statement to a call of a listed function (issue 16).
+prompt) restricts the step's first statement to a call of a listed function (issue 16). ``seed`` is
+one seed for the call or one per prompt (:data:`Seeds`): with one per prompt, a prompt's samples
+depend on its own seed only, not on which prompts share the call (a tree's nodes must not depend
+on the trees batched with it; issue 39).
 
 This module holds only plain data and helpers (no torch), so configs and the search can import
 it cheaply.
@@ -23,6 +26,8 @@ from codetool import CodetoolError
 Prompt = str | list[dict[str, str]]  # chat messages; a plain str is one user message
 # None, one CallConstraint for every prompt, or a list with one (or None) per prompt.
 Constraints = Any
+# None, one seed for the whole call, or one (or None) per prompt.
+Seeds = int | list[int | None] | None
 FINISH_REASONS = ("stop", "length")
 
 
@@ -57,10 +62,10 @@ class LLMBackend(Protocol):
     supports_logprobs: bool
 
     def generate(self, prompts: list[Prompt], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
-                 max_new_tokens: int = 256, stop: list[str] | None = None, seed: int | None = None,
+                 max_new_tokens: int = 256, stop: list[str] | None = None, seed: Seeds = None,
                  constraint: Constraints = None) -> list[list[Completion]]:
         """``n`` completions for each prompt: outer list in prompt order, inner list of length ``n``;
-        ``constraint`` as :func:`per_prompt` reads it."""
+        ``constraint`` as :func:`per_prompt` reads it, ``seed`` as :func:`per_prompt_seeds`."""
         ...
 
     def option_logprobs(self, prompts: list[Prompt], options: list[str]) -> list[list[float]]:
@@ -118,3 +123,19 @@ def per_prompt(constraint: Constraints, count: int) -> list:
         raise CodetoolError(f"constraint: got {len(constraint)} constraints for {count} prompts; pass one "
                             f"for all prompts or exactly one (or None) per prompt.")
     return list(constraint)
+
+
+def per_prompt_seeds(seed: Seeds, count: int) -> list[int | None]:
+    """``seed`` as a list of ``count`` seeds: one int is every prompt's seed (the call's draws then
+    depend on the whole batch, as a backend drawing from one generator makes them), a list is one
+    (or ``None``) per prompt.
+
+    Raises:
+        CodetoolError: a list whose length is not ``count``.
+    """
+    if not isinstance(seed, (list, tuple)):
+        return [seed] * count
+    if len(seed) != count:
+        raise CodetoolError(f"seed: got {len(seed)} seeds for {count} prompts; pass one seed for the call or "
+                            "exactly one per prompt.")
+    return list(seed)

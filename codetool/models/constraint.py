@@ -232,7 +232,7 @@ class CallConstraint:
             return None
         opening, _, tail, _ = self._tries()
         keys = opening[state] if state >= 0 else tail[TAIL - state]
-        return {ch: self.step(state, ch) for ch in keys}
+        return {ch: nxt for ch in keys if (nxt := self.step(state, ch)) is not None}
 
     def advance(self, state: int | None, text: str) -> int | None:
         """The state after reading ``text`` from ``state`` (0 = start, DONE = nothing more to check,

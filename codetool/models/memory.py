@@ -14,10 +14,11 @@ import ctypes
 import ctypes.util
 import gc
 import logging
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
-_trim = None  # the C function, once looked up; False where there is none
+_trim: Any = None  # the C function, once looked up; False where there is none
 
 
 def release_host_memory(collect: bool = False) -> bool:

@@ -53,8 +53,10 @@ from codetool.models.completion import (
     Completion,
     Constraints,
     Prompt,
+    Seeds,
     check_sampling,
     per_prompt,
+    per_prompt_seeds,
     to_messages,
 )
 from codetool.models.openai_probe import (
@@ -76,6 +78,7 @@ from codetool.models.remote import (
     EndpointError,
     RemoteClient,
     RemoteConfig,
+    json_object,
     split_urls,
 )
 from codetool.secrets import key_from_env, redact
@@ -85,7 +88,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["CONSTRAINT_FIELDS", "EndpointError", "OpenAIBackend", "sample_seed"]
 
 TOP_LOGPROBS = 20  # the most the OpenAI API (and vLLM by default) returns per position
-PROBE_RETRIES = 2  # a probe is a set-up step: an unreachable server should fail fast
 # Constructor keywords of earlier versions -> RemoteConfig fields.
 _LEGACY = {"timeout": "timeout_s", "max_concurrency": "max_in_flight"}
 _PROBES = {"sampling": probe_sampling, "continuation": probe_continuation, "logprobs": probe_logprobs}
@@ -195,28 +197,20 @@ class OpenAIBackend:
             return describe_refusal(url, status, text, body, role=self.role, key_env=self.api_key_env)
         return describe
 
-    def _post(self, body: dict, *, key: str = "", units: int = 1, retries: int | None = None) -> dict[str, Any]:
+    def _post(self, body: dict, *, key: str = "", units: int = 1) -> dict[str, Any]:
+        """One ``/chat/completions`` request; a reply whose body is not a JSON object is a fault,
+        retried like a 5xx (``RemoteClient.request``)."""
         body = {k: v for k, v in body.items() if v is not None}
-        response = self.remote.request("POST", "/chat/completions", body, key=key, units=units,
-                                       describe=self._describe(body), retries=retries)
-        try:
-            return response.json()
-        except ValueError:
-            raise CodetoolError(f"{response.request.url} answered {response.status_code} with a body that is "
-                                f"not JSON ({self._clean(response.text)}); is it an OpenAI-compatible endpoint "
-                                "(usually ending in /v1)?") from None
+        return self.remote.request("POST", "/chat/completions", body, key=key, units=units,
+                                   describe=self._describe(body), parse=json_object)
 
     def resolved_model(self) -> str:
         """The model name sent with requests (asks the server's ``/models`` once if not given)."""
         with self._lock:
             if self.model is None:
-                response = self.remote.request("GET", "/models", describe=self._describe(None),
-                                               retries=PROBE_RETRIES)
-                try:
-                    data = response.json().get("data") or []
-                except (ValueError, AttributeError):
-                    data = []
-                if not data or "id" not in data[0]:
+                listing = self.remote.request("GET", "/models", describe=self._describe(None), parse=json_object)
+                data = listing.get("data") or []
+                if not isinstance(data, list) or not data or not isinstance(data[0], dict) or "id" not in data[0]:
                     raise CodetoolError(f"{self.base_url}/models lists no model; pass the model name explicitly.")
                 self.model = str(data[0]["id"])
                 logger.info("%s serves %s", self.base_url, self.model)
@@ -240,7 +234,7 @@ class OpenAIBackend:
         with self._probe_lock:
             if getattr(self.features, attribute) is None:
                 def send(body: dict) -> dict:
-                    return self._post({"model": model, **body}, retries=PROBE_RETRIES)
+                    return self._post({"model": model, **body})
 
                 if name == "constraint":
                     fields = CONSTRAINT_FIELDS if self.config.constraint_field == "auto" else (
@@ -349,7 +343,9 @@ class OpenAIBackend:
         if constraint is not None and not self._constraints_off and self.feature("constraint"):
             if prefix and not constraint.trigger:  # the reply now writes the prefix itself
                 constraint = dataclasses.replace(constraint, trigger=prefix)
-            body.update(constraint_body(self.features.constraint_field, constraint.regex()))
+            field = self.features.constraint_field
+            assert field is not None  # feature("constraint") found the field the server takes
+            body.update(constraint_body(field, constraint.regex()))
         elif constraint is not None and not self._constraints_off:  # (check_constraints said so already)
             self._adapt(f"constraint: not sent ({self.features.notes.get('constraint', 'turned off')}); replies are "
                         "unconstrained", warn=True)
@@ -405,18 +401,19 @@ class OpenAIBackend:
                         "and the search then degrades to one sample", warn=True)
 
     def generate(self, prompts: list[Prompt], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
-                 max_new_tokens: int = 256, stop: list[str] | None = None, seed: int | None = None,
+                 max_new_tokens: int = 256, stop: list[str] | None = None, seed: Seeds = None,
                  constraint: Constraints = None) -> list[list[Completion]]:
         """``n`` completions per prompt, every request in flight together (within
         ``max_in_flight``); see ``LLMBackend`` (``constraint``: one for all prompts or one per
-        prompt, sent in the field the server takes)."""
+        prompt, sent in the field the server takes; ``seed``: one for all prompts or one per prompt)."""
         check_sampling(n, temperature, top_p, max_new_tokens)
         constraints = per_prompt(constraint, len(prompts))
+        seeds = per_prompt_seeds(seed, len(prompts))
         params = {"temperature": temperature, "top_p": top_p, "max_tokens": max_new_tokens,
-                  "stop": [s for s in (stop or []) if s] or None, "seed": seed}
+                  "stop": [s for s in (stop or []) if s] or None}
         self.resolved_model()  # once, before the threads start
-        return _parallel(lambda pc: self._sample(pc[0], n, params, pc[1]), list(zip(prompts, constraints)),
-                         self.max_in_flight)
+        return _parallel(lambda pcs: self._sample(pcs[0], n, {**params, "seed": pcs[2]}, pcs[1]),
+                         list(zip(prompts, constraints, seeds)), self.max_in_flight)
 
     def option_logprobs(self, prompts: list[Prompt], options: list[str]) -> list[list[float]]:
         """Log-probability (nats) of each option as the start of the reply, from ``top_logprobs``.

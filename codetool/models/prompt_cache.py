@@ -122,6 +122,7 @@ class PromptCache:
 
     def _use(self, key: tuple[int, ...]) -> PromptKV:
         entry = self._pop(key)
+        assert entry is not None  # called for a key the cache holds
         self._protected[key] = entry
         self._bytes["protected"] += entry.nbytes
         while self._bytes["protected"] > self.protected_share * self.max_bytes and len(self._protected) > 1:

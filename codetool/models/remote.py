@@ -9,12 +9,16 @@ requests through one :class:`RemoteClient`, configured by one :class:`RemoteConf
   server batches, ``--max-num-seqs``). Waiters are served in arrival order.
 - **Timeouts**: a request that has no answer within ``timeout_s`` is closed, so a server that
   aborts on disconnect (vLLM) stops generating, and it is retried like a connection error.
-- **Retries** (:class:`codetool.retry.RetryPolicy`, the one policy of every HTTP client):
-  connection errors, timeouts, HTTP 429 and 5xx are retried ``retries`` times after
-  ``backoff_s``, doubling, at most ``max_backoff_s``; a ``Retry-After`` header (seconds or an
-  HTTP date) replaces the wait, capped alike. Other 4xx fail at once: the caller names the
-  setting that caused them. Until some endpoint has answered once, a connection error is retried
-  only twice (a wrong URL fails in seconds; a server that goes away mid-run gets every retry).
+- **Retries** (:class:`codetool.retry.RetryPolicy`, the one policy of every HTTP client): every
+  transient fault is retried ``retries`` times after ``backoff_s``, doubling, at most
+  ``max_backoff_s``: a connection error (refused, reset, a reply cut off), a timeout, HTTP 429 and
+  5xx, and a 2xx whose body is not what was asked (``parse`` raised ``ValueError``: not JSON, as a
+  proxy's HTML error page); a ``Retry-After`` header (seconds or an HTTP date) replaces the wait,
+  capped alike. Other 4xx fail at once: the caller names the setting that caused them. Until some
+  endpoint has answered once, a connection error is retried only twice (a wrong URL fails in
+  seconds; a server that goes away mid-run gets every retry). The faults retried are counted by
+  kind (``stats()["faults"]``: ``connection``, ``timeout``, ``http_429``, ``http_5xx``,
+  ``bad_body``) and shown in the summaries of ``run``, ``build-trees`` and ``eval``.
 - **Several endpoints** (one URL per vLLM data-parallel rank, say): each request carries an
   affinity key (its prompt prefix); rendezvous hashing sends equal keys to the same endpoint, so
   that server's prefix cache holds the query. An endpoint that fails (connection error, timeout,
@@ -56,6 +60,8 @@ logger = logging.getLogger(__name__)
 NEVER_REACHED_RETRIES = 2
 # How a constraint's regex travels in the request body, per server family (constraint_field).
 CONSTRAINT_FIELDS = ("structured_outputs", "guided_regex", "regex", "none")
+# The transient faults a request is retried for (RemoteClient.faults counts them by kind).
+FAULTS = ("connection", "timeout", "http_429", "http_5xx", "bad_body")
 
 
 @dataclass
@@ -70,7 +76,8 @@ class RemoteConfig:
                                 "(or n PRM items) holds n; match the server's batch (vLLM --max-num-seqs)")
     timeout_s: float = option(120.0, "seconds one request may take; past it the request is closed (a vLLM "
                               "server then stops generating it) and retried")
-    retries: int = option(8, "further attempts after a connection error, timeout, HTTP 429 or 5xx")
+    retries: int = option(8, "further attempts after a transient fault: a connection error (refused, reset, a "
+                          "reply cut off), a timeout, HTTP 429 or 5xx, a reply whose body is not JSON")
     backoff_s: float = option(1.0, "wait before the first retry, doubling with each one")
     max_backoff_s: float = option(60.0, "longest wait between two attempts, a server's Retry-After included")
     failover_s: float = option(30.0, "with several endpoints: seconds an endpoint that failed is left out "
@@ -169,6 +176,18 @@ class EndpointError(CodetoolError):
         self.status, self.text = status, text
 
 
+def json_object(response) -> dict[str, Any]:
+    """The JSON object of a reply's body.
+
+    Raises:
+        ValueError: the body is not JSON, or not an object (``RemoteClient`` retries it as a fault).
+    """
+    value = response.json()
+    if not isinstance(value, dict):
+        raise ValueError(f"a JSON {type(value).__name__}, not an object")
+    return value
+
+
 def split_urls(spec: str | list[str]) -> list[str]:
     """The endpoint URLs of a spec: a list, or one string of comma-separated URLs."""
     parts = spec if isinstance(spec, (list, tuple)) else str(spec).split(",")
@@ -202,13 +221,16 @@ class RemoteClient:
         self._answered: set[str] = set()  # endpoints that have answered (with any HTTP status)
         self._lock = threading.Lock()
         self.counts = {"requests": 0, "retries": 0, "failovers": 0, "timeouts": 0}
+        self.faults = dict.fromkeys(FAULTS, 0)  # faults that were retried, by kind
         # The message of the last request that spent its retries unable to connect, until some
         # request is answered again: a long job stops on it (``codetool.jobs``) instead of spending
         # every retry again on each unit left.
         self.unreachable: str | None = None
         connections = config.max_in_flight + 4
+        # plain-http endpoints (a local server) need no TLS context, whose set-up takes ~0.15 s of a start
+        tls = any(u.lower().startswith("https:") for u in self.urls)
         self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(config.timeout_s, connect=min(config.timeout_s, 10.0)),
+            timeout=httpx.Timeout(config.timeout_s, connect=min(config.timeout_s, 10.0)), verify=tls,
             limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: set[concurrent.futures.Future] = set()
@@ -222,12 +244,16 @@ class RemoteClient:
                 self._loop = loop
             return self._loop
 
-    def _exchange(self, method: str, url: str, body: Any):
+    def _exchange(self, method: str, url: str, body: Any, timeout_s: float | None = None):
         """One HTTP exchange on the loop; the calling thread waits for it. Cancelling it (close,
         or an interrupt of the waiting thread) closes its connection, so the server sees the
         request go away."""
+        import httpx
+
+        extra: dict[str, Any] = {} if timeout_s is None else {"timeout": httpx.Timeout(timeout_s)}
+
         async def send():
-            return await self._client.request(method, url, json=body, headers=self._headers())
+            return await self._client.request(method, url, json=body, headers=self._headers(), **extra)
 
         future = asyncio.run_coroutine_threadsafe(send(), self._event_loop())
         with self._lock:
@@ -281,12 +307,22 @@ class RemoteClient:
         with self._lock:
             return bool(self._answered)
 
+    @property
+    def answered(self) -> bool:
+        """Whether some endpoint has answered a request (with any HTTP status)."""
+        return self._reached()
+
     def _count(self, name: str) -> None:
         with self._lock:
             self.counts[name] += 1
 
+    def _fault(self, kind: str) -> None:
+        with self._lock:
+            self.faults[kind] += 1
+
     def request(self, method: str, path: str, payload: dict | None = None, *, key: str = "", units: int = 1,
-                describe: Callable[[str, int, str], str] | None = None, retries: int | None = None):
+                describe: Callable[[str, int, str], str] | None = None, retries: int | None = None,
+                parse: Callable[[Any], Any] | None = None, timeout_s: float | None = None):
         """One call with the limits, retries and failover of the module docstring.
 
         Args:
@@ -294,12 +330,16 @@ class RemoteClient:
             units (`int`, *optional*, defaults to 1): sequences this request holds in flight.
             describe (`Callable[[str, int, str], str]`, *optional*): the message of a non-retryable
                 HTTP error from ``(url, status, server text)``.
-            retries (`int`, *optional*): fewer retries than configured (probes).
+            retries (`int`, *optional*): fewer retries than configured.
+            parse (`Callable[[httpx.Response], Any]`, *optional*): reads a 2xx answer; a
+                ``ValueError`` (a body that is not JSON) is a fault, retried like a 5xx.
+            timeout_s (`float`, *optional*): a shorter timeout than ``timeout_s`` of the settings
+                (a reachability check).
         Returns:
-            The ``httpx.Response`` of a 2xx answer.
+            ``parse(response)`` of a 2xx answer, or the ``httpx.Response`` without ``parse``.
         Raises:
             EndpointError: a non-retryable HTTP error (4xx other than 429).
-            CodetoolError: the retries ran out (unreachable, timeouts, 429/5xx).
+            CodetoolError: the retries ran out (unreachable, timeouts, 429/5xx, bodies that do not parse).
         """
         import httpx
 
@@ -307,7 +347,7 @@ class RemoteClient:
         policy = RetryPolicy(cfg.retries if retries is None else min(retries, cfg.retries), cfg.backoff_s,
                              cfg.max_backoff_s)
         body = clean_obj(payload) if payload is not None else None
-        problem = fix = url = ""
+        problem = fix = url = kind = ""
         attempt = 0
         while True:
             endpoint = self.ranked(key)[0]
@@ -317,14 +357,15 @@ class RemoteClient:
             connect_failed = False
             with self.in_flight.hold(units):
                 try:
-                    response = self._exchange(method, url, body)
+                    response = self._exchange(method, url, body, timeout_s)
                 except httpx.TimeoutException:
                     self._count("timeouts")
-                    problem = f"no answer within {cfg.timeout_s:g} s (the request was closed)"
+                    limit_s = cfg.timeout_s if timeout_s is None else timeout_s
+                    problem, kind = f"no answer within {limit_s:g} s (the request was closed)", "timeout"
                     fix = f"raise {self.setting}.timeout_s, or check that the server is not overloaded"
                     response = None
                 except httpx.TransportError as e:
-                    problem = f"cannot connect ({type(e).__name__})"
+                    problem, kind = f"cannot connect ({type(e).__name__})", "connection"
                     fix = "check that the server is running and that the URL is right"
                     response, connect_failed = None, True
             failover = True
@@ -333,16 +374,24 @@ class RemoteClient:
                     self._answered.add(endpoint)
                     self.unreachable = None
                 status = response.status_code
-                if status < 400:
+                if status < 400 and parse is None:
                     return response
-                text = self._clean(response.text)
-                if status != 429 and status < 500:
-                    raise EndpointError(describe(url, status, text) if describe else
-                                        f"{url} answered HTTP {status}: {text}.", status, text)
-                problem = f"HTTP {status} ({text})"
-                fix = f"the server is overloaded or failing; retry later or lower {self.setting}.max_in_flight"
-                retry_after = response.headers.get("retry-after")
-                failover = status != 429  # busy, not broken: stay on this endpoint
+                if status < 400 and parse is not None:
+                    try:
+                        return parse(response)
+                    except ValueError:  # not JSON (a proxy's error page, a reply cut short): a fault
+                        kind = "bad_body"
+                        problem = f"HTTP {status} with a body that is not a JSON object ({self._clean(response.text)})"
+                        fix = "is it the right endpoint (an OpenAI-compatible one usually ends in /v1)?"
+                else:
+                    text = self._clean(response.text)
+                    if status != 429 and status < 500:
+                        raise EndpointError(describe(url, status, text) if describe else
+                                            f"{url} answered HTTP {status}: {text}.", status, text)
+                    problem, kind = f"HTTP {status} ({text})", "http_429" if status == 429 else "http_5xx"
+                    fix = f"the server is overloaded or failing; retry later or lower {self.setting}.max_in_flight"
+                    retry_after = response.headers.get("retry-after")
+                    failover = status != 429  # busy, not broken: stay on this endpoint
             # Until an endpoint has answered once, a failure most likely means a wrong URL, not an
             # outage: say so within seconds.
             limit = policy.retries if self._reached() else min(policy.retries, NEVER_REACHED_RETRIES)
@@ -350,6 +399,7 @@ class RemoteClient:
                 break
             attempt += 1
             self._count("retries")
+            self._fault(kind)
             if failover:
                 self._mark_down(endpoint)
                 following = self.ranked(key)[0]
@@ -368,8 +418,9 @@ class RemoteClient:
         raise CodetoolError(message)
 
     def stats(self) -> dict[str, Any]:
-        """What the client did: requests, retries, failovers, timeouts, peak and effective in flight."""
+        """What the client did: requests, retries (``faults``: the retried faults by kind), failovers,
+        timeouts, peak and effective in flight."""
         with self._lock:
-            counts = dict(self.counts)
-        return {"endpoints": len(self.urls), "max_in_flight": self.config.max_in_flight, **counts,
+            counts, faults = dict(self.counts), dict(self.faults)
+        return {"endpoints": len(self.urls), "max_in_flight": self.config.max_in_flight, **counts, "faults": faults,
                 **{f"in_flight_{k}": round(v, 2) for k, v in self.in_flight.stats().items()}}

@@ -15,28 +15,35 @@ and copies the completion ``n`` times.
 Guarantees: results come back in prompt order; token counts are exact (prompt tokens without
 padding; completion tokens up to the token that completed a stop string or the end-of-turn token);
 with ``seed`` sampling is reproducible for the same prompts, arguments and batch size, and the
-global torch RNG is left untouched. Not guaranteed: bit-identical results between batched and
+global torch RNG is left untouched; with one seed per prompt (a list) each sequence draws from its
+own generator, seeded by its prompt's seed and sample index, so a prompt's samples do not depend on
+the other prompts of the call, their order or the chunking (up to float rounding: see below). Not guaranteed: bit-identical results between batched and
 unbatched runs in low precision (padding changes the matmul shapes; in float32 greedy text matches).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from codetool import CodetoolError
 from codetool.models.completion import (
     Completion,
     Constraints,
     Prompt,
+    Seeds,
     check_sampling,
     find_stop,
     per_prompt,
+    per_prompt_seeds,
     to_messages,
 )
 from codetool.models.kv import cache_kwargs, output_cache
 from codetool.models.memory import release_host_memory
 from codetool.models.prompt_cache import PromptCache, PromptKV
+
+if TYPE_CHECKING:
+    from codetool.models.call_mask import TokenTrie
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +60,36 @@ def _common_prefix(rows: list[list[int]]) -> int:
     while n < limit and all(r[n] == first[n] for r in rows):
         n += 1
     return n
+
+
+def row_seed(seed: int | None, sample: int) -> int | None:
+    """The generator seed of sample ``sample`` of a prompt seeded ``seed`` (``None`` stays ``None``)."""
+    return None if seed is None else (seed * 1_000_003 + sample) % (1 << 63)
+
+
+class _RowDraws:
+    """A logits processor that draws each row's next token from the (already warped) distribution
+    with that row's own ``torch.Generator`` and leaves only that token possible, so ``generate``
+    (run greedy) takes it. A row's draws then depend on its seed alone, not on the rows beside it.
+    A row seeded ``None`` draws from a generator seeded by the global RNG (not reproducible)."""
+
+    def __init__(self, seeds: list[int | None], device):
+        import torch
+
+        self.generators = []
+        for seed in seeds:
+            generator = torch.Generator(device=device)
+            generator.manual_seed(int(torch.randint(0, 1 << 62, ()).item()) if seed is None else seed)
+            self.generators.append(generator)
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        probs = torch.softmax(scores.float(), dim=-1)  # (rows, vocab)
+        picks = torch.cat([torch.multinomial(probs[r], 1, generator=g) for r, g in enumerate(self.generators)])
+        chosen = torch.full_like(scores, float("-inf"))
+        chosen[torch.arange(len(picks), device=scores.device), picks] = 0.0
+        return chosen
 
 
 def _stop_criteria(tokenizer, stop: list[str], prompt_len: int):
@@ -121,7 +158,7 @@ class TransformersBackend:
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (eos[0] if eos else 0)
         self._warned_no_template = False
-        self._token_trie = None  # built on the first constrained call (codetool.models.call_mask)
+        self._token_trie: TokenTrie | None = None  # built on the first constrained call (codetool.models.call_mask)
         self._masks: Any = None
 
     @property
@@ -155,7 +192,7 @@ class TransformersBackend:
         return ids, mask
 
     def generate(self, prompts: list[Prompt], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
-                 max_new_tokens: int = 256, stop: list[str] | None = None, seed: int | None = None,
+                 max_new_tokens: int = 256, stop: list[str] | None = None, seed: Seeds = None,
                  constraint: Constraints = None) -> list[list[Completion]]:
         """``n`` completions per prompt; see :class:`~codetool.models.completion.LLMBackend`.
 
@@ -167,7 +204,8 @@ class TransformersBackend:
             top_p (`float`, *optional*, defaults to `1.0`): nucleus sampling mass; no top-k.
             max_new_tokens (`int`, *optional*, defaults to `256`): per completion.
             stop (`list[str]`, *optional*): stop strings, cut from the returned text.
-            seed (`int`, *optional*): makes sampling reproducible.
+            seed (`int` or `list`, *optional*): makes sampling reproducible; one per prompt makes
+                each prompt's samples independent of the rest of the call.
             constraint (`CallConstraint` or `list`, *optional*): one for all prompts or one (or
                 ``None``) per prompt; a logits mask keeps each reply's first statement a call of a
                 listed function (:mod:`codetool.models.call_mask`).
@@ -179,7 +217,7 @@ class TransformersBackend:
                                  max_new_tokens=max_new_tokens, stop=stop, seed=seed, constraint=constraint)
 
     def generate_ids(self, prompts: list[list[int]], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
-                     max_new_tokens: int = 256, stop: list[str] | None = None, seed: int | None = None,
+                     max_new_tokens: int = 256, stop: list[str] | None = None, seed: Seeds = None,
                      constraint: Constraints = None) -> list[list[Completion]]:
         """:meth:`generate` from prompts given as token ids (no chat template applied): what policy
         RL needs, whose episode rows grow by the exact ids sampled (``codetool.policy.rollout``).
@@ -191,6 +229,10 @@ class TransformersBackend:
         encoded = [list(p) for p in prompts]
         constraints = per_prompt(constraint, len(prompts))
         greedy = temperature == 0
+        # One seed per prompt: each sequence samples from its own generator (None: the call's draws).
+        row_seeds = per_prompt_seeds(seed, len(prompts)) if isinstance(seed, (list, tuple)) and not greedy else None
+        if row_seeds is not None:
+            seed = None
         samples = 1 if greedy else n
         per_chunk = max(1, self.max_batch_size // samples)
         results: list[list[Completion]] = [[] for _ in prompts]
@@ -208,7 +250,8 @@ class TransformersBackend:
             for start in range(0, len(order), per_chunk):
                 chunk = order[start:start + per_chunk]
                 outs = self._generate_chunk([encoded[i] for i in chunk], samples, temperature, top_p,
-                                            max_new_tokens, stop, [constraints[i] for i in chunk])
+                                            max_new_tokens, stop, [constraints[i] for i in chunk],
+                                            None if row_seeds is None else [row_seeds[i] for i in chunk])
                 for i, completions in zip(chunk, outs):
                     results[i] = completions if not greedy else [
                         Completion(**{**vars(completions[0]), "token_ids": list(completions[0].token_ids or [])})
@@ -218,8 +261,8 @@ class TransformersBackend:
         return results
 
     def _generate_chunk(self, rows: list[list[int]], samples: int, temperature: float, top_p: float,
-                        max_new_tokens: int, stop: list[str], constraints: list | None = None
-                        ) -> list[list[Completion]]:
+                        max_new_tokens: int, stop: list[str], constraints: list | None = None,
+                        seeds: list[int | None] | None = None) -> list[list[Completion]]:
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
         ids, mask = self._left_pad(rows)
@@ -227,16 +270,18 @@ class TransformersBackend:
         context = getattr(self.model.config, "max_position_embeddings", None) or 10**9
         max_new_tokens = min(max_new_tokens, context - width)
         sampling = temperature > 0
-        config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=sampling, repetition_penalty=1.0,
-                                  pad_token_id=self.pad_id, eos_token_id=self.eos_ids)
+        own_draws = sampling and seeds is not None  # per-row generators pick the token; generate() is greedy
+        config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=sampling and not own_draws,
+                                  repetition_penalty=1.0, pad_token_id=self.pad_id, eos_token_id=self.eos_ids)
         constrained = any(c is not None for c in constraints or [])
         processors = LogitsProcessorList()
-        if sampling and constrained:
+        if sampling and (constrained or own_draws):
             # generate() runs custom processors after its own temperature and top-p: the mask must come
             # first (top-p could otherwise keep only forbidden tokens), so the warpers are ours here.
             from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
-            config.update(temperature=1.0, top_p=1.0, top_k=0)
+            if not own_draws:
+                config.update(temperature=1.0, top_p=1.0, top_k=0)
             processors.append(TemperatureLogitsWarper(temperature))
             if top_p < 1.0:
                 processors.append(TopPLogitsWarper(top_p))
@@ -256,7 +301,9 @@ class TransformersBackend:
         else:
             config.num_return_sequences = samples
         if constrained:  # rows are prompt-major: prompt r's samples are rows r*samples .. r*samples+samples-1
-            processors.insert(0, self._call_processor([c for c in constraints for _ in range(samples)], width))
+            processors.insert(0, self._call_processor([c for c in constraints or [] for _ in range(samples)], width))
+        if own_draws and seeds is not None:
+            processors.append(_RowDraws([row_seed(s, i) for s in seeds for i in range(samples)], self.device))
         criteria = StoppingCriteriaList([_stop_criteria(self.tokenizer, stop, width)] if stop else [])
         out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
                                   stopping_criteria=criteria, logits_processor=processors, **kwargs)
@@ -271,10 +318,12 @@ class TransformersBackend:
 
         from codetool.models.call_mask import CallLogitsProcessor, TokenTrie
 
-        if self._token_trie is None:
-            self._token_trie, self._masks = TokenTrie(self.tokenizer), OrderedDict()
+        trie = self._token_trie
+        if trie is None:
+            trie = self._token_trie = TokenTrie(self.tokenizer)
+            self._masks = OrderedDict()
         vocab = self.model.get_output_embeddings().weight.shape[0]
-        return CallLogitsProcessor(self._token_trie, constraints, width, vocab, self._masks)
+        return CallLogitsProcessor(trie, constraints, width, vocab, self._masks)
 
     def _cacheable(self) -> bool:
         """Whether this model's KV cache is a plain full-attention one (prompt caching applies)."""
@@ -333,7 +382,7 @@ class TransformersBackend:
                 k = some.keys[layer].new_zeros(shape)
                 v = some.values[layer].new_zeros(shape)
                 for i, (n, e) in enumerate(hits):
-                    if n:
+                    if n and e is not None:
                         k[i, :, cached - n:] = e.keys[layer][:, :n]
                         v[i, :, cached - n:] = e.values[layer][:, :n]
                 cache.update(k, v, layer)

@@ -21,8 +21,10 @@ from codetool.models.completion import (
     Completion,
     Constraints,
     Prompt,
+    Seeds,
     check_sampling,
     per_prompt,
+    per_prompt_seeds,
     to_messages,
 )
 
@@ -97,21 +99,23 @@ class VLLMBackend:
         self.tokenizer = self.llm.get_tokenizer()
 
     def generate(self, prompts: list[Prompt], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
-                 max_new_tokens: int = 256, stop: list[str] | None = None, seed: int | None = None,
+                 max_new_tokens: int = 256, stop: list[str] | None = None, seed: Seeds = None,
                  constraint: Constraints = None) -> list[list[Completion]]:
         """``n`` completions per prompt, all prompts in one vLLM batch; see ``LLMBackend``
-        (``constraint``: one for all prompts or one per prompt, as a regex; module docstring)."""
+        (``constraint``: one for all prompts or one per prompt, as a regex; ``seed``: one for all
+        prompts or one per prompt, each a request's own seed; module docstring)."""
         from vllm import SamplingParams
 
         check_sampling(n, temperature, top_p, max_new_tokens)
         base = {"n": n, "temperature": temperature, "top_p": top_p if temperature > 0 else 1.0,
-                "max_tokens": max_new_tokens, "stop": [s for s in (stop or []) if s] or None, "seed": seed}
+                "max_tokens": max_new_tokens, "stop": [s for s in (stop or []) if s] or None}
         constraints = per_prompt(constraint, len(prompts))
-        if all(c is None for c in constraints):
-            params = SamplingParams(**base)
-        else:  # one SamplingParams per prompt: each query has its own functions
-            params = [SamplingParams(**base, **(regex_params(c.regex()) if c is not None else {}))
-                      for c in constraints]
+        seeds = per_prompt_seeds(seed, len(prompts))
+        if all(c is None for c in constraints) and not isinstance(seed, (list, tuple)):
+            params = SamplingParams(**base, seed=seed)
+        else:  # one SamplingParams per prompt: each query has its own functions, or its own seed
+            params = [SamplingParams(**base, seed=s, **(regex_params(c.regex()) if c is not None else {}))
+                      for c, s in zip(constraints, seeds)]
         conversations = [to_messages(p) for p in prompts]
         # A final assistant message is continued (all prompts of a batch must agree on this).
         cont = all(c[-1]["role"] == "assistant" for c in conversations)

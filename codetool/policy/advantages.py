@@ -33,8 +33,8 @@ def step_reward_rows(step_rewards: Sequence[dict[str, list[float | None]]], weig
     for rewards, n in zip(step_rewards, n_steps):
         row: list[float | None] = []
         for s in range(n):
-            parts = [w * rewards[name][s] for name, w in weights.items()
-                     if name in rewards and s < len(rewards[name]) and rewards[name][s] is not None]
+            parts = [w * r for name, w in weights.items()
+                     if name in rewards and s < len(rewards[name]) and (r := rewards[name][s]) is not None]
             row.append(float(sum(parts)) if parts else None)
         rows.append(row)
     return rows

@@ -121,7 +121,9 @@ def _default_evals() -> list[QuerySet]:
             QuerySet("restbench-tmdb", subset="codetool", limit=8)]
 
 
-PolicyLoRA = with_defaults(LoRAGroup, lora_r=16, lora_alpha=32)  # a policy adapter learns more than a PRM's
+@with_defaults(lora_r=16, lora_alpha=32)  # a policy adapter learns more than a PRM's
+class PolicyLoRA(LoRAGroup):
+    """The LoRA group of ``train-policy``."""
 
 
 @dataclass

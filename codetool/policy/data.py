@@ -60,6 +60,7 @@ def load_queries(qs: QuerySet, data_dir: str | None = None) -> list:
         return load_world(qs.group, qs.limit, offset=qs.offset)
     root = Path(data_dir) if data_dir else data_root()
     if qs.benchmark == "toolbench":
+        assert qs.queries is not None  # QuerySet: a toolbench set needs queries
         path = Path(qs.queries)
         if not path.exists():
             path = root / qs.queries

@@ -102,7 +102,7 @@ def summarise(per_seed: dict[int, dict[str, list[Trajectory]]]) -> dict[str, dic
         rows = [metrics(runs[name]) for runs in per_seed.values() if name in runs]
         cell: dict[str, dict | None] = {}
         for key, _, _ in METRICS:
-            values = [r[key] for r in rows if r.get(key) is not None]
+            values = [v for r in rows if (v := r.get(key)) is not None]
             cell[key] = {"mean": float(np.mean(values)), "spread": spread(values), "values": values} if values else None
         out[name] = cell
     return out

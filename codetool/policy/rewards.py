@@ -6,8 +6,10 @@ supervision reads); called by TRL it returns one number per episode:
 
 - ``on_the_spot`` (per step): CodeTool's R_spot, 1 if the step's code ran and its tool calls
   succeeded (``codetool.rewards.on_the_spot``), 0 otherwise, from what the host recorded; a step
-  that ran cleanly but did nothing the host can see (no tool call, no ``finish``/``give_up``) has no
-  value (``None``), so padding an episode with free no-op steps cannot raise it (a failing one is 0);
+  that ran cleanly but did nothing new the host can see (:func:`free_steps`: no tool call and no
+  end, only calls the episode already made, or an end before any tool was called) has no value
+  (``None``), so padding an episode with free steps or repeated calls cannot raise it, and giving up
+  at once does not score 1 (a failing step is 0);
 - ``prm`` (per step): the PRM's latent reward of each step, the item the search would score
   (query, tools, the history the policy saw, the step), one ``score`` call per episode so its
   steps share their prefix; a step without code gets 0 (as in the search). The PRM reads the
@@ -48,11 +50,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
+from codetool.grounding import response_items, sent_items
 from codetool.rewards import PRMItem, grounded_success
 from codetool.search.prompt import step_plan, visible_history
+from codetool.tools.names import canonical_arguments
 
 from .episode import Episode
 
@@ -75,7 +79,9 @@ def aggregate(values: Sequence[float | None], mode: str) -> float:
         raise ValueError(f"aggregate must be min, mean, last or sum, got {mode!r}.")
     if not defined:
         return 0.0
-    return {"min": min, "mean": lambda v: sum(v) / len(v), "last": lambda v: v[-1], "sum": sum}[mode](defined)
+    aggregate: dict[str, Callable[[list[float]], float]] = {"min": min, "mean": lambda v: sum(v) / len(v),
+                                                            "last": lambda v: v[-1], "sum": sum}
+    return aggregate[mode](defined)
 
 
 class StepReward:
@@ -123,19 +129,62 @@ class StepReward:
 
 
 class OnTheSpotReward(StepReward):
-    """``on_the_spot``: each step's R_spot (see the module docstring)."""
+    """``on_the_spot``: each step's R_spot, ``None`` for a free step (:func:`free_steps`)."""
 
     name = "on_the_spot"
 
     def per_step(self, episode):
-        return [None if _free(s) else float(s.candidate.r_spot) for s in episode.steps]
+        free = free_steps(episode)
+        return [None if f else float(s.candidate.r_spot) for s, f in zip(episode.steps, free)]
 
 
-def _free(step) -> bool:
-    """A step that ran cleanly and did nothing the host can see: no tool call, no finish/give_up."""
-    result = step.candidate.result
-    return (result is not None and result.ok and not result.tool_calls and step.ended is None
-            and step.candidate.r_spot == 1.0)
+def free_steps(episode: Episode) -> list[bool]:
+    """Which steps ran cleanly (R_spot 1) and did nothing new the host can see, so have no on-the-spot
+    value (issue 37; a failing step is never free):
+
+    - no tool call and no end (``finish``/``give_up``): padding (``x = 1``);
+    - every tool call repeats a successful call of an earlier clean step, and no end: padding with a
+      call the episode already made. A repeat is a call of the same function with the same arguments
+      as the service reads them (``codetool.tools.names.canonical_arguments``: ``x=1``, ``x="1"`` and
+      ``x=1.0`` alike) whose response holds the same salient items (``codetool.grounding``) beyond
+      its arguments' (an echo of the argument's spelling aside); a poll whose answer changed is new,
+      and so is a call with other arguments. The first clean run of a call after a step that failed
+      is the recovery, and counts;
+    - an end (``finish`` or ``give_up``) without a tool call, before any step of the episode called a
+      tool, on a query that offers tools: an episode that never tried (its end step would otherwise
+      score 1 and make giving up at once the best an on-the-spot reward can pay).
+
+    Args:
+        episode (`Episode`): the rollout (its steps' ``candidate.result``, ``candidate.r_spot``, ``ended``).
+    Returns:
+        One bool per step.
+    """
+    offers_tools = bool(episode.tool_names())
+    made: set[tuple[str, str, frozenset[str]]] = set()  # the clean steps' successful calls (_call_key)
+    tried = False  # an earlier step called a tool
+    out = []
+    for step in episode.steps:
+        result = step.candidate.result
+        calls: list[Any] = list(result.tool_calls) if result is not None else []
+        clean = result is not None and bool(result.ok) and step.candidate.r_spot == 1.0
+        if not calls:
+            free = clean and (step.ended is None or (offers_tools and not tried))
+        else:
+            free = clean and step.ended is None and all(_call_key(c) in made for c in calls)
+        out.append(free)
+        tried = tried or bool(calls)
+        if clean:
+            made.update(_call_key(c) for c in calls if c.status == "ok")
+    return out
+
+
+def _call_key(call: Any) -> tuple[str, str, frozenset[str]]:
+    """``(function, canonical arguments, items)``: a call as the service read it, and the salient items
+    of its response beyond those of its arguments."""
+    arguments = getattr(call, "arguments", None)
+    arguments = arguments if isinstance(arguments, dict) else {"": arguments}
+    told = response_items(getattr(call, "response", "") or "") - sent_items(arguments)
+    return str(call.name), canonical_arguments(arguments), frozenset(told)
 
 
 class ToolCostReward(StepReward):

@@ -251,16 +251,17 @@ class EpisodeRunner:
         cand = Candidate(index=0, text=text, code=parsed.code, completion_tokens=completion.completion_tokens,
                          prompt_tokens=completion.prompt_tokens)
         if parsed.code is None:
-            cand.result = no_code_result(parsed.error)
+            result = no_code_result(parsed.error)
         else:
             try:
-                cand.result = state.run(parsed.code)
+                result = state.run(parsed.code)
             except Exception as exc:  # noqa: BLE001 - a fault of the host: the episode ends as an error
-                cand.result = host_error_result(redact(f"{type(exc).__name__}: {exc}")[:2000], type(exc).__name__)
-        cand.r_spot = on_the_spot(cand.result, tool_error_is_failure=cfg.tool_error_is_failure)
-        called = [task.env.api_for(c.name) for c in cand.result.tool_calls]
+                result = host_error_result(redact(f"{type(exc).__name__}: {exc}")[:2000], type(exc).__name__)
+        cand.result = result
+        cand.r_spot = on_the_spot(result, tool_error_is_failure=cfg.tool_error_is_failure)
+        called = [task.env.api_for(c.name) for c in result.tool_calls]
         cand.cost = step_cost(parsed.code or "", [a for a in called if a is not None], self.costs)
-        observation = format_observation(cand.result, max_chars=cfg.max_observation_chars, parse_error=parsed.error)
+        observation = format_observation(result, max_chars=cfg.max_observation_chars, parse_error=parsed.error)
         history = ep.history
         step = EpisodeStep(cand, observation, history=history)
         ep.steps.append(step)

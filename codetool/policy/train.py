@@ -98,17 +98,23 @@ def build_trainer(cfg: TrainPolicyConfig, tasks: dict, *, scorer: PRMScorer | No
         return local["gen"]
 
     keys = sorted(tasks)
-    trainer = PolicyGRPOTrainer(
+
+    def on_episodes(episodes) -> None:
+        # the trainer's budget, not `budget`: a resume replaces it by the checkpoint's (its count restored)
+        assert trainer.token_budget is not None  # callbacks=[budget]: a TokenBudget is among them
+        trainer.token_budget.add(episodes)
+
+    trainer: PolicyGRPOTrainer = PolicyGRPOTrainer(
         model=model, reward_funcs=funcs, args=cfg, train_dataset=Dataset.from_list([{"prompt": k} for k in keys]),
         processing_class=tokenizer, peft_config=peft_config(cfg, model), callbacks=[budget],
-        rollout_func=make_rollout_func(runner, tasks, generator_for, on_episodes=budget.add),
+        rollout_func=make_rollout_func(runner, tasks, generator_for, on_episodes=on_episodes),
         advantage=cfg.advantage, step_weights=dict(zip([f.name for f in funcs], weights)),
         share_prompt=cfg.share_prompt, runner=runner)
     trainer.codetool_info = {"policy": cfg.policy, "prm": prm_name, "setting": setting.name,
                              "reward_weights": setting.weights, "aggregate": cfg.aggregate,
                              "advantage": cfg.advantage, "seed": cfg.seed, "token_budget": cfg.token_budget,
                              "prompts": len(keys), "finetune": cfg.finetune, "codetool_version": __version__}
-    trainer.reward_objects, trainer.token_budget = funcs, budget
+    trainer.reward_objects = funcs
     return trainer
 
 

@@ -18,7 +18,9 @@ are TRL's. The subclass adds two things TRL cannot do from the outside, each a m
   forward per backward) or multimodal inputs.
 
 :class:`TokenBudget` stops a run once its rollouts generated ``token_budget`` policy tokens (the
-compute matching of the reward-setting comparison) and is restored on resume.
+compute matching of the reward-setting comparison) and is restored on resume: the rollouts count
+into the callback the trainer holds (``PolicyGRPOTrainer.token_budget``), the restored one after a
+resume, so a resumed run stops where an uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -87,6 +89,14 @@ class PolicyGRPOTrainer(GRPOTrainer):
         self.outcome_counts: Counter = Counter()
         self.dropped_episodes = 0  # left out of their group: a step the machine could not run
         self._seen = {"generation_s": 0.0, "execution_s": 0.0, "inexact_steps": 0}
+
+    @property
+    def token_budget(self) -> TokenBudget | None:
+        """The :class:`TokenBudget` among the callbacks, the one to count into: on resume
+        (``restore_callback_states_from_checkpoint``) ``Trainer`` replaces the one it was given by
+        a new one holding the checkpoint's count, so a reference kept from before would count from
+        zero and no longer stop the run (issue 39)."""
+        return next((cb for cb in self.callback_handler.callbacks if isinstance(cb, TokenBudget)), None)
 
     # ----------------------------------------------------------------- advantages and logs
     def _generate_and_score_completions(self, inputs):

@@ -20,7 +20,14 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from codetool import CodetoolError
-from codetool.models.remote import EndpointError, RemoteClient, RemoteConfig, split_urls
+from codetool.models.remote import (
+    NEVER_REACHED_RETRIES,
+    EndpointError,
+    RemoteClient,
+    RemoteConfig,
+    json_object,
+    split_urls,
+)
 from codetool.rewards import PRMItem
 from codetool.secrets import key_from_env
 
@@ -67,17 +74,14 @@ class HTTPScorer:
         def describe(url: str, status: int, text: str) -> str:
             return f"PRM server {url} answered {status}: {_reason(text)}{_hint(status, text, self.api_key_env)}"
 
-        try:
-            response = self.remote.request("POST", "/score", body, key=f"{chunk[0].query}\x00{chunk[0].tools}",
-                                           units=len(chunk), describe=describe)
+        try:  # a body that is not a JSON object is a fault, retried like a 5xx
+            reply = self.remote.request("POST", "/score", body, key=f"{chunk[0].query}\x00{chunk[0].tools}",
+                                        units=len(chunk), describe=describe, parse=json_object)
         except EndpointError:
             raise
         except CodetoolError as e:
             raise CodetoolError(f"PRM server: {e} Start it with 'codetool serve-prm' or check --prm.") from None
-        try:
-            values = response.json().get("scores")
-        except (ValueError, AttributeError):
-            values = None
+        values = reply.get("scores")
         if not isinstance(values, list) or len(values) != len(chunk):
             raise CodetoolError(f"PRM server {self.url} returned {values!r:.100} for {len(chunk)} items.")
         return [float(v) for v in values]
@@ -90,27 +94,24 @@ class HTTPScorer:
             return [v for values in pool.map(self._post, chunks) for v in values]
 
     def check_reachable(self, timeout_s: float = 5.0) -> None:
-        """Fail at once when no PRM server of ``urls`` accepts a connection (one ``GET /health``
-        each, no retries), instead of after the policy's first round of generation; any HTTP answer,
+        """Fail at once when no PRM server of ``urls`` can be reached (one ``GET /health`` of at most
+        ``timeout_s``, with the retries a request gets before any server has answered: two, another
+        endpoint first), instead of after the policy's first round of generation; any HTTP answer,
         even an error status, counts as reachable (the first ``/score`` reports what is wrong).
 
         Raises:
-            FatalError: every endpoint refused the connection or timed out connecting, naming each.
+            FatalError: every endpoint refused the connection or timed out, naming the last one.
         """
-        import httpx
-
         from codetool.resume import FatalError
 
-        failures = []
-        for url in self.urls:
-            try:
-                httpx.get(f"{url}/health", timeout=timeout_s)
-                return
-            except httpx.HTTPError as e:  # refused, unresolvable, timed out: not answered
-                failures.append(f"{url} ({type(e).__name__})")
-        if failures:
-            raise FatalError(f"the PRM server cannot be reached: {', '.join(failures)}; start it with "
-                             "'codetool serve-prm --prm DIR' (or fix --prm), then rerun.")
+        try:
+            self.remote.request("GET", "/health", retries=NEVER_REACHED_RETRIES, timeout_s=timeout_s)
+        except EndpointError:  # an HTTP answer (404 where there is no /health): the server is there
+            return
+        except CodetoolError as e:
+            if not self.remote.answered:  # no endpoint answered at all (an HTTP error is an answer)
+                raise FatalError(f"the PRM server cannot be reached ({e}); start it with 'codetool serve-prm --prm "
+                                 "DIR' (or fix --prm), then rerun.") from None
 
     def serving_record(self) -> dict:
         """The servers and the client limits (JSON-able), for trajectories and summaries."""

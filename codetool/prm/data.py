@@ -38,7 +38,8 @@ def split_rows(rows: list[dict], fraction: float, seed: int = 0) -> tuple[list[d
     """``(train, heldout)`` by query (:func:`codetool.split.heldout_query_ids` over the rows'
     :func:`query_key`: the split that tree export writes as ``validation.jsonl``)."""
     held = heldout_query_ids((query_key(row) for row in rows), fraction, seed)
-    train, heldout = [], []
+    train: list[dict] = []
+    heldout: list[dict] = []
     for row in rows:
         (heldout if query_key(row) in held else train).append(row)
     return train, heldout

@@ -165,7 +165,7 @@ class PromptEncoder:
         if fmt.interface == "reference":
             from codetool.prm.reference import ReferencePrompt
 
-            self.reference = ReferencePrompt(self, training)
+            self.reference = ReferencePrompt(self, training, result_chars=fmt.reference_result_chars)
 
     def _wrapper(self) -> tuple[str, str]:
         if self.fmt.chat_template and getattr(self.tokenizer, "chat_template", None):

@@ -103,7 +103,7 @@ def add_label_tokens(model, tokenizer, fmt: PRMFormat, *, seed: int = 0, init_ro
     return ids
 
 
-def write_label_rows(weight: torch.Tensor, label_ids: tuple[int, int], head: torch.Tensor) -> None:
+def write_label_rows(weight: torch.Tensor, label_ids: tuple[int, ...], head: torch.Tensor) -> None:
     """Copy the (2, hidden) ``head`` into rows ``label_ids`` of ``weight``, on the weight's device
     and in its dtype (a float32 CPU head into a bfloat16 CUDA weight is the usual case)."""
     with torch.no_grad():
@@ -251,8 +251,7 @@ class PRMModel(nn.Module):
         Raises:
             CodetoolError: on an unknown value.
         """
-        mode = {True: "packed", False: "none"}.get(share_prefix, share_prefix) if isinstance(share_prefix, bool) \
-            else str(share_prefix).lower()
+        mode = ("packed" if share_prefix else "none") if isinstance(share_prefix, bool) else str(share_prefix).lower()
         mode = {"true": "packed", "false": "none", "on": "packed", "off": "none"}.get(mode, mode)
         if mode not in SHARE_MODES:
             raise CodetoolError(f"share_prefix: got {share_prefix!r}; choose one of {list(SHARE_MODES)}.")
@@ -278,7 +277,7 @@ class PRMModel(nn.Module):
         candidates = ["none", "packed", "trie"] if self.packing_supported() else ["none", "trie"]
         if self.activation_checkpointing or self.no_trie:
             candidates = [c for c in candidates if c != "trie"]
-        timings = {}
+        timings: dict[str, float] = {}
         warm = int(input_ids.device.type != "cpu")  # a GPU's first call warms up kernels and the allocator
         for mode in candidates:
             for i in range(1 - warm, repeats + 1):
@@ -288,7 +287,7 @@ class PRMModel(nn.Module):
                 _sync(input_ids.device)
                 if i:
                     timings[mode] = min(timings.get(mode, float("inf")), time.perf_counter() - start)
-        self.share_mode = min(timings, key=timings.get)
+        self.share_mode = min(timings, key=timings.__getitem__)
         logger.info("share_prefix auto: %s (%s)", self.share_mode,
                     ", ".join(f"{m} {t * 1e3:.1f} ms" for m, t in timings.items()))
         return self.share_mode

@@ -58,7 +58,8 @@ def plan_groups(rows: list[list[int]], min_shared: int = 16) -> list[tuple[int, 
         cost, plan = alone, [(0, [i]) for i in members]
         if shared >= min_shared:
             cost, plan = alone - shared * (len(members) - 1), [(shared, members)]
-        split_cost, split_plan, start = 0, [], lo  # split where the common prefix is shortest
+        split_plan: list[tuple[int, list[int]]] = []
+        split_cost, start = 0, lo  # split where the common prefix is shortest
         for k in range(lo, hi - 1):
             if lcp[k] == shared:
                 c, p = best(start, k + 1)

@@ -60,13 +60,15 @@ class ReferencePrompt:
     Args:
         encoder (`PromptEncoder`): gives the tokenizer, the format and the text helpers.
         training (`bool`, *optional*, defaults to `False`): rows for training show the parent's
-            output whole; scoring cuts it to ``fmt.reference_result_chars``.
+            output whole; scoring cuts it to ``result_chars``.
+        result_chars (`int`, *optional*, defaults to 2000): ``format.reference_result_chars``.
     Raises:
         ConfigError: the chat template cannot place a system and a user turn verbatim.
     """
 
-    def __init__(self, encoder, training: bool = False):
+    def __init__(self, encoder, training: bool = False, *, result_chars: int = 2000):
         self.encoder, self.fmt, self.training = encoder, encoder.fmt, training
+        self.result_chars = result_chars  # format.reference_result_chars
         self.system = prompts.load("prm_reference_system").rstrip("\n")
         self.history = prompts.load("prm_reference_history").rstrip("\n") + "\n"
         head, middle, tail = self._wrapper()
@@ -100,7 +102,7 @@ class ReferencePrompt:
                                           "query": item.query}, source=prompts.path_of("prm_reference_system"))
 
     def _prefix(self, item: PRMItem, budget: int) -> tuple[list[int], bool]:
-        result_chars = len(item.parent_result) if self.training else self.fmt.reference_result_chars
+        result_chars = len(item.parent_result) if self.training else self.result_chars
         key = (item.query, item.tools, item.previous_steps, item.parent_result[:result_chars], budget)
         if key in self._cache:
             ids, cut = self._cache[key]

@@ -119,7 +119,7 @@ def from_stepwise(row: dict, where: str = "stepwise row") -> list[dict]:
             is not a bool, a ``candidate_index`` out of range), in one line naming ``where``.
     """
     prompt, completions, labels = _check(row, where)
-    query = row.get("query") if isinstance(row.get("query"), str) and row.get("query") else prompt
+    query = given if isinstance(given := row.get("query"), str) and given else prompt
     tools = prompt[: -len(query)].removesuffix("\n\n") if query != prompt and prompt.endswith(query) else ""
     steps = [_parse_step(text) for text in completions]
     index = row.get("candidate_index")

@@ -23,14 +23,16 @@ checkpoint folder, an ``http(s)://`` PRM server, ``vllm:FOLDER`` (vLLM in-proces
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from codetool import CodetoolError
 from codetool.models.spec import ModelSpec
 from codetool.prm.client import HTTPScorer
 from codetool.prm.reference import label_scores
 from codetool.prm.vllm_backend import VLLMScorer
-from codetool.rewards import PRMItem
+from codetool.rewards import PRMItem, PRMScorer
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +66,7 @@ class LocalPRMScorer:
         self.share_prefix = model.resolve_share_mode(share_prefix)
         self.device = next(model.parameters()).device
         self.stats = {"calls": 0, "items": 0, "groups": 0, "truncated": 0}
+        self.meta: dict[str, Any] = {}  # what a checkpoint was trained on (from_checkpoint)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, *, device: str = "auto", dtype: str = "auto",
@@ -108,7 +111,9 @@ class LocalPRMScorer:
 
     def _batches(self, lengths: list[int]) -> list[list[int]]:
         """Consecutive index runs of at most ``max_batch_tokens`` positions (at least one row each)."""
-        batches, current, total = [], [], 0
+        batches: list[list[int]] = []
+        current: list[int] = []
+        total = 0
         for i, n in enumerate(lengths):
             if current and total + n > self.max_batch_tokens:
                 batches.append(current)
@@ -136,7 +141,7 @@ def reference_scores(model, encoder, items: list[PRMItem]) -> list[float]:
 
 # The one table of PRM scorers (each a codetool.rewards.PRMScorer): a --prm spec's kind -> the
 # class load_scorer builds for it, as models.backends.BACKENDS is for the policy.
-SCORERS: dict[str, type] = {
+SCORERS: dict[str, Callable[..., PRMScorer]] = {  # the type checker holds each class to the PRMScorer seam
     "local": LocalPRMScorer,  # a train-prm checkpoint folder, in this process
     "server": HTTPScorer,     # one or more codetool serve-prm URLs
     "vllm": VLLMScorer,       # vllm:FOLDER, the checkpoint served by vLLM in this process
@@ -163,17 +168,16 @@ def load_scorer(spec: ModelSpec, *, device: str = "auto", dtype: str = "auto", *
     if not isinstance(spec, ModelSpec) or spec.role != "prm":
         raise TypeError(f"load_scorer takes a parsed PRM ModelSpec, got {spec!r}; parse the text with "
                         "ModelSpec.parse(text, role='prm') where it enters (a config's __post_init__).")
-    parsed = spec
-    spec = parsed.text
-    if parsed.kind == "none":
+    text = spec.text
+    if spec.kind == "none":
         return None
-    if parsed.kind == "server":
-        return SCORERS["server"](spec, **kwargs)
-    if parsed.kind == "vllm":
-        return SCORERS["vllm"](spec[len("vllm:"):], dtype=dtype, **kwargs)
-    if not Path(spec).is_dir():
-        raise CodetoolError(f"--prm {spec!r}: no such PRM folder. Pass the output_dir of 'codetool train-prm' "
+    if spec.kind == "server":
+        return SCORERS["server"](text, **kwargs)
+    if spec.kind == "vllm":
+        return SCORERS["vllm"](text[len("vllm:"):], dtype=dtype, **kwargs)
+    if not Path(text).is_dir():
+        raise CodetoolError(f"--prm {text!r}: no such PRM folder. Pass the output_dir of 'codetool train-prm' "
                             "(the quickstart recipe writes checkpoints/prm/quickstart; `make demo` writes "
                             "runs/quickstart/train/prm), an http(s)://host:port of 'codetool serve-prm', or "
                             "none where a PRM is optional.")
-    return SCORERS["local"].from_checkpoint(spec, device=device, dtype=dtype, **kwargs)
+    return LocalPRMScorer.from_checkpoint(text, device=device, dtype=dtype, **kwargs)  # SCORERS["local"]

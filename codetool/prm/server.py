@@ -26,10 +26,21 @@ Robustness (issue 19): one client cannot stall the others.
   deadline of ``codetool.serving`` (slow-loris connections are closed).
 - Each request has a work budget (``request_timeout_s``): when it runs out the client gets 504
   and the server stops working on it (its items are skipped at the next check, between items).
-- Clients (by address) are served fairly by token count (issue 27): items of all requests are
-  scored in batches of at most ``max_batch_tokens`` tokens, built in deficit round robin over the
-  clients, by ``workers`` threads; while others wait, a client has at most one batch being scored.
-  A one-item request is therefore not queued behind a large one, whatever their body sizes.
+- Clients are served fairly by token count (issues 27, 39). A client is its API key (with one key
+  per client) or its connection, never its address (:mod:`codetool.fairness`): one process on 16
+  loopback addresses is not 16 clients, and another process on 127.0.0.1 is not the same one.
+  Items of all requests are scored in batches of at most ``max_batch_tokens`` tokens by
+  ``workers`` threads; each item gets a start-time fair queuing tag (its client's previous tag, or
+  the virtual time, plus its estimated tokens), a batch starts with the smallest tag and takes
+  the next items of alike cost (concurrent requests share a forward pass, a short item never
+  rides with long ones), and while others wait, a client has at most one batch being scored;
+  while short items keep coming, the last idle worker is kept for them. A one-item request
+  therefore waits for neither another client's queue nor its long batches, however many
+  connections that client opens.
+- Large bodies are parsed one at a time, in fair order (:class:`~codetool.fairness.FairTurns`),
+  in a thread and in pieces (:func:`~codetool.fairness.loads_without_stalling`), so ``/health``
+  and small requests keep flowing; a body of more than ``max_json_members`` values is a 413
+  before it is parsed.
 - If scoring a batch fails, each item of it is scored alone: only the request holding the bad
   item gets its error (422, naming the item).
 - The guard (``codetool.serving``) caps the connections and the body bytes in flight per client
@@ -37,16 +48,15 @@ Robustness (issue 19): one client cannot stall the others.
 """
 
 import asyncio
-import json
 import logging
 import threading
 import time
 from collections import deque
 
+from codetool.fairness import FairTurns, loads_without_stalling
 from codetool.jsonl import clean_text
 from codetool.rewards import PRMItem
 from codetool.serving import (
-    ClientTurns,
     ServerGuard,
     json_internal_errors,
     serve_in_background,
@@ -57,6 +67,15 @@ logger = logging.getLogger(__name__)
 _TEXT_FIELDS = ("query", "tools", "candidate", "candidate_output", "candidate_plan", "step_text", "previous_steps",
                 "parent_result")
 GUARD_GRACE_S = 5.0  # the guard's deadline is the scoring budget plus this (see create_app)
+# Values in one /score body: 256 items of 100 history steps hold ~80,000; a 3.9 MB object of
+# 300,000 keys is refused before it is parsed.
+MAX_JSON_MEMBERS = 200_000
+# Items of other requests join a batch when they cost at most this many times its first item (or
+# this many tokens): alike items share a forward pass, a short one never waits for long ones.
+COMPANION_RATIO, COMPANION_TOKENS = 4, 256
+# The last idle worker is kept for light items (an eighth of max_batch_tokens at most) while one
+# came within this many seconds, so a short request never waits for a long batch to end.
+LIGHT_HOLD_S = 2.0
 
 
 class _Reject(Exception):
@@ -70,7 +89,7 @@ def parse_items(body: bytes, max_items: int, max_history_steps: int = 1000) -> l
     Text fields come back cleaned (``codetool.jsonl.clean_text``). JSON nested too deeply for the
     parser (e.g. a 100,000-deep array; a valid body nests 5 levels) is a 400."""
     try:
-        data = json.loads(body)
+        data = loads_without_stalling(body)  # a large body in pieces: other threads run between them
     except RecursionError:
         raise _Reject(400, "JSON nested too deeply; a /score body nests at most 5 levels") from None
     except (ValueError, UnicodeDecodeError):
@@ -104,11 +123,13 @@ def parse_items(body: bytes, max_items: int, max_history_steps: int = 1000) -> l
 
 
 class _Job:
-    """One request in the queue: its items, their scores so far, its client (address) and its
-    work deadline (monotonic s). The future belongs to the event loop that waits for it."""
+    """One request in the queue: its items, their scores so far, its client (``codetool.fairness``
+    id), each item's fair-queuing finish tag, and its work deadline (monotonic s). The future
+    belongs to the event loop that waits for it."""
 
     def __init__(self, items: list[PRMItem], future: asyncio.Future, loop, deadline: float, client: str):
         self.items, self.future, self.loop, self.deadline, self.client = items, future, loop, deadline, client
+        self.tags: list[float] = []  # set by the scheduler when queued
         self.scores: list[float | None] = [None] * len(items)
         self.taken = 0  # items handed to a worker so far
         self.left = len(items)  # items not scored yet
@@ -134,13 +155,18 @@ class _Job:
 class _Scheduler:
     """Scores the items of every request in worker threads, fairly between clients.
 
-    Clients (by address) take turns, and a turn is one batch of that client's items, of at most
-    ``max_batch_tokens`` **tokens** (a large request is spread over many batches, so a one-item
-    request of another client is served at the next turn, not after it). The tokens an item
-    really had once encoded are charged to its client (deficit round robin), and while other
-    clients wait a client has at most one batch being scored, so with two workers one client's
-    long items never hold every worker. An item's cost before encoding is estimated from its
-    characters (capped at the format's ``max_length``).
+    Start-time fair queuing over clients (``codetool.fairness`` ids: a key or a connection): each
+    queued item is tagged ``max(virtual time, its client's last tag) + its tokens``; a batch of at
+    most ``max_batch_tokens`` **tokens** starts with the smallest tag and takes the next smallest
+    among items of alike cost (:meth:`_fill`). A large request is spread over many batches, so a
+    one-item request of another client, tagged a few tokens past the virtual time, goes next. The
+    virtual time is the start tag of the last batch's first item. The tokens an item really had
+    once encoded correct its client's tags, and while other clients wait a client has at most
+    one batch being scored, so with two workers one client's long items never hold every worker.
+    An item's cost before encoding is estimated from its characters (capped at the format's
+    ``max_length``). With two workers or more, the last idle one is kept for light items (at most
+    an eighth of ``max_batch_tokens``) while such items keep coming (within ``LIGHT_HOLD_S``): long
+    batches then hold every worker but one, and a short request waits for none of them.
 
     If scoring a batch fails, its items are scored one by one: only the request holding the bad
     item gets its error (422, naming the item). Work for a request whose deadline passed is
@@ -154,9 +180,13 @@ class _Scheduler:
         self.max_length = getattr(getattr(encoder, "fmt", None), "max_length", 2048)
         self.cond = threading.Condition()
         self.queues: dict[str, deque[_Job]] = {}
-        self.deficit: dict[str, float] = {}
+        self.last: dict[str, float] = {}  # each client's last finish tag
+        self.vtime = 0.0
+        self.light = max(1, max_batch_tokens // 8)  # an item this small may use the last idle worker
+        self.light_at = float("-inf")  # when the last light item came
+        self.working = 0  # batches being scored
         self.busy: dict[str, int] = {}  # batches in the workers holding the client's items
-        self.ring: deque[str] = deque()  # clients with work, in turn order
+        self.ring: deque[str] = deque()  # clients with queued items
         self.oldest = 0.0  # when the oldest waiting item arrived
         self.stopped = False
         self.threads = [threading.Thread(target=self._work, name=f"codetool-prm-worker-{i}", daemon=True)
@@ -179,6 +209,16 @@ class _Scheduler:
                     self.ring.append(client)
             if not any(self.queues.values()):
                 self.oldest = time.monotonic()
+            tag = max(self.vtime, self.last.get(client, 0.0))
+            for item in items:
+                cost = self._estimate(item)
+                tag += cost
+                job.tags.append(tag)
+                if cost <= self.light:
+                    self.light_at = time.monotonic()
+            self.last[client] = tag
+            if len(self.last) > 4096:  # clients the virtual time passed are like new ones
+                self.last = {c: t for c, t in self.last.items() if t > self.vtime or self.queues.get(c)}
             self.queues[client].append(job)
             self.cond.notify()
         return await asyncio.wait_for(job.future, timeout_s)
@@ -199,6 +239,7 @@ class _Scheduler:
                     self._score(batch)
                 finally:
                     with self.cond:
+                        self.working -= 1
                         for client in {job.client for job, _, _ in batch}:
                             self.busy[client] -= 1
                         self.cond.notify_all()
@@ -218,8 +259,12 @@ class _Scheduler:
                     if wait > 0 and self._pending() < self.max_items and all(self.busy.get(c, 0) == 0 for c in self.ring):
                         self.cond.wait(wait)  # a moment for company: concurrent requests share a forward
                         continue
-                    batch = self._fill()
+                    # The last idle worker stays for light items while they keep coming (a short
+                    # request then waits for no long batch); with none lately, it takes any.
+                    last = self.working == len(self.threads) - 1 and len(self.threads) > 1
+                    batch = self._fill(light_only=last and time.monotonic() - self.light_at < LIGHT_HOLD_S)
                     if batch:
+                        self.working += 1
                         for client in {job.client for job, _, _ in batch}:
                             self.busy[client] = self.busy.get(client, 0) + 1
                         self.oldest = time.monotonic()
@@ -233,34 +278,47 @@ class _Scheduler:
                 queue.popleft()
             if not queue:
                 self.ring.remove(client)
-                self.deficit[client] = 0.0
+                self.queues.pop(client, None)
 
-    def _fill(self) -> list[tuple[_Job, int, int]]:
-        """Items of one client, the next in turn that has no batch being scored (any client
-        when all have one), up to ``max_batch_tokens`` and what its deficit allows. One client
-        per batch: a small request never waits for another client's long items in the same
-        forward pass (requests of one client, e.g. one search, still share one)."""
+    def _fill(self, light_only: bool = False) -> list[tuple[_Job, int, int]]:
+        """The next batch: items in tag order, first the smallest tag among the clients without a
+        batch being scored (among all, when each has one), then the next smallest of any of those
+        clients whose cost is alike (at most ``COMPANION_RATIO`` times the first item's, or
+        ``COMPANION_TOKENS``), up to ``max_batch_tokens`` and ``max_batch_items``. So concurrent
+        requests share a forward pass (several searches' candidates, one search's connections),
+        and a short item never rides with another client's long ones. With ``light_only``, only
+        items of at most ``light_tokens`` are taken (the last idle worker's lane)."""
         idle = [c for c in self.ring if self.busy.get(c, 0) == 0]
-        client = (idle or list(self.ring))[0]
-        queue = self.queues[client]
-        self.deficit[client] = min(self.deficit.get(client, 0.0) + self.max_tokens, float(self.max_tokens))
-        batch, tokens = [], 0
-        while queue and self.deficit[client] > 0 and len(batch) < self.max_items:
-            job = queue[0]
-            cost = self._estimate(job.items[job.taken])
-            if batch and tokens + cost > self.max_tokens:
+        pool = set(idle or self.ring)
+        batch: list[tuple[_Job, int, int]] = []
+        tokens, alike = 0, 0
+        while len(batch) < self.max_items:
+            best: tuple[float, str, _Job, int] | None = None
+            for client in pool:
+                queue = self.queues.get(client)
+                if not queue:
+                    continue
+                job = queue[0]
+                cost = self._estimate(job.items[job.taken])
+                if (batch and (cost > alike or tokens + cost > self.max_tokens)) or (light_only and cost > self.light):
+                    continue
+                if best is None or job.tags[job.taken] < best[0]:
+                    best = (job.tags[job.taken], client, job, cost)
+            if best is None:
                 break
+            tag, client, job, cost = best
+            if not batch:  # the virtual time: the start tag of the first item taken
+                self.vtime = max(self.vtime, tag - cost)
+                alike = max(COMPANION_RATIO * cost, COMPANION_TOKENS)
             batch.append((job, job.taken, cost))
             job.taken += 1
             tokens += cost
-            self.deficit[client] -= cost
             if job.taken == len(job.items):
-                queue.popleft()
-        self.ring.remove(client)  # its turn is over: to the back of the ring, or out
-        if queue:
-            self.ring.append(client)
-        else:
-            self.deficit[client] = 0.0
+                self.queues[client].popleft()
+                if not self.queues[client]:
+                    self.ring.remove(client)
+                    self.queues.pop(client)
+                    pool.discard(client)
         return batch
 
     def _score(self, batch: list[tuple[_Job, int, int]]) -> None:
@@ -275,8 +333,8 @@ class _Scheduler:
                 except Exception as e:  # noqa: BLE001 - this item cannot be scored
                     self._fail(job, _Reject(422, f"items[{i}] cannot be scored ({type(e).__name__}: {str(e)[:120]})"))
                     continue
-                with self.cond:
-                    self.deficit[job.client] = self.deficit.get(job.client, 0.0) - (tokens - cost)
+                with self.cond:  # the real count corrects the client's later tags
+                    self._charge(job.client, tokens - cost)
                 charged.append((job, i, cost))
             live = [entry for entry in charged if not entry[0].abandoned()]
         if not live:
@@ -300,6 +358,13 @@ class _Scheduler:
             job.left -= 1
             if job.left == 0 and not job.failed:
                 job.deliver(list(job.scores))
+
+    def _charge(self, client: str, extra: float) -> None:
+        """Move ``client``'s tags (its last one, those of its queued items) by ``extra`` tokens."""
+        if client in self.last:
+            self.last[client] += extra
+        for job in self.queues.get(client, ()):
+            job.tags[job.taken:] = [t + extra for t in job.tags[job.taken:]]
 
     def _fail(self, job: _Job, error: BaseException) -> None:
         if not job.failed:
@@ -335,13 +400,14 @@ def create_app(scorer, *, api_key: str | None = None, name: str = "prm", max_bod
 
     @asynccontextmanager
     async def lifespan(app):
-        state["scheduler"] = _Scheduler(scorer, max_batch_items=max_batch_items, max_batch_tokens=max_batch_tokens,
-                                        wait_s=batch_wait_ms / 1000.0, workers=workers)
+        state["scheduler"] = app.state.scheduler = _Scheduler(  # app.state: for tests and benchmarks
+            scorer, max_batch_items=max_batch_items, max_batch_tokens=max_batch_tokens,
+            wait_s=batch_wait_ms / 1000.0, workers=workers)
         yield
         state.pop("scheduler").stop()
 
     app = FastAPI(title="codetool PRM", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    parsing = ClientTurns(2)  # large bodies are parsed in threads, two per client at a time
+    parsing = FairTurns(1)  # large bodies: one parsed at a time (a thread), in fair order over clients
 
     def error(status: int, reason: str) -> JSONResponse:
         return JSONResponse({"error": reason}, status_code=status)
@@ -355,10 +421,10 @@ def create_app(scorer, *, api_key: str | None = None, name: str = "prm", max_bod
     @app.post("/score")
     async def score(request: Request):
         body = await request.body()  # already read (within read_timeout_s) and size-checked by the guard
-        client = request.client.host if request.client else "?"
+        client = request.scope.get("codetool.client") or (request.client.host if request.client else "?")
         try:
             if len(body) > 65_536:  # parse big bodies off the event loop, so other requests keep flowing
-                async with parsing.turn(client):
+                async with parsing.turn(client, cost=len(body)):
                     items = await asyncio.to_thread(parse_items, body, max_items, max_history_steps)
             else:
                 items = parse_items(body, max_items, max_history_steps)
@@ -375,8 +441,10 @@ def create_app(scorer, *, api_key: str | None = None, name: str = "prm", max_bod
         return {"scores": scores}
 
     guard_limits.setdefault("max_requests_per_client", 32)  # a search sends many at once; the scheduler is fair
+    guard_limits.setdefault("max_json_members", MAX_JSON_MEMBERS)
     return ServerGuard(app, api_key=api_key, max_body_bytes=max_body_bytes, read_timeout_s=read_timeout_s,
-                       request_timeout_s=request_timeout_s + GUARD_GRACE_S, error_field="error", **guard_limits)
+                       request_timeout_s=request_timeout_s + GUARD_GRACE_S, error_field="error",
+                       app_in_turn=False, **guard_limits)  # requests wait for their scores in the scheduler
 
 
 def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0):

@@ -97,14 +97,14 @@ def _beam(search: Episodes, task: SearchTask) -> Trajectory:
         seed = None if cfg.seed is None else unit_seed(
             cfg.seed, [(task.benchmark, task.group, task.query_id, step, b) for b in range(len(beams))])
         timings: dict[str, float] = {}
-        rows = expand_each(search.policy, [Node(b.episode.state, b.episode.history, b.episode.task) for b in beams],
+        rows = expand_each(search.policy, [Node(b.episode.live_state, b.episode.history, b.episode.task) for b in beams],
                            cfg.k, cfg, seed=seed, timings=timings)
         live: list[Beam] = []
         live_rows: list[list[Expanded]] = []
         for beam, row in zip(beams, rows):
             if isinstance(row, Exception):
                 last_error = fail(beam.episode, row)
-                beam.episode.state.close()
+                beam.episode.live_state.close()
                 continue
             count_step(acc, row)
             live.append(beam)
@@ -123,7 +123,7 @@ def _beam(search: Episodes, task: SearchTask) -> Trajectory:
                 continue
             select([e.candidate for e in row], cfg, tie_key=f"{task.query_id}|{step}|{p}")  # sets scores
             for e in row:
-                if e.candidate.result.host_error or not_executed(e.candidate.result):
+                if e.result.host_error or not_executed(e.result):
                     continue  # a fault of the host, or a run the machine could not make: no child
                 value = aggregate(beam.values + [step_value(e.candidate)], cfg.aggregate)
                 pool.append(BeamChild((value, e.candidate.r_spot, -p, -e.candidate.index), p, e))
@@ -142,7 +142,7 @@ def _beam(search: Episodes, task: SearchTask) -> Trajectory:
             if is_open:
                 beams.append(Beam(child, values))
             else:
-                child.state.close()
+                child.live_state.close()
                 child.state = None
                 completed.append(Beam(child, values))
         for beam in live:  # parents: every kept child holds its own fork
@@ -171,19 +171,19 @@ def _child(parent: Episode, row: list[Expanded], pick: Expanded, max_steps: int,
     traj.tool_cost += pick.candidate.cost
     traj.prompt_tokens += sum(c.prompt_tokens for c in cands)
     traj.completion_tokens += sum(c.completion_tokens for c in cands)
-    traj.isolation = pick.candidate.result.isolation or traj.isolation
+    traj.isolation = pick.result.isolation or traj.isolation
     state = pick.state
     if state is None:  # no code ran: the beam continues from the parent's state
-        state = parent.state.fork()
+        state = parent.live_state.fork()
         acc.executor_forks += 1
     child = Episode(parent.task, state, traj, history=parent.history + [
         history_entry(pick.candidate, pick.observation)])
     ended = pick.ended
     if ended == "finish":
-        traj.finish_type, traj.final_answer = "finish", str(pick.candidate.result.final_answer)
+        traj.finish_type, traj.final_answer = "finish", str(pick.result.final_answer)
     elif ended == "give_up":
         traj.finish_type = "give_up"
-        traj.extra["give_up_reason"] = pick.candidate.result.give_up_reason
+        traj.extra["give_up_reason"] = pick.result.give_up_reason
     else:
         traj.finish_type = "max_steps"
         return child, len(traj.steps) < max_steps

@@ -66,12 +66,16 @@ class SearchParts:
             task's tool functions).
         scorer (`PRMScorer`, *optional*): the latent reward source when ``latent='prm'``.
         config_hash (`str`, *optional*): stored in every trajectory.
+        admit (`Callable[[int], bool]`, *optional*): under continuous scheduling, whether one
+            more query may start beside the number in flight (a memory cap,
+            :class:`codetool.memory_use.MemoryGate`); ``None``: as many as the schedule keeps.
     """
 
     policy: LLMBackend
     make_executor: Callable[[SearchTask], StepExecutor]
     scorer: PRMScorer | None = None
     config_hash: str = ""
+    admit: Callable[[int], bool] | None = None
 
 
 Strategy = Callable[[Iterable[SearchTask], SearchParts, SearchConfig, "Hook | None"], list[Trajectory]]
@@ -169,6 +173,12 @@ class Episode:
     history: list[dict] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
 
+    @property
+    def live_state(self) -> StepExecutor:
+        """``state`` of an episode in flight, which has one until it is closed."""
+        assert self.state is not None, "the episode is closed"
+        return self.state
+
 
 class Episodes:
     """The episode mechanics of one search: the parts bound to one config.
@@ -188,6 +198,7 @@ class Episodes:
             raise ConfigError("search.latent is 'rollout' but this strategy was given no rollout value.")
         self.cfg, self.rollout = cfg, rollout
         self.policy, self.make_executor, self.config_hash = parts.policy, parts.make_executor, parts.config_hash
+        self.admit = parts.admit
         self.continuous = is_continuous(parts.policy, cfg.schedule)
         self.scorer = thread_safe(parts.scorer) if self.continuous else parts.scorer
         self.episodes = units_in_flight(cfg.concurrency, parts.policy, self.continuous, local_default=4,
@@ -202,9 +213,9 @@ class Episodes:
     def run(self, tasks: Iterable[SearchTask], land: Hook) -> None:
         """Greedy episodes of every task, ``episodes`` at a time; ``land`` sees each finished one."""
         if self.continuous:
-            stream(self.episode, tasks, self.episodes, land)
+            stream(self.episode, tasks, self.episodes, land, admit=self.admit)
             return
-        pending, active = iter(tasks), []
+        pending, active = iter(tasks), list[Episode]()
         rounds = 0
         while True:
             while len(active) < self.episodes:
@@ -253,7 +264,7 @@ class Episodes:
         seed = None if self.cfg.seed is None else unit_seed(
             self.cfg.seed, [(ep.task.benchmark, ep.task.group, ep.task.query_id, len(ep.traj.steps))
                             for ep in active])
-        rows = expand_each(self.policy, [Node(ep.state, ep.history, ep.task) for ep in active],
+        rows = expand_each(self.policy, [Node(ep.live_state, ep.history, ep.task) for ep in active],
                            self.cfg.k, self.cfg, seed=seed, timings=timings)
         failed += [fail(ep, row) for ep, row in zip(active, rows) if isinstance(row, Exception)]
         active, expansions = ([ep for ep, row in zip(active, rows) if not isinstance(row, Exception)],
@@ -293,6 +304,7 @@ class Episodes:
         if self.cfg.latent == "none" or not self.cfg.w_latent:
             return
         if self.cfg.latent == "rollout":
+            assert self.rollout is not None, "latent rollout needs the rollout value (assemble passes it)"
             for ep, row in zip(active, expansions):
                 for e in row:
                     e.candidate.r_latent = self.rollout(self, ep, e)
@@ -307,6 +319,7 @@ class Episodes:
                 slots.append(e.candidate)
                 owners.append(ep)
         if items:
+            assert self.scorer is not None, "latent prm needs a scorer (refused earlier without one)"
             for cand, value in zip(slots, self.scorer.score(items), strict=True):
                 cand.r_latent = float(value)
             for owner, item in zip(owners, items):  # compute accounting
@@ -317,7 +330,7 @@ class Episodes:
         cfg = self.cfg
         return PRMItem(query=task.query, tools=task.env.render(),
                        history=visible_history(history, cfg.observation_history, cfg.step_format),
-                       candidate=candidate.code, candidate_output=observation,
+                       candidate=candidate.code or "", candidate_output=observation,
                        candidate_plan=step_plan(candidate.text) if cfg.step_format == "step_text" else "",
                        **reference_prm_fields(history, candidate.text))
 
@@ -325,7 +338,7 @@ class Episodes:
         """Select, record the step, keep the chosen fork and close the rest; True when the episode
         ended. An episode that failed this round (executor fault, scorer failure), or whose
         advancing raises, has its candidates' forks closed and ends as an error."""
-        fault = next((e.candidate.result.host_error for e in row if e.candidate.result.host_error), None)
+        fault = next((e.result.host_error for e in row if e.result.host_error), None)
         if fault and ep.traj.finish_type != "error":
             fail(ep, fault)
         if ep.traj.finish_type != "error":
@@ -349,7 +362,7 @@ class Episodes:
             if e is not pick and e.state is not None:
                 e.state.close()
         if pick.state is not None:
-            ep.state.close()
+            ep.live_state.close()
             ep.state = pick.state
         step = Step(index=len(ep.traj.steps), candidates=cands, chosen=chosen, observation=pick.observation)
         ep.traj.steps.append(step)
@@ -357,14 +370,14 @@ class Episodes:
         ep.traj.prompt_tokens += sum(c.prompt_tokens for c in cands)
         ep.traj.completion_tokens += sum(c.completion_tokens for c in cands)
         count_step(ep.traj, row)
-        ep.traj.isolation = pick.candidate.result.isolation or ep.traj.isolation
+        ep.traj.isolation = pick.result.isolation or ep.traj.isolation
         ep.history.append(history_entry(pick.candidate, pick.observation))
         ended = pick.ended
         if ended == "finish":
-            ep.traj.finish_type, ep.traj.final_answer = "finish", str(pick.candidate.result.final_answer)
+            ep.traj.finish_type, ep.traj.final_answer = "finish", str(pick.result.final_answer)
         elif ended == "give_up":
             ep.traj.finish_type = "give_up"
-            ep.traj.extra["give_up_reason"] = pick.candidate.result.give_up_reason
+            ep.traj.extra["give_up_reason"] = pick.result.give_up_reason
         elif len(ep.traj.steps) >= self.cfg.max_steps:
             ep.traj.finish_type = "max_steps"
         else:
@@ -417,7 +430,7 @@ def fail(ep: Episode, error: Exception | str) -> Episode:
 def count_step(traj: Trajectory, row: list[Expanded]) -> None:
     """Compute accounting of one expanded step: generated tokens, tool calls, forks."""
     traj.generated_tokens += sum(e.candidate.completion_tokens for e in row)
-    traj.tool_calls += sum(len(e.candidate.result.tool_calls) for e in row)
+    traj.tool_calls += sum(len(e.result.tool_calls) for e in row)
     traj.executor_forks += sum(e.state is not None for e in row)
 
 
@@ -458,7 +471,7 @@ def each_query(episodes: Episodes, one: Callable[[SearchTask], Trajectory], task
             on_done(traj)
 
     if episodes.continuous:
-        stream(one, tasks, max(1, episodes.episodes // width), finished)
+        stream(one, tasks, max(1, episodes.episodes // width), finished, admit=episodes.admit)
         return done
     for task in tasks:
         finished(one(task))

@@ -23,7 +23,7 @@ from codetool.executor.result import (
 from codetool.models.constraint import CallConstraint
 from codetool.rewards import ToolCostTable, on_the_spot, step_cost
 from codetool.search.prompt import CODE_PREFIX, format_observation, parse_candidate, policy_messages
-from codetool.search.records import Candidate
+from codetool.search.records import Candidate, ImportedResult
 from codetool.secrets import redact
 
 if TYPE_CHECKING:
@@ -60,9 +60,16 @@ class Expanded:
     parse_error: str | None = None
 
     @property
+    def result(self) -> ExecutionResult | ImportedResult:
+        """The candidate's result: an expanded candidate always has one (``no_code_result`` for a
+        reply without code, ``host_error_result`` for an executor that raised)."""
+        assert self.candidate.result is not None
+        return self.candidate.result
+
+    @property
     def ended(self) -> str | None:
         """``finish`` or ``give_up`` when this candidate's code ended the episode."""
-        result = self.candidate.result
+        result = self.result
         if result.final_answer is not None:
             return "finish"
         if result.give_up_reason is not None:
@@ -71,31 +78,33 @@ class Expanded:
 
 
 def expand_each(policy, nodes: list[Node], n: int, cfg: SearchConfig, *,
-                seed: int | None = None, timings: dict[str, float] | None = None,
+                seed: int | list[int] | None = None, timings: dict[str, float] | None = None,
                 ) -> list[list[Expanded] | Exception]:
     """:func:`expand`, isolating failures per node: if the batched call raises (a policy error
     for one prompt, e.g. its context is too long), each node is expanded on its own, so only the
-    nodes that still fail get their exception back in place of their row.
+    nodes that still fail get their exception back in place of their row. ``seed`` is one for the
+    call or one per node (each node's samples then depend on its seed alone: the tree builder).
 
     Returns:
         Per node, its row of :class:`Expanded` or the exception that expanding it raised.
     """
     try:
-        return expand(policy, nodes, n, cfg, seed=seed, timings=timings)
+        return [*expand(policy, nodes, n, cfg, seed=seed, timings=timings)]
     except Exception as exc:  # noqa: BLE001 - retried node by node below
         if len(nodes) == 1:
             return [exc]
     rows: list[list[Expanded] | Exception] = []
-    for node in nodes:
+    for i, node in enumerate(nodes):
         try:
-            rows.extend(expand(policy, [node], n, cfg, seed=seed, timings=timings))
+            rows.extend(expand(policy, [node], n, cfg, seed=seed[i:i + 1] if isinstance(seed, list) else seed,
+                               timings=timings))
         except Exception as exc:  # noqa: BLE001 - recorded on this node by the caller
             rows.append(exc)
     return rows
 
 
 def expand(policy, nodes: list[Node], n: int, cfg: SearchConfig, *,
-           seed: int | None = None, timings: dict[str, float] | None = None) -> list[list[Expanded]]:
+           seed: int | list[int] | None = None, timings: dict[str, float] | None = None) -> list[list[Expanded]]:
     """Sample ``n`` candidates for each node in one batched call and execute each in a fork.
 
     Args:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -97,9 +98,17 @@ PRINTED_MARK = "(printed) "
 
 
 def mark_printed(stdout: str) -> str:
-    """``stdout`` with :data:`PRINTED_MARK` before each line that imitates a host line."""
-    return "\n".join(PRINTED_MARK + line if line.lstrip().startswith(HOST_LINES) else line
+    """``stdout`` with :data:`PRINTED_MARK` before each line that imitates a host line: one that starts
+    like it once invisible format characters (zero-width spaces, a byte-order mark) are dropped and
+    compatibility forms folded (NFKC: a full-width ``Ｏutput:``). A look-alike letter of another
+    script (a Cyrillic ``О``) is not caught."""
+    return "\n".join(PRINTED_MARK + line if _plain(line).startswith(HOST_LINES) else line
                      for line in stdout.split("\n"))
+
+
+def _plain(line: str) -> str:
+    visible = "".join(ch for ch in line if unicodedata.category(ch) != "Cf")
+    return unicodedata.normalize("NFKC", visible).lstrip()
 
 
 def cut_output(text: str, max_chars: int, cut: str = "middle") -> str:
@@ -132,7 +141,9 @@ def format_observation(result: ExecutionResult | None, *, max_chars: int = 1500,
         parts.append("Output:\n" + mark_printed(cut_output(stdout, max_chars, cut)))
     if not result.ok:
         kind = result.error_type or result.outcome or "Error"
-        parts.append(f"Error ({kind}): {result.error_message or 'the step failed'}")
+        first, newline, rest = (result.error_message or "the step failed").partition("\n")
+        # the message of the code's own exception is the code's text: its later lines are marked too
+        parts.append(f"Error ({kind}): {first}{newline}{mark_printed(rest) if newline else ''}")
     elif not stdout:
         parts.append("The step ran and printed nothing.")
     failed = [c for c in result.tool_calls if c.status != "ok"]
@@ -160,9 +171,9 @@ def shown_observations(history: list[dict], observation_history: str = "all") ->
     """
     if observation_history not in OBSERVATION_HISTORIES:
         raise ValueError(f"observation_history must be one of {OBSERVATION_HISTORIES}, got {observation_history!r}.")
-    shown = [str(step.get("observation") or "") for step in history]
+    shown: list[str | None] = [str(step.get("observation") or "") for step in history]
     if observation_history == "last":
-        shown = [None] * (len(shown) - 1) + shown[-1:]
+        shown = [*[None] * (len(shown) - 1), *shown[-1:]]
     return shown
 
 

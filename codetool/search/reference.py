@@ -264,7 +264,7 @@ class ReferenceRunner:
         start = stdout.find(sentinel)
         end = stdout.find("\n", start)
         try:
-            ran, marked, length = json.loads(stdout[start + len(sentinel):end]) if start >= 0 and end > 0 else ()
+            ran, marked, length = json.loads(stdout[start + len(sentinel):end]) if start >= 0 and end > 0 else []
         except ValueError:
             return ReferenceOutcome(STATUS_RAISED, stdout.strip()[: self.max_chars])
         text = stdout[end + 1:]

@@ -41,15 +41,15 @@ def rollout_value(search: Episodes, ep: Episode, e: Expanded) -> float | None:
     cfg = search.cfg
     if e.candidate.code is None:
         return 0.0
-    if not_executed(e.candidate.result):
+    if not_executed(e.result) or e.state is None:  # no state: the executor raised (the episode ends as an error)
         return None
     by_prm = search.scorer is not None and cfg.rollout_value in ("prm", "auto")  # prm without one: refused earlier
     names = [api.name for api in ep.task.env.apis]
-    path_calls = ep.traj.executed_calls() + list(e.candidate.result.tool_calls)
+    path_calls = ep.traj.executed_calls() + list(e.result.tool_calls)
     if e.ended and by_prm:
         return _mean_prm_score(search, ep, [search.prm_item(ep.task, ep.history, e.candidate, e.observation)])
     if e.ended:
-        lr = float(e.ended == "finish" and bool(e.candidate.result.ok) and grounded_success(e.candidate.result.final_answer, path_calls, names,
+        lr = float(e.ended == "finish" and bool(e.result.ok) and grounded_success(e.result.final_answer, path_calls, names,
                                                              query=ep.task.query))
         return latent_reward(lr, 0.0, alpha=cfg.alpha, beta=cfg.beta, max_len=cfg.max_len)
     sub_cfg = replace(cfg, k=1, latent="none", w_latent=0.0, max_steps=cfg.rollout_max_steps,
@@ -88,6 +88,7 @@ def rollout_value(search: Episodes, ep: Episode, e: Expanded) -> float | None:
 
 def _mean_prm_score(search: Episodes, ep: Episode, items: list[PRMItem]) -> float:
     """Mean PRM score of ``items``; their tokens are counted on ``ep``'s trajectory."""
+    assert search.scorer is not None  # by_prm: a scorer exists
     values = search.scorer.score(items)
     ep.traj.prm_scored_tokens += prm_tokens(search.scorer, items)
     return float(sum(values) / len(values))

@@ -6,7 +6,10 @@ all of them (``rounds``). A remote server batches by itself, and rounds in locks
 while the slowest episode of the round finishes, executes and is scored. With ``continuous``
 scheduling every episode (every tree node) runs in its own worker thread: as soon as its own
 generation returns it executes, is scored and asks for its next step, so the server always holds
-up to the client's ``max_in_flight`` sequences (``codetool.models.remote``).
+up to the client's ``max_in_flight`` sequences (``codetool.models.remote``). Episodes are
+streamed by :func:`codetool.streaming.stream`: a finished one is handed on in a thread of its own,
+so what the caller does with it (write it, re-run its steps) never delays the next episode
+(issue 39), and a memory cap may hold new ones back (``SearchParts.admit``).
 
 ``search.schedule: auto`` picks ``continuous`` for backends that say so (``continuous = True``:
 the OpenAI-compatible backend) and ``rounds`` otherwise. Seeds never depend on the schedule's
@@ -23,10 +26,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from codetool.streaming import stream  # noqa: F401 - how episodes and tree nodes are streamed
 
 logger = logging.getLogger(__name__)
 
@@ -74,46 +78,6 @@ def planned_units(setting: int | None, remote: bool, schedule: str, client, *, l
     continuous = schedule == "continuous" or (schedule == "auto" and remote)
     return units_in_flight(setting, client if remote else None, continuous, local_default=local_default,
                            per_unit=per_unit)
-
-
-def stream(func: Callable[[Any], Any], items: Iterable, workers: int, on_result: Callable[[Any], None]) -> None:
-    """``func(item)`` for every item, ``workers`` at a time in threads; ``on_result`` sees each
-    result in the calling thread as soon as it is ready (completion order).
-
-    Items are taken from ``items`` only when a worker is free (a generator may build them
-    lazily). When ``func`` raises, no further item starts, the running ones finish and are
-    delivered, then the first exception is raised. On ``KeyboardInterrupt`` the items not yet
-    started are dropped and the running ones are left to end on their own.
-    """
-    pending = iter(items)
-    pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="codetool-unit")
-    running: set[Future] = set()
-    error: BaseException | None = None
-    try:
-        while True:
-            while error is None and len(running) < max(1, workers):
-                item = next(pending, _END)
-                if item is _END:
-                    break
-                running.add(pool.submit(func, item))
-            if not running:
-                break
-            done, running = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                exc = future.exception()
-                if exc is not None:
-                    error = error or exc
-                else:
-                    on_result(future.result())
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown(wait=True)
-    if error is not None:
-        raise error
-
-
-_END = object()
 
 
 class Serialized:
@@ -176,3 +140,4 @@ def closed_on_interrupt(*parts) -> Iterator[None]:
             if getattr(part, "continuous", False) and callable(close):
                 close()
         raise
+

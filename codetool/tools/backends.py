@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from collections.abc import Callable
 
 from codetool import CodetoolError
 from codetool.secrets import redact
@@ -112,7 +112,7 @@ def _mock_tmdb(port: int = 8000, host: str = "127.0.0.1", **options) -> HTTPBack
 
 
 # kind -> constructor; the only place that knows the backend kinds.
-BACKENDS: dict[str, Any] = {
+BACKENDS: dict[str, Callable[..., ToolBackend]] = {  # classes and factories, held to the ToolBackend seam
     "simulator": SimulatorBackend,
     "cache": CacheBackend,
     "server": StableToolBenchClient,

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 from pathlib import Path
 from urllib.parse import quote
 
@@ -107,12 +106,36 @@ def _redact_codetool_spec(path: Path) -> None:
         path.write_text(json.dumps(data, ensure_ascii=False, indent=1), encoding="utf-8")
 
 
+def _write(target: Path, chunks) -> None:
+    """Write ``chunks`` (bytes) to ``target`` through ``<target>.part`` and a rename, refusing a
+    symbolic link at either name (a link planted there would send the data to the file it names)."""
+    from codetool.jsonl import open_output
+
+    if target.is_symlink():
+        raise CodetoolError(f"{target} is a symbolic link (to {os.readlink(target)!r}); refusing to write through it. "
+                            "Remove the link, then fetch again.")
+    tmp = target.with_name(target.name + ".part")
+    tmp.unlink(missing_ok=True)  # a leftover, or a planted link (removing a link is safe)
+    try:
+        with open_output(tmp) as f:
+            for chunk in chunks:
+                f.write(chunk)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def _copy(rel: str, source: Path, target: Path) -> bool:
     src = source / rel
     if not src.is_file():
         return False
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src, target)
+    root, real = source.resolve(), src.resolve()
+    if src.is_symlink() and not real.is_relative_to(root):
+        raise CodetoolError(f"--from-dir: {src} is a symbolic link to {real}, outside {source}; refusing to copy "
+                            "through it. Copy the file itself there, or fetch from another folder.")
+    with open(real, "rb") as f:
+        _write(target, iter(lambda: f.read(1 << 20), b""))
     return True
 
 
@@ -127,10 +150,7 @@ def _download(rel: str, target: Path, client) -> bool:
     if response.status_code != 200:
         logger.warning("could not download %s: HTTP %d", url, response.status_code)
         return False
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".part")
-    tmp.write_bytes(response.content)
-    os.replace(tmp, target)
+    _write(target, [response.content])
     return True
 
 
@@ -155,7 +175,8 @@ def fetch(datasets: list[str], out: Path, from_dir: Path | None = None, timeout_
     report: dict[str, dict[str, list[str]]] = {}
     try:
         for name in datasets:
-            got, missing = [], []
+            got: list[str] = []
+            missing: list[str] = []
             for rel in DATASETS[name]:
                 target = out / rel
                 ok = _copy(rel, from_dir, target) if from_dir is not None else _download(rel, target, client)
@@ -168,9 +189,9 @@ def fetch(datasets: list[str], out: Path, from_dir: Path | None = None, timeout_
         if own_client:
             client.close()
     marker = out / MARKER
-    done = json.loads(marker.read_text()) if marker.is_file() else {}
+    done = json.loads(marker.read_text()) if marker.is_file() and not marker.is_symlink() else {}
     done.update({name: len(r["got"]) for name, r in report.items() if not r["missing"]})
-    marker.write_text(json.dumps(done, indent=1, sort_keys=True))
+    _write(marker, [json.dumps(done, indent=1, sort_keys=True).encode()])
     return report
 
 

@@ -118,6 +118,8 @@ def _read_json(path: Path) -> Any:
                             f"'codetool data --help') or set CODETOOL_DATA to the folder that holds it.")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise CodetoolError(f"{path} is JSON nested too deeply to be a benchmark file.") from None
     except ValueError as e:
         raise CodetoolError(f"{path} is not valid JSON ({e}); fetch it again with '{fetch_hint(path)}'.") from None
 

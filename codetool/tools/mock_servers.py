@@ -20,8 +20,10 @@ or StableToolBench's own scripts (``--service_url http://127.0.0.1:8080/virtual`
 Safety (docs/DESIGN.md §5b): both apps come wrapped in ``codetool.serving.ServerGuard``, the guard
 of every codetool server (:func:`guard`): binds 127.0.0.1 by default; any other address needs an
 API key in an environment variable, checked on every request as ``Authorization: Bearer <key>``
-(or a ``toolbench_key`` header, for StableToolBench's scripts), and per-client limits on
-connections, requests in work (two) and bytes in flight. Request bodies over ``max_body_bytes``
+(or a ``toolbench_key`` header, for StableToolBench's scripts), and the guard's fairness: a client
+is its key or its connection (never its address), requests are worked on in fair order over
+clients, and connections are capped per address and prefix, idle ones closed to make room
+(issue 39). Request bodies over ``max_body_bytes``
 (64 KB by default: a call's arguments are small) get 413, chunked bodies 411, bodies not received in time 408, JSON nested too
 deeply 400, requests over ``timeout_s`` 504, malformed requests a 4xx with a one-line reason; an
 internal error is a one-line 500, never a traceback.
@@ -60,7 +62,8 @@ def guard(app, *, api_key: str | None = None, max_body_bytes: int | None = None,
     ``{"detail": ...}`` as FastAPI's own, and the body must arrive within ``min(timeout_s, 30)`` s."""
     return ServerGuard(app, api_key=api_key, max_body_bytes=max_body_bytes or MOCK_MAX_BODY_BYTES,
                        read_timeout_s=min(timeout_s, READ_TIMEOUT_S), request_timeout_s=timeout_s,
-                       error_field="detail", key_header="toolbench_key", max_requests_per_client=2)
+                       error_field="detail", key_header="toolbench_key", max_requests_per_client=2,
+                       max_in_work=2)  # the interpreter answers one call at a time anyway: a short one goes next
 
 
 def _fastapi_app(title: str):
@@ -157,9 +160,9 @@ def _encode(obj) -> bytes:
 def build_stabletoolbench_app(apis: list[APISpec], *, cache_dir: str | Path | None = None, seed: int = 0, **limits):
     """The guarded app answering StableToolBench's ``POST /virtual`` from the cache, then the
     simulator; ``limits`` (``api_key``, ``max_body_bytes``, ``timeout_s``) go to :func:`guard`.
-    Each call is answered (parsed, simulated, encoded) in a worker thread; the guard lets a
-    client address have two calls in work at once, so one client's large calls do not queue
-    everybody else's."""
+    Each call is answered (parsed, simulated, encoded) in a worker thread; the guard admits calls
+    to the threads in fair order over clients (a key or a connection), so one client's large
+    calls, from however many connections, do not queue everybody else's."""
     from fastapi import Request
     from fastapi.responses import Response
 

@@ -61,7 +61,7 @@ def _parameter(raw: dict) -> Parameter:
                      enum=list(schema["enum"]) if isinstance(schema.get("enum"), list) else None)
 
 
-def _merge_parameters(path: str, *groups: list[dict]) -> list[Parameter]:
+def _merge_parameters(path: str, *groups: list[dict] | None) -> list[Parameter]:
     merged: dict[tuple[str, str], Parameter] = {}
     for group in groups:
         for raw in group or []:
@@ -98,7 +98,7 @@ def _success_response(responses: Any) -> tuple[Any, Any]:
     media = ((chosen or {}).get("content") or {}).get("application/json") or {}
     example = media.get("example")
     if example is None and isinstance(media.get("examples"), dict):
-        first = next(iter(media["examples"].values()), {})
+        first: Any = next(iter(media["examples"].values()), {})
         example = first.get("value") if isinstance(first, dict) else None
     return media.get("schema"), example
 
@@ -162,8 +162,10 @@ def load_openapi(path: Path, tool: str | None = None) -> list[APISpec]:
                             "the folder that holds it.")
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:
+    except ValueError as e:  # UnicodeDecodeError too
         raise CodetoolError(f"{path} is not valid JSON ({e}).") from None
+    except RecursionError:
+        raise CodetoolError(f"{path} is JSON nested too deeply to be an OpenAPI spec.") from None
     if not isinstance(document, dict):
         raise CodetoolError(f"{path}: expected an OpenAPI object, got {type(document).__name__}.")
     tool = tool or str((document.get("info") or {}).get("title") or path.stem)

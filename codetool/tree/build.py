@@ -1,11 +1,15 @@
 """Build binary action trees on training queries: the PRM's training data (CodeTool §3.2).
 
 For each query the builder samples ``branching`` candidate steps at every node, executes each in
-a ``fork()`` of its parent's executor (no step or tool call is ever re-run), and expands until a
+a ``fork()`` of its parent's executor (no step or tool call is re-run, except the steps above
+the open nodes of a tree a killed build started), and expands until a
 leaf: the code called ``finish``/``give_up``, the depth reached ``max_depth``, or (with
 ``failure_policy: stop``) the code failed. The nodes of one depth level are sampled in one batched
 ``generate`` call; that yields the same tree as a depth-first walk and keeps the CPU busy. Each
-tree is seeded by its query id, so ``--shard i/n`` runs and a single run give the same trees.
+node's children are sampled with their own seed, from the tree's seed (base seed and query id) and
+the node's id (:func:`~codetool.tree.nodes.node_seed`; one seed per prompt of the batched call), so
+a tree does not depend on which trees share its batch: ``--shard i/n`` runs, Ray workers, a resumed
+run and a single run give the same trees (up to float rounding in the batched forward passes).
 
 Leaf success (``success``, see :func:`codetool.tree.labels.leaf_success`): ``executed`` (the
 public code's notion: every step on the path ran without an exception or a tool error),
@@ -18,9 +22,12 @@ public code runs it (earlier steps with their prints stripped, then the node; on
 tree), and the statuses and outputs are cached in the record, so ``--relabel`` needs no sandbox.
 Every tree's summary counts its pairs by what decided them and its drops by reason.
 
-Output: one JSON line per finished tree (``kill -9`` loses at most the tree in progress; a rerun
-skips finished query ids, refuses an output written with other settings unless ``--force_resume``,
-and holds a lock on the output), then :mod:`codetool.tree.dataset` turns trees into PRM examples.
+Output: one JSON line per finished tree (a rerun skips finished query ids, refuses an output
+written with other settings unless ``--force_resume``, and holds a lock on the output), then
+:mod:`codetool.tree.dataset` turns trees into PRM examples. Nodes are logged as they are built
+(:mod:`codetool.tree.checkpoint`: level by level here, node by node in :mod:`codetool.tree.grow`),
+so a kill costs at most the level in progress: a rerun continues the trees it started (rebuilding
+the open nodes' states by running the steps above them again) and grows the same trees.
 A tree whose build raises, and a malformed query entry, is recorded as ``finish_type: error`` and
 left out of the dataset; the exit status is 1 (a shard's too) and ``--retry_failed`` rebuilds only
 those (``codetool.resume``). :mod:`codetool.jobs.trees` runs the job: the PRM dataset is exported
@@ -45,6 +52,7 @@ from codetool.search.expand import Node, check_constraints, expand_each
 from codetool.search.prompt import history_entry
 from codetool.search.schedule import is_continuous, serving_records, units_in_flight
 from codetool.search.search import SearchTask
+from codetool.tree.checkpoint import reopen
 from codetool.tree.config import TreeConfig, tree_hash
 from codetool.tree.labels import (
     add_counts,
@@ -61,6 +69,7 @@ from codetool.tree.nodes import (
     faulted,
     guard,
     node_record,
+    node_seed,
     record_error,
     tree_seed,
 )
@@ -96,18 +105,40 @@ class TreeBuilder:
         # than episodes fill the client (codetool.tree.grow).
         self.trees = units_in_flight(config.batch_trees, policy, self.continuous, local_default=8,
                                      per_unit=2 * config.branching)
+        self.node_log = None  # where built nodes go as they are built (codetool.tree.checkpoint.NodeLog)
 
     def build(self, task: SearchTask) -> dict[str, Any]:
         """Build, label and summarise the tree of one query; returns its JSON-able record."""
         return self.build_many([task])[0]
 
-    def build_many(self, tasks: list[SearchTask]) -> list[dict[str, Any]]:
+    def log_nodes(self, task: SearchTask, nodes: dict[str, dict], steps: dict[str, dict]) -> None:
+        """Hand freshly built ``nodes`` (and the history entries of those to expand) to
+        :attr:`node_log` (a :class:`~codetool.tree.checkpoint.NodeLog`, set by the job), if any."""
+        if self.node_log is not None and nodes:
+            self.node_log.write(task.query_id, nodes, steps)
+
+    def start_tree(self, t: int, task: SearchTask, partial: dict | None = None) -> list[FrontierNode]:
+        """The open nodes a tree starts from: its root with a fresh executor, or, for a tree whose
+        nodes a killed run logged (``partial``, :func:`~codetool.tree.checkpoint.read_partial`),
+        the logged tree's open nodes with their states rebuilt (:func:`~codetool.tree.checkpoint.reopen`)."""
+        root = self.make_executor(task)
+        if not partial:
+            return [FrontierNode(t, None, root, [], 0)]
+        return reopen(t, partial, root)
+
+    def build_many(self, tasks: list[SearchTask], partial: dict[str, dict] | None = None) -> list[dict[str, Any]]:
         """Grow the trees of ``tasks`` together, one level at a time.
 
         Every level of every tree is sampled in one batched ``expand`` call, so a local policy
         decodes all frontier nodes in the same forward passes and a server sees them concurrently.
-        The sampling seed of a level is the first tree's seed plus the nodes built so far: with one
-        task it is the tree's own seed sequence.
+        Each frontier node is sampled with its own seed (:func:`~codetool.tree.nodes.node_seed`),
+        the one :mod:`codetool.tree.grow` uses: a tree is the same whatever trees share its batch.
+        Each level's new nodes are logged (:meth:`log_nodes`) before the next level starts, so a
+        kill costs at most the level in progress.
+
+        Args:
+            partial (`dict`, *optional*): ``{query_id: logged nodes}`` of trees a killed run
+                started: they continue from their open nodes (:meth:`start_tree`).
 
         Returns:
             One JSON-able record per task, in order. A tree whose building failed (its executor
@@ -115,32 +146,39 @@ class TreeBuilder:
             ``error`` and no nodes or pairs; the other trees go on.
         """
         cfg, start = self.cfg, time.perf_counter()
-        seed = tree_seed(cfg.seed, tasks[0].query_id)
+        seeds = [tree_seed(cfg.seed, task.query_id) for task in tasks]
         trees: list[dict[str, dict]] = [{} for _ in tasks]
         errors: dict[int, str] = {}  # tree index -> why it failed
-        frontier = [FrontierNode(t, None, st, [], 0) for t, task in enumerate(tasks)
-                    if (st := guard(errors, t, self.make_executor, task)) is not None]
+        frontier: list[FrontierNode] = []
+        for t, task in enumerate(tasks):
+            logged = (partial or {}).get(str(task.query_id))
+            if logged:
+                trees[t].update(logged["nodes"])
+            frontier += guard(errors, t, self.start_tree, t, task, logged) or []
         try:
             while frontier:
                 level = time.perf_counter()
                 rows = expand_each(self.policy, [Node(n.state, n.history, tasks[n.tree]) for n in frontier],
-                                   cfg.branching, self.sample_cfg, seed=seed + sum(map(len, trees)))
+                                   cfg.branching, self.sample_cfg,
+                                   seed=[node_seed(seeds[n.tree], n.node_id) for n in frontier])
                 for n, row in zip(frontier, rows):
                     if isinstance(row, Exception):  # this tree's policy call failed: it ends
                         record_error(errors, n.tree, row)
-                rows = [[] if isinstance(row, Exception) else row for row in rows]
+                done = [[] if isinstance(row, Exception) else row for row in rows]
                 logger.info("trees %s: depth %d, %d nodes sampled and executed in %.1f s",
                             ", ".join(str(t.query_id) for t in tasks[:3]) + (", ..." if len(tasks) > 3 else ""),
-                            frontier[0].depth + 1, sum(map(len, rows)), time.perf_counter() - level)
+                            frontier[0].depth + 1, sum(map(len, done)), time.perf_counter() - level)
                 next_frontier = []
-                for n, row in zip(frontier, rows):
+                built: dict[int, tuple[dict, dict]] = {}  # tree -> (new nodes, their steps), logged below
+                for n, row in zip(frontier, done):
                     t, parent, state, history, depth = n.tree, n.node_id, n.state, n.history, n.depth
                     if faulted(errors, t, row):
                         state.close()
                         continue
+                    nodes, steps = built.setdefault(t, ({}, {}))
                     for i, e in enumerate(row, 1):
                         node_id = f"{parent}-{i}" if parent else str(i)
-                        node = trees[t][node_id] = node_record(node_id, parent, depth + 1, e)
+                        node = trees[t][node_id] = nodes[node_id] = node_record(node_id, parent, depth + 1, e)
                         stop = (cfg.failure_policy == "stop" and not node["ok"]) or not node["executed"]  # nothing to grow from
                         if e.ended or depth + 1 >= cfg.max_depth or stop:
                             node["leaf"] = True
@@ -148,17 +186,20 @@ class TreeBuilder:
                                 e.state.close()
                             continue
                         child = e.state if e.state is not None else state.fork()
-                        step = history_entry(e.candidate, e.observation)
+                        step = steps[node_id] = history_entry(e.candidate, e.observation)
                         next_frontier.append(FrontierNode(t, node_id, child, history + [step], depth + 1))
                     state.close()
                 frontier = drop_failed(next_frontier, errors)
+                for t, (nodes, steps) in built.items():
+                    if t not in errors:
+                        self.log_nodes(tasks[t], nodes, steps)
         finally:
             for n in frontier:
                 n.state.close()
         seconds = (time.perf_counter() - start) / len(tasks)  # the batch's time, shared evenly
         records = [guard(errors, t, self.record, task, tree, seconds) if t not in errors else None
                    for t, (task, tree) in enumerate(zip(tasks, trees))]
-        return [error_record(task, errors[t], seconds, self.chash) if t in errors else record
+        return [error_record(task, errors[t], seconds, self.chash) if t in errors or record is None else record
                 for t, (task, record) in enumerate(zip(tasks, records))]
 
     def record(self, task: SearchTask, tree: dict[str, dict], seconds: float) -> dict[str, Any]:

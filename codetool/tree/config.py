@@ -15,6 +15,7 @@ from codetool.config import ConfigError, config_hash, option
 from codetool.config_groups import with_defaults
 from codetool.distributed.ray_cluster import ShardedWorkersGroup
 from codetool.executor import ExecutorConfig
+from codetool.memory_use import MemoryGroup
 from codetool.models.spec import PolicyGroup
 from codetool.resume import OutputGroup
 from codetool.search.config import SearchConfig
@@ -22,13 +23,24 @@ from codetool.tools.config import ToolBackendGroup
 from codetool.tree.labels import LABEL_RULES, SUCCESS_MODES
 from codetool.tree.search_settings import TREE_SEARCH
 
-TreePolicy = with_defaults(PolicyGroup, policy_max_batch_size=32)  # a tree level decodes many candidates at once
-TreeTools = with_defaults(ToolBackendGroup, tools_backend="simulator")
-TreeOutput = with_defaults(OutputGroup, output="runs/trees/trees.jsonl")
+
+@with_defaults(policy_max_batch_size=32)  # a tree level decodes many candidates at once
+class TreePolicy(PolicyGroup):
+    """The policy group of ``build-trees``."""
+
+
+@with_defaults(tools_backend="simulator")
+class TreeTools(ToolBackendGroup):
+    """The tools group of ``build-trees``: the simulator unless told otherwise."""
+
+
+@with_defaults(output="runs/trees/trees.jsonl")
+class TreeOutput(OutputGroup):
+    """The output group of ``build-trees``."""
 
 
 @dataclass
-class TreeConfig(TreePolicy, TreeTools, TreeOutput, ShardedWorkersGroup):
+class TreeConfig(TreePolicy, TreeTools, TreeOutput, ShardedWorkersGroup, MemoryGroup):
     """Settings of ``codetool build-trees``: the groups it composes (policy, tools, output, workers
     with shards) and its own."""
 
@@ -99,4 +111,4 @@ def tree_hash(cfg: TreeConfig) -> str:
     """The config hash stored in tree records and checked on resume (not paths, sharding or speed)."""
     return config_hash(cfg, ignore=("output", "dataset_dir", "shard", "merge", "limit", "batch_trees",
                                     "policy_max_batch_size", "retry_failed", "force_resume", "relabel", "ray",
-                                    "cluster", "policy_client"))
+                                    "cluster", "policy_client", "max_memory_mb"))

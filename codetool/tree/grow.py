@@ -26,7 +26,6 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from codetool.resume import unit_seed
 from codetool.search.expand import Node, expand_each
 from codetool.search.prompt import history_entry
 from codetool.search.search import SearchTask
@@ -35,6 +34,7 @@ from codetool.tree.nodes import (
     error_record,
     faulted,
     node_record,
+    node_seed,
     record_error,
     tree_seed,
 )
@@ -53,19 +53,21 @@ class _Tree:
     started: float = field(default_factory=time.perf_counter)
 
 
-def node_seed(tree: int, node_id: str | None) -> int:
-    """The sampling seed of a node: from its tree's seed and its id (``None`` for the root)."""
-    return unit_seed(tree, [[node_id or "root"]])
-
-
-def grow(builder, tasks: Iterable[SearchTask], on_done: Callable[[dict], None], *, trees: int, workers: int) -> None:
+def grow(builder, tasks: Iterable[SearchTask], on_done: Callable[[dict], None], *, trees: int, workers: int,
+         admit: Callable[[int], bool] | None = None, partial: dict[str, dict] | None = None) -> None:
     """Grow the tree of every task, ``trees`` at a time, with at most ``workers`` jobs running.
 
     Args:
-        builder (`TreeBuilder`): its policy, settings, executor factory and judge.
+        builder (`TreeBuilder`): its policy, settings, executor factory and judge; each expanded
+            node's children go to :meth:`~codetool.tree.build.TreeBuilder.log_nodes` at once.
         tasks (`Iterable[SearchTask]`): taken one at a time as trees finish.
         on_done (`Callable[[dict], None]`): receives each tree record (or error record) in this
             thread as soon as the tree is done.
+        admit (`Callable[[int], bool]`, *optional*): whether a new tree may start beside the number
+            growing (a memory cap, :class:`codetool.memory_use.MemoryGate`); asked again when a job
+            ends or half a second later; a tree always starts when none grows.
+        partial (`dict`, *optional*): ``{query_id: logged nodes}`` of trees a killed run started:
+            they continue from their open nodes.
     """
     cfg, sample_cfg = builder.cfg, builder.sample_cfg
     pending = iter(tasks)
@@ -81,7 +83,7 @@ def grow(builder, tasks: Iterable[SearchTask], on_done: Callable[[dict], None], 
 
     def expand_node(n: FrontierNode, tree: _Tree):
         node = Node(n.state, n.history, tree.task)
-        return expand_each(builder.policy, [node], cfg.branching, sample_cfg, seed=node_seed(tree.seed, n.node_id))[0]
+        return expand_each(builder.policy, [node], cfg.branching, sample_cfg, seed=[node_seed(tree.seed, n.node_id)])[0]
 
     def close_tree(t: int) -> None:
         # A judged success asks the judge, which may be a local model that must not run in several
@@ -118,9 +120,10 @@ def grow(builder, tasks: Iterable[SearchTask], on_done: Callable[[dict], None], 
         if faulted(errors, t, row):
             n.state.close()
             return
+        nodes, steps = {}, {}
         for i, e in enumerate(row, 1):
             node_id = f"{n.node_id}-{i}" if n.node_id else str(i)
-            node = tree.nodes[node_id] = node_record(node_id, n.node_id, n.depth + 1, e)
+            node = tree.nodes[node_id] = nodes[node_id] = node_record(node_id, n.node_id, n.depth + 1, e)
             stop = (cfg.failure_policy == "stop" and not node["ok"]) or not node["executed"]  # nothing to grow from
             if e.ended or n.depth + 1 >= cfg.max_depth or stop:
                 node["leaf"] = True
@@ -129,15 +132,25 @@ def grow(builder, tasks: Iterable[SearchTask], on_done: Callable[[dict], None], 
                 continue
             child = e.state if e.state is not None else n.state.fork()
             tree.open += 1
-            ready.append(FrontierNode(t, node_id, child, n.history + [history_entry(e.candidate, e.observation)],
-                                      n.depth + 1))
+            step = steps[node_id] = history_entry(e.candidate, e.observation)
+            ready.append(FrontierNode(t, node_id, child, n.history + [step], n.depth + 1))
         n.state.close()
+        builder.log_nodes(tree.task, nodes, steps)
 
     try:
         while True:
-            while len(live) < trees and (task := next(pending, None)) is not None:
+            held = False
+            while len(live) < trees:
+                if live and admit is not None and not admit(len(live)):
+                    held = True  # asked again when a job ends, or half a second later
+                    break
+                if (task := next(pending, None)) is None:
+                    break
+                logged = (partial or {}).get(str(task.query_id))
                 live[counter] = _Tree(task, tree_seed(cfg.seed, task.query_id), open=1)
-                submit("start", counter, builder.make_executor, task)
+                if logged:
+                    live[counter].nodes.update(logged["nodes"])
+                submit("start", counter, builder.start_tree, counter, task, logged)
                 counter += 1
             while ready and len(running) < workers:
                 n = ready.pop()  # deepest first: trees finish early and close their executors
@@ -148,18 +161,20 @@ def grow(builder, tasks: Iterable[SearchTask], on_done: Callable[[dict], None], 
                     submit("node", n, expand_node, n, live[n.tree])
             if not running:
                 break
-            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            done, _ = wait(list(running), timeout=0.5 if held else None, return_when=FIRST_COMPLETED)
             for future in done:
                 kind, payload = running.pop(future)
                 exc = future.exception()
                 if kind == "record":
-                    land(*payload, future.result)
-                elif kind == "start":
+                    index, done_task, seconds = payload
+                    land(index, done_task, seconds, future.result)
+                elif kind == "start":  # the root, or the open nodes of a logged tree (maybe none left)
                     if exc is not None:
                         record_error(errors, payload, exc)
                     else:
-                        ready.append(FrontierNode(payload, None, future.result(), [], 0))
-                        continue
+                        opened = future.result()
+                        ready.extend(opened)
+                        live[payload].open += len(opened)
                     settle(payload)
                 else:
                     on_row(payload, exc if exc is not None else future.result())

@@ -13,6 +13,7 @@ from typing import Any
 
 from codetool.executor.channel import log_safe
 from codetool.executor.result import StepExecutor
+from codetool.resume import unit_seed
 from codetool.rewards import not_executed
 from codetool.search.search import SearchTask
 from codetool.secrets import redact
@@ -23,6 +24,13 @@ logger = logging.getLogger(__name__)
 def tree_seed(base: int, query_id: str) -> int:
     """A per-tree seed that depends only on the base seed and the query id."""
     return int(hashlib.sha256(f"{base}:{query_id}".encode()).hexdigest()[:8], 16)
+
+
+def node_seed(tree: int, node_id: str | None) -> int:
+    """The sampling seed of a node's children: from its tree's seed and its id (``None`` for the
+    root). Every path that grows trees (level by level, node by node, sharded, on Ray, resumed)
+    samples a node with this seed alone, so a tree never depends on which trees share its batch."""
+    return unit_seed(tree, [[node_id or "root"]])
 
 
 def node_record(node_id: str, parent: str | None, depth: int, e) -> dict[str, Any]:
@@ -51,7 +59,7 @@ class FrontierNode:
 
     tree: int
     node_id: str | None
-    state: StepExecutor | None
+    state: StepExecutor
     history: list[dict]
     depth: int
 

@@ -227,6 +227,12 @@ class ReferenceRow:
     parent_res: str = ""
 
 
+def _estimates(path: ReferencePath) -> tuple[int, float]:
+    """``(hard_estimate, soft_estimate)`` of a path that ``score_path`` filled."""
+    assert path.hard_estimate is not None and path.soft_estimate is not None, "score_path first"
+    return path.hard_estimate, path.soft_estimate
+
+
 def sft_rows(paths: list[ReferencePath], pairs: list[tuple[int, int]]) -> list[ReferenceRow]:
     """``get_sft_data``: the rows of ``pairs`` in order (module docstring)."""
     by_name = {p.name: p for p in paths}
@@ -237,7 +243,8 @@ def sft_rows(paths: list[ReferencePath], pairs: list[tuple[int, int]]) -> list[R
         for a in (0, 1):
             me, other = both[a], both[1 - a]
             if me.current_exec == other.current_exec:
-                yes = me.hard_estimate > other.hard_estimate or me.soft_estimate > other.soft_estimate
+                (my_hard, my_soft), (their_hard, their_soft) = _estimates(me), _estimates(other)
+                yes = my_hard > their_hard or my_soft > their_soft
             else:
                 yes = me.current_exec
             if depth == 1:

@@ -1,0 +1,61 @@
+"""The unit runner of ``codetool run`` (issue 39): what a finished trajectory still needs (the
+reference re-run of its steps, its final answer) runs beside the search, never in its way."""
+
+from __future__ import annotations
+
+import threading
+
+from codetool.config import load_config
+from codetool.jobs.queries import QueryRunner, RunConfig, load_benchmark, run_hash
+from tests.test_search_schedule import ServerLike
+
+WAIT_S = 20.0  # a safety net only: the test asserts which episodes had started, never a duration
+
+
+class Recording(ServerLike):
+    """A server-like policy that says when the first step of ``queries`` queries was asked for."""
+
+    def __init__(self, queries: int, **kwargs):
+        super().__init__(**kwargs)
+        self.queries, self.all_started = queries, threading.Event()
+
+    def generate(self, prompts, *args, **kwargs):
+        out = super().generate(prompts, *args, **kwargs)
+        if len(self.seeds) >= self.queries:
+            self.all_started.set()
+        return out
+
+
+def test_the_reference_re_run_does_not_hold_back_the_next_episodes(shared_data, monkeypatch):
+    """Two episodes in flight, six queries; the re-run of the first trajectory to finish waits
+    until every query has started. Before issue 39 it ran in the thread that starts episodes, so
+    no third episode could start while it waited."""
+    import codetool.jobs.queries as queries
+
+    policy = Recording(6, finish_at=2)
+    seen: list[tuple[str, bool]] = []
+
+    def slow_rerun(traj, task, make_executor):
+        seen.append((traj.query_id, policy.all_started.wait(WAIT_S)))
+        traj.extra["reference_steps"] = [{"status": 0, "res": "re-run"}] * len(traj.steps)
+        return True
+
+    monkeypatch.setattr(queries, "record_reference_steps", slow_rerun)
+    cfg = load_config(RunConfig, overrides={
+        "benchmark": "stabletoolbench", "group": "G1_instruction", "data_dir": str(shared_data), "limit": 6,
+        "search.k": 1, "search.max_steps": 3, "search.concurrency": 2, "search.latent": "none",
+        "executor.isolation": "fallback",
+        "answer.final_answer": "off", "max_memory_mb": 0})
+    records = []
+    with QueryRunner(cfg, run_hash(cfg), policy=policy) as runner:
+        assert runner.continuous and runner.search.episodes == 2
+        assert runner.run(load_benchmark(cfg), records.append) == 0
+    assert seen[0][1], "no other episode started while the first trajectory's steps were re-run"
+    assert len(records) == 6 and all(r["finish_type"] == "finish" and len(r["steps"]) == 2 for r in records)
+    assert all(r["extra"]["reference_steps"] == [{"status": 0, "res": "re-run"}] * 2 for r in records)
+
+
+def test_the_memory_cap_is_not_part_of_the_settings_hash():
+    base = {"benchmark": "stabletoolbench", "group": "G1_instruction"}
+    assert run_hash(load_config(RunConfig, overrides=base)) == run_hash(
+        load_config(RunConfig, overrides={**base, "max_memory_mb": 512}))
