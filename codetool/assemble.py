@@ -178,7 +178,7 @@ def make_task(query, backend, *, max_response_chars: int = 20000, tool_doc: str 
     from codetool.tools.environment import ToolEnvironment
 
     env = ToolEnvironment.from_query(query, backend, max_response_chars=max_response_chars, render_style=tool_doc)
-    extra = {"relevant_apis": [list(p) for p in query.relevant_apis]}
+    extra: dict[str, Any] = {"relevant_apis": [list(p) for p in query.relevant_apis]}
     if query.gold_path is not None:
         extra["gold_path"] = list(query.gold_path)
     if query.extra.get("missing_apis"):

@@ -46,7 +46,7 @@ def world_policy():
     return ScriptedBackend(reply)
 
 
-def testbed_config(tmp_path, tiny_model_dir, **over) -> PipelineConfig:
+def _testbed_config(tmp_path, tiny_model_dir, **over) -> PipelineConfig:
     return PipelineConfig(
         name="tb", runs_dir=str(tmp_path), policy=str(tiny_model_dir),
         trees=TreeConfig(queries="world:train:3", tools_backend="world", success="answer", branching=2, max_depth=5,
@@ -67,7 +67,7 @@ def test_testbed_pipeline_end_to_end(monkeypatch, tiny_model_dir, tmp_path, cana
     import codetool.assemble as assemble
 
     monkeypatch.setattr(assemble, "make_policy", lambda *a, **k: world_policy())
-    cfg = testbed_config(tmp_path, tiny_model_dir)
+    cfg = _testbed_config(tmp_path, tiny_model_dir)
     assert run_pipeline(cfg) == dict.fromkeys(STAGES, "ran")
     root = tmp_path / "tb"
     trees = list(read_jsonl(root / "trees" / "trees.jsonl"))

@@ -32,8 +32,9 @@ import os
 import platform
 import re
 from collections import defaultdict
+from collections.abc import Hashable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -61,12 +62,17 @@ def world_scores(paths: list[str | Path]) -> dict[str, dict[int, dict[str, float
     return dict(out)
 
 
+def _seed_means(per_seed: dict[int, dict[str, float]]) -> dict[Hashable, float]:
+    """Per query, its mean success over the seeds (:func:`mean_over_seeds` of the seeds' scores)."""
+    return mean_over_seeds(cast("list[Mapping[Hashable, float]]", list(per_seed.values())))
+
+
 def method_rows(scores: dict[str, dict[int, dict[str, float]]], *, samples: int = 2000, seed: int = 0) -> list[dict]:
     """One row per method: queries, seeds, success (mean over queries of the seed means) with its
     95% bootstrap interval over queries, and the success of each seed."""
     rows = []
     for method, per_seed in scores.items():
-        per_query = mean_over_seeds(per_seed.values())
+        per_query = _seed_means(per_seed)
         low, high = bootstrap_mean(per_query.values(), samples=samples, seed=seed)
         rows.append({"method": method, "queries": len(per_query), "seeds": sorted(per_seed),
                      "success": float(np.mean(list(per_query.values()))) if per_query else float("nan"),
@@ -78,7 +84,7 @@ def method_rows(scores: dict[str, dict[int, dict[str, float]]], *, samples: int 
 def paired_rows(scores: dict[str, dict[int, dict[str, float]]], comparisons: list[tuple[str, str]], *,
                 samples: int = 2000, seed: int = 0) -> list[dict]:
     """:func:`paired_difference` of each ``(a, b)`` whose methods both ran (seed means per query)."""
-    means = {m: mean_over_seeds(v.values()) for m, v in scores.items()}
+    means = {m: _seed_means(v) for m, v in scores.items()}
     return [paired_difference(means[a], means[b], names=(a, b), samples=samples, seed=seed).to_dict()
             for a, b in comparisons if a in means and b in means]
 
@@ -106,7 +112,7 @@ def prm_pair_accuracy(trees: str | Path, scores: str | Path, *, samples: int = 2
             kind = ("none_ran", "one_ran", "both_ran")[ran]
             kinds[kind][qid].append(1.0 if a > b else 0.5 if a == b else 0.0)
     rng = np.random.default_rng(seed)
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for kind, by_query in kinds.items():
         wins = np.array([sum(v) for v in by_query.values()], dtype=np.float64)
         count = np.array([len(v) for v in by_query.values()], dtype=np.float64)

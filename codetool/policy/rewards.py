@@ -228,8 +228,8 @@ class AnswerReward(StepReward):
             return []
         key = (episode.task.extra or {}).get("answer")
         last = episode.steps[-1].candidate.result
-        value = float(bool(key) and episode.finish_type == "finish" and last is not None and bool(last.ok)
-                      and check_answer(key, episode.final_answer))
+        value = float(isinstance(key, dict) and bool(key) and episode.finish_type == "finish"
+                      and last is not None and bool(last.ok) and check_answer(key, episode.final_answer))
         return [None] * (len(episode.steps) - 1) + [value]
 
 

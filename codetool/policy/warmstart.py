@@ -121,7 +121,8 @@ def demonstrations(queries: list, *, max_observation_chars: int, recover_share: 
         plan = [(call_code(n, a), True) for n, a in q.calls]
         if rng.random() < recover_share:
             k = rng.randrange(len(q.calls))
-            wrong = _wrong_call(*q.calls[k], rng)
+            name, arguments = q.calls[k]
+            wrong = _wrong_call(name, arguments, rng)
             if wrong is not None:
                 plan.insert(k, (call_code(*wrong), False))
         steps = []

@@ -110,18 +110,18 @@ def check_answer(key: Mapping, answer: str | None) -> bool:
         return False
     given = list(key.get("given") or [])
     if kind == "number":
-        value, decimals = float(key["value"]), int(key.get("decimals", 0))
+        number, decimals = float(key["value"]), int(key.get("decimals", 0))
         numbers = find_numbers(text)
-        if not any(_close(x, value, decimals) for x in numbers):
+        if not any(_close(x, number, decimals) for x in numbers):
             return False
         allowed = [float(g) for g in given]
-        return all(_close(x, value, decimals) or any(math.isclose(x, g, abs_tol=1e-9) for g in allowed)
+        return all(_close(x, number, decimals) or any(math.isclose(x, g, abs_tol=1e-9) for g in allowed)
                    for x in numbers)
     if kind == "date":
-        value = dt.date.fromisoformat(str(key["value"]))
+        day = dt.date.fromisoformat(str(key["value"]))
         dates, _ = find_dates(text)
-        allowed = {dt.date.fromisoformat(str(g)) for g in given}
-        return value in dates and all(d == value or d in allowed for d in dates)
+        allowed_days = {dt.date.fromisoformat(str(g)) for g in given}
+        return day in dates and all(d == day or d in allowed_days for d in dates)
     domain = key.get("domain")
     if domain not in domains():
         raise ValueError(f"answer key domain must be one of {sorted(domains())}, got {domain!r}.")

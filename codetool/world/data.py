@@ -18,6 +18,7 @@ import math
 import random
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 WORLD_SEED = 41
 YEAR = 2025  # forecasts and stock prices cover this year
@@ -153,9 +154,10 @@ def world() -> World:
         ticker = (letters + name.replace(" ", "")[1:4]).upper()[:4]
         companies[kid] = Company(kid, name, ticker, rng.randrange(120, 90_000), rng.randrange(1902, 2019),
                                  rng.choice(city_ids))
-    products = {pid: {"product_id": pid, "name": name, "price_usd": round(rng.uniform(8, 260), 2),
-                      "weight_kg": round(rng.uniform(0.1, 6.5), 2)}
-                for pid, name in zip(_ids(rng, "P", 4, len(_PRODUCTS)), _PRODUCTS)}
+    products: dict[str, dict[str, Any]] = {
+        pid: {"product_id": pid, "name": name, "price_usd": round(rng.uniform(8, 260), 2),
+              "weight_kg": round(rng.uniform(0.1, 6.5), 2)}
+        for pid, name in zip(_ids(rng, "P", 4, len(_PRODUCTS)), _PRODUCTS)}
     users, orders = {}, {}
     order_ids = iter(_ids(rng, "O", 5, 400))
     names = rng.sample([(f, last) for f in _FIRST for last in _LAST], 40)
@@ -165,8 +167,8 @@ def world() -> World:
         dates = sorted((_date(rng, 2023, 2025) for _ in range(rng.randrange(1, 9))), reverse=True)
         for placed in dates:
             oid = next(order_ids)
-            items = [{"product_id": pid, "qty": rng.randrange(1, 4)} for pid in rng.sample(sorted(products),
-                                                                                           rng.randrange(1, 4))]
+            picked = rng.sample(sorted(products), rng.randrange(1, 4))
+            items: list[dict[str, Any]] = [{"product_id": pid, "qty": rng.randrange(1, 4)} for pid in picked]
             total = round(sum(products[i["product_id"]]["price_usd"] * i["qty"] for i in items), 2)
             orders[oid] = Order(oid, uid, placed, items, total, rng.choice(("delivered", "shipped", "processing")))
             user.orders.append(oid)
