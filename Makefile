@@ -56,6 +56,7 @@ demo: setup
 
 # The testbed (docs/TESTBED.md): the world policy is built once (cached under checkpoints/testbed/),
 # then trees -> PRM -> 4 methods x 3 seeds on held-out world queries -> train-policy before/after.
+# Several CPU-hours on 2 cores (projected from measured CPU time; docs/TESTBED.md section 5).
 testbed: setup
 	$(CODETOOL) setup --testbed
 	$(CODETOOL) pipeline --config configs/pipeline/testbed.yaml
