@@ -312,7 +312,7 @@ def _host_peak() -> str | None:
     """The ``memory.max_usage_in_bytes`` of this process's own memory cgroup (v1), which holds the
     host and every sandbox it starts: what this benchmark's process family adds, whatever the
     other processes of the machine do."""
-    from codetool.executor.cgroups import memory_base
+    from codetool.executor.kernel.cgroups import memory_base
 
     found = memory_base()
     if found is None or found[1] != 1:

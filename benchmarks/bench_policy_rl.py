@@ -126,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         "output_dir": tmp, "prompts": prompts, "evals": [], "max_steps": args.steps, "num_generations": args.episodes,
         "per_device_train_batch_size": args.episodes, "lora_layers": 8, "save_steps": 10**6, "learning_rate": 5e-4,
         "settings": [{"name": "outcome+spot+prm", "grounded": 1.0, "on_the_spot": 0.5, "prm": 0.5}],
-        "rollout": {"k": 1, "max_steps": args.max_steps, "max_new_tokens": 32, "max_observation_chars": 300,
-                    "constrain": "line", "latent": "none", "w_latent": 0.0}, "executor": {"timeout_s": 10}})
+        "rollout": {"max_steps": args.max_steps, "max_new_tokens": 32, "max_observation_chars": 300,
+                    "constrain": "line"}, "executor": {"timeout_s": 10}})
     scorer, prm_name = scorer_for(args.prm)
     with contextlib.ExitStack() as stack:
         bench = "restbench-tmdb" if args.queries == "restbench" else "toolbench"

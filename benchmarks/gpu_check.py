@@ -365,8 +365,7 @@ def section_policy_rl(args, ctx) -> dict:
         "per_device_train_batch_size": 2, "save_steps": 10**6, "learning_rate": 1e-4, "prompts": [
             {"benchmark": "restbench-tmdb"}], "evals": [], "never_train_on": [], "prm": "given",
         "settings": [{"name": "outcome+spot+prm", "grounded": 1.0, "on_the_spot": 0.5, "prm": 0.5}],
-        "rollout": {"k": 1, "max_steps": 2, "max_new_tokens": 16, "latent": "none", "w_latent": 0.0,
-                    "constrain": "line"}, "executor": {"timeout_s": 10}})
+        "rollout": {"max_steps": 2, "max_new_tokens": 16, "constrain": "line"}, "executor": {"timeout_s": 10}})
     run = cfg.run_config(cfg.run_settings[0], 0, cfg.output_dir)
     start = time.perf_counter()
     summary = train_run(run, _policy_tasks(), scorer=scorer, prm_name="random Qwen2.5-shaped PRM")

@@ -2,7 +2,7 @@
 
 A job against a server keeps many units in flight (``run``: episodes; ``build-trees``: trees),
 and each holds memory on the client: its sandbox processes (a worker per executor, forks during
-a step; roots shared through :class:`codetool.executor.pool.FamilyPool`), its state and its
+a step; roots shared through :class:`codetool.executor.FamilyPool`), its state and its
 requests. :func:`tree_memory` measures this process and all its descendants: the proportional set
 size (PSS: each shared page split among the processes that share it, so the sum is what the
 processes really take; the sum of resident sizes counts a page shared by 60 forks 60 times) where

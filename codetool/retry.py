@@ -10,7 +10,7 @@ which adds endpoint failover and a shorter budget before a server has ever answe
 :class:`codetool.tools.clients.StableToolBenchClient`. Why not a library: ``tenacity`` would be a
 new dependency whose callbacks would have to read the client's failover and reachability state
 mid-loop, and httpx's transport retries repeat connection failures only, at once, without
-backoff, status codes or ``Retry-After`` (docs/ARCHITECTURE.md section 7).
+backoff, status codes or ``Retry-After`` (docs/ARCHITECTURE.md section 6).
 """
 
 from __future__ import annotations

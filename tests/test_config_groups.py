@@ -55,9 +55,13 @@ NAMESAKES = {
     ("TrainPolicyConfig", "policy_dtype"), ("TrainPolicyConfig", "tool_cache_dir"),
     ("TrainPolicyConfig", "tool_doc"), ("TrainPolicyConfig", "tools_backend"), ("TrainProbeConfig", "output"),
     ("TreeConfig", "limit"), ("TreeConfig", "seed"),
+    # the search's StepGroup (issue 38): other models' generation limits (answer, generate, judge,
+    # router), an evaluation set's override of the observation cut, the probe's prompt format
+    ("AnswerConfig", "max_new_tokens"), ("GenerateConfig", "max_new_tokens"), ("JudgeConfig", "max_new_tokens"),
+    ("RouterConfig", "max_new_tokens"), ("EvalSetConfig", "max_observation_chars"), ("TrainProbeConfig", "step_format"),
 }
 
-PARSE_MODULES = {"codetool.cli"}  # where a spec may be parsed outside a config's __post_init__
+PARSE_MODULES = {"codetool.cli", "codetool.api"}  # where text enters outside a config's __post_init__ (the CLI, the Python API)
 
 
 def _help(cls: type) -> dict[str, str]:

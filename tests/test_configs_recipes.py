@@ -29,6 +29,11 @@ def test_paper_recipe_reproduces_the_reference_settings():
         assert (search.temperature, search.top_p) == (0.9, 0.95)
     assert (cfg.search.alpha, cfg.search.beta, cfg.search.max_len, cfg.search.max_steps) == (0.9, 0.95, 20.0, 5)
     assert {m.k for m in cfg.methods if m.name != "single-sample"} == {2}
+    # the four methods of CodeTool's table, three search seeds (issue 38)
+    assert [(m.name, m.k, m.w_spot, m.w_latent, m.w_cost, m.latent) for m in cfg.methods] == [
+        ("single-sample", 1, 1.0, 0.0, 0.0, "none"), ("spot-only", 2, 1.0, 0.0, 0.0, "none"),
+        ("latent-only", 2, 0.0, 1.0, 0.0, "prm"), ("spot+latent", 2, 1.0, 1.0, 0.0, "prm")]
+    assert cfg.seeds == [0, 1, 2] and cfg.trees.never_train_on == ["stabletoolbench", "restbench-tmdb"]
     assert (cfg.search.tie_break, cfg.search.observation_cut, cfg.search.reference_steps) == ("reference", "head", True)
     assert cfg.answer.final_answer == "reference" and cfg.judge.blank_finish == "judge"
     assert (cfg.train.format.interface, cfg.train.max_samples) == ("reference", 10000)
@@ -44,7 +49,8 @@ def test_paper_prm_training_recipe():
     # the paper's 8 GPUs are the launch line's --num_processes (the config leaves the count to it)
     usage = re.search(r"--num_processes (\d+)", (REPO / "configs" / "accelerate" / "deepspeed_zero3.yaml").read_text())
     assert cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * int(usage[1]) == 16
-    assert "deepspeed_zero3.yaml --num_processes 8" in (REPO / "README.md").read_text()
+    assert "deepspeed_zero3.yaml --num_processes 8" in (REPO / "docs" / "PAPER.md").read_text()
+    assert (REPO / "scripts" / "paper" / "env.sh").read_text().count("TRAIN_GPUS=${TRAIN_GPUS:-8}") == 1
     assert (cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps) == (1, 2)
     assert cfg.format.max_length == 8192 and cfg.format.candidate_output == "hide"
     assert cfg.eval_fraction == 0.1
@@ -66,7 +72,8 @@ def test_improved_recipe_differs_only_where_it_says():
     for name in vars(paper.search):
         if name not in ("observation_history", "max_observation_chars", "tie_break", "observation_cut"):
             assert getattr(improved.search, name) == getattr(paper.search, name), name
-    assert improved.methods == paper.methods and improved.evals == paper.evals
+    assert improved.methods[:len(paper.methods)] == paper.methods and improved.evals == paper.evals
+    assert improved.seeds == paper.seeds == [0, 1, 2]
     assert improved.prm_checkpoint != paper.prm_checkpoint
 
 

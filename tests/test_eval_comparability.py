@@ -53,8 +53,8 @@ def test_check_defaults_are_the_package_defaults():
 
 
 def _block(judge_cfg, *, settings=None, name="openai:gpt-4-turbo-2024-04-09@https://api.openai.com/v1",
-           sources=("generated",), mode="tools", report=None, recorded=None, runs=None):
-    trajs = [Trajectory(str(i), "q", "stabletoolbench", "G1_instruction", "m", final_answer="a",
+           sources=("generated",), mode="tools", report=None, recorded=None, runs=None, benchmark="custom"):
+    trajs = [Trajectory(str(i), "q", benchmark, "G1_instruction", "m", final_answer="a",
                         finish_type="max_steps" if s == "generated" else "finish",
                         extra={"answer_source": s} if s == "generated" else {}) for i, s in enumerate(sources)]
     for t in trajs:
@@ -74,7 +74,10 @@ def test_no_deviation_only_when_everything_matches():
     block = _block(JudgeConfig(**CODETOOL_JUDGE))
     assert block["target"] == "codetool" and block["deviations"] == []
     assert block["settings_checked"] == len([c for c in CHECKS if "codetool" in c.expected])
-    assert "No deviation from CodeTool's table found" in "\n".join(render_block(block))
+    text = "\n".join(render_block(block))
+    assert "No setting deviates from CodeTool's table" in text and "known differences below remain" in text
+    assert any(d.startswith("on-the-spot reward:") for d in block["known_differences"])  # FIDELITY.md's difference
+    assert any("judge requests carry a seed" in d for d in block["known_differences"])
     stb = _block(JudgeConfig(**STB_JUDGE), name="openai:gpt-4-turbo-preview@x", sources=("finish",),
                  settings={**REFERENCE, "answer.final_answer": "off"})
     assert stb["target"] == "stabletoolbench" and stb["deviations"] == []
@@ -98,7 +101,7 @@ def test_every_checked_setting_that_differs_is_named(target):
         else:
             block = _block(JudgeConfig(**base), settings={**REFERENCE, check.key: "something-else"})
         assert any(d.startswith(check.key) for d in block["deviations"]), check.key
-        assert "No deviation" not in "\n".join(render_block(block))
+        assert "No setting deviates" not in "\n".join(render_block(block))
 
 
 def test_judge_model_reply_format_answers_and_unrecorded_settings():
@@ -159,3 +162,76 @@ def test_settings_the_trajectories_recorded_are_checked_per_method():
     assert "search.tie_break is 'random', not 'reference': CodeTool's main method keeps the first of exactly " \
            "equal candidates (single-sample)." in devs
     assert any(d.startswith("prm.interface is 'ours'") and d.endswith("(spot+latent).") for d in devs)
+
+
+def _method_run(name, search):
+    t = Trajectory("1", "q", "restbench-tmdb", "tmdb", name, final_answer="a", finish_type="finish",
+                   extra={"answer_source": "generated", "fidelity": {"search": search}})
+    return SimpleNamespace(method=name, source="x", trajectories=[t])
+
+
+PAPER_METHODS = {"single-sample": {"k": 1, "w_latent": 0.0, "latent": "none", "temperature": 0.0},
+                 "spot-only": {"w_latent": 0.0, "latent": "none"}, "latent-only": {"w_spot": 0.0},
+                 "spot+latent": {}}
+
+
+def _paper_runs(**over):
+    base = {"k": 2, "max_steps": 5, "temperature": 0.9, "top_p": 0.95, "w_spot": 1.0, "w_latent": 1.0,
+            "w_cost": 0.0, "latent": "prm", "seed": 0}
+    return [_method_run(name, {**base, **m, **(over if name == "spot+latent" else {})})
+            for name, m in PAPER_METHODS.items()]
+
+
+def test_each_methods_k_steps_sampling_and_weights_are_checked():
+    block = _block(JudgeConfig(**CODETOOL_JUDGE), runs=_paper_runs())
+    assert block["deviations"] == []  # the table's four methods, as the paper runs them
+    assert not any("table rows" in u for u in block["unchecked"])
+    assert any("single-sample row's temperature" in u for u in block["unchecked"])  # the paper does not give it
+    for over, words in (({"k": 3}, "search.k is 3, not 2"), ({"max_steps": 8}, "search.max_steps is 8, not 5"),
+                        ({"temperature": 0.2}, "search.temperature is 0.2, not 0.9"),
+                        ({"w_cost": 0.1}, "make no method of CodeTool's table")):
+        block = _block(JudgeConfig(**CODETOOL_JUDGE), runs=_paper_runs(**over))
+        assert any(d.startswith("spot+latent: ") and words in d for d in block["deviations"]), over
+        assert "No setting deviates" not in "\n".join(render_block(block))
+    # the paper recipe's methods, when no trajectory recorded them: read from the recipe
+    settings = recipe_settings(PAPER)
+    runs = [SimpleNamespace(method=m["name"], source="x", trajectories=[]) for m in settings["methods"]]
+    devs = _block(JudgeConfig(**CODETOOL_JUDGE), settings=settings, runs=runs)["deviations"]
+    assert not any("search." in d and d.split(":")[0] in PAPER_METHODS for d in devs)
+    three = _block(JudgeConfig(**CODETOOL_JUDGE), settings={**settings, "methods": [
+        {**m, "k": 3} if m["name"] == "spot+latent" else m for m in settings["methods"]]}, runs=runs)["deviations"]
+    assert "spot+latent: search.k is 3, not 2: CodeTool samples 2 candidates per step." in three
+
+
+def test_the_subset_is_checked_by_query_ids_not_by_size(shared_data):
+    import json
+
+    filtered = [str(q["query_id"]) for q in json.loads((shared_data / "CodeTool" / "StableToolBench" /
+                "solvable_queries" / "filter_test_instruction" / "G3_instruction.json").read_text())]
+    full = json.loads((shared_data / "StableToolBench" / "solvable_queries" / "test_query_ids" /
+                       "G3_instruction.json").read_text())
+    other = [q for q in full if q not in filtered][:17]  # 17 queries of G3, not CodeTool's 17
+
+    def run(ids):
+        trajs = [Trajectory(i, "q", "stabletoolbench", "G3_instruction", "m", final_answer="a", finish_type="finish",
+                            extra={"answer_source": "generated"}) for i in ids]
+        return SimpleNamespace(method="m", source="x", trajectories=trajs)
+
+    report = {"benchmarks": {"stabletoolbench": {"methods": {"m": {"groups": {"G3_instruction": {"n": 17}}}}}},
+              "win_rates": {}}
+    good = _block(JudgeConfig(**CODETOOL_JUDGE), runs=[run(filtered)], report=report)
+    assert good["subset"]["stabletoolbench"]["kind"]["G3_instruction"] == "CodeTool's filtered group (ids checked)"
+    assert not any("not CodeTool's filtered group" in d for d in good["deviations"])
+    bad = _block(JudgeConfig(**CODETOOL_JUDGE), runs=[run(other)], report=report)
+    assert any(d.startswith("stabletoolbench G3_instruction: 17 queries, not CodeTool's filtered group")
+               for d in bad["deviations"])
+
+
+def test_a_missing_public_scep_says_why_and_how_to_get_it():
+    from codetool.eval.runs import run_warnings
+    from codetool.search.records import Candidate, Step
+
+    t = Trajectory("1", "q", "restbench-tmdb", "tmdb", "m", finish_type="finish", final_answer="a")
+    t.steps.append(Step(index=0, candidates=[Candidate(index=0, text="x", code="x = 1")], chosen=0, observation=""))
+    [line] = [w for w in run_warnings([SimpleNamespace(method="m", trajectories=[t])]) if "SCEP" in w]
+    assert "re-run" in line and "--search.reference_steps true" in line

@@ -48,7 +48,9 @@ def test_run_warnings_count_judge_failures_and_runs_without_code():
     assert run_warnings([imported], parse_failures=2, judge_errors=0) == [
         "2 judge replies could not be read after retries; they count as Unsolved.",
         "cot: no code steps (an imported function-calling run): SCEP is n/a."]
-    assert run_warnings([Run("m", "m.jsonl", make_run("m", [("G1", "good")]))]) == []
+    # code steps without a re-run of the chosen path: the public SCEP is n/a, and the warning says how to get it
+    [scep] = run_warnings([Run("m", "m.jsonl", make_run("m", [("G1", "good")]))])
+    assert scep.startswith("m: the public SCEP is n/a") and "--search.reference_steps true" in scep
 
 
 def test_the_benchmark_sections_split_stabletoolbench_from_restbench():

@@ -96,7 +96,7 @@ def check_stdin_read(r, ex, root):
 
 
 def check_sigint_ignored(r, ex, root):
-    # A step runs in a thread of its worker (sandbox_keeper): it cannot set a signal handler at all,
+    # A step runs in a thread of its worker (inside.keeper): it cannot set a signal handler at all,
     # so the step fails at once instead of spinning to its timeout; the worker is fine either way.
     assert not r[0].ok and r[0].outcome in ("timeout", "runtime_error"), r[0]
     assert r[1].stdout == "alive\n"

@@ -267,7 +267,7 @@ def test_config_validation_and_tool_names():
 
 
 def test_bwrap_requested_but_unavailable(monkeypatch):
-    import codetool.executor.family as family
+    import codetool.executor.host.family as family
 
     monkeypatch.setattr(family, "bwrap_problem", lambda python="auto": "bubblewrap is not installed")
     with pytest.raises(ExecutorError, match="bubblewrap is not installed"):
@@ -283,7 +283,8 @@ def test_the_root_hides_every_module_the_host_sends():
     """A worker installs ``launch.WORKER_MODULES`` from source (the root passes them on), and its
     keeper removes its own copy of that list from ``sys.modules`` before any model code runs: the
     lists must agree, or a module (``sandbox_io``, say) stays importable by the code."""
-    from codetool.executor import launch, sandbox_keeper, sandbox_root
+    from codetool.executor.host import launch
+    from codetool.executor.inside import keeper, root
 
-    assert sandbox_keeper.WORKER_MODULES == launch.WORKER_MODULES == sandbox_root.WORKER_MODULES
+    assert keeper.WORKER_MODULES == launch.WORKER_MODULES == root.WORKER_MODULES
     assert launch.SANDBOX_MODULES.index("sandbox_io") < launch.SANDBOX_MODULES.index("sandbox_worker")

@@ -20,7 +20,7 @@ import time
 import pytest
 
 from codetool.executor import Executor, ExecutorConfig
-from codetool.executor.sandbox import ForkFailed, Sandbox
+from codetool.executor.host.sandbox import ForkFailed, Sandbox
 
 CONFIG = dict(timeout_s=3.0, grace_s=0.3, memory_mb=512, max_processes=24, start_timeout_s=2.0)
 

@@ -7,8 +7,8 @@ import os
 import pytest
 
 from codetool.executor import Executor, ExecutorConfig, ExecutorError
-from codetool.executor.family import separate_principals
-from codetool.executor.pool import FamilyPool, StartingExecutor, started_in_background
+from codetool.executor.host.family import separate_principals
+from codetool.executor.host.pool import FamilyPool, StartingExecutor, started_in_background
 
 EXEC = ExecutorConfig(isolation="fallback", timeout_s=10)
 principals = pytest.mark.skipif(not separate_principals(EXEC), reason="executors are separate principals as root only")

@@ -170,7 +170,7 @@ def test_tool_frames_with_huge_call_ids_stop_the_step(root):
 
 
 def test_results_the_step_never_reads_count_against_its_budget(mode, monkeypatch):
-    from codetool.executor import step as step_module
+    from codetool.executor.host import step as step_module
 
     peak = [0]
     held = step_module.StepLedger.held

@@ -5,7 +5,7 @@ as a step that had its time."""
 import io
 import types
 
-from codetool.executor import schedstat
+from codetool.executor.kernel import schedstat
 
 
 def _fake_proc(monkeypatch, threads: dict[int, dict], clock: list[float]):

@@ -1,4 +1,4 @@
-"""The fallback sandbox's scratch directory goes away however its family ends (codetool.executor.scratch).
+"""The fallback sandbox's scratch directory goes away however its family ends (codetool.executor.host.scratch).
 
 Regression: a host SIGKILLed while its sandbox root was still starting left an empty
 ``codetool-sandbox-*`` directory in the temp dir (the root died of EPIPE on its ready frame before
@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from codetool.executor import Executor, ExecutorConfig, ExecutorError, scratch
-from codetool.executor import family as family_module
+from codetool.executor import Executor, ExecutorConfig, ExecutorError
+from codetool.executor.host import family as family_module
+from codetool.executor.host import scratch
+from codetool.executor.kernel.procs import owner_alive
 
 CONFIG = dict(isolation="fallback", timeout_s=5.0, memory_mb=512)
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,9 +43,10 @@ def _host(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
     """Run ``body`` in a fresh host process (TMPDIR and scratch_dir both point at ``tmp_path``)."""
     script = tmp_path.parent / f"{tmp_path.name}-host.py"
     script.write_text("import os, signal, sys\n"
-                      "from codetool.executor import Executor, ExecutorConfig, scratch\n"
-                      "from codetool.executor import family as sb\n"
-                      "from codetool.executor.channel import Conn\n"
+                      "from codetool.executor import Executor, ExecutorConfig\n"
+                      "from codetool.executor.host import scratch\n"
+                      "from codetool.executor.host import family as sb\n"
+                      "from codetool.executor.host.channel import Conn\n"
                       f"config = ExecutorConfig(scratch_dir={str(tmp_path)!r}, **{CONFIG!r})\n" + body)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
     return subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
@@ -67,7 +70,7 @@ def test_host_killed_before_its_root_exists_is_reclaimed_by_the_next_start(tmp_p
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     (stale,) = _left(tmp_path)
     pid, start = stale.split("-")[2:4]  # codetool-sandbox-<pid>-<start>-<random>
-    assert not scratch.owner_alive(int(pid), start) and scratch.owner_alive(os.getpid(), "0")
+    assert not owner_alive(int(pid), start) and owner_alive(os.getpid(), "0")
     mine = scratch.make(str(tmp_path), None)  # a live owner's directory is kept
     legacy = tmp_path / "codetool-sandbox-abc123"  # no owner in the name: never guessed at
     legacy.mkdir()

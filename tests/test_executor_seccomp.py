@@ -1,4 +1,4 @@
-"""The seccomp program (codetool.executor.seccomp): its syscall table against libseccomp's, and
+"""The seccomp program (codetool.executor.kernel.seccomp): its syscall table against libseccomp's, and
 its decisions, read by a small classic-BPF interpreter, for both architectures."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import struct
 
 import pytest
 
-from codetool.executor.seccomp import (
+from codetool.executor.kernel.seccomp import (
     AUDIT_ARCH,
     DENIED,
     RET_ALLOW,

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from codetool.executor import Executor, ExecutorConfig
-from codetool.executor.channel import ProtocolError, log_safe, parse_frame
-from codetool.executor.proxy import bounded_arguments
+from codetool.executor.host.channel import ProtocolError, log_safe, parse_frame
+from codetool.executor.host.proxy import bounded_arguments
 from codetool.executor.result import ARGUMENT_PREVIEW_CHARS
 
 CONFIG = dict(timeout_s=3.0, grace_s=0.5, memory_mb=512, max_processes=24, max_output_chars=5000,

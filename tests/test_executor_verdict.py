@@ -1,7 +1,7 @@
 """Issue 37: the verdict of a step is out of its code's reach. Every forgery of the issue and of
 the executor's former docstring, tried as a step that reads the source would, for itself and for
 the steps that come after it (in its own state and in its forks). Each failed on the code before
-the keeper (``codetool.executor.sandbox_keeper``): a forged step read ``ok``.
+the keeper (``codetool.executor.inside.keeper``): a forged step read ``ok``.
 
 A forgery "works" when a step whose code raised reads ``ok`` (or ``timeout``, or ``not_executed``).
 Legitimate Python still counts: ``try``/``except`` around the step's own code makes it ``ok``.
@@ -222,10 +222,11 @@ def _names_looked_up(code) -> list[str]:
 
 
 def test_the_keepers_trusted_functions_look_up_no_name_at_call_time():
-    """The keeper's rule (``sandbox_keeper``): what its trusted functions call is bound as a default
+    """The keeper's rule (``codetool.executor.inside.keeper``): what its trusted functions call is bound as a default
     argument when the module is executed, so rebinding a module, a builtin or a global of the
     sandbox changes nothing they do. A name looked up at call time breaks the rule."""
-    from codetool.executor import sandbox_copy, sandbox_keeper
+    from codetool.executor.inside import copy as sandbox_copy
+    from codetool.executor.inside import keeper as sandbox_keeper
 
     functions = [getattr(sandbox_keeper, name) for name in sandbox_keeper.TRUSTED] + [sandbox_copy.reopen]
     looked_up = {f.__name__: _names_looked_up(f.__code__) for f in functions}

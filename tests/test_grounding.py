@@ -109,7 +109,7 @@ def test_a_guess_list_is_not_grounded():
 def test_a_call_whose_arguments_record_was_cut_grounds_nothing():
     # the record keeps a preview of long arguments; a response that echoes the part it lost would
     # ground an answer the code made up (the simulator echoes every argument under "input")
-    from codetool.executor.proxy import bounded_arguments
+    from codetool.executor.host.proxy import bounded_arguments
 
     sent = {"a": "x" * 700 + " Saffron Lattice 77", "b": "y" * 700, "c": "z" * 700}
     preview, digest = bounded_arguments(sent)

@@ -37,7 +37,7 @@ RULES = [
     ("codetool.eval", ("jobs", "run", "tree", "pipeline", "decide", "cli", "policy", "commands")),
     # following the configuration of build-trees or run stays within the composition module and
     # the stage it configures: the two commands never reach into each other
-    # the trees stand on the judge (leaf success judged), never on evaluation (docs/ARCHITECTURE.md 4)
+    # the trees stand on the judge (leaf success judged), never on evaluation (docs/ARCHITECTURE.md section 1)
     ("codetool.tree", ("jobs", "run", "eval", "pipeline", "decide", "cli", "policy", "commands")),
     # the judge stands on the models (and text, config, records) only
     ("codetool.judge", ("tools", "executor", "prm", *ABOVE_SEARCH)),
@@ -48,13 +48,54 @@ RULES = [
     ("codetool.commands", ("cli",)),
 ]
 
+# Inside the executor (issue 42): the API (``codetool.executor``, ``executor.py``) stands on
+# ``host/``, ``host/`` on ``kernel/`` (and ``config``, ``result``), ``kernel/`` on nothing of ours;
+# ``inside/`` is shipped as text, so no module of the package imports it but itself. Outside the
+# executor, code imports the API package, ``config`` and ``result``, never a folder.
+EXECUTOR_RULES = [
+    ("codetool.executor.kernel", ("codetool.executor.host", "codetool.executor.inside", "codetool.executor.executor",
+                                  "codetool.executor.config", "codetool.executor.result", "codetool.executor")),
+    ("codetool.executor.host", ("codetool.executor.inside", "codetool.executor.executor", "codetool.executor")),
+    ("codetool.executor.config", ("codetool.executor.host", "codetool.executor.inside", "codetool.executor.kernel")),
+    ("codetool.executor.result", ("codetool.executor.host", "codetool.executor.inside", "codetool.executor.kernel")),
+    ("codetool", ("codetool.executor.host", "codetool.executor.inside", "codetool.executor.kernel")),
+]
+
+
+def executor_violations() -> set[tuple[str, str]]:
+    """``EXECUTOR_RULES`` broken: a rule's forbidden module (or a module below it; the bare
+    package ``codetool.executor`` only itself) named by an importer of the rule's package. The
+    last rule is for everything outside ``codetool.executor``; ``inside/`` may import itself."""
+    out = set()
+    for path in sorted(ROOT.rglob("*.py")):
+        importer = module_name(path)
+        inside_executor = importer == "codetool.executor" or importer.startswith("codetool.executor.")
+        for package, forbidden in EXECUTOR_RULES:
+            if package == "codetool" and inside_executor:
+                continue
+            if importer != package and not importer.startswith(package + "."):
+                continue
+            for target in imported_modules(path):
+                target = _strip_attribute(target)
+                if package != "codetool" and (target.startswith(package + ".") or target == package):
+                    continue
+                if any(target == f or (f != "codetool.executor" and target.startswith(f + ".")) for f in forbidden):
+                    out.add((importer, target))
+    return out
+
+
+def test_the_executors_arrows_point_one_way():
+    found = sorted(executor_violations())
+    assert not found, ("executor imports against its layout (API -> host -> kernel; inside/ shipped as text, "
+                       f"imported by nobody; outside the executor only the API package, config and result): {found}")
+
+
 # Imports that run against the layering today (none since the composition module, issue 18).
 ALLOWED: set[tuple[str, str]] = set()
 
 
-# Modules over MAX_MODULE_LINES today, each in the hands of another slice of issue 29's redesign
-# step (docs/ARCHITECTURE.md sections 1 and 9), which splits it or lets it be split once it lands;
-# remove an entry when its module is under the limit (a test below says when). Never add one.
+# Modules over MAX_MODULE_LINES (none since issue 29's redesign step): remove an entry when its
+# module is under the limit (a test below says when). Never add one.
 MAX_MODULE_LINES = 500
 LONG_MODULES: dict[str, str] = {
 }
@@ -156,8 +197,8 @@ def test_commands_reach_their_stage_through_the_composition_module():
 # the submodule ``pkg.sub``, not to ``pkg/__init__``; ``from pkg import name`` is an edge to
 # ``pkg/__init__``. A function-level import that closes a circle still counts: it hides the circle
 # from Python's import machinery, not from the design. The circles of today are listed (each as its
-# strongly connected set of modules) so the test passes now and fails on any new one; the redesign
-# removes them one by one (docs/ARCHITECTURE.md says how).
+# strongly connected set of modules) so the test passes now and fails on any new one (none since
+# issue 29's redesign step; docs/ARCHITECTURE.md section 1).
 ALLOWED_CIRCLES: set[frozenset[str]] = {
 }
 
@@ -379,7 +420,7 @@ def _third_party_imports(path: Path) -> set[str]:
 
 def test_only_commands_draw_progress_and_with_one_library():
     """One progress library (``rich``), in the commands (and ``cli``'s log handler) only: the parts
-    report through ``codetool.progress`` callbacks (docs/ARCHITECTURE.md sections 1 and 7)."""
+    report through ``codetool.progress`` callbacks (docs/ARCHITECTURE.md sections 1 and 6)."""
     found = []
     for path in sorted(ROOT.rglob("*.py")):
         name = module_name(path)

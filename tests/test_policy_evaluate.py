@@ -67,3 +67,19 @@ def test_the_report_has_the_curves_the_table_and_the_histogram(tmp_path):
     assert "| tool_ok | 75.0% |" in text
     write_report(tmp_path, results)
     assert (tmp_path / "reward_curves.png").stat().st_size > 1000 and (tmp_path / "outcome_histogram.png").is_file()
+
+
+def test_the_report_shows_each_rewards_component_and_the_prms_share():
+    from codetool.policy.report import component_lines
+
+    point = {"step": 1, "reward": 1.2, "grounded": 1.0, "on_the_spot": 0.5, "prm": 0.4, "outcomes/finish": 1.0,
+             "generated_tokens": 30.0}
+    runs = {"outcome": {"0": {"curve": [{"step": 1, "reward": 1.0, "grounded": 1.0}], "advantage_shares": {
+                "grounded": 1.0}}},
+            "outcome+spot+prm": {"0": {"curve": [point], "advantage_shares": {"grounded": 0.9, "prm": 0.0}},
+                                 "1": {"curve": [{**point, "prm": 0.6}], "advantage_shares": {"prm": 0.2}}}}
+    weights = {"outcome": {"grounded": 1.0}, "outcome+spot+prm": {"grounded": 1.0, "on_the_spot": 0.5, "prm": 0.5}}
+    text = "\n".join(component_lines(runs, weights))
+    assert "| setting | grounded | on_the_spot | prm | PRM share of the advantage |" in text
+    assert "| outcome | 1.000 | – | – | – |" in text
+    assert "| outcome+spot+prm | 1.000 | 0.500 | 0.500 | 10.0% |" in text  # seed means; share (0 + 0.2) / 2

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -21,10 +22,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 class LengthPRM:
-    """A PRM stand-in whose score grows with the step's code length (so rewards differ in a group)."""
+    """A PRM stand-in whose score depends on the step's code (so two different episodes of a group
+    get different rewards, and the anchored advantage is not 0): a CRC, not a character sum mod 97
+    (two of the tiny model's replies, 'result = give_up(od' and 'give_up(lfstrputZod', tie there)."""
 
     def score(self, items):
-        return [min(len(it.candidate) / 80.0, 1.0) for it in items]
+        return [zlib.crc32(it.candidate.encode()) % 1000 / 1000.0 for it in items]
 
 
 def tiny_config(model_dir, out, shared_data, **over) -> dict:
@@ -33,8 +36,7 @@ def tiny_config(model_dir, out, shared_data, **over) -> dict:
                          "limit": 2}],
             "evals": [], "never_train_on": [], "max_steps": 1, "learning_rate": 5e-3, "num_generations": 2,
             "per_device_train_batch_size": 2, "save_steps": 1, "seeds": [0],
-            "rollout": {"k": 1, "max_steps": 2, "max_new_tokens": 12, "latent": "none", "w_latent": 0.0,
-                        "constrain": "line"},
+            "rollout": {"max_steps": 2, "max_new_tokens": 12, "constrain": "line"},
             "executor": {"isolation": "fallback", "timeout_s": 10}, "prm": "none", "lora_layers": 1}
     base.update(over)
     return base
@@ -73,6 +75,45 @@ def test_shared_prompt_forward_equals_trls(tiny_model_dir, shared_data, tmp_path
     assert max((a - b).abs().max().item() for a, b in zip(g_ref, g_got)) < 1e-5
 
 
+def test_constrained_steps_get_the_log_probabilities_they_were_sampled_with(tiny_model_dir, shared_data, tmp_path):
+    from codetool.policy.constrained import constrained_logps
+    from codetool.policy.data import make_tasks, training_queries
+    from codetool.policy.train import build_trainer
+    from codetool.policy.trainer import shared_prompt_logps
+    from codetool.tools.backends import make_tool_backend
+
+    cfg = load_config(TrainPolicyConfig, None, tiny_config(tiny_model_dir, tmp_path, shared_data))
+    tasks = make_tasks(training_queries(cfg), {"toolbench": make_tool_backend("simulator")}, cfg)
+    trainer = build_trainer(cfg.run_config(cfg.rewards, 0, str(tmp_path / "r")), tasks)
+    model = trainer.model.train()
+    torch.manual_seed(1)
+    prompt = torch.randint(5, 500, (8,))
+    ids = torch.stack([torch.cat([prompt, torch.randint(5, 500, (5,))]) for _ in range(3)])
+    mask = torch.ones_like(ids)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    some = torch.zeros(vocab, dtype=torch.bool)
+    some[ids[:, 8:].flatten()] = True  # every completion token allowed, and little else
+    some[:40] = True
+    forced = torch.zeros(vocab, dtype=torch.bool)
+    forced[ids[0, 9]] = True  # the only token allowed there: probability 1 under the constraint
+    trainer.constraint_masks.table = [some, forced]
+    masks = torch.tensor([[0, 1, -1, 0, 0], [-1, -1, -1, -1, -1], [0, 0, 0, 0, 0]])
+    shared, shared_h, _ = shared_prompt_logps(trainer, model, ids, mask, 5, True, masks)
+    plain, plain_h, _ = constrained_logps(trainer, model, ids, mask, 5, masks, 2, True)
+    assert (shared - plain).abs().max() < 1e-5 and (shared_h - plain_h).abs().max() < 1e-5
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, 7:12].float() / trainer.temperature
+    free = torch.log_softmax(logits, -1).gather(-1, ids[:, 8:, None]).squeeze(-1)
+    by_hand = torch.log_softmax(logits.masked_fill(~some, float("-inf")), -1).gather(-1, ids[:, 8:, None]).squeeze(-1)
+    assert (shared[0, 1]).abs() < 1e-6  # the forced token
+    assert (shared[1] - free[1]).abs().max() < 1e-5  # a free row is TRL's
+    assert (shared[2] - by_hand[2]).abs().max() < 1e-5 and (shared[2] > free[2] + 1e-3).all()
+    # in the loss, the batch's mask rows reach the forward
+    trainer._constraint_ids = masks
+    got, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, 5)
+    trainer._constraint_ids = None
+    assert (got - shared).abs().max() < 1e-5
+
+
 def test_one_grpo_step_end_to_end_writes_a_loadable_policy(tiny_model_dir, shared_data, tmp_path, monkeypatch):
     import codetool.commands.train_policy as command
 
@@ -86,6 +127,8 @@ def test_one_grpo_step_end_to_end_writes_a_loadable_policy(tiny_model_dir, share
     run = json.loads((out / "outcome+spot+prm" / "seed0" / "run.json").read_text())
     assert run["steps"] == 1 and run["generated_tokens"] > 0 and run["reward_weights"]["prm"] == 1.0
     assert run["curve"] and set(run["curve"][0]) >= {"step", "reward", "prm", "on_the_spot", "grounded"}
+    assert run["advantage"] == "anchored" and run["loss_type"] == "grpo"
+    assert set(run["advantage_shares"]) == {"grounded", "on_the_spot", "prm"}
     policy = out / "policy"
     card = (policy / "README.md").read_text()
     assert "PRM: given-in-test" in card and "prm 1" in card
@@ -112,7 +155,9 @@ def test_stabletoolbench_prompts_are_refused(tiny_model_dir, shared_data, tmp_pa
     with pytest.raises(ConfigError, match="test sets"):
         load_config(TrainPolicyConfig, None, tiny_config(tiny_model_dir, tmp_path, shared_data, prompts=[
             {"benchmark": "stabletoolbench", "group": "G1_instruction"}]))
-    with pytest.raises(ConfigError, match="observation|rollout.k"):
+    with pytest.raises(ConfigError, match="use_vllm samples rollouts without the constraint"):
+        load_config(TrainPolicyConfig, None, tiny_config(tiny_model_dir, tmp_path, shared_data, use_vllm=True))
+    with pytest.raises(ConfigError, match="rollout.k is not read by train-policy"):
         load_config(TrainPolicyConfig, None, tiny_config(tiny_model_dir, tmp_path, shared_data,
                                                          rollout={"k": 2}))
 

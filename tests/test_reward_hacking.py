@@ -4,7 +4,7 @@ builder and labeller (the hacks and their counterparts: ``tests/reward_hacks.py`
 the rewards before and after: ``docs/REWARD_HACKING.md``).
 
 The hacks whose defence is the executor's verdict (the step must not write its own outcome,
-``codetool.executor.sandbox_keeper``) run like the others since the executor half of issue 37.
+``codetool.executor.inside.keeper``) run like the others since the executor half of issue 37.
 """
 
 from __future__ import annotations

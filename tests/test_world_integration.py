@@ -25,9 +25,9 @@ def test_build_trees_reads_a_world_spec():
     from codetool.jobs.trees import load_training_queries
     from codetool.tree.config import TreeConfig
 
-    assert [q.query_id for q in load_training_queries(TreeConfig(queries="world:train:3"))] == [
-        "train-0000", "train-0001", "train-0002"]
-    assert len(load_training_queries(TreeConfig(queries="world:train:9", limit=2))) == 2
+    queries, dropped = load_training_queries(TreeConfig(queries="world:train:3"))
+    assert [q.query_id for q in queries] == ["train-0000", "train-0001", "train-0002"] and dropped == 0
+    assert len(load_training_queries(TreeConfig(queries="world:train:9", limit=2))[0]) == 2
     with pytest.raises(ConfigError, match="world:<train|heldout>"):
         load_training_queries(TreeConfig(queries="world:test"))
 

@@ -1,4 +1,9 @@
-"""``codetool eval-prm``: pairwise accuracy, AUC and calibration of a PRM on held-out pairs.
+"""``codetool eval-prm``: a PRM's accuracy on what it decides, AUC and calibration, on held-out trees.
+
+Pairwise accuracy is over the labelled sibling pairs, split into pairs decided by executability
+and pairs whose steps both ran (the only ones the search asks the PRM about), each with its n and
+a bootstrap interval over queries; best-of-k selection among runnable siblings is compared with a
+random and the oracle pick (:mod:`codetool.prm.evaluate`).
 
 The held-out split is rebuilt from the checkpoint's ``prm_config.json`` (``split``): the same
 query ids that ``codetool train-prm`` kept out of training (``--split all`` scores every row).
@@ -17,7 +22,14 @@ from typing import Any
 from codetool import CodetoolError
 from codetool.config import option
 from codetool.models.spec import ModelSpec
-from codetool.prm.evaluate import bootstrap_pairwise, plot_calibration, prm_metrics
+from codetool.prm.evaluate import (
+    best_of_k,
+    decided_metrics,
+    pairs_from_ids,
+    plot_calibration,
+    prm_metrics,
+    row_pair_ids,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +47,7 @@ class EvalPRMConfig:
     split_seed: int = option(-1, "split seed; -1 reads it from the checkpoint")
     output_dir: str = option("reports/prm", "where metrics.json, scores.jsonl and calibration.png go")
     batch_size: int = option(64, "rows sent to the scorer at a time")
-    bootstrap_samples: int = option(1000, "resamples of sibling groups for the pairwise accuracy's 95% interval")
+    bootstrap_samples: int = option(1000, "resamples of queries for the 95% intervals (pairwise accuracy, best-of-k)")
     bootstrap_seed: int = option(0, "seed of the bootstrap resampling")
     device: str = option("auto", "auto, cpu or cuda")
 
@@ -64,7 +76,7 @@ def _split_settings(cfg: EvalPRMConfig) -> tuple[float, int]:
 def eval_prm_command(cfg: EvalPRMConfig) -> int:
     """Score the held-out rows with the PRM and write metrics, scores and a calibration plot."""
     from codetool.jsonl import write_jsonl
-    from codetool.prm.data import sibling_key, split_rows
+    from codetool.prm.data import query_key, sibling_key, split_rows
     from codetool.prm.format import item_from_row
     from codetool.prm.rows import read_rows
     from codetool.prm.scorer import load_scorer
@@ -90,10 +102,15 @@ def eval_prm_command(cfg: EvalPRMConfig) -> int:
             tick(start)
     labels = [r["label"] for r in rows]
     groups = [sibling_key(r) for r in rows]
-    metrics: dict[str, Any] = prm_metrics(scores, labels, groups)
-    ci = bootstrap_pairwise(scores, labels, groups, cfg.bootstrap_samples, cfg.bootstrap_seed)
-    metrics.update(pairwise_accuracy_ci95=list(ci) if ci else None, bootstrap_samples=cfg.bootstrap_samples,
-                   bootstrap_seed=cfg.bootstrap_seed)
+    queries = [query_key(r) for r in rows]
+    pair_ids, ok = row_pair_ids(rows, groups)
+    pairs = pairs_from_ids(pair_ids, labels, ok, queries)
+    metrics: dict[str, Any] = prm_metrics(scores, labels, pairs)
+    decided = decided_metrics(scores, pairs, cfg.bootstrap_samples, cfg.bootstrap_seed)
+    metrics.update(pairwise_accuracy_ci95=decided["all"]["ci95"], decided=decided,
+                   best_of_k=best_of_k(scores, rows, groups, queries, cfg.bootstrap_samples, cfg.bootstrap_seed),
+                   bootstrap_samples=cfg.bootstrap_samples, bootstrap_seed=cfg.bootstrap_seed,
+                   bootstrap_unit="queries")
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps({"prm": cfg.prm, "split": cfg.split,  # NaN (no held-out pairs) -> null: strict JSON
@@ -102,16 +119,35 @@ def eval_prm_command(cfg: EvalPRMConfig) -> int:
     write_jsonl(out / "scores.jsonl", ({"source": r.get("source"), "query_id": r.get("query_id"),
                                         "label": r["label"], "score": s} for r, s in zip(rows, scores)))
     plot_calibration(scores, labels, out / "calibration.png")
-    logger.info("eval-prm on %d rows (%d pairs): pairwise accuracy %.3f, AUC %.3f, ECE %.3f; wrote %s",
-                metrics["rows"], metrics["pairs"], metrics["pairwise_accuracy"], metrics["auc"],
+    logger.info("eval-prm on %d rows: %d labelled pairs, pairwise accuracy %.3f (%d where both steps ran: %s), "
+                "AUC %.3f, ECE %.3f; wrote %s", metrics["rows"], metrics["pairs"], metrics["pairwise_accuracy"],
+                metrics["pairs_both_ran"], f"{metrics['pairwise_accuracy_both_ran']:.3f}", metrics["auc"],
                 metrics["ece"], out)
+    _print(cfg, metrics)
+    return 0
+
+
+def _print(cfg: EvalPRMConfig, metrics: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"PRM on {cfg.split} rows")
-    for key in ("rows", "pairs", "pairwise_accuracy", "auc", "accuracy", "brier", "ece"):
-        table.add_column(key)
-    table.add_row(*[f"{metrics[k]:.4f}" if isinstance(metrics[k], float) else str(metrics[k])
-                    for k in ("rows", "pairs", "pairwise_accuracy", "auc", "accuracy", "brier", "ece")])
-    Console().print(table)
-    return 0
+    table = Table(title=f"PRM on {cfg.split} rows: pairwise accuracy on labelled sibling pairs "
+                        f"(95% interval: {cfg.bootstrap_samples} resamples of queries)")
+    for column in ("pairs decided by", "pairs", "queries", "accuracy", "95% interval"):
+        table.add_column(column)
+    for kind, part in metrics["decided"].items():
+        ci = part["ci95"]
+        table.add_row(kind.replace("_", " "), str(part["pairs"]), str(part["queries"]),
+                      "n/a" if part["accuracy"] is None else f"{part['accuracy']:.3f}",
+                      f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "n/a")
+    console = Console()
+    console.print(table)
+    best = metrics["best_of_k"]
+    if best["groups"]:
+        console.print(f"best-of-k among runnable siblings ({best['groups']} groups, {best['informative']} whose steps "
+                      f"differ): latent reward of the PRM's pick {best['prm']:.3f}, random {best['random']:.3f}, "
+                      f"oracle {best['oracle']:.3f}; PRM picks a best step in {100 * best['prm_best']:.0f}%")
+    else:
+        console.print("best-of-k: no sibling group with two steps that ran")
+    console.print("rows: " + ", ".join(f"{k} {metrics[k]:.4f}" if isinstance(metrics[k], float) else f"{k} {metrics[k]}"
+                                       for k in ("rows", "auc", "accuracy", "brier", "ece")))

@@ -73,8 +73,9 @@ def train_policy_command(cfg: TrainPolicyConfig) -> int:
                     for b in sorted(benchmarks)}
         tasks = make_tasks(train_queries, backends, cfg)
         eval_tasks = {name: list(make_tasks(qs, backends, cfg).values()) for name, qs in eval_queries.items()}
-        (out / "prompts.json").write_text(json.dumps({"train": sorted(tasks), "eval": {
-            name: [t.query_id for t in ts] for name, ts in eval_tasks.items()}}, indent=2))
+        (out / "prompts.json").write_text(json.dumps({"train": sorted(tasks), "test_queries_dropped": train_queries.dropped,
+                                                      "eval": {name: [t.query_id for t in ts]
+                                                               for name, ts in eval_tasks.items()}}, indent=2))
         logger.info("%d training prompts; evaluation sets: %s; PRM: %s", len(tasks),
                     ", ".join(f"{n} ({len(t)})" for n, t in eval_tasks.items()) or "none", prm_note)
         if eval_tasks:
@@ -110,7 +111,8 @@ def train_policy_command(cfg: TrainPolicyConfig) -> int:
         link.symlink_to(primary.resolve().relative_to(out.resolve()))
     results = {
         "name": out.name, "policy": cfg.policy, "prm": prm_note, "advantage": cfg.advantage,
-        "aggregate": cfg.aggregate, "token_budget": cfg.token_budget, "seeds": cfg.seeds,
+        "aggregate": cfg.aggregate, "token_budget": cfg.token_budget, "seeds": cfg.seeds, "loss_type": cfg.loss_type,
+        "test_queries_dropped": train_queries.dropped, "test_sets": cfg.test_sets,
         "weights": {s.name: s.weights for s in cfg.run_settings}, "runs": runs,
         "eval": {label: summarise(per_seed) for label, per_seed in evals.items()},
         "eval_sets": list(eval_tasks), "eval_sizes": {n: len(t) for n, t in eval_tasks.items()},

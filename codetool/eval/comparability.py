@@ -23,8 +23,11 @@ own procedure) and checks, one line each:
   rounds decided by our random stream or after an unreadable comparison;
 - for RestBench, which published number each path metric is comparable with.
 
-The block says "no deviation" only when every check passed and every setting was known. Nothing
-here computes a metric.
+Against CodeTool's table it also checks each method's ``k``, steps, sampling and reward weights,
+the query ids of the subset, and names the known differences no setting removes
+(:mod:`codetool.eval.comparability_methods`); what it could not check is listed as such. The block
+says "no setting deviates" only when every check passed and every setting was known, and even
+then lists the known differences. Nothing here computes a metric.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from codetool.config import load_yaml, to_dict
+from codetool.eval.comparability_methods import known_differences, method_lines, subset_id_lines
 from codetool.judge.config import PAPER_JUDGE, STB_STANDARD_JUDGE, JudgeConfig
 from codetool.judge.reference_prompts import STB_EVALUATOR
 
@@ -47,7 +51,7 @@ TARGETS = {"codetool": "CodeTool's table (LimOkii/CodeTool eval/eval_pass_rate.p
            "stabletoolbench": "StableToolBench's own procedure (eval_pass_rate.py / eval_preference.py)"}
 JUDGE_MODELS = {"codetool": PAPER_JUDGE, "stabletoolbench": STB_STANDARD_JUDGE}
 # Sections of a pipeline recipe whose settings the block reads (the judge's come from the judge config).
-RUN_SECTIONS = ("trees", "search", "answer", "prm", "train")
+RUN_SECTIONS = ("trees", "search", "answer", "prm", "train", "methods")
 
 
 @dataclass(frozen=True)
@@ -203,6 +207,8 @@ def check_settings(settings: Mapping[str, Any], target: str, *, run_known: bool,
             continue
         expected = check.expected[target]
         found, value = check.lookup(settings)
+        if found and value in ([], (), "", None):  # an empty record (e.g. a PRM without label rules) says nothing
+            found = False
         if not found and (is_judge or run_known):
             found, value = True, check.default
         if not found:
@@ -234,19 +240,23 @@ def _run_lines(runs: list, run_settings: Mapping[str, Any], target: str) -> tupl
             for line, methods in per_line.items()], checked
 
 
-def _subset(report: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    subset, notes = {}, []
+def _subset(report: dict[str, Any], id_kinds: dict[str, str] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Group sizes and what each group is: by its query ids where they were checked (``id_kinds``),
+    else by its size alone (said so)."""
+    subset, notes, id_kinds = {}, [], id_kinds or {}
     for bench, entry in report["benchmarks"].items():
         sizes: dict[str, int] = {}
         for data in entry["methods"].values():
             for group, summary in data["groups"].items():
                 sizes[group] = max(sizes.get(group, 0), summary["n"])
         if bench == "stabletoolbench":
-            kinds = {g: ("full group" if STB_FULL.get(g) == n else "CodeTool's filtered group"
-                         if STB_CODETOOL.get(g) == n else f"{n} queries, a subset") for g, n in sizes.items()}
+            kinds = {g: id_kinds.get(g) or ("full group (by size)" if STB_FULL.get(g) == n else
+                                            "CodeTool's filtered group (by size; ids not checked)"
+                                            if STB_CODETOOL.get(g) == n else f"{n} queries, a subset")
+                     for g, n in sizes.items()}
             missing = [g for g in STB_FULL if g not in sizes]
             subset[bench] = {"groups": sizes, "kind": kinds, "groups_missing": missing}
-            partial = [g for g, k in kinds.items() if k.endswith("subset")]
+            partial = [g for g, k in kinds.items() if k.endswith("subset") or k == "other queries"]
             if partial or missing:
                 notes.append(f"{bench}: {', '.join(f'{g} {sizes[g]}' for g in partial) or 'groups'} "
                              f"{'are' if len(partial) != 1 else 'is'} not a full group (official: 765 queries in "
@@ -257,11 +267,15 @@ def _subset(report: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             subset[bench] = {"groups": sizes, "kind": "synthetic world (the testbed; no paper reports it)"}
             notes.append(f"{bench}: the synthetic testbed world ({', '.join(f'{g} {n}' for g, n in sizes.items())} "
                          "queries); no paper reports numbers on it.")
-        else:
+        elif bench == RESTBENCH:
             total = sum(sizes.values())
             subset[bench] = {"groups": sizes, "kind": "full (100 queries)" if total == 100 else f"{total} of 100"}
             if total != 100:
                 notes.append(f"{bench}: {total} of the 100 RestBench-TMDB queries.")
+        else:  # your own queries (benchmark custom or toolbench): no published number to stand beside
+            subset[bench] = {"groups": sizes, "kind": "your own queries"}
+            notes.append(f"{bench}: your own queries ({sum(sizes.values())}); no published number to compare "
+                         "them with.")
     return subset, notes
 
 
@@ -305,9 +319,25 @@ def comparability_block(report: dict[str, Any], judge_cfg: JudgeConfig, runs: li
     run_settings = dict(run_settings or {})
     judge_settings = {f"judge.{k}": v for k, v in to_dict(judge_cfg).items()}
     deviations, checked = check_settings(judge_settings, target, run_known=True, judge_only=True)
+    not_applicable = []
+    if judge_info is None:  # no judge ran: its settings decided no number of this report
+        not_applicable, deviations, checked = deviations, [], 0
     run_lines, run_checked = _run_lines(runs, run_settings, target)
     deviations += run_lines
     checked += run_checked
+    unchecked: list[str] = []
+    known: list[str] = []
+    id_kinds: dict[str, str] = {}
+    if target == "codetool":  # each method's k, steps, sampling, weights; the subset's ids; fixed differences
+        method_devs, unchecked, method_checked = method_lines(runs, run_settings)
+        deviations += method_devs
+        checked += method_checked
+        id_devs, id_unchecked, id_kinds = subset_id_lines(runs, run_settings.get("__data_dir__"))
+        deviations += id_devs
+        unchecked += id_unchecked
+        unchecked.append("trees.max_depth (the paper gives no depth for its trees)")
+    known = known_differences(runs, run_settings, judge_info) if target == "codetool" else [
+        line for line in known_differences([], {}, judge_info) if "judge requests" in line]
     if judge_info is None:
         deviations.insert(0, "no judge: no pass or win rate, only judge-free metrics.")
     else:
@@ -325,7 +355,7 @@ def comparability_block(report: dict[str, Any], judge_cfg: JudgeConfig, runs: li
             deviations.append("final answers not regenerated for every trajectory in " + ", ".join(
                 f"{m} ({', '.join(f'{k} {v}' for k, v in s.items())})" for m, s in partial.items())
                 + ": CodeTool judges a new answer written from each execution log.")
-    subset, notes = _subset(report)
+    subset, notes = _subset(report, id_kinds)
     deviations += notes
     ref = None
     if reference is not None:
@@ -369,6 +399,9 @@ def comparability_block(report: dict[str, Any], judge_cfg: JudgeConfig, runs: li
         "answer_sources": sources,
         "sowr_reference": ref,
         "deviations": deviations,
+        "not_applicable": not_applicable,
+        "known_differences": known,
+        "unchecked": unchecked,
     }
 
 
@@ -402,6 +435,15 @@ def render_block(block: dict[str, Any]) -> list[str]:
     lines += [f"| {k} | {str(v).replace('|', '/')} |" for k, v in rows]
     head = target.split(" (")[0]
     lines += ["", f"Deviations from {head} in this run:" if block["deviations"]
-              else f"No deviation from {head} found ({block.get('settings_checked', 0)} settings checked).", ""]
+              else f"No setting deviates from {head} ({block.get('settings_checked', 0)} settings checked)"
+                   + ("; the known differences below remain." if block.get("known_differences") else "."), ""]
     lines += [f"- {d}" for d in block["deviations"]] + [""]
+    if block.get("not_applicable"):
+        lines += [f"Not applicable (no judge ran): {len(block['not_applicable'])} judge settings differ from "
+                  f"{head}'s; they decide no number here.", ""]
+    if block.get("known_differences"):
+        lines += ["Known differences that no setting removes (docs/FIDELITY.md):", ""]
+        lines += [f"- {d}" for d in block["known_differences"]] + [""]
+    if block.get("unchecked"):
+        lines += ["Not checked (so not vouched for):", ""] + [f"- {d}" for d in block["unchecked"]] + [""]
     return lines

@@ -135,6 +135,12 @@ def run_warnings(runs: Sequence[Run], parse_failures: int = 0, judge_errors: int
     for run in runs:
         if run.trajectories and all(c.code is None for t in run.trajectories for s in t.steps for c in s.candidates):
             warnings.append(f"{run.method}: no code steps (an imported function-calling run): SCEP is n/a.")
+        elif any(t.steps for t in run.trajectories) and not any(
+                "reference_steps" in (t.extra or {}) for t in run.trajectories):
+            warnings.append(f"{run.method}: the public SCEP is n/a: its trajectories carry no re-run of the chosen "
+                            "path (CodeTool's eval_SCEP.py counts the re-run's status). Run the search again with "
+                            "--search.reference_steps true (the default); scep_code_steps is ours, from each step's "
+                            "own run.")
         serving = next((t.serving for t in reversed(run.trajectories) if t.serving), {})
         policy = serving.get("policy") or {}
         warnings += [f"{run.method}: policy server: {text}" for text in policy.get("adaptations", [])]

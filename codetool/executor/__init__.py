@@ -9,23 +9,39 @@ with Executor(ExecutorConfig(timeout_s=10), tools={"get_weather": get_weather}) 
     child.close()
 ```
 
+**Layout: where the host ends and the sandbox begins.**
+
+| folder | runs in | holds |
+|---|---|---|
+| ``codetool/executor/`` | the host | the API: ``Executor`` (``executor.py``), ``ExecutorConfig`` (``config.py``), ``ExecutionResult``, ``ToolCall``, ``StepExecutor`` (``result.py``) |
+| ``host/`` | the host | the family, launching bubblewrap, the requests to root and keepers, one step and its verdict, tool proxy, scratch directory |
+| ``inside/`` | the sandbox, shipped as source | the family's root (``root``, ``spawn``, ``principals``, ``scratch``) and each worker (``keeper``, ``worker``, ``io``, ``copy``) |
+| ``kernel/`` | both | the principals and limits: kernel calls (``calls``) and ``/proc``/cgroup facts (``procs``), shipped too; the seccomp program, memory cgroups and schedstat (``seccomp``, ``cgroups``, ``schedstat``), host only |
+
+Arrows: the API imports ``host``; ``host`` imports ``config``, ``result`` and
+``kernel``, and ships ``inside`` and ``kernel``'s ``calls``/``procs`` as text
+(``host/launch.py``), never importing ``inside``; ``inside`` imports only the standard library,
+itself and the shipped ``kernel`` modules; ``kernel`` imports only itself. Outside the executor,
+code imports this package (and ``result``, ``config``), not its folders (``tests/test_layering.py``).
+Each folder's docstring says what it trusts.
+
 **State.** A step runs in a long-lived worker process, so variables, functions and imports persist
 across ``run`` calls. ``fork`` makes the worker ``os.fork`` itself: the copy becomes the worker of
 a new executor, so the K candidates of a search step start from the same state without re-running
 any earlier step or tool call. A new executor's worker is a fork of the family's *template*, a
-fresh interpreter the family's root execs (``sandbox_spawn``) and that never runs a step. A
-worker's main thread is the *keeper* (``sandbox_keeper``), which never runs code of the state:
+fresh interpreter the family's root execs (``inside.spawn``) and that never runs a step. A
+worker's main thread is the *keeper* (``inside.keeper``), which never runs code of the state:
 each step runs in a thread of its own.
 
 **Tools.** Inside the sandbox each tool is a proxy function that sends ``(name, JSON arguments)``
-to the host over a Unix socket; the host performs the call (``codetool.executor.proxy``), records a
+to the host over a Unix socket; the host performs the call (``codetool.executor.host.proxy``), records a
 ``ToolCall``, and returns the parsed JSON (or raw text) of the response, or raises ``ToolError`` in
 the code when the status is not ``ok``. ``finish(answer)`` and ``give_up(reason)`` end the step
 with a signal that ``except Exception`` cannot swallow; the host keeps the first one. Frames are
 JSON only: nothing produced by the sandbox is ever unpickled. Which calls were made and what they
 answered is the host's record, whatever the code says.
 
-**The verdict is out of the step's reach** (``codetool.executor.step``, ``sandbox_keeper``). Each
+**The verdict is out of the step's reach** (``codetool.executor.host.step``, ``inside.keeper``). Each
 step gets a fresh *verdict* socket. Before the step's code is compiled, the keeper's chain of C
 iterators writes 16 random bytes ``t`` on it; it writes ``t`` again only when the code returned
 (plus one zero byte when it ended at ``finish``/``give_up``, whose frame the host then also
@@ -48,7 +64,7 @@ have no ``/proc`` and the C modules that give raw memory access are hidden (moun
 **The machine's failures are not the code's** (issue 37). A fork, copy or worker start that
 fails for a reason outside the code is tried again (``ExecutorConfig.infra_retries``, its
 deadline doubled); deadlines count only time the sandbox's processes could run
-(``codetool.executor.schedstat``: run-queue waits are given back, up to ``busy_backstop`` times);
+(``codetool.executor.kernel.schedstat``: run-queue waits are given back, up to ``busy_backstop`` times);
 a step's ``timeout_s`` is reached when it had that much time to run (or used that much CPU, for a
 step that starves itself), never because the host was busy. Only then is the result
 ``not_executed`` (``ExecutionResult.executed`` is false; ``error_type`` names the cause:
@@ -74,7 +90,7 @@ its CPUs (seccomp), and the CPU its other threads and processes use counts as it
 | memory of a candidate's whole process family: a memory cgroup, else polled by the root | yes | when root |
 | environment from ``codetool.secrets.sandbox_environment``, stdin ``/dev/null`` | yes | yes |
 | deadline of time the step could run, then kill; output capped as it is written; control sequences removed | yes | yes |
-| seccomp filter (``codetool.executor.seccomp``: no ptrace, ``pidfd_getfd``, ``process_vm_*``, keyrings, new namespaces, io_uring, SysV IPC, memfd, ``MAP_SHARED``, sockets but netlink, epoll/inotify, identity and priority changes...) | yes | yes |
+| seccomp filter (``codetool.executor.kernel.seccomp``: no ptrace, ``pidfd_getfd``, ``process_vm_*``, keyrings, new namespaces, io_uring, SysV IPC, memfd, ``MAP_SHARED``, sockets but netlink, epoll/inotify, identity and priority changes...) | yes | yes |
 | fresh session keyring; channels close-on-exec | yes | yes |
 | host-side checks of every frame: depth, finite numbers, 64-bit ints, numeric call ids, size; per-step budgets of tool calls (``max_tool_calls``) and of every byte the host holds (``max_step_mb``); answers capped; control characters escaped in logs | yes | yes |
 
@@ -109,12 +125,12 @@ output, answer) counts against ``max_step_mb``; past it the step is stopped (``S
 a tool answer that would not fit is refused to the code as a tool error. A candidate's processes
 and scratch files together get ``memory_mb - 2 * max_step_mb - 4`` MiB: enforced by the kernel
 in a memory cgroup (kernel memory included: inodes, page tables, file locks...) where the host
-may create one (``codetool.executor.cgroups``), else polled every 10 ms while it runs (resident
+may create one (``codetool.executor.kernel.cgroups``), else polled every 10 ms while it runs (resident
 memory of its processes plus its scratch) and killed past it (``MemoryLimit``). Each process also
 has ``memory_mb`` as its address-space limit.
 
 **Processes.** Each family (a root executor and everything forked from it, i.e. one episode or
-one tree; or, through a :class:`~codetool.executor.pool.FamilyPool`, the executors of several
+one tree; or, through a :class:`~codetool.executor.FamilyPool`, the executors of several
 tasks, each still its own principal) has one root process that never runs model code: it spawns
 fresh workers, prepares each principal (uid, scratch mount, cgroup), kills principals' other
 processes, and reaps orphans (it is a child subreaper). A forked worker is a child of the worker it
@@ -122,7 +138,7 @@ was forked from; closing an executor kills its whole principal, not the executor
 When the host dies, the root sees its channel close and kills the rest. The fallback mode's family
 directory (``codetool-sandbox-<host pid>-<start>-*``) is removed on close, restart or failed
 start, by the root when the host dies first, or by the next sandbox started in the same parent
-directory (``codetool.executor.scratch``).
+directory (``codetool.executor.host.scratch``).
 
 **Recovery.** A timeout, the CPU limit, the memory limit, a crash or ``os._exit`` kill the worker
 and all its processes: the result has ``state_lost=True`` (as has a step that left threads
@@ -166,8 +182,11 @@ outside) makes the next result ``not_executed`` (``StateLost``, ``state_lost=Tru
 
 from codetool.executor.config import ISOLATION_MODES, ExecutorConfig
 from codetool.executor.executor import Executor
-from codetool.executor.launch import ExecutorError, bwrap_problem
+from codetool.executor.host.channel import log_safe
+from codetool.executor.host.launch import ExecutorError, bwrap_problem
+from codetool.executor.host.pool import FamilyPool, StartingExecutor, started_in_background
 from codetool.executor.result import OUTCOMES, ExecutionResult, ToolCall
 
 __all__ = ["Executor", "ExecutorConfig", "ExecutionResult", "ToolCall", "ExecutorError", "OUTCOMES",
-           "ISOLATION_MODES", "bwrap_problem"]
+           "ISOLATION_MODES", "bwrap_problem", "FamilyPool", "StartingExecutor", "started_in_background",
+           "log_safe"]

@@ -57,7 +57,7 @@ class ExecutorConfig:
             candidate as its own fresh unprivileged uid (what keeps siblings apart, and what
             ``max_processes`` and file permissions need).
         cgroup (`bool`, *optional*, defaults to `True`): bound each candidate's memory with a
-            memory cgroup where the host can create one (``codetool.executor.cgroups``); else the
+            memory cgroup where the host can create one (``codetool.executor.kernel.cgroups``); else the
             sandbox root polls it.
         grace_s (`float`, *optional*, defaults to `0.5`): seconds the threads a step started get to
             end after the step did. A thread still running then could act between steps, so the
@@ -68,7 +68,7 @@ class ExecutorConfig:
             before the step is recorded as ``not_executed`` (which no reward or label counts).
         start_timeout_s (`float`, *optional*, defaults to `5.0`): seconds a fork copy may take to
             start (a fresh worker gets four times as much), not counting the time the processes
-            doing it waited for a CPU (their run-queue waits, ``codetool.executor.schedstat``), up
+            doing it waited for a CPU (their run-queue waits, ``codetool.executor.kernel.schedstat``), up
             to ``busy_backstop`` times in all.
         busy_backstop (`float`, *optional*, defaults to `10.0`): how far a busy host may stretch a
             deadline: a step whose threads waited for a CPU gets that time back, but it is stopped

@@ -6,7 +6,7 @@ step and no earlier tool call is repeated); ``close`` kills the worker and every
 See the package docstring for the isolation layers and their limits.
 
 What the result reports is decided by the host, not by the interpreter that ran the step:
-``codetool.executor.step`` runs one step (the verdict, tool calls, budgets, deadlines, limits);
+``codetool.executor.host.step`` runs one step (the verdict, tool calls, budgets, deadlines, limits);
 this module keeps the executor's worker, its forks and its life cycle, and turns failures of the
 machine into retries: a fork, copy or worker start that failed for a reason outside the code is
 tried again (``ExecutorConfig.infra_retries``, deadlines doubled), and only then is the step
@@ -23,15 +23,15 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from codetool.executor.channel import ProtocolError, log_safe
 from codetool.executor.config import ExecutorConfig
-from codetool.executor.family import WorkerHandle
-from codetool.executor.launch import ExecutorError
-from codetool.executor.pool import FamilyPool
+from codetool.executor.host.channel import ProtocolError, log_safe
+from codetool.executor.host.family import WorkerHandle
+from codetool.executor.host.launch import ExecutorError
+from codetool.executor.host.pool import FamilyPool
+from codetool.executor.host.sandbox import ForkFailed, Sandbox
+from codetool.executor.host.step import run_step
+from codetool.executor.host.verdict import failure_outcome
 from codetool.executor.result import NOT_EXECUTED, ExecutionResult
-from codetool.executor.sandbox import ForkFailed, Sandbox
-from codetool.executor.step import run_step
-from codetool.executor.verdict import failure_outcome
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class Executor:
             JSON of the content (the raw text when it is not JSON), or a ``ToolError`` when the
             status is not ``ok``. ``finish(answer)`` and ``give_up(reason)`` are always defined.
         pool (`FamilyPool`, *optional*): a pool whose families this executor may share with the
-            executors of other tasks (``codetool.executor.pool``); without one it starts a family
+            executors of other tasks (``codetool.executor.host.pool``); without one it starts a family
             of its own.
     Raises:
         ExecutorError: a tool name is not a usable identifier, or the sandbox cannot start.

@@ -34,20 +34,27 @@ from codetool.tree.config import TreeConfig, tree_hash
 logger = logging.getLogger(__name__)
 
 
-def load_training_queries(cfg: TreeConfig) -> list:
-    """The training queries of ``cfg``, with ids made unique as ``<file stem>/<query_id>`` (ToolBench
+def load_training_queries(cfg: TreeConfig) -> tuple[list, int]:
+    """The training queries of ``cfg`` (any layout :func:`codetool.tools.files.load_queries` reads)
+    and how many test queries were dropped from them (``never_train_on``, by id and by text:
+    :mod:`codetool.tools.heldout`), with ids made unique as ``<file stem>/<query_id>`` (ToolBench
     files reuse ids across groups); ``world:<split>[:<n>]`` generates the synthetic world's queries
-    (``codetool.world``; ``limit`` applies, ids stay ``<split>-<i>``). Queries that offer no API are skipped with a warning; a
+    (``codetool.world``; ``limit`` applies, ids stay ``<split>-<i>``, none is a test query of a
+    benchmark). Queries that offer no API are skipped with a warning; a
     malformed entry is kept (its ``extra["load_error"]`` becomes its error record).
 
     Raises:
         ConfigError: no such file or folder.
-        CodetoolError: a file repeats a query id (the ids are named); no query is found, none is
-            well formed, or none offers an API (a build would write nothing and exit 0).
+        CodetoolError: a file of another kind (named), a file that repeats a query id (the ids are
+            named); no query is found, none is well formed, or none offers a documented API (a build
+            would write nothing and exit 0: says what to pass).
     """
     from codetool.resume import refuse_duplicates
-    from codetool.tools.loaders import data_root, load_toolbench_queries
-    from codetool.world import load_queries, parse_spec
+    from codetool.tools.files import load_queries
+    from codetool.tools.heldout import load_held_out
+    from codetool.tools.loaders import data_root
+    from codetool.world import load_queries as load_world_queries
+    from codetool.world import parse_spec
 
     try:
         world = parse_spec(cfg.queries or "")
@@ -56,32 +63,40 @@ def load_training_queries(cfg: TreeConfig) -> list:
     if world is not None:  # the synthetic world's queries (generated; ids are unique already)
         split, n = world
         counts = [x for x in (n, cfg.limit) if x is not None]
-        return load_queries(split, min(counts) if counts else None)  # none given: the world's default (40)
+        return load_world_queries(split, min(counts) if counts else None), 0  # none given: the world's default (40)
     path = Path(cfg.queries) if cfg.queries else data_root() / "ToolBench" / "data_example" / "instruction"
     if not path.exists():
         raise ConfigError(f"--queries {path}: no such file or folder. Pass a ToolBench-format query file "
-                          "(e.g. G1_query.json) or a folder of them; `codetool data fetch toolbench-examples` "
-                          "gets the 10 example queries.")
-    queries = load_toolbench_queries(path)
+                          "(e.g. G1_query.json) or a folder of them, or RestGPT's layout (a list of {query, "
+                          "solution}) with --tools spec.json; `codetool data fetch toolbench-examples` gets the 10 "
+                          "example queries.")
+    queries = load_queries(path, cfg.tools)
     if not queries:
         raise CodetoolError(f"--queries {path}: no query found (an empty list, or a folder without *.json query "
-                            "files); pass a ToolBench-format query file such as G1_query.json, or a folder of them.")
+                            "files); pass a ToolBench-format query file such as G1_query.json, a folder of them, "
+                            "or RestGPT's layout (a list of {query, solution}) with --tools spec.json.")
     if all(q.extra.get("load_error") for q in queries):  # not one entry is a query: the wrong file
         raise CodetoolError(f"--queries {path}: none of its {len(queries)} entries is a query (entry "
                             f"{queries[0].query_id}: {queries[0].extra['load_error']}); pass a ToolBench-format "
-                            "query file (a list of {query_id, query, api_list}).")
+                            "query file (a list of {query_id, query, api_list}) or RestGPT's layout with --tools.")
     refuse_duplicates([f"{q.group}/{q.query_id}" for q in queries], str(path))
+    queries, held = load_held_out(cfg.never_train_on).split(queries)
+    if held:
+        logger.warning("%d of the training queries are test queries of %s (e.g. %s/%s); no tree is built for them",
+                       len(held), ", ".join(cfg.never_train_on), held[0].group, held[0].query_id)
     usable = [q for q in queries if q.apis or q.extra.get("load_error")]
     if not usable:
-        raise CodetoolError(f"--queries {path}: none of its {len(queries)} queries offers a documented API "
-                            "(api_list), so no tree has a tool to call; pass queries with their api_list.")
+        raise CodetoolError(f"{len(queries)} of {len(queries)} queries in {path} offer no documented API, so "
+                            "there is no tree to build: pass the APIs with --tools (an OpenAPI spec for a list of "
+                            "{query, solution}; ToolBench's toolenv/tools folder for queries that list API names "
+                            "only), or use query files whose api_list documents each API.")
     if len(usable) < len(queries):
         logger.warning("%d of %d queries offer no documented API and are skipped: %s", len(queries) - len(usable),
                        len(queries), ", ".join(f"{q.group}/{q.query_id}" for q in queries
                                  if not (q.apis or q.extra.get("load_error"))))
     for q in usable:
         q.query_id = f"{q.group}/{q.query_id}"
-    return usable[: cfg.limit] if cfg.limit is not None else usable
+    return (usable[: cfg.limit] if cfg.limit is not None else usable), len(held)
 
 
 def merge_shards(cfg: TreeConfig, out: Path, queries: list, order: dict) -> list[dict]:
@@ -142,6 +157,9 @@ def export_atomically(records: list[dict], cfg: TreeConfig) -> dict | None:
     written into a temporary folder beside it and moved in once complete, so a failed export (a
     full disk) leaves the previous dataset, or no dataset, and raises.
 
+    Trees of queries in ``cfg.never_train_on`` (built before the filter existed, or under another
+    setting) are left out, and counted (``test_queries_dropped``).
+
     Returns:
         The export's statistics, or ``None`` when the trees give no row (a warning; nothing written).
     Raises:
@@ -150,9 +168,14 @@ def export_atomically(records: list[dict], cfg: TreeConfig) -> dict | None:
     import shutil
     import tempfile
 
+    from codetool.tools.heldout import load_held_out
     from codetool.tree.dataset import EmptyDatasetError, export_dataset
 
     target = Path(cfg.dataset_dir)
+    records, held = load_held_out(cfg.never_train_on).split_rows(records)
+    if held:
+        logger.warning("%d trees belong to test queries (%s) and are left out of the PRM dataset", len(held),
+                       ", ".join(cfg.never_train_on))
 
     def refuse(error) -> CodetoolError:
         return CodetoolError(f"cannot write the PRM dataset into {target}: {error} (free space or fix permissions, "
@@ -165,7 +188,8 @@ def export_atomically(records: list[dict], cfg: TreeConfig) -> dict | None:
     except OSError as e:
         raise refuse(e.strerror or e) from None
     try:
-        stats = export_dataset(records, staging, emit=cfg.emit, val_fraction=cfg.val_fraction, seed=cfg.seed)
+        stats = export_dataset(records, staging, emit=cfg.emit, val_fraction=cfg.val_fraction, seed=cfg.seed,
+                               extra={"test_queries_dropped": len(held)})
         target.mkdir(exist_ok=True)
         for entry in sorted(staging.iterdir()):  # renames within one file system: no space needed
             dest = target / entry.name
@@ -289,7 +313,7 @@ class TreeRunner(UnitRunner):
         from codetool.assemble import executor_factory, make_policy, tool_backend
 
         self.cfg, self.chash = cfg, chash
-        from codetool.executor.pool import started_in_background
+        from codetool.executor import started_in_background
         from codetool.memory_use import memory_gate
         from codetool.search.schedule import is_continuous
 

@@ -213,3 +213,22 @@ class CallLogitsProcessor:
         part = scores[index]
         scores[index] = part.masked_fill(~allowed[:, :part.shape[-1]], float("-inf"))
         return scores
+
+
+def allowed_along(trie: TokenTrie, constraint: CallConstraint | None, tokens: list[int], vocab_size: int,
+                  masks: OrderedDict | None = None) -> list:
+    """The mask :class:`CallLogitsProcessor` applied before each of ``tokens`` when they were
+    sampled under ``constraint`` (replayed from the tokens alone): a boolean ``(vocab_size,)``
+    tensor of the allowed tokens, or ``None`` where the reply was free (no constraint, after the
+    call closed, or a state no token fits). Policy RL computes the trained log-probabilities under
+    these masks, so they are those of the distribution each step was sampled from."""
+    if constraint is None:
+        return [None] * len(tokens)
+    processor = CallLogitsProcessor(trie, [constraint], 0, vocab_size, masks)
+    out = []
+    for token in tokens:
+        kind, _ = processor.states[0]
+        mask = None if kind == "free" else processor._mask(constraint, processor.states[0])
+        out.append(mask if mask is not None and bool(mask.any()) else None)
+        processor._step(0, int(token))
+    return out

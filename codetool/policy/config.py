@@ -3,35 +3,39 @@
 Every ``GRPOConfig`` / ``TrainingArguments`` field is a recipe key and a ``--option`` (with TRL's
 help text), as for ``train-prm``; the fields below are the method's own: which policy and PRM,
 the reward weights (one :class:`RewardSetting`, or several ``settings`` compared at equal
-generated tokens), how step rewards become advantages, the rollout's step format (a
-:class:`~codetool.search.config.SearchConfig`, as the search uses), the training prompts and the
-held-out evaluation sets (:class:`QuerySet`), and the executor.
+generated tokens), how step rewards become advantages, the rollout's steps, the training prompts and the
+held-out evaluation sets (:class:`QuerySet`), and the executor. ``rollout:`` is the search's step group
+(:class:`~codetool.search.config.StepGroup`) and nothing else: any other search key there is
+refused by name, with where it belongs.
 
 Rollout sampling uses GRPO's ``temperature`` and ``top_p`` (TRL scales the trained log-probs by
-that same temperature); ``rollout.temperature``/``top_p`` are not read. ``max_completion_length``
+that same temperature); ``rollout.temperature``/``top_p`` are refused (GRPO's are used). ``max_completion_length``
 is set to ``rollout.max_new_tokens`` (tokens per step, what a vLLM generation call is given).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass, field
 
 import torch
 from trl import GRPOConfig
 
-from codetool.config import ConfigError, option
+from codetool.config import ConfigError, Unread, option
 from codetool.config_groups import with_defaults
 from codetool.executor import ExecutorConfig
 from codetool.judge.config import JudgeConfig
 from codetool.models.lora import LoRAGroup
 from codetool.models.spec import ModelSpec
-from codetool.search.config import SearchConfig
+from codetool.search.config import STEP_KEYS, SearchConfig, StepGroup
+
+logger = logging.getLogger(__name__)
 
 REWARDS = ("grounded", "judged", "on_the_spot", "prm", "tool_cost", "answer")
 AGGREGATES = ("min", "mean", "last", "sum")
-ADVANTAGES = ("sequence", "process")
+ADVANTAGES = ("anchored", "deepseekmath", "sequence")
 BENCHMARKS = ("toolbench", "stabletoolbench", "restbench-tmdb", "world")
 
 
@@ -125,6 +129,23 @@ def _default_evals() -> list[QuerySet]:
 class PolicyLoRA(LoRAGroup):
     """The LoRA group of ``train-policy``."""
 
+# Where each search key that a rollout does not read belongs (train-policy refuses it by name).
+_ROLLOUT_HOMES = {"k": "A rollout samples one step per episode: the GRPO group (num_generations) is its sampling.",
+                  "temperature": "Rollouts sample at GRPO's temperature (the trained log-probs use it too): set "
+                                 "temperature.",
+                  "top_p": "Rollouts sample at GRPO's top_p: set top_p.",
+                  "seed": "Each run's sampling seed is its training seed: set seed / seeds."}
+
+
+def _rollout_home(key: str) -> str:
+    return _ROLLOUT_HOMES.get(key, f"{key} is a setting of the search over queries: set eval_search.{key} (the search "
+                                   "that evaluates the policy before and after training).")
+
+
+ROLLOUT_UNREAD = Unread(reader="train-policy", reads=STEP_KEYS,
+                        homes={f.name: _rollout_home(f.name) for f in dataclasses.fields(SearchConfig)
+                               if f.init and f.name not in STEP_KEYS})
+
 
 @dataclass
 class TrainPolicyConfig(GRPOConfig, PolicyLoRA):
@@ -137,8 +158,11 @@ class TrainPolicyConfig(GRPOConfig, PolicyLoRA):
     learning rate, checkpoints every 10 steps, fp32 on CPU, ...).
 
     Raises:
-        ConfigError: on a value out of range (the message names the key and the fix).
+        ConfigError: on a value out of range (the message names the key and the fix), or a key of
+            ``rollout:`` that the rollout does not read (``rollout.strategy``: the step group only).
     """
+
+    config_unread = {"rollout": ROLLOUT_UNREAD}  # search keys a rollout never reads: refused by name
 
     # ---- the policy
     policy: str = option("default", "the policy to train: default (the embedded 135M model), a folder or a Hub id")
@@ -158,11 +182,17 @@ class TrainPolicyConfig(GRPOConfig, PolicyLoRA):
                                    metadata={"help": "reward weights of a single run (when settings is empty)"})
     settings: list[RewardSetting] = option(default_factory=list, help="reward settings compared at equal generated "
                                            "tokens, each trained once per seed (empty: rewards alone)")
-    aggregate: str = option("mean", "advantage sequence: how a per-step reward becomes one number per episode",
-                            choices=AGGREGATES)
-    advantage: str = option("process", "sequence (TRL's GRPO advantage of the weighted episode reward) or process "
-                            "(DeepSeekMath process supervision: step rewards normalised in the group, a token's "
-                            "advantage the sum over its own and later steps)", choices=ADVANTAGES)
+    aggregate: str = option("mean", "how a per-step reward becomes one number per episode (advantage sequence: "
+                            "the episode reward; anchored: the episode's value of that reward)", choices=AGGREGATES)
+    advantage: str = option("anchored", "how rewards become advantages: anchored (outcome-anchored step credit: "
+                            "GRPO's advantage of the episode's length-neutral return, spread over its steps by their "
+                            "rewards; fair to length), deepseekmath (DeepSeekMath's process supervision: step rewards "
+                            "normalised in the group, a token's advantage the sum over its own and later steps; the "
+                            "default before, favours length), sequence (TRL's GRPO advantage of the weighted episode "
+                            "reward, on every token)", choices=ADVANTAGES,
+                            renamed={"process": "deepseekmath"})  # 0.2.0: refused naming the new value
+    credit_temperature: float = option(1.0, "advantage anchored: how sharply an episode's credit follows its steps' "
+                                       "standardised rewards (large: evenly over its steps)")
     judge: JudgeConfig = field(default_factory=lambda: JudgeConfig(model="none"),
                                metadata={"help": "the judge of the judged reward (model none: no judged reward)"})
     allow_weak_judge: bool = option(False, "train the judged reward on a weak judge (a local model, judge.weak) "
@@ -184,9 +214,13 @@ class TrainPolicyConfig(GRPOConfig, PolicyLoRA):
     evals: list[QuerySet] = option(default_factory=_default_evals, help="held-out evaluation sets")
     never_train_on: list[QuerySet] = option(default_factory=_default_evals, help="query sets kept out of training "
                                             "besides evals (default: the pipeline quickstart's evaluation sets)")
-    rollout: SearchConfig = field(default_factory=lambda: SearchConfig(max_steps=3, k=1, latent="none", w_latent=0.0,
-                                                                       max_new_tokens=64, constrain="line"),
-                                  metadata={"help": "step format of rollouts, as the search's settings"})
+    test_sets: list[str] = option(default_factory=lambda: ["stabletoolbench"],
+                                  help="named test sets no training prompt may hold, by id and by text, whatever "
+                                       "evals says: stabletoolbench[:<group>] (ToolBench's G*_query.json files hold "
+                                       "its 765 test queries), restbench-tmdb[:<first>-<last>] (codetool.tools.heldout)")
+    rollout: StepGroup = field(default_factory=lambda: StepGroup(max_steps=3, max_new_tokens=64, constrain="line"),
+                                  metadata={"help": "the steps of a rollout: the search's step group (format, length, "
+                                                    "constrained decoding, observation, on-the-spot rule), nothing else"})
     eval_search: SearchConfig = field(default_factory=lambda: SearchConfig(method="policy", k=1, latent="none",
                                                                            w_latent=0.0, max_steps=3,
                                                                            max_new_tokens=64, constrain="line"),
@@ -209,6 +243,10 @@ class TrainPolicyConfig(GRPOConfig, PolicyLoRA):
     max_steps: int = option(100, "optimisation steps per run (token_budget may stop it earlier)")
     beta: float = option(0.0, "KL coefficient to the reference policy (0: no reference model)")
     temperature: float = option(0.9, "sampling temperature of rollouts (and of the trained log-probs)")
+    loss_type: str = option("grpo", "loss normalisation (TRL): grpo, each episode's mean over its generated tokens, "
+                            "then the mean over episodes (DeepSeekMath's 1/|o_i|: every episode weighs the same, "
+                            "whatever its length); dapo (TRL's default), bnpo, dr_grpo: token sums, so a longer episode "
+                            "with the same advantage pushes harder", choices=("grpo", "dapo", "bnpo", "dr_grpo"))
     top_p: float = option(0.95, "nucleus sampling of rollouts")
     logging_steps: float = option(1, "log rewards every N steps")
     save_steps: float = option(10, "write checkpoint-N every N steps")
@@ -235,12 +273,21 @@ class TrainPolicyConfig(GRPOConfig, PolicyLoRA):
             raise ConfigError(f"torch_threads must be >= 0 (0: torch's default), got {self.torch_threads}.")
         if self.rollout_workers < 1:
             raise ConfigError(f"rollout_workers must be >= 1, got {self.rollout_workers}.")
+        if self.use_vllm and self.rollout.constrain != "off":
+            raise ConfigError(f"rollout.constrain is {self.rollout.constrain!r} but use_vllm samples rollouts without the "
+                              "constraint (its log-probabilities would then train another policy than sampled); set "
+                              "rollout.constrain off, or train without vLLM.")
+        if not self.credit_temperature > 0:
+            raise ConfigError(f"credit_temperature must be > 0, got {self.credit_temperature}.")
+        shown = [k for k in STEP_KEYS if k not in ("max_steps", "max_new_tokens", "observation_history")
+                 and getattr(self.rollout, k) != getattr(self.eval_search, k)]
+        if shown:  # allowed (an ablation may want it), but the policy is then evaluated on other steps
+            logger.warning("rollout and eval_search differ in %s: the policy trains on other steps than the "
+                           "evaluation shows it", ", ".join(f"{k} ({getattr(self.rollout, k)!r} vs "
+                                                           f"{getattr(self.eval_search, k)!r})" for k in shown))
         if self.rollout.observation_history != "all":
             raise ConfigError(f"rollout.observation_history is {self.rollout.observation_history!r}: an episode's "
                               "token row cannot hide an output it already showed; use all.")
-        if self.rollout.k != 1:
-            raise ConfigError(f"rollout.k is {self.rollout.k}: a rollout samples one step at a time (the GRPO group, "
-                              "num_generations, is the sampling); set rollout.k 1.")
         if any(q.benchmark == "stabletoolbench" for q in self.prompts):
             raise ConfigError("prompts: StableToolBench's solvable queries are its test sets; train on toolbench "
                               "(ToolBench's training distribution) or restbench-tmdb queries, and evaluate on "

@@ -4,9 +4,11 @@ Training queries come from ToolBench's training distribution (``toolbench`` quer
 ToolBench's example instructions) and RestBench-TMDB (``restbench-tmdb``, a second domain);
 StableToolBench's solvable queries are test sets and are refused as prompts
 (``TrainPolicyConfig``). A training query is dropped when it belongs to any evaluation set of the
-run or to ``never_train_on`` (by default the pipeline quickstart's evaluation sets), matched by
-benchmark and query id *and* by its normalised text (a query copied into another file under
-another id is still caught); :func:`training_queries` logs how many it dropped, and
+run, to ``never_train_on`` (by default the pipeline quickstart's evaluation sets) or to the named
+``test_sets`` (by default every StableToolBench test query, which ToolBench's own query files
+hold), matched by query id *and* by its normalised text (a query copied into another file under
+another id is still caught) with :mod:`codetool.tools.heldout`, the filter build-trees and
+train-prm use; :func:`training_queries` counts what it dropped (the report says how many), and
 ``tests/test_policy_data.py`` checks the quickstart recipe's sets are disjoint.
 
 A task's key (``benchmark/group/query_id``) is what the GRPO dataset's ``prompt`` column holds;
@@ -16,7 +18,6 @@ the rollout looks the task up by it.
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 
 from codetool import CodetoolError
@@ -37,8 +38,10 @@ def query_key(query) -> str:
 
 
 def normalised(text: str) -> str:
-    """A query's text for matching: lower case, runs of non-alphanumerics as one space."""
-    return re.sub(r"[^a-z0-9]+", " ", str(text).lower()).strip()
+    """A query's text for matching (:func:`codetool.tools.heldout.normalised`)."""
+    from codetool.tools.heldout import normalised as norm
+
+    return norm(text)
 
 
 def load_queries(qs: QuerySet, data_dir: str | None = None) -> list:
@@ -47,12 +50,8 @@ def load_queries(qs: QuerySet, data_dir: str | None = None) -> list:
     Raises:
         CodetoolError: a toolbench query path that exists neither as given nor under the data folder.
     """
-    from codetool.tools.loaders import (
-        data_root,
-        load_restbench,
-        load_stabletoolbench,
-        load_toolbench_queries,
-    )
+    from codetool.tools.files import load_queries as load_query_file
+    from codetool.tools.loaders import data_root, load_restbench, load_stabletoolbench
 
     if qs.benchmark == "world":  # generated: nothing is read
         from codetool.world import load_queries as load_world
@@ -67,7 +66,7 @@ def load_queries(qs: QuerySet, data_dir: str | None = None) -> list:
         if not path.exists():
             raise CodetoolError(f"toolbench queries {qs.queries!r} not found (looked as given and under {root}); "
                                 "pass a ToolBench query file or folder, or fetch the data with `codetool data`.")
-        queries = load_toolbench_queries(path)
+        queries = load_query_file(path)
     elif qs.benchmark == "stabletoolbench":
         queries = load_stabletoolbench(qs.group, root, subset=qs.subset)
     else:
@@ -76,32 +75,40 @@ def load_queries(qs: QuerySet, data_dir: str | None = None) -> list:
     return queries[qs.offset:end]
 
 
-def training_queries(cfg: TrainPolicyConfig) -> list:
-    """The training queries of ``cfg.prompts``: no evaluation query, no repeats, no broken entries.
+def training_queries(cfg: TrainPolicyConfig) -> TrainingQueries:
+    """The training queries of ``cfg.prompts``: no evaluation or test query (by id and by text,
+    :class:`codetool.tools.heldout.HeldOut`: the filter build-trees and train-prm use too), no
+    repeats, no broken entries. How many test queries were dropped is the list's ``dropped``.
 
     Raises:
-        CodetoolError: when nothing is left to train on.
+        CodetoolError: when nothing is left to train on, or a test set's files are missing.
     """
-    held = [q for qs in [*cfg.evals, *cfg.never_train_on] for q in load_queries(qs, cfg.data_dir)]
-    held_keys = {query_key(q) for q in held}
-    held_texts = {normalised(q.query) for q in held}
-    out, seen, dropped = [], set(), 0
-    for qs in cfg.prompts:
-        for q in load_queries(qs, cfg.data_dir):
-            text = normalised(q.query)
-            if query_key(q) in held_keys or text in held_texts:
-                dropped += 1
-                continue
-            if text in seen or q.extra.get("load_error") or not q.apis:
-                continue
-            seen.add(text)
-            out.append(q)
+    from codetool.tools.heldout import held_out_of, load_held_out
+
+    held = held_out_of([q for qs in [*cfg.evals, *cfg.never_train_on] for q in load_queries(qs, cfg.data_dir)],
+                       "evals and never_train_on") | load_held_out(cfg.test_sets, cfg.data_dir)
+    loaded = [q for qs in cfg.prompts for q in load_queries(qs, cfg.data_dir)]
+    kept, dropped = held.split(loaded)
+    out, seen = TrainingQueries(), set()
+    out.dropped = len(dropped)
+    for q in kept:
+        text = normalised(q.query)
+        if text in seen or q.extra.get("load_error") or not q.apis:
+            continue
+        seen.add(text)
+        out.append(q)
     if dropped:
-        logger.info("kept %d evaluation queries out of the training prompts", dropped)
+        logger.info("kept %d evaluation or test queries out of the training prompts", len(dropped))
     if not out:
         raise CodetoolError("no training queries left after removing the evaluation sets; widen prompts "
                             "(e.g. more restbench-tmdb queries) or narrow evals / never_train_on.")
     return out
+
+
+class TrainingQueries(list):
+    """The training queries, with ``dropped``: how many evaluation or test queries were left out."""
+
+    dropped = 0
 
 
 def evaluation_queries(cfg: TrainPolicyConfig) -> dict[str, list]:

@@ -38,6 +38,8 @@ class EpisodeStep:
         span (`tuple[int, int]`): ``[start, end)`` of the step's generated ids in ``completion_ids``.
         exact (`bool`): the episode row's text equals the search's rendering of the next prompt
             (``False`` when the generated text ran past what the search keeps of it).
+        constraint (`CallConstraint`, *optional*): the constrained-decoding rule the step was sampled
+            under (``None``: free); the loss computes its log-probabilities under the same rule.
     """
 
     candidate: Candidate
@@ -45,6 +47,7 @@ class EpisodeStep:
     history: list[dict] = field(default_factory=list)
     span: tuple[int, int] = (0, 0)
     exact: bool = True
+    constraint: Any = None
 
     @property
     def ended(self) -> str | None:

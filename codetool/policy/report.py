@@ -2,7 +2,8 @@
 
 ``report.md`` opens with what the numbers are worth at the run's scale (policy, prompts, episodes
 per group, steps, seeds), then the training reward per step (mean over seeds, and a PNG with one
-line per seed), the held-out before/after table of every reward setting (mean ± spread over
+line per seed), each setting's rewards by component and the PRM's share of the advantage's
+variance, the held-out before/after table of every reward setting (mean ± spread over
 seeds; the same evaluation search for all), the compute of each run (generated policy tokens:
 the settings are compared at equal tokens), and the per-step outcome histogram of the training
 rollouts (shares of each step category; a rising ``ok_no_tool`` or ``finish`` share without
@@ -109,14 +110,49 @@ def _save(plt, fig, ax, path: Path, ylabel: str, title: str) -> Path:
     return path
 
 
+def component_means(runs: dict[str, dict]) -> dict[str, float]:
+    """Per reward function, its mean per-episode value over the logged steps and seeds of a setting."""
+    values: dict[str, list[float]] = {}
+    for summary in runs.values():
+        for point in summary.get("curve", []):
+            for name in point:
+                if name not in ("step", "reward", "generated_tokens") and not name.startswith("outcomes/") \
+                        and isinstance(point[name], (int, float)):
+                    values.setdefault(name, []).append(float(point[name]))
+    return {k: float(np.mean(v)) for k, v in values.items()}
+
+
+def component_lines(runs: dict[str, dict[str, dict]], weights: dict[str, dict[str, float]]) -> list[str]:
+    """The report's table of each setting's rewards by component and the PRM's share of the advantage."""
+    names = list(dict.fromkeys(n for w in weights.values() for n in w))
+    lines = ["## Rewards by component, and the PRM's share of the advantage", "",
+             "Each reward function's mean value per episode over the training steps (seed mean; unweighted), and "
+             "the share of the advantages' variance that each reward's term carries (the covariance share, "
+             "`advantages/share_<name>`, mean over steps and seeds). A PRM whose input says nothing (every step scored "
+             "alike within each group) has share 0.", "",
+             "| setting | " + " | ".join(names) + " | PRM share of the advantage |",
+             "|---|" + "---:|" * (len(names) + 1)]
+    for setting, seeds in runs.items():
+        means = component_means(seeds)
+        shares = [s.get("advantage_shares", {}).get("prm") for s in seeds.values()]
+        shares = [x for x in shares if x is not None]
+        used = weights.get(setting, {})
+        share = "–" if not used.get("prm") else f"{100 * float(np.mean(shares)):.1f}%" if shares else "n/a (not logged)"
+        lines.append(f"| {setting} | " + " | ".join(f"{means[n]:.3f}" if n in means and used.get(n) else "–"
+                                                 for n in names) + f" | {share} |")
+    return lines + [""]
+
+
 def render(results: dict[str, Any]) -> str:
     """``report.md`` of a train-policy run (``results.json``'s content)."""
     runs, settings = results["runs"], list(results["runs"])
     lines = [f"# Policy RL: {results['name']}", "", f"**Scale.** {results['scale']}", "",
              f"- policy: `{results['policy']}`; PRM: {results['prm']}",
-             f"- advantages: {results['advantage']} (per-step rewards aggregated by {results['aggregate']} where "
-             "sequence-level); compute matched by a budget of "
-             f"{results['token_budget'] or 'no'} generated policy tokens per run", ""]
+             f"- advantages: {results['advantage']} (per-step rewards aggregated by {results['aggregate']}), loss "
+             f"normalisation {results.get('loss_type', 'dapo')}; compute matched by a budget of "
+             f"{results['token_budget'] or 'no'} generated policy tokens per run",
+             f"- training prompts: {results.get('test_queries_dropped', 0)} evaluation or test queries dropped from them "
+             f"(test sets: {', '.join(results.get('test_sets', [])) or 'none'}; by id and by text)", ""]
     lines += ["| setting | reward weights |", "|---|---|"]
     lines += [f"| {s} | {', '.join(f'{k} {v:g}' for k, v in w.items())} |" for s, w in results["weights"].items()]
     lines += ["", "## Training reward", "", "Mean over seeds of the weighted episode reward at each GRPO step "
@@ -128,6 +164,7 @@ def render(results: dict[str, Any]) -> str:
         lines.append(f"| {step} | " + " | ".join(f"{curves[s][step]:.3f}" if step in curves[s] else "–"
                                                for s in settings) + " |")
     lines += ["", "![training reward](reward_curves.png)", ""]
+    lines += component_lines(runs, results["weights"])
     if results.get("eval"):
         columns = ["before", *settings]
         lines += ["## Held-out before/after", "", f"The same evaluation search for every policy "

@@ -10,9 +10,10 @@ supervision reads); called by TRL it returns one number per episode:
   end, only calls the episode already made, or an end before any tool was called) has no value
   (``None``), so padding an episode with free steps or repeated calls cannot raise it, and giving up
   at once does not score 1 (a failing step is 0);
-- ``prm`` (per step): the PRM's latent reward of each step, the item the search would score
-  (query, tools, the history the policy saw, the step), one ``score`` call per episode so its
-  steps share their prefix; a step without code gets 0 (as in the search). The PRM reads the
+- ``prm`` (per step): the PRM's latent reward of each step, the very item the search would score
+  (:func:`codetool.search.step.prm_item`: query, tools, the history the policy saw, the step, and
+  the public PRM's fields for ``format.interface: reference``), one ``score`` call per episode so
+  its steps share their prefix; a step without code gets 0 (as in the search). The PRM reads the
   rendered steps, not the policy's token ids, so policy and PRM tokenizers may differ, and the PRM
   may run on another device or behind ``serve-prm``;
 - ``tool_cost`` (per step, LIT): minus the step's tool cost (code cost + P+D+C of its API calls),
@@ -55,7 +56,8 @@ from typing import TYPE_CHECKING, Any
 
 from codetool.grounding import response_items, sent_items
 from codetool.rewards import PRMItem, grounded_success
-from codetool.search.prompt import step_plan, visible_history
+from codetool.search.config import StepGroup
+from codetool.search.step import prm_item
 from codetool.tools.names import canonical_arguments
 
 from .episode import Episode
@@ -272,31 +274,23 @@ class PRMReward(StepReward):
 
     Args:
         scorer (`PRMScorer`): a local scorer, a ``serve-prm`` client or any ``score(items)``.
-        step_format, observation_history (`str`): as the rollout's (what the PRM sees, as in the search).
+        step (`StepGroup`, *optional*): the rollout's step settings (``step_format`` and
+            ``observation_history`` shape what the PRM sees, as in the search); default: the group's.
     """
 
     name = "prm"
 
-    def __init__(self, scorer: PRMScorer, aggregate: str = "mean", *, step_format: str = "code_only",
-                 observation_history: str = "all"):
+    def __init__(self, scorer: PRMScorer, aggregate: str = "mean", *, step: StepGroup | None = None):
         super().__init__(aggregate)
-        self.scorer, self.step_format, self.observation_history = scorer, step_format, observation_history
+        self.scorer, self.step = scorer, step if step is not None else StepGroup()
         self.calls = 0
 
     def items(self, episode: Episode) -> list[PRMItem | None]:
-        """The PRM item of each step (``None`` for a step without code)."""
-        task = episode.task
-        out: list[PRMItem | None] = []
-        for step in episode.steps:
-            cand = step.candidate
-            if cand.code is None:
-                out.append(None)
-                continue
-            out.append(PRMItem(query=task.query, tools=task.env.render(),
-                               history=visible_history(step.history, self.observation_history, self.step_format),
-                               candidate=cand.code, candidate_output=step.observation,
-                               candidate_plan=step_plan(cand.text) if self.step_format == "step_text" else ""))
-        return out
+        """The PRM item of each step, exactly the one the search would score after the same history
+        (:func:`codetool.search.step.prm_item`: our fields and the public PRM's, so every
+        ``format.interface`` reads its own; ``None`` for a step without code)."""
+        return [prm_item(episode.task, step.history, step.candidate, step.observation, self.step)
+                for step in episode.steps]
 
     def per_step(self, episode):
         items = self.items(episode)
@@ -308,11 +302,12 @@ class PRMReward(StepReward):
 
 def build_rewards(weights: dict[str, float], *, aggregate: str, scorer: PRMScorer | None = None,
                   judge: Judge | None = None, allow_weak_judge: bool = False,
-                  step_format: str = "code_only", observation_history: str = "all") -> tuple[list[StepReward], list[float]]:
+                  step: StepGroup | None = None) -> tuple[list[StepReward], list[float]]:
     """The reward functions of a setting and their weights (TRL's ``reward_funcs``/``reward_weights``).
 
     Args:
         weights (`dict[str, float]`): reward name -> weight (``RewardSetting.weights``).
+        step (`StepGroup`, *optional*): the rollout's step settings (what the PRM reward sees).
         allow_weak_judge (`bool`, *optional*): accept a weak judge for ``judged`` (:class:`JudgedReward`).
     Raises:
         ValueError: ``prm`` without a scorer, ``judged`` without a judge (or with a weak one not
@@ -331,7 +326,7 @@ def build_rewards(weights: dict[str, float], *, aggregate: str, scorer: PRMScore
         elif name == "prm":
             if scorer is None:
                 raise ValueError("the prm reward needs a PRM scorer.")
-            funcs.append(PRMReward(scorer, aggregate, step_format=step_format, observation_history=observation_history))
+            funcs.append(PRMReward(scorer, aggregate, step=step))
         elif name == "judged":
             if judge is None:
                 raise ValueError("the judged reward needs a judge.")

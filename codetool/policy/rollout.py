@@ -4,8 +4,9 @@ Every episode of a batch advances one step per round, as in the search: the poli
 step for each active episode (all in one ``generate`` call; a round-0 group of ``num_generations``
 copies of one prompt is one prompt with ``n`` samples), each step runs in its episode's own
 executor (a fresh sandbox family per episode: siblings of a group cannot reach each other's state
-to lower their rewards), gets its on-the-spot reward, LIT cost and observation
-(``codetool.search.expand``'s rules, constrained decoding included), and the episode ends on
+to lower their rewards) and is read, run, rewarded on the spot and shown by the search's own
+function (:func:`codetool.search.step.run_step`, under the same :class:`~codetool.search.config.StepGroup`
+settings, ``observation_cut`` and constrained decoding included), and the episode ends on
 ``finish``/``give_up``, after ``max_steps``, on a host error or on a step the executor could not run
 (``not_executed``: the episode is then dropped from its GRPO group, ``Episode.dropped``).
 
@@ -35,13 +36,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from codetool import CodetoolError
-from codetool.executor.result import host_error_result, no_code_result
 from codetool.models.completion import Completion, find_stop
 from codetool.resume import unit_seed
-from codetool.rewards import ToolCostTable, not_executed, on_the_spot, step_cost
+from codetool.rewards import not_executed
 from codetool.search.expand import step_constraint
-from codetool.search.prompt import CODE_PREFIX, format_observation, parse_candidate, policy_messages
-from codetool.search.records import Candidate
+from codetool.search.prompt import policy_messages
+from codetool.search.step import prefixed, reply_lead, reply_text, run_step, stop_words
 from codetool.secrets import redact
 
 from .episode import Episode, EpisodeStep
@@ -114,8 +114,8 @@ class EpisodeRunner:
 
     Args:
         tokenizer: the policy's tokenizer (chat template).
-        cfg (`SearchConfig`): step format, observation cut, ``max_steps``, ``max_new_tokens``,
-            constrained decoding, ``tool_error_is_failure``, ``cost_table`` (``k`` must be 1).
+        cfg (`StepGroup`): step format, observation cut, ``max_steps``, ``max_new_tokens``,
+            constrained decoding, ``tool_error_is_failure``, ``cost_table`` (``train-policy``'s ``rollout:``).
         make_executor (`Callable[[SearchTask], StepExecutor]`): a fresh executor per episode.
         seed (`int`, *optional*, defaults to 0): base of every round's sampling seed.
         max_positions (`int`, *optional*): an episode whose row would outgrow this ends (``max_steps``).
@@ -136,9 +136,7 @@ class EpisodeRunner:
         self.lockstep, self.workers = lockstep, max(int(workers), 1)
         self._lock = threading.Lock()
         self.max_positions = max_positions or 10**9
-        self.prefixed = cfg.code_prefix and cfg.step_format == "code_only"
-        self.stop = ["```"] if self.prefixed else None
-        self.costs = ToolCostTable.load(cfg.cost_table)
+        self.prefixed, self.stop, self.lead = prefixed(cfg), stop_words(cfg), reply_lead(cfg)
         self.stats = RolloutStats()
         eos = tokenizer.eos_token_id
         self.eos_ids = {eos} if isinstance(eos, int) else set(eos or [])
@@ -150,7 +148,7 @@ class EpisodeRunner:
                                observation_history=self.cfg.observation_history)
         if reply_only:
             return msgs[:-1]
-        return msgs + [{"role": "assistant", "content": CODE_PREFIX}] if self.prefixed else msgs
+        return msgs + [{"role": "assistant", "content": self.lead}] if self.lead else msgs
 
     def render(self, messages: list[dict]) -> str:
         """The text the search's transformers backend encodes for ``messages``."""
@@ -213,12 +211,14 @@ class EpisodeRunner:
         by_size: dict[int, list[tuple[int, ...]]] = {}
         for key, members in groups.items():
             by_size.setdefault(len(members), []).append(key)
+        constraint_of: dict[int, Any] = {}
         for n, keys in by_size.items():  # identical rows (a group's first prompt) share one prompt
-            constraints = [step_constraint(episodes[groups[k][0]].task, round_index, self.cfg) for k in keys]
+            constraints = [step_constraint(episodes[groups[k][0]].task, round_index, self.cfg, self.lead) for k in keys]
             outs = generator.generate([list(k) for k in keys], n, constraints=constraints, stop=self.stop,
                                       max_new_tokens=self.cfg.max_new_tokens, seed=seed)
-            for key, completions in zip(keys, outs):
+            for key, completions, constraint in zip(keys, outs, constraints):
                 samples.update(zip(groups[key], completions))
+                constraint_of.update(dict.fromkeys(groups[key], constraint))
         elapsed = time.perf_counter() - t0
         self.stats.generation_s += elapsed
         t0 = time.perf_counter()
@@ -226,7 +226,7 @@ class EpisodeRunner:
             episodes[i].seconds["generation"] += elapsed / len(active)
 
         def one(i: int) -> None:
-            self._step(episodes[i], states[i], rendered, i, samples[i], round_index)
+            self._step(episodes[i], states[i], rendered, i, samples[i], round_index, constraint_of.get(i))
 
         if self.workers > 1 and len(active) > 1:
             with ThreadPoolExecutor(max_workers=min(self.workers, len(active))) as pool:
@@ -240,40 +240,27 @@ class EpisodeRunner:
             episodes[i].seconds["execution"] += elapsed / len(active)
 
     def _step(self, ep: Episode, state, rendered: list[str], index: int, completion: Completion,
-              round_index: int) -> None:
-        """Parse, execute and record one sampled step; grow the row when the episode goes on."""
+              round_index: int, constraint=None) -> None:
+        """Read, run and record one sampled step (:func:`codetool.search.step.run_step`, as the
+        search does); grow the row when the episode goes on."""
         cfg, task = self.cfg, ep.task
         ids = list(completion.token_ids or [])
-        text = completion.text
-        if self.prefixed and not text.lstrip().startswith("```"):
-            text = f"{CODE_PREFIX}{text}\n```"  # as codetool.search.expand reads a prefixed reply
-        parsed = parse_candidate(text)
-        cand = Candidate(index=0, text=text, code=parsed.code, completion_tokens=completion.completion_tokens,
-                         prompt_tokens=completion.prompt_tokens)
-        if parsed.code is None:
-            result = no_code_result(parsed.error)
-        else:
-            try:
-                result = state.run(parsed.code)
-            except Exception as exc:  # noqa: BLE001 - a fault of the host: the episode ends as an error
-                result = host_error_result(redact(f"{type(exc).__name__}: {exc}")[:2000], type(exc).__name__)
-        cand.result = result
-        cand.r_spot = on_the_spot(result, tool_error_is_failure=cfg.tool_error_is_failure)
-        called = [task.env.api_for(c.name) for c in result.tool_calls]
-        cand.cost = step_cost(parsed.code or "", [a for a in called if a is not None], self.costs)
-        observation = format_observation(result, max_chars=cfg.max_observation_chars, parse_error=parsed.error)
+        text = reply_text(completion.text, self.lead, cfg)
+        taken = run_step(state, text, task, cfg, prompt_tokens=completion.prompt_tokens,
+                         completion_tokens=completion.completion_tokens, fork=False)
+        cand, observation, result = taken.candidate, taken.observation, taken.result
         history = ep.history
-        step = EpisodeStep(cand, observation, history=history)
+        step = EpisodeStep(cand, observation, history=history, constraint=constraint)
         ep.steps.append(step)
         with self._lock:
             self.stats.steps += 1
             self.stats.generated_tokens += len(ids)
-        if cand.result.outcome == "host_error":
-            ep.finish_type, ep.error = "error", cand.result.error_message
-        elif not_executed(cand.result):  # the machine's failure: the episode is dropped from its group
-            ep.finish_type, ep.error = "error", f"not executed: {cand.result.error_message or 'nothing ran'}"
+        if result.outcome == "host_error":
+            ep.finish_type, ep.error = "error", result.error_message
+        elif not_executed(result):  # the machine's failure: the episode is dropped from its group
+            ep.finish_type, ep.error = "error", f"not executed: {result.error_message or 'nothing ran'}"
         elif step.ended == "finish":
-            ep.finish_type, ep.final_answer = "finish", str(cand.result.final_answer)
+            ep.finish_type, ep.final_answer = "finish", str(result.final_answer)
         elif step.ended == "give_up":
             ep.finish_type = "give_up"
         going_on = ep.finish_type == "max_steps" and round_index + 1 < cfg.max_steps

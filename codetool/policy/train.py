@@ -78,9 +78,7 @@ def build_trainer(cfg: TrainPolicyConfig, tasks: dict, *, scorer: PRMScorer | No
     tokenizer.padding_side = "left"  # GRPO's prompts are left-padded
     setting = cfg.rewards
     funcs, weights = build_rewards(setting.weights, aggregate=cfg.aggregate, scorer=scorer, judge=judge,
-                                   allow_weak_judge=cfg.allow_weak_judge,
-                                   step_format=cfg.rollout.step_format,
-                                   observation_history=cfg.rollout.observation_history)
+                                   allow_weak_judge=cfg.allow_weak_judge, step=cfg.rollout)
     cfg.reward_weights = weights
     runner = EpisodeRunner(tokenizer, cfg.rollout, executor_factory(cfg.executor), seed=cfg.seed,
                            max_positions=getattr(model.config, "max_position_embeddings", None),
@@ -103,16 +101,20 @@ def build_trainer(cfg: TrainPolicyConfig, tasks: dict, *, scorer: PRMScorer | No
         # the trainer's budget, not `budget`: a resume replaces it by the checkpoint's (its count restored)
         assert trainer.token_budget is not None  # callbacks=[budget]: a TokenBudget is among them
         trainer.token_budget.add(episodes)
+        trainer.note_episodes(episodes)  # their constraints, replayed for the log-probs (codetool.policy.constrained)
 
     trainer: PolicyGRPOTrainer = PolicyGRPOTrainer(
         model=model, reward_funcs=funcs, args=cfg, train_dataset=Dataset.from_list([{"prompt": k} for k in keys]),
         processing_class=tokenizer, peft_config=peft_config(cfg, model), callbacks=[budget],
         rollout_func=make_rollout_func(runner, tasks, generator_for, on_episodes=on_episodes),
         advantage=cfg.advantage, step_weights=dict(zip([f.name for f in funcs], weights)),
-        share_prompt=cfg.share_prompt, runner=runner)
+        share_prompt=cfg.share_prompt, runner=runner, aggregate=cfg.aggregate,
+        outcomes=tuple(f.name for f in funcs if f.outcome), credit_temperature=cfg.credit_temperature,
+        aggregates={f.name: f.always for f in funcs if f.always})
     trainer.codetool_info = {"policy": cfg.policy, "prm": prm_name, "setting": setting.name,
                              "reward_weights": setting.weights, "aggregate": cfg.aggregate,
-                             "advantage": cfg.advantage, "seed": cfg.seed, "token_budget": cfg.token_budget,
+                             "advantage": cfg.advantage, "loss_type": cfg.loss_type, "seed": cfg.seed,
+                             "token_budget": cfg.token_budget,
                              "prompts": len(keys), "finetune": cfg.finetune, "codetool_version": __version__}
     trainer.reward_objects = funcs
     return trainer
@@ -159,6 +161,7 @@ def train_run(cfg: TrainPolicyConfig, tasks: dict, *, scorer: PRMScorer | None =
     summary = {**trainer.codetool_info, "steps": trainer.state.global_step, "seconds": round(seconds, 1),
                "generated_tokens": trainer.token_budget.generated, "curve": reward_curve(trainer.state.log_history),
                "outcomes": dict(trainer.outcome_counts), "timing": timing,
+               "advantage_shares": {name: sum(v) / len(v) for name, v in trainer.shares.items() if v},
                "dropped_episodes": trainer.dropped_episodes,
                "inexact_steps": trainer.runner.stats.inexact_steps}
     policy_dir = Path(cfg.output_dir) / "policy"

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from codetool import CodetoolError
+from codetool.prm.evaluate import row_pair_ids
 from codetool.prm.format import PromptEncoder, item_from_row
 from codetool.prm.rows import query_key
 from codetool.split import heldout_query_ids
@@ -66,20 +67,24 @@ def tokenize_rows(rows: list[dict], encoder: PromptEncoder) -> tuple[list[dict],
     Returns:
         A list of dicts with ``input_ids`` (list[int], prompt then label token), ``labels``
         (-100 except the last position), ``group`` (int, sibling group index), ``query_group``
-        (int, index of the row's query: its rows share the query and tool prompt) and ``label``
-        (0/1), plus :class:`TokenStats`. Truncated rows are logged, never dropped.
+        (int, index of the row's query: its rows share the query and tool prompt), ``label``
+        (0/1), ``pair`` (int, index of its labelled pair, -1 none) and ``ok`` (1 its step ran, 0
+        failed, -1 unknown), plus :class:`TokenStats`. Truncated rows are logged, never dropped.
     """
     pos_id, neg_id = encoder.label_ids
     groups: dict[str, int] = {}
     queries: dict[str, int] = {}
+    pair_ids, ok = row_pair_ids(rows, [sibling_key(r) for r in rows])
+    pairs: dict = {}
     out, stats = [], TokenStats()
-    for row in rows:
+    for row, pid, ran in zip(rows, pair_ids, ok):
         enc = encoder.encode(item_from_row(row))
         label_id = pos_id if row["label"] == 1 else neg_id
         ids = enc.input_ids + [label_id]
         out.append({"input_ids": ids, "labels": [IGNORE_INDEX] * (len(ids) - 1) + [label_id],
                     "query_group": queries.setdefault(query_key(row), len(queries)),
-                    "group": groups.setdefault(sibling_key(row), len(groups)), "label": int(row["label"])})
+                    "group": groups.setdefault(sibling_key(row), len(groups)), "label": int(row["label"]),
+                    "pair": -1 if pid in (-1, None) else pairs.setdefault(pid, len(pairs)), "ok": int(ran)})
         stats.rows += 1
         stats.tokens += len(ids)
         stats.truncated += int(enc.truncated)
@@ -101,7 +106,8 @@ class PRMCollator:
     Returns (per call) a dict of tensors: ``input_ids`` (batch, longest - 1) without the label
     token, ``last_index`` (batch,) the position that predicts the label, ``target`` (batch,)
     0 for the positive label and 1 for the negative (the index among the two label logits),
-    ``group`` (batch,) sibling group ids.
+    ``group``, ``pair``, ``ok``, ``query`` (batch,) the row's sibling group, labelled pair, whether
+    its step ran and its query index (-1: unknown), for the evaluation metrics.
 
     Raises:
         CodetoolError: if a row does not have exactly one supervised token, at its end, holding a
@@ -135,7 +141,10 @@ class PRMCollator:
         batch = {"input_ids": input_ids,
                  "last_index": torch.tensor([len(p) - 1 for p in prompts], dtype=torch.long),
                  "target": torch.tensor(targets, dtype=torch.long),
-                 "group": torch.tensor([int(f.get("group", -1)) for f in features], dtype=torch.long)}
+                 "group": torch.tensor([int(f.get("group", -1)) for f in features], dtype=torch.long),
+                 **{key: torch.tensor([int(f.get(key, -1)) for f in features], dtype=torch.long)
+                    for key in ("pair", "ok")},
+                 "query": torch.tensor([int(f.get("query_group", -1)) for f in features], dtype=torch.long)}
         return batch
 
 

@@ -1,13 +1,24 @@
-"""The metrics of a PRM on held-out pairs (``codetool eval-prm`` reports them).
+"""The metrics of a PRM on held-out pairs (``codetool eval-prm`` and the trainer's evaluation report them).
 
-Metrics, over rows with a binary ``label`` (1 = the more promising sibling) and a PRM score:
+What the search asks the PRM is which of a step's candidates to keep, and only between candidates
+whose on-the-spot rewards are equal (at weights 1/1 a candidate that ran always beats one that
+failed, whatever the PRM says). So the PRM's accuracy is measured on what it decides:
 
-- **pairwise accuracy**: over every (positive, negative) pair of siblings (candidates of the same
-  step: same query and history), the share where the positive scores higher; ties count 1/2.
-  This is what the search uses the PRM for: ranking the candidates of a step. ``eval-prm`` adds a
-  seeded 95% bootstrap interval over sibling groups (``pairwise_accuracy_ci95``).
-- **AUC**: ROC area over all rows (Mann-Whitney U with average ranks for ties).
-- **accuracy@0.5**, **Brier score**, and **ECE** with a reliability diagram (PNG) over 10 bins.
+- **pairwise accuracy** over the **labelled sibling pairs** (each pair the tree labelled: the more
+  promising sibling and the other; a tie counts 1/2), not over every positive x negative row of a
+  sibling group (which counts pairs nobody labelled and weighs siblings that appear in several
+  pairs again). Split by what separates the two steps: ``executability`` (one ran, one failed: the
+  on-the-spot reward already ranks them), ``both_ran`` (the pairs the search asks the PRM about)
+  and ``both_failed``; ``unknown`` for rows without the ``ok`` flag (datasets exported before issue
+  38: rebuild them with ``build-trees --relabel``). Each with its number of pairs and a seeded 95%
+  percentile bootstrap interval that resamples **queries** (a query's pairs share its tools and
+  its tree), :func:`decided_metrics`.
+- **best-of-k among runnable siblings** (:func:`best_of_k`): in each sibling group with at least
+  two steps that ran, the value (the tree's ``latent_reward``) of the step the PRM scores highest,
+  against a random pick (the group's mean) and the oracle (its best), with the PRM's gain over random
+  bootstrapped over queries.
+- over all rows: **AUC** (Mann-Whitney U with average ranks for ties), **accuracy@0.5**, **Brier
+  score**, and **ECE** with a reliability diagram (PNG) over 10 bins.
 
 ``codetool eval-prm`` (``codetool.commands.eval_prm``) rebuilds the held-out split from the
 checkpoint's ``prm_config.json`` (``split``): the same query ids that ``codetool train-prm`` kept
@@ -18,57 +29,161 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 logger = logging.getLogger(__name__)
 
-
-def pairwise_accuracy(scores, labels, groups) -> tuple[float, int]:
-    """``(accuracy, pairs)``: share of sibling (positive, negative) pairs ranked right.
-
-    Args:
-        scores: (n,) float in [0, 1]; labels: (n,) 0/1; groups: (n,) sibling group ids.
-    Returns:
-        The accuracy in [0, 1] (NaN when no group holds both labels) and the number of pairs.
-    """
-    by_group: dict = defaultdict(lambda: ([], []))
-    for s, y, g in zip(scores, labels, groups):
-        by_group[g][0 if int(y) == 1 else 1].append(float(s))
-    wins, pairs = 0.0, 0
-    for pos, neg in by_group.values():
-        for p in pos:
-            for q in neg:
-                wins += 1.0 if p > q else 0.5 if p == q else 0.0
-                pairs += 1
-    return (wins / pairs if pairs else float("nan")), pairs
+KINDS = ("executability", "both_ran", "both_failed", "unknown")
 
 
-def bootstrap_pairwise(scores, labels, groups, samples: int = 1000, seed: int = 0) -> tuple[float, float] | None:
-    """95% percentile bootstrap interval of :func:`pairwise_accuracy`, resampling sibling groups
-    (the unit the pairs share) with replacement, seeded.
+@dataclass(frozen=True)
+class Pair:
+    """A labelled sibling pair: the row indices of its more promising and its other step, the query
+    it belongs to, and what separates the two steps (one of :data:`KINDS`)."""
 
-    Args:
-        scores: (n,) float; labels: (n,) 0/1; groups: (n,) sibling group ids.
-        samples: resamples; seed: seed of the resampling (numpy ``default_rng``).
-    Returns:
-        ``(low, high)`` in [0, 1], or ``None`` when no group holds both labels.
-    """
-    by_group: dict = defaultdict(lambda: ([], []))
-    for s, y, g in zip(scores, labels, groups):
-        by_group[g][0 if int(y) == 1 else 1].append(float(s))
-    stats = []  # per group with pairs: (wins, pairs)
-    for pos, neg in by_group.values():
-        if pos and neg:
-            wins = sum(1.0 if p > q else 0.5 if p == q else 0.0 for p in pos for q in neg)
-            stats.append((wins, len(pos) * len(neg)))
-    if not stats:
+    better: int
+    worse: int
+    query: str
+    kind: str
+
+
+def _kind(ok_a, ok_b) -> str:
+    if ok_a is None or ok_b is None or ok_a < 0 or ok_b < 0:
+        return "unknown"
+    if bool(ok_a) != bool(ok_b):
+        return "executability"
+    return "both_ran" if ok_a else "both_failed"
+
+
+def pairs_from_ids(pair_ids: Sequence, labels: Sequence, ok: Sequence, queries: Sequence) -> list[Pair]:
+    """The labelled pairs of rows given each row's pair id (``-1``/``None``: in no pair), label,
+    ``ok`` (1 ran, 0 failed, ``-1``/``None`` unknown) and query. Two rows with one id and labels 1
+    and 0 make a pair; a pair whose rows carry the same label ranks nothing and is left out."""
+    members: dict = defaultdict(list)
+    for i, pid in enumerate(pair_ids):
+        if pid is not None and pid != -1:
+            members[pid].append(i)
+    out = []
+    for rows in members.values():
+        pos = [i for i in rows if int(labels[i]) == 1]
+        neg = [i for i in rows if int(labels[i]) != 1]
+        if len(pos) == 1 and len(neg) == 1:
+            out.append(Pair(pos[0], neg[0], str(queries[pos[0]]), _kind(ok[pos[0]], ok[neg[0]])))
+    return out
+
+
+def row_pair_ids(rows: list[dict], groups: Sequence) -> tuple[list, list]:
+    """Per row, its pair id and ``ok`` flag: the ``pair`` and ``ok`` fields build-trees writes, else
+    (older datasets) consecutive rows of one sibling group with labels 1 and 0 (build-trees writes
+    each pair as two adjacent rows) and ``ok`` unknown."""
+    ids: list = [-1] * len(rows)
+    ok = [(-1 if r.get("ok") is None else int(bool(r["ok"]))) for r in rows]
+    if any("pair" in r for r in rows):
+        return [r.get("pair", -1) for r in rows], ok
+    i = 0
+    while i + 1 < len(rows):
+        if groups[i] == groups[i + 1] and {int(rows[i]["label"]), int(rows[i + 1]["label"])} == {0, 1}:
+            ids[i] = ids[i + 1] = i
+            i += 2
+        else:
+            i += 1
+    return ids, ok
+
+
+def pairwise_accuracy(scores, pairs: list[Pair]) -> tuple[float, int]:
+    """``(accuracy, pairs)``: the share of labelled pairs whose more promising step scores higher
+    (a tie counts 1/2); NaN when there is no pair."""
+    if not pairs:
+        return float("nan"), 0
+    wins = sum(_win(scores, p) for p in pairs)
+    return wins / len(pairs), len(pairs)
+
+
+def _win(scores, p: Pair) -> float:
+    a, b = float(scores[p.better]), float(scores[p.worse])
+    return 1.0 if a > b else 0.5 if a == b else 0.0
+
+
+def _cluster_interval(per_query: dict, samples: int, seed: int) -> tuple[float, float] | None:
+    """95% percentile bootstrap of ``sum(num) / sum(den)`` over the queries of ``per_query`` (query
+    -> (num, den)), resampled with replacement, seeded; ``None`` for no query."""
+    if not per_query:
         return None
-    wins, pairs = np.array(stats).T
-    pick = np.random.default_rng(seed).integers(0, len(stats), size=(samples, len(stats)))
-    accs = wins[pick].sum(axis=1) / pairs[pick].sum(axis=1)
-    return float(np.percentile(accs, 2.5)), float(np.percentile(accs, 97.5))
+    num, den = np.array(list(per_query.values()), dtype=np.float64).T
+    pick = np.random.default_rng(seed).integers(0, len(num), size=(samples, len(num)))
+    ratios = num[pick].sum(axis=1) / np.maximum(den[pick].sum(axis=1), 1e-12)
+    return float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
+
+
+def pair_interval(scores, pairs: list[Pair], samples: int = 1000, seed: int = 0) -> tuple[float, float] | None:
+    """95% bootstrap interval of :func:`pairwise_accuracy`, resampling queries (``None``: no pair)."""
+    per_query: dict = defaultdict(lambda: [0.0, 0.0])
+    for p in pairs:
+        per_query[p.query][0] += _win(scores, p)
+        per_query[p.query][1] += 1
+    return _cluster_interval(per_query, samples, seed)
+
+
+def decided_metrics(scores, pairs: list[Pair], samples: int = 1000, seed: int = 0) -> dict[str, dict]:
+    """Pairwise accuracy of ``all`` pairs and of each kind that occurs (:data:`KINDS`): per part its
+    ``accuracy`` (``None`` without pairs), ``pairs``, ``queries`` and ``ci95`` (bootstrap over queries)."""
+    out = {}
+    for kind in ("all", *KINDS):
+        part = pairs if kind == "all" else [p for p in pairs if p.kind == kind]
+        if kind != "all" and not part:
+            continue
+        acc, n = pairwise_accuracy(scores, part)
+        ci = pair_interval(scores, part, samples, seed)
+        out[kind] = {"accuracy": None if n == 0 else acc, "pairs": n, "queries": len({p.query for p in part}),
+                     "ci95": list(ci) if ci else None}
+    return out
+
+
+def best_of_k(scores, rows: list[dict], groups: Sequence, queries: Sequence, samples: int = 1000,
+              seed: int = 0) -> dict:
+    """Best-of-k selection among the runnable siblings of each group (module docstring).
+
+    Args:
+        rows (`list[dict]`): with ``ok``, ``latent_reward`` and ``source`` (a node appearing in
+            several rows counts once, its first score).
+        groups, queries: per row, its sibling group and its query.
+    Returns:
+        ``groups`` (sibling groups with >= 2 runnable steps), ``informative`` (of them, those whose
+        steps differ in value), mean value of the ``prm`` pick (ties: their mean), of a ``random``
+        pick and of the ``oracle``, ``prm_best`` (share of groups where the PRM picks a best step;
+        ties count in proportion), ``gain_ci95`` (bootstrap over queries of prm minus random).
+    """
+    nodes: dict = defaultdict(dict)
+    for i, row in enumerate(rows):
+        if row.get("ok") and row.get("latent_reward") is not None:
+            nodes[groups[i]].setdefault(row.get("source", i), (float(scores[i]), float(row["latent_reward"]), i))
+    picked, rnd, best, hits, informative = [], [], [], [], 0
+    per_query: dict = defaultdict(lambda: [0.0, 0.0])
+    for members in nodes.values():
+        if len(members) < 2:
+            continue
+        s = np.array([m[0] for m in members.values()])
+        v = np.array([m[1] for m in members.values()])
+        top = v[s == s.max()]
+        picked.append(float(top.mean()))
+        rnd.append(float(v.mean()))
+        best.append(float(v.max()))
+        hits.append(float((top == v.max()).mean()))
+        informative += int(v.max() > v.min())
+        query = queries[next(iter(members.values()))[2]]
+        per_query[query][0] += picked[-1] - rnd[-1]
+        per_query[query][1] += 1
+    if not picked:
+        return {"groups": 0, "informative": 0, "prm": None, "random": None, "oracle": None, "prm_best": None,
+                "gain_ci95": None}
+    ci = _cluster_interval(per_query, samples, seed)
+    return {"groups": len(picked), "informative": informative, "prm": float(np.mean(picked)),
+            "random": float(np.mean(rnd)), "oracle": float(np.mean(best)), "prm_best": float(np.mean(hits)),
+            "gain_ci95": list(ci) if ci else None}
 
 
 def roc_auc(scores, labels) -> float:
@@ -106,14 +221,21 @@ def calibration_bins(scores, labels, bins: int = 10) -> list[dict]:
     return table
 
 
-def prm_metrics(scores, labels, groups) -> dict[str, float]:
-    """All scalar metrics of the module docstring, as a flat dict (for logs and JSON)."""
+def prm_metrics(scores, labels, pairs: list[Pair] | None = None) -> dict[str, float]:
+    """The scalar metrics as a flat dict (for logs and JSON): ``pairwise_accuracy`` and ``pairs``
+    over the labelled ``pairs`` (``pairwise_accuracy_both_ran`` and ``pairs_both_ran`` over those
+    whose steps both ran, and the same for ``executability``), and the row metrics."""
     scores = np.asarray(scores, dtype=np.float64)
     labels = np.asarray(labels).astype(int)
-    pair_acc, pairs = pairwise_accuracy(scores, labels, groups)
+    pairs = pairs or []
+    pair_acc, n_pairs = pairwise_accuracy(scores, pairs)
+    out = {"pairwise_accuracy": pair_acc, "pairs": n_pairs}
+    for kind in ("both_ran", "executability"):
+        acc, n = pairwise_accuracy(scores, [p for p in pairs if p.kind == kind])
+        out[f"pairwise_accuracy_{kind}"], out[f"pairs_{kind}"] = acc, n
     table = calibration_bins(scores, labels)
     ece = sum(b["count"] * abs(b["mean_score"] - b["positive_rate"]) for b in table if b["count"]) / max(len(scores), 1)
-    return {"pairwise_accuracy": pair_acc, "pairs": pairs, "auc": roc_auc(scores, labels),
+    return {**out, "auc": roc_auc(scores, labels),
             "accuracy": float(((scores > 0.5).astype(int) == labels).mean()) if len(scores) else float("nan"),
             "brier": float(((scores - labels) ** 2).mean()) if len(scores) else float("nan"),
             "ece": float(ece), "rows": int(len(scores))}

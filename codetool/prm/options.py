@@ -40,6 +40,10 @@ class PRMOptions(LoRAGroup):
     eval_dataset: list[str] = option(default_factory=list, help="held-out JSONL file(s); empty: split by query id")
     eval_fraction: float = option(0.1, "share of queries held out when eval_dataset is empty")
     split_seed: int = option(0, "seed of the query-id split")
+    never_train_on: list[str] = option(default_factory=lambda: ["stabletoolbench", "restbench-tmdb"],
+                                       help="test sets no training row may come from, by id and by text (rows of "
+                                            "those queries are dropped and counted): stabletoolbench[:<group>], "
+                                            "restbench-tmdb[:<first>-<last>] (codetool.tools.heldout)")
     format: PRMFormat = field(default_factory=PRMFormat, metadata={"help": "prompt format and label tokens"})
     train_label_head: bool = option(True, "train the two label rows of the output embedding")
     share_prefix: str = option(

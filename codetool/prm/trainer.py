@@ -59,9 +59,9 @@ class PRMTrainer(SFTTrainer):
         prm_meta (`dict`, *optional*): written to each checkpoint's ``prm_config.json``.
         Other arguments: as ``SFTTrainer`` (``processing_class`` is the tokenizer, saved with the model).
 
-    ``share_prefix`` (from ``args``): ``auto`` times the modes on the first batch
-    (``PRMModel.pick_share_mode``): on the 2-core CPU it picks the trie or packed forward, on a
-    GPU the packed one (one call). The trie is never used with gradient checkpointing (no KV
+    ``share_prefix`` (from ``args``): ``auto`` decides on the first batch by rule, without
+    running it (``PRMModel.pick_share_mode``): the packed forward when it saves positions and the
+    attention takes a block mask, else the trie on a CPU, else none. The trie is never used with gradient checkpointing (no KV
     cache) or FSDP (its wrapped layers expect one call per forward).
     """
 
@@ -120,7 +120,9 @@ class PRMTrainer(SFTTrainer):
             loss, logits = self.compute_loss(model, inputs, return_outputs=True)
         if prediction_loss_only:
             return loss.detach(), None, None
-        return loss.detach(), logits.detach(), torch.stack([inputs["target"], inputs["group"]], dim=1)
+        columns = [inputs["target"], inputs["group"]] + [inputs.get(k, torch.full_like(inputs["group"], -1))
+                                                         for k in ("pair", "ok", "query")]
+        return loss.detach(), logits.detach(), torch.stack(columns, dim=1)
 
     def _save(self, output_dir=None, state_dict=None):
         from codetool.prm.folder import save_prm
@@ -243,13 +245,17 @@ def _label_rules(rows: list[dict]) -> list[str]:
 def _compute_metrics(prediction) -> dict[str, float]:
     import numpy as np
 
-    from codetool.prm.evaluate import prm_metrics
+    from codetool.prm.evaluate import pairs_from_ids, prm_metrics
 
     logits = np.asarray(prediction.predictions, dtype=np.float64)
-    labels = np.asarray(prediction.label_ids)
+    labels = np.asarray(prediction.label_ids)  # target, group, pair, ok, query
     scores = 1.0 / (1.0 + np.exp(logits[:, 1] - logits[:, 0]))  # softmax over the two labels
-    metrics = prm_metrics(scores, 1 - labels[:, 0], labels[:, 1])
-    return {k: metrics[k] for k in ("pairwise_accuracy", "auc", "accuracy", "ece")}
+    positive = 1 - labels[:, 0]
+    pairs = pairs_from_ids(labels[:, 2].tolist(), positive.tolist(), labels[:, 3].tolist(), labels[:, 4].tolist()) \
+        if labels.shape[1] > 4 else []
+    metrics = prm_metrics(scores, positive, pairs)  # on labelled pairs, and on those whose steps both ran
+    return {k: metrics[k] for k in ("pairwise_accuracy", "pairs", "pairwise_accuracy_both_ran", "pairs_both_ran",
+                                    "auc", "accuracy", "ece")}
 
 
 def build_trainer(cfg: PRMConfig) -> PRMTrainer:
@@ -275,9 +281,21 @@ def build_trainer(cfg: PRMConfig) -> PRMTrainer:
             raise CodetoolError(f"PRM dataset not found: {path}. Build one with 'codetool build-trees' or pass "
                                 "--dataset FILE.jsonl (PRM example rows).")
     from codetool.prm.rows import read_rows
+    from codetool.tools.heldout import load_held_out
 
     rows = read_rows(cfg.dataset)  # before the model loads: a bad row is a one-line error at once
     eval_rows = read_rows(cfg.eval_dataset) if cfg.eval_dataset else None
+    held = load_held_out(cfg.never_train_on)  # no test query in the training (or validation) rows
+    rows, dropped = held.split_rows(rows)
+    if eval_rows is not None:
+        eval_rows, dropped_eval = held.split_rows(eval_rows)
+        dropped += dropped_eval
+    if dropped:
+        logger.warning("dropped %d PRM rows of %d test queries (%s)", len(dropped),
+                       len({str(r.get("query_id")) for r in dropped}), ", ".join(cfg.never_train_on))
+    if not rows:
+        raise CodetoolError(f"every row of {cfg.dataset} belongs to a test query of {cfg.never_train_on}; "
+                            "build trees on training queries (build-trees leaves the test sets out).")
     set_seed(cfg.seed)
     logger.info("training on %d process(es), device %s", cfg.world_size, cfg.device)
     model, tokenizer = build_model(cfg, _load_dtype(cfg, cfg))  # after the args: ZeRO-3 loads it partitioned
@@ -288,6 +306,7 @@ def build_trainer(cfg: PRMConfig) -> PRMTrainer:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     meta = {"base_model": cfg.model, "format": dataclasses.asdict(cfg.format), "seed": cfg.seed,
             "label_rules": _label_rules(rows),
+            "test_rows_dropped": len(dropped), "test_queries_dropped": len({str(r.get("query_id")) for r in dropped}),
             "finetune": cfg.finetune, "split": {"eval_fraction": 0.0 if cfg.eval_dataset else cfg.eval_fraction,
                       "seed": cfg.split_seed, "eval_dataset": list(cfg.eval_dataset)},
             "codetool_version": __version__}

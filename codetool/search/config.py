@@ -4,45 +4,36 @@ Below :mod:`codetool.search.expand` and every strategy, so that sampling, the ep
 (:mod:`codetool.search.episode`) and the strategies read one config without importing each other.
 Field names and defaults are what the recipes and the stage hashes are written against: a rename
 here changes every recipe's hash.
+
+:class:`StepGroup` is the config group of one candidate step (issue 38): how many steps an episode
+may take, how each is asked for, run, rewarded on the spot and shown to the policy next. The search
+(:class:`SearchConfig` composes it), the tree builder (its ``search:``) and the RL rollout
+(``train-policy``'s ``rollout:``, which composes nothing else) read it through one function,
+:func:`codetool.search.step.run_step`, so the three cannot drift apart.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from codetool.config import ConfigError, option
+from codetool.config_groups import Group
 from codetool.search.prompt import OBSERVATION_HISTORIES, STEP_FORMATS
 from codetool.search.schedule import SCHEDULES
 
 
 @dataclass
-class SearchConfig:
-    """Settings of the stepwise search. Paper defaults: K=2, temperature 0.9, top_p 0.95,
-    at most 5 steps, weights 1/1/0 (CodeTool §4.1)."""
+class StepGroup(Group):
+    """One candidate step: how many an episode may take, how each is asked for (format, length,
+    constrained decoding), run (the on-the-spot reward's tool-error rule, the LIT cost table) and
+    shown next (the observation). Composed by :class:`SearchConfig` (the search and the trees) and
+    by ``train-policy``'s ``rollout:`` (``codetool.policy.config``); read by
+    :func:`codetool.search.step.run_step` and :func:`codetool.search.expand.step_constraint`."""
 
-    method: str = option("spot+latent", "name of this method in trajectories and reports")
-    k: int = option(2, "candidates sampled per step (1 = no search)")
     max_steps: int = option(5, "steps before an episode ends as max_steps")
-    temperature: float = option(0.9, "sampling temperature (0 = greedy)")
-    top_p: float = option(0.95, "nucleus sampling threshold")
     max_new_tokens: int = option(256, "tokens per candidate step")
-    w_spot: float = option(1.0, "weight of the on-the-spot reward")
-    w_latent: float = option(1.0, "weight of the latent reward")
-    w_cost: float = option(0.0, "weight of the LIT tool cost (subtracted)")
-    latent: str = option("prm", "latent reward source", choices=["prm", "rollout", "none"])
-    rollouts: int = option(2, "rollouts per candidate when latent=rollout (m)")
-    rollout_max_steps: int = option(3, "steps per rollout when latent=rollout")
-    alpha: float = option(0.9, "latent reward: alpha^(1-LR)")
-    beta: float = option(0.95, "latent reward: beta^(tau/L)")
-    max_len: float = option(20.0, "latent reward: L, the path-length normaliser")
-    concurrency: int | None = option(None, "episodes in flight (none: 4 under batched rounds, whose generations "
-                                     "share forward passes; under continuous scheduling enough to fill the policy "
-                                     "client twice over: 2 x policy_client.max_in_flight / k)")
-    schedule: str = option("auto", "how episodes share the policy: rounds (all episodes' prompts in one generate "
-                           "call per step, as a local model wants), continuous (each episode advances as soon as "
-                           "its own generation returns, as a server wants), auto (continuous for http(s) "
-                           "policies)", choices=list(SCHEDULES))
     max_observation_chars: int = option(1500, "output shown to the policy per step (public code: 500; 1,500 for TMDB)")
     observation_history: str = option("all", "past outputs the policy (and the PRM) sees: all, or only the last "
                                       "(public code)", choices=list(OBSERVATION_HISTORIES))
@@ -67,6 +58,47 @@ class SearchConfig:
                                          "episode there is wasted")
     tool_error_is_failure: bool = option(True, "a failed tool call makes R_spot 0 even if caught")
     cost_table: str | None = option(None, "YAML of tool costs (default: the packaged table)")
+    observation_cut: str = option("middle", "how an output longer than max_observation_chars is cut: middle (head "
+                                  "and tail, ours) or head (its first characters, as the public code's [0:500])",
+                                  choices=["middle", "head"])
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.max_steps < 1:
+            raise ConfigError(f"max_steps must be >= 1, got {self.max_steps}.")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}.")
+
+
+STEP_KEYS = tuple(f.name for f in dataclasses.fields(StepGroup))
+
+
+@dataclass
+class SearchConfig(StepGroup):
+    """Settings of the stepwise search: the step group (:class:`StepGroup`) and the sampling,
+    selection and strategy settings. Paper defaults: K=2, temperature 0.9, top_p 0.95, at most 5
+    steps, weights 1/1/0 (CodeTool §4.1)."""
+
+    method: str = option("spot+latent", "name of this method in trajectories and reports")
+    k: int = option(2, "candidates sampled per step (1 = no search)")
+    temperature: float = option(0.9, "sampling temperature (0 = greedy)")
+    top_p: float = option(0.95, "nucleus sampling threshold")
+    w_spot: float = option(1.0, "weight of the on-the-spot reward")
+    w_latent: float = option(1.0, "weight of the latent reward")
+    w_cost: float = option(0.0, "weight of the LIT tool cost (subtracted)")
+    latent: str = option("prm", "latent reward source", choices=["prm", "rollout", "none"])
+    rollouts: int = option(2, "rollouts per candidate when latent=rollout (m)")
+    rollout_max_steps: int = option(3, "steps per rollout when latent=rollout")
+    alpha: float = option(0.9, "latent reward: alpha^(1-LR)")
+    beta: float = option(0.95, "latent reward: beta^(tau/L)")
+    max_len: float = option(20.0, "latent reward: L, the path-length normaliser")
+    concurrency: int | None = option(None, "episodes in flight (none: 4 under batched rounds, whose generations "
+                                     "share forward passes; under continuous scheduling enough to fill the policy "
+                                     "client twice over: 2 x policy_client.max_in_flight / k)")
+    schedule: str = option("auto", "how episodes share the policy: rounds (all episodes' prompts in one generate "
+                           "call per step, as a local model wants), continuous (each episode advances as soon as "
+                           "its own generation returns, as a server wants), auto (continuous for http(s) "
+                           "policies)", choices=list(SCHEDULES))
     seed: int | None = option(0, "sampling seed (none = nondeterministic)")
     tie_break: str = option("random", "equal selection scores: random (a pick seeded by search.seed, the query "
                             "and the step; the reference ablation), first (the earlier sample among scores equal "
@@ -76,9 +108,6 @@ class SearchConfig:
                                    "does (earlier steps' first code blocks with prints stripped, then the step; one "
                                    "sandbox per trajectory) and record their status and output: SCEP as the public "
                                    "code counts it and answer.final_answer reference read them")
-    observation_cut: str = option("middle", "how an output longer than max_observation_chars is cut: middle (head "
-                                  "and tail, ours) or head (its first characters, as the public code's [0:500])",
-                                  choices=["middle", "head"])
     strategy: str = option("greedy", "search over steps: greedy (CodeTool: keep the best candidate per step), "
                            "best_of_n, beam or lookahead (codetool.assemble.STRATEGIES)",
                            choices=["greedy", "best_of_n", "beam", "lookahead"])
@@ -96,18 +125,15 @@ class SearchConfig:
                                 "(prm when a PRM is loaded, else success)", choices=["auto", "success", "prm"])
 
     def __post_init__(self):
+        super().__post_init__()
         if self.k < 1:
             raise ConfigError(f"search.k must be >= 1, got {self.k}.")
-        if self.max_steps < 1:
-            raise ConfigError(f"search.max_steps must be >= 1, got {self.max_steps}.")
         if self.concurrency is not None and self.concurrency < 1:
             raise ConfigError(f"search.concurrency must be >= 1, got {self.concurrency}.")
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
             raise ConfigError(f"search.temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}.")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"search.top_p must be in (0, 1], got {self.top_p}.")
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"search.max_new_tokens must be >= 1, got {self.max_new_tokens}.")
         if self.latent == "rollout" and self.rollouts < 1:
             raise ConfigError(f"search.rollouts must be >= 1 with latent=rollout, got {self.rollouts}.")
         if self.strategy == "lookahead" and self.w_latent <= 0:

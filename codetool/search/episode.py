@@ -32,14 +32,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from codetool.config import ConfigError
-from codetool.executor.channel import log_safe
+from codetool.executor import log_safe
 from codetool.executor.result import StepExecutor
 from codetool.models.completion import LLMBackend
 from codetool.resume import unit_seed
 from codetool.rewards import PRMItem, PRMScorer, not_executed
 from codetool.search.config import SearchConfig
 from codetool.search.expand import Expanded, Node, check_constraints, expand_each
-from codetool.search.prompt import history_entry, reference_prm_fields, step_plan, visible_history
+from codetool.search.prompt import history_entry
 from codetool.search.records import Candidate, Step, Trajectory
 from codetool.search.schedule import (
     is_continuous,
@@ -49,6 +49,7 @@ from codetool.search.schedule import (
     units_in_flight,
 )
 from codetool.search.search import SearchTask, select
+from codetool.search.step import prm_item
 from codetool.secrets import redact
 
 logger = logging.getLogger(__name__)
@@ -312,10 +313,11 @@ class Episodes:
         items, slots, owners = [], [], []
         for ep, row in zip(active, expansions):
             for e in row:
-                if e.candidate.code is None:
+                item = self.prm_item(ep.task, ep.history, e.candidate, e.observation)
+                if item is None:  # a reply without code: latent reward 0 (docs/FIDELITY.md)
                     e.candidate.r_latent = 0.0
                     continue
-                items.append(self.prm_item(ep.task, ep.history, e.candidate, e.observation))
+                items.append(item)
                 slots.append(e.candidate)
                 owners.append(ep)
         if items:
@@ -325,14 +327,12 @@ class Episodes:
             for owner, item in zip(owners, items):  # compute accounting
                 owner.traj.prm_scored_tokens += prm_tokens(self.scorer, [item])
 
-    def prm_item(self, task: SearchTask, history: list[dict], candidate: Candidate, observation: str) -> PRMItem:
-        """What the PRM sees of ``candidate`` after ``history`` (the chosen steps before it)."""
-        cfg = self.cfg
-        return PRMItem(query=task.query, tools=task.env.render(),
-                       history=visible_history(history, cfg.observation_history, cfg.step_format),
-                       candidate=candidate.code or "", candidate_output=observation,
-                       candidate_plan=step_plan(candidate.text) if cfg.step_format == "step_text" else "",
-                       **reference_prm_fields(history, candidate.text))
+    def prm_item(self, task: SearchTask, history: list[dict], candidate: Candidate,
+                 observation: str) -> PRMItem | None:
+        """What the PRM sees of ``candidate`` after ``history`` (the chosen steps before it):
+        :func:`codetool.search.step.prm_item`, the item the RL reward scores too (``None`` for a
+        reply without code)."""
+        return prm_item(task, history, candidate, observation, self.cfg)
 
     def advance(self, ep: Episode, row: list[Expanded]) -> bool:
         """Select, record the step, keep the chosen fork and close the rest; True when the episode

@@ -1,7 +1,9 @@
 """Sampling and executing candidate steps: :func:`expand` (one batched ``generate`` call, each
-candidate run in a fork of its node's executor, with its on-the-spot reward and LIT cost) and
-:func:`expand_each` (the same, isolating a failing node). Shared by the search episodes
-(``codetool.search.episode``), beam search, the decide-first router and the tree builder.
+candidate run in a fork of its node's executor by :func:`codetool.search.step.run_step`, with its
+on-the-spot reward, LIT cost and observation) and :func:`expand_each` (the same, isolating a
+failing node). Shared by the search episodes (``codetool.search.episode``), beam search, the
+decide-first router and the tree builder; the RL rollout takes its steps with the same
+``run_step`` and :func:`step_constraint`.
 
 Limits: executions run one after another (the policy dominates the time on CPU); the caller owns
 every returned executor state and must close it.
@@ -14,20 +16,13 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from codetool.executor.result import (
-    ExecutionResult,
-    StepExecutor,
-    host_error_result,
-    no_code_result,
-)
+from codetool.executor.result import StepExecutor
 from codetool.models.constraint import CallConstraint
-from codetool.rewards import ToolCostTable, on_the_spot, step_cost
-from codetool.search.prompt import CODE_PREFIX, format_observation, parse_candidate, policy_messages
-from codetool.search.records import Candidate, ImportedResult
-from codetool.secrets import redact
+from codetool.search.prompt import CODE_PREFIX, policy_messages
+from codetool.search.step import Expanded, prefixed, reply_lead, reply_text, run_step, stop_words
 
 if TYPE_CHECKING:
-    from codetool.search.config import SearchConfig
+    from codetool.search.config import SearchConfig, StepGroup
 
 logger = logging.getLogger(__name__)
 
@@ -47,34 +42,6 @@ class Node:
     state: StepExecutor
     history: list[dict]
     task: Any
-
-
-@dataclass
-class Expanded:
-    """A sampled, executed candidate and the executor that holds its state (``None`` when the
-    reply had no code and nothing ran; the caller owns and must close ``state``)."""
-
-    candidate: Candidate
-    state: StepExecutor | None
-    observation: str
-    parse_error: str | None = None
-
-    @property
-    def result(self) -> ExecutionResult | ImportedResult:
-        """The candidate's result: an expanded candidate always has one (``no_code_result`` for a
-        reply without code, ``host_error_result`` for an executor that raised)."""
-        assert self.candidate.result is not None
-        return self.candidate.result
-
-    @property
-    def ended(self) -> str | None:
-        """``finish`` or ``give_up`` when this candidate's code ended the episode."""
-        result = self.result
-        if result.final_answer is not None:
-            return "finish"
-        if result.give_up_reason is not None:
-            return "give_up"
-        return None
 
 
 def expand_each(policy, nodes: list[Node], n: int, cfg: SearchConfig, *,
@@ -119,54 +86,27 @@ def expand(policy, nodes: list[Node], n: int, cfg: SearchConfig, *,
     timings = timings if timings is not None else {}
     prompts = [policy_messages(node.task.query, node.task.env.render(), node.history, step_format=cfg.step_format,
                                observation_history=cfg.observation_history) for node in nodes]
-    stop = None
-    prefixed = cfg.code_prefix and cfg.step_format == "code_only"
     # A first step may open with the router's prefill; the fence of code_prefix follows it.
-    leads = []
-    for node in nodes:
-        lead = "" if node.history else getattr(node.task, "prefill", "")
-        if prefixed and not lead.endswith(CODE_PREFIX):
-            lead += CODE_PREFIX
-        leads.append(lead)
+    leads = [reply_lead(cfg, "" if node.history else getattr(node.task, "prefill", "")) for node in nodes]
     prompts = [p + [{"role": "assistant", "content": lead}] if lead else p for p, lead in zip(prompts, leads)]
-    if prefixed:
-        stop = ["```"]
     extra = {}
     if cfg.constrain != "off":  # from the first generated character, or from the fence the model opens
         extra["constraint"] = [step_constraint(node.task, len(node.history), cfg, lead)
                                for node, lead in zip(nodes, leads)]
     t0 = time.perf_counter()
     outputs = policy.generate(prompts, n=n, temperature=cfg.temperature, top_p=cfg.top_p,
-                              max_new_tokens=cfg.max_new_tokens, stop=stop, seed=seed, **extra)
+                              max_new_tokens=cfg.max_new_tokens, stop=stop_words(cfg), seed=seed, **extra)
     timings["generation"] = timings.get("generation", 0.0) + time.perf_counter() - t0
     t0 = time.perf_counter()
-    expanded = []
-    for node, completions, lead in zip(nodes, outputs, leads):
-        state, task = node.state, node.task
-        row = []
-        for i, completion in enumerate(completions):
-            text = completion.text
-            if prefixed and not text.lstrip().startswith("```"):
-                text = f"{lead}{text}\n```"
-            elif lead and not prefixed:
-                text = lead + text
-            parsed = parse_candidate(text)
-            cand = Candidate(index=i, text=text, code=parsed.code,
-                             prompt_tokens=completion.prompt_tokens if i == 0 else 0,
-                             completion_tokens=completion.completion_tokens)
-            child = None
-            if parsed.code is None:
-                cand.result = no_code_result(parsed.error)
-            else:
-                child, cand.result = _execute(state, parsed.code)
-            cand.r_spot = on_the_spot(cand.result, tool_error_is_failure=cfg.tool_error_is_failure)
-            called = [task.env.api_for(c.name) for c in cand.result.tool_calls]
-            cand.cost = step_cost(parsed.code or "", [a for a in called if a is not None], _cost_table(cfg))
-            obs = format_observation(cand.result, max_chars=cfg.max_observation_chars, parse_error=parsed.error,
-                                     cut=getattr(cfg, "observation_cut", "middle"))
-            row.append(Expanded(cand, child, obs, parsed.error))
-        expanded.append(row)
+    expanded = [[run_step(node.state, reply_text(completion.text, lead, cfg), node.task, cfg, index=i,
+                          prompt_tokens=completion.prompt_tokens if i == 0 else 0,
+                          completion_tokens=completion.completion_tokens)
+                 for i, completion in enumerate(completions)]
+                for node, completions, lead in zip(nodes, outputs, leads)]
     timings["execution"] = timings.get("execution", 0.0) + time.perf_counter() - t0
+    from codetool.progress import note_work  # the commands' progress counts steps and tree nodes
+
+    note_work(len(expanded))
     return expanded
 
 
@@ -179,7 +119,7 @@ def check_constraints(policy, cfg: SearchConfig) -> None:
         check("search.constrain", cfg.constrain)
 
 
-def step_constraint(task, steps_taken: int, cfg: SearchConfig, lead: str = "") -> CallConstraint | None:
+def step_constraint(task, steps_taken: int, cfg: StepGroup, lead: str = "") -> CallConstraint | None:
     """The constrained-decoding rule of the next step (``cfg.constrain``; ``None`` when off).
 
     The constraint applies from the first generated character when the reply starts inside the
@@ -191,46 +131,19 @@ def step_constraint(task, steps_taken: int, cfg: SearchConfig, lead: str = "") -
     Args:
         task (`SearchTask`): its ``env.apis`` are the callable functions.
         steps_taken (`int`): steps already in the episode's history.
-        cfg (`SearchConfig`): ``constrain``, ``constrain_*``, ``max_steps``, ``code_prefix``, ``step_format``.
+        cfg (`StepGroup`): ``constrain``, ``constrain_*``, ``max_steps``, ``code_prefix``, ``step_format``.
         lead (`str`): the text the reply already opens with (prefill and/or the fence).
     """
     if cfg.constrain == "off":
         return None
-    prefixed = cfg.code_prefix and cfg.step_format == "code_only"
     first = not steps_taken and cfg.constrain_first_tool
     last = cfg.constrain_last_finish and steps_taken + 1 >= cfg.max_steps and not first
     return CallConstraint.for_functions(
         [] if last else [a.name for a in task.env.apis], ends=not first, assign=first,
         shape="opening" if cfg.constrain == "call" else "line",
-        trigger="" if prefixed or CODE_PREFIX in lead else CODE_PREFIX, answer_openings=ANSWER_OPENINGS, arguments=cfg.constrain_arguments)
+        trigger="" if prefixed(cfg) or CODE_PREFIX in lead else CODE_PREFIX, answer_openings=ANSWER_OPENINGS, arguments=cfg.constrain_arguments)
 
 
 # Under a constraint, finish's argument starts as a text or the last result (a small model otherwise
 # passes invented variable names: NameError).
 ANSWER_OPENINGS = ('"', "'", 'f"', "result", "str(result)")
-
-_COST_TABLES: dict[str | None, ToolCostTable] = {}
-
-
-def _cost_table(cfg: SearchConfig) -> ToolCostTable:
-    if cfg.cost_table not in _COST_TABLES:
-        _COST_TABLES[cfg.cost_table] = ToolCostTable.load(cfg.cost_table)
-    return _COST_TABLES[cfg.cost_table]
-
-
-def _execute(state, code: str) -> tuple[Any, ExecutionResult]:
-    """Run ``code`` in a fork of ``state``: ``(fork, result)``. A fault of the executor itself
-    (it raised instead of reporting) gives ``(None, a host_error_result)``, which
-    ends the episode as an error (``codetool.search.episode``) or the tree (``TreeBuilder``)."""
-    child = None
-    try:
-        child = state.fork()
-        return child, child.run(code)
-    except Exception as exc:  # noqa: BLE001 - recorded on the episode, the run goes on
-        if child is not None:
-            try:
-                child.close()
-            except Exception:  # noqa: BLE001 - already failing
-                logger.debug("could not close a failed fork", exc_info=True)
-        message = redact(f"{type(exc).__name__}: {exc}")[:2000]
-        return None, host_error_result(message, type(exc).__name__)

@@ -199,10 +199,11 @@ def reference_prm_fields(history: list[dict], text: str | None) -> dict[str, str
     """What the public CodeTool PRM reads when it scores a candidate reply ``text`` after the
     chosen steps ``history`` (``infer/step_infer.py``): the reply with its stop word, the earlier
     replies with theirs joined by the two characters ``/n`` (as it joins them), and the last
-    step's output."""
+    step's output; secrets of the environment are redacted (an item may travel to a PRM server)."""
     replies = [f"{h.get('text') or ''}[Step {k} Finished]\n" for k, h in enumerate(history, 1)]
-    return {"step_text": f"{text or ''}[Step {len(history) + 1} Finished]\n", "previous_steps": "/n".join(replies),
-            "parent_result": str(history[-1].get("result") or "") if history else ""}
+    return {"step_text": redact(f"{text or ''}[Step {len(history) + 1} Finished]\n"),
+            "previous_steps": redact("/n".join(replies)),
+            "parent_result": redact(str(history[-1].get("result") or "")) if history else ""}
 
 
 def visible_history(history: list[dict], observation_history: str = "all",

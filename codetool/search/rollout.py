@@ -86,9 +86,12 @@ def rollout_value(search: Episodes, ep: Episode, e: Expanded) -> float | None:
     return latent_reward(lr, tau, alpha=cfg.alpha, beta=cfg.beta, max_len=cfg.max_len)
 
 
-def _mean_prm_score(search: Episodes, ep: Episode, items: list[PRMItem]) -> float:
-    """Mean PRM score of ``items``; their tokens are counted on ``ep``'s trajectory."""
+def _mean_prm_score(search: Episodes, ep: Episode, steps: list[PRMItem | None]) -> float:
+    """Mean PRM score of ``steps``' items (each a step with code, so each has one); their tokens are
+    counted on ``ep``'s trajectory."""
     assert search.scorer is not None  # by_prm: a scorer exists
+    items = [item for item in steps if item is not None]
+    assert len(items) == len(steps), "a step without code has no PRM item"
     values = search.scorer.score(items)
     ep.traj.prm_scored_tokens += prm_tokens(search.scorer, items)
     return float(sum(values) / len(values))

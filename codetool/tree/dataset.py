@@ -1,7 +1,9 @@
 """Turn labelled trees into PRM examples and a Hugging Face dataset (docs/DESIGN.md §3).
 
 Each sibling pair of a tree gives two rows that share their prefix (query, tools, the path of
-steps above them): the "more promising" sibling with ``label=1`` and the other with ``label=0``.
+steps above them): the "more promising" sibling with ``label=1`` and the other with ``label=0``,
+both with the pair's id (``pair``) and each with whether its own step ran (``ok``, the on-the-spot
+reward): :mod:`codetool.prm.evaluate` measures the PRM on labelled pairs, split by what decided them.
 The history shows what the policy saw when it wrote the step: with the tree's
 ``observation_history: last`` only the parent's output (earlier outputs are ``None``).
 Every row keeps its candidate's own output; the PRM format decides whether the PRM sees it.
@@ -29,7 +31,7 @@ from typing import Any
 
 from codetool import CodetoolError
 from codetool.jsonl import write_jsonl
-from codetool.search.prompt import step_plan, visible_history
+from codetool.search.step import step_item
 from codetool.split import heldout_query_ids
 from codetool.tree.labels import add_counts, pair_counts, path_to
 from codetool.tree.reference import interface_fields
@@ -37,21 +39,23 @@ from codetool.tree.reference import interface_fields
 logger = logging.getLogger(__name__)
 
 PRM_FIELDS = ("query_id", "query", "tools", "history", "candidate", "candidate_output", "candidate_plan",
-              "label", "latent_reward", "source", "label_rule", "step_text", "previous_steps", "parent_result")
+              "label", "latent_reward", "source", "label_rule", "step_text", "previous_steps", "parent_result",
+              "ok", "pair")
 
 
-def _row(record: dict[str, Any], node_id: str, label: int, reference: dict | None = None) -> dict[str, Any]:
+def _row(record: dict[str, Any], node_id: str, label: int, reference: dict | None = None,
+         pair: str | None = None) -> dict[str, Any]:
     nodes = record["nodes"]
     node = nodes[node_id]
-    step_format = record.get("step_format", "code_only")
-    history = visible_history([nodes[n] for n in path_to(nodes, node_id)[:-1]],
-                              record.get("observation_history", "all"), step_format)
-    row = {"query_id": str(record["query_id"]), "query": record["query"], "tools": record["tools"],
-           "history": history, "candidate": node["code"] or "", "candidate_output": node["observation"],
-           "candidate_plan": step_plan(node.get("text")) if step_format == "step_text" else "",
-           "label": int(label), "latent_reward": float(node["latent_reward"]),
+    item = step_item(record["query"], record["tools"], [nodes[n] for n in path_to(nodes, node_id)[:-1]],
+                     node["code"], node.get("text"), node["observation"],
+                     step_format=record.get("step_format", "code_only"),
+                     observation_history=record.get("observation_history", "all"))  # as the search scores it
+    row = {"query_id": str(record["query_id"]), "query": item.query, "tools": item.tools,
+           "history": item.history, "candidate": item.candidate, "candidate_output": item.candidate_output,
+           "candidate_plan": item.candidate_plan, "label": int(label), "latent_reward": float(node["latent_reward"]),
            "source": f"{record['query_id']}:{node_id}", "label_rule": record.get("label_rule", "ours"),
-           **interface_fields(record, node_id)}
+           "ok": bool(node.get("ok")), "pair": pair, **interface_fields(record, node_id)}
     if reference is not None:  # the public code's row: its texts and its latent reward
         row.update({k: reference[k] for k in ("step_text", "previous_steps", "parent_result")})
         row["latent_reward"] = float(record["reference"]["nodes"][node_id]["latent_reward"])
@@ -65,7 +69,8 @@ def tree_rows(record: dict[str, Any], emit: str = "pairs") -> tuple[list[dict[st
     rows, skipped = [], 0
     if emit == "pairs" and record.get("label_rule") == "reference" and "reference" in record:
         # (records written before the reference rows existed called our rule "reference": their pairs stand)
-        return [_row(record, r["node"], r["label"], r) for r in record["reference"]["rows"]], 0
+        return [_row(record, r["node"], r["label"], r, pair=f"{record['query_id']}:{k // 2}")
+                for k, r in enumerate(record["reference"]["rows"])], 0
     if emit == "nodes":
         for node_id, node in nodes.items():
             if node.get("lr_soft") is None:  # not executed (or nothing below it was): no target
@@ -79,8 +84,9 @@ def tree_rows(record: dict[str, Any], emit: str = "pairs") -> tuple[list[dict[st
         if nodes[better]["code"] is None or nodes[worse]["code"] is None:
             skipped += 1
             continue
-        rows.append(_row(record, better, 1))
-        rows.append(_row(record, worse, 0))
+        pair = f"{record['query_id']}:{better}>{worse}"
+        rows.append(_row(record, better, 1, pair=pair))
+        rows.append(_row(record, worse, 0, pair=pair))
     return rows, skipped
 
 
@@ -95,14 +101,15 @@ class EmptyDatasetError(CodetoolError):
 
 
 def export_dataset(records: list[dict[str, Any]], out_dir: str | Path, *, emit: str = "pairs",
-                   val_fraction: float = 0.2, seed: int = 0) -> dict[str, Any]:
+                   val_fraction: float = 0.2, seed: int = 0, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write the PRM dataset into ``out_dir``: ``prm_examples.jsonl`` (every row; what
     ``codetool train-prm`` reads by default), ``train.jsonl`` and ``validation.jsonl`` (split by
     query id; ``datasets.load_dataset("json", data_files=...)`` reads them as a ``Dataset``).
 
     Also writes ``summary.json``: the row counts, the nodes the executor could not run
-    (``not_executed_nodes``: no row or label counts them) and the trees' pair counts (pairs by what
-    decided them, drops by reason, ``not_executed`` among them; see ``codetool.tree.labels.sibling_pairs``).
+    (``not_executed_nodes``: no row or label counts them), the trees' pair counts (pairs by what
+    decided them, drops by reason, ``not_executed`` among them; see ``codetool.tree.labels.sibling_pairs``)
+    and ``extra`` (the caller's counts, e.g. ``test_queries_dropped``).
 
     Returns:
         ``{"train": n_rows, "validation": n_rows, "skipped_no_code": n, "not_executed_nodes": n,
@@ -135,7 +142,7 @@ def export_dataset(records: list[dict[str, Any]], out_dir: str | Path, *, emit: 
         write_jsonl(out_dir / f"{name}.jsonl", split_rows)
     stats = {"train": len(splits["train"]), "validation": len(splits["validation"]),
              "skipped_no_code": skipped, "not_executed_nodes": lost, "val_query_ids": sorted(val_ids),
-             "pair_counts": counts}
+             "pair_counts": counts, **(extra or {})}
     (out_dir / "summary.json").write_text(json.dumps(stats, indent=2) + "\n")
     logger.info("PRM dataset: %d train rows, %d validation rows (%d held-out queries) -> %s",
                 stats["train"], stats["validation"], len(val_ids), out_dir)

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from codetool.executor.channel import log_safe
+from codetool.executor import log_safe
 from codetool.executor.result import StepExecutor
 from codetool.resume import unit_seed
 from codetool.rewards import not_executed
