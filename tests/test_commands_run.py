@@ -255,6 +255,16 @@ def test_a_dead_policy_server_stops_the_run_after_the_first_failed_query(monkeyp
     assert len(list(read_jsonl(out))) == 6
 
 
+def test_run_help_lists_dvts_the_votes_and_the_budgeted_allocation():
+    from codetool import cli
+
+    config_cls, _ = cli._load("run")
+    text = " ".join(cli._command_parser("run", config_cls).format_help().split())
+    for piece in ("dvts", "compute_optimal", "--search.vote", "none, majority, prm_weighted", "--search.budget",
+                  "--search.difficulty", "--search.level_strategies", "--search.level_weights"):
+        assert piece in text, piece
+
+
 LIBRARY = __import__("pathlib").Path(__file__).resolve().parents[1] / "examples" / "library"
 
 
