@@ -129,3 +129,28 @@ def test_train_prm_drops_the_rows_of_a_training_file_that_hold_a_test_query(tiny
     write_jsonl(path, [r for r in rows if r["query_id"] != "synthetic-2" and r["query_id"] != "synthetic-3"])
     with pytest.raises(CodetoolError, match="belongs to a test query"):
         build_trainer(cfg)
+
+
+def test_without_any_benchmark_data_nothing_is_held_out_and_the_sets_are_named_unchecked(monkeypatch, caplog):
+    """A fresh clone training on its own API's queries has no benchmark data: the filter cannot run,
+    keeps everything, warns, and names the sets it could not check (summaries carry them)."""
+    import logging
+
+    import codetool.tools.data as data
+
+    def no_data():
+        raise CodetoolError("no benchmark data found")
+
+    monkeypatch.setattr(data, "data_root", no_data)
+    with caplog.at_level(logging.WARNING, logger="codetool.tools.heldout"):
+        held = load_held_out(["stabletoolbench", "restbench-tmdb:0-9"])
+    assert held.unchecked == ("stabletoolbench", "restbench-tmdb:0-9") and not held.ids and not held.texts
+    assert "not checked" in caplog.text and "codetool data fetch" in caplog.text
+    with pytest.raises(CodetoolError, match="unknown held-out set"):
+        load_held_out(["toolbench"])  # a wrong name is still an error, data or not
+
+
+def test_a_data_folder_without_the_set_s_files_still_refuses(tmp_path):
+
+    with pytest.raises(CodetoolError, match="is missing"):
+        load_held_out(["restbench-tmdb"], data_dir=tmp_path)

@@ -42,7 +42,8 @@ def train_command(cfg: PRMConfig) -> int:
     summary = {"train_loss": result.training_loss, "steps": result.global_step,
                "seconds": round(time.time() - start, 1),
                "share_prefix": trainer.accelerator.unwrap_model(trainer.model).share_mode or trainer.share_prefix,
-               **{k: trainer.prm_meta.get(k, 0) for k in ("test_queries_dropped", "test_rows_dropped")}}
+               **{k: trainer.prm_meta.get(k, 0) for k in ("test_queries_dropped", "test_rows_dropped")},
+               "test_sets_unchecked": trainer.prm_meta.get("test_sets_unchecked", [])}
     if trainer.eval_dataset is not None:
         summary.update(trainer.evaluate())
     if trainer.args.should_save:

@@ -172,7 +172,8 @@ def export_atomically(records: list[dict], cfg: TreeConfig) -> dict | None:
     from codetool.tree.dataset import EmptyDatasetError, export_dataset
 
     target = Path(cfg.dataset_dir)
-    records, held = load_held_out(cfg.never_train_on).split_rows(records)
+    held_out = load_held_out(cfg.never_train_on)
+    records, held = held_out.split_rows(records)
     if held:
         logger.warning("%d trees belong to test queries (%s) and are left out of the PRM dataset", len(held),
                        ", ".join(cfg.never_train_on))
@@ -189,7 +190,7 @@ def export_atomically(records: list[dict], cfg: TreeConfig) -> dict | None:
         raise refuse(e.strerror or e) from None
     try:
         stats = export_dataset(records, staging, emit=cfg.emit, val_fraction=cfg.val_fraction, seed=cfg.seed,
-                               extra={"test_queries_dropped": len(held)})
+                               extra={"test_queries_dropped": len(held), "test_sets_unchecked": list(held_out.unchecked)})
         target.mkdir(exist_ok=True)
         for entry in sorted(staging.iterdir()):  # renames within one file system: no space needed
             dest = target / entry.name

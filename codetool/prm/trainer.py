@@ -307,6 +307,7 @@ def build_trainer(cfg: PRMConfig) -> PRMTrainer:
     meta = {"base_model": cfg.model, "format": dataclasses.asdict(cfg.format), "seed": cfg.seed,
             "label_rules": _label_rules(rows),
             "test_rows_dropped": len(dropped), "test_queries_dropped": len({str(r.get("query_id")) for r in dropped}),
+            "test_sets_unchecked": list(held.unchecked),
             "finetune": cfg.finetune, "split": {"eval_fraction": 0.0 if cfg.eval_dataset else cfg.eval_fraction,
                       "seed": cfg.split_seed, "eval_dataset": list(cfg.eval_dataset)},
             "codetool_version": __version__}

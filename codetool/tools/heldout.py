@@ -17,19 +17,26 @@ Named sets (:func:`load_held_out`), read from the benchmark data (``codetool dat
 - ``restbench-tmdb``: the 100 RestBench-TMDB queries (an evaluation benchmark only);
   ``restbench-tmdb:<first>-<last>`` a range of them (``restbench-tmdb:0-49``).
 
-A named set whose files are missing raises: the guarantee cannot be given without them. The
-caller counts what it dropped and writes the count into its summary.
+A named set whose files are missing from the benchmark data raises: the guarantee cannot be given
+without them. Where there is no benchmark data at all (a fresh clone training on its own API's
+queries, which cannot have come from our benchmark loaders), the sets cannot be read: the filter
+then keeps everything, says so in a warning, and :attr:`HeldOut.unchecked` names the sets, which the
+caller writes into its summary beside the count it dropped (a summary never claims a check that did
+not run).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from codetool import CodetoolError
+
+logger = logging.getLogger(__name__)
 
 STB_GROUPS = ("G1_instruction", "G1_category", "G1_tool", "G2_instruction", "G2_category", "G3_instruction")
 NAMED = ("stabletoolbench", "restbench-tmdb")
@@ -62,14 +69,18 @@ class HeldOut:
         ids (`frozenset[tuple[str, str]]`): ``(id family, query id)`` pairs (:func:`id_family`).
         texts (`frozenset[str]`): normalised query texts (:func:`normalised`).
         names (`tuple[str, ...]`): what the sets are, for summaries.
+        unchecked (`tuple[str, ...]`): sets that could not be read (no benchmark data at all): nothing
+            of them is held out, and summaries say so.
     """
 
     ids: frozenset = frozenset()
     texts: frozenset = frozenset()
     names: tuple[str, ...] = ()
+    unchecked: tuple[str, ...] = ()
 
     def __or__(self, other: HeldOut) -> HeldOut:
-        return HeldOut(self.ids | other.ids, self.texts | other.texts, self.names + other.names)
+        return HeldOut(self.ids | other.ids, self.texts | other.texts, self.names + other.names,
+                       self.unchecked + other.unchecked)
 
     def __len__(self) -> int:
         return len(self.texts | {f"\x00{f}/{q}" for f, q in self.ids})
@@ -137,10 +148,12 @@ def _restbench(root: Path, first: int, last: int | None) -> HeldOut:
 
 
 def load_held_out(names: Iterable[str], data_dir: str | Path | None = None) -> HeldOut:
-    """The union of the named sets (see the module docstring).
+    """The union of the named sets (see the module docstring). With no ``data_dir`` and no
+    benchmark data found at all, nothing is held out and :attr:`HeldOut.unchecked` names the sets
+    (a warning says how to check them).
 
     Raises:
-        CodetoolError: an unknown name, or a set whose data files are missing.
+        CodetoolError: an unknown name, or a set whose data files are missing from the data folder.
     """
     from codetool.tools.data import data_root
 
@@ -148,7 +161,20 @@ def load_held_out(names: Iterable[str], data_dir: str | Path | None = None) -> H
     names = list(names)
     if not names:
         return out
-    root = Path(data_dir) if data_dir else data_root()
+    unknown = [n for n in names if str(n).partition(":")[0] not in NAMED]
+    if unknown:
+        raise CodetoolError(f"unknown held-out set {unknown[0]!r}; choose stabletoolbench[:<group>] or "
+                            "restbench-tmdb[:<first>-<last>].")
+    if data_dir:
+        root = Path(data_dir)
+    else:
+        try:
+            root = data_root()
+        except CodetoolError:
+            logger.warning("no benchmark data found, so the training queries were not checked against the test "
+                           "sets %s; run `codetool data fetch` to check them, or set never_train_on to [] to say "
+                           "that your queries cannot hold them", ", ".join(map(str, names)))
+            return HeldOut(unchecked=tuple(map(str, names)))
     for name in names:
         base, _, part = str(name).partition(":")
         if base == "stabletoolbench":
