@@ -32,7 +32,9 @@ from codetool.models.spec import ModelSpec
 from codetool.rewards import PRMScorer
 from codetool.search.beam import beam_search
 from codetool.search.best_of_n import best_of_n
+from codetool.search.compute_optimal import compute_optimal
 from codetool.search.config import SearchConfig
+from codetool.search.dvts import dvts
 from codetool.search.episode import Search, SearchParts, Strategy
 from codetool.search.greedy import greedy
 from codetool.search.lookahead import lookahead
@@ -48,6 +50,8 @@ STRATEGIES: dict[str, Strategy] = {
     "best_of_n": best_of_n,     # n greedy episodes, the best-scored answer
     "beam": beam_search,        # B partial trajectories, k children each
     "lookahead": lookahead,     # each candidate valued by a depth-d rollout
+    "dvts": dvts,               # n/w independent beams of width w (diverse verifier tree search)
+    "compute_optimal": compute_optimal,  # per query, a strategy and a share of search.budget by difficulty
 }
 """``search.strategy`` -> the strategy that runs it; each takes ``(tasks, parts, cfg, on_done)``
 (:data:`codetool.search.episode.Strategy`) and returns the trajectories (search-and-learn's

@@ -107,7 +107,8 @@ def test_the_strategy_table_covers_every_strategy_with_one_signature():
     import inspect
 
     choices = {f.name: f for f in dataclasses.fields(SearchConfig)}["strategy"].metadata["choices"]
-    assert sorted(assemble.STRATEGIES) == sorted(choices) == ["beam", "best_of_n", "greedy", "lookahead"]
+    assert sorted(assemble.STRATEGIES) == sorted(choices) == ["beam", "best_of_n", "compute_optimal", "dvts", "greedy",
+                                                              "lookahead"]
     for name, strategy in assemble.STRATEGIES.items():
         assert list(inspect.signature(strategy).parameters) == ["tasks", "parts", "cfg", "on_done"], name
         assert strategy.__module__ == f"codetool.search.{name}"

@@ -253,3 +253,13 @@ def test_a_dead_policy_server_stops_the_run_after_the_first_failed_query(monkeyp
     _policy(monkeypatch, lambda p: block("finish('ok')"))
     assert run_command(_cfg(toolbench, out)) == 0
     assert len(list(read_jsonl(out))) == 6
+
+
+def test_run_help_lists_dvts_the_votes_and_the_budgeted_allocation():
+    from codetool import cli
+
+    config_cls, _ = cli._load("run")
+    text = " ".join(cli._command_parser("run", config_cls).format_help().split())
+    for piece in ("dvts", "compute_optimal", "--search.vote", "none, majority, prm_weighted", "--search.budget",
+                  "--search.difficulty", "--search.level_strategies", "--search.level_weights"):
+        assert piece in text, piece

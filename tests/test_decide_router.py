@@ -313,6 +313,8 @@ def test_low_confidence_goes_to_the_full_search():
     [traj] = route_and_solve([task("q5", "unsure what this needs")], RouterConfig(t_none=0.6, t_tool=0.6),
                              make_search(policy), policy)
     assert traj.routing["route"] == "search" and traj.routing["confidence"] == pytest.approx(0.34, rel=1e-3)
+    # the search got the confidence with the task (compute_optimal's difficulty: router)
+    assert traj.extra["decision_confidence"] == pytest.approx(0.34, rel=1e-3)
     assert traj.final_answer == "21" and len(traj.steps) == 1
     assert "Hint:" not in policy.calls[0][0][0][1]["content"]  # the normal policy prompt
     assert traj.phase_seconds["decision"] >= 0 and traj.method.endswith("+router")

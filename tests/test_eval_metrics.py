@@ -57,6 +57,18 @@ def test_scep_counts_every_chosen_step_as_the_public_code():
     assert m.scep_code_steps == 1.0  # ours leaves the code-less step out
 
 
+def test_bootstrap_mean_over_queries():
+    from codetool.eval.metrics import bootstrap_mean
+
+    assert bootstrap_mean([]) is None
+    assert bootstrap_mean([1.0, 1.0, 1.0]) == (1.0, 1.0, 1.0)  # no spread, no width
+    mean, low, high = bootstrap_mean([0, 0, 1, 1], samples=2000, seed=3)
+    assert mean == 0.5 and 0.0 <= low < 0.5 < high <= 1.0
+    assert bootstrap_mean([0, 0, 1, 1], samples=2000, seed=3) == (mean, low, high)  # seeded
+    # a single query: its value, whatever the resampling
+    assert bootstrap_mean([0.25]) == (0.25, 0.25, 0.25)
+
+
 def test_what_the_machine_could_not_run_is_left_out_of_every_scep():
     lost = Candidate(1, "", "y = 1", ExecutionResult(ok=False, outcome="not_executed", attempts=3))
     legacy = Candidate(1, "", "y = 1", ExecutionResult(ok=False, outcome="worker_lost", error_message=(

@@ -24,3 +24,13 @@ def test_example_query_prefers_latent_rewards_then_more_candidates(tmp_path):
     path = example_step_rewards(runs, tmp_path / "step_rewards.png")
     assert path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"
     assert example_step_rewards({"m": []}, tmp_path / "none.png") is None
+
+
+def test_accuracy_curves_draw_one_panel_per_benchmark(tmp_path):
+    from codetool.eval.plots import accuracy_curves
+
+    panels = {"stabletoolbench": {"beam": [(200.0, 40.0, 10.0, 70.0), (100.0, 30.0, 0.0, 60.0)],
+                                  "dvts": [(210.0, 50.0, 20.0, 80.0)]},
+              "restbench-tmdb": {"beam": [(150.0, 20.0, 0.0, 50.0)], "empty": []}}
+    path = accuracy_curves(panels, tmp_path / "curves.png", ylabels={"stabletoolbench": "grounded (%)"}, title="t")
+    assert path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"

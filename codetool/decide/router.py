@@ -222,10 +222,15 @@ class Router:
                 emit(traj)
 
             runner = self.search.with_executors(make)
-            search_tasks = [replace(p.task, prefill=prefill_text(p.decision, p.route, self.cfg)) if p.fast_step is None
-                            else replace(p.task, history=[history_entry(p.fast_step.chosen_candidate,
-                                                                        p.fast_step.observation)])
-                            for p in rest.values()]
+            search_tasks = []
+            for p in rest.values():
+                # The confidence goes with the task: compute_optimal reads it as a difficulty estimate.
+                extra = {**p.task.extra, "decision_confidence": p.decision.confidence}
+                if p.fast_step is None:
+                    search_tasks.append(replace(p.task, prefill=prefill_text(p.decision, p.route, self.cfg), extra=extra))
+                else:
+                    step = history_entry(p.fast_step.chosen_candidate, p.fast_step.observation)
+                    search_tasks.append(replace(p.task, history=[step], extra=extra))
             runner.run(search_tasks, on_done=finished)
         for state in held.values():  # only left when the search failed to start an episode
             state.close()

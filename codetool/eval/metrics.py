@@ -19,6 +19,8 @@
   episodes ended (finish / give_up / max_steps / error).
 - The rewards of chosen vs rejected candidates (for plots): the selection score of every
   candidate of a step that had more than one.
+- :func:`bootstrap_mean`: a per-query metric's mean with a percentile bootstrap interval over the
+  queries (the comparison of search strategies, ``benchmarks/compare_strategies.py``).
 - Not executed (issue 37): a candidate the executor could not run (``codetool.rewards.not_executed``,
   a failure of the machine after its retries) is left out of every SCEP's numerator and
   denominator and of the candidate rewards, and counted (``not_executed_candidates``); so is a
@@ -185,3 +187,24 @@ def candidate_rewards(trajs: Sequence[Trajectory], key: str = "score") -> tuple[
                     continue
                 (chosen if j == step.chosen else rejected).append(float(value))
     return chosen, rejected
+
+
+def bootstrap_mean(values: Sequence[float], *, samples: int = 1000, seed: int = 0,
+                   level: float = 0.95) -> tuple[float, float, float] | None:
+    """The mean of a per-query metric and its percentile bootstrap interval, resampling the queries
+    with replacement (numpy ``default_rng(seed)``), as ``codetool.prm.evaluate.bootstrap_pairwise``
+    resamples sibling groups.
+
+    Args:
+        values (`Sequence[float]`): (queries,) one value per query (e.g. 0/1 solved, a path fraction).
+        samples (`int`, *optional*, defaults to 1000): resamples.
+        level (`float`, *optional*, defaults to 0.95): the interval's coverage.
+    Returns:
+        ``(mean, low, high)``, or ``None`` without values; one value gives a zero-width interval.
+    """
+    data = np.asarray(values, dtype=float)
+    if data.size == 0:
+        return None
+    pick = np.random.default_rng(seed).integers(0, data.size, size=(samples, data.size))
+    low, high = np.quantile(data[pick].mean(axis=1), [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(data.mean()), float(low), float(high)

@@ -1,10 +1,11 @@
 """PNG plots of an evaluation report (matplotlib, Agg backend: no display needed).
 
-Four kinds: per-group bars for each method (one panel per metric, error bars where a metric has
-a spread over judge rounds), the distribution of steps per query for each method, and the
-selection score of chosen vs rejected candidates for each method, and the per-step rewards of one
-example query (every candidate's on-the-spot and latent reward and score, the chosen one marked;
-:func:`example_step_rewards`). Every function writes one file
+Per-group bars for each method (one panel per metric, error bars where a metric has a spread over
+judge rounds), the distribution of steps per query for each method, the selection score of chosen
+vs rejected candidates for each method, the per-step rewards of one example query (every
+candidate's on-the-spot and latent reward and score, the chosen one marked;
+:func:`example_step_rewards`), and a metric against generated tokens per strategy
+(:func:`metric_vs_tokens`, :func:`accuracy_curves`). Every function writes one file
 and returns its path; none of them shows a window or keeps a figure open.
 """
 
@@ -237,5 +238,47 @@ def metric_vs_tokens(points: Mapping[str, Sequence[tuple[float, float]]], path: 
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def accuracy_curves(panels: Mapping[str, Mapping[str, Sequence[tuple[float, float, float, float]]]],
+                    path: str | Path, *, ylabels: Mapping[str, str], title: str) -> Path:
+    """Accuracy against generated tokens per query, one panel per benchmark, one line per strategy
+    (Snell et al. 2024's equal-compute curves), each point with its interval over queries.
+
+    Args:
+        panels (`Mapping`): ``benchmark -> strategy -> [(tokens per query, value, low, high), ...]``,
+            values in percent; a strategy's points are joined in order of tokens.
+        path (`str` or `Path`): the PNG to write.
+        ylabels (`Mapping[str, str]`): the y-axis label of each panel (what the value is).
+        title (`str`): the figure title.
+    """
+    plt = _pyplot()
+    names = list(dict.fromkeys(name for series in panels.values() for name in series))
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(6.2 * max(1, len(panels)), 4.6), squeeze=False)
+    markers = "osD^vP*Xh<>"
+    for ax, (bench, series) in zip(axes[0], panels.items()):
+        for name, pts in series.items():
+            if not pts:
+                continue
+            k = names.index(name)
+            pts = sorted(pts)
+            dodge = 1.02 ** (k - (len(names) - 1) / 2)  # series at equal tokens stay apart (at most a few %)
+            xs, ys = [p[0] * dodge for p in pts], [p[1] for p in pts]
+            err = [[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]]
+            ax.errorbar(xs, ys, yerr=err, fmt=f"-{markers[k % len(markers)]}", ms=5, lw=1.2, capsize=2,
+                        color=COLORS[k % len(COLORS)], alpha=0.85, label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("generated tokens per query (all candidates; log scale, series dodged by a few %)")
+        ax.set_ylabel(ylabels.get(bench, bench))
+        ax.set_title(bench, fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(5, len(labels)), fontsize=8, frameon=False)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.08 + 0.04 * ((len(labels) - 1) // 5 if handles else 0), 1, 0.95))
+    fig.savefig(path, dpi=130)
     plt.close(fig)
     return Path(path)

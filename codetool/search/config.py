@@ -20,8 +20,12 @@ from dataclasses import dataclass
 
 from codetool.config import ConfigError, option
 from codetool.config_groups import Group
+from codetool.search.allocation import VOTING, BudgetGroup
 from codetool.search.prompt import OBSERVATION_HISTORIES, STEP_FORMATS
 from codetool.search.schedule import SCHEDULES
+from codetool.search.vote import VoteGroup
+
+STRATEGY_NAMES = ("greedy", "best_of_n", "beam", "lookahead", "dvts", "compute_optimal")
 
 
 @dataclass
@@ -74,7 +78,7 @@ STEP_KEYS = tuple(f.name for f in dataclasses.fields(StepGroup))
 
 
 @dataclass
-class SearchConfig(StepGroup):
+class SearchConfig(StepGroup, VoteGroup, BudgetGroup):
     """Settings of the stepwise search: the step group (:class:`StepGroup`) and the sampling,
     selection and strategy settings. Paper defaults: K=2, temperature 0.9, top_p 0.95, at most 5
     steps, weights 1/1/0 (CodeTool §4.1)."""
@@ -109,12 +113,15 @@ class SearchConfig(StepGroup):
                                    "sandbox per trajectory) and record their status and output: SCEP as the public "
                                    "code counts it and answer.final_answer reference read them")
     strategy: str = option("greedy", "search over steps: greedy (CodeTool: keep the best candidate per step), "
-                           "best_of_n, beam or lookahead (codetool.assemble.STRATEGIES)",
-                           choices=["greedy", "best_of_n", "beam", "lookahead"])
-    n: int = option(4, "best_of_n: independent greedy episodes per query")
-    aggregate: str = option("last", "best_of_n/beam: a trajectory's score from its chosen steps' PRM scores: "
+                           "best_of_n, beam, lookahead, dvts (diverse verifier tree search: n/beam_width independent "
+                           "beams) or compute_optimal (per query, a strategy and a share of search.budget by estimated "
+                           "difficulty) (codetool.assemble.STRATEGIES)", choices=list(STRATEGY_NAMES))
+    n: int = option(4, "best_of_n: independent greedy episodes per query; dvts: paths kept per step over all "
+                    "subtrees (n/beam_width subtrees)")
+    aggregate: str = option("last", "best_of_n/beam/dvts: a trajectory's score from its chosen steps' PRM scores: "
                             "last step, product or minimum", choices=["last", "prod", "min"])
-    beam_width: int = option(2, "beam: partial trajectories kept per step (B); each is expanded with k")
+    beam_width: int = option(2, "beam: partial trajectories kept per step (B); dvts: those of each subtree (w); "
+                             "each is expanded with k")
     lookahead_depth: int = option(1, "lookahead: steps of the single-sample rollout (at search.rollout_temperature) "
                                  "that scores each candidate (d)")
     rollout_temperature: float | None = option(None, "sampling temperature of rollouts (lookahead, latent=rollout); "
@@ -125,7 +132,7 @@ class SearchConfig(StepGroup):
                                 "(prm when a PRM is loaded, else success)", choices=["auto", "success", "prm"])
 
     def __post_init__(self):
-        super().__post_init__()
+        super().__post_init__()  # the groups' checks
         if self.k < 1:
             raise ConfigError(f"search.k must be >= 1, got {self.k}.")
         if self.concurrency is not None and self.concurrency < 1:
@@ -143,3 +150,16 @@ class SearchConfig(StepGroup):
         for name in ("n", "beam_width", "lookahead_depth"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"search.{name} must be >= 1, got {getattr(self, name)}.")
+        if self.strategy == "dvts" and self.n % self.beam_width:
+            raise ConfigError(f"search.strategy dvts runs n/beam_width subtrees: search.n ({self.n}) must be a "
+                              f"multiple of search.beam_width ({self.beam_width}).")
+        if self.vote != "none" and self.strategy not in VOTING:
+            raise ConfigError(f"search.vote {self.vote} needs several finished trajectories per query, but strategy "
+                              f"{self.strategy} keeps one: use best_of_n, beam, dvts or compute_optimal, or vote none.")
+        if (self.budget is None) == (self.strategy == "compute_optimal"):
+            raise ConfigError("search.budget (generated tokens per query on average) is what strategy compute_optimal "
+                              f"shares out and is read by it only; got strategy {self.strategy} with budget "
+                              f"{self.budget}: set both or neither.")
+        if self.strategy == "compute_optimal" and "lookahead" in self.level_strategies and self.w_latent <= 0:
+            raise ConfigError("search.level_strategies names lookahead, which scores candidates through the latent "
+                              f"reward, but search.w_latent is {self.w_latent}: set it > 0 or drop lookahead.")

@@ -18,9 +18,9 @@ rounds; with a remote policy each episode advances on its own as its requests re
 scheduling, :mod:`codetool.search.schedule`). A step's seed comes from its query and step number
 either way, so a run is deterministic given the seed.
 
-The strategies (``codetool.search.greedy``, ``best_of_n``, ``beam``, ``lookahead``) build on this
-module through its public names only; the caller picks one from ``codetool.assemble.STRATEGIES``
-and binds it in a :class:`Search`.
+The strategies (``codetool.search.greedy``, ``best_of_n``, ``beam``, ``lookahead``, ``dvts``,
+``compute_optimal``) build on this module through its public names only; the caller picks one
+from ``codetool.assemble.STRATEGIES`` and binds it in a :class:`Search`.
 """
 
 from __future__ import annotations

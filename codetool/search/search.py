@@ -9,8 +9,9 @@ ties go to a seeded random pick (the reference ablation), so a run is determinis
 samples and the seed.
 
 The episode mechanics are in :mod:`codetool.search.episode`, the strategies in
-``codetool.search.greedy``, ``best_of_n``, ``beam`` and ``lookahead`` (the caller's table is
-``codetool.assemble.STRATEGIES``), the settings in :mod:`codetool.search.config`.
+``codetool.search.greedy``, ``best_of_n``, ``beam``, ``lookahead``, ``dvts`` and
+``compute_optimal`` (the caller's table is ``codetool.assemble.STRATEGIES``), the settings in
+:mod:`codetool.search.config`.
 """
 
 from __future__ import annotations
