@@ -469,6 +469,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
                                 metavar=name.upper(), help=shown)
             continue
         _add_option(parser, name, [f"--{name}", *f.metadata.get("aliases", ())], tp, shown)
+    for name in sorted(hidden - {n for n, _, _ in _flat_fields(cls)}):  # a key its group lacks: from_dict refuses it
+        _add_option(parser, name, [f"--{name}"], bool, argparse.SUPPRESS)  # (bool: with or without a value)
 
 
 def _add_option(parser: argparse.ArgumentParser, dest: str, flags: list[str], tp: Any, shown: str) -> None:
@@ -493,6 +495,6 @@ def config_from_args(cls: type[T], args: argparse.Namespace, sections: dict[str,
     ``sections``, the ``{"train.seed": "1"}`` options of its :func:`section` fields."""
     values = dict(vars(args))
     path = values.pop("config", None)
-    names = {name for name, _, _ in _flat_fields(cls)}
+    names = {name for name, _, _ in _flat_fields(cls)} | unread_keys(cls)
     overrides = {k: v for k, v in values.items() if k in names or k.endswith(".KEY")}
     return load_config(cls, path, {**overrides, **(sections or {})})

@@ -50,7 +50,7 @@ NAMESAKES = {
     ("GenerateConfig", "remote_model"), ("GenerateConfig", "seed"), ("JudgeConfig", "api_key_env"),
     ("JudgeConfig", "remote_model"), ("JudgeConfig", "seed"), ("QuerySet", "benchmark"),
     ("QuerySet", "group"), ("QuerySet", "limit"), ("QuerySet", "offset"), ("QuerySet", "subset"),
-    ("RouterConfig", "seed"), ("ScoreConfig", "output"), ("SearchConfig", "seed"), ("ServeMockConfig", "api_key_env"),
+    ("RouterConfig", "seed"), ("ScoreConfig", "output"), ("ServeMockConfig", "api_key_env"),
     ("ServeMockConfig", "seed"), ("ServePRMConfig", "api_key_env"), ("TrainPolicyConfig", "policy"),
     ("TrainPolicyConfig", "policy_dtype"), ("TrainPolicyConfig", "tool_cache_dir"),
     ("TrainPolicyConfig", "tool_doc"), ("TrainPolicyConfig", "tools_backend"), ("TrainProbeConfig", "output"),
@@ -59,6 +59,17 @@ NAMESAKES = {
     # router), an evaluation set's override of the observation cut, the probe's prompt format
     ("AnswerConfig", "max_new_tokens"), ("GenerateConfig", "max_new_tokens"), ("JudgeConfig", "max_new_tokens"),
     ("RouterConfig", "max_new_tokens"), ("EvalSetConfig", "max_observation_chars"), ("TrainProbeConfig", "step_format"),
+    # the search's other groups (issue 42, phase C): an evaluation set's override of the episodes in
+    # flight (none: the search's); generate's own sampling (n completions, not best-of-n's episodes;
+    # nucleus mass 1.0); the judge's temperature (none: by benchmark); a pipeline method's partial
+    # override of the search (temperature none: the search's); the router's confidence source and
+    # its agreement samples' temperature; train-policy's per-step reward -> episode reward, not a
+    # trajectory's score from its PRM scores
+    ("EvalSetConfig", "concurrency"), ("GenerateConfig", "n"), ("GenerateConfig", "top_p"),
+    ("JudgeConfig", "temperature"), ("MethodConfig", "k"), ("MethodConfig", "temperature"), ("MethodConfig", "w_cost"),
+    ("RouterConfig", "method"), ("RouterConfig", "temperature"), ("TrainPolicyConfig", "aggregate"),
+    # two groups' seeds: the search's sampling and tie-break seed, a decide-first query draw's seed
+    ("DrawGroup", "seed"), ("SelectionGroup", "seed"),
 }
 
 PARSE_MODULES = {"codetool.cli"}  # where a spec may be parsed outside a config's __post_init__
@@ -96,9 +107,10 @@ def _namesakes() -> set[tuple[str, str]]:
     """(config, field) of every field named like a group's in a config that composes no group with
     that field (a composed one is the test above's), with another help text."""
     found = set()
-    for cls in CONFIGS:
+    for cls in [*CONFIGS, *GROUPS]:  # a group too: two groups' fields of one name are namesakes as well
         mine, inherited = _help(cls), {n for b in cls.__mro__[1:] if dataclasses.is_dataclass(b) for n in _help(b)}
-        found |= {(cls.__name__, name) for group in GROUPS for name, text in _help(group).items()
+        found |= {(cls.__name__, name) for group in GROUPS if not issubclass(group, cls)
+                  for name, text in _help(group).items()
                   if name in mine and name not in inherited and mine[name] != text}
     return found
 
@@ -208,3 +220,51 @@ def test_both_trainers_compose_one_lora_group():
     assert PRMConfig(finetune="full").lora_config() is None
     made = PRMConfig(lora_target_modules=["q_proj", "v_proj"]).lora_config()
     assert made.r == 8 and set(made.target_modules) == {"q_proj", "v_proj"}
+
+
+def test_the_search_is_its_groups_and_each_command_composes_only_what_it_reads():
+    """Issue 42 (phase C): ``SearchConfig`` declares no field of its own; its groups partition its
+    fields; build-trees' search composes the candidate, sampling and schedule groups and no other
+    search key, train-policy's rollout the step group."""
+    from codetool.policy.config import TrainPolicyConfig
+    from codetool.search.allocation import BudgetGroup
+    from codetool.search.config import (
+        CandidateGroup,
+        LatentGroup,
+        LatentRewardGroup,
+        SamplingGroup,
+        ScheduleGroup,
+        SchedulingGroup,
+        SearchConfig,
+        SelectionGroup,
+        StepGroup,
+        StrategyGroup,
+    )
+    from codetool.search.vote import VoteGroup
+    from codetool.tree.search_settings import TreeSearch
+
+    def own(cls):
+        return {n for n in cls.__dict__.get("__annotations__", {}) if n in {f.name for f in dataclasses.fields(cls)}}
+
+    groups = (CandidateGroup, StepGroup, SamplingGroup, SelectionGroup, LatentRewardGroup, LatentGroup, StrategyGroup,
+              ScheduleGroup, SchedulingGroup)
+    assert not own(SearchConfig) and all(issubclass(SearchConfig, g) for g in groups)
+    declared = [n for g in (*groups, VoteGroup, BudgetGroup) for n in own(g)]
+    assert len(declared) == len(set(declared))  # one declaration per key
+    assert set(declared) == {f.name for f in dataclasses.fields(SearchConfig)}
+    tree = {f.name for f in dataclasses.fields(TreeSearch)}
+    assert tree == {f.name for g in (CandidateGroup, SamplingGroup, ScheduleGroup) for f in dataclasses.fields(g)}
+    assert not tree & {"k", "max_steps", "seed", "w_latent", "strategy", "vote", "budget", "concurrency", "latent"}
+    assert TreeConfig().search.max_new_tokens == 192 and issubclass(TreeConfig, LatentRewardGroup)
+    rollout = TrainPolicyConfig.__dataclass_fields__["rollout"]
+    assert rollout.default_factory().__class__ is StepGroup  # type: ignore[misc]
+
+
+def test_with_defaults_sees_every_group_of_a_class_of_several():
+    from codetool.search.config import SamplingGroup, ScheduleGroup
+
+    @with_defaults(top_p=0.5)  # a field of the second base: with_defaults read the first base's alone
+    class Both(ScheduleGroup, SamplingGroup):
+        pass
+
+    assert Both().top_p == 0.5 and Both().schedule == "auto"
