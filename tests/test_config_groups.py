@@ -52,8 +52,7 @@ NAMESAKES = {
     ("QuerySet", "group"), ("QuerySet", "limit"), ("QuerySet", "offset"), ("QuerySet", "subset"),
     ("RouterConfig", "seed"), ("ScoreConfig", "output"), ("ServeMockConfig", "api_key_env"),
     ("ServeMockConfig", "seed"), ("ServePRMConfig", "api_key_env"), ("TrainPolicyConfig", "policy"),
-    ("TrainPolicyConfig", "policy_dtype"), ("TrainPolicyConfig", "tool_cache_dir"),
-    ("TrainPolicyConfig", "tool_doc"), ("TrainPolicyConfig", "tools_backend"), ("TrainProbeConfig", "output"),
+    ("TrainPolicyConfig", "policy_dtype"), ("TrainProbeConfig", "output"),
     ("TreeConfig", "limit"), ("TreeConfig", "seed"),
     # the search's StepGroup (issue 38): other models' generation limits (answer, generate, judge,
     # router), an evaluation set's override of the observation cut, the probe's prompt format

@@ -30,6 +30,7 @@ from codetool.judge.config import JudgeConfig
 from codetool.models.lora import LoRAGroup
 from codetool.models.spec import ModelSpec
 from codetool.search.config import STEP_KEYS, SearchConfig, StepGroup
+from codetool.tools.config import ToolsGroup
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +123,13 @@ def _default_evals() -> list[QuerySet]:
 class PolicyLoRA(LoRAGroup):
     """The LoRA group of ``train-policy``."""
 
+@with_defaults(tool_doc="brief")  # a small policy's prompt
+class PolicyTools(ToolsGroup):
+    """The tools group of ``train-policy``: brief tool docs unless told otherwise. Its
+    ``tools_backend`` answers ToolBench and StableToolBench queries (``auto``: the simulator);
+    RestBench-TMDB queries take ``restbench_backend``."""
+
+
 # Where each search key that a rollout does not read belongs (train-policy refuses it by name).
 _ROLLOUT_HOMES = {"k": "A rollout samples one step per episode: the GRPO group (num_generations) is its sampling.",
                   "temperature": "Rollouts sample at GRPO's temperature (the trained log-probs use it too): set "
@@ -141,7 +149,7 @@ ROLLOUT_UNREAD = Unread(reader="train-policy", reads=STEP_KEYS,
 
 
 @dataclass
-class TrainPolicyConfig(GRPOConfig, PolicyLoRA):
+class TrainPolicyConfig(GRPOConfig, PolicyLoRA, PolicyTools):
     """Settings of ``codetool train-policy``: every TRL ``GRPOConfig`` option plus the method's own.
 
     Method fields: ``policy`` (and ``finetune``, ``lora_*``), ``prm``, ``rewards`` / ``settings``,
@@ -219,15 +227,8 @@ class TrainPolicyConfig(GRPOConfig, PolicyLoRA):
                                                                            max_new_tokens=64, constrain="line"),
                                       metadata={"help": "the search that evaluates the policy before and after"})
     executor: ExecutorConfig = field(default_factory=ExecutorConfig, metadata={"help": "the sandbox"})
-    tool_doc: str = option("brief", "tool docs in prompts: full, compact or brief", choices=("full", "compact", "brief"))
-    tools_backend: str = option("auto", "tool backend of ToolBench/StableToolBench queries: auto (the simulator), "
-                                "simulator, cache, server, stabletoolbench")
     restbench_backend: str = option("mock-tmdb", "tool backend of RestBench-TMDB queries: mock-tmdb (our mock "
                                     "server) or tmdb (the real API, TMDB_ACCESS_TOKEN)", choices=("mock-tmdb", "tmdb"))
-    tool_server_url: str | None = option(None, "StableToolBench server URL (tools_backend server/stabletoolbench)")
-    tool_cache_dir: str | None = option(None, "StableToolBench response cache folder")
-    data_dir: str | None = option(None, "benchmark data folder (default: see `codetool data`)")
-    max_response_chars: int = option(20000, "characters of one tool response handed to the code")
     # ---- GRPOConfig / TrainingArguments fields whose default differs here
     output_dir: str = option("runs/policy", "runs, checkpoints, policies and the report go here")
     learning_rate: float = option(1e-5, "peak learning rate")
