@@ -1,7 +1,7 @@
 """Config groups declared once (issue 29): ``run``, ``build-trees`` and ``pipeline`` compose the
 policy, tools, queries, output and workers groups; in every config of every command, a field of a
 group keeps the group's help text wherever it is composed (and a field named like a group's is that
-field, but for the listed namesakes phase B of issue 42 removes); per-command defaults come from ``config.with_defaults``; a model spec is
+field, but for the listed namesakes, each with the reason it stays); per-command defaults come from ``config.with_defaults``; a model spec is
 parsed once, by its config (``policy_spec``, ``prm_spec``, ``model_spec``), and never becomes a
 setting; and ``ModelSpec.parse`` is called only where text enters: a config's ``__post_init__``
 or the CLI (checked with ``ast``)."""
@@ -41,34 +41,46 @@ COMPOSED = {RunConfig: (QueriesGroup, PolicyBackendGroup, ToolsGroup, OutputGrou
 # An evaluation set's tool_doc overrides the pipeline's (none: the pipeline's): it redeclares the
 # field of the ToolDocGroup it composes, with its own type and help text.
 REDECLARED = {("EvalSetConfig", "tool_doc")}
-# Fields declared with a group's field name by a config that does not compose that group: different
-# settings under one name today (build-trees' limit counts trees and its seed is the trees' sampling
-# seed, not a query draw's; the decide-first commands write a folder, output; ...). The config groups'
-# split (issue 42, phase B) composes the group or renames each; a test below keeps the list current.
+# Fields declared with a group's field name by a config that does not compose that group, each with
+# why it stays: another setting under the same name, which composing the group would make wrong.
+# (Issue 42 phase C composed the groups where the field meant the group's: train-policy's tools and
+# query sets, eval-decision's tool backend, build-trees' latent-reward constants.) A test below keeps
+# the list current.
+_FOLDER = "a folder of the command's results (report, records), not a resumable JSONL file"
+_SEED = "another seed: of what the config itself draws, not a query draw's or the search's sampling"
+_OTHER_MODEL = ("another model's setting in a config beside the policy's (composing the policy group "
+                "would clash with the policy's keys in the pipeline, or rename generate's --model)")
+_SERVER_KEY = "the key a client must send to this server, not the key that calls a model"
+_LIMIT = "another model's generation limit (the answer, generate, the judge, the router), not a policy step's"
 NAMESAKES = {
-    ("DecisionEvalConfig", "output"), ("DecisionEvalConfig", "tools_backend"), ("GenerateConfig", "api_key_env"),
-    ("GenerateConfig", "remote_model"), ("GenerateConfig", "seed"), ("JudgeConfig", "api_key_env"),
-    ("JudgeConfig", "remote_model"), ("JudgeConfig", "seed"), ("QuerySet", "benchmark"),
-    ("QuerySet", "group"), ("QuerySet", "limit"), ("QuerySet", "offset"), ("QuerySet", "subset"),
-    ("RouterConfig", "seed"), ("ScoreConfig", "output"), ("ServeMockConfig", "api_key_env"),
-    ("ServeMockConfig", "seed"), ("ServePRMConfig", "api_key_env"), ("TrainPolicyConfig", "policy"),
-    ("TrainPolicyConfig", "policy_dtype"), ("TrainProbeConfig", "output"),
-    ("TreeConfig", "limit"), ("TreeConfig", "seed"),
-    # the search's StepGroup (issue 38): other models' generation limits (answer, generate, judge,
-    # router), an evaluation set's override of the observation cut, the probe's prompt format
-    ("AnswerConfig", "max_new_tokens"), ("GenerateConfig", "max_new_tokens"), ("JudgeConfig", "max_new_tokens"),
-    ("RouterConfig", "max_new_tokens"), ("EvalSetConfig", "max_observation_chars"), ("TrainProbeConfig", "step_format"),
-    # the search's other groups (issue 42, phase C): an evaluation set's override of the episodes in
-    # flight (none: the search's); generate's own sampling (n completions, not best-of-n's episodes;
-    # nucleus mass 1.0); the judge's temperature (none: by benchmark); a pipeline method's partial
-    # override of the search (temperature none: the search's); the router's confidence source and
-    # its agreement samples' temperature; train-policy's per-step reward -> episode reward, not a
-    # trajectory's score from its PRM scores
-    ("EvalSetConfig", "concurrency"), ("GenerateConfig", "n"), ("GenerateConfig", "top_p"),
-    ("JudgeConfig", "temperature"), ("MethodConfig", "k"), ("MethodConfig", "temperature"), ("MethodConfig", "w_cost"),
-    ("RouterConfig", "method"), ("RouterConfig", "temperature"), ("TrainPolicyConfig", "aggregate"),
-    # two groups' seeds: the search's sampling and tie-break seed, a decide-first query draw's seed
-    ("DrawGroup", "seed"), ("SelectionGroup", "seed"),
+    ("DecisionEvalConfig", "output"): _FOLDER, ("TrainProbeConfig", "output"): _FOLDER,
+    ("ScoreConfig", "output"): "the scored copy of its input (default: beside it), written whole, no resume",
+    ("GenerateConfig", "api_key_env"): _OTHER_MODEL, ("GenerateConfig", "remote_model"): _OTHER_MODEL,
+    ("JudgeConfig", "api_key_env"): _OTHER_MODEL, ("JudgeConfig", "remote_model"): _OTHER_MODEL,
+    ("GenerateConfig", "seed"): _SEED, ("JudgeConfig", "seed"): _SEED, ("RouterConfig", "seed"): _SEED,
+    ("ServeMockConfig", "seed"): _SEED, ("TreeConfig", "seed"): "each tree's seed mixes it with its query id",
+    ("DrawGroup", "seed"): "a decide-first query draw's seed; the search's (SelectionGroup) seeds its sampling",
+    ("SelectionGroup", "seed"): "the search's sampling and tie-break seed; DrawGroup's draws queries",
+    ("ServeMockConfig", "api_key_env"): _SERVER_KEY, ("ServePRMConfig", "api_key_env"): _SERVER_KEY,
+    ("TrainPolicyConfig", "policy"): "the policy trained: a folder or a Hub id, never a URL; the policy group "
+                                     "brings remote, client and batch settings that training does not read",
+    ("TrainPolicyConfig", "policy_dtype"): "the same: trained in this dtype, without the policy group",
+    ("TreeConfig", "limit"): "a count of trees over build-trees' own query file (it has no benchmark)",
+    ("AnswerConfig", "max_new_tokens"): _LIMIT, ("GenerateConfig", "max_new_tokens"): _LIMIT,
+    ("JudgeConfig", "max_new_tokens"): _LIMIT, ("RouterConfig", "max_new_tokens"): _LIMIT,
+    ("EvalSetConfig", "max_observation_chars"): "an evaluation set's override (none: the search's)",
+    ("EvalSetConfig", "concurrency"): "an evaluation set's override of the episodes in flight (none: the search's)",
+    ("TrainProbeConfig", "step_format"): "the probe's prompt format, not the policy's reply format",
+    ("GenerateConfig", "n"): "completions of one prompt, not best-of-n's episodes",
+    ("GenerateConfig", "top_p"): "generate's nucleus mass (1.0: none), not the search's sampling default",
+    ("JudgeConfig", "temperature"): "the judge's (none: by benchmark)",
+    ("RouterConfig", "temperature"): "the temperature of the router's agreement samples",
+    ("RouterConfig", "method"): "the router's confidence source, not the search method's name",
+    ("MethodConfig", "k"): "a pipeline method's part of the search, set per method (its search: refuses k)",
+    ("MethodConfig", "w_cost"): "a pipeline method's part of the search, set per method (its search: refuses it)",
+    ("MethodConfig", "temperature"): "a pipeline method's override (none: the pipeline's search temperature)",
+    ("TrainPolicyConfig", "aggregate"): "per-step rewards -> one episode reward, not a trajectory's score "
+                                        "from its PRM scores",
 }
 
 PARSE_MODULES = {"codetool.cli"}  # where a spec may be parsed outside a config's __post_init__
@@ -116,8 +128,10 @@ def _namesakes() -> set[tuple[str, str]]:
 
 def test_a_group_s_field_name_means_that_field_in_every_config_but_the_listed_namesakes():
     found = _namesakes()
-    assert not found - NAMESAKES, f"new fields named like a group's, with another meaning: {sorted(found - NAMESAKES)}"
-    assert not NAMESAKES - found, f"gone from the code, remove from NAMESAKES: {sorted(NAMESAKES - found)}"
+    listed = set(NAMESAKES)
+    assert not found - listed, f"new fields named like a group's, with another meaning: {sorted(found - listed)}"
+    assert not listed - found, f"gone from the code, remove from NAMESAKES: {sorted(listed - found)}"
+    assert all(reason.strip() for reason in NAMESAKES.values())
 
 
 def test_with_defaults_changes_only_the_default():
@@ -267,3 +281,16 @@ def test_with_defaults_sees_every_group_of_a_class_of_several():
         pass
 
     assert Both().top_p == 0.5 and Both().schedule == "auto"
+
+
+def test_train_policy_and_eval_decision_compose_the_tools_and_queries_groups():
+    """Issue 42 (phase C): the fields they redeclared are the groups' (defaults kept)."""
+    from codetool.policy.config import QuerySet, TrainPolicyConfig
+
+    assert issubclass(TrainPolicyConfig, ToolsGroup) and TrainPolicyConfig().tool_doc == "brief"
+    assert issubclass(QuerySet, QueriesGroup) and QuerySet(queries="q").benchmark == "toolbench"
+    assert QuerySet("stabletoolbench", limit=8).name == "stabletoolbench:G1_instruction"
+    with pytest.raises(ConfigError, match="--subset 'nope'"):  # the group's check, now run for a query set
+        QuerySet("restbench-tmdb", subset="nope")
+    assert issubclass(DecisionEvalConfig, ToolBackendGroup)
+    assert (DecisionEvalConfig().tools_backend, DecisionEvalConfig().tool_doc) == ("simulator", "compact")

@@ -31,6 +31,7 @@ from codetool.models.lora import LoRAGroup
 from codetool.models.spec import ModelSpec
 from codetool.search.config import STEP_KEYS, SearchConfig, StepGroup
 from codetool.tools.config import ToolsGroup
+from codetool.tools.loaders import QueriesGroup
 
 logger = logging.getLogger(__name__)
 
@@ -78,9 +79,15 @@ class RewardSetting:
         return "+".join(short[k] for k in self.weights)
 
 
+@with_defaults(benchmark="toolbench")
+class PolicyQueries(QueriesGroup):
+    """The queries group of ``train-policy``'s query sets: ToolBench unless told otherwise."""
+
+
 @dataclass
-class QuerySet:
-    """A slice of a benchmark: training prompts or a held-out evaluation set.
+class QuerySet(PolicyQueries):
+    """A slice of a benchmark (the queries group, :class:`~codetool.tools.loaders.QueriesGroup`):
+    training prompts or a held-out evaluation set.
 
     ``toolbench`` reads ``queries`` (a ToolBench query file or folder; ToolBench's training
     distribution); ``stabletoolbench`` a test group (evaluation only: its solvable queries are
@@ -88,25 +95,21 @@ class QuerySet:
     each; restgpt: all 54).
     """
 
-    benchmark: str = option("toolbench", "toolbench, stabletoolbench or restbench-tmdb", choices=BENCHMARKS)
     queries: str | None = option(None, "toolbench: a query file or folder (relative to the data folder, or absolute)")
-    group: str = option("G1_instruction", "stabletoolbench: the test group")
-    subset: str = option("codetool", "stabletoolbench: codetool or full; restbench-tmdb: codetool or restgpt")
-    offset: int = option(0, "skip this many queries")
-    limit: int | None = option(None, "at most this many queries")
 
     def __post_init__(self):
-        if self.offset < 0 or (self.limit is not None and self.limit < 1):
-            raise ConfigError(f"query set {self.benchmark}: offset must be >= 0 and limit >= 1, got "
-                              f"{self.offset} and {self.limit}.")
+        super().__post_init__()  # the queries group's offset, limit and subset checks
+        if self.benchmark is None:
+            raise ConfigError(f"a query set needs a benchmark: one of {list(BENCHMARKS)}.")
         if self.benchmark == "toolbench" and not self.queries:
             raise ConfigError("a toolbench query set needs queries: a ToolBench query file or folder "
                               "(e.g. ToolBench/data_example/instruction).")
 
     @property
     def name(self) -> str:
-        part = {"stabletoolbench": self.group, "restbench-tmdb": "tmdb"}.get(self.benchmark, "")
-        return f"{self.benchmark}:{part}" if part else self.benchmark
+        benchmark = self.benchmark or ""  # never None: __post_init__
+        part = {"stabletoolbench": self.group, "restbench-tmdb": "tmdb"}.get(benchmark, "")
+        return f"{benchmark}:{part}" if part else benchmark
 
 
 def _default_prompts() -> list[QuerySet]:
