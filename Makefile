@@ -9,7 +9,10 @@
 #               make gpu-check GPU_CHECK_ARGS="--device cpu --tiny" runs the same paths on CPU (CI)
 # Set-up is idempotent: a virtualenv in .venv, the package and its dependencies, bubblewrap
 # (if apt-get can install it), and the embedded default model cached under checkpoints/.
-# On a GPU machine pass the torch you want: make setup TORCH_SPEC="torch==2.9.1"
+# Set-up says what it installs, step by step (~2 min with a warm pip cache, up to ~8 without).
+# On a GPU machine pass the CUDA torch (PyPI's Linux wheels are CUDA builds; >= 2.13.0, as
+# pyproject.toml requires): make setup TORCH_SPEC="torch>=2.13.0" TORCH_INDEX=
+# (docs/PAPER.md: the GPU recipe, where `pip install -e ".[vllm]"` brings the torch vLLM pins).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -17,6 +20,8 @@ PY := $(VENV)/bin/python
 CODETOOL := $(VENV)/bin/codetool
 # 2.13.0 is the CPU build that lies on disk on our CI machines; a bare "torch" pulls CUDA (GBs).
 TORCH_SPEC ?= torch==2.13.0
+# where torch comes from: empty = pip's default index (or what pip.conf says)
+TORCH_INDEX ?=
 STAMP := $(VENV)/.codetool-installed
 PYTEST_ARGS ?=
 GPU_CHECK_ARGS ?=
@@ -24,15 +29,24 @@ GPU_CHECK_ARGS ?=
 .PHONY: setup install test test-slow test-vllm ci demo bench gpu-check lint clean
 
 $(STAMP): pyproject.toml
+	@echo "setup 1/4: system packages for the executor's sandbox (bubblewrap), if apt-get can install them"
 	@bash scripts/install_system_deps.sh
+	@echo "setup 2/4: the virtualenv $(VENV) ($(PYTHON) -m venv)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]"
+	@echo "setup 3/4: $(TORCH_SPEC) $(if $(TORCH_INDEX),from $(TORCH_INDEX),) (CPU build ~0.75 GB; a CUDA build several GB)"
+	$(PY) -m pip install --disable-pip-version-check --progress-bar off "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),) \
+		| grep -E --line-buffered "^ *(Collecting|Downloading|Installing|Successfully|Requirement already satisfied: torch)" || true
+	@$(PY) -c "import torch" 2>/dev/null || { echo "setup: torch did not install (see pip's errors above: make setup TORCH_SPEC=... TORCH_INDEX=...)"; exit 1; }
+	@echo "setup 4/4: codetool and its dependencies (transformers, trl, peft, datasets, fastapi, ...; ~1 GB)"
+	$(PY) -m pip install --disable-pip-version-check --progress-bar off -e ".[dev]" \
+		| grep -E --line-buffered "^ *(Collecting|Downloading|Installing|Successfully)" || true
+	@$(PY) -c "import codetool, trl" 2>/dev/null || { echo "setup: the package did not install (see pip's errors above)"; exit 1; }
 	@touch $(STAMP)
 
 install: $(STAMP)
 
 setup: $(STAMP)
+	@echo "setup: the embedded default model (SmolLM2-135M-Instruct, cached once under checkpoints/; ~20 s)"
 	$(CODETOOL) setup
 
 test: setup

@@ -3,7 +3,8 @@
 The method is CodeTool (Lu et al., ACL 2025): at each step a policy LLM writes a Python snippet
 that calls REST tools, several candidate snippets are sampled and executed, and the step is
 chosen by the on-the-spot reward (did the code run?) plus the latent reward (a process reward
-model's estimate of how promising the step is). See ``README.md`` for the pipeline.
+model's estimate of how promising the step is). See ``README.md`` for the pipeline; the Python
+API is :mod:`codetool.api` (``from codetool.api import PRM, search, read_trajectories``; docs/API.md).
 """
 
 __version__ = "0.2.0"

@@ -191,6 +191,11 @@ def make_task(query, backend, *, max_response_chars: int = 20000, tool_doc: str 
                       group=query.group, extra=extra)
 
 
+# The bearer token ``tools_backend: http`` sends to your API, when this variable is set (redacted
+# everywhere like every *TOKEN* variable); TMDB's own token stays with the ``tmdb`` backend.
+HTTP_TOKEN_ENV = "CODETOOL_TOOL_TOKEN"
+
+
 def tool_backend_options(kind: str, server_url: str | None, cache_dir: str | None) -> dict[str, Any]:
     """Keyword options of ``make_tool_backend(kind)`` from the two settings runs and trees share.
 
@@ -198,6 +203,8 @@ def tool_backend_options(kind: str, server_url: str | None, cache_dir: str | Non
         ConfigError: ``cache`` without a cache folder, or ``server`` without a URL.
     """
     options: dict[str, Any] = {}
+    if kind == "http":  # your own REST API: the spec's server, or --tool_server_url; a token only if you set one
+        return {"base_url": server_url, "token_env": HTTP_TOKEN_ENV}
     if kind in ("server", "stabletoolbench") and server_url:
         options["url"] = server_url
     elif kind == "server":

@@ -27,15 +27,8 @@ import threading
 import time
 
 from codetool import CodetoolError, __version__
-from codetool.config import (
-    ConfigError,
-    _flat_fields,
-    add_arguments,
-    config_from_args,
-    load_yaml,
-    renamed_error,
-    section_class,
-)
+from codetool.config import ConfigError, _flat_fields, load_yaml, renamed_error, section_class
+from codetool.config_args import add_arguments, config_from_args
 from codetool.secrets import RedactingFilter
 
 # command -> (module, config class, function, one-line help)
@@ -47,11 +40,11 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "data": ("codetool.commands.data", "DataConfig", "data_command",
              "fetch benchmark files into data/ (download, or copy with --from DIR)"),
     "serve-mock": ("codetool.commands.serve_mock", "ServeMockConfig", "serve_mock",
-                   "serve a mock TMDB or StableToolBench-compatible API on loopback"),
+                   "serve a mock API on loopback: any OpenAPI spec (every method it declares), TMDB, or StableToolBench's /virtual"),
     "run": ("codetool.commands.run", "RunConfig", "run_command",
-            "run the stepwise code search on one query or a benchmark"),
+            "run the stepwise code search on one query, your query file (+ OpenAPI spec) or a benchmark"),
     "build-trees": ("codetool.commands.build_trees", "TreeConfig", "build_trees_command",
-                    "build DFS action trees and export the PRM dataset"),
+                    "build DFS action trees of a query file (ToolBench, or RestGPT's layout + --tools spec) and export the PRM dataset"),
     "train-prm": ("codetool.commands.train_prm", "PRMConfig", "train_command",
                   "train the process reward model (TRL SFTTrainer; works under accelerate launch)"),
     "eval-prm": ("codetool.commands.eval_prm", "EvalPRMConfig", "eval_prm_command",
@@ -59,7 +52,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "score": ("codetool.commands.score", "ScoreConfig", "score_command",
               "score PRM examples from a JSONL file"),
     "serve-prm": ("codetool.commands.serve_prm", "ServePRMConfig", "serve_prm",
-                  "serve a PRM over HTTP (batches concurrent requests)"),
+                  "serve a PRM over HTTP: POST /score, GET /health, the schema at /docs (docs/SERVING.md)"),
     "eval": ("codetool.commands.eval", "EvalConfig", "eval_command",
              "evaluate trajectory files: SoPR, SoWR, path rate, SCEP, cost; writes a report"),
     "eval-decision": ("codetool.commands.eval_decision", "DecisionEvalConfig", "eval_decision_command",
@@ -264,7 +257,8 @@ def _main(argv: list[str] | None) -> int:
         return 2
     except KeyboardInterrupt as e:
         how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
-        print(f"codetool {name}: {how}; finished work is saved and a rerun resumes.", file=sys.stderr)
+        after = "stopped." if name.startswith("serve-") else "finished work is saved and a rerun resumes."
+        print(f"codetool {name}: {how}; {after}", file=sys.stderr)  # a server has nothing to resume
         return 143 if isinstance(e, Terminated) else 130
 
 

@@ -11,12 +11,12 @@ valid one; so is a key of a nested group that the config's code never reads (a c
 those in ``config_unread``, see :class:`Unread`), and a key renamed in 0.2.0 (a config lists them
 in ``config_renamed``, old name -> new name, only to name the new one: :func:`renamed_error`), and
 a value renamed in 0.2.0 (``option(renamed={old: new})``: ``advantage: process``).
-Nothing here touches the network, prompts or exits.
+Nothing here touches the network, prompts or exits. The command-line side (one ``--option`` per
+field, parsed back into a config) is :mod:`codetool.config_args`.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import difflib
 import hashlib
@@ -437,64 +437,3 @@ def _recipe_base(cls: type, data: dict[str, Any]) -> dict[str, Any]:
             recipe = load_yaml(data[name])
             base.update({s: recipe[s] for s in sections if isinstance(recipe.get(s), dict)})
     return base
-
-
-def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-    """Add ``--config`` and one option per (flattened) field of ``cls`` to ``parser``.
-
-    Options default to ``argparse.SUPPRESS`` so that only what the user typed overrides the
-    recipe; types are converted later by :func:`load_config`, which gives better errors. An old
-    :func:`section` gets one ``--<name>.KEY`` help line.
-    """
-    parser.add_argument("--config", metavar="YAML", default=None,
-                        help="YAML recipe; command-line options override its values")
-    hidden = unread_keys(cls)  # still parsed, so that from_dict names where such a key belongs
-    for name, f, tp in _flat_fields(cls):
-        help_text = " ".join(str(f.metadata.get("help", "")).split()).replace("%", "%%")
-        if "section" in f.metadata:
-            parser.add_argument(f"--{name}.KEY", dest=f"{name}.KEY", default=argparse.SUPPRESS, metavar="VALUE",
-                                help=f"{help_text}, e.g. --{name}.seed 1")
-            continue
-        default = f.default if f.default is not _MISSING else (
-            f.default_factory() if f.default_factory is not _MISSING else None)
-        choices = f.metadata.get("choices")
-        extra = f" (choices: {', '.join(map(str, choices))})" if choices else ""
-        shown = f"{help_text}{extra} [default: {default!r}]".replace("%", "%%").replace("%%%%", "%%")
-        if name in hidden:
-            shown = argparse.SUPPRESS
-        if f.metadata.get("positional"):
-            base, _ = _unwrap_optional(tp)
-            is_list = typing.get_origin(base) is list
-            parser.add_argument(name, nargs="*" if is_list else "?", default=argparse.SUPPRESS,
-                                metavar=name.upper(), help=shown)
-            continue
-        _add_option(parser, name, [f"--{name}", *f.metadata.get("aliases", ())], tp, shown)
-    for name in sorted(hidden - {n for n, _, _ in _flat_fields(cls)}):  # a key its group lacks: from_dict refuses it
-        _add_option(parser, name, [f"--{name}"], bool, argparse.SUPPRESS)  # (bool: with or without a value)
-
-
-def _add_option(parser: argparse.ArgumentParser, dest: str, flags: list[str], tp: Any, shown: str) -> None:
-    """``--flag VALUE`` (a bool: ``--flag`` alone is true) for ``dest``, also with dashes; flags the
-    parser has (the CLI's ``--debug``) are left out."""
-    if "_" in flags[0]:
-        flags.insert(1, flags[0].replace("_", "-"))
-    flags = [flag for flag in dict.fromkeys(flags) if flag not in parser._option_string_actions]
-    if not flags:  # still a YAML key
-        return
-    base, _ = _unwrap_optional(tp)
-    if base is bool:
-        # --flag alone means true; --flag false still works.
-        parser.add_argument(*flags, dest=dest, nargs="?", const="true", default=argparse.SUPPRESS,
-                            metavar="BOOL", help=shown)
-    else:
-        parser.add_argument(*flags, dest=dest, default=argparse.SUPPRESS, metavar="VALUE", help=shown)
-
-
-def config_from_args(cls: type[T], args: argparse.Namespace, sections: dict[str, str] | None = None) -> T:
-    """Build the config of ``cls`` from parsed arguments (see :func:`add_arguments`) and
-    ``sections``, the ``{"train.seed": "1"}`` options of its :func:`section` fields."""
-    values = dict(vars(args))
-    path = values.pop("config", None)
-    names = {name for name, _, _ in _flat_fields(cls)} | unread_keys(cls)
-    overrides = {k: v for k, v in values.items() if k in names or k.endswith(".KEY")}
-    return load_config(cls, path, {**overrides, **(sections or {})})

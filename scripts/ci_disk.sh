@@ -5,7 +5,7 @@
 #   tmp       $TMPDIR (or /tmp): pip's downloads and builds, pytest's tmp_path
 #   pip cache `pip cache dir` (or "disabled" under PIP_NO_CACHE_DIR, as .ci/run sets it)
 # With --need GB it warns (exit status still 0) when the repository's filesystem has less than GB
-# free: a full CI from a clean clone needs about 8 GB (README, "Disk").
+# free: a full CI from a clean clone needs about 8 GB (docs/DEMO.md, "Disk").
 #   bash scripts/ci_disk.sh [--need GB] [LABEL]
 set -u
 need_gb=""
@@ -35,7 +35,7 @@ if [ -n "$need_gb" ]; then
     free_kb=$(df -Pk . | awk 'NR == 2 {print $4}')
     if [ "$free_kb" -lt $(( need_gb * 1024 * 1024 )) ]; then
         echo "ci_disk: warning: $(( free_kb / 1024 / 1024 )) GB free on the repository's filesystem;" \
-             "a full CI from a clean clone needs about ${need_gb} GB (README, \"Disk\"): free some" \
+             "a full CI from a clean clone needs about ${need_gb} GB (docs/DEMO.md, \"Disk\"): free some" \
              "(an old .venv-vllm, pip's cache) or use a larger disk" >&2
     fi
 fi

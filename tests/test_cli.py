@@ -158,3 +158,28 @@ def test_an_unknown_key_of_a_command_s_own_recipe_is_still_named(tmp_path, capsy
     assert cli.main(["run", "--config", str(recipe)]) == 2
     err = capsys.readouterr().err
     assert "unknown config key 'not_a_key'" in err and "pipeline" not in err
+
+
+@pytest.mark.parametrize("words", [["search", "eval"], ["search,eval"], ["search,", "eval"]])
+def test_a_list_option_takes_space_or_comma_separated_values(monkeypatch, words):
+    """Before (issue 40): `--stages search eval` failed with `unknown option 'eval'`."""
+    from codetool import cli
+
+    seen = {}
+    config_cls, _ = cli._load("pipeline")
+    monkeypatch.setattr(cli, "_load", lambda name: (config_cls, lambda cfg: seen.setdefault("cfg", cfg) and 0))
+    assert cli.main(["pipeline", "--stages", *words, "--seeds", "0", "1", "--name", "x"]) == 0
+    assert seen["cfg"].stages == ["search", "eval"] and seen["cfg"].seeds == [0, 1]
+
+
+@pytest.mark.parametrize("argv, after", [(["serve-prm"], "stopped."), (["pipeline", "--name", "x"], "finished work is saved and a rerun resumes.")])
+def test_sigterm_says_what_it_leaves(monkeypatch, capsys, argv, after):
+    """A server stopped by SIGTERM has nothing to resume (serve-prm said 'a rerun resumes')."""
+    config_cls, _ = cli._load(argv[0])
+
+    def terminated(cfg):
+        raise cli.Terminated()
+
+    monkeypatch.setattr(cli, "_load", lambda _: (config_cls, terminated))
+    assert cli.main(argv) == 143
+    assert capsys.readouterr().err.strip().endswith(f"terminated (SIGTERM); {after}")

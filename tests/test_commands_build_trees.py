@@ -153,3 +153,43 @@ def test_a_dead_policy_server_stops_the_job_after_the_first_failed_tree(monkeypa
     assert len({next(w for w in ("weather 1?", "weather 2?", "weather 3?") if w in p) for p in tried}) == 1
     out = tmp_path / "trees.jsonl"
     assert not out.exists() or list(read_jsonl(out)) == []
+
+
+LIBRARY = __import__("pathlib").Path(__file__).resolve().parents[1] / "examples" / "library"
+
+
+def test_trees_on_an_openapi_spec_and_a_restgpt_query_file(monkeypatch, tmp_path, caplog):
+    """Issue 40: build-trees takes RestGPT's layout (a query file + --tools spec.json); without a
+    terminal its progress is logged in nodes (the last line at the end)."""
+    monkeypatch.setattr(assemble, "make_policy", lambda *a, **k: _pairs_policy())
+    cfg = _cfg(LIBRARY / "queries.json", tmp_path, tools=str(LIBRARY / "openapi.json"))
+    with caplog.at_level("INFO", logger="codetool.progress"):
+        assert build_trees_command(cfg) == 0
+    assert "trees: 4/4 trees, 8/~8 nodes (100%)" in caplog.text  # depth 1: each root makes 2 nodes
+    records = list(read_jsonl(tmp_path / "trees.jsonl"))
+    assert [r["query_id"] for r in records] == ["queries/q0", "queries/q1", "queries/q2", "queries/q3"]
+    assert all(r["nodes"] and "finish_type" not in r for r in records)
+    assert (tmp_path / "prm" / "prm_examples.jsonl").is_file()
+
+
+def test_a_query_file_without_apis_is_an_error_that_says_what_to_pass(tmp_path):
+    """Before: '3 of 3 queries offer no documented API', advice to build deeper trees, exit 0 with 0 trees."""
+    path = tmp_path / "open.json"
+    path.write_text(json.dumps([{"query_id": i, "query": f"weather {i}?"} for i in (1, 2, 3)]))
+    with pytest.raises(CodetoolError, match="3 of 3 queries .* offer no documented API.*pass the APIs with --tools"):
+        build_trees_command(_cfg(path, tmp_path))
+    with pytest.raises(CodetoolError, match="this is a RestGPT queries file"):
+        build_trees_command(_cfg(LIBRARY / "queries.json", tmp_path))
+    assert not (tmp_path / "trees.jsonl").exists()
+
+
+def test_the_tools_setting_leaves_the_tree_hash_of_earlier_runs(tmp_path):
+    from codetool.config import config_hash
+    from codetool.tree.config import tree_hash
+
+    plain = _cfg(LIBRARY / "queries.json", tmp_path)
+    with_spec = _cfg(LIBRARY / "queries.json", tmp_path, tools=str(LIBRARY / "openapi.json"))
+    ignored = ("output", "dataset_dir", "shard", "merge", "limit", "batch_trees", "policy_max_batch_size",
+               "retry_failed", "force_resume", "relabel", "ray", "cluster", "policy_client", "max_memory_mb", "never_train_on", "tools")
+    assert tree_hash(plain) == config_hash(plain, ignore=ignored)  # unset: hashed as before the setting existed
+    assert tree_hash(plain) != tree_hash(with_spec)

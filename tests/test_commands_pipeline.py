@@ -179,9 +179,39 @@ def test_pipeline_end_to_end(monkeypatch, tiny_model_dir, shared_data, tmp_path,
     summary = report.split("## Summary")[1].split("## Configuration")[0]
     assert "Mean ± spread over 2 seeds (half the range over 2 seeds)" in summary
     assert "| spot+latent | stabletoolbench | 2 |" in summary and "100.0 ± 0.0" in summary
-    assert (root / "step_rewards.png").is_file() and "![per-step rewards of one query](step_rewards.png)" in summary
+    assert (root / "step_rewards.png").is_file() and "![step_rewards](step_rewards.png)" in report
+    assert report.index("## Did the PRM help?") < report.index("## Summary")  # the first screen answers it
     assert "What the PRM learned" in summary and (root / "prm_eval" / "metrics.json").is_file()
     assert "weak judge" not in report  # no judge here (the weak-judge warning: tests/test_eval_summary.py)
     everything = "".join(p.read_text(errors="replace") for p in root.rglob("*") if p.suffix in (".json", ".jsonl", ".md"))
     assert canary_env not in everything
     assert run_pipeline(cfg) == dict.fromkeys(STAGES, "skipped")
+
+
+def test_a_given_prm_is_measured_on_the_held_out_trees_too(tmp_path):
+    """Before (issue 40): a PRM passed in (prm_checkpoint) got no accuracy in the report."""
+    from codetool.jobs.pipeline import held_out_rows
+
+    cfg = PipelineConfig(name="g", runs_dir=str(tmp_path), prm_checkpoint="http://127.0.0.1:9/prm")
+    rows = tmp_path / "g" / "trees" / "prm_dataset" / "validation.jsonl"
+    assert held_out_rows(cfg, cfg.prm_checkpoint) is None  # no trees yet
+    rows.parent.mkdir(parents=True)
+    rows.write_text('{"label": 1}\n')
+    assert held_out_rows(cfg, cfg.prm_checkpoint) == rows
+    no_prm = PipelineConfig(name="g", runs_dir=str(tmp_path), methods=[MethodConfig(name="s", latent="none")])
+    assert held_out_rows(no_prm, "http://127.0.0.1:9/prm") is None
+
+
+def test_an_evaluation_set_can_be_your_own_queries_and_spec(tmp_path):
+    from codetool.jobs.pipeline import run_configs
+
+    root = Path(__file__).resolve().parents[1] / "examples" / "library"
+    cfg = load_config(PipelineConfig, overrides={"name": "own", "runs_dir": str(tmp_path), "evals": (
+        f"[{{queries: {root / 'queries.json'}, tools: {root / 'openapi.json'}}}]")})
+    [ev] = cfg.evals
+    assert ev.benchmark == "toolbench" and ev.slug == "queries"
+    runs = run_configs(cfg, "none")
+    assert {(r.queries, r.tools) for r in runs} == {(str(root / "queries.json"), str(root / "openapi.json"))}
+    assert all(r.output.endswith("/queries.jsonl") for r in runs)
+    with pytest.raises(ConfigError, match="your own"):
+        EvalSetConfig(benchmark="toolbench")

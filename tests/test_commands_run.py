@@ -263,3 +263,32 @@ def test_run_help_lists_dvts_the_votes_and_the_budgeted_allocation():
     for piece in ("dvts", "compute_optimal", "--search.vote", "none, majority, prm_weighted", "--search.budget",
                   "--search.difficulty", "--search.level_strategies", "--search.level_weights"):
         assert piece in text, piece
+
+
+LIBRARY = __import__("pathlib").Path(__file__).resolve().parents[1] / "examples" / "library"
+
+
+def test_run_on_restgpt_layout_queries_with_an_openapi_spec(monkeypatch, tmp_path):
+    from codetool.config import load_config
+
+    out = tmp_path / "t.jsonl"
+    _policy(monkeypatch, lambda p: block("print(get_books(q='Le Guin'))\nfinish('yes')"))
+    cfg = load_config(RunConfig, overrides={"queries": str(LIBRARY / "queries.json"), "tools": str(LIBRARY / "openapi.json"),
+                                            "output": str(out), "search.max_steps": 1, "search.k": 1,
+                                            "executor.isolation": "fallback", "prm": "none"})
+    assert cfg.benchmark == "toolbench"  # --queries alone says where the queries come from
+    assert run_command(cfg) == 0
+    records = list(read_jsonl(out))
+    assert [(r["benchmark"], r["group"], r["query_id"]) for r in records] == [("custom", "queries", f"q{i}") for i in range(4)]
+
+
+def test_run_refuses_a_query_file_as_tools():
+    """Before: `run --query x --tools queries.json` was accepted as 57 nameless APIs."""
+    from codetool.config import load_config
+    from codetool.jobs.queries import single_query
+
+    cfg = load_config(RunConfig, overrides={"query": "x", "tools": str(LIBRARY / "queries.json"), "prm": "none"})
+    with pytest.raises(CodetoolError, match="RestGPT-layout query file .* not a tool description; pass it as --queries"):
+        single_query(cfg)
+    with pytest.raises(Exception, match="not read with --benchmark stabletoolbench"):
+        load_config(RunConfig, overrides={"benchmark": "stabletoolbench", "tools": str(LIBRARY / "openapi.json")})

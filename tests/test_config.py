@@ -21,8 +21,6 @@ from codetool.config import (
     ConfigError,
     Unread,
     _coerce,
-    add_arguments,
-    config_from_args,
     config_hash,
     from_dict,
     load_config,
@@ -31,6 +29,7 @@ from codetool.config import (
     section,
     unread_keys,
 )
+from codetool.config_args import add_arguments, config_from_args
 
 
 @dataclass

@@ -83,7 +83,7 @@ NAMESAKES = {
                                         "from its PRM scores",
 }
 
-PARSE_MODULES = {"codetool.cli"}  # where a spec may be parsed outside a config's __post_init__
+PARSE_MODULES = {"codetool.cli", "codetool.api"}  # where text enters outside a config's __post_init__ (the CLI, the Python API)
 
 
 def _help(cls: type) -> dict[str, str]:

@@ -49,7 +49,8 @@ def test_paper_prm_training_recipe():
     # the paper's 8 GPUs are the launch line's --num_processes (the config leaves the count to it)
     usage = re.search(r"--num_processes (\d+)", (REPO / "configs" / "accelerate" / "deepspeed_zero3.yaml").read_text())
     assert cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * int(usage[1]) == 16
-    assert "deepspeed_zero3.yaml --num_processes 8" in (REPO / "README.md").read_text()
+    assert "deepspeed_zero3.yaml --num_processes 8" in (REPO / "docs" / "PAPER.md").read_text()
+    assert (REPO / "scripts" / "paper" / "env.sh").read_text().count("TRAIN_GPUS=${TRAIN_GPUS:-8}") == 1
     assert (cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps) == (1, 2)
     assert cfg.format.max_length == 8192 and cfg.format.candidate_output == "hide"
     assert cfg.eval_fraction == 0.1

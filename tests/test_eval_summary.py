@@ -139,3 +139,20 @@ def test_the_report_gives_paired_differences_between_methods_over_queries(tmp_pa
     assert p["mean"] == pytest.approx((0 - 0.5 - 1 - 1) / 4)
     text = "\n".join(paired_lines(paired))
     assert "| grounded | stabletoolbench | spot-only | 4 | -62.5 |" in text
+
+
+def test_paired_grounded_success_is_the_reports_rule_and_skips_what_never_ran(tmp_path):
+    """The paired section scores with the rule of every other success number: an answer that does
+    not use the tool's result is no success, and an episode the machine could not run is left out."""
+    from codetool.eval.summary import paired_section
+
+    ok = [("lookup", "ok")]
+    invented = [ran(traj(q, "finish", ok, answer="Kestrel Ember, 42 units", method="spot-only")) for q in range(3)]
+    lost = Trajectory("3", "question 3", "stabletoolbench", "G1", "spot-only", finish_type="error",
+                      available_tools=TOOLS, extra={"not_executed": {"step": 0, "candidates": 1, "attempts": 3}})
+    write_jsonl(tmp_path / "spot-only.seed0.jsonl", invented + [lost.to_dict()])
+    write_jsonl(tmp_path / "spot+latent.seed0.jsonl",
+                [ran(traj(q, "finish", ok, method="spot+latent")) for q in range(4)])
+    paths = sorted(str(p) for p in tmp_path.glob("*.jsonl"))
+    [g] = paired_section(paths, ["spot-only", "spot+latent"])["grounded"]["stabletoolbench"]
+    assert g["n"] == 3 and g["mean"] == pytest.approx(-1.0)  # 0 - 1 on queries 0-2; query 3 not counted

@@ -201,6 +201,76 @@ def test_a_prm_server_that_refuses_connections_stops_the_run_before_any_generati
         server.shutdown()
 
 
+def test_an_empty_batch_is_answered_at_once_and_harms_nothing():
+    """Before (issue 40): {"items": []} killed both scoring threads with IndexError; every later
+    request got 504 while /health still said ok."""
+    with _client(RecordingScorer(), request_timeout_s=3) as client:
+        for _ in range(3):
+            response = client.post("/score", json={"items": []})
+            assert response.status_code == 200 and response.json() == {"scores": []}
+        assert client.post("/score", json={"items": [ITEM]}).json() == {"scores": [0.1]}
+        health = client.get("/health")
+        assert health.status_code == 200
+        assert health.json() == {"status": "ok", "prm": "prm", "workers": 2, "workers_alive": 2, "worker_restarts": 0}
+
+
+@pytest.mark.parametrize("item, where, hint", [
+    ({**ITEM, "candiate_output": "x"}, "items[0].candiate_output", "did you mean 'candidate_output'?"),
+    ({**ITEM, "history": [{"code": "x", "ouput": "y"}]}, "items[0].history[0].ouput", "did you mean 'output'?"),
+])
+def test_unknown_fields_are_refused_by_name(item, where, hint):
+    with _client(RecordingScorer()) as client:
+        response = client.post("/score", json={"items": [item]})
+        assert response.status_code == 422
+        assert response.json()["error"].startswith(f"{where}: unknown field; {hint}")
+        top = client.post("/score", json={"items": [ITEM], "itmes": []})
+        assert top.status_code == 422 and top.json()["error"].startswith("itmes: unknown field")
+
+
+def test_the_openapi_schema_and_docs_describe_every_field():
+    from codetool.prm.parse import _TEXT_FIELDS
+    from codetool.prm.schema import ITEM_FIELDS, ScoreRequest
+
+    assert set(ITEM_FIELDS) == {*_TEXT_FIELDS, "history"}  # the parser and the schema accept the same fields
+    with _client(RecordingScorer()) as client:
+        document = client.get("/openapi.json").json()
+        assert client.get("/docs").status_code == 200
+        schemas = document["components"]["schemas"]
+        assert document["paths"]["/score"]["post"]["requestBody"]["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/ScoreRequest"}
+        assert all(field.get("description") for field in schemas["ScoreItem"]["properties"].values())
+        assert set(schemas["ScoreItem"]["properties"]) == set(ITEM_FIELDS)
+        assert "scores" in schemas["ScoreResponse"]["properties"]
+        example = schemas["ScoreRequest"]["example"]
+        ScoreRequest.model_validate(example)
+        assert client.post("/score", json=example).status_code == 200  # the documented example works as sent
+
+
+class Die(BaseException):
+    """Not an Exception: it gets past every handler and ends the thread, as a crash would."""
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_health_tells_the_truth_about_dead_workers_and_they_are_restarted():
+    class Deadly(RecordingScorer):
+        def score(self, items):
+            if items[0].candidate == "die":
+                raise Die()
+            return super().score(items)
+
+    with _client(Deadly(), workers=1, request_timeout_s=0.5) as client:
+        assert client.post("/score", json={"items": [{**ITEM, "candidate": "die"}]}).status_code == 504
+        for _ in range(100):  # the thread ends just after the 504 is written
+            health = client.get("/health")
+            if health.status_code == 503:
+                break
+        assert health.status_code == 503
+        assert health.json()["status"] == "unhealthy" and health.json()["workers_alive"] == 0
+        again = client.get("/health").json()
+        assert again["status"] == "ok" and again["workers_alive"] == 1 and again["worker_restarts"] == 1
+        assert client.post("/score", json={"items": [ITEM]}).json() == {"scores": [0.1]}
+
+
 def test_the_last_idle_worker_is_kept_for_short_items_while_they_keep_coming():
     """With short items arriving, long batches hold every worker but one: a one-item request is
     scored while two workers' worth of another client's long batches wait (no long batch ends

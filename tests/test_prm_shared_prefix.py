@@ -214,3 +214,26 @@ def _pad(rows, device):
     width = max(map(len, rows))
     return (torch.tensor([r + [0] * (width - len(r)) for r in rows], device=device),
             torch.tensor([len(r) - 1 for r in rows], device=device))
+
+
+def test_auto_decides_by_rule_without_running_the_batch(monkeypatch):
+    """Before (issue 40): auto timed three forwards of the first batch (8 minutes for a 14-row
+    dataset of a 7B model on CPU). Now it counts positions and runs nothing."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from codetool.prm.modeling import PRMModel, unique_positions
+
+    assert unique_positions([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3, 6], [9]]) == 7  # 1 2 3 4 | 5 | 6 | 9
+    config = Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, attn_implementation="sdpa")
+    model = PRMModel(AutoModelForCausalLM.from_config(config), (126, 127)).eval()
+    monkeypatch.setattr(model, "_full", lambda *a: (_ for _ in ()).throw(AssertionError("ran a forward")))
+    monkeypatch.setattr(model, "_packed", lambda *a: (_ for _ in ()).throw(AssertionError("ran a forward")))
+    shared = [list(range(3, 103)) + [5 + i] * 3 for i in range(4)]
+    assert model.pick_share_mode(*_pad(shared, "cpu")) == "packed" and model.share_mode == "packed"
+    apart = [[10 + i] * 50 for i in range(4)]
+    assert model.pick_share_mode(*_pad(apart, "cpu")) == "none"
+    monkeypatch.setattr(model, "packing_supported", lambda: False)  # e.g. FlashAttention-2
+    assert model.pick_share_mode(*_pad(shared, "cpu")) == "trie"
+    model.activation_checkpointing = True  # no KV cache to share through
+    assert model.pick_share_mode(*_pad(shared, "cpu")) == "none"

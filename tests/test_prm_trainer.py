@@ -57,7 +57,7 @@ def test_an_sft_option_not_named_in_our_code_takes_effect_from_yaml_and_cli(tiny
     """``optim: sgd`` (a TrainingArguments option) gives a torch SGD optimizer; from YAML and --optim."""
     import yaml
 
-    from codetool.config import add_arguments, config_from_args
+    from codetool.config_args import add_arguments, config_from_args
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump({"optim": "sgd", "num_train_epochs": 1, "adam_beta1": 0.5}))

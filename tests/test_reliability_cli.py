@@ -29,9 +29,9 @@ def files(tmp_path):
 
 CASES = [
     ("run --config {t}/bin --benchmark toolbench --queries {t}/q.json", "not a YAML text file"),
-    ("run --query q --tools {t}/bin", "not valid JSON"),
-    ("run --query q --tools {t}/deep.json", "not valid JSON"),
-    ("run --query q --tools {t}/dir", "not found"),
+    ("run --query q --tools {t}/bin", "does not parse as JSON"),
+    ("run --query q --tools {t}/deep.json", "nested too deeply"),
+    ("run --query q --tools {t}/dir", "is a folder; pass a file"),
     ("run --benchmark toolbench --queries {t}/q.json --output {t}/dir", "is a folder"),
     ("run --benchmark toolbench --queries {t}/q.json --limit -1", "--limit >= 1"),
     ("run --benchmark toolbench --queries {t}/q.json --limit 0", "--limit >= 1"),
@@ -40,7 +40,7 @@ CASES = [
     ("run --benchmark stabletoolbench --subset nosuch", "--subset 'nosuch'"),
     ("run --benchmark restbench-tmdb --subset full", "--subset 'full'"),
     ("run --benchmark toolbench --queries {t}/q.json --search.temperature nan", "finite"),
-    ("run --benchmark toolbench --queries {t}/empty.json", "skips all 0 queries"),
+    ("run --benchmark toolbench --queries {t}/empty.json", "is an empty list, not a query file"),
     ("build-trees --queries {t}/q.json --output {t}/dir", "is a folder"),
     ("build-trees --queries {t}/q.json --limit -2", "--limit must be >= 1"),
     ("eval {t}/prm.jsonl --out {t}/rep", "not a trajectory file"),

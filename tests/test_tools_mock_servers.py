@@ -193,3 +193,36 @@ def test_guard_time_limit_and_internal_errors():
     assert slow.status_code == 504 and slow.json() == {"detail": "request took longer than 0.2 s"}
     broken = _get_all(guard(broken_app, api_key=None, max_body_bytes=100, timeout_s=1), [("/", {})])[0]
     assert broken.status_code == 500 and broken.json() == {"detail": "internal error (RuntimeError); see the server log"}
+
+
+def _request(app, method: str, path: str, **kwargs) -> httpx.Response:
+    async def run():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://mock") as client:
+            return await client.request(method, path, **kwargs)
+
+    return asyncio.run(run())
+
+
+def test_an_openapi_mock_answers_every_method_its_spec_declares():
+    """Before (issue 40): a POST or DELETE operation got 405 (the first route on the path won)."""
+    from pathlib import Path
+
+    from codetool.commands.serve_mock import ServeMockConfig, build_mock_app
+
+    spec = Path(__file__).resolve().parents[1] / "examples" / "library" / "openapi.json"
+    app = build_mock_app(ServeMockConfig(kind="openapi", spec=str(spec)))
+    loan = _request(app, "POST", "/loans", json={"book_id": 17, "member_id": "m-204"})
+    assert loan.status_code == 200 and loan.json()["loan_id"] == 5002
+    assert _request(app, "DELETE", "/loans/5001").json() == {"loan_id": 5001, "returned": True}
+    assert _request(app, "GET", "/books", params={"q": "Le Guin"}).json()["results"][0]["book_id"] == 17
+    assert _request(app, "HEAD", "/books", params={"q": "x"}).status_code == 200
+    # required parameters: query ('available' is required: "false", so optional), JSON body
+    assert _request(app, "GET", "/books").json()["detail"] == "q must be provided"
+    missing = _request(app, "POST", "/loans", json={"book_id": 17})
+    assert missing.status_code == 422 and missing.json()["detail"] == "member_id must be provided"
+    assert _request(app, "POST", "/loans", content=b"{not json").status_code == 400
+    assert _request(app, "GET", "/loans").json()["loans"][0]["loan_id"] == 5001  # GET and POST on one path
+    wrong = _request(app, "PUT", "/loans")
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "GET, HEAD, POST"
+    assert _request(app, "OPTIONS", "/books/3").headers["allow"] == "GET, HEAD"
+    assert _request(app, "GET", "/nowhere").status_code == 404

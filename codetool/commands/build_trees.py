@@ -18,9 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rich.progress import Progress
-
 from codetool import CodetoolError
+from codetool.commands import job_progress
 from codetool.config import ConfigError
 from codetool.jobs import client_rows
 from codetool.jobs.trees import (
@@ -31,6 +30,7 @@ from codetool.jobs.trees import (
     relabel,
 )
 from codetool.jsonl import read_jsonl, write_jsonl
+from codetool.progress import JobProgress
 from codetool.resume import OutputLock
 from codetool.tree.build import summarize
 from codetool.tree.config import TreeConfig, tree_hash
@@ -68,12 +68,8 @@ def build_trees_command(cfg: TreeConfig) -> int:
         path = cfg.shard_path()
         if path.is_dir():
             raise CodetoolError(f"--output {path} is a folder; pass a file path such as {path / 'trees.jsonl'}.")
-        bar = Progress()  # drawn once there are trees to build
-        try:
-            with OutputLock(path):
-                build_missing(cfg, mine, path, progress=lambda total: _ticker(bar, total), clients=clients)
-        finally:
-            bar.stop()
+        with OutputLock(path), job_progress(tree_progress(cfg)) as progress:
+            build_missing(cfg, mine, path, progress=progress, clients=clients)
         records = sorted(read_jsonl(path), key=lambda r: order.get(str(r["query_id"]), len(order)))
         if cfg.shard is not None:
             _print_summary(f"shard {cfg.shard}: {path}", summarize(records), client_rows(clients))
@@ -98,10 +94,19 @@ def _report_failed(records: list[dict]) -> bool:
     return bool(failed)
 
 
-def _ticker(bar: Progress, total: int):
-    bar.start()
-    job = bar.add_task("trees", total=total)
-    return lambda record: bar.update(job, advance=1)
+def tree_progress(cfg: TreeConfig) -> JobProgress:
+    """The progress of the trees stage: trees, and the nodes sampled inside them (trees grow
+    together, so a bar of finished trees stood at 0% until the end). A tree has at most
+    ``branching + branching^2 + ... + branching^max_depth`` nodes; with ``--ray`` only trees are
+    counted (the nodes grow in the workers)."""
+    b, depth = cfg.branching, cfg.max_depth
+    inner = sum(b ** d for d in range(depth))  # the expansions of a full tree: its root and inner nodes
+
+    def used(record: dict) -> int:
+        nodes = record.get("nodes") or {}
+        return (1 + sum(1 for n in nodes.values() if not n.get("leaf"))) if nodes else 0
+
+    return JobProgress("trees", "trees", "" if cfg.ray else "nodes", work_per_unit=inner, scale=b, used=used)
 
 
 def _print_summary(title: str, summary: dict[str, Any], rows: Sequence[tuple[str, str]] = ()) -> None:

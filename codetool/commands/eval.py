@@ -30,6 +30,7 @@ from codetool.eval import restbench, stabletoolbench
 from codetool.eval.comparability import comparability_block
 from codetool.eval.config import EvalConfig
 from codetool.eval.convert import export_converted
+from codetool.eval.headline import headline, prm_line, verdict
 from codetool.eval.markdown import render_markdown, write_plots
 from codetool.eval.preference import win_rates
 from codetool.eval.runs import open_runs, run_warnings
@@ -90,10 +91,10 @@ def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
     report["warnings"] += run_warnings(shown, parse_failures, report["judge_errors"])
     report["comparability"] = comparability_block(report, cfg.judge, shown, reference,
                                                   judge.describe() if judge else None, cfg.run_settings)
-    report["summary"] = seed_summary([p for p in [*cfg.trajectories, *cfg.seed_runs] if p.endswith(".jsonl")],
-                                     methods=report["methods"])
-    report["paired"] = paired_section([p for p in [*cfg.trajectories, *cfg.seed_runs] if p.endswith(".jsonl")],
-                                      report["methods"], labels, shown, seed=cfg.judge.seed)
+    seed_paths = [p for p in [*cfg.trajectories, *cfg.seed_runs] if p.endswith(".jsonl")]
+    report["summary"] = seed_summary(seed_paths, methods=report["methods"])
+    report["paired"] = paired_section(seed_paths, report["methods"], labels, shown, seed=cfg.judge.seed)
+    report["headline"] = headline(shown, labels, seed_paths)
     if (prm := prm_section(cfg.prm_metrics, out_dir)) is not None:
         report["prm"] = prm
     write_jsonl(out_dir / "verdicts.jsonl", verdict_rows)
@@ -110,10 +111,44 @@ def run_eval(cfg: EvalConfig, judge: Judge | None = None) -> dict[str, Any]:
     return report
 
 
+def summary_tables(report: dict[str, Any]) -> list:
+    """The console summary: one ``rich`` table per benchmark, a row per metric and a column per
+    method, so that it fits 80 columns without cutting its headers."""
+    from rich.table import Table
+
+    weak = " (weak judge: smoke test only)" if report["judge"]["weak"] else ""
+    tables = []
+    for bench, entry in report["benchmarks"].items():
+        table = Table(title=f"{bench}, judge {report['judge']['name']}{weak}", title_justify="left")
+        table.add_column("metric", no_wrap=True)
+        methods = entry["methods"]
+        for method in methods:
+            table.add_column(method, justify="right", overflow="fold")
+        rows: dict[str, list[str]] = {}
+        for data in methods.values():
+            s, m = data["overall"], data["overall"]["metrics"]
+            pr, path = s["pass_rate"], s.get("path") or {}
+            cells = {"queries": str(s["n"]),
+                     "success %" if bench == RESTBENCH else "SoPR %": (f"{100 * pr['mean']:.1f} ± {100 * pr['std']:.1f}"
+                                                                       if pr else "n/a")}
+            if bench == RESTBENCH:
+                for label, key in (("correct path % (0/1)", "correct_path_rate"),
+                                   ("gold calls % (pooled)", "path_pooled_rate"),
+                                   ("path score % (frac.)", "path_fraction_score")):
+                    cells[label] = f"{100 * path[key]:.1f}" if path.get("n") else "n/a"
+            cells.update({"SCEP %": f"{100 * m['scep']:.1f}" if m["scep"] is not None else "n/a",
+                          "steps": f"{m['mean_steps']:.2f}", "episode wall s": f"{m['mean_seconds']:.1f}"})
+            for label, value in cells.items():
+                rows.setdefault(label, []).append(value)
+        for label, values in rows.items():
+            table.add_row(label, *values)
+        tables.append(table)
+    return tables
+
+
 def eval_command(cfg: EvalConfig) -> int:
     """``codetool eval``: write the report and print a one-screen summary of it."""
     from rich.console import Console
-    from rich.table import Table
 
     judge = make_judge(cfg.judge, cache_path=str(Path(cfg.out) / "judge_cache.jsonl"))
     with progress_bar(f"judge {redact(judge.name)}" if judge else "eval") as progress:
@@ -121,23 +156,14 @@ def eval_command(cfg: EvalConfig) -> int:
             judge.progress = progress
         report = run_eval(cfg, judge)
     console = Console()
-    table = Table(title=f"judge: {report['judge']['name']}" + (" (weak: smoke test only)" if report["judge"]["weak"]
-                                                                else ""))
-    for column in ("benchmark", "method", "n", "pass / success %", "correct path % (0/1)", "gold calls % (pooled)",
-                   "path score % (frac.)", "SCEP %", "steps", "episode wall s"):
-        table.add_column(column)
-    for bench, entry in report["benchmarks"].items():
-        for method, data in entry["methods"].items():
-            s, m = data["overall"], data["overall"]["metrics"]
-            pr, path = s["pass_rate"], s.get("path") or {}
-            table.add_row(bench, method, str(s["n"]),
-                          f"{100 * pr['mean']:.1f} ± {100 * pr['std']:.1f}" if pr else "n/a",
-                          f"{100 * path['correct_path_rate']:.1f}" if path.get("n") else "",
-                          f"{100 * path['path_pooled_rate']:.1f}" if path.get("n") else "",
-                          f"{100 * path['path_fraction_score']:.1f}" if path.get("n") else "",
-                          f"{100 * m['scep']:.1f}" if m["scep"] is not None else "n/a",
-                          f"{m['mean_steps']:.2f}", f"{m['mean_seconds']:.1f}")
-    console.print(table)
+    for table in summary_tables(report):
+        console.print(table)
+    for c in (report.get("headline") or {}).get("comparisons", []):
+        console.print(f"{c['benchmark']}: {c['a']} - {c['b']}, {c['metric']} ({c['kind']}): {c['mean']:+.1f} points "
+                      f"(95% interval {c['low']:+.1f} to {c['high']:+.1f}, {c['n']} queries): {verdict(c)}",
+                      markup=False, highlight=False)
+    if (line := prm_line(report)):
+        console.print(line.replace("**", ""), markup=False, highlight=False)
     backend = getattr(judge, "_backend", None) if judge is not None and not getattr(judge, "_lazy", True) else None
     if callable(getattr(backend, "stats", None)):  # a judge server: its requests and the faults retried
         for key, value in client_rows({"judge": backend}):

@@ -119,7 +119,8 @@ def stage_search(cfg: PipelineConfig, run_cfgs: list[RunConfig], prm: str) -> di
 
 def _prm_heldout(cfg: PipelineConfig, prm: str) -> str:
     """``codetool eval-prm`` of the trained PRM on the trees' held-out split (``prm_eval/metrics.json``);
-    "" when there is none (a given checkpoint, no PRM method, or no held-out rows)."""
+    "" when there is none (no PRM method, or no held-out rows). A given ``prm_checkpoint`` is measured
+    on this run's held-out trees too (its own training data may overlap them: the report names it)."""
     from codetool.commands.eval_prm import EvalPRMConfig, eval_prm_command
 
     held_out = held_out_rows(cfg, prm)

@@ -30,9 +30,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
 from codetool import CodetoolError
+from codetool.commands import job_progress
 from codetool.jobs.queries import (
     RunConfig,
     load_benchmark,
@@ -44,6 +43,7 @@ from codetool.jobs.queries import (
     single_query,
     summary_rows,
 )
+from codetool.progress import JobProgress
 from codetool.resume import OutputLock, plan_resume
 
 logger = logging.getLogger(__name__)
@@ -78,10 +78,8 @@ def execute_run(cfg: RunConfig, *, policy=None, scorer=None, show_summary: bool 
             logger.info("resuming: %d of %d queries already in %s", len(queries) - len(todo), len(queries), out)
         serving: dict[str, Any] = {}
         if todo:
-            with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                          TimeElapsedColumn(), TextColumn("{task.fields[last]}")) as bar:
-                run_queries(cfg, todo, out, chash, policy=policy, scorer=scorer, clients=serving,
-                            progress=lambda total: _ticker(bar, cfg, total))
+            with job_progress(run_progress(cfg)) as progress:
+                run_queries(cfg, todo, out, chash, policy=policy, scorer=scorer, clients=serving, progress=progress)
         else:
             logger.info("nothing to do: all %d queries are in %s", len(queries), out)
     if show_summary:
@@ -89,10 +87,15 @@ def execute_run(cfg: RunConfig, *, policy=None, scorer=None, show_summary: bool 
     return out
 
 
-def _ticker(bar: Progress, cfg: RunConfig, total: int):
-    job = bar.add_task(f"{cfg.search.method} on {cfg.benchmark or 'query'}", total=total, last="")
-    return lambda record: bar.update(job, advance=1, last=f"{record.get('query_id')}: {record.get('finish_type')}, "
-                                                       f"{len(record.get('steps') or [])} steps")
+def run_progress(cfg: RunConfig) -> JobProgress:
+    """The progress of a run: queries, and the steps sampled inside them (an episode takes at most
+    ``max_steps`` steps; beam, best-of-n and lookahead sample several per step). With ``--ray`` the
+    steps happen in the workers, so only queries are counted."""
+    s = cfg.search
+    per_step = {"beam": s.beam_width, "best_of_n": s.n, "lookahead": 1 + s.k * s.lookahead_depth}.get(s.strategy, 1)
+    where = Path(cfg.queries).name if cfg.queries else cfg.benchmark or "one query"
+    return JobProgress(f"{s.method} on {where}", "queries", "" if cfg.ray else "steps",
+                       work_per_unit=s.max_steps * per_step, used=lambda r: len(r.get("steps") or []) * per_step)
 
 
 def run_command(cfg: RunConfig) -> int:

@@ -29,6 +29,11 @@ def train_command(cfg: PRMConfig) -> int:
     """Train a PRM and write it to ``cfg.output_dir`` with a model card (resumable); push it to the
     Hub when ``push_to_hub`` is set."""
     os.environ.setdefault("WANDB_MODE", "disabled")
+    empty = [p for p in cfg.eval_dataset if Path(p).is_file() and not Path(p).read_text(encoding="utf-8").strip()]
+    if cfg.eval_dataset and len(empty) == len(cfg.eval_dataset):  # a few trees can hold none out (build-trees)
+        logger.warning("no held-out rows in %s: training without evaluation (more queries give a validation "
+                       "split; `codetool eval-prm` measures the PRM later)", ", ".join(empty))
+        cfg = cfg.with_settings(eval_dataset=[])
     resume = resume_checkpoint(cfg.resume, cfg.output_dir)
     trainer = build_trainer(cfg)
     start = time.time()

@@ -207,6 +207,8 @@ def check_settings(settings: Mapping[str, Any], target: str, *, run_known: bool,
             continue
         expected = check.expected[target]
         found, value = check.lookup(settings)
+        if found and value in ([], (), "", None):  # an empty record (e.g. a PRM without label rules) says nothing
+            found = False
         if not found and (is_judge or run_known):
             found, value = True, check.default
         if not found:
@@ -261,11 +263,15 @@ def _subset(report: dict[str, Any], id_kinds: dict[str, str] | None = None) -> t
                              f"6 groups, CodeTool's filtered 580)" + (f"; groups not run: {', '.join(missing)}"
                                                                        if missing else "") +
                              ": the average over groups is not the papers' Avg.")
-        else:
+        elif bench == RESTBENCH:
             total = sum(sizes.values())
             subset[bench] = {"groups": sizes, "kind": "full (100 queries)" if total == 100 else f"{total} of 100"}
             if total != 100:
                 notes.append(f"{bench}: {total} of the 100 RestBench-TMDB queries.")
+        else:  # your own queries (benchmark custom or toolbench): no published number to stand beside
+            subset[bench] = {"groups": sizes, "kind": "your own queries"}
+            notes.append(f"{bench}: your own queries ({sum(sizes.values())}); no published number to compare "
+                         "them with.")
     return subset, notes
 
 
@@ -309,6 +315,9 @@ def comparability_block(report: dict[str, Any], judge_cfg: JudgeConfig, runs: li
     run_settings = dict(run_settings or {})
     judge_settings = {f"judge.{k}": v for k, v in to_dict(judge_cfg).items()}
     deviations, checked = check_settings(judge_settings, target, run_known=True, judge_only=True)
+    not_applicable = []
+    if judge_info is None:  # no judge ran: its settings decided no number of this report
+        not_applicable, deviations, checked = deviations, [], 0
     run_lines, run_checked = _run_lines(runs, run_settings, target)
     deviations += run_lines
     checked += run_checked
@@ -386,6 +395,7 @@ def comparability_block(report: dict[str, Any], judge_cfg: JudgeConfig, runs: li
         "answer_sources": sources,
         "sowr_reference": ref,
         "deviations": deviations,
+        "not_applicable": not_applicable,
         "known_differences": known,
         "unchecked": unchecked,
     }
@@ -424,6 +434,9 @@ def render_block(block: dict[str, Any]) -> list[str]:
               else f"No setting deviates from {head} ({block.get('settings_checked', 0)} settings checked)"
                    + ("; the known differences below remain." if block.get("known_differences") else "."), ""]
     lines += [f"- {d}" for d in block["deviations"]] + [""]
+    if block.get("not_applicable"):
+        lines += [f"Not applicable (no judge ran): {len(block['not_applicable'])} judge settings differ from "
+                  f"{head}'s; they decide no number here.", ""]
     if block.get("known_differences"):
         lines += ["Known differences that no setting removes (docs/FIDELITY.md):", ""]
         lines += [f"- {d}" for d in block["known_differences"]] + [""]

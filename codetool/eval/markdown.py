@@ -1,8 +1,10 @@
 """The Markdown page and the plots of an evaluation report (see :mod:`codetool.commands.eval`).
 
 ``render_markdown(report)`` turns the ``report.json`` data into ``report.md``: the judge (flagged
-when weak, and every judged column marked), the one-screen summary (:mod:`codetool.eval.summary`:
-judge-free metrics over seeds, the per-step rewards plot, what the PRM learned), the configuration and inputs, warnings, then per benchmark a side-by-side table of
+when weak, and every judged column marked), the first screen (:mod:`codetool.eval.headline`: did the
+PRM help, as paired differences with intervals, and its accuracy with its n), the summary
+(:mod:`codetool.eval.summary`: judge-free metrics over seeds, what the PRM learned), the configuration
+and inputs, warnings, then per benchmark a side-by-side table of
 the methods (when there are several) and one table per method with a row per group. Rates are
 percentages; pass / success rates are "mean ± std" over the judge rounds. ``write_plots`` draws
 the PNGs. Neither computes a metric.
@@ -15,6 +17,7 @@ from typing import Any
 
 from codetool.eval import plots
 from codetool.eval.comparability import render_block
+from codetool.eval.headline import render_headline
 from codetool.eval.metrics import candidate_rewards
 from codetool.eval.summary import render_summary
 
@@ -40,6 +43,11 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 WEAK_MARK = " (⚠ weak judge)"
+PLOT_NOTES = {"step_rewards.png": "Per-step rewards of one query every method ran: squares: on-the-spot reward, "
+                                  "circles: PRM latent reward, crosses: selection score; the ringed candidate "
+                                  "was chosen.",
+              "rewards.png": "Selection score of the chosen and rejected candidates of every step with more than "
+                             "one candidate: a method whose choices help puts its green box above its red one."}
 
 
 def _main_name(bench: str, weak: bool = False) -> str:
@@ -143,7 +151,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += ["", f"> **Warning: weak judge.** `{judge['name']}` is {judge['note']}. {note}"]
     elif judge["kind"] == "none":
         lines += ["", f"> {judge['note']}."]
-    lines += [""] + render_summary(report)
+    lines += [""] + render_headline(report, WEAK_MARK if weak else "") + render_summary(report)
     lines += ["", f"Created {report['created']}; config hash `{report['config_hash']}`.", "", "## Configuration", ""]
     settings = [["inputs", ", ".join(f"{i['source']} ({i['method']}: {i['trajectories']})" for i in report["inputs"])],
                 ["methods shown", ", ".join(report["methods"])],
@@ -193,7 +201,10 @@ def render_markdown(report: dict[str, Any]) -> str:
                          "random"],
                         rows)
     if report["files"].get("plots"):
-        lines += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in report["files"]["plots"]] + [""]
+        lines += ["## Plots", ""]
+        for p in report["files"]["plots"]:
+            lines += [f"![{Path(p).stem}]({Path(p).name})", ""] + ([PLOT_NOTES[Path(p).name], ""]
+                                                                   if Path(p).name in PLOT_NOTES else [])
     return "\n".join(lines)
 
 

@@ -113,9 +113,12 @@ def chosen_vs_rejected(rewards: Mapping[str, tuple[Sequence[float], Sequence[flo
                 colors.append(color)
         ticks.append(f"{method}\n(chosen {len(chosen)}, rejected {len(rejected)})")
     if data:
-        boxes = ax.boxplot(data, positions=positions, widths=0.35, patch_artist=True, showmeans=True)
+        boxes = ax.boxplot(data, positions=positions, widths=0.35, patch_artist=True, showmeans=True, showfliers=False,
+                           medianprops={"color": "black"},
+                           meanprops={"marker": "^", "markerfacecolor": "white", "markeredgecolor": "black"})
         for patch, color in zip(boxes["boxes"], colors):
             patch.set_facecolor(color)
+            patch.set_edgecolor(color)
             patch.set_alpha(0.6)
         rng = np.random.default_rng(0)  # jittered points show the data when the boxes collapse
         for values, x, color in zip(data, positions, colors):
@@ -126,8 +129,16 @@ def chosen_vs_rejected(rewards: Mapping[str, tuple[Sequence[float], Sequence[flo
     ax.set_xticklabels(ticks, fontsize=8)
     ax.set_xlim(-0.7, max(0, len(ticks) - 1) + 0.7)
     ax.set_ylabel(label)
-    ax.set_title("Chosen (green) vs rejected (red) candidates", fontsize=10)
+    ax.set_title(f"{label[:1].upper()}{label[1:]} of the chosen (green) and rejected (red) candidates\n"
+                 "of every step with more than one candidate", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(facecolor="#55A868", alpha=0.6, label="chosen"),
+                       Patch(facecolor="#C44E52", alpha=0.6, label="rejected"),
+                       plt.Line2D([], [], color="black", label="median"),
+                       plt.Line2D([], [], marker="^", color="black", markerfacecolor="white", linestyle="",
+                                  label="mean")], fontsize=8, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -198,9 +209,19 @@ def step_rewards(trajectories: Mapping[str, Trajectory], path: str | Path, *, ti
     return Path(path)
 
 
+def own_steps(traj) -> bool:
+    """Whether a trajectory holds candidates this package ran (and rewarded): an imported answer
+    (StableToolBench's converted layout) has neither rewards nor alternatives to plot."""
+    from codetool.search.records import ImportedResult
+
+    return any(not isinstance(c.result, ImportedResult) for s in traj.steps for c in s.candidates)
+
+
 def example_step_rewards(trajectories: Mapping[str, Sequence], path: str | Path) -> Path | None:
     """The hook for a report: :func:`step_rewards` of :func:`example_query`'s query across methods
-    (``method -> list of Trajectory``); ``None`` (no file) when no query is common to all methods."""
+    (``method -> list of Trajectory``; methods whose runs were imported are left out); ``None`` (no
+    file) when no query is common to all the others."""
+    trajectories = {m: trajs for m, trajs in trajectories.items() if any(own_steps(t) for t in trajs)}
     query_id = example_query(trajectories)
     if query_id is None:
         return None

@@ -47,19 +47,26 @@ def seed_of(path: str | Path) -> str:
     return match.group(1) if match else ""
 
 
+def listed_calls(t) -> list:
+    """The calls of the query's listed tools on a trajectory's chosen path."""
+    names = {a.get("name") for a in t.available_tools}
+    return [c for c in t.executed_calls() if c.name in names]
+
+
+def grounded(t) -> bool:
+    """A grounded success (:func:`codetool.rewards.grounded_success`): finished with an answer that
+    uses the result of a successful listed-tool call."""
+    names = {a.get("name") for a in t.available_tools}
+    return t.finish_type == "finish" and grounded_success(t.final_answer, listed_calls(t), names, query=t.query)
+
+
 def judge_free(trajs: list) -> dict[str, float | None]:
     """The judge-free metrics of the module docstring over one method's trajectories on one benchmark."""
     trajs = [t for t in trajs if not not_executed_trajectory(t)]
     n = max(len(trajs), 1)
-    calls = grounded = 0
-    for t in trajs:
-        names = {a.get("name") for a in t.available_tools}
-        listed = [c for c in t.executed_calls() if c.name in names]
-        calls += len(listed)
-        grounded += t.finish_type == "finish" and grounded_success(t.final_answer, listed, names, query=t.query)
     out: dict[str, float | None] = {
-        "scep": run_metrics(trajs).scep, "tool_calls": calls / n,
-        "finish": sum(t.finish_type == "finish" for t in trajs) / n, "grounded": grounded / n,
+        "scep": run_metrics(trajs).scep, "tool_calls": sum(len(listed_calls(t)) for t in trajs) / n,
+        "finish": sum(t.finish_type == "finish" for t in trajs) / n, "grounded": sum(map(grounded, trajs)) / n,
         "correct_path": None, "path_score": None}
     if trajs and trajs[0].benchmark == RESTBENCH:
         path = path_metrics(trajs)
@@ -119,34 +126,31 @@ def prm_section(path: str | Path, out_dir: str | Path) -> dict[str, Any] | None:
     return out
 
 
-def _grounded(t) -> float:
-    names = {a.get("name") for a in t.available_tools}
-    answered = t.finish_type == "finish" and bool((t.final_answer or "").strip())
-    return float(answered and any(c.status == "ok" and c.name in names for c in t.executed_calls()))
-
-
 def paired_section(paths: list[str], methods: list[str], labels: dict[str, list | None] | None = None,
-                   runs: list | None = None, *, samples: int = 1000, seed: int = 0) -> dict[str, Any]:
+                   runs: list | None = None, *, samples: int = 2000, seed: int = 0) -> dict[str, Any]:
     """Paired differences between methods (:mod:`codetool.eval.paired`), each method minus the
     baseline (``spot+latent``, CodeTool's method, when present; else the first), per benchmark, with
     a bootstrap over queries: the judged pass score (Solved 1 / Unsure 0.5 / Unsolved 0, mean over
-    rounds; the judged runs, one seed) and grounded success (mean over the seeds in ``paths``)."""
+    rounds; the judged runs, one seed) and grounded success (:func:`grounded`, the rule of every other
+    success number; mean over the seeds in ``paths``). An episode the machine could not run is left
+    out (no score, not a 0), and the bootstrap takes as many resamples as the first screen's."""
     from codetool.eval.paired import mean_over_seeds, paired_differences
     from codetool.judge.records import LABEL_SCORES
 
     if len(methods) < 2:
         return {}
     baseline = "spot+latent" if "spot+latent" in methods else methods[0]
-    grounded: dict[str, dict[str, list[dict]]] = {}
+    seeds: dict[str, dict[str, list[dict]]] = {}  # bench -> method -> per-query scores of each seed
     for path in paths:
         for run in load_runs([path]):
             by_bench: dict[str, dict] = {}
             for t in run.trajectories:
-                by_bench.setdefault(t.benchmark, {})[(t.group, t.query_id)] = _grounded(t)
+                if not not_executed_trajectory(t):
+                    by_bench.setdefault(t.benchmark, {})[(t.group, t.query_id)] = float(grounded(t))
             for bench, scores in by_bench.items():
-                grounded.setdefault(bench, {}).setdefault(run.method.split("@")[0], []).append(scores)
+                seeds.setdefault(bench, {}).setdefault(run.method.split("@")[0], []).append(scores)
     out: dict[str, Any] = {"baseline": baseline, "samples": samples, "seed": seed, "grounded": {}, "pass": {}}
-    for bench, per_method in grounded.items():
+    for bench, per_method in seeds.items():
         scores = {m: mean_over_seeds(per_method[m]) for m in methods if m in per_method}
         if baseline in scores and len(scores) > 1:
             out["grounded"][bench] = [d.to_dict() for d in paired_differences(scores, baseline=baseline,
@@ -237,8 +241,8 @@ def _cell(value: dict | None, pct: bool, seeds: int) -> str:
 
 
 def render_summary(report: dict[str, Any]) -> list[str]:
-    """Markdown lines of the one-screen summary: the judge-free table, the per-step rewards plot,
-    and what the PRM learned (when ``report`` has them)."""
+    """Markdown lines of the one-screen summary: the judge-free table and what the PRM learned
+    (when ``report`` has them)."""
     lines: list[str] = []
     summary = report.get("summary")
     if summary and summary["methods"]:
@@ -260,12 +264,7 @@ def render_summary(report: dict[str, Any]) -> list[str]:
                   "the earlier steps' code; a reply without a code block fails; see docs/FIDELITY.md). Tool calls: calls of the "
                   "query's listed tools on the chosen path. Grounded success: finished with a non-empty answer "
                   "after >= 1 successful listed-tool call. These need no judge.", ""]
-    plots = [Path(p).name for p in report.get("files", {}).get("plots", [])]
-    if "step_rewards.png" in plots:
-        lines += ["![per-step rewards of one query](step_rewards.png)", "",
-                  "Per-step rewards of one query: squares: on-the-spot reward, circles: PRM latent reward, "
-                  "crosses: selection score; the ringed candidate was chosen.", ""]
-    lines += paired_lines(report.get("paired") or {})
+    lines += paired_lines(report.get("paired") or {})  # the step plot is with the other plots (markdown.py)
     prm = report.get("prm")
     if prm:
         lines += prm_lines(prm)

@@ -72,16 +72,22 @@ class EvalSetConfig(EvalQueries, ToolBackendGroup):
                                            "lower it for long prompts, whose KV caches take memory")
     max_observation_chars: int | None = option(None, "output shown to the policy per step for this set (default: "
                                                      "search.max_observation_chars; the public code uses 1,500 for TMDB)")
+    queries: str | None = option(None, "your own queries (sets benchmark: toolbench): a ToolBench-format file, or "
+                                       "RestGPT's layout (a list of {query, solution}) with tools")
+    tools: str | None = option(None, "with RestGPT-layout queries: the OpenAPI spec of their API")
 
     def __post_init__(self) -> None:
+        if self.queries:
+            self.benchmark = "toolbench"  # queries from a file (codetool.tools.files reads any layout)
         super().__post_init__()
-        if self.benchmark not in EVAL_BENCHMARKS:
+        if self.benchmark not in EVAL_BENCHMARKS and not self.queries:
             raise ConfigError(f"evals[].benchmark: got {self.benchmark!r}; an evaluation set runs the files of "
-                              f"{' or '.join(EVAL_BENCHMARKS)}. Run a ToolBench-format file with "
-                              "codetool run --benchmark toolbench --queries FILE.")
+                              f"{' or '.join(EVAL_BENCHMARKS)}, or your own: {{queries: FILE, tools: SPEC}}.")
 
     @property
     def slug(self) -> str:
+        if self.queries:
+            return Path(self.queries).stem
         return self.group if self.benchmark == "stabletoolbench" else "restbench-tmdb"
 
 
@@ -122,8 +128,13 @@ class PipelineConfig(PolicyGroup, ToolDocGroup):
     trees: TreeConfig = field(default_factory=TreeConfig)
     train: PRMConfig = section("codetool.prm.config:PRMConfig", "PRM training: the options of 'codetool train-prm'")
     search: SearchConfig = field(default_factory=SearchConfig)
-    methods: list[MethodConfig] = field(default_factory=_default_methods)
-    evals: list[EvalSetConfig] = field(default_factory=lambda: [EvalSetConfig()])
+    methods: list[MethodConfig] = option(
+        default_factory=_default_methods, help="the methods compared, a YAML list of {name, k, w_spot, w_latent, "
+        "w_cost, latent, temperature}, e.g. --methods '[{name: spot-only, k: 2, latent: none, w_latent: 0}, "
+        "{name: spot+latent, k: 2}]'")
+    evals: list[EvalSetConfig] = option(
+        default_factory=lambda: [EvalSetConfig()], help="the evaluation sets, a YAML list of {benchmark, group, "
+        "subset, offset, limit, ...}, e.g. --evals '[{benchmark: stabletoolbench, group: G1_instruction, limit: 4}]'")
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     answer: AnswerConfig = field(default_factory=AnswerConfig)
     reference: str = option("", "SoWR reference: a method name or a StableToolBench converted-answer file or "
@@ -207,7 +218,7 @@ def run_configs(cfg: PipelineConfig, prm: str) -> list[RunConfig]:
                 run_search = dataclasses.replace(run_search, max_observation_chars=ev.max_observation_chars)
             groups = {**group_values(ev, QueriesGroup), **group_values(ev, ToolBackendGroup),
                       **group_values(cfg, PolicyGroup), "tool_doc": ev.tool_doc or cfg.tool_doc}
-            runs.append(RunConfig(**groups, prm_client=cfg.prm_client,
+            runs.append(RunConfig(**groups, queries=ev.queries, tools=ev.tools, prm_client=cfg.prm_client,
                                   prm=prm if method.latent == "prm" else method.latent,
                                   search=run_search, executor=cfg.executor, answer=cfg.answer,
                                   output=str(cfg.root / "search" / method.name / f"{ev.slug}{suffix}.jsonl")))
@@ -228,10 +239,12 @@ def open_root(cfg: PipelineConfig) -> Path:
 
 
 def held_out_rows(cfg: PipelineConfig, prm: str) -> Path | None:
-    """The trees' held-out PRM rows that the trained PRM ``prm`` is measured on, or ``None``: a
-    given checkpoint, no method that uses the PRM, no PRM folder or no held-out rows."""
+    """The trees' held-out PRM rows that the PRM ``prm`` is measured on (the pipeline's own, or a
+    given ``prm_checkpoint``: a folder or a serve-prm URL, measured on this run's held-out trees), or
+    ``None``: no method that uses the PRM, no PRM or no held-out rows."""
     rows = cfg.root / "trees" / "prm_dataset" / "validation.jsonl"
-    if cfg.prm_checkpoint or not any(m.latent == "prm" for m in cfg.methods) or not Path(prm).is_dir() \
+    reachable = Path(prm).is_dir() or str(prm).startswith(("http://", "https://"))
+    if not any(m.latent == "prm" for m in cfg.methods) or not reachable \
             or not rows.is_file() or not rows.read_text().strip():
         return None
     return rows

@@ -14,7 +14,6 @@ the client's memory (:mod:`codetool.memory_use`); docs/SCALE.md has the measurem
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -70,8 +69,11 @@ class RunConfig(QueriesGroup, PolicyBackendGroup, ToolsGroup, RunOutput, Workers
     policy group's ``policy_spec``; neither is a setting)."""
 
     query: str | None = option(None, "one query to solve (with --tools)")
-    tools: str | None = option(None, "JSON file of the APIs for --query: an api_list, a ToolBench query, or an OpenAPI spec")
-    queries: str | None = option(None, "toolbench: a ToolBench-format query file or folder")
+    tools: str | None = option(None, "the APIs: for --query, an OpenAPI 3 spec (JSON or YAML), an api_list or one "
+                               "ToolBench query; for RestGPT-layout --queries, its OpenAPI spec; for ToolBench "
+                               "queries that list API names only, ToolBench's toolenv/tools folder")
+    queries: str | None = option(None, "a query file or folder (sets --benchmark toolbench): ToolBench/StableToolBench "
+                                 "format, or RestGPT's layout (a list of {query, solution}) with --tools SPEC")
     prm: str = option("none", "latent reward: a PRM checkpoint dir, a serve-prm URL (several: comma-separated), "
                       "rollout, or none")
     prm_device: str = option("auto", "device of a local PRM")
@@ -84,11 +86,17 @@ class RunConfig(QueriesGroup, PolicyBackendGroup, ToolsGroup, RunOutput, Workers
 
     def __post_init__(self):
         super().__post_init__()  # each group's checks; the policy group parses policy_spec
+        if self.queries and self.benchmark is None and self.query is None:
+            self.benchmark = "toolbench"  # queries from a file: --queries alone says which
+        if self.query is None and self.tools and self.benchmark in ("stabletoolbench", "restbench-tmdb"):
+            raise ConfigError(f"--tools {self.tools} is not read with --benchmark {self.benchmark} (its queries bring "
+                              "their own APIs); pass your queries with --queries FILE --tools SPEC, or one query "
+                              "with --query TEXT --tools SPEC.")
         if (self.query is None) == (self.benchmark is None):
             raise ConfigError("give either --query (with --tools) or --benchmark "
                               f"({', '.join(BENCHMARKS)}), not both and not neither.")
         if self.query is not None and not self.tools:
-            raise ConfigError("--query needs --tools FILE: a JSON api_list, a ToolBench query file or an OpenAPI spec.")
+            raise ConfigError("--query needs --tools FILE: an OpenAPI spec, a JSON api_list or one ToolBench query.")
         if self.benchmark == "toolbench" and not self.queries:
             raise ConfigError("--benchmark toolbench needs --queries FILE_OR_FOLDER (ToolBench format).")
         if self.queries and self.benchmark not in (None, "toolbench"):
@@ -105,7 +113,8 @@ class RunConfig(QueriesGroup, PolicyBackendGroup, ToolsGroup, RunOutput, Workers
 
 def load_benchmark(cfg: RunConfig) -> list:
     """The ``BenchmarkQuery`` list that ``cfg`` asks for, after ``offset`` and ``limit``."""
-    from codetool.tools.loaders import load_restbench, load_stabletoolbench, load_toolbench_queries
+    from codetool.tools.files import load_queries
+    from codetool.tools.loaders import load_restbench, load_stabletoolbench
 
     root = Path(cfg.data_dir) if cfg.data_dir else None
     if cfg.benchmark == "stabletoolbench":
@@ -114,7 +123,7 @@ def load_benchmark(cfg: RunConfig) -> list:
         queries = load_restbench(root, source=cfg.subset if cfg.subset in ("restgpt", "codetool") else "restgpt")
     else:
         assert cfg.queries is not None  # RunConfig: --benchmark toolbench needs --queries
-        queries = load_toolbench_queries(Path(cfg.queries))
+        queries = load_queries(Path(cfg.queries), cfg.tools)
     refuse_duplicates([query_key(q) for q in queries], cfg.queries or f"{cfg.benchmark} {cfg.group or ''}".strip())
     end = None if cfg.limit is None else cfg.offset + cfg.limit
     if cfg.offset >= len(queries):
@@ -124,34 +133,16 @@ def load_benchmark(cfg: RunConfig) -> list:
 
 
 def single_query(cfg: RunConfig):
-    """A ``BenchmarkQuery`` for ``--query`` with the APIs of ``--tools``."""
-    from codetool.tools.loaders import BenchmarkQuery, api_from_toolbench
-    from codetool.tools.openapi import load_openapi
+    """A ``BenchmarkQuery`` for ``--query`` with the APIs of ``--tools``
+    (:func:`codetool.tools.files.load_tools`: a query file there is refused, named as such)."""
+    from codetool.tools.files import load_tools
+    from codetool.tools.loaders import BenchmarkQuery
 
     assert cfg.tools is not None and cfg.query is not None  # RunConfig: --query needs --tools
     path = Path(cfg.tools)
-    if not path.is_file():
+    if not path.exists():
         raise CodetoolError(f"--tools file not found: {path}.")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise CodetoolError(f"--tools {path}: not valid JSON ({type(e).__name__}).") from None
-    if isinstance(data, dict) and ("openapi" in data or "paths" in data or "endpoints" in data):
-        apis = load_openapi(path)
-    else:
-        entries = data.get("api_list") if isinstance(data, dict) else data
-        if isinstance(entries, list) and entries and isinstance(entries[0], dict) and "api_list" in entries[0]:
-            entries = entries[0]["api_list"]
-        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-            raise CodetoolError(f"--tools {path}: expected an OpenAPI spec, a ToolBench query, or a list of "
-                                "api_list entries (category_name, tool_name, api_name, ...).")
-        apis = []
-        for i, entry in enumerate(entries):
-            try:
-                apis.append(api_from_toolbench(entry))
-            except Exception as e:
-                raise CodetoolError(f"--tools {path}: api_list entry {i} is malformed ({error_message(e)}).") from None
-    return BenchmarkQuery(query_id="query", query=cfg.query, apis=apis, benchmark="custom")
+    return BenchmarkQuery(query_id="query", query=cfg.query, apis=load_tools(path), benchmark="custom")
 
 
 def run_hash(cfg: RunConfig) -> str:

@@ -35,34 +35,38 @@ logger = logging.getLogger(__name__)
 
 
 def load_training_queries(cfg: TreeConfig) -> tuple[list, int]:
-    """The training queries of ``cfg`` and how many test queries were dropped from them
-    (``never_train_on``, by id and by text: :mod:`codetool.tools.heldout`), with ids made unique as
-    ``<file stem>/<query_id>`` (ToolBench files reuse ids across groups). Queries that offer no API
-    are skipped with a warning; a malformed entry is kept (its ``extra["load_error"]`` becomes its
-    error record).
+    """The training queries of ``cfg`` (any layout :func:`codetool.tools.files.load_queries` reads)
+    and how many test queries were dropped from them (``never_train_on``, by id and by text:
+    :mod:`codetool.tools.heldout`), with ids made unique as ``<file stem>/<query_id>`` (ToolBench
+    files reuse ids across groups). Queries that offer no API are skipped with a warning; a
+    malformed entry is kept (its ``extra["load_error"]`` becomes its error record).
 
     Raises:
         ConfigError: no such file or folder.
-        CodetoolError: a file repeats a query id (the ids are named); no query is found, none is
-            well formed, or none offers an API (a build would write nothing and exit 0).
+        CodetoolError: a file of another kind (named), a file that repeats a query id (the ids are
+            named); no query is found, none is well formed, or none offers a documented API (a build
+            would write nothing and exit 0: says what to pass).
     """
     from codetool.resume import refuse_duplicates
+    from codetool.tools.files import load_queries
     from codetool.tools.heldout import load_held_out
-    from codetool.tools.loaders import data_root, load_toolbench_queries
+    from codetool.tools.loaders import data_root
 
     path = Path(cfg.queries) if cfg.queries else data_root() / "ToolBench" / "data_example" / "instruction"
     if not path.exists():
         raise ConfigError(f"--queries {path}: no such file or folder. Pass a ToolBench-format query file "
-                          "(e.g. G1_query.json) or a folder of them; `codetool data fetch toolbench-examples` "
-                          "gets the 10 example queries.")
-    queries = load_toolbench_queries(path)
+                          "(e.g. G1_query.json) or a folder of them, or RestGPT's layout (a list of {query, "
+                          "solution}) with --tools spec.json; `codetool data fetch toolbench-examples` gets the 10 "
+                          "example queries.")
+    queries = load_queries(path, cfg.tools)
     if not queries:
         raise CodetoolError(f"--queries {path}: no query found (an empty list, or a folder without *.json query "
-                            "files); pass a ToolBench-format query file such as G1_query.json, or a folder of them.")
+                            "files); pass a ToolBench-format query file such as G1_query.json, a folder of them, "
+                            "or RestGPT's layout (a list of {query, solution}) with --tools spec.json.")
     if all(q.extra.get("load_error") for q in queries):  # not one entry is a query: the wrong file
         raise CodetoolError(f"--queries {path}: none of its {len(queries)} entries is a query (entry "
                             f"{queries[0].query_id}: {queries[0].extra['load_error']}); pass a ToolBench-format "
-                            "query file (a list of {query_id, query, api_list}).")
+                            "query file (a list of {query_id, query, api_list}) or RestGPT's layout with --tools.")
     refuse_duplicates([f"{q.group}/{q.query_id}" for q in queries], str(path))
     queries, held = load_held_out(cfg.never_train_on).split(queries)
     if held:
@@ -70,8 +74,10 @@ def load_training_queries(cfg: TreeConfig) -> tuple[list, int]:
                        len(held), ", ".join(cfg.never_train_on), held[0].group, held[0].query_id)
     usable = [q for q in queries if q.apis or q.extra.get("load_error")]
     if not usable:
-        raise CodetoolError(f"--queries {path}: none of its {len(queries)} queries offers a documented API "
-                            "(api_list), so no tree has a tool to call; pass queries with their api_list.")
+        raise CodetoolError(f"{len(queries)} of {len(queries)} queries in {path} offer no documented API, so "
+                            "there is no tree to build: pass the APIs with --tools (an OpenAPI spec for a list of "
+                            "{query, solution}; ToolBench's toolenv/tools folder for queries that list API names "
+                            "only), or use query files whose api_list documents each API.")
     if len(usable) < len(queries):
         logger.warning("%d of %d queries offer no documented API and are skipped: %s", len(queries) - len(usable),
                        len(queries), ", ".join(f"{q.group}/{q.query_id}" for q in queries

@@ -126,7 +126,7 @@ class LLMJudge(JudgeMixin):
         reference (`ReferencePrompts`, *optional*): judge with a reference's prompts and forced
             functions (:mod:`codetool.judge.reference_prompts`); tasks it has no prompt for use ours.
         progress (`ProgressFactory`, *optional*): told the number of batches each call sends to the
-            backend (two or more) and ticked after each (:mod:`codetool.progress`); a command may
+            backend (when it sends any) and ticked after each (:mod:`codetool.progress`); a command may
             also set the ``progress`` attribute after :func:`codetool.assemble.make_judge`.
     """
 
@@ -285,7 +285,7 @@ class LLMJudge(JudgeMixin):
         if missing and getattr(self.backend, "continuous", False):
             # A server: one request per prompt, batch_size of them in flight, each verdict kept (and
             # cached) as it lands, so no request waits for the slowest of a batch (issue 39).
-            tick = ticker(self.progress if len(missing) > 1 else None, len(missing))
+            tick = ticker(self.progress if missing else None, len(missing))  # one long request is progress too
 
             def landed(result: tuple[list[int], list]) -> None:
                 keep(*result)
@@ -294,7 +294,7 @@ class LLMJudge(JudgeMixin):
             stream(ask, ([i] for i in missing), self.batch_size, landed)
             return out  # type: ignore[return-value]
         starts = range(0, len(missing), self.batch_size)
-        tick = ticker(self.progress if len(starts) > 1 else None, len(starts))
+        tick = ticker(self.progress if starts else None, len(starts))  # one long batch is progress too
         for first in starts:
             chunk = missing[first:first + self.batch_size]
             keep(*ask(chunk))

@@ -1,6 +1,6 @@
 """Local generation with transformers: chat template, batched prompts, shared prefill, stop strings.
 
-Efficiency (decoding many sequences together pays on a CPU too; figures in the README): one
+Efficiency (decoding many sequences together pays on a CPU too; figures in docs/BENCHMARKS.md): one
 ``generate`` call takes prompts from many queries; they are sorted by length (less padding),
 left-padded and run in chunks of at most ``max_batch_size`` sequences. The ``n`` samples of a
 prompt share one prefill: the prompt is run once and its KV cache repeated ``n`` times, so only

@@ -50,12 +50,8 @@ def load_queries(qs: QuerySet, data_dir: str | None = None) -> list:
     Raises:
         CodetoolError: a toolbench query path that exists neither as given nor under the data folder.
     """
-    from codetool.tools.loaders import (
-        data_root,
-        load_restbench,
-        load_stabletoolbench,
-        load_toolbench_queries,
-    )
+    from codetool.tools.files import load_queries as load_query_file
+    from codetool.tools.loaders import data_root, load_restbench, load_stabletoolbench
 
     root = Path(data_dir) if data_dir else data_root()
     if qs.benchmark == "toolbench":
@@ -66,7 +62,7 @@ def load_queries(qs: QuerySet, data_dir: str | None = None) -> list:
         if not path.exists():
             raise CodetoolError(f"toolbench queries {qs.queries!r} not found (looked as given and under {root}); "
                                 "pass a ToolBench query file or folder, or fetch the data with `codetool data`.")
-        queries = load_toolbench_queries(path)
+        queries = load_query_file(path)
     elif qs.benchmark == "stabletoolbench":
         queries = load_stabletoolbench(qs.group, root, subset=qs.subset)
     else:

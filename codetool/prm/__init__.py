@@ -16,6 +16,8 @@
   :mod:`codetool.prm.client`: ``HTTPScorer``;
   :mod:`codetool.prm.vllm_backend`: ``VLLMScorer`` (vLLM in-process, CUDA or CPU build);
 - :mod:`codetool.prm.server`: ``create_app``, the app ``codetool serve-prm`` serves;
+  :mod:`codetool.prm.schema`: its request and response bodies (OpenAPI, ``/docs``);
+  :mod:`codetool.prm.parse`: a ``/score`` body checked and turned into items;
 - :mod:`codetool.prm.evaluate`: the metrics ``codetool eval-prm`` reports (pairwise accuracy, AUC,
   calibration);
 - :mod:`codetool.prm.synthetic`: made-up PRM rows for tests, benchmarks and smoke runs.

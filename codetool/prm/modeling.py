@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 
 import torch
 from torch import nn
@@ -111,6 +110,8 @@ def write_label_rows(weight: torch.Tensor, label_ids: tuple[int, ...], head: tor
 
 
 MIN_SHARED_TOKENS = 16  # shorter common runs are recomputed per row (one more pass costs more)
+# share_prefix auto shares only when it saves at least this share of a batch's positions
+MIN_SHARED_SAVING = 0.1
 SHARE_MODES = ("auto", "packed", "trie", "none")
 
 
@@ -144,9 +145,9 @@ class PRMModel(nn.Module):
       Many small calls: good on a compute-bound CPU, launch-bound on a GPU (slower than no
       sharing there, issue 20). Not with activation checkpointing (no cache) or FSDP.
     - ``"none"`` (or `False`): one right-padded causal forward.
-    - ``"auto"``: :meth:`pick_share_mode` times the three on the first batch and keeps the
-      fastest in ``share_mode``. It is the default of training and scoring on every device; on
-      the 2-core CPU it picks packed or trie, on a GPU packed is expected (one launch).
+    - ``"auto"``: :meth:`pick_share_mode` decides on the first batch by rule (positions saved,
+      attention kind, device) without running it, and keeps the mode in ``share_mode``. It is
+      the default of training and scoring on every device.
 
     ``k`` candidates after a ``P``-token prefix cost ``P + k*S`` positions instead of ``k*(P + S)``.
     """
@@ -265,32 +266,35 @@ class PRMModel(nn.Module):
         """Whether the attention takes a 4D block mask (``sdpa`` and ``eager`` do, FlashAttention-2 does not)."""
         return getattr(self.config, "_attn_implementation", "sdpa") in ("sdpa", "eager", None)
 
-    @torch.no_grad()
     def pick_share_mode(self, input_ids: torch.Tensor, last_index: torch.Tensor, repeats: int = 1) -> str:
-        """Time each sharing mode on this batch (forward only) and keep the fastest in ``share_mode``.
+        """Decide ``share_prefix: auto`` from this batch by rule, without running it, and keep the
+        mode in ``share_mode``.
 
-        The measurement is what ``share_prefix: auto`` means: on the 2-core CPU the trie or
-        the packed forward wins (the fewest positions), on a GPU the packed forward (one call);
-        a batch with nothing to share picks ``none``. It costs ``repeats`` forwards per mode (plus
-        one warm-up on a GPU), once. Returns the mode.
+        The rule counts positions: a batch whose rows computed with each shared prefix once
+        (:func:`unique_positions`) save less than :data:`MIN_SHARED_SAVING` of its positions
+        runs unshared (``none``); otherwise the packed forward (one call, on every device) where
+        the attention takes a block mask, else the trie on a CPU (compute-bound: fewer positions
+        win) and no sharing on a GPU (the trie's many small calls are launch-bound there). It
+        used to time the three modes on the first batch: three forwards of a full batch, 8
+        minutes for a 14-row dataset of a 7B model on CPU (issue 40). ``repeats`` is unused
+        (kept for callers). Returns the mode.
         """
-        candidates = ["none", "packed", "trie"] if self.packing_supported() else ["none", "trie"]
-        if self.activation_checkpointing or self.no_trie:
-            candidates = [c for c in candidates if c != "trie"]
-        timings: dict[str, float] = {}
-        warm = int(input_ids.device.type != "cpu")  # a GPU's first call warms up kernels and the allocator
-        for mode in candidates:
-            for i in range(1 - warm, repeats + 1):
-                _sync(input_ids.device)
-                start = time.perf_counter()
-                self.forward(input_ids, last_index, share_prefix=mode)
-                _sync(input_ids.device)
-                if i:
-                    timings[mode] = min(timings.get(mode, float("inf")), time.perf_counter() - start)
-        self.share_mode = min(timings, key=timings.__getitem__)
-        logger.info("share_prefix auto: %s (%s)", self.share_mode,
-                    ", ".join(f"{m} {t * 1e3:.1f} ms" for m, t in timings.items()))
-        return self.share_mode
+        ends = [i + 1 for i in last_index.tolist()]
+        rows = [row[:end] for row, end in zip(input_ids.tolist(), ends)]
+        total = sum(len(r) for r in rows)
+        unique = unique_positions(rows)
+        saving = 1 - unique / total if total else 0.0
+        trie_ok = not (self.activation_checkpointing or self.no_trie)
+        if saving < MIN_SHARED_SAVING:
+            mode = "none"
+        elif self.packing_supported():
+            mode = "packed"
+        else:
+            mode = "trie" if trie_ok and input_ids.device.type == "cpu" else "none"
+        self.share_mode = mode
+        logger.info("share_prefix auto: %s (the first batch's %d positions are %d with each shared prefix once, "
+                    "%.0f%% fewer; decided by rule)", mode, total, unique, 100 * saving)
+        return mode
 
     def logits_of_rows(self, rows: list[list[int]], share_prefix: bool | str = "auto", pad_id: int = 0) -> torch.Tensor:
         """(len(rows), 2) label logits of unpadded prompts (each up to the position before the label)."""
@@ -372,3 +376,19 @@ class PRMModel(nn.Module):
         hidden = self.decoder()(input_ids=input_ids[index, offset:width], **cache_kwargs(repeated),
                                 use_cache=True).last_hidden_state
         return hidden[torch.arange(n, device=hidden.device), last_index[index] - offset]
+
+
+def unique_positions(rows: list[list[int]]) -> int:
+    """Positions of ``rows`` (token id lists) with every shared prefix counted once: the nodes of
+    their token trie (sorted rows: each adds what follows its longest common prefix with the one
+    before)."""
+    total, previous = 0, list[int]()
+    for row in sorted(rows):
+        common = 0
+        for a, b in zip(previous, row):
+            if a != b:
+                break
+            common += 1
+        total += len(row) - common
+        previous = row
+    return total

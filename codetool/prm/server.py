@@ -3,7 +3,11 @@ DIR --port N`` (``codetool.commands.serve_prm``) serves.
 
 ``POST /score`` with ``{"items": [{"query", "tools", "history", "candidate", "candidate_plan",
 "candidate_output"}, ...]}`` answers ``{"scores": [float in [0, 1], ...]}``; ``GET /health``
-answers ``{"status": "ok", "prm": ...}``. Concurrent requests are queued and scored together (up
+answers ``{"status": "ok", "prm": ..., "workers", "workers_alive", "worker_restarts"}``, or 503 with
+``"unhealthy"`` when a scoring worker had died (it is restarted then; a dead worker is never hidden
+behind an ok); ``/openapi.json`` and ``/docs`` describe the fields (:mod:`codetool.prm.schema`), and
+bodies are checked by :mod:`codetool.prm.parse` (an unknown field is a 422 naming it; an empty
+``items`` list is answered at once, never queued). Concurrent requests are queued and scored together (up
 to ``max_batch_items`` items, waiting at most ``batch_wait_ms`` for company), so candidates from
 several searches share one forward pass and siblings still share their prefix.
 
@@ -53,8 +57,10 @@ import threading
 import time
 from collections import deque
 
-from codetool.fairness import FairTurns, loads_without_stalling
-from codetool.jsonl import clean_text
+from codetool import __version__
+from codetool.fairness import FairTurns
+from codetool.prm.parse import _Reject, parse_items
+from codetool.prm.schema import API_DESCRIPTION, ErrorResponse, HealthResponse, ScoreResponse, install_openapi
 from codetool.rewards import PRMItem
 from codetool.serving import (
     ServerGuard,
@@ -64,8 +70,6 @@ from codetool.serving import (
 
 logger = logging.getLogger(__name__)
 
-_TEXT_FIELDS = ("query", "tools", "candidate", "candidate_output", "candidate_plan", "step_text", "previous_steps",
-                "parent_result")
 GUARD_GRACE_S = 5.0  # the guard's deadline is the scoring budget plus this (see create_app)
 # Values in one /score body: 256 items of 100 history steps hold ~80,000; a 3.9 MB object of
 # 300,000 keys is refused before it is parsed.
@@ -76,50 +80,6 @@ COMPANION_RATIO, COMPANION_TOKENS = 4, 256
 # The last idle worker is kept for light items (an eighth of max_batch_tokens at most) while one
 # came within this many seconds, so a short request never waits for a long batch to end.
 LIGHT_HOLD_S = 2.0
-
-
-class _Reject(Exception):
-    def __init__(self, status: int, reason: str):
-        super().__init__(reason)
-        self.status, self.reason = status, reason
-
-
-def parse_items(body: bytes, max_items: int, max_history_steps: int = 1000) -> list[PRMItem]:
-    """Validate a ``/score`` body; raises ``_Reject`` with a 4xx status and a one-line reason.
-    Text fields come back cleaned (``codetool.jsonl.clean_text``). JSON nested too deeply for the
-    parser (e.g. a 100,000-deep array; a valid body nests 5 levels) is a 400."""
-    try:
-        data = loads_without_stalling(body)  # a large body in pieces: other threads run between them
-    except RecursionError:
-        raise _Reject(400, "JSON nested too deeply; a /score body nests at most 5 levels") from None
-    except (ValueError, UnicodeDecodeError):
-        raise _Reject(400, "body is not valid JSON; send {\"items\": [...]}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("items"), list):
-        raise _Reject(400, "body must be a JSON object with an 'items' list")
-    if len(data["items"]) > max_items:
-        raise _Reject(413, f"{len(data['items'])} items in one request; the limit is {max_items}")
-    items = []
-    for i, raw in enumerate(data["items"]):
-        if not isinstance(raw, dict) or not isinstance(raw.get("query"), str):
-            raise _Reject(400, f"items[{i}] must be an object with a text 'query'")
-        for name in _TEXT_FIELDS[1:]:
-            if not isinstance(raw.get(name, ""), str):
-                raise _Reject(400, f"items[{i}].{name} must be text")
-        history = raw.get("history", [])
-        if isinstance(history, list) and len(history) > max_history_steps:  # a work budget per item
-            raise _Reject(413, f"items[{i}].history has {len(history)} steps; the limit is {max_history_steps}")
-        if not isinstance(history, list) or not all(
-                isinstance(h, dict) and all(isinstance(h.get(k, ""), str) for k in ("code", "output", "plan"))
-                for h in history):
-            raise _Reject(400, f"items[{i}].history must be a list of {{'code', 'output'}} text objects")
-        items.append(PRMItem(
-            query=clean_text(raw["query"]), tools=clean_text(raw.get("tools", "")),
-            history=[{"code": clean_text(h.get("code", "")), "output": clean_text(h.get("output", "")),
-                      **({"plan": clean_text(h["plan"])} if h.get("plan") else {})} for h in history],
-            candidate=clean_text(raw.get("candidate", "")), candidate_output=clean_text(raw.get("candidate_output", "")),
-            candidate_plan=clean_text(raw.get("candidate_plan", "")),
-            **{name: clean_text(raw.get(name, "")) for name in _TEXT_FIELDS[5:]}))
-    return items
 
 
 class _Job:
@@ -189,10 +149,28 @@ class _Scheduler:
         self.ring: deque[str] = deque()  # clients with queued items
         self.oldest = 0.0  # when the oldest waiting item arrived
         self.stopped = False
-        self.threads = [threading.Thread(target=self._work, name=f"codetool-prm-worker-{i}", daemon=True)
-                        for i in range(max(1, workers))]
-        for thread in self.threads:
-            thread.start()
+        self.restarts = 0
+        self.threads = [self._thread(i) for i in range(max(1, workers))]
+
+    def _thread(self, i: int) -> threading.Thread:
+        thread = threading.Thread(target=self._work, name=f"codetool-prm-worker-{i}", daemon=True)
+        thread.start()
+        return thread
+
+    def alive(self) -> int:
+        """How many scoring threads are alive."""
+        return sum(thread.is_alive() for thread in self.threads)
+
+    def revive(self) -> int:
+        """Restart the scoring threads that died; returns how many were dead (``/health`` reports
+        them: a dead worker is never hidden behind an ok)."""
+        dead = [i for i, thread in enumerate(self.threads) if not thread.is_alive()]
+        if dead and not self.stopped:
+            logger.error("%d of %d PRM scoring workers had died; restarting them", len(dead), len(self.threads))
+            for i in dead:
+                self.threads[i] = self._thread(i)
+            self.restarts += len(dead)
+        return len(dead)
 
     def stop(self) -> None:
         with self.cond:
@@ -200,6 +178,9 @@ class _Scheduler:
             self.cond.notify_all()
 
     async def submit(self, items: list[PRMItem], timeout_s: float, client: str) -> list[float]:
+        if not items:  # nothing to score: never queued (an empty job once killed every worker)
+            return []
+        self.revive()
         loop = asyncio.get_running_loop()
         job = _Job(items, loop.create_future(), loop, time.monotonic() + timeout_s, client)
         with self.cond:
@@ -231,12 +212,21 @@ class _Scheduler:
     # -------------------------------------------------------------------------- the workers
     def _work(self) -> None:
         while True:
-            batch = self._take()
+            try:
+                batch = self._take()
+            except Exception:  # a bug in the scheduling must not take the worker (and every later request) down
+                logger.exception("PRM scheduling failed; the waiting requests get a 500 and the worker goes on")
+                self._fail_waiting()
+                continue
             if batch is None:
                 return
             if batch:
                 try:
                     self._score(batch)
+                except Exception as e:  # noqa: BLE001 - the batch's requests get a 500; the worker goes on
+                    logger.exception("PRM batch failed outside the scorer")
+                    for job in {id(job): job for job, _, _ in batch}.values():
+                        self._fail(job, e)
                 finally:
                     with self.cond:
                         self.working -= 1
@@ -359,6 +349,14 @@ class _Scheduler:
             if job.left == 0 and not job.failed:
                 job.deliver(list(job.scores))
 
+    def _fail_waiting(self) -> None:
+        with self.cond:
+            jobs = [job for queue in self.queues.values() for job in queue]
+            self.queues.clear()
+            self.ring.clear()
+        for job in jobs:
+            self._fail(job, RuntimeError("the scheduler failed"))
+
     def _charge(self, client: str, extra: float) -> None:
         """Move ``client``'s tags (its last one, those of its queued items) by ``extra`` tokens."""
         if client in self.last:
@@ -406,7 +404,7 @@ def create_app(scorer, *, api_key: str | None = None, name: str = "prm", max_bod
         yield
         state.pop("scheduler").stop()
 
-    app = FastAPI(title="codetool PRM", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="codetool PRM", lifespan=lifespan, version=__version__, description=API_DESCRIPTION)
     parsing = FairTurns(1)  # large bodies: one parsed at a time (a thread), in fair order over clients
 
     def error(status: int, reason: str) -> JSONResponse:
@@ -414,11 +412,23 @@ def create_app(scorer, *, api_key: str | None = None, name: str = "prm", max_bod
 
     json_internal_errors(app, "error")
 
-    @app.get("/health")
+    @app.get("/health", response_model=HealthResponse, responses={503: {"model": HealthResponse}},
+             summary="Whether the scoring workers are alive")
     async def health():
-        return {"status": "ok", "prm": name}
+        scheduler = state.get("scheduler")
+        if scheduler is None:
+            return JSONResponse({"status": "unhealthy", "prm": name, "workers": workers, "workers_alive": 0,
+                                 "worker_restarts": 0}, status_code=503)
+        alive = scheduler.alive()
+        dead = scheduler.revive()
+        body = {"status": "unhealthy" if dead else "ok", "prm": name, "workers": len(scheduler.threads),
+                "workers_alive": alive, "worker_restarts": scheduler.restarts}
+        return JSONResponse(body, status_code=503 if dead else 200)
 
-    @app.post("/score")
+    @app.post("/score", response_model=ScoreResponse, summary="Score candidate steps",
+              responses={code: {"model": ErrorResponse} for code in (400, 408, 411, 413, 422, 500, 504)},
+              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                  "schema": {"$ref": "#/components/schemas/ScoreRequest"}}}}})
     async def score(request: Request):
         body = await request.body()  # already read (within read_timeout_s) and size-checked by the guard
         client = request.scope.get("codetool.client") or (request.client.host if request.client else "?")
@@ -430,6 +440,8 @@ def create_app(scorer, *, api_key: str | None = None, name: str = "prm", max_bod
                 items = parse_items(body, max_items, max_history_steps)
         except _Reject as e:
             return error(e.status, e.reason)
+        if not items:
+            return {"scores": []}
         try:
             scores = await state["scheduler"].submit(items, request_timeout_s, client)
         except asyncio.TimeoutError:
@@ -440,6 +452,7 @@ def create_app(scorer, *, api_key: str | None = None, name: str = "prm", max_bod
             return error(500, f"scoring failed ({type(e).__name__}); see the server log")
         return {"scores": scores}
 
+    install_openapi(app)
     guard_limits.setdefault("max_requests_per_client", 32)  # a search sends many at once; the scheduler is fair
     guard_limits.setdefault("max_json_members", MAX_JSON_MEMBERS)
     return ServerGuard(app, api_key=api_key, max_body_bytes=max_body_bytes, read_timeout_s=read_timeout_s,

@@ -59,9 +59,9 @@ class PRMTrainer(SFTTrainer):
         prm_meta (`dict`, *optional*): written to each checkpoint's ``prm_config.json``.
         Other arguments: as ``SFTTrainer`` (``processing_class`` is the tokenizer, saved with the model).
 
-    ``share_prefix`` (from ``args``): ``auto`` times the modes on the first batch
-    (``PRMModel.pick_share_mode``): on the 2-core CPU it picks the trie or packed forward, on a
-    GPU the packed one (one call). The trie is never used with gradient checkpointing (no KV
+    ``share_prefix`` (from ``args``): ``auto`` decides on the first batch by rule, without
+    running it (``PRMModel.pick_share_mode``): the packed forward when it saves positions and the
+    attention takes a block mask, else the trie on a CPU, else none. The trie is never used with gradient checkpointing (no KV
     cache) or FSDP (its wrapped layers expect one call per forward).
     """
 

@@ -104,6 +104,9 @@ def expand(policy, nodes: list[Node], n: int, cfg: SearchConfig, *,
                  for i, completion in enumerate(completions)]
                 for node, completions, lead in zip(nodes, outputs, leads)]
     timings["execution"] = timings.get("execution", 0.0) + time.perf_counter() - t0
+    from codetool.progress import note_work  # the commands' progress counts steps and tree nodes
+
+    note_work(len(expanded))
     return expanded
 
 

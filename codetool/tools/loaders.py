@@ -213,24 +213,40 @@ def load_toolbench_queries(path: Path, tools_dir: Path | None = None, *, benchma
         data = _read_json(file)
         if not isinstance(data, list):
             raise CodetoolError(f"{file}: expected a JSON list of queries, got {type(data).__name__}.")
-        for raw in data:
-            try:
-                queries.append(_query_from_toolbench(raw, benchmark=benchmark, group=group or file.stem,
-                                                     tools_dir=tools_dir, tool_cache=tool_cache))
-            except Exception as e:  # one malformed entry fails its own query, not the load (issue 19)
-                qid = raw.get("query_id", len(queries)) if isinstance(raw, dict) else len(queries)
-                text = raw.get("query", "") if isinstance(raw, dict) else ""
-                logger.warning("%s: query %s is malformed (%s: %s); it will be recorded as an error",
-                               file, qid, type(e).__name__, e)
-                queries.append(BenchmarkQuery(query_id=str(qid), query=str(text), apis=[], benchmark=benchmark,
-                                              group=group or file.stem,
-                                              extra={"load_error": f"malformed query entry: {type(e).__name__}: {e}"}))
+        queries += toolbench_queries_from(data, file, tools_dir=tools_dir, benchmark=benchmark, group=group,
+                                          tool_cache=tool_cache)
+    warn_missing(queries, path)
+    return queries
+
+
+def toolbench_queries_from(data: list, file: Path, *, tools_dir: Path | None = None, benchmark: str = "toolbench",
+                           group: str | None = None, tool_cache: dict | None = None) -> list[BenchmarkQuery]:
+    """The queries of one ToolBench query file already read (``data``, a list); a malformed entry
+    becomes a query with ``extra["load_error"]`` (recorded as an error later), not a failed load."""
+    queries: list[BenchmarkQuery] = []
+    tool_cache = {} if tool_cache is None else tool_cache
+    for raw in data:
+        try:
+            queries.append(_query_from_toolbench(raw, benchmark=benchmark, group=group or file.stem,
+                                                 tools_dir=tools_dir, tool_cache=tool_cache))
+        except Exception as e:  # one malformed entry fails its own query, not the load (issue 19)
+            qid = raw.get("query_id", len(queries)) if isinstance(raw, dict) else len(queries)
+            text = raw.get("query", "") if isinstance(raw, dict) else ""
+            logger.warning("%s: query %s is malformed (%s: %s); it will be recorded as an error",
+                           file, qid, type(e).__name__, e)
+            queries.append(BenchmarkQuery(query_id=str(qid), query=str(text), apis=[], benchmark=benchmark,
+                                          group=group or file.stem,
+                                          extra={"load_error": f"malformed query entry: {type(e).__name__}: {e}"}))
+    return queries
+
+
+def warn_missing(queries: list[BenchmarkQuery], path: Path) -> None:
+    """Log how many of ``queries`` (read from ``path``) reference APIs without documentation."""
     report = missing_report(queries)
     if report["queries_with_missing_apis"]:
         logger.warning("%s: %d of %d queries reference %d APIs without documentation (kept; see "
                        "extra['missing_apis'])", path, report["queries_with_missing_apis"], len(queries),
                        report["missing_apis"])
-    return queries
 
 
 def missing_report(queries: list[BenchmarkQuery]) -> dict:

@@ -1,16 +1,19 @@
 """Local mock servers: a TMDB API built from its OpenAPI spec, and a StableToolBench-compatible
 ``/virtual`` server backed by the response cache and the simulator.
 
-Start them with ``codetool serve-mock tmdb --port 8000`` and
+Start them with ``codetool serve-mock tmdb --port 8000`` (``--spec openapi.json``: any other API) and
 ``codetool serve-mock stabletoolbench --port 8080`` (``codetool.commands.serve_mock``); point
 :class:`~codetool.tools.clients.HTTPBackend` (``make_tool_backend("mock-tmdb", port=8000)``),
 :class:`~codetool.tools.clients.StableToolBenchClient`
 or StableToolBench's own scripts (``--service_url http://127.0.0.1:8080/virtual``) at them.
 
-- TMDB: every operation of ``RestGPT/specs/tmdb_oas.json`` (54 GETs), at ``/<path>`` and ``/3/<path>``.
-  Path parameters are matched by type (integers, enums), required query parameters are checked,
-  the answer is the spec's example response (its top-level ``id`` set to the requested one when
-  the path has a single parameter); anything else is a TMDB-style 404.
+- Any OpenAPI 3 spec (:func:`build_openapi_app`; TMDB's ``RestGPT/specs/tmdb_oas.json``, 54 GETs,
+  by default): every operation with every method the spec declares, at ``/<path>`` (and
+  ``/3/<path>``, TMDB's version prefix). Path parameters are matched by type (integers, enums),
+  required query, header and JSON body parameters are checked, the answer is the spec's example
+  response (its top-level ``id`` set to the requested one when the path has a single parameter),
+  or one the simulator builds from the response schema; a method the path does not declare is a
+  405 naming the ones it does; anything else is a TMDB-style 404.
 - StableToolBench: ``POST /virtual`` takes StableToolBench's request (``category``, ``tool_name``,
   ``api_name``, ``tool_input`` as JSON text or object, ``strip``, ``toolbench_key``) and answers
   ``{"error", "response"}`` from the cache, else from the simulator (plus ``simulated`` and
@@ -108,36 +111,80 @@ def _tmdb_body(api: APISpec, values: dict[str, str], simulator: SimulatorBackend
     return body
 
 
-def build_tmdb_app(apis: list[APISpec], **limits):
-    """The guarded app serving the given OpenAPI operations (see the module docstring); ``limits``
-    (``api_key``, ``max_body_bytes``, ``timeout_s``) go to :func:`guard`."""
-    from fastapi import Request
-    from fastapi.responses import JSONResponse
+def _missing_required(api: APISpec, request, body: Any) -> str | None:
+    """The first required query, header or body parameter the request lacks, or `None`."""
+    for param in api.parameters:
+        if not param.required:
+            continue
+        if param.location == "query" and not request.query_params.get(param.name):
+            return param.name
+        if param.location == "header" and not request.headers.get(param.name):
+            return param.name
+        if param.location == "body" and not (isinstance(body, dict) and param.name in body):
+            return param.name
+    return None
 
-    app = _fastapi_app("TMDB mock (codetool)")
+
+def build_openapi_app(apis: list[APISpec], *, title: str = "OpenAPI mock (codetool)", **limits):
+    """The guarded app answering every operation of ``apis`` (one OpenAPI spec): each path with each
+    method the spec declares for it (GET, POST, PUT, PATCH, DELETE, ...; HEAD is also answered
+    where GET is), the example response of the operation; ``limits`` (``api_key``,
+    ``max_body_bytes``, ``timeout_s``) go to :func:`guard`.
+
+    Answers: a path the spec has, with a method it does not declare there, is 405 with an
+    ``Allow`` header (``OPTIONS`` lists them: 204); a missing required query, header or JSON body
+    parameter 422 naming it; a body that is not JSON 400; an unknown path a TMDB-style 404.
+    """
+    from fastapi import Request
+    from fastapi.responses import JSONResponse, Response
+
+    app = _fastapi_app(title)
     simulator = SimulatorBackend()
     # Static paths first, so /movie/top_rated never reaches /movie/{movie_id}.
     routes = sorted(((api.path.count("{"), _route_pattern(api), api) for api in apis if api.path), key=lambda r: r[0])
 
-    @app.api_route("/{full_path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    @app.api_route("/{full_path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
     async def dispatch(full_path: str, request: Request):
         path = "/" + full_path.strip("/")
         candidates = [path, path[2:]] if path.startswith("/3/") else [path]
+        found: list[tuple[APISpec, dict[str, str]]] = []  # (api, path values) of every operation on this path
         for _, pattern, api in routes:
             match = next((m for m in (pattern.fullmatch(c) for c in candidates) if m), None)
-            if match is None:
-                continue
-            if api.method != request.method:
-                return JSONResponse({"detail": f"{request.method} not allowed on {api.path}; use {api.method}"},
-                                    status_code=405)
-            for param in api.parameters:
-                if param.location == "query" and param.required and not request.query_params.get(param.name):
-                    return JSONResponse({"success": False, "status_code": 22, "detail": f"{param.name} must be provided",
-                                         "status_message": f"{param.name} must be provided"}, status_code=422)
-            return JSONResponse(_tmdb_body(api, match.groupdict(), simulator))
-        return JSONResponse(TMDB_NOT_FOUND, status_code=404)
+            if match is not None and not any(a.path != api.path and a.method == api.method for a, _ in found):
+                found.append((api, match.groupdict()))
+        if not found:
+            return JSONResponse(TMDB_NOT_FOUND, status_code=404)
+        method = "GET" if request.method == "HEAD" else request.method
+        chosen = next(((a, v) for a, v in found if a.method == method), None)
+        allowed = sorted({a.method for a, _ in found} | ({"HEAD"} if any(a.method == "GET" for a, _ in found) else set()))
+        if chosen is None and request.method == "OPTIONS":
+            return Response(status_code=204, headers={"Allow": ", ".join(allowed)})
+        if chosen is None:
+            return JSONResponse({"detail": f"{request.method} not allowed on {found[0][0].path}; use "
+                                           f"{' or '.join(allowed)}"}, status_code=405,
+                                headers={"Allow": ", ".join(allowed)})
+        api, values = chosen
+        body: Any = None
+        raw = await request.body()
+        if raw:
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                return JSONResponse({"detail": "request body is not valid JSON"}, status_code=400)
+        missing = _missing_required(api, request, body)
+        if missing is not None:
+            return JSONResponse({"success": False, "status_code": 22, "detail": f"{missing} must be provided",
+                                 "status_message": f"{missing} must be provided"}, status_code=422)
+        if request.method == "HEAD":
+            return Response(status_code=200, media_type="application/json")
+        return JSONResponse(_tmdb_body(api, values, simulator))
 
     return guard(app, **limits)
+
+
+def build_tmdb_app(apis: list[APISpec], **limits):
+    """The TMDB mock: :func:`build_openapi_app` on TMDB's operations."""
+    return build_openapi_app(apis, title="TMDB mock (codetool)", **limits)
 
 
 def _tool_input(value: Any) -> dict | str:

@@ -11,6 +11,9 @@ CodeTool's flattened TMDB spec (``{"servers", "headers", "endpoints": [...]}``) 
 path parameters are implicit in the URL template and are added here. Its ``headers`` (which
 upstream carry an access token) are ignored: tokens come only from the environment.
 
+A flag written as text is read as the text says (``required: "false"``, as RestGPT's specs write
+it, is not required: :func:`spec_bool`).
+
 Not supported: Swagger 2.0, remote ``$ref``s, form-encoded bodies, per-operation servers.
 """
 
@@ -51,13 +54,22 @@ class _Refs:
         return node
 
 
+def spec_bool(value: Any) -> bool:
+    """An OpenAPI flag as the spec means it: ``True``/``False``, or the same written as text
+    (``"false"``, ``"True"``, ``"no"``, ``"0"``: RestGPT's specs write ``required: "false"``).
+    Anything else that is not plainly false (a missing flag, ``None``, ``""``) is false."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "yes", "1", "y", "on")
+    return bool(value)
+
+
 def _parameter(raw: dict) -> Parameter:
     schema = raw.get("schema") or {}
     location = str(raw.get("in", "query"))
     default = schema.get("default", raw.get("example", schema.get("example")))
     return Parameter(name=str(raw.get("name", "")), type=str(schema.get("type") or "string"),
                      description=str(raw.get("description") or "").strip(), default=default,
-                     required=bool(raw.get("required")) or location == "path", location=location,
+                     required=spec_bool(raw.get("required")) or location == "path", location=location,
                      enum=list(schema["enum"]) if isinstance(schema.get("enum"), list) else None)
 
 
@@ -81,7 +93,8 @@ def _body_parameters(body: Any) -> list[Parameter]:
     if not isinstance(body, dict):
         return []
     schema = ((body.get("content") or {}).get("application/json") or {}).get("schema") or {}
-    required = set(schema.get("required") or [])
+    listed = schema.get("required")  # JSON Schema: a list of names (a bare flag here means nothing)
+    required = {str(n) for n in listed} if isinstance(listed, list) else set()
     return [Parameter(name=name, type=str(prop.get("type") or "string"), description=str(prop.get("description") or ""),
                       default=prop.get("default"), required=name in required, location="body")
             for name, prop in (schema.get("properties") or {}).items() if isinstance(prop, dict)]
@@ -148,7 +161,7 @@ def load_openapi(path: Path, tool: str | None = None) -> list[APISpec]:
     """One :class:`APISpec` per operation of an OpenAPI 3 document (or CodeTool's flat TMDB spec).
 
     Args:
-        path (`Path`): a JSON spec file.
+        path (`Path`): a JSON (or ``.yaml``/``.yml``) spec file.
         tool (`str`, *optional*): the tool name; defaults to ``info.title`` (or the file name).
 
     Raises:
@@ -161,18 +174,36 @@ def load_openapi(path: Path, tool: str | None = None) -> list[APISpec]:
         raise CodetoolError(f"OpenAPI spec not found: {path}. Run '{fetch_hint(path)}' or set CODETOOL_DATA to "
                             "the folder that holds it.")
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:  # UnicodeDecodeError too
-        raise CodetoolError(f"{path} is not valid JSON ({e}).") from None
+        text = path.read_text(encoding="utf-8")
+        if path.suffix.lower() in (".yaml", ".yml"):
+            import yaml
+
+            document = yaml.safe_load(text)
+        else:
+            document = json.loads(text)
     except RecursionError:
-        raise CodetoolError(f"{path} is JSON nested too deeply to be an OpenAPI spec.") from None
+        raise CodetoolError(f"{path} is nested too deeply to be an OpenAPI spec.") from None
+    except Exception as e:  # ValueError (UnicodeDecodeError too), yaml.YAMLError
+        raise CodetoolError(f"{path} does not parse ({type(e).__name__}: {str(e)[:120]}).") from None
+    return openapi_from_document(document, path, tool)
+
+
+def openapi_from_document(document: Any, path: Path, tool: str | None = None) -> list[APISpec]:
+    """:func:`load_openapi` on a document already read from ``path`` (named in errors).
+
+    Raises:
+        CodetoolError: ``document`` is not an OpenAPI 3 document (Swagger 2.0 is named as such).
+    """
     if not isinstance(document, dict):
         raise CodetoolError(f"{path}: expected an OpenAPI object, got {type(document).__name__}.")
-    tool = tool or str((document.get("info") or {}).get("title") or path.stem)
+    tool = tool or str((document.get("info") or {}).get("title") or Path(path).stem)
     if "endpoints" in document:
         return _from_flat_endpoints(document, tool)
     if str(document.get("openapi", "")).startswith("3") and isinstance(document.get("paths"), dict):
         return _from_openapi(document, tool)
+    if "swagger" in document:
+        raise CodetoolError(f"{path}: a Swagger {document.get('swagger')} spec; convert it to OpenAPI 3 first "
+                            "(e.g. npx swagger2openapi spec.json -o openapi.json).")
     raise CodetoolError(f"{path}: not an OpenAPI 3 document (no 'openapi: 3.x' and 'paths'); Swagger 2.0 "
                         f"specs must be converted first (e.g. with swagger2openapi).")
 

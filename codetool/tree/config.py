@@ -48,7 +48,12 @@ class TreeConfig(TreePolicy, TreeTools, TreeOutput, ShardedWorkersGroup, MemoryG
 
     config_unread = {"search": TREE_SEARCH}  # the search's keys TreeSearch lacks: refused naming build-trees
 
-    queries: str | None = option(None, "ToolBench-format query file or folder (default: ToolBench's 10 example queries)")
+    queries: str | None = option(None, "query file or folder: ToolBench/StableToolBench format, or RestGPT's layout "
+                                 "(a list of {query, solution}) with --tools SPEC (default: ToolBench's 10 example "
+                                 "queries)")
+    tools: str | None = option(None, "the APIs of RestGPT-layout --queries: an OpenAPI 3 spec (JSON or YAML) or an "
+                               "api_list file; with ToolBench queries that list API names only, ToolBench's "
+                               "toolenv/tools folder")
     never_train_on: list[str] = option(default_factory=lambda: ["stabletoolbench", "restbench-tmdb"],
                                        help="test sets no tree may hold, by id and by text: stabletoolbench[:<group>] "
                                             "(its 765 solvable test queries; ToolBench's G*_query.json holds them), "
@@ -112,6 +117,7 @@ def tree_hash(cfg: TreeConfig) -> str:
     """The config hash stored in tree records and checked on resume (not paths, sharding or speed,
     nor ``never_train_on``: which queries get trees, not how a tree is built; the export drops held-out
     queries from trees built before, so the guarantee does not depend on the hash)."""
+    unset = ("tools",) if cfg.tools is None else ()  # a setting added later hashes only when set
     return config_hash(cfg, ignore=("output", "dataset_dir", "shard", "merge", "limit", "batch_trees", "never_train_on",
                                     "policy_max_batch_size", "retry_failed", "force_resume", "relabel", "ray",
-                                    "cluster", "policy_client", "max_memory_mb"))
+                                    "cluster", "policy_client", "max_memory_mb", *unset))
