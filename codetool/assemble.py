@@ -181,11 +181,13 @@ def make_task(query, backend, *, max_response_chars: int = 20000, tool_doc: str 
     from codetool.tools.environment import ToolEnvironment
 
     env = ToolEnvironment.from_query(query, backend, max_response_chars=max_response_chars, render_style=tool_doc)
-    extra = {"relevant_apis": [list(p) for p in query.relevant_apis]}
+    extra: dict[str, Any] = {"relevant_apis": [list(p) for p in query.relevant_apis]}
     if query.gold_path is not None:
         extra["gold_path"] = list(query.gold_path)
     if query.extra.get("missing_apis"):
         extra["missing_apis"] = [list(p) for p in query.extra["missing_apis"]]
+    if "answer" in query.extra:  # the synthetic world's answer key: checks the outcome, never shown to the policy
+        extra["answer"] = dict(query.extra["answer"])
     benchmark = "restbench-tmdb" if query.benchmark == "restbench" else query.benchmark
     return SearchTask(query_id=query.query_id, query=query.query, env=env, benchmark=benchmark,
                       group=query.group, extra=extra)
@@ -223,9 +225,10 @@ def tool_backend(kind: str, *, benchmark: str | None = None, data_dir: str | Non
                  server_url: str | None = None, cache_dir: str | None = None) -> Iterator[Any]:
     """The tool backend of a run, for the duration of the ``with`` block.
 
-    ``auto`` is our TMDB mock on RestBench (``benchmark == "restbench-tmdb"``) and the simulator
-    otherwise; ``mock-tmdb`` starts the mock (a guarded app, ``codetool.serving``) on a free
-    loopback port and stops it when the block ends.
+    ``auto`` is our TMDB mock on RestBench (``benchmark == "restbench-tmdb"``), the world's tools
+    on the synthetic world (``benchmark == "world"``) and the simulator otherwise; ``mock-tmdb`` starts the mock (a guarded app, ``codetool.serving``) on a free
+    loopback port and stops it when the block ends; ``world`` is the synthetic world's
+    :class:`~codetool.world.WorldBackend`.
 
     Raises:
         ConfigError: see :func:`tool_backend_options`.
@@ -233,7 +236,12 @@ def tool_backend(kind: str, *, benchmark: str | None = None, data_dir: str | Non
     from codetool.tools.backends import make_tool_backend
 
     if kind == "auto":
-        kind = "mock-tmdb" if benchmark == "restbench-tmdb" else "simulator"
+        kind = {"restbench-tmdb": "mock-tmdb", "world": "world"}.get(benchmark or "", "simulator")
+    if kind == "world":  # the synthetic world (codetool.world stands on tools: tools' table cannot name it)
+        from codetool.world import WorldBackend
+
+        yield WorldBackend()
+        return
     if kind == "mock-tmdb":
         from codetool.serving import serve_in_background
         from codetool.tools.loaders import data_root

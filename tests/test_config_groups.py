@@ -81,6 +81,13 @@ NAMESAKES = {
     ("MethodConfig", "temperature"): "a pipeline method's override (none: the pipeline's search temperature)",
     ("TrainPolicyConfig", "aggregate"): "per-step rewards -> one episode reward, not a trajectory's score "
                                         "from its PRM scores",
+    # setup --testbed's warm start (issue 41): its own fine-tuning and demonstrations
+    ("WarmStartConfig", "seed"): _SEED,
+    ("WarmStartConfig", "finetune"): "the warm start's fine-tuning (full, or a LoRA merged into the weights); the "
+                                     "LoRA group brings adapter settings it does not read",
+    ("WarmStartConfig", "lora_r"): "the same: the rank of the merged LoRA, default 32",
+    ("WarmStartConfig", "max_observation_chars"): "the demonstrations' observations, 400 as the testbed's search "
+                                                  "shows them; the candidate group brings step keys it does not read",
 }
 
 PARSE_MODULES = {"codetool.cli", "codetool.api"}  # where text enters outside a config's __post_init__ (the CLI, the Python API)

@@ -23,6 +23,8 @@ ROOT = Path(codetool.__file__).resolve().parent
 ABOVE_SEARCH = ("assemble", "jobs", "run", "tree", "eval", "pipeline", "decide", "cli", "policy", "commands")
 RULES = [
     ("codetool.tools", ("search", "prm", *ABOVE_SEARCH)),
+    # the synthetic world (issue 41) stands on the tools' records only: no search, executor or model
+    ("codetool.world", ("search", "prm", "executor", "models", *ABOVE_SEARCH)),
     ("codetool.models", ("search", "prm", *ABOVE_SEARCH)),
     ("codetool.executor", ("search", "prm", *ABOVE_SEARCH)),
     ("codetool.split", ("tools", "models", "executor", "search", "prm", *ABOVE_SEARCH)),

@@ -11,7 +11,11 @@ Stages, each writing under ``runs/<name>/``:
    per step, spot only, spot + latent with the trained PRM);
 4. ``eval``: SoPR, path rates, SCEP, tokens, cost and the report (``report.md``, ``report.json``,
    plots) in ``runs/<name>/``: judge-free metrics as mean ± spread over ``seeds`` (the first seed's
-   runs are judged) and the PRM's held-out pairwise accuracy (``eval-prm``, ``prm_eval/``).
+   runs are judged) and the PRM's held-out pairwise accuracy (``eval-prm``, ``prm_eval/``). With
+   ``policy_rl`` (a train-policy recipe) it then trains and evaluates the policy before/after
+   (``policy_rl/``); with an evaluation set on the synthetic world it writes the testbed's summary
+   (``testbed.md``, ``testbed.json``: exact held-out success per method with intervals, paired
+   differences, the PRM on both-ran pairs; :mod:`codetool.eval.testbed`, docs/TESTBED.md).
 
 A stage whose record (``<stage>/stage.json``: the hash of its settings and of the stages it reads)
 matches is skipped; one that crashed resumes; one whose settings changed is redone, and so are the
@@ -148,7 +152,38 @@ def stage_eval(cfg: PipelineConfig, run_cfgs: list[RunConfig], prm: str) -> dict
     if eval_command(eval_cfg):  # failed judge requests: error records in the report, not a failed stage
         logger.warning("some judge requests failed (see report.md's warnings); `--force eval` asks them again, "
                        "the cached verdicts cost nothing")
-    return {"report": str(cfg.root / "report.md")}
+    out = {"report": str(cfg.root / "report.md")}
+    if cfg.policy_rl:
+        out["policy_rl"] = stage_policy_rl(cfg, prm)
+    if any(ev.benchmark == "world" for ev in cfg.evals):
+        out["testbed"] = str(testbed_summary(cfg, run_cfgs))
+    return out
+
+
+def stage_policy_rl(cfg: PipelineConfig, prm: str) -> str:
+    """``codetool train-policy`` with the recipe ``cfg.policy_rl`` on this pipeline's policy and PRM
+    (its outputs resume: a finished run is read back), writing ``<root>/policy_rl/``."""
+    from codetool.commands.train_policy import TrainPolicyConfig, train_policy_command
+    from codetool.config import load_config
+
+    out = cfg.root / "policy_rl"
+    policy_cfg = load_config(TrainPolicyConfig, cfg.policy_rl, {"policy": cfg.policy, "prm": prm,
+                                                                 "output_dir": str(out)})
+    train_policy_command(policy_cfg)
+    return str(out)
+
+
+def testbed_summary(cfg: PipelineConfig, run_cfgs: list[RunConfig]) -> Path:
+    """:func:`codetool.eval.testbed.summarize` of the world evaluation sets; returns ``testbed.md``."""
+    from codetool.eval.testbed import summarize
+
+    s = cfg.search
+    return summarize(cfg.root, name=cfg.name, methods=[m.name for m in cfg.methods],
+                     trajectories=[r.output for r in run_cfgs if r.benchmark == "world"],
+                     policy_rl=bool(cfg.policy_rl),
+                     search=f"k per method {[m.k for m in cfg.methods]}, at most {s.max_steps} steps of "
+                            f"{s.max_new_tokens} tokens, temperature {s.temperature}, constrain {s.constrain}, "
+                            f"seeds {cfg.seeds}, policy {cfg.policy}")
 
 
 def pipeline_command(cfg: PipelineConfig) -> int:

@@ -263,6 +263,10 @@ def _subset(report: dict[str, Any], id_kinds: dict[str, str] | None = None) -> t
                              f"6 groups, CodeTool's filtered 580)" + (f"; groups not run: {', '.join(missing)}"
                                                                        if missing else "") +
                              ": the average over groups is not the papers' Avg.")
+        elif bench == "world":  # the synthetic world (codetool.world): generated queries, no paper number
+            subset[bench] = {"groups": sizes, "kind": "synthetic world (the testbed; no paper reports it)"}
+            notes.append(f"{bench}: the synthetic testbed world ({', '.join(f'{g} {n}' for g, n in sizes.items())} "
+                         "queries); no paper reports numbers on it.")
         elif bench == RESTBENCH:
             total = sum(sizes.values())
             subset[bench] = {"groups": sizes, "kind": "full (100 queries)" if total == 100 else f"{total} of 100"}

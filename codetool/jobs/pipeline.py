@@ -57,7 +57,8 @@ class EvalQueries(QueriesGroup):
     """The queries group of an evaluation set: 10 StableToolBench queries unless told otherwise."""
 
 
-EVAL_BENCHMARKS = ("stabletoolbench", "restbench-tmdb")  # the benchmarks that read their own files
+EVAL_BENCHMARKS = ("stabletoolbench", "restbench-tmdb", "world")  # the benchmarks that read their own files
+# (world: the synthetic world's generated queries, codetool.world; its group is the template split)
 
 
 @dataclass
@@ -88,6 +89,8 @@ class EvalSetConfig(EvalQueries, ToolBackendGroup):
     def slug(self) -> str:
         if self.queries:
             return Path(self.queries).stem
+        if self.benchmark == "world":
+            return f"world-{self.group}"
         return self.group if self.benchmark == "stabletoolbench" else "restbench-tmdb"
 
 
@@ -140,6 +143,9 @@ class PipelineConfig(PolicyGroup, ToolDocGroup):
     reference: str = option("", "SoWR reference: a method name or a StableToolBench converted-answer file or "
                             "folder (the field's: ChatGPT CoT); default: the first method")
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    policy_rl: str | None = option(None, "a train-policy recipe that the eval stage runs on this pipeline's policy "
+                                   "and trained PRM (before/after at equal generated tokens; the testbed's "
+                                   "configs/policy/testbed.yaml), writing <root>/policy_rl/")
     seeds: list[int] = option(default_factory=lambda: [0],
                               help="search seeds: every method runs every evaluation set once per seed (search.seed); "
                                    "the report gives the judge-free metrics as mean ± spread over them and judges the "
@@ -152,6 +158,9 @@ class PipelineConfig(PolicyGroup, ToolDocGroup):
         for name in [*self.stages, *self.force]:
             if name not in STAGES:
                 raise ConfigError(f"unknown pipeline stage {name!r}; stages are {list(STAGES)}.")
+        if self.policy_rl and not Path(self.policy_rl).is_file():
+            raise ConfigError(f"policy_rl: no such train-policy recipe {self.policy_rl!r}; pass a file such as "
+                              "configs/policy/testbed.yaml, or leave policy_rl empty.")
         names = [m.name for m in self.methods]
         if len(set(names)) != len(names):
             raise ConfigError(f"method names must be unique, got {names}.")
@@ -288,7 +297,10 @@ def stage_texts(cfg: PipelineConfig) -> dict[str, str]:
     needs_prm = any(m.latent == "prm" for m in cfg.methods)
     texts["search"] = settings_text(runs, {"train": text_hash(texts["train"])} if needs_prm else {})
     judge = {f"judge.{k}": v for k, v in _read(flat_settings(cfg.judge), EVAL_LEAVE_OUT).items()}
-    texts["eval"] = settings_text({**judge, "reference": cfg.reference}, {"search": text_hash(texts["search"])})
+    evals: dict[str, Any] = {**judge, "reference": cfg.reference}
+    if cfg.policy_rl:  # the testbed's RL before/after runs in the eval stage: its recipe's text is part of it
+        evals["policy_rl"] = Path(cfg.policy_rl).read_text() if Path(cfg.policy_rl).is_file() else cfg.policy_rl
+    texts["eval"] = settings_text(evals, {"search": text_hash(texts["search"])})
     return texts
 
 

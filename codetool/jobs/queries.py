@@ -117,6 +117,10 @@ def load_benchmark(cfg: RunConfig) -> list:
     from codetool.tools.loaders import load_restbench, load_stabletoolbench
 
     root = Path(cfg.data_dir) if cfg.data_dir else None
+    if cfg.benchmark == "world":  # generated, deterministic: offset and limit select, nothing is read
+        from codetool.world import load_queries as load_world_queries
+
+        return load_world_queries(cfg.group, cfg.limit, offset=cfg.offset)
     if cfg.benchmark == "stabletoolbench":
         queries = load_stabletoolbench(cfg.group, root, subset=cfg.subset if cfg.subset in ("full", "codetool") else "codetool")
     elif cfg.benchmark == "restbench-tmdb":

@@ -31,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "default"
 DEFAULT_MODEL_SUBDIR = Path("base") / "smollm2-135m-instruct"
+TESTBED_MODEL = "testbed"  # the default model warm-started on the synthetic world (codetool setup --testbed)
+TESTBED_MODEL_SUBDIR = Path("testbed") / "world-policy"
 # Written last by `codetool setup`; a directory without it is an interrupted save.
 MANIFEST_NAME = "codetool-manifest.json"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -66,8 +68,8 @@ def resolve_model(name: str) -> str:
     """Turn a model name into something ``from_pretrained`` can load.
 
     Args:
-        name (`str`): ``"default"``, a local model directory (with ``config.json``), a ``.gguf``
-            file, or a Hugging Face Hub id (``owner/name``).
+        name (`str`): ``"default"``, ``"testbed"`` (the warm-started world policy), a local model directory
+            (with ``config.json``), a ``.gguf`` file, or a Hugging Face Hub id (``owner/name``).
 
     Returns:
         `str`: a directory path, a ``.gguf`` file path, or the Hub id unchanged. Whether a Hub
@@ -87,6 +89,12 @@ def resolve_model(name: str) -> str:
         state = "is incomplete (an interrupted save)" if path.exists() else "does not exist"
         raise CodetoolError(f"the default model was asked for, but {path} {state}. Run `codetool setup` "
                             f"(or set CODETOOL_CHECKPOINTS to the checkpoints folder that holds it).")
+    if name == TESTBED_MODEL:
+        path = checkpoints_dir() / TESTBED_MODEL_SUBDIR
+        if (path / MANIFEST_NAME).is_file() and (path / "config.json").is_file():
+            return str(path)
+        raise CodetoolError(f"the testbed policy was asked for, but {path} does not hold it. Run `codetool setup "
+                            f"--testbed` (about 15 min on 2 CPU cores; docs/TESTBED.md).")
     path = Path(name).expanduser()
     if name.lower().endswith(".gguf"):
         if path.is_file():

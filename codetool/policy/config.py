@@ -35,10 +35,10 @@ from codetool.tools.loaders import QueriesGroup
 
 logger = logging.getLogger(__name__)
 
-REWARDS = ("grounded", "judged", "on_the_spot", "prm", "tool_cost")
+REWARDS = ("grounded", "judged", "on_the_spot", "prm", "tool_cost", "answer")
 AGGREGATES = ("min", "mean", "last", "sum")
 ADVANTAGES = ("anchored", "deepseekmath", "sequence")
-BENCHMARKS = ("toolbench", "stabletoolbench", "restbench-tmdb")
+BENCHMARKS = ("toolbench", "stabletoolbench", "restbench-tmdb", "world")
 
 
 @dataclass
@@ -55,6 +55,8 @@ class RewardSetting:
     on_the_spot: float = option(0.0, "weight of the on-the-spot reward of each step (its code ran, its tool calls succeeded)")
     prm: float = option(0.0, "weight of the PRM's latent reward of each step")
     tool_cost: float = option(0.0, "weight of the LIT tool cost of each step (subtracted)")
+    answer: float = option(0.0, "weight of the answer-key outcome: the finish answer names the query's known value "
+                           "and no competing one (synthetic world queries; 0 on a query without a key)")
 
     def __post_init__(self):
         for key in REWARDS:
@@ -75,7 +77,8 @@ class RewardSetting:
 
     @property
     def label(self) -> str:
-        short = {"grounded": "outcome", "judged": "judged", "on_the_spot": "spot", "prm": "prm", "tool_cost": "cost"}
+        short = {"grounded": "outcome", "judged": "judged", "on_the_spot": "spot", "prm": "prm", "tool_cost": "cost",
+                 "answer": "answer"}
         return "+".join(short[k] for k in self.weights)
 
 
@@ -92,7 +95,8 @@ class QuerySet(PolicyQueries):
     ``toolbench`` reads ``queries`` (a ToolBench query file or folder; ToolBench's training
     distribution); ``stabletoolbench`` a test group (evaluation only: its solvable queries are
     test sets); ``restbench-tmdb`` the 100 TMDB queries (``subset`` codetool: 20 candidate APIs
-    each; restgpt: all 54).
+    each; restgpt: all 54); ``world`` the synthetic world's generated queries (``group`` train or
+    heldout: its template split; ``limit`` defaults to 40 there).
     """
 
     queries: str | None = option(None, "toolbench: a query file or folder (relative to the data folder, or absolute)")
@@ -104,11 +108,14 @@ class QuerySet(PolicyQueries):
         if self.benchmark == "toolbench" and not self.queries:
             raise ConfigError("a toolbench query set needs queries: a ToolBench query file or folder "
                               "(e.g. ToolBench/data_example/instruction).")
+        if self.benchmark == "world" and self.group not in ("train", "heldout"):
+            raise ConfigError(f"a world query set needs group train or heldout (its template split), got "
+                              f"{self.group!r}.")
 
     @property
     def name(self) -> str:
         benchmark = self.benchmark or ""  # never None: __post_init__
-        part = {"stabletoolbench": self.group, "restbench-tmdb": "tmdb"}.get(benchmark, "")
+        part = {"stabletoolbench": self.group, "restbench-tmdb": "tmdb", "world": self.group}.get(benchmark, "")
         return f"{benchmark}:{part}" if part else benchmark
 
 
@@ -289,6 +296,9 @@ class TrainPolicyConfig(GRPOConfig, PolicyLoRA, PolicyTools):
             raise ConfigError("prompts: StableToolBench's solvable queries are its test sets; train on toolbench "
                               "(ToolBench's training distribution) or restbench-tmdb queries, and evaluate on "
                               "stabletoolbench in evals.")
+        if any(q.benchmark == "world" and q.group == "heldout" for q in self.prompts):
+            raise ConfigError("prompts: the world's heldout templates are its evaluation split; train on group "
+                              "train and evaluate on heldout in evals.")
         if not self.prompts:
             raise ConfigError("prompts: give at least one training query set (toolbench or restbench-tmdb).")
         names = [s.name for s in self.run_settings]

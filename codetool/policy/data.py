@@ -53,6 +53,10 @@ def load_queries(qs: QuerySet, data_dir: str | None = None) -> list:
     from codetool.tools.files import load_queries as load_query_file
     from codetool.tools.loaders import data_root, load_restbench, load_stabletoolbench
 
+    if qs.benchmark == "world":  # generated: nothing is read
+        from codetool.world import load_queries as load_world
+
+        return load_world(qs.group, qs.limit, offset=qs.offset)
     root = Path(data_dir) if data_dir else data_root()
     if qs.benchmark == "toolbench":
         assert qs.queries is not None  # QuerySet: a toolbench set needs queries
@@ -117,10 +121,12 @@ def evaluation_queries(cfg: TrainPolicyConfig) -> dict[str, list]:
 
 
 def backend_kind(cfg: TrainPolicyConfig, benchmark: str) -> str:
-    """The tool backend of a benchmark: ``restbench_backend`` for RestBench-TMDB, else
-    ``tools_backend`` (``auto``: the simulator)."""
+    """The tool backend of a benchmark: ``restbench_backend`` for RestBench-TMDB, the world's own
+    for the synthetic world, else ``tools_backend`` (``auto``: the simulator)."""
     if benchmark == "restbench-tmdb":
         return cfg.restbench_backend
+    if benchmark == "world":
+        return "world"
     return "simulator" if cfg.tools_backend == "auto" else cfg.tools_backend
 
 

@@ -5,7 +5,8 @@ with the training seed, on the same evaluation sets; trajectories are written as
 (``<set>.<label>.seed<k>.jsonl``, resumable: a complete file is read back, not rerun) and scored
 with the judge-free metrics of the pipeline's summary (``codetool.eval.summary.judge_free``:
 chosen-step SCEP as ours counts it (``scep_code_steps``: chosen steps with code whose run in the
-search succeeded; the evaluation search writes no reference re-runs), listed-tool calls per episode, finish rate, grounded success, and on
+search succeeded; the evaluation search writes no reference re-runs), listed-tool calls per episode, finish rate, grounded success, on
+the synthetic world the answer-key success (``codetool.world``: the known value, exactly), and on
 RestBench-TMDB the correct-path rate and path score) plus the policy tokens generated per query.
 :func:`summarise` gives each metric's mean and spread over seeds (half the range for two seeds,
 as the pipeline's summary).
@@ -30,7 +31,7 @@ from codetool.search.records import Trajectory
 
 logger = logging.getLogger(__name__)
 
-METRICS = (("grounded", "grounded success %", True), ("scep", "chosen-step SCEP % (code steps)", True),
+METRICS = (("answer", "answer-key success % (world)", True), ("grounded", "grounded success %", True), ("scep", "chosen-step SCEP % (code steps)", True),
            ("finish", "finish %", True), ("tool_calls", "listed-tool calls / episode", False),
            ("correct_path", "TMDB correct path % (0/1)", True), ("path_score", "TMDB path score % (frac.)", True),
            ("tokens", "policy tokens / query", False))
@@ -83,7 +84,11 @@ def _path(out_dir: str | Path, name: str, label: str, seed: int) -> Path:
 
 def metrics(trajs: list[Trajectory]) -> dict[str, float | None]:
     """The judge-free metrics of one set (see the module docstring)."""
+    from codetool.world.answers import episode_success
+
     out = judge_free(trajs)
+    outcomes = [o for t in trajs if (o := episode_success(t.extra, t.finish_type, t.final_answer)) is not None]
+    out["answer"] = sum(outcomes) / len(outcomes) if outcomes else None
     out["scep"] = run_metrics(trajs).scep_code_steps
     out["tokens"] = float(np.mean([t.generated_tokens for t in trajs])) if trajs else None
     return out

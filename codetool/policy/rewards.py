@@ -26,7 +26,10 @@ supervision reads); called by TRL it returns one number per episode:
 - ``judged`` (outcome): the judge's verdict on the final answer (Solved 1 / Unsure 0.5 /
   Unsolved 0), asked only about a grounded answer (any other is 0 without a call: a judge's word
   never pays alone); a weak judge (a small local model) is refused unless ``allow_weak_judge``.
-  Given to the last step.
+  Given to the last step;
+- ``answer`` (outcome, the synthetic world): 1 when the episode finished, from a step that ran
+  cleanly, with an answer that the query's answer key accepts (:func:`codetool.world.check_answer`:
+  the known value, no competing one), else 0 (also on a query without a key); given to the last step.
 
 An episode that says nothing about the policy (``Episode.dropped``: a step the executor could not
 run, ``not_executed``, or a fault of the host) gets ``None`` from every reward function, for the
@@ -213,6 +216,25 @@ class GroundedReward(StepReward):
         return [None] * (len(episode.steps) - 1) + [value]
 
 
+class AnswerReward(StepReward):
+    """``answer``: 1 for a finish answer the query's answer key accepts (``task.extra["answer"]``), given
+    by a step that ran cleanly; on the last step."""
+
+    name = "answer"
+    outcome = True
+
+    def per_step(self, episode):
+        from codetool.world import check_answer
+
+        if not episode.steps:
+            return []
+        key = (episode.task.extra or {}).get("answer")
+        last = episode.steps[-1].candidate.result
+        value = float(isinstance(key, dict) and bool(key) and episode.finish_type == "finish"
+                      and last is not None and bool(last.ok) and check_answer(key, episode.final_answer))
+        return [None] * (len(episode.steps) - 1) + [value]
+
+
 class JudgedReward(StepReward):
     """``judged``: the judge's score of the final answer, on the last step; 0 without asking when
     the answer is not grounded (the judge's word never pays alone).
@@ -299,6 +321,8 @@ def build_rewards(weights: dict[str, float], *, aggregate: str, scorer: PRMScore
             funcs.append(ToolCostReward(aggregate))
         elif name == "grounded":
             funcs.append(GroundedReward(aggregate))
+        elif name == "answer":
+            funcs.append(AnswerReward(aggregate))
         elif name == "prm":
             if scorer is None:
                 raise ValueError("the prm reward needs a PRM scorer.")

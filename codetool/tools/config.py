@@ -26,10 +26,11 @@ class ToolDocGroup(Group):
 class ToolBackendGroup(ToolDocGroup):
     """Which backend answers the tool calls (``codetool.tools.backends.BACKENDS``)."""
 
-    tools_backend: str = option("auto", "who answers the tool calls: auto (the simulator; our TMDB mock for RestBench), "
-                                "simulator (offline answers from the spec's examples), stabletoolbench (cache, then "
-                                "server, then simulator), cache, server, http (your real API: the spec's server or "
-                                "--tool_server_url, bearer token from $CODETOOL_TOOL_TOKEN), tmdb, mock-tmdb")
+    tools_backend: str = option("auto", "who answers the tool calls: auto (the simulator; our TMDB mock for RestBench; "
+                                "the synthetic world for benchmark world), simulator (offline answers from the spec's "
+                                "examples), stabletoolbench (cache, then server, then simulator), cache, server, http "
+                                "(your real API: the spec's server or --tool_server_url, bearer token from "
+                                "$CODETOOL_TOOL_TOKEN), tmdb, mock-tmdb, world (the testbed's tools, codetool.world)")
     tool_server_url: str | None = option(None, "StableToolBench server URL (tools_backend server/stabletoolbench), or "
                                          "the base URL of your API (tools_backend http)")
     tool_cache_dir: str | None = option(None, "StableToolBench response cache folder (tools_backend cache/stabletoolbench)")

@@ -11,6 +11,8 @@ Supported inputs:
   typed, ``$ref`` resolved, the example response kept; also CodeTool's flattened TMDB spec
   (``endpoints`` list).
 - RestBench-TMDB (:func:`load_restbench`) from RestGPT or from CodeTool's 20-candidate file.
+- The synthetic world (``benchmark: world``, group ``train`` or ``heldout``): generated, no file
+  (:func:`codetool.world.load_queries`).
 
 Guarantees: nothing is dropped silently. A query whose tool documentation is missing is kept with
 the APIs that were found, and the missing ``(tool, api)`` pairs are listed in
@@ -43,7 +45,8 @@ from codetool.tools.spec import APISpec, Parameter
 logger = logging.getLogger(__name__)
 
 
-BENCHMARKS = ("stabletoolbench", "restbench-tmdb", "toolbench")
+BENCHMARKS = ("stabletoolbench", "restbench-tmdb", "toolbench", "world")
+WORLD_SPLITS = ("train", "heldout")  # the groups of the synthetic world (codetool.world), by template
 # The subsets of each benchmark that reads its own files.
 SUBSETS = {"stabletoolbench": ("codetool", "full"), "restbench-tmdb": ("restgpt", "codetool")}
 
@@ -58,7 +61,7 @@ class QueriesGroup(Group):
     """
 
     benchmark: str | None = option(None, "benchmark to run", choices=list(BENCHMARKS))
-    group: str = option("G1_instruction", "StableToolBench group")
+    group: str = option("G1_instruction", "StableToolBench group; world: train or heldout (its template split)")
     subset: str = option("codetool", "stabletoolbench: codetool (CodeTool's filtered queries) or full; "
                          "restbench-tmdb: restgpt (all 54 APIs) or codetool (20 candidates)")
     offset: int = option(0, "skip this many queries of the benchmark")
@@ -70,6 +73,9 @@ class QueriesGroup(Group):
             raise ConfigError(f"--offset must be >= 0 and --limit >= 1, got offset {self.offset}, limit {self.limit}.")
         if self.benchmark in SUBSETS and self.subset not in SUBSETS[self.benchmark]:
             raise ConfigError(f"--subset {self.subset!r} is not one of {SUBSETS[self.benchmark]} for {self.benchmark}.")
+        if self.benchmark == "world" and self.group not in WORLD_SPLITS:
+            raise ConfigError(f"--benchmark world needs --group train or heldout (its template split), got "
+                              f"{self.group!r}.")
 
 STABLETOOLBENCH_GROUPS = ("G1_instruction", "G1_category", "G1_tool", "G2_instruction", "G2_category",
                           "G3_instruction")

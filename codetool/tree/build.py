@@ -208,9 +208,10 @@ class TreeBuilder:
         cfg = self.cfg
         tool_names = sorted(api.name for api in task.env.apis)
         mode = "grounded" if cfg.success == "judged" else cfg.success
+        key = task.extra.get("answer") if cfg.success == "answer" else None
         for node_id, node in tree.items():
             if node["leaf"]:
-                ok = leaf_success(tree, node_id, mode, tool_names=tool_names, query=task.query)
+                ok = leaf_success(tree, node_id, mode, tool_names=tool_names, query=task.query, answer_key=key)
                 if ok and cfg.success == "judged":
                     ok = bool(self.judge(task.query, str(node["final_answer"])))
                 node["success"] = ok
@@ -219,6 +220,8 @@ class TreeBuilder:
                   "step_format": cfg.search.step_format,
                   "config_hash": self.chash,
                   "nodes": tree, "summary": {"seconds": seconds}}
+        if key is not None:  # success: answer relabels from the record (--relabel)
+            record["answer_key"] = key
         serving = serving_records(policy=self.policy)
         if serving:
             record["serving"] = serving
@@ -251,7 +254,7 @@ def label_record(record: dict[str, Any], cfg: TreeConfig, *, recompute_success: 
         for node_id, node in tree.items():
             if node["leaf"]:
                 node["success"] = leaf_success(tree, node_id, cfg.success, tool_names=names,
-                                                query=record.get("query"))
+                                                query=record.get("query"), answer_key=record.get("answer_key"))
     label_tree(tree, alpha=cfg.alpha, beta=cfg.beta, max_len=cfg.max_len, tau_mode=cfg.tau_mode)
     if cfg.label_rule == "reference":
         counts = label_reference(record, runner, generator=cfg.generator_quirks, alpha=cfg.alpha, beta=cfg.beta,

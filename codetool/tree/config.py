@@ -50,7 +50,7 @@ class TreeConfig(TreePolicy, TreeTools, TreeOutput, ShardedWorkersGroup, MemoryG
 
     queries: str | None = option(None, "query file or folder: ToolBench/StableToolBench format, or RestGPT's layout "
                                  "(a list of {query, solution}) with --tools SPEC (default: ToolBench's 10 example "
-                                 "queries)")
+                                 "queries), or world:<train|heldout>[:<n>] for the synthetic world's queries")
     tools: str | None = option(None, "the APIs of RestGPT-layout --queries: an OpenAPI 3 spec (JSON or YAML) or an "
                                "api_list file; with ToolBench queries that list API names only, ToolBench's "
                                "toolenv/tools folder")
@@ -63,7 +63,8 @@ class TreeConfig(TreePolicy, TreeTools, TreeOutput, ShardedWorkersGroup, MemoryG
     max_depth: int = option(5, "depth at which nodes become leaves")
     failure_policy: str = option("continue", "what a failed node does", choices=["continue", "stop"])
     success: str = option("grounded", "leaf success: executed (public code: the path ran cleanly), grounded (finish "
-                          "with an answer after a successful tool call), judged (grounded + a judge says Solved)",
+                          "with an answer after a successful tool call), judged (grounded + a judge says Solved), "
+                          "answer (the query's answer key accepts the finish answer: the synthetic world)",
                           choices=list(SUCCESS_MODES))
     label_rule: str = option("ours", "sibling labels: ours (every sibling pair; executability of the step's own "
                              "run, then hard/soft LR; no success difference: no pair), reference (the public "

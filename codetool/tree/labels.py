@@ -93,7 +93,7 @@ def label_tree(tree: dict[str, dict], *, alpha: float = 0.9, beta: float = 0.95,
 
 LABEL_RULES = ("ours", "latent", "reference")
 PAIR_RULES = ("ours", "latent")  # the rules of sibling_pairs; reference is codetool.tree.reference
-SUCCESS_MODES = ("executed", "grounded", "judged")
+SUCCESS_MODES = ("executed", "grounded", "judged", "answer")
 DECIDED_BY = ("executability", "success_share", "latent_reward")
 DROPPED_FOR = ("no_success_difference", "both_failed", "tie", "not_executed")
 
@@ -175,8 +175,9 @@ def add_counts(total: dict, counts: dict) -> dict:
     return total
 
 
-def leaf_success(tree: dict[str, dict], node_id: str, mode: str, *, tool_names=None, query: str | None = None) -> bool | None:
-    """Whether the leaf ``node_id`` succeeded, for the modes ``executed`` and ``grounded``.
+def leaf_success(tree: dict[str, dict], node_id: str, mode: str, *, tool_names=None, query: str | None = None,
+                 answer_key=None) -> bool | None:
+    """Whether the leaf ``node_id`` succeeded, for the modes ``executed``, ``grounded`` and ``answer``.
 
     - ``executed`` (the public CodeTool code): every step on the path ran without an exception or
       a tool error (each node's ``ok``).
@@ -186,6 +187,9 @@ def leaf_success(tree: dict[str, dict], node_id: str, mode: str, *, tool_names=N
       tool call is never a success on a query that offers tools; on a query without tools a
       non-empty finish suffices.
     - ``judged`` is ``grounded`` plus a judge's verdict; the caller adds the verdict.
+    - ``answer`` (the synthetic world, issue 41): the leaf ended in ``finish`` with an answer that
+      the query's answer key accepts (:func:`codetool.world.check_answer`: the right value and no
+      competing one).
 
     A leaf that was not executed has no success (``None``).
 
@@ -195,14 +199,23 @@ def leaf_success(tree: dict[str, dict], node_id: str, mode: str, *, tool_names=N
         tool_names (`Collection[str]`, *optional*): the functions the query offers; ``None``
             counts any recorded call as listed (the executor records only tool functions).
         query (`str`, *optional*): the query (its words do not ground an answer).
+        answer_key (`dict`, *optional*): the query's answer key (mode ``answer``).
     Raises:
-        ValueError: on an unknown mode.
+        ValueError: on an unknown mode, or mode ``answer`` without an answer key.
     """
     if mode not in SUCCESS_MODES:
         raise ValueError(f"success mode must be one of {SUCCESS_MODES}, got {mode!r}.")
+    if mode == "answer" and not answer_key:
+        raise ValueError("success mode 'answer' needs the query's answer key; only the synthetic world's "
+                         "queries carry one (trees.queries world:train).")
     path = path_to(tree, node_id)
     if not node_executed(tree[node_id]):
         return None
+    if mode == "answer":
+        from codetool.world import check_answer
+
+        node = tree[node_id]
+        return node.get("ended") == "finish" and check_answer(answer_key, node.get("final_answer"))
     if mode == "executed":
         return all(bool(tree[n].get("ok")) for n in path)
     node = tree[node_id]
