@@ -276,6 +276,8 @@ def test_the_search_is_its_groups_and_each_command_composes_only_what_it_reads()
     assert tree == {f.name for g in (CandidateGroup, SamplingGroup, ScheduleGroup) for f in dataclasses.fields(g)}
     assert not tree & {"k", "max_steps", "seed", "w_latent", "strategy", "vote", "budget", "concurrency", "latent"}
     assert TreeConfig().search.max_new_tokens == 192 and issubclass(TreeConfig, LatentRewardGroup)
+    with pytest.raises(ConfigError, match="build-trees' search is a TreeSearch .* got SearchConfig"):
+        TreeConfig(search=SearchConfig())  # type: ignore[arg-type]  # what code written before the split did
     rollout = TrainPolicyConfig.__dataclass_fields__["rollout"]
     assert rollout.default_factory().__class__ is StepGroup  # type: ignore[misc]
 

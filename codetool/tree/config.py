@@ -94,6 +94,9 @@ class TreeConfig(TreePolicy, TreeTools, TreeOutput, ShardedWorkersGroup, MemoryG
 
     def __post_init__(self):
         super().__post_init__()  # each group's checks; the policy group parses policy_spec
+        if not isinstance(self.search, TreeSearch):  # code that built a whole SearchConfig for the trees
+            raise ConfigError(f"build-trees' search is a TreeSearch (the candidate, sampling and schedule groups), "
+                              f"got {type(self.search).__name__}: build TreeSearch(...) with the keys it reads.")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"--limit must be >= 1, got {self.limit}.")
         if self.batch_trees is not None and self.batch_trees < 1:
