@@ -54,6 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
                                 metavar=name.upper(), help=shown)
             continue
         _add_option(parser, name, [f"--{name}", *f.metadata.get("aliases", ())], tp, shown, several)
+    for name in sorted(hidden - {n for n, _, _ in fields}):  # a key its group lacks: parsed, so that from_dict
+        _add_option(parser, name, [f"--{name}"], bool, argparse.SUPPRESS)  # refuses it by name (bool: value optional)
 
 
 def _default_text(d: Any) -> str:
@@ -91,7 +93,7 @@ def config_from_args(cls: type[T], args: argparse.Namespace, sections: dict[str,
     ``sections``, the ``{"train.seed": "1"}`` options of its :func:`section` fields."""
     values = dict(vars(args))
     path = values.pop("config", None)
-    names = {name for name, _, _ in _flat_fields(cls)}
+    names = {name for name, _, _ in _flat_fields(cls)} | unread_keys(cls)
     overrides = {k: v for k, v in values.items() if k in names or k.endswith(".KEY")}
     positional = {name for name, f, _ in _flat_fields(cls) if f.metadata.get("positional")}
     for k, v in overrides.items():  # the words of a list option (--stages search eval) as its text form

@@ -48,7 +48,8 @@ def with_defaults(**defaults: Any) -> Callable[[type[T]], type[T]]:
         TypeError: a name that is not a field of the class's groups.
     """
     def make(cls: type[T]) -> type[T]:
-        fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]  # a dataclass's subclass
+        fields = {f.name: f for base in reversed(cls.__mro__) if dataclasses.is_dataclass(base)  # every group's,
+                  for f in dataclasses.fields(base)}  # not only the first base's (a class of several groups)
         unknown = sorted(set(defaults) - set(fields))
         if unknown:
             raise TypeError(f"with_defaults: {cls.__name__} has no field {', '.join(unknown)}; "

@@ -20,6 +20,7 @@ from codetool.policy.warmstart import call_code
 from codetool.prm.config import PRMConfig
 from codetool.search.config import SearchConfig
 from codetool.tree.config import TreeConfig
+from codetool.tree.search_settings import TreeSearch
 from codetool.world import SPLITS, generate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,7 +51,7 @@ def _testbed_config(tmp_path, tiny_model_dir, **over) -> PipelineConfig:
     return PipelineConfig(
         name="tb", runs_dir=str(tmp_path), policy=str(tiny_model_dir),
         trees=TreeConfig(queries="world:train:3", tools_backend="world", success="answer", branching=2, max_depth=5,
-                         val_fraction=0.34, search=SearchConfig(method="tree", max_new_tokens=40)),
+                         val_fraction=0.34, search=TreeSearch(max_new_tokens=40)),
         train=PRMConfig(model=str(tiny_model_dir), num_train_epochs=1, per_device_train_batch_size=4, eval_steps=0,
                         save_steps=100, logging_steps=1),
         search=SearchConfig(max_steps=5, max_new_tokens=40, concurrency=4),

@@ -1,7 +1,7 @@
 """Config groups declared once (issue 29): ``run``, ``build-trees`` and ``pipeline`` compose the
 policy, tools, queries, output and workers groups; in every config of every command, a field of a
 group keeps the group's help text wherever it is composed (and a field named like a group's is that
-field, but for the listed namesakes phase B of issue 42 removes); per-command defaults come from ``config.with_defaults``; a model spec is
+field, but for the listed namesakes, each with the reason it stays); per-command defaults come from ``config.with_defaults``; a model spec is
 parsed once, by its config (``policy_spec``, ``prm_spec``, ``model_spec``), and never becomes a
 setting; and ``ModelSpec.parse`` is called only where text enters: a config's ``__post_init__``
 or the CLI (checked with ``ast``)."""
@@ -41,24 +41,53 @@ COMPOSED = {RunConfig: (QueriesGroup, PolicyBackendGroup, ToolsGroup, OutputGrou
 # An evaluation set's tool_doc overrides the pipeline's (none: the pipeline's): it redeclares the
 # field of the ToolDocGroup it composes, with its own type and help text.
 REDECLARED = {("EvalSetConfig", "tool_doc")}
-# Fields declared with a group's field name by a config that does not compose that group: different
-# settings under one name today (build-trees' limit counts trees and its seed is the trees' sampling
-# seed, not a query draw's; the decide-first commands write a folder, output; ...). The config groups'
-# split (issue 42, phase B) composes the group or renames each; a test below keeps the list current.
+# Fields declared with a group's field name by a config that does not compose that group, each with
+# why it stays: another setting under the same name, which composing the group would make wrong.
+# (Issue 42 phase C composed the groups where the field meant the group's: train-policy's tools and
+# query sets, eval-decision's tool backend, build-trees' latent-reward constants.) A test below keeps
+# the list current.
+_FOLDER = "a folder of the command's results (report, records), not a resumable JSONL file"
+_SEED = "another seed: of what the config itself draws, not a query draw's or the search's sampling"
+_OTHER_MODEL = ("another model's setting in a config beside the policy's (composing the policy group "
+                "would clash with the policy's keys in the pipeline, or rename generate's --model)")
+_SERVER_KEY = "the key a client must send to this server, not the key that calls a model"
+_LIMIT = "another model's generation limit (the answer, generate, the judge, the router), not a policy step's"
 NAMESAKES = {
-    ("DecisionEvalConfig", "output"), ("DecisionEvalConfig", "tools_backend"), ("GenerateConfig", "api_key_env"),
-    ("GenerateConfig", "remote_model"), ("GenerateConfig", "seed"), ("JudgeConfig", "api_key_env"),
-    ("JudgeConfig", "remote_model"), ("JudgeConfig", "seed"), ("QuerySet", "benchmark"),
-    ("QuerySet", "group"), ("QuerySet", "limit"), ("QuerySet", "offset"), ("QuerySet", "subset"),
-    ("RouterConfig", "seed"), ("ScoreConfig", "output"), ("SearchConfig", "seed"), ("ServeMockConfig", "api_key_env"),
-    ("ServeMockConfig", "seed"), ("ServePRMConfig", "api_key_env"), ("TrainPolicyConfig", "policy"),
-    ("TrainPolicyConfig", "policy_dtype"), ("TrainPolicyConfig", "tool_cache_dir"), ("TrainPolicyConfig", "tool_server_url"),
-    ("TrainPolicyConfig", "tool_doc"), ("TrainPolicyConfig", "tools_backend"), ("TrainProbeConfig", "output"),
-    ("TreeConfig", "limit"), ("TreeConfig", "seed"),
-    # the search's StepGroup (issue 38): other models' generation limits (answer, generate, judge,
-    # router), an evaluation set's override of the observation cut, the probe's prompt format
-    ("AnswerConfig", "max_new_tokens"), ("GenerateConfig", "max_new_tokens"), ("JudgeConfig", "max_new_tokens"),
-    ("RouterConfig", "max_new_tokens"), ("EvalSetConfig", "max_observation_chars"), ("TrainProbeConfig", "step_format"),
+    ("DecisionEvalConfig", "output"): _FOLDER, ("TrainProbeConfig", "output"): _FOLDER,
+    ("ScoreConfig", "output"): "the scored copy of its input (default: beside it), written whole, no resume",
+    ("GenerateConfig", "api_key_env"): _OTHER_MODEL, ("GenerateConfig", "remote_model"): _OTHER_MODEL,
+    ("JudgeConfig", "api_key_env"): _OTHER_MODEL, ("JudgeConfig", "remote_model"): _OTHER_MODEL,
+    ("GenerateConfig", "seed"): _SEED, ("JudgeConfig", "seed"): _SEED, ("RouterConfig", "seed"): _SEED,
+    ("ServeMockConfig", "seed"): _SEED, ("TreeConfig", "seed"): "each tree's seed mixes it with its query id",
+    ("DrawGroup", "seed"): "a decide-first query draw's seed; the search's (SelectionGroup) seeds its sampling",
+    ("SelectionGroup", "seed"): "the search's sampling and tie-break seed; DrawGroup's draws queries",
+    ("ServeMockConfig", "api_key_env"): _SERVER_KEY, ("ServePRMConfig", "api_key_env"): _SERVER_KEY,
+    ("TrainPolicyConfig", "policy"): "the policy trained: a folder or a Hub id, never a URL; the policy group "
+                                     "brings remote, client and batch settings that training does not read",
+    ("TrainPolicyConfig", "policy_dtype"): "the same: trained in this dtype, without the policy group",
+    ("TreeConfig", "limit"): "a count of trees over build-trees' own query file (it has no benchmark)",
+    ("AnswerConfig", "max_new_tokens"): _LIMIT, ("GenerateConfig", "max_new_tokens"): _LIMIT,
+    ("JudgeConfig", "max_new_tokens"): _LIMIT, ("RouterConfig", "max_new_tokens"): _LIMIT,
+    ("EvalSetConfig", "max_observation_chars"): "an evaluation set's override (none: the search's)",
+    ("EvalSetConfig", "concurrency"): "an evaluation set's override of the episodes in flight (none: the search's)",
+    ("TrainProbeConfig", "step_format"): "the probe's prompt format, not the policy's reply format",
+    ("GenerateConfig", "n"): "completions of one prompt, not best-of-n's episodes",
+    ("GenerateConfig", "top_p"): "generate's nucleus mass (1.0: none), not the search's sampling default",
+    ("JudgeConfig", "temperature"): "the judge's (none: by benchmark)",
+    ("RouterConfig", "temperature"): "the temperature of the router's agreement samples",
+    ("RouterConfig", "method"): "the router's confidence source, not the search method's name",
+    ("MethodConfig", "k"): "a pipeline method's part of the search, set per method (its search: refuses k)",
+    ("MethodConfig", "w_cost"): "a pipeline method's part of the search, set per method (its search: refuses it)",
+    ("MethodConfig", "temperature"): "a pipeline method's override (none: the pipeline's search temperature)",
+    ("TrainPolicyConfig", "aggregate"): "per-step rewards -> one episode reward, not a trajectory's score "
+                                        "from its PRM scores",
+    # setup --testbed's warm start (issue 41): its own fine-tuning and demonstrations
+    ("WarmStartConfig", "seed"): _SEED,
+    ("WarmStartConfig", "finetune"): "the warm start's fine-tuning (full, or a LoRA merged into the weights); the "
+                                     "LoRA group brings adapter settings it does not read",
+    ("WarmStartConfig", "lora_r"): "the same: the rank of the merged LoRA, default 32",
+    ("WarmStartConfig", "max_observation_chars"): "the demonstrations' observations, 400 as the testbed's search "
+                                                  "shows them; the candidate group brings step keys it does not read",
 }
 
 PARSE_MODULES = {"codetool.cli", "codetool.api"}  # where text enters outside a config's __post_init__ (the CLI, the Python API)
@@ -96,17 +125,20 @@ def _namesakes() -> set[tuple[str, str]]:
     """(config, field) of every field named like a group's in a config that composes no group with
     that field (a composed one is the test above's), with another help text."""
     found = set()
-    for cls in CONFIGS:
+    for cls in [*CONFIGS, *GROUPS]:  # a group too: two groups' fields of one name are namesakes as well
         mine, inherited = _help(cls), {n for b in cls.__mro__[1:] if dataclasses.is_dataclass(b) for n in _help(b)}
-        found |= {(cls.__name__, name) for group in GROUPS for name, text in _help(group).items()
+        found |= {(cls.__name__, name) for group in GROUPS if not issubclass(group, cls)
+                  for name, text in _help(group).items()
                   if name in mine and name not in inherited and mine[name] != text}
     return found
 
 
 def test_a_group_s_field_name_means_that_field_in_every_config_but_the_listed_namesakes():
     found = _namesakes()
-    assert not found - NAMESAKES, f"new fields named like a group's, with another meaning: {sorted(found - NAMESAKES)}"
-    assert not NAMESAKES - found, f"gone from the code, remove from NAMESAKES: {sorted(NAMESAKES - found)}"
+    listed = set(NAMESAKES)
+    assert not found - listed, f"new fields named like a group's, with another meaning: {sorted(found - listed)}"
+    assert not listed - found, f"gone from the code, remove from NAMESAKES: {sorted(listed - found)}"
+    assert all(reason.strip() for reason in NAMESAKES.values())
 
 
 def test_with_defaults_changes_only_the_default():
@@ -208,3 +240,66 @@ def test_both_trainers_compose_one_lora_group():
     assert PRMConfig(finetune="full").lora_config() is None
     made = PRMConfig(lora_target_modules=["q_proj", "v_proj"]).lora_config()
     assert made.r == 8 and set(made.target_modules) == {"q_proj", "v_proj"}
+
+
+def test_the_search_is_its_groups_and_each_command_composes_only_what_it_reads():
+    """Issue 42 (phase C): ``SearchConfig`` declares no field of its own; its groups partition its
+    fields; build-trees' search composes the candidate, sampling and schedule groups and no other
+    search key, train-policy's rollout the step group."""
+    from codetool.policy.config import TrainPolicyConfig
+    from codetool.search.allocation import BudgetGroup
+    from codetool.search.config import (
+        CandidateGroup,
+        LatentGroup,
+        LatentRewardGroup,
+        SamplingGroup,
+        ScheduleGroup,
+        SchedulingGroup,
+        SearchConfig,
+        SelectionGroup,
+        StepGroup,
+        StrategyGroup,
+    )
+    from codetool.search.vote import VoteGroup
+    from codetool.tree.search_settings import TreeSearch
+
+    def own(cls):
+        return {n for n in cls.__dict__.get("__annotations__", {}) if n in {f.name for f in dataclasses.fields(cls)}}
+
+    groups = (CandidateGroup, StepGroup, SamplingGroup, SelectionGroup, LatentRewardGroup, LatentGroup, StrategyGroup,
+              ScheduleGroup, SchedulingGroup)
+    assert not own(SearchConfig) and all(issubclass(SearchConfig, g) for g in groups)
+    declared = [n for g in (*groups, VoteGroup, BudgetGroup) for n in own(g)]
+    assert len(declared) == len(set(declared))  # one declaration per key
+    assert set(declared) == {f.name for f in dataclasses.fields(SearchConfig)}
+    tree = {f.name for f in dataclasses.fields(TreeSearch)}
+    assert tree == {f.name for g in (CandidateGroup, SamplingGroup, ScheduleGroup) for f in dataclasses.fields(g)}
+    assert not tree & {"k", "max_steps", "seed", "w_latent", "strategy", "vote", "budget", "concurrency", "latent"}
+    assert TreeConfig().search.max_new_tokens == 192 and issubclass(TreeConfig, LatentRewardGroup)
+    with pytest.raises(ConfigError, match="build-trees' search is a TreeSearch .* got SearchConfig"):
+        TreeConfig(search=SearchConfig())  # type: ignore[arg-type]  # what code written before the split did
+    rollout = TrainPolicyConfig.__dataclass_fields__["rollout"]
+    assert rollout.default_factory().__class__ is StepGroup  # type: ignore[misc]
+
+
+def test_with_defaults_sees_every_group_of_a_class_of_several():
+    from codetool.search.config import SamplingGroup, ScheduleGroup
+
+    @with_defaults(top_p=0.5)  # a field of the second base: with_defaults read the first base's alone
+    class Both(ScheduleGroup, SamplingGroup):
+        pass
+
+    assert Both().top_p == 0.5 and Both().schedule == "auto"
+
+
+def test_train_policy_and_eval_decision_compose_the_tools_and_queries_groups():
+    """Issue 42 (phase C): the fields they redeclared are the groups' (defaults kept)."""
+    from codetool.policy.config import QuerySet, TrainPolicyConfig
+
+    assert issubclass(TrainPolicyConfig, ToolsGroup) and TrainPolicyConfig().tool_doc == "brief"
+    assert issubclass(QuerySet, QueriesGroup) and QuerySet(queries="q").benchmark == "toolbench"
+    assert QuerySet("stabletoolbench", limit=8).name == "stabletoolbench:G1_instruction"
+    with pytest.raises(ConfigError, match="--subset 'nope'"):  # the group's check, now run for a query set
+        QuerySet("restbench-tmdb", subset="nope")
+    assert issubclass(DecisionEvalConfig, ToolBackendGroup)
+    assert (DecisionEvalConfig().tools_backend, DecisionEvalConfig().tool_doc) == ("simulator", "compact")

@@ -105,9 +105,6 @@ def test_a_setting_no_stage_reads_changes_no_hash(tmp_path):
     base = stage_hashes(cfg)
     slow = RemoteConfig(timeout_s=999.0, retries=1, max_in_flight=2)
     unread = [
-        # a key build-trees refuses in a recipe, set behind the loader's back
-        dataclasses.replace(cfg, trees=dataclasses.replace(cfg.trees, search=dataclasses.replace(cfg.trees.search,
-                                                                                                   w_latent=0.25))),
         dataclasses.replace(cfg, policy_client=slow, prm_client=slow,
                             judge=dataclasses.replace(cfg.judge, client=slow)),  # pace, not content
         dataclasses.replace(cfg, runs_dir=str(tmp_path)),  # where the stages write
@@ -117,6 +114,9 @@ def test_a_setting_no_stage_reads_changes_no_hash(tmp_path):
     ]
     for other in unread:
         assert stage_hashes(other) == base
+    # a search key build-trees does not read cannot even be set behind the loader's back (issue 42):
+    # the trees' search composes the candidate, sampling and schedule groups only
+    assert not hasattr(cfg.trees.search, "w_latent") and not hasattr(cfg.trees.search, "strategy")
 
 
 def test_a_given_checkpoint_replaces_the_training_settings():

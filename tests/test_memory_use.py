@@ -61,15 +61,15 @@ def test_the_setting():
 
 def test_trees_wait_for_the_memory_cap(shared_data):
     """With a cap that admits one tree at a time, grow never starts a second beside the first."""
-    from codetool.search.config import SearchConfig
     from codetool.tools.loaders import load_stabletoolbench
     from codetool.tree.build import TreeBuilder
     from codetool.tree.config import TreeConfig
     from codetool.tree.grow import grow
+    from codetool.tree.search_settings import TreeSearch
     from tests.test_search_schedule import ServerLike, factory, tasks
 
     asked = []
-    cfg = TreeConfig(branching=2, max_depth=2, search=SearchConfig(method="tree", latent="none"))
+    cfg = TreeConfig(branching=2, max_depth=2, search=TreeSearch(max_new_tokens=256))
     records = []
     three = tasks(load_stabletoolbench("G1_instruction", shared_data)[:3])
     grow(TreeBuilder(ServerLike(finish_at=9), cfg, factory), three, records.append, trees=3, workers=4,

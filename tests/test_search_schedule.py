@@ -18,6 +18,7 @@ from codetool.search.search import SearchTask
 from codetool.tools.backends import make_tool_backend
 from codetool.tools.environment import ToolEnvironment
 from codetool.tools.loaders import load_stabletoolbench
+from codetool.tree.search_settings import TreeSearch
 
 EXEC = ExecutorConfig(isolation="fallback", timeout_s=10)
 
@@ -164,7 +165,7 @@ def test_continuous_trees_are_the_same_whatever_the_timing(queries):
     from codetool.tree.config import TreeConfig
     from codetool.tree.grow import grow
 
-    cfg = TreeConfig(branching=2, max_depth=3, search=SearchConfig(method="tree", latent="none"))
+    cfg = TreeConfig(branching=2, max_depth=3, search=TreeSearch(max_new_tokens=256))
     runs = []
     for _ in range(2):
         builder = TreeBuilder(ServerLike(finish_at=9), cfg, factory)
@@ -186,7 +187,7 @@ def test_continuous_trees_isolate_a_failing_query(queries):
             raise RuntimeError("no sandbox")
         return factory(task)
 
-    cfg = TreeConfig(branching=2, max_depth=2, search=SearchConfig(method="tree", latent="none"))
+    cfg = TreeConfig(branching=2, max_depth=2, search=TreeSearch(max_new_tokens=256))
     records = []
     grow(TreeBuilder(ServerLike(finish_at=9), cfg, broken_factory), tasks(queries[:3]), records.append, trees=3,
          workers=4)

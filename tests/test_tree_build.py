@@ -229,14 +229,14 @@ def test_a_local_model_s_batched_trees_equal_the_trees_built_alone(tiny_model_di
     """The same with a local transformers policy: its batched ``generate`` draws each node's
     samples from the node's own generator (one seed per prompt)."""
     from codetool.models.transformers_backend import TransformersBackend
-    from codetool.search.config import SearchConfig
     from codetool.tools.loaders import load_toolbench_queries
+    from codetool.tree.search_settings import TreeSearch
 
     queries = load_toolbench_queries(shared_data / "ToolBench" / "data_example" / "instruction" / "G1_query.json")[:3]
     tasks = [SearchTask(query_id=f"G1_query/{q.query_id}", query=q.query,
                         env=ToolEnvironment.from_query(q, make_tool_backend("simulator"))) for q in queries]
     policy = TransformersBackend(str(tiny_model_dir), dtype="float32", device="cpu")
-    builder = TreeBuilder(policy, TreeConfig(branching=2, max_depth=2, search=SearchConfig(max_new_tokens=8)),
+    builder = TreeBuilder(policy, TreeConfig(branching=2, max_depth=2, search=TreeSearch(max_new_tokens=8)),
                           lambda t: Executor(EXEC, tools=t.env.functions()))
 
     def texts(records):

@@ -4,13 +4,13 @@ reference rule's re-runs happen at build time, off the scheduling thread, here a
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
 
 from codetool.executor import Executor, ExecutorConfig
 from codetool.models.completion import Completion, to_messages
-from codetool.search.config import SearchConfig
 from codetool.search.search import SearchTask
 from codetool.tools.backends import make_tool_backend
 from codetool.tools.environment import ToolEnvironment
@@ -18,9 +18,10 @@ from codetool.tree.build import TreeBuilder
 from codetool.tree.config import TreeConfig
 from codetool.tree.grow import grow
 from codetool.tree.reference import reference_runner
+from codetool.tree.search_settings import TreeSearch
 
 EXEC = ExecutorConfig(isolation="fallback", timeout_s=10)
-SEARCH = SearchConfig(method="tree", step_format="step_text", code_prefix=False)
+SEARCH = TreeSearch(step_format="step_text", code_prefix=False, max_new_tokens=256)
 
 
 class SiblingPolicy:
@@ -63,7 +64,7 @@ def test_continuous_trees_get_the_reference_labels_of_rounds_off_the_scheduling_
     records = {}
     for schedule in ("rounds", "continuous"):
         cfg = TreeConfig(branching=2, max_depth=2, label_rule="reference",
-                         search=SearchConfig(**{**SEARCH.__dict__, "schedule": schedule}))
+                         search=dataclasses.replace(SEARCH, schedule=schedule))
         builder = TreeBuilder(SiblingPolicy(), cfg, make, make_reference_runner=runner)
         assert builder.continuous is (schedule == "continuous")
         if builder.continuous:

@@ -226,7 +226,6 @@ def _policy():
 
 def test_build_trees_with_the_reference_rule_writes_the_public_codes_rows(shared_data, tmp_path):
     from codetool.executor import Executor, ExecutorConfig
-    from codetool.search.config import SearchConfig
     from codetool.search.search import SearchTask
     from codetool.tools.backends import make_tool_backend
     from codetool.tools.environment import ToolEnvironment
@@ -234,10 +233,11 @@ def test_build_trees_with_the_reference_rule_writes_the_public_codes_rows(shared
     from codetool.tree.build import TreeBuilder, label_record
     from codetool.tree.config import TreeConfig
     from codetool.tree.dataset import export_dataset, tree_rows
+    from codetool.tree.search_settings import TreeSearch
 
     q = load_toolbench_queries(shared_data / "ToolBench" / "data_example" / "instruction" / "G1_query.json")[0]
     task = SearchTask("G1_query/1", q.query, ToolEnvironment.from_query(q, make_tool_backend("simulator")))
-    search = SearchConfig(method="tree", step_format="step_text", code_prefix=False)
+    search = TreeSearch(step_format="step_text", code_prefix=False, max_new_tokens=256)
     make = lambda t: Executor(ExecutorConfig(isolation="fallback", timeout_s=10), tools=t.env.functions())  # noqa: E731
     cfg = TreeConfig(branching=2, max_depth=2, label_rule="reference", search=search)
     record = TreeBuilder(_policy(), cfg, make).build(task)
@@ -265,17 +265,17 @@ def test_relabel_to_the_reference_rule_reruns_the_missing_programs(shared_data, 
     from codetool.config import load_config
     from codetool.executor import Executor, ExecutorConfig
     from codetool.jsonl import read_jsonl
-    from codetool.search.config import SearchConfig
     from codetool.search.search import SearchTask
     from codetool.tools.backends import make_tool_backend
     from codetool.tools.environment import ToolEnvironment
     from codetool.tools.loaders import load_toolbench_queries
     from codetool.tree.build import TreeBuilder
     from codetool.tree.config import TreeConfig
+    from codetool.tree.search_settings import TreeSearch
 
     q = load_toolbench_queries(shared_data / "ToolBench" / "data_example" / "instruction" / "G1_query.json")[0]
     task = SearchTask("G1_query/1", q.query, ToolEnvironment.from_query(q, make_tool_backend("simulator")))
-    search = SearchConfig(method="tree", step_format="step_text", code_prefix=False)
+    search = TreeSearch(step_format="step_text", code_prefix=False, max_new_tokens=256)
     make = lambda t: Executor(ExecutorConfig(isolation="fallback", timeout_s=10), tools=t.env.functions())  # noqa: E731
     record = TreeBuilder(_policy(), TreeConfig(branching=2, max_depth=2, search=search), make).build(task)
     assert record["label_rule"] == "ours" and "reference_runs" not in record

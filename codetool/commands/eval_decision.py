@@ -46,7 +46,7 @@ def eval_decision_command(cfg: DecisionEvalConfig) -> int:
     """``codetool eval-decision``: decide on the labelled set, optionally run the routes, report."""
     from rich.console import Console
 
-    from codetool.assemble import executor_factory, make_policy, make_search
+    from codetool.assemble import executor_factory, make_policy, make_search, tool_backend_options
     from codetool.config import config_hash
     from codetool.secrets import redact_obj
     from codetool.tools import make_tool_backend
@@ -99,7 +99,8 @@ def eval_decision_command(cfg: DecisionEvalConfig) -> int:
     if cfg.run_search:
         search = make_search(policy, cfg.search, executor_factory(cfg.executor), config_hash=config_hash(cfg.search))
         fast, searched = run_routes(items, decisions, search, policy, cfg.router, out=out, tool_doc=cfg.tool_doc,
-                                    tool_backend=make_tool_backend(cfg.tools_backend))
+                                    tool_backend=make_tool_backend(cfg.tools_backend, **tool_backend_options(
+                                        cfg.tools_backend, cfg.tool_server_url, cfg.tool_cache_dir)))
     records = [make_record(it, d, dr, fast.get(it.item_id), searched.get(it.item_id), cfg.router,
                            {m: v[i] for m, v in scores.items()})
                for i, (it, d, dr) in enumerate(zip(items, decisions, direct))]

@@ -19,7 +19,7 @@ from codetool.executor import ExecutorConfig
 from codetool.judge.config import JudgeConfig
 from codetool.models.spec import ModelSpec
 from codetool.search.config import SearchConfig
-from codetool.tools.config import ToolDocGroup
+from codetool.tools.config import ToolBackendGroup, ToolDocGroup
 
 
 @with_defaults(tool_doc="compact")  # the 135M model's prompts stay short
@@ -27,8 +27,14 @@ class CompactToolDoc(ToolDocGroup):
     """The tool-doc group of the decide-first commands."""
 
 
+@with_defaults(tool_doc="compact", tools_backend="simulator")
+class DecisionTools(ToolBackendGroup):
+    """The tools group of ``eval-decision``: compact tool docs and the simulator for ``run_search``
+    unless told otherwise."""
+
+
 @dataclass
-class DecisionEvalConfig(DrawGroup, CompactToolDoc):
+class DecisionEvalConfig(DrawGroup, DecisionTools):
     """Settings of ``codetool eval-decision``."""
 
     model: str = option("default", "policy model: default, a path, a Hub id, an http(s) URL or vllm:<model>")
@@ -39,7 +45,6 @@ class DecisionEvalConfig(DrawGroup, CompactToolDoc):
     run_search: bool = option(False, "run the fast path and the always-search baseline (needs the executor)")
     reuse: str = option("", "records.jsonl of an earlier run on the same draw: reuse its decisions and direct "
                         "answers instead of recomputing them")
-    tools_backend: str = option("simulator", "tool backend for run_search")
     thresholds: list[float] = option(default_factory=list, help="thresholds to sweep (default: every recorded confidence)")
     dtype: str = option("auto", "model dtype", choices=["auto", "float32", "bfloat16", "float16"])
     device: str = option("auto", "device: auto, cpu, cuda, ...")

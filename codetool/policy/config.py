@@ -30,6 +30,8 @@ from codetool.judge.config import JudgeConfig
 from codetool.models.lora import LoRAGroup
 from codetool.models.spec import ModelSpec
 from codetool.search.config import STEP_KEYS, SearchConfig, StepGroup
+from codetool.tools.config import ToolsGroup
+from codetool.tools.loaders import QueriesGroup
 
 logger = logging.getLogger(__name__)
 
@@ -80,9 +82,15 @@ class RewardSetting:
         return "+".join(short[k] for k in self.weights)
 
 
+@with_defaults(benchmark="toolbench")
+class PolicyQueries(QueriesGroup):
+    """The queries group of ``train-policy``'s query sets: ToolBench unless told otherwise."""
+
+
 @dataclass
-class QuerySet:
-    """A slice of a benchmark: training prompts or a held-out evaluation set.
+class QuerySet(PolicyQueries):
+    """A slice of a benchmark (the queries group, :class:`~codetool.tools.loaders.QueriesGroup`):
+    training prompts or a held-out evaluation set.
 
     ``toolbench`` reads ``queries`` (a ToolBench query file or folder; ToolBench's training
     distribution); ``stabletoolbench`` a test group (evaluation only: its solvable queries are
@@ -91,17 +99,12 @@ class QuerySet:
     heldout: its template split; ``limit`` defaults to 40 there).
     """
 
-    benchmark: str = option("toolbench", "toolbench, stabletoolbench, restbench-tmdb or world", choices=BENCHMARKS)
     queries: str | None = option(None, "toolbench: a query file or folder (relative to the data folder, or absolute)")
-    group: str = option("G1_instruction", "stabletoolbench: the test group; world: train or heldout")
-    subset: str = option("codetool", "stabletoolbench: codetool or full; restbench-tmdb: codetool or restgpt")
-    offset: int = option(0, "skip this many queries")
-    limit: int | None = option(None, "at most this many queries")
 
     def __post_init__(self):
-        if self.offset < 0 or (self.limit is not None and self.limit < 1):
-            raise ConfigError(f"query set {self.benchmark}: offset must be >= 0 and limit >= 1, got "
-                              f"{self.offset} and {self.limit}.")
+        super().__post_init__()  # the queries group's offset, limit and subset checks
+        if self.benchmark is None:
+            raise ConfigError(f"a query set needs a benchmark: one of {list(BENCHMARKS)}.")
         if self.benchmark == "toolbench" and not self.queries:
             raise ConfigError("a toolbench query set needs queries: a ToolBench query file or folder "
                               "(e.g. ToolBench/data_example/instruction).")
@@ -111,8 +114,9 @@ class QuerySet:
 
     @property
     def name(self) -> str:
-        part = {"stabletoolbench": self.group, "restbench-tmdb": "tmdb", "world": self.group}.get(self.benchmark, "")
-        return f"{self.benchmark}:{part}" if part else self.benchmark
+        benchmark = self.benchmark or ""  # never None: __post_init__
+        part = {"stabletoolbench": self.group, "restbench-tmdb": "tmdb", "world": self.group}.get(benchmark, "")
+        return f"{benchmark}:{part}" if part else benchmark
 
 
 def _default_prompts() -> list[QuerySet]:
@@ -128,6 +132,13 @@ def _default_evals() -> list[QuerySet]:
 @with_defaults(lora_r=16, lora_alpha=32)  # a policy adapter learns more than a PRM's
 class PolicyLoRA(LoRAGroup):
     """The LoRA group of ``train-policy``."""
+
+@with_defaults(tool_doc="brief")  # a small policy's prompt
+class PolicyTools(ToolsGroup):
+    """The tools group of ``train-policy``: brief tool docs unless told otherwise. Its
+    ``tools_backend`` answers ToolBench and StableToolBench queries (``auto``: the simulator);
+    RestBench-TMDB queries take ``restbench_backend``."""
+
 
 # Where each search key that a rollout does not read belongs (train-policy refuses it by name).
 _ROLLOUT_HOMES = {"k": "A rollout samples one step per episode: the GRPO group (num_generations) is its sampling.",
@@ -148,7 +159,7 @@ ROLLOUT_UNREAD = Unread(reader="train-policy", reads=STEP_KEYS,
 
 
 @dataclass
-class TrainPolicyConfig(GRPOConfig, PolicyLoRA):
+class TrainPolicyConfig(GRPOConfig, PolicyLoRA, PolicyTools):
     """Settings of ``codetool train-policy``: every TRL ``GRPOConfig`` option plus the method's own.
 
     Method fields: ``policy`` (and ``finetune``, ``lora_*``), ``prm``, ``rewards`` / ``settings``,
@@ -226,15 +237,8 @@ class TrainPolicyConfig(GRPOConfig, PolicyLoRA):
                                                                            max_new_tokens=64, constrain="line"),
                                       metadata={"help": "the search that evaluates the policy before and after"})
     executor: ExecutorConfig = field(default_factory=ExecutorConfig, metadata={"help": "the sandbox"})
-    tool_doc: str = option("brief", "tool docs in prompts: full, compact or brief", choices=("full", "compact", "brief"))
-    tools_backend: str = option("auto", "tool backend of ToolBench/StableToolBench queries: auto (the simulator), "
-                                "simulator, cache, server, stabletoolbench")
     restbench_backend: str = option("mock-tmdb", "tool backend of RestBench-TMDB queries: mock-tmdb (our mock "
                                     "server) or tmdb (the real API, TMDB_ACCESS_TOKEN)", choices=("mock-tmdb", "tmdb"))
-    tool_server_url: str | None = option(None, "StableToolBench server URL (tools_backend server/stabletoolbench)")
-    tool_cache_dir: str | None = option(None, "StableToolBench response cache folder")
-    data_dir: str | None = option(None, "benchmark data folder (default: see `codetool data`)")
-    max_response_chars: int = option(20000, "characters of one tool response handed to the code")
     # ---- GRPOConfig / TrainingArguments fields whose default differs here
     output_dir: str = option("runs/policy", "runs, checkpoints, policies and the report go here")
     learning_rate: float = option(1e-5, "peak learning rate")

@@ -35,12 +35,19 @@ from pathlib import Path
 
 from codetool import CodetoolError
 from codetool.config import ConfigError, option
+from codetool.config_groups import with_defaults
+from codetool.tools.config import ToolDocGroup
 
 logger = logging.getLogger(__name__)
 
 
+@with_defaults(tool_doc="brief")  # as the testbed's search shows them
+class WarmStartDocs(ToolDocGroup):
+    """The tool-doc group of the warm start's demonstrations."""
+
+
 @dataclass
-class WarmStartConfig:
+class WarmStartConfig(WarmStartDocs):
     """How the testbed policy is built (``codetool setup --testbed``; the ``warmstart.*`` options)."""
 
     base: str = option("default", "the model to fine-tune (default: the embedded SmolLM2-135M-Instruct)")
@@ -55,11 +62,10 @@ class WarmStartConfig:
     learning_rate: float = option(2e-4, "peak learning rate (cosine, 5% warmup)")
     batch_size: int = option(4, "episodes per optimisation step")
     torch_threads: int = option(0, "CPU threads of torch (0: its default)")
-    tool_doc: str = option("brief", "tool docs in the prompt, as the testbed's search shows them",
-                           choices=["full", "compact", "brief"])
     max_observation_chars: int = option(400, "output shown per step, as the testbed's search shows it")
 
     def __post_init__(self):
+        super().__post_init__()
         if self.per_template < 1 or self.epochs <= 0 or self.learning_rate <= 0 or self.batch_size < 1 \
                 or self.train_layers < 0:
             raise ConfigError(f"warmstart: need per_template >= 1, epochs > 0, learning_rate > 0, batch_size >= 1, "

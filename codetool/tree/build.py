@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
 from typing import Any
 
 from codetool.config import ConfigError
@@ -98,7 +97,7 @@ class TreeBuilder:
         self.make_reference_runner = make_reference_runner or (lambda task: reference_runner(task, make_executor))
         self.chash = tree_hash(config)  # in every record, error records included
         # max_steps = max_depth: a constrained policy's last step then answers (search.constrain_last_finish)
-        self.sample_cfg = replace(config.search, k=config.branching, max_steps=config.max_depth)
+        self.sample_cfg = config.search.search_config(k=config.branching, max_steps=config.max_depth)
         check_constraints(policy, self.sample_cfg)
         self.continuous = is_continuous(policy, config.search.schedule)
         # Under continuous scheduling a tree asks for up to all its frontier at once: fewer trees

@@ -18,10 +18,10 @@ from codetool.executor import ExecutorConfig
 from codetool.memory_use import MemoryGroup
 from codetool.models.spec import PolicyGroup
 from codetool.resume import OutputGroup
-from codetool.search.config import SearchConfig
+from codetool.search.config import LatentRewardGroup
 from codetool.tools.config import ToolBackendGroup
 from codetool.tree.labels import LABEL_RULES, SUCCESS_MODES
-from codetool.tree.search_settings import TREE_SEARCH
+from codetool.tree.search_settings import TREE_SEARCH, TreeSearch
 
 
 @with_defaults(policy_max_batch_size=32)  # a tree level decodes many candidates at once
@@ -40,11 +40,13 @@ class TreeOutput(OutputGroup):
 
 
 @dataclass
-class TreeConfig(TreePolicy, TreeTools, TreeOutput, ShardedWorkersGroup, MemoryGroup):
+class TreeConfig(TreePolicy, TreeTools, TreeOutput, ShardedWorkersGroup, MemoryGroup, LatentRewardGroup):
     """Settings of ``codetool build-trees``: the groups it composes (policy, tools, output, workers
-    with shards) and its own."""
+    with shards, the latent reward's constants), its own, and its ``search:``
+    (:class:`~codetool.tree.search_settings.TreeSearch`: the candidate, sampling and schedule groups
+    of the search only)."""
 
-    config_unread = {"search": TREE_SEARCH}  # the keys of search: that no tree code reads are refused
+    config_unread = {"search": TREE_SEARCH}  # the search's keys TreeSearch lacks: refused naming build-trees
 
     queries: str | None = option(None, "query file or folder: ToolBench/StableToolBench format, or RestGPT's layout "
                                  "(a list of {query, solution}) with --tools SPEC (default: ToolBench's 10 example "
@@ -74,9 +76,6 @@ class TreeConfig(TreePolicy, TreeTools, TreeOutput, ShardedWorkersGroup, MemoryG
                                     "and one ancestor step from the nodes after it)")
     judge: str = option("default", "judge model for success=judged: default (the embedded model), a path, Hub id "
                         "or http(s) URL")
-    alpha: float = option(0.9, "latent reward alpha")
-    beta: float = option(0.95, "latent reward beta")
-    max_len: float = option(20.0, "latent reward L")
     tau_mode: str = option("mean", "tau over a node's leaves: mean (paper text) or sum (public code)",
                            choices=["mean", "sum"])
     emit: str = option("pairs", "PRM rows: sibling pairs, or every node with its soft target", choices=["pairs", "nodes"])
@@ -90,11 +89,14 @@ class TreeConfig(TreePolicy, TreeTools, TreeOutput, ShardedWorkersGroup, MemoryG
                                      "their samples share forward passes (1: each tree's samples depend on its "
                                      "query id alone); with a remote policy, node by node as samples return, "
                                      "enough trees to fill policy_client.max_in_flight)")
-    search: SearchConfig = field(default_factory=lambda: SearchConfig(method="tree", max_new_tokens=192))
+    search: TreeSearch = field(default_factory=TreeSearch)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
 
     def __post_init__(self):
         super().__post_init__()  # each group's checks; the policy group parses policy_spec
+        if not isinstance(self.search, TreeSearch):  # code that built a whole SearchConfig for the trees
+            raise ConfigError(f"build-trees' search is a TreeSearch (the candidate, sampling and schedule groups), "
+                              f"got {type(self.search).__name__}: build TreeSearch(...) with the keys it reads.")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"--limit must be >= 1, got {self.limit}.")
         if self.batch_trees is not None and self.batch_trees < 1:

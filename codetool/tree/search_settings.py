@@ -1,12 +1,15 @@
-"""The keys of ``search:`` that ``build-trees`` reads, and where each of the others belongs.
+"""The ``search:`` of ``build-trees`` (:class:`TreeSearch`), and where each search key it lacks belongs.
 
-``TreeConfig.search`` is typed as a whole :class:`~codetool.search.search.SearchConfig`, but a
-tree samples ``branching`` candidates at every node down to ``max_depth`` and labels them: it
-reads the sampling, step-format, observation and on-the-spot settings only (through
-``expand_each``, ``step_constraint``, the schedule and the tree records). Every other key of the
-group would be accepted and do nothing, so :data:`TREE_SEARCH` makes :func:`codetool.config.from_dict`
-refuse it with the place it belongs (``trees.search.k``: set ``trees.branching``;
-``trees.search.w_latent``: a setting of the search over queries, ``search:``).
+A tree samples ``branching`` candidates at every node down to ``max_depth`` and labels them all: of
+the search's config groups (:mod:`codetool.search.config`) it reads one candidate step
+(:class:`~codetool.search.config.CandidateGroup`, through ``expand_each``, ``step_constraint`` and
+the tree records), the sampling (:class:`~codetool.search.config.SamplingGroup`) and the schedule
+(:class:`~codetool.search.config.ScheduleGroup`), and :class:`TreeSearch` composes those three
+only. Any other key of the search is not a field there; :data:`TREE_SEARCH` (the fields of
+:class:`~codetool.search.config.SearchConfig` that :class:`TreeSearch` lacks, computed, no hand
+list) makes :func:`codetool.config.from_dict` refuse it in one line naming ``build-trees`` and the
+place it belongs (``trees.search.k``: set ``trees.branching``; ``trees.search.w_latent``: a setting
+of the search over queries, ``search:``).
 """
 
 from __future__ import annotations
@@ -14,15 +17,27 @@ from __future__ import annotations
 import dataclasses
 
 from codetool.config import Unread
-from codetool.search.config import SearchConfig
+from codetool.config_groups import group_values, with_defaults
+from codetool.search.config import CandidateGroup, SamplingGroup, ScheduleGroup, SearchConfig
 
-# What the tree builder reads of its search group (tests/test_configs_unread.py checks that these
-# and the refused keys together are SearchConfig's fields).
-TREE_READS = ("temperature", "top_p", "max_new_tokens", "step_format", "code_prefix", "constrain",
-              "constrain_arguments", "constrain_first_tool", "constrain_last_finish", "observation_history",
-              "max_observation_chars", "observation_cut", "tool_error_is_failure", "cost_table", "schedule")
 
-# Keys the builder replaces by a setting of its own (k and max_steps are overwritten per tree).
+@with_defaults(max_new_tokens=192)
+class TreeSearch(ScheduleGroup, CandidateGroup, SamplingGroup):
+    """``build-trees``' ``search:``: one candidate step, its sampling and the schedule (192 tokens
+    per candidate unless told otherwise). The builder hands it to the search's sampling as a
+    :class:`~codetool.search.config.SearchConfig` with ``k = branching`` and ``max_steps =
+    max_depth`` (:meth:`search_config`)."""
+
+    def search_config(self, *, k: int, max_steps: int) -> SearchConfig:
+        """This group as the search's settings that ``expand_each`` reads, ``k`` candidates a node,
+        ``max_steps`` deep (``method`` is ``tree`` in the records; the rest keep the search's defaults,
+        which nothing in a tree reads)."""
+        return SearchConfig(**group_values(self, TreeSearch), method="tree", k=k, max_steps=max_steps)
+
+
+TREE_READS = tuple(f.name for f in dataclasses.fields(TreeSearch))
+
+# Keys the builder replaces by a setting of its own (k and max_steps come from branching and max_depth).
 _OWN = {"k": ("branching", "candidates sampled per node"), "max_steps": ("max_depth", "the depth of a tree"),
         "seed": ("seed", "each tree's seed"), "alpha": ("alpha", "the latent reward's alpha"),
         "beta": ("beta", "the latent reward's beta"), "max_len": ("max_len", "the latent reward's L")}
