@@ -21,20 +21,26 @@ import os
 import time
 
 
-def task_waits(pids: list[int]) -> dict[int, float]:
-    """Run-queue seconds of every thread of ``pids`` (host pids), by thread id."""
-    found: dict[int, float] = {}
+def _threads(pids: list[int]):
+    """``(pid, tid)`` of every thread of ``pids`` that still exists (``/proc/<pid>/task``)."""
     for pid in pids:
         try:
             tids = os.listdir(f"/proc/{pid}/task")
         except OSError:
             continue
         for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                    found[int(tid)] = int(f.read().split()[1]) / 1e9
-            except (OSError, ValueError, IndexError):
-                continue
+            yield pid, tid
+
+
+def task_waits(pids: list[int]) -> dict[int, float]:
+    """Run-queue seconds of every thread of ``pids`` (host pids), by thread id."""
+    found: dict[int, float] = {}
+    for pid, tid in _threads(pids):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                found[int(tid)] = int(f.read().split()[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue
     return found
 
 
@@ -112,17 +118,12 @@ def exit_status(pid: int, wait: float = 1.0) -> dict:
 def children(pids: list[int]) -> set[int]:
     """The children of ``pids`` (host pids, from ``/proc/<pid>/task/<tid>/children``)."""
     found: set[int] = set()
-    for pid in pids:
+    for pid, tid in _threads(pids):
         try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/children") as f:
-                    found.update(int(x) for x in f.read().split())
-            except (OSError, ValueError):
-                pass
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found.update(int(x) for x in f.read().split())
+        except (OSError, ValueError):
+            pass
     return found
 
 
