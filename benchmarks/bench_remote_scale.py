@@ -269,7 +269,10 @@ def scenarios(url: str, out: Path, n: int, data: Path, only: list[str], baseline
                     # otherwise starts the group from SearchConfig's defaults, 256 tokens)
                     "trees": ["build-trees", "--queries", str(queries), "--limit", str(n), "--max_depth",
                               str(CHAIN["trees"]), "--search.max_new_tokens", "192", *common, "--output",
-                              f"{out}/{tag}.jsonl", "--dataset_dir", f"{out}/{tag}-data"],
+                              f"{out}/{tag}.jsonl", "--dataset_dir", f"{out}/{tag}-data",
+                              # the queries are StableToolBench's test set, which build-trees refuses by
+                              # default (never_train_on); these trees train nothing
+                              *(["--never_train_on", "[]"] if not code[1] else [])],
                     "eval": ["eval", runs, "--judge.model", f"{url}/v1", "--judge.mode", "json", "--judge.protocol",
                              "codetool", "--judge.rounds", "3", "--judge.client.max_in_flight", str(ALLOWED),
                              "--plots", "false", "--out", f"{out}/{tag}"]}[kind]

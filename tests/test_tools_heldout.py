@@ -154,3 +154,12 @@ def test_a_data_folder_without_the_set_s_files_still_refuses(tmp_path):
 
     with pytest.raises(CodetoolError, match="is missing"):
         load_held_out(["restbench-tmdb"], data_dir=tmp_path)
+
+
+def test_a_query_file_of_test_queries_only_is_refused_saying_so(shared_data, test_query, tmp_path):
+    path = tmp_path / "G1_query.json"
+    path.write_text(json.dumps([{"query_id": int(test_query.query_id), "query": test_query.query, "api_list": [API]}]))
+    cfg = load_config(TreeConfig, overrides={"queries": str(path), "output": str(tmp_path / "trees.jsonl"),
+                                             "dataset_dir": str(tmp_path / "prm"), "executor.isolation": "fallback"})
+    with pytest.raises(CodetoolError, match=r"all 1 queries .* are test queries of stabletoolbench.*never_train_on"):
+        build_trees_command(cfg)

@@ -84,6 +84,11 @@ def load_training_queries(cfg: TreeConfig) -> tuple[list, int]:
     if held:
         logger.warning("%d of the training queries are test queries of %s (e.g. %s/%s); no tree is built for them",
                        len(held), ", ".join(cfg.never_train_on), held[0].group, held[0].query_id)
+    if held and not queries:
+        raise CodetoolError(f"all {len(held)} queries in {path} are test queries of {', '.join(cfg.never_train_on)} "
+                            "(never_train_on), so no tree may be built on them: build trees on training queries "
+                            "(e.g. ToolBench's G1_query.json minus the test ids), or set never_train_on to [] for a "
+                            "build that will never train a PRM (a benchmark of the builder itself).")
     usable = [q for q in queries if q.apis or q.extra.get("load_error")]
     if not usable:
         raise CodetoolError(f"{len(queries)} of {len(queries)} queries in {path} offer no documented API, so "
