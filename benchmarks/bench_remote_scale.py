@@ -117,8 +117,9 @@ def _rand(*parts) -> random.Random:
     return random.Random(int(hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:12], 16))
 
 
-def policy_reply(body: dict, i: int, steps: int, finish_rate: float) -> str:
-    """A code step; ``finish(...)`` at step ``steps`` (1-based) or, before it, with ``finish_rate``."""
+def policy_reply(body: dict, i: int, steps: int, finish_rate: float, fail_rate: float = 0.0) -> str:
+    """A code step; ``finish(...)`` at step ``steps`` (1-based) or, before it, with ``finish_rate``;
+    with ``fail_rate``, a step that raises (its siblings then carry executability labels)."""
     messages = body["messages"]
     history = messages[:-1] if messages[-1]["role"] == "assistant" else messages  # a final one is the fence
     step = sum(m["role"] == "assistant" for m in history) + 1
@@ -126,11 +127,13 @@ def policy_reply(body: dict, i: int, steps: int, finish_rate: float) -> str:
     fence = "" if messages[-1]["role"] == "assistant" else "```python\n"
     if step >= steps or rng.random() < finish_rate:
         return f'{fence}finish("the answer is {rng.randint(1, 99)}")'
+    if rng.random() < fail_rate:
+        return f"{fence}raise KeyError('field {rng.randint(1, 99)}')"
     return f"{fence}x = {rng.randint(1, 10**6)}\nprint(x)"
 
 
 def build_app(latency: float, jitter: float, capacity: int, prm_latency: float, prm_capacity: int, steps: int = 5,
-              finish_rate: float = 0.0, faults: float = 0.0):
+              finish_rate: float = 0.0, faults: float = 0.0, fail_rate: float = 0.0):
     app = FastAPI()
     fault_count = [0, 0]  # replies so far, faults so far: every 1/faults-th reply is one, in turn
     meters = {"policy": Meter(), "prm": Meter(), "all": Meter()}  # "all": policy and PRM together
@@ -182,7 +185,7 @@ def build_app(latency: float, jitter: float, capacity: int, prm_latency: float, 
             if judge:
                 text = '{"answer_status": "Solved", "reason": "stub"}'
             elif body["messages"][0]["role"] == "system":
-                text = policy_reply(body, i, steps, finish_rate)
+                text = policy_reply(body, i, steps, finish_rate, fail_rate)
             else:  # a final answer, or a probe of the client (different samples for different seeds)
                 text = f"text {_rand(body['messages'][-1]['content'], body.get('seed'), i).randint(1, 10**6)}"
             message = {"role": "assistant", "content": text}
@@ -222,7 +225,7 @@ def serve(args) -> None:
     import uvicorn
 
     app = build_app(args.latency, args.jitter, args.capacity, args.prm_latency, args.prm_capacity, CHAIN["run"],
-                    args.finish_rate, args.faults)
+                    args.finish_rate, args.faults, args.fail_rate)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", backlog=2048, limit_concurrency=4096)
 
 
@@ -364,6 +367,8 @@ def main() -> None:
     parser.add_argument("--finish-rate", type=float, default=0.0,
                         help="chance that a step before the last finishes (0: every episode takes 5 steps)")
     parser.add_argument("--faults", type=float, default=0.0, help="share of policy replies that are a fault")
+    parser.add_argument("--fail-rate", type=float, default=0.0,
+                        help="chance that a code step raises (trees then carry executability labels to compare)")
     parser.add_argument("--prm-latency", type=float, default=0.3)
     parser.add_argument("--prm-capacity", type=int, default=256)
     parser.add_argument("--only", nargs="*", default=["run", "trees", "run+prm", "eval"])
@@ -386,7 +391,8 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([sys.executable, __file__, "--serve", "--port", str(port), "--latency", str(args.latency),
                                "--jitter", str(args.jitter), "--capacity", str(args.capacity), "--finish-rate",
-                               str(args.finish_rate), "--faults", str(args.faults), "--prm-latency",
+                               str(args.finish_rate), "--faults", str(args.faults), "--fail-rate",
+                               str(args.fail_rate), "--prm-latency",
                                str(args.prm_latency), "--prm-capacity", str(args.prm_capacity)])
     results = []
     try:

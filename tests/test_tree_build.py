@@ -324,6 +324,7 @@ def test_a_node_the_machine_could_not_run_is_a_leaf_without_label(task, tmp_path
     from codetool.tree.dataset import export_dataset
 
     assert summarize([record])["not_executed"] == 1
+    assert record["summary"]["retried"] == 1 and summarize([record])["retried"] == 1  # 3 attempts: retried
     stats = export_dataset([record], tmp_path)
     assert stats["not_executed_nodes"] == 1 and stats["pair_counts"]["dropped"]["not_executed"] == 1
     assert json.loads((tmp_path / "summary.json").read_text())["not_executed_nodes"] == 1

@@ -267,6 +267,7 @@ def label_record(record: dict[str, Any], cfg: TreeConfig, *, recompute_success: 
     record["label_rule"], record["success_mode"] = cfg.label_rule, cfg.success
     record["summary"] = {"nodes": len(tree), "leaves": len(leaves),
                          "not_executed": sum(not node_executed(n) for n in tree.values()),
+                         "retried": sum(int((n.get("result") or {}).get("attempts") or 1) > 1 for n in tree.values()),
                          "successful_leaves": sum(bool(n["success"]) for n in leaves),
                          "pairs": len(pairs), "pair_counts": counts,
                          "tool_calls": sum(n["tool_calls"] for n in tree.values()),
@@ -277,11 +278,12 @@ def label_record(record: dict[str, Any], cfg: TreeConfig, *, recompute_success: 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Totals over tree records: trees (built), errors (trees whose build failed: left out of every
     other total), nodes, leaves (executed ones), leaf success rate, ``not_executed`` (nodes the
-    executor could not run: no label counts them), pairs (``pairs_by_<reason>`` for what decided
+    executor could not run: no label counts them), ``retried`` (nodes whose step the executor had to
+    try again after a failure of the machine, whatever came of it), pairs (``pairs_by_<reason>`` for what decided
     them, ``dropped_<reason>`` for drops), tool calls, seconds per tree and trees per hour."""
     s = [r["summary"] for r in records if r.get("finish_type") != "error"]
     total = {k: sum(x.get(k, 0) for x in s) for k in ("nodes", "leaves", "successful_leaves", "pairs",
-                                                      "tool_calls", "seconds", "not_executed")}
+                                                      "tool_calls", "seconds", "not_executed", "retried")}
     counts = pair_counts()
     for x in s:
         add_counts(counts, x.get("pair_counts", {}))
