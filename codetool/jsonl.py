@@ -56,6 +56,34 @@ def open_fd(path: str | os.PathLike, flags: int, what: str = "write") -> int:
         raise CodetoolError(f"cannot {what} {path}: {e.strerror or e} (free space or fix permissions).") from None
 
 
+def check_output(path: str | os.PathLike, **inputs: str | os.PathLike | None) -> None:
+    """Refuse an output path before any work is done: a symbolic link there (dangling or not:
+    :func:`open_fd` would refuse it only at the first write, after the work), or the same file as
+    one of ``inputs`` (``--queries`` and ``--output`` naming one file: the job would append its
+    records to the input and destroy it).
+
+    Args:
+        path: the output file.
+        **inputs: the command's input files by option name (``queries="q.json"``); ``None`` skipped.
+
+    Raises:
+        CodetoolError: one line naming the option and what to pass instead.
+    """
+    path = Path(path)
+    if path.is_symlink():
+        raise CodetoolError(f"--output {path} is a symbolic link (to {os.readlink(path)!r}); refusing to write "
+                            "through it. Remove the link, or pass the real path.")
+    for name, given in inputs.items():
+        if given is None:
+            continue
+        source = Path(given)
+        same = (os.path.samefile(path, source) if path.exists() and source.exists()
+                else os.path.realpath(path) == os.path.realpath(source))
+        if same:
+            raise CodetoolError(f"--output {path} is the --{name} file: the job appends its records to its output, "
+                                f"which would destroy your {name}. Pass another --output.")
+
+
 def open_output(path: str | os.PathLike, *, append: bool = False):
     """``path`` opened for binary writing (truncated, or appended to), refusing a symbolic link
     (:func:`open_fd`)."""

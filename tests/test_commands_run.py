@@ -292,3 +292,24 @@ def test_run_refuses_a_query_file_as_tools():
         single_query(cfg)
     with pytest.raises(Exception, match="not read with --benchmark stabletoolbench"):
         load_config(RunConfig, overrides={"benchmark": "stabletoolbench", "tools": str(LIBRARY / "openapi.json")})
+
+
+def test_an_output_that_is_the_query_file_or_a_link_is_refused_before_any_work(tmp_path, monkeypatch):
+    """``--output`` naming the ``--queries`` file appended trajectories to it (the input destroyed);
+    a dangling link as the output was refused only at the first write, after the whole search."""
+    import os
+
+    import codetool.commands.run as run_module
+
+    monkeypatch.setattr(run_module, "load_benchmark", lambda cfg: pytest.fail("work started"))
+    queries = tmp_path / "q.json"
+    queries.write_text('[{"query": "What is 2 + 2?"}]')
+    before = queries.read_bytes()
+    same = RunConfig(queries=str(queries), output=str(queries))
+    with pytest.raises(CodetoolError, match="is the --queries file"):
+        execute_run(same, show_summary=False)
+    assert queries.read_bytes() == before
+    link = tmp_path / "out.jsonl"
+    os.symlink(tmp_path / "nowhere.jsonl", link)
+    with pytest.raises(CodetoolError, match="symbolic link"):
+        execute_run(RunConfig(queries=str(queries), output=str(link)), show_summary=False)

@@ -29,7 +29,7 @@ from codetool.jobs.trees import (
     merge_shards,
     relabel,
 )
-from codetool.jsonl import read_jsonl, write_jsonl
+from codetool.jsonl import check_output, read_jsonl, write_jsonl
 from codetool.progress import JobProgress
 from codetool.resume import OutputLock
 from codetool.tree.build import summarize
@@ -48,6 +48,7 @@ def build_trees_command(cfg: TreeConfig) -> int:
             the PRM dataset cannot be written (the trees are kept; the previous dataset too).
     """
     out = Path(cfg.output)
+    check_output(out, queries=cfg.queries, tools=cfg.tools)
     queries, test_dropped = load_training_queries(cfg)
     clients: dict[str, Any] = {}  # the remote policy client of this process, for the summary
     order = {q.query_id: i for i, q in enumerate(queries)}

@@ -43,6 +43,7 @@ from codetool.jobs.queries import (
     single_query,
     summary_rows,
 )
+from codetool.jsonl import check_output
 from codetool.progress import JobProgress
 from codetool.resume import OutputLock, plan_resume
 
@@ -63,6 +64,7 @@ def execute_run(cfg: RunConfig, *, policy=None, scorer=None, show_summary: bool 
     """
     cfg.search.latent = cfg.prm_spec.latent  # --prm decides (checked in RunConfig)
     cfg.search.method = method_label(cfg.search)
+    check_output(cfg.output, queries=cfg.queries, tools=cfg.tools)  # before any work
     queries = [single_query(cfg)] if cfg.query is not None else load_benchmark(cfg)
     if not queries:
         raise CodetoolError(f"no queries to run in {cfg.queries or cfg.benchmark}; check --queries, --group, --offset.")
