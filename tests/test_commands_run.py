@@ -313,3 +313,20 @@ def test_an_output_that_is_the_query_file_or_a_link_is_refused_before_any_work(t
     os.symlink(tmp_path / "nowhere.jsonl", link)
     with pytest.raises(CodetoolError, match="symbolic link"):
         execute_run(RunConfig(queries=str(queries), output=str(link)), show_summary=False)
+
+
+def test_a_sandbox_that_could_not_start_is_an_error_record_no_rate_counts():
+    """The machine failed, not the policy: the error record says not_executed, as the search's do."""
+    from types import SimpleNamespace
+
+    from codetool.eval.metrics import not_executed_trajectory
+    from codetool.executor import ExecutorError
+    from codetool.jobs.queries import error_record
+    from codetool.search.records import Trajectory
+
+    unit = SimpleNamespace(query_id="1", query="q", benchmark="stabletoolbench", group="G1_instruction")
+    cfg = RunConfig(benchmark="stabletoolbench")
+    lost = Trajectory.from_dict(error_record(cfg, "h", unit, ExecutorError("a sandbox worker did not start: x")))
+    assert lost.finish_type == "error" and not_executed_trajectory(lost) and "did not start" in lost.error
+    other = Trajectory.from_dict(error_record(cfg, "h", unit, CodetoolError("policy answered HTTP 500")))
+    assert other.finish_type == "error" and not not_executed_trajectory(other)

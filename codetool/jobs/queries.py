@@ -27,7 +27,7 @@ from codetool.config import ConfigError, config_hash, option
 from codetool.config_groups import with_defaults
 from codetool.decide.stage import RouterConfig
 from codetool.distributed.ray_cluster import WorkersGroup
-from codetool.executor import ExecutorConfig, started_in_background
+from codetool.executor import ExecutorConfig, ExecutorError, started_in_background
 from codetool.jobs import ProgressFactory, client_rows
 from codetool.jsonl import append_jsonl
 from codetool.memory_use import MemoryGroup, memory_gate
@@ -232,13 +232,17 @@ def ray_batch(cfg: RunConfig) -> int:
 
 
 def error_record(cfg: RunConfig, chash: str, unit, error: BaseException | str) -> dict:
-    """The trajectory record of a query whose run failed (``finish_type: error``, a one-line message)."""
+    """The trajectory record of a query whose run failed (``finish_type: error``, a one-line message).
+    A sandbox that could not be started or used (``ExecutorError``) ran none of the policy's code:
+    the record says so as the search does (``extra["not_executed"]``), so no rate counts it."""
     from codetool.search.records import Trajectory
 
     benchmark = "restbench-tmdb" if unit.benchmark == "restbench" else unit.benchmark
+    message = error if isinstance(error, str) else error_message(error)
+    extra = {"not_executed": {"step": 0, "reason": message}} if isinstance(error, ExecutorError) else {}
     return Trajectory(query_id=unit.query_id, query=unit.query, benchmark=benchmark, group=unit.group,
                       method=cfg.search.method, config_hash=chash, finish_type="error",
-                      error=error if isinstance(error, str) else error_message(error)).to_dict()
+                      error=message, extra=extra).to_dict()
 
 
 class QueryRunner(UnitRunner):
