@@ -189,3 +189,20 @@ def mode(request):
     if request.param == "bwrap" and bwrap_problem():
         pytest.skip(f"bubblewrap cannot run here: {bwrap_problem()}")
     return request.param
+
+
+def kept_state_root(mode: str, config: dict, tools: dict | None = None):
+    """The body of an executor test module's ``root`` fixture: an executor in ``mode`` under
+    ``config`` whose state holds ``kept = 'state'`` (forks must carry it), closed at the end."""
+    from codetool.executor import Executor, ExecutorConfig
+
+    ex = Executor(ExecutorConfig(isolation=mode, **config), tools=tools)
+    ex.run("kept = 'state'")
+    yield ex
+    ex.close()
+
+
+def need(ex, layer: str) -> None:
+    """Skip the test unless the executor ``ex`` runs with isolation layer ``layer``."""
+    if layer not in ex.isolation:
+        pytest.skip(f"needs the '{layer}' isolation layer; active: {ex.isolation}")

@@ -14,21 +14,14 @@ from pathlib import Path
 import pytest
 
 from codetool.executor import Executor, ExecutorConfig
+from tests.conftest import kept_state_root, need
 
 CONFIG = dict(timeout_s=5.0, grace_s=0.3, memory_mb=512, max_processes=24, scratch_mb=128)
 
 
 @pytest.fixture(scope="module")
 def root(mode):
-    ex = Executor(ExecutorConfig(isolation=mode, **CONFIG))
-    ex.run("kept = 'state'")
-    yield ex
-    ex.close()
-
-
-def need(ex: Executor, layer: str) -> None:
-    if layer not in ex.isolation:
-        pytest.skip(f"needs the '{layer}' isolation layer; active: {ex.isolation}")
+    yield from kept_state_root(mode, CONFIG)
 
 
 def _processes_of(uid: int) -> list[int]:

@@ -21,16 +21,14 @@ import pytest
 
 from codetool.executor import Executor, ExecutorConfig
 from codetool.executor.host.sandbox import ForkFailed, Sandbox
+from tests.conftest import kept_state_root
 
 CONFIG = dict(timeout_s=3.0, grace_s=0.3, memory_mb=512, max_processes=24, start_timeout_s=2.0)
 
 
 @pytest.fixture(scope="module")
 def root(mode):
-    ex = Executor(ExecutorConfig(isolation=mode, **CONFIG))
-    ex.run("kept = 'state'")
-    yield ex
-    ex.close()
+    yield from kept_state_root(mode, CONFIG)
 
 
 def _flaky_forks(monkeypatch, failures: int):

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from codetool.executor import Executor, ExecutorConfig
+from tests.conftest import need
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = dict(timeout_s=2.0, grace_s=0.5, memory_mb=512, max_file_mb=8, max_open_files=64,
@@ -37,11 +38,6 @@ def ex(root):
     child = root.fork()
     yield child
     child.close()
-
-
-def need(ex: Executor, layer: str) -> None:
-    if layer not in ex.isolation:
-        pytest.skip(f"needs the '{layer}' isolation layer; active: {ex.isolation}")
 
 
 def need_protection(ex: Executor) -> None:

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from codetool.executor import Executor, ExecutorConfig
+from tests.conftest import kept_state_root, need
 
 CONFIG = dict(timeout_s=4.0, grace_s=0.5, memory_mb=512, max_processes=24, max_output_chars=5000,
               scratch_mb=16, max_step_mb=4)
@@ -22,15 +23,7 @@ CONFIG = dict(timeout_s=4.0, grace_s=0.5, memory_mb=512, max_processes=24, max_o
 
 @pytest.fixture(scope="module")
 def root(mode):
-    ex = Executor(ExecutorConfig(isolation=mode, **CONFIG), tools={"lookup": lambda city: {"city": city}})
-    ex.run("kept = 'state'")
-    yield ex
-    ex.close()
-
-
-def need(ex: Executor, layer: str) -> None:
-    if layer not in ex.isolation:
-        pytest.skip(f"needs the '{layer}' isolation layer; active: {ex.isolation}")
+    yield from kept_state_root(mode, CONFIG, tools={"lookup": lambda city: {"city": city}})
 
 
 def pair(root: Executor) -> tuple[Executor, Executor]:

@@ -19,6 +19,7 @@ from codetool.executor import Executor, ExecutorConfig
 from codetool.executor.host.channel import ProtocolError, log_safe, parse_frame
 from codetool.executor.host.proxy import bounded_arguments
 from codetool.executor.result import ARGUMENT_PREVIEW_CHARS
+from tests.conftest import need
 
 CONFIG = dict(timeout_s=3.0, grace_s=0.5, memory_mb=512, max_processes=24, max_output_chars=5000,
               scratch_mb=32, max_step_mb=4, max_tool_calls=50)
@@ -50,11 +51,6 @@ def ex(root):
     child = root.fork()
     yield child
     child.close()
-
-
-def need(ex: Executor, layer: str) -> None:
-    if layer not in ex.isolation:
-        pytest.skip(f"needs the '{layer}' isolation layer; active: {ex.isolation}")
 
 
 # ------------------------------------------------------------------ reports the code cannot forge

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from codetool.executor import Executor, ExecutorConfig
+from tests.conftest import kept_state_root
 
 CONFIG = dict(timeout_s=5.0, grace_s=0.3, memory_mb=512, max_processes=24, max_output_chars=5000,
               scratch_mb=16, max_step_mb=4)
@@ -82,10 +82,7 @@ LATER = ("import xml.dom.minidom\nx = [[] for _ in range(100000)]\nimport time\n
 
 @pytest.fixture(scope="module")
 def root(mode):
-    ex = Executor(ExecutorConfig(isolation=mode, **CONFIG), tools={"lookup": lambda city="": {"city": city}})
-    ex.run("kept = 'state'")
-    yield ex
-    ex.close()
+    yield from kept_state_root(mode, CONFIG, tools={"lookup": lambda city="": {"city": city}})
 
 
 def _assert_failed(r, error_type=None):
