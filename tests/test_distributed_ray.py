@@ -36,10 +36,13 @@ API = {"category_name": "Data", "tool_name": "weather", "api_name": "forecast", 
 class Policy:
     """``/v1/chat/completions`` after LATENCY_S: query 0's episode answers with the canary key (the
     records must not show it), the others finish; tree nodes alternate a step that runs and one
-    that raises, so every tree has labelled pairs."""
+    that raises, so every tree has labelled pairs. While ``gate`` is clear, every completion waits
+    (up to 240 s): a test holds the workers' first calls in flight until it has killed a node."""
 
     def __init__(self):
         self.count = 0
+        self.gate = threading.Event()
+        self.gate.set()
         policy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -51,6 +54,7 @@ class Policy:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)))
+                policy.gate.wait(240)
                 time.sleep(LATENCY_S)
                 text = json.dumps(body["messages"])
                 policy.count += 1
@@ -180,6 +184,19 @@ def _wait_for(out: Path, records: int, proc: subprocess.Popen, lines: list[str])
     pytest.fail(f"fewer than {records} records within the time limit")
 
 
+def _wait_ready(workers: int, proc: subprocess.Popen, lines: list[str]) -> None:
+    """Until the driver has logged ``workers`` workers ready (each then has its first calls)."""
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if len(set(re.findall(r"ray worker (\d) ready on", "".join(lines)))) >= workers:
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"the job ended before {workers} workers were ready: {''.join(lines)[-3000:]}")
+        time.sleep(0.05)
+    proc.kill()
+    pytest.fail(f"fewer than {workers} workers ready within the time limit: {''.join(lines)[-3000:]}")
+
+
 def _stats(log: str) -> dict[str, int]:
     line = " ".join(log.split())
     m = re.search(r"ray: (\d+) units on (\d+) workers in ([\d.]+) s: (\d+) records written \((\d+) errors\), "
@@ -208,7 +225,12 @@ def test_run_on_ray_loses_and_duplicates_nothing_when_a_worker_node_dies(cluster
             "--policy", policy.url, "--search.k", "1", "--search.max_steps", "1", "--search.concurrency", "1",
             "--executor.isolation", "fallback", "--ray", _address(c), "--cluster.batch", "1"]
     start = time.monotonic()
-    proc, lines = _start(args)
+    policy.gate.clear()  # both workers up and holding calls first: on a busy machine one may start late
+    try:
+        proc, lines = _start(args)
+        _wait_ready(2, proc, lines)
+    finally:
+        policy.gate.set()
     _wait_for(out, 3, proc, lines)
     c.remove_node(workers[0], allow_graceful=False)  # SIGKILL: raylet, object store, the worker processes
     _wait_for(out, 8, proc, lines)
@@ -248,11 +270,17 @@ def test_build_trees_on_ray_equals_the_single_machine_trees_after_a_worker_node_
                              str(tmp_path / "single_prm")], capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr[-3000:]
     out = tmp_path / "ray.jsonl"
-    # Two trees per call (the single run grows all 8 at once), so a node's death catches trees in flight.
-    proc, lines = _start([*base, "--output", str(out), "--dataset_dir", str(tmp_path / "ray_prm"), "--ray", _address(c),
-                          "--cluster.batch", "2"])
-    _wait_for(out, 2, proc, lines)
-    c.remove_node(workers[1], allow_graceful=False)
+    # Two trees per call (the single run grows all 8 at once), two calls per worker. The policy holds
+    # every completion until the node is dead, so its worker surely has trees in flight (on a busy
+    # machine a worker that started late had none: it died unnoticed, CI 2026-12-06).
+    policy.gate.clear()
+    try:
+        proc, lines = _start([*base, "--output", str(out), "--dataset_dir", str(tmp_path / "ray_prm"), "--ray",
+                              _address(c), "--cluster.batch", "2"])
+        _wait_ready(2, proc, lines)
+        c.remove_node(workers[1], allow_graceful=False)
+    finally:
+        policy.gate.set()
     assert proc.wait(timeout=300) == 0
     time.sleep(0.2)
     stats = _stats("".join(lines))
