@@ -198,6 +198,11 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("WANDB_MODE", "disabled")  # tracking is opt-in (report_to: wandb)
+    # torch's OpenMP threads sleep instead of spinning while they wait (read when torch is first
+    # imported, which no command has done yet): on a shared CPU a spinning thread burns its core
+    # while its partner waits to be scheduled, and every small matmul of a decoding step waits so
+    # (docs/TESTBED.md 5.1: 3-4x the CPU time per step at load 5-9). The numbers do not change.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     top = _top_parser()
     if not argv or argv[0] in ("-h", "--help", "--version"):
         top.parse_args(argv or ["--help"])

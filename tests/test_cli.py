@@ -5,6 +5,7 @@ one-line error for a key renamed in 0.2.0, the log level, and a recipe given to 
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -183,3 +184,16 @@ def test_sigterm_says_what_it_leaves(monkeypatch, capsys, argv, after):
     monkeypatch.setattr(cli, "_load", lambda _: (config_cls, terminated))
     assert cli.main(argv) == 143
     assert capsys.readouterr().err.strip().endswith(f"terminated (SIGTERM); {after}")
+
+
+@pytest.mark.parametrize("given, kept", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_openmp_threads_wait_asleep_unless_the_user_said_otherwise(given, kept, monkeypatch, capsys):
+    """A command sets ``OMP_WAIT_POLICY=PASSIVE`` before any command imports torch (spinning OpenMP
+    threads cost 3-4x the CPU per decoding step on a shared machine, docs/TESTBED.md 5.1); a value
+    the user set stays."""
+    if given is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", given)
+    assert cli.main(["no-such-command"]) == 2
+    assert os.environ["OMP_WAIT_POLICY"] == kept

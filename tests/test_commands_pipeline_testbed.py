@@ -109,3 +109,20 @@ def test_the_shipped_testbed_recipes_load():
     assert all(q.benchmark == "world" and q.group == "train" for q in rl.prompts)
     assert all(q.benchmark == "world" and q.group == "heldout" for q in rl.evals)
     assert all(s.answer > 0 and not s.grounded for s in rl.run_settings)
+
+
+def test_the_small_testbed_recipe_searches_unseen_queries_of_the_tree_templates_only():
+    """testbed-small.yaml: the four methods at one K, no policy RL, and its evaluation queries (train
+    templates, past the 96 warm-start demonstrations) share no query with its trees."""
+    from codetool.world import parse_spec
+
+    cfg = load_config(PipelineConfig, REPO / "configs" / "pipeline" / "testbed-small.yaml")
+    assert cfg.policy == "testbed" and cfg.trees.success == "answer" and not cfg.policy_rl
+    assert [m.name for m in cfg.methods] == ["single-sample", "spot-only", "latent-only", "spot+latent"]
+    assert len({m.k for m in cfg.methods[1:]}) == 1 and cfg.methods[0].k == 1
+    (ev,) = cfg.evals
+    assert (ev.benchmark, ev.group) == ("world", "train") and ev.offset >= 96
+    split, n = parse_spec(cfg.trees.queries)
+    assert split == "train"
+    queries = generate("train", ev.offset + ev.limit)
+    assert not {q.query for q in queries[:n]} & {q.query for q in queries[ev.offset:]}
