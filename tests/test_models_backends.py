@@ -375,3 +375,61 @@ def test_host_memory_is_handed_back_without_error():
 def test_prefill_of_one_token_prompts_stores_nothing(backend):
     ids, mask, cache = backend._prefill([[5], [7]])
     assert ids.shape == (2, 1) and mask.tolist() == [[1], [1]] and cache.get_seq_length() == 0
+
+
+def test_an_entry_that_extends_another_holds_its_own_tokens_and_its_base_outlives_it():
+    from codetool.models.prompt_cache import PromptCache, PromptKV
+
+    def entry(length, base=None):  # 1 layer, (kv_heads=1, length, head_dim=4) float32: 32 bytes per token
+        return PromptKV([torch.arange(length * 4.0).reshape(1, length, 4)], [torch.zeros(1, length, 4)], base=base)
+
+    cache = PromptCache(max_bytes=32 * 8, protected_share=0.5)
+    root = entry(3)
+    cache.put((1, 2, 3), root)
+    child = entry(2, base=root)
+    cache.put((1, 2, 3, 4, 5), child)
+    assert cache.nbytes == 32 * 5 and child.length == 5 and child.parts() == [root, child]
+    assert cache.longest([1, 2, 3, 4, 5, 6], limit=5) == (5, child)
+    cache.put((9, 9, 9), entry(3))  # 8 tokens: fits
+    cache.put((8,), entry(1))  # 9 > 8: the oldest leaf goes, (9, 9, 9); the root, extended, stays
+    assert cache.get((9, 9, 9)) is None and cache.get((1, 2, 3)) is root and cache.nbytes == 32 * 6
+    cache.put((7, 7, 7), entry(3))  # 9 > 8: leaves by age: (8,) first (the root and child were used since)
+    assert cache.get((8,)) is None and cache.nbytes == 32 * 8
+    cache.put((6, 6), entry(2))  # the child is the oldest leaf on probation (the root was used since): it goes
+    assert cache.get((1, 2, 3, 4, 5)) is None and root.extensions == 0 and len(cache) == 3 and cache.nbytes == 32 * 8
+    cache.clear()
+    cache.put((1, 2, 3, 4, 5, 6), entry(1, base=child))  # its base is gone: stored whole, the chain copied in
+    kept = cache.get((1, 2, 3, 4, 5, 6))
+    assert kept is not None and kept.base is None and kept.length == 6 and cache.nbytes == 32 * 6
+    assert torch.equal(kept.keys[0][:, :3], root.keys[0]) and torch.equal(kept.keys[0][:, 3:5], child.keys[0])
+
+
+@pytest.fixture
+def fresh(tiny_model_dir):
+    return TransformersBackend(str(tiny_model_dir), max_batch_size=8)
+
+
+def test_episodes_in_flight_hold_each_token_once_and_recompute_only_new_tokens(fresh):
+    """Three episodes of three steps (each prompt the last one plus a reply and an observation)
+    under a budget that holds their distinct tokens but not a copy of every step's prompt: every
+    step computes only its new tokens, and greedy text is what an uncached run gives."""
+    system = "You may call these functions: " + " ".join(f"tool_{i}(x) returns item {i}." for i in range(30))
+    episodes = [[{"role": "system", "content": system}, {"role": "user", "content": q}]
+                for q in ("sort a list", "reverse the words of a long sentence please", "hi")]
+    steps = [[e + [m for s in range(t) for m in ({"role": "assistant", "content": f"```python\nprint({s})\n```"},
+                                                  {"role": "user", "content": f"Output:\n{s} and more"})]
+              for e in episodes] for t in range(3)]
+    encoded = [[fresh.encode(p) for p in step] for step in steps]
+    distinct = len(set(tuple(r[:i]) for step in encoded for r in step for i in range(1, len(r))))
+    per_token = fresh._prefix_kv([1, 2]).nbytes // 2  # keys and values of one token, every layer
+    fresh.prompt_cache = type(fresh.prompt_cache)(max_bytes=per_token * distinct)
+    cached = []
+    for t, step in enumerate(steps):
+        before = fresh.prompt_cache.miss_tokens
+        cached.append(texts(fresh.generate(step, max_new_tokens=5)))
+        if t:  # only what was added since the last step (and that step's last token, which is never stored)
+            added = sum(len(a) - len(b) + 1 for a, b in zip(encoded[t], encoded[t - 1]))
+            assert fresh.prompt_cache.miss_tokens - before == added
+    assert fresh.prompt_cache.nbytes <= per_token * distinct
+    fresh.share_prefill = False
+    assert cached == [texts(fresh.generate(step, max_new_tokens=5)) for step in steps]

@@ -11,12 +11,19 @@ keeps the KV cache of each prompt it ran here and starts later prompts from the 
 prefix.
 
 An entry holds, per layer, the keys and values of one prompt's tokens (no padding):
-``(kv_heads, length, head_dim)`` tensors on the model's device and in its dtype. Eviction is a
-segmented LRU: a new entry is on probation, one that served a later prompt is protected (at most
-``protected_share`` of the budget; the least recently used protected entry goes back to
-probation), and probation is emptied first, least recently used first. A search stores one entry
-per prompt, but only some are ever extended (a query's first prompt is, by every method and seed;
-the last step's prompt is not): those stay, the others make room.
+``(kv_heads, length, head_dim)`` tensors on the model's device and in its dtype. An entry that
+extends a stored one (step t+1 of an episode extends step t; a query's first prompt extends the
+system prompt and tool list its batch shares) holds only its own tokens and points at that
+``base``: an episode of s steps then holds its distinct tokens once, not s growing copies (with
+copies, 24 queries of ~800 tokens in flight filled the 1 GiB default in one round, and each round
+evicted what the next one needed: docs/TESTBED.md 5.1). Eviction is a segmented LRU over entries
+that no other entry extends (leaves; a base goes once its last extension has gone): a new entry
+is on probation, one that served a later prompt is protected (at most ``protected_share`` of the
+budget; the least recently used protected entry goes back to probation), and probation is emptied
+first, least recently used first. The budget counts each entry's own tokens, so it bounds the
+memory held. A search stores one entry per prompt, but only some are ever extended (a query's
+first prompt is, by every method and seed; the last step's prompt is not): those stay, the others
+make room.
 Only plain full-attention caches are stored (``DynamicLayer``); a model whose cache is anything
 else (sliding windows, linear attention) is prefilled as before.
 """
@@ -30,18 +37,37 @@ from typing import Any
 
 @dataclass
 class PromptKV:
-    """The KV cache of one prompt prefix.
+    """The KV cache of one prompt prefix: its own tokens, after those of ``base``.
 
     Args:
-        keys, values (`list[torch.Tensor]`): per layer, ``(kv_heads, length, head_dim)``.
+        keys, values (`list[torch.Tensor]`): per layer, ``(kv_heads, own length, head_dim)``.
+        base (`PromptKV`, *optional*): the entry this one extends (its tokens come first).
     """
 
     keys: list[Any]
     values: list[Any]
+    base: PromptKV | None = None
+    extensions: int = 0  # stored entries whose base this is (PromptCache keeps it)
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the entry's own tokens (a base's are counted once, in the base)."""
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+    @property
+    def length(self) -> int:
+        """Tokens of the whole prefix, the base's included."""
+        own = self.keys[0].shape[1] if self.keys else 0
+        return own + (self.base.length if self.base is not None else 0)
+
+    def parts(self) -> list[PromptKV]:
+        """The chain from the first base to this entry, in token order."""
+        chain: list[PromptKV] = []
+        entry: PromptKV | None = self
+        while entry is not None:
+            chain.append(entry)
+            entry = entry.base
+        return chain[::-1]
 
 
 class PromptCache:
@@ -93,11 +119,22 @@ class PromptCache:
         return self._use(key) if key in self._protected or key in self._probation else None
 
     def put(self, key: tuple[int, ...], entry: PromptKV) -> None:
-        """Store ``entry`` under ``key`` on probation (replacing an older one), then evict down to
-        the budget."""
-        if not key or not self.max_bytes or entry.nbytes > self.max_bytes:
+        """Store ``entry`` under ``key`` on probation, then evict down to the budget. A key already
+        stored keeps its entry (the same tokens have the same keys and values). An entry whose
+        ``base`` is no longer stored (evicted since it was found) is stored whole: the base's
+        tensors are copied in, so that every byte held is counted."""
+        if not key or not self.max_bytes or key in self._probation or key in self._protected:
             return
-        self._pop(key)
+        if entry.base is not None and not self._holds(entry.base):
+            import torch
+
+            parts = entry.parts()
+            entry = PromptKV([torch.cat([p.keys[i] for p in parts], dim=1) for i in range(len(entry.keys))],
+                             [torch.cat([p.values[i] for p in parts], dim=1) for i in range(len(entry.values))])
+        if entry.nbytes > self.max_bytes:
+            return
+        if entry.base is not None:
+            entry.base.extensions += 1
         self._probation[key] = entry
         self._bytes["probation"] += entry.nbytes
         self._evict()
@@ -108,9 +145,14 @@ class PromptCache:
         self.miss_tokens += miss
 
     def clear(self) -> None:
+        for entry in (*self._probation.values(), *self._protected.values()):
+            entry.extensions = 0
         self._probation.clear()
         self._protected.clear()
         self._bytes = {"probation": 0, "protected": 0}
+
+    def _holds(self, entry: PromptKV) -> bool:
+        return any(e is entry for e in (*self._probation.values(), *self._protected.values()))
 
     def _pop(self, key: tuple[int, ...]) -> PromptKV | None:
         for name, segment in (("probation", self._probation), ("protected", self._protected)):
@@ -134,7 +176,13 @@ class PromptCache:
         return entry
 
     def _evict(self) -> None:
+        """Drop least recently used leaves (probation first) until the budget holds."""
         while self.nbytes > self.max_bytes:
-            name, segment = ("probation", self._probation) if self._probation else ("protected", self._protected)
-            _, dropped = segment.popitem(last=False)
-            self._bytes[name] -= dropped.nbytes
+            key = next((k for segment in (self._probation, self._protected) for k, e in segment.items()
+                        if not e.extensions), None)
+            if key is None:  # every entry is extended by another: cannot happen (the newest of a chain is a leaf)
+                return
+            dropped = self._pop(key)
+            assert dropped is not None
+            if dropped.base is not None:
+                dropped.base.extensions -= 1

@@ -377,14 +377,18 @@ class TransformersBackend:
         cache = DynamicCache(config=self.model.config)
         if cached:
             some = next(e for _, e in hits if e is not None)
+            chains = [e.parts() if n and e is not None else [] for n, e in hits]
             for layer in range(len(some.keys)):
                 shape = (len(rows), some.keys[layer].shape[0], cached, some.keys[layer].shape[-1])
                 k = some.keys[layer].new_zeros(shape)
                 v = some.values[layer].new_zeros(shape)
-                for i, (n, e) in enumerate(hits):
-                    if n and e is not None:
-                        k[i, :, cached - n:] = e.keys[layer][:, :n]
-                        v[i, :, cached - n:] = e.values[layer][:, :n]
+                for i, ((n, _), chain) in enumerate(zip(hits, chains)):
+                    at = cached - n  # an entry found is a whole prefix: its chain's tokens are its n tokens
+                    for part in chain:
+                        size = part.keys[layer].shape[1]
+                        k[i, :, at:at + size] = part.keys[layer]
+                        v[i, :, at:at + size] = part.values[layer]
+                        at += size
                 cache.update(k, v, layer)
         width = ids.shape[1]
         if width - 1 > cached:
@@ -395,10 +399,13 @@ class TransformersBackend:
         hit = sum(n for n, _ in hits)
         store.note(hit, sum(len(r) for r in rows) - hit)
         if store.max_bytes and width > 1:  # (one-token prompts leave nothing to store)
-            for i, (r, (n, _)) in enumerate(zip(rows, hits)):
-                own = [slice(cached - n, cached), slice(width - (len(r) - n), width - 1)]
-                entry = PromptKV([torch.cat([layer.keys[i][:, c] for c in own], dim=1) for layer in cache.layers],
-                                 [torch.cat([layer.values[i][:, c] for c in own], dim=1) for layer in cache.layers])
+            for i, (r, (n, e)) in enumerate(zip(rows, hits)):
+                if n == len(r) - 1:
+                    continue  # the whole prompt (but its last token) is stored already
+                # Only the row's own tail is new: the entry extends the one it was found from.
+                own = slice(width - (len(r) - n), width - 1)
+                entry = PromptKV([layer.keys[i][:, own].clone() for layer in cache.layers],
+                                 [layer.values[i][:, own].clone() for layer in cache.layers], base=e if n else None)
                 store.put(tuple(r[:-1]), entry)
         return ids, mask, cache
 
