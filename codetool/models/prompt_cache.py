@@ -15,8 +15,8 @@ An entry holds, per layer, the keys and values of one prompt's tokens (no paddin
 extends a stored one (step t+1 of an episode extends step t; a query's first prompt extends the
 system prompt and tool list its batch shares) holds only its own tokens and points at that
 ``base``: an episode of s steps then holds its distinct tokens once, not s growing copies (with
-copies, 24 queries of ~800 tokens in flight filled the 1 GiB default in one round, and each round
-evicted what the next one needed: docs/TESTBED.md 5.1). Eviction is a segmented LRU over entries
+copies, 24-48 queries of ~800 tokens in flight overflow the 1 GiB default within one method and
+evict prefixes that the next step needs: docs/TESTBED.md 5.1). Eviction is a segmented LRU over entries
 that no other entry extends (leaves; a base goes once its last extension has gone): a new entry
 is on probation, one that served a later prompt is protected (at most ``protected_share`` of the
 budget; the least recently used protected entry goes back to probation), and probation is emptied
