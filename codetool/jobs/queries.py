@@ -133,7 +133,12 @@ def load_benchmark(cfg: RunConfig) -> list:
     if cfg.offset >= len(queries):
         raise CodetoolError(f"--offset {cfg.offset} skips all {len(queries)} queries of {cfg.benchmark}"
                             + (f" ({cfg.queries})" if cfg.queries else "") + ".")
-    return queries[cfg.offset:end]
+    selected = queries[cfg.offset:end]
+    if selected and all(q.extra.get("load_error") for q in selected):  # say so before a model is loaded for nothing
+        raise CodetoolError(f"{cfg.queries or cfg.benchmark}: not one of the {len(selected)} selected entries is a "
+                            f"query (entry {selected[0].query_id}: {selected[0].extra['load_error']}); pass a "
+                            "ToolBench-format file (a list of {query, query_id, api_list}).")
+    return selected
 
 
 def single_query(cfg: RunConfig):
