@@ -238,13 +238,17 @@ def ray_batch(cfg: RunConfig) -> int:
 
 def error_record(cfg: RunConfig, chash: str, unit, error: BaseException | str) -> dict:
     """The trajectory record of a query whose run failed (``finish_type: error``, a one-line message).
-    A sandbox that could not be started or used (``ExecutorError``) ran none of the policy's code:
-    the record says so as the search does (``extra["not_executed"]``), so no rate counts it."""
+    A sandbox that could not be started or used (``ExecutorError``) ran none of the policy's code,
+    and a policy or PRM server that failed the request after every retry (``ServerFailure``) gave
+    the policy no turn: the record says so as the search does (``extra["not_executed"]``), so no
+    rate counts it (an error the server answered, HTTP 400, stays the query's own)."""
+    from codetool.models.remote import ServerFailure
     from codetool.search.records import Trajectory
 
     benchmark = "restbench-tmdb" if unit.benchmark == "restbench" else unit.benchmark
     message = error if isinstance(error, str) else error_message(error)
-    extra = {"not_executed": {"step": 0, "reason": message}} if isinstance(error, ExecutorError) else {}
+    machine = isinstance(error, (ExecutorError, ServerFailure))
+    extra = {"not_executed": {"step": 0, "reason": message}} if machine else {}
     return Trajectory(query_id=unit.query_id, query=unit.query, benchmark=benchmark, group=unit.group,
                       method=cfg.search.method, config_hash=chash, finish_type="error",
                       error=message, extra=extra).to_dict()
