@@ -425,10 +425,13 @@ def summary_rows(m, trajs: list, clients: dict[str, Any]) -> list[tuple[str, Any
             ("hit max steps", m.finish_types.get("max_steps", 0)), ("errors", m.finish_types.get("error", 0)),
             ("  not executed (the machine's failure: left out of every rate)",
              f"{m.not_executed_trajectories} episodes, {m.not_executed_candidates} candidates"),
-            ("SCEP (public code's count: every chosen step, re-run)", "n/a" if m.scep is None
-             else f"{100 * m.scep:.1f}%"),
-            ("  chosen code steps that ran (ours)", "n/a" if m.scep_code_steps is None
-             else f"{100 * m.scep_code_steps:.1f}%"),
+            # Two counts of one idea side by side, each with its n: the public code re-runs each
+            # chosen step as its search would, and a reply without a ```python block counts as failed.
+            ("SCEP (public code's count: a reply without ```python fails)", "n/a" if m.scep is None
+             else f"{100 * m.scep:.1f}% ({m.reference_successful} of {m.reference_steps} steps)"),
+            ("  chosen code steps that ran in the search (ours)", "n/a" if m.scep_code_steps is None
+             else f"{100 * m.scep_code_steps:.1f}% ({round(m.scep_code_steps * m.executed_chosen)} of "
+                  f"{m.executed_chosen} steps)"),
             ("  over all sampled candidates", "n/a" if m.scep_all_candidates is None
              else f"{100 * m.scep_all_candidates:.1f}%"),
             ("answers written after the search", m.answer_sources.get("generated", 0)),
