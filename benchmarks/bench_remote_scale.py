@@ -82,6 +82,7 @@ class Meter:
     def __init__(self):
         self.requests = self.sequences = self.current = self.peak = 0
         self.area = self.busy = 0.0
+        self.lag = 0.0  # the most seconds one request waited in the stub before it held its slots
         self.first = self.last_end = None
         self.last = time.monotonic()
 
@@ -92,8 +93,10 @@ class Meter:
             self.busy += now - self.last
         self.last = now
 
-    def enter(self, n: int):
+    def enter(self, n: int, arrived: float | None = None):
         self._tick()
+        if arrived is not None:
+            self.lag = max(self.lag, time.monotonic() - arrived)
         self.requests += 1
         self.sequences += n
         self.current += n
@@ -109,7 +112,7 @@ class Meter:
         self._tick()
         return {"requests": self.requests, "sequences": self.sequences, "peak": self.peak,
                 "sequence_seconds": round(self.area, 2), "busy_s": round(self.busy, 2),
-                "effective": round(self.area / self.busy, 2) if self.busy else 0.0,
+                "effective": round(self.area / self.busy, 2) if self.busy else 0.0, "lag_s": round(self.lag, 2),
                 "wall_s": round((self.last_end or 0) - (self.first or 0), 2) if self.first else 0.0}
 
 
@@ -138,6 +141,13 @@ def build_app(latency: float, jitter: float, capacity: int, prm_latency: float, 
     fault_count = [0, 0]  # replies so far, faults so far: every 1/faults-th reply is one, in turn
     meters = {"policy": Meter(), "prm": Meter(), "all": Meter()}  # "all": policy and PRM together
     slots = {"policy": [capacity, asyncio.Condition()], "prm": [prm_capacity, asyncio.Condition()]}
+    loop_lag = {"max": 0.0, "task": None}  # how late the stub's event loop wakes (a 10 ms sleep)
+
+    async def watch_loop():
+        while True:
+            start = time.monotonic()
+            await asyncio.sleep(0.01)
+            loop_lag["max"] = max(loop_lag["max"], time.monotonic() - start - 0.01)
 
     async def hold(kind: str, n: int, seconds: float):
         free, cond = slots[kind]
@@ -158,9 +168,12 @@ def build_app(latency: float, jitter: float, capacity: int, prm_latency: float, 
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
+        arrived = time.monotonic()  # the stub's own delay (its CPU on a busy machine) is not the client's
+        if loop_lag["task"] is None:
+            loop_lag["task"] = asyncio.create_task(watch_loop())
         body = await request.json()
         n = int(body.get("n") or 1)
-        meters["policy"].enter(n)
+        meters["policy"].enter(n, arrived)
         meters["all"].enter(n)
         # Decoding dominates: a request takes its share of the latency by the tokens it may write
         # (256, the search's max_new_tokens, takes all of it; a probe of a few tokens next to none).
@@ -210,12 +223,13 @@ def build_app(latency: float, jitter: float, capacity: int, prm_latency: float, 
 
     @app.get("/stats")
     async def stats():
-        return {k: m.stats() for k, m in meters.items()}
+        return {**{k: m.stats() for k, m in meters.items()}, "loop_lag_s": round(loop_lag["max"], 3)}
 
     @app.post("/reset")
     async def reset():
         for k in meters:
             meters[k] = Meter()
+        loop_lag["max"] = 0.0
         return {}
 
     return app
@@ -352,7 +366,8 @@ def run_one(sc: dict, url: str, env: dict, max_seconds: float, out: Path) -> dic
             "window_s": window, "mean_in_flight": round(served["sequence_seconds"] / window, 1),
             "effective_busy": served["effective"], "wall_over_window": round(seconds / window, 2),
             "policy_mean_in_flight": round(s["policy"]["sequence_seconds"] / (s["policy"]["wall_s"] or 1e-9), 1),
-            "prm_requests": s["prm"]["requests"], "units": sc["units"],
+            "prm_requests": s["prm"]["requests"], "units": sc["units"], "stub_lag_s": served["lag_s"],
+            "stub_loop_lag_s": s["loop_lag_s"],
             "pss_mb": round(sampler.peak_pss), "rss_mb": round(sampler.peak_rss), "processes": sampler.processes,
             "pss_per_unit_mb": round(sampler.peak_pss / sc["units"], 1),
             "rss_per_unit_mb": round(sampler.peak_rss / sc["units"], 1), "load": load}
