@@ -45,6 +45,7 @@ from codetool.resume import (
 from codetool.search.answer import AnswerConfig, needs_answer, write_final_answers
 from codetool.search.config import SearchConfig
 from codetool.search.reference import record_reference_steps
+from codetool.search.reference_stepwise import StepwiseReferences
 from codetool.search.schedule import closed_on_interrupt, is_continuous, planned_units
 from codetool.streaming import Finisher
 from codetool.tools.config import ToolsGroup
@@ -274,8 +275,12 @@ class QueryRunner(UnitRunner):
         # cap holds new episodes back (codetool.memory_use)
         episode_executor = started_in_background(self.make_executor) if self.continuous else self.make_executor
         self.gate = memory_gate(cfg.max_memory_mb) if self.continuous else None
+        # against a server each chosen step's reference program runs while the episode goes on
+        self.reference = (StepwiseReferences(self.make_executor, RERUNS_AT_ONCE)
+                          if self.continuous and cfg.search.reference_steps else None)
         self.search = make_search(self.policy, cfg.search, episode_executor, scorer=self.scorer, config_hash=chash,
-                                  admit=self.gate.admit if self.gate is not None else None)
+                                  admit=self.gate.admit if self.gate is not None else None,
+                                  on_step=self.reference.on_step if self.reference is not None else None)
         self.backend = self.open(tool_backend(cfg.tools_backend, benchmark=cfg.benchmark, data_dir=cfg.data_dir,
                                               server_url=cfg.tool_server_url, cache_dir=cfg.tool_cache_dir))
 
@@ -313,9 +318,15 @@ class QueryRunner(UnitRunner):
 
         def complete(traj):  # in a finisher thread: what the trajectory still needs
             task = by_key.get(_unit_key(traj))
+            stepwise = self.reference.take(traj) if self.reference is not None else None
             if cfg.search.reference_steps and task is not None:
-                with reruns:
-                    record_reference_steps(traj, task, self.make_executor)
+                if stepwise is not None:  # its steps ran while the episode went on: the last one is left
+                    stepwise.finish(traj)
+                else:
+                    with reruns:
+                        record_reference_steps(traj, task, self.make_executor)
+            elif stepwise is not None:
+                stepwise.close()
             if answers and needs_answer(traj, cfg.answer):
                 write_final_answers([traj], self.policy, cfg.answer)  # one request, as in a batch
             return traj
@@ -372,6 +383,9 @@ class QueryRunner(UnitRunner):
                 if finisher is not None:
                     finisher.abandon()
                 raise
+            finally:
+                if self.reference is not None:  # what an episode that did not finish had started
+                    self.reference.close()
             flush()
         if self.gate is not None:
             self.gate.report()
