@@ -24,7 +24,10 @@ its ratio to the window (startup, probes and the last writes included; the targe
 1.3x), and the peak memory of the command's process tree (proportional set size, and the sum of
 resident sizes that counts a shared page in every process) per unit in flight (episodes for
 ``run``: ``search.concurrency``'s default 2 x 64 / k, at most the queries; trees for
-``build-trees``: 2 x 64 / (2 x branching), at least 8). ``uptime``'s load is printed with the table.
+``build-trees``: 2 x 64 / (2 x branching), at least 8). ``uptime``'s load is printed with the table,
+and the stub's own lag (the latest its event loop woke from a 10 ms sleep, the longest a request
+waited in it before it held its slots): the stub shares the machine, and on a busy one its delays
+stretch the window as a slow server would, which no client removes.
 
 The stub's replies: a policy prompt (it starts with a system message) gets a short code step
 (``x = <number>`` and a print), or ``finish(...)`` at the fifth step (and before it with
@@ -431,7 +434,8 @@ def main() -> None:
                       f"{row['requests']:>5}  mean in flight {row['mean_in_flight']:>5.1f} (peak {row['peak']})  "
                       f"window {row['window_s']:>6.1f} s  command {row['command_s']:>6.1f} s "
                       f"({row['wall_over_window']:.2f}x)  client {row['pss_mb']} MiB PSS / {row['rss_mb']} MiB RSS "
-                      f"({row['pss_per_unit_mb']} / {row['rss_per_unit_mb']} per unit)  load {row['load']}",
+                      f"({row['pss_per_unit_mb']} / {row['rss_per_unit_mb']} per unit)  stub lag "
+                      f"{row['stub_lag_s']:.2f} s (loop {row['stub_loop_lag_s']:.2f} s)  load {row['load']}",
                       flush=True)
         (out / "results.json").write_text(json.dumps(results, indent=2))
         emit(**{f"{r['kind']}_{r['queries']}_{r['code'].split()[0]}_mean_in_flight": r["mean_in_flight"]
@@ -439,12 +443,13 @@ def main() -> None:
         print(f"\nat {ALLOWED} allowed, {args.latency:g} s stub (+ up to {args.jitter:g} s); load (1, 5, 15 min) "
               f"when each started in the last column")
         print("| command | queries | code | mean in flight (of 64) | peak | window s | command s | command / window "
-              "| client MiB PSS (RSS) | per unit in flight, MiB PSS (RSS) | load |")
-        print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
+              "| client MiB PSS (RSS) | per unit in flight, MiB PSS (RSS) | stub lag s | load |")
+        print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
         for r in results:
             print(f"| {r['kind']} | {r['queries']} | {r['code']} | {r['mean_in_flight']:.1f} | {r['peak']} | "
                   f"{r['window_s']:.1f} | {r['command_s']:.1f} | {r['wall_over_window']:.2f}x | {r['pss_mb']} "
-                  f"({r['rss_mb']}) | {r['pss_per_unit_mb']} ({r['rss_per_unit_mb']}) of {r['units']} | {r['load']} |")
+                  f"({r['rss_mb']}) | {r['pss_per_unit_mb']} ({r['rss_per_unit_mb']}) of {r['units']} | "
+                  f"{r['stub_loop_lag_s']:.2f} | {r['load']} |")
     finally:
         server.terminate()
         server.wait(timeout=10)

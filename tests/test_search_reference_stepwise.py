@@ -104,3 +104,21 @@ def test_a_job_that_stops_closes_the_runners_of_unfinished_episodes():
     refs.close()  # the job stops: what ran is waited for, the runner closed
     assert made and all(ex.closed for ex in made)
     assert refs.take(traj) is None
+
+
+def test_at_most_workers_episodes_hold_a_runner_and_a_freed_slot_goes_to_the_next_step():
+    refs = StepwiseReferences(_make, workers=1)
+    first, second = _traj(TEXTS[:1]), _traj(TEXTS[:1])
+    try:
+        refs.on_step(SearchTask("q", "query", StubEnv()), first)
+        refs.on_step(SearchTask("q2", "query", StubEnv()), second)  # the slot is taken
+        assert refs.take(second) is None  # it is re-run once it ends, as before
+        ref = refs.take(first)
+        assert ref is not None and ref.finish(_traj(TEXTS[:2]))  # its end frees the slot
+        later = _traj(TEXTS[:2])
+        refs.on_step(SearchTask("q3", "query", StubEnv()), later)  # a later step takes it
+        taken = refs.take(later)
+        assert taken is not None
+        taken.close()
+    finally:
+        refs.close()

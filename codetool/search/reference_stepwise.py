@@ -15,9 +15,12 @@ programs run in step order, one at a time, so its :class:`~codetool.search.refer
 makes the same calls in the same order; a runner that fails leaves the trajectory without
 reference steps, with the same warning. If the finished trajectory's chosen replies do not
 continue the ones seen (a strategy that revises its path), what ran is dropped and the steps
-are re-run from scratch. Limits: the runner (a sandbox worker) is held from the first step to the
-end of the episode, not only at its end: one more worker per episode in flight (the job's
-``--max_memory_mb`` counts it).
+are re-run from scratch.
+
+Limits: a runner (a sandbox worker, ~3 MiB of memory of its own) is held from an episode's step
+to its end, not only at its end, so :class:`StepwiseReferences` gives at most ``workers`` (16)
+episodes one at once, as many runners as the re-runs at the end held at once before; the others
+are re-run once they end, as before.
 """
 
 from __future__ import annotations
@@ -152,12 +155,18 @@ class StepwiseReference:
 
 
 class StepwiseReferences:
-    """The :class:`StepwiseReference` of every episode in flight of one job; their programs run
-    in a pool of ``workers`` threads (so at most ``workers`` at once).
+    """The :class:`StepwiseReference` of the episodes in flight of one job, at most ``workers`` at
+    once (each holds a runner: a sandbox worker, as many as the re-runs at the end of their
+    trajectories held at once before), their programs run by a pool of ``workers`` threads. An
+    episode that finds every slot taken tries again at its next step (and then runs the programs
+    of its earlier steps first); one that never gets a slot is re-run once it ends
+    (:meth:`take` gives ``None``). As episodes end, their slots go to the ones still running, so
+    the last episodes of a job, whose re-runs its end would wait for, hold them.
 
     Args:
         make_executor (`Callable[[SearchTask], StepExecutor]`): the executor factory.
-        workers (`int`, *optional*, defaults to 16): programs run at once.
+        workers (`int`, *optional*, defaults to 16): trajectories re-run step by step, and
+            programs run, at once.
     """
 
     def __init__(self, make_executor, workers: int = 16):
@@ -178,6 +187,8 @@ class StepwiseReferences:
         with self._lock:
             _, ref = self._open.get(id(traj), (traj, None))
             if ref is None:
+                if len(self._open) >= self.workers:  # every slot taken: again at the next step
+                    return
                 ref = StepwiseReference(task, self.make_executor, self._submit)
                 self._open[id(traj)] = (traj, ref)
         ref.add(traj)
