@@ -125,3 +125,21 @@ def test_the_memory_cap_is_not_part_of_the_settings_hash():
     base = {"benchmark": "stabletoolbench", "group": "G1_instruction"}
     assert run_hash(load_config(RunConfig, overrides=base)) == run_hash(
         load_config(RunConfig, overrides={**base, "max_memory_mb": 512}))
+
+
+def test_the_memory_cap_measures_this_process_before_the_executors_start_anything(shared_data, monkeypatch):
+    """The executors' principal check runs the sandbox interpreter in the background from the
+    moment the executor factory exists; the cap's baseline (what this process has) is taken
+    before, so that process is not counted as this process's own memory."""
+    import codetool.jobs.queries as queries
+
+    order: list[str] = []
+    gate, factory = queries.memory_gate, queries.executor_factory
+    monkeypatch.setattr(queries, "memory_gate", lambda setting: (order.append("memory cap"), gate(setting))[1])
+    monkeypatch.setattr(queries, "executor_factory", lambda cfg: (order.append("executors"), factory(cfg))[1])
+    cfg = load_config(RunConfig, overrides={"benchmark": "stabletoolbench", "group": "G1_instruction",
+                                            "data_dir": str(shared_data), "executor.isolation": "fallback",
+                                            "search.latent": "none"})
+    with QueryRunner(cfg, run_hash(cfg), policy=ServerLike()):
+        pass
+    assert order == ["memory cap", "executors"]

@@ -269,12 +269,13 @@ class QueryRunner(UnitRunner):
         if scorer is None and hasattr(self.scorer, "check_reachable"):
             self.scorer.check_reachable()  # a dead PRM server stops the run before the policy's first round
         self.policy = policy or assemble.make_policy(spec)
-        self.make_executor = executor_factory(cfg.executor)
         self.continuous = is_continuous(self.policy, cfg.search.schedule)
-        # against a server an episode's sandbox starts while its first step is generated, and a memory
-        # cap holds new episodes back (codetool.memory_use)
-        episode_executor = started_in_background(self.make_executor) if self.continuous else self.make_executor
+        # against a server a memory cap holds new episodes back (codetool.memory_use): what this process
+        # has is measured before the executors' first process (their principal check) starts
         self.gate = memory_gate(cfg.max_memory_mb) if self.continuous else None
+        self.make_executor = executor_factory(cfg.executor)
+        # against a server an episode's sandbox starts while its first step is generated
+        episode_executor = started_in_background(self.make_executor) if self.continuous else self.make_executor
         # against a server each chosen step's reference program runs while the episode goes on
         self.reference = (StepwiseReferences(self.make_executor, RERUNS_AT_ONCE)
                           if self.continuous and cfg.search.reference_steps else None)
