@@ -21,7 +21,8 @@ For each command, from the server's side: requests, sequences, the **mean in fli
 first request to the last reply (sequence-seconds over that window; the target is 75% of what is
 allowed, 48 of 64), the peak, the window; from the client's side: the command's wall time and
 its ratio to the window (startup, probes and the last writes included; the target for ``run`` is
-1.3x), and the peak memory of the command's process tree (proportional set size, and the sum of
+1.3x) with the seconds before the window (from the command's start to the first request) and
+after it (from the last reply to the command's exit), and the peak memory of the command's process tree (proportional set size, and the sum of
 resident sizes that counts a shared page in every process) per unit in flight (episodes for
 ``run``: ``search.concurrency``'s default 2 x 64 / k, at most the queries; trees for
 ``build-trees``: 2 x 64 / (2 x branching), at least 8). ``uptime``'s load is printed with the table,
@@ -116,7 +117,8 @@ class Meter:
         return {"requests": self.requests, "sequences": self.sequences, "peak": self.peak,
                 "sequence_seconds": round(self.area, 2), "busy_s": round(self.busy, 2),
                 "effective": round(self.area / self.busy, 2) if self.busy else 0.0, "lag_s": round(self.lag, 2),
-                "wall_s": round((self.last_end or 0) - (self.first or 0), 2) if self.first else 0.0}
+                "wall_s": round((self.last_end or 0) - (self.first or 0), 2) if self.first else 0.0,
+                "first_t": self.first, "last_t": self.last_end}  # time.monotonic(): one clock for every process
 
 
 def _rand(*parts) -> random.Random:
@@ -268,8 +270,10 @@ def write_queries(out: Path, n: int) -> Path:
     return folder
 
 
-def scenarios(url: str, out: Path, n: int, data: Path, only: list[str], baseline: Path | None) -> list[dict]:
-    """The commands for ``n`` queries, in order; each beside the baseline code's when given."""
+def scenarios(url: str, out: Path, n: int, data: Path, only: list[str], baseline: Path | None,
+              this_first: bool = False) -> list[dict]:
+    """The commands for ``n`` queries, in order; each beside the baseline code's when given (after
+    it, or before it with ``this_first``)."""
     common = ["--tool_doc", "brief", "--executor.isolation", "fallback", "--policy", f"{url}/v1",
               "--policy_client.max_in_flight", str(ALLOWED)]
     run = ["run", "--benchmark", "stabletoolbench", "--group", "G1_instruction", "--subset", "full", "--data_dir",
@@ -279,7 +283,8 @@ def scenarios(url: str, out: Path, n: int, data: Path, only: list[str], baseline
     for kind in ("run", "trees", "run+prm", "eval"):
         if kind not in only:
             continue
-        for code in ([("baseline", baseline)] if baseline else []) + [("this checkout", None)]:
+        codes = ([("baseline", baseline)] if baseline else []) + [("this checkout", None)]
+        for code in (codes[::-1] if this_first else codes):
             tag = f"{kind.replace('+', '')}-{n}" + ("-baseline" if code[1] else "")
             runs = f"{out}/run-{n}" + ("-baseline" if code[1] else "") + ".jsonl"
             argv = {"run": run + ["--prm", "none", "--output", runs],
@@ -348,7 +353,7 @@ def run_one(sc: dict, url: str, env: dict, max_seconds: float, out: Path) -> dic
     _get(f"{url}/reset", "POST")
     run_env = {**env, "PYTHONPATH": str(sc["pythonpath"])} if sc["pythonpath"] else {**env, "PYTHONPATH": str(ROOT)}
     load = _load()
-    start = time.perf_counter()
+    start = time.monotonic()
     with open(out / f"{sc['tag']}.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "codetool.cli", *sc["argv"], "--log-level", "WARNING"],
                                 cwd=sc["pythonpath"] or ROOT, env=run_env, stdout=log, stderr=subprocess.STDOUT)
@@ -359,8 +364,9 @@ def run_one(sc: dict, url: str, env: dict, max_seconds: float, out: Path) -> dic
             proc.kill()
             rc = proc.wait()
         finally:
+            end = time.monotonic()  # before the sampler's last reading of /proc ends (it is not the command's)
             sampler.stop()
-    seconds = time.perf_counter() - start
+    seconds = end - start
     s = _get(f"{url}/stats")
     served = s["all"] if sc["kind"] == "run+prm" else s["policy"]
     window = served["wall_s"] or 1e-9
@@ -371,6 +377,10 @@ def run_one(sc: dict, url: str, env: dict, max_seconds: float, out: Path) -> dic
             "policy_mean_in_flight": round(s["policy"]["sequence_seconds"] / (s["policy"]["wall_s"] or 1e-9), 1),
             "prm_requests": s["prm"]["requests"], "units": sc["units"], "stub_lag_s": served["lag_s"],
             "stub_loop_lag_s": s["loop_lag_s"],
+            # the command's serial parts: from its start to the first request the server saw, and
+            # from the last reply to its exit (what the window leaves out)
+            "lead_s": round(served["first_t"] - start, 2) if served["first_t"] else None,
+            "tail_s": round(end - served["last_t"], 2) if served["last_t"] else None,
             "pss_mb": round(sampler.peak_pss), "rss_mb": round(sampler.peak_rss), "processes": sampler.processes,
             "pss_per_unit_mb": round(sampler.peak_pss / sc["units"], 1),
             "rss_per_unit_mb": round(sampler.peak_rss / sc["units"], 1), "load": load}
@@ -393,6 +403,8 @@ def main() -> None:
     parser.add_argument("--out", default="runs/bench/remote_scale")
     parser.add_argument("--baseline-src", default="", help="a source tree of older code (`git archive` of a commit): "
                         "each command also runs on it, before ours")
+    parser.add_argument("--this-first", action="store_true", help="with --baseline-src, run this checkout's "
+                        "command before the baseline's (alternate it across repetitions: the load drifts)")
     parser.add_argument("--max-seconds", type=float, default=3600, help="time limit of each command")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -427,13 +439,13 @@ def main() -> None:
         baseline = Path(args.baseline_src).resolve() if args.baseline_src else None
         for n in args.queries:
             data = write_queries(out, n)
-            for sc in scenarios(url, out, n, data, args.only, baseline):
+            for sc in scenarios(url, out, n, data, args.only, baseline, args.this_first):
                 row = run_one(sc, url, env, args.max_seconds, out)
                 results.append(row)
                 print(f"{row['kind']:<8} {row['queries']:>5} q  {row['code']:<14} rc {row['rc']}  requests "
                       f"{row['requests']:>5}  mean in flight {row['mean_in_flight']:>5.1f} (peak {row['peak']})  "
                       f"window {row['window_s']:>6.1f} s  command {row['command_s']:>6.1f} s "
-                      f"({row['wall_over_window']:.2f}x)  client {row['pss_mb']} MiB PSS / {row['rss_mb']} MiB RSS "
+                      f"({row['wall_over_window']:.2f}x: {row['lead_s']} s before, {row['tail_s']} s after)  client {row['pss_mb']} MiB PSS / {row['rss_mb']} MiB RSS "
                       f"({row['pss_per_unit_mb']} / {row['rss_per_unit_mb']} per unit)  stub lag "
                       f"{row['stub_lag_s']:.2f} s (loop {row['stub_loop_lag_s']:.2f} s)  load {row['load']}",
                       flush=True)
@@ -443,11 +455,13 @@ def main() -> None:
         print(f"\nat {ALLOWED} allowed, {args.latency:g} s stub (+ up to {args.jitter:g} s); load (1, 5, 15 min) "
               f"when each started in the last column")
         print("| command | queries | code | mean in flight (of 64) | peak | window s | command s | command / window "
-              "| client MiB PSS (RSS) | per unit in flight, MiB PSS (RSS) | stub lag s | load |")
-        print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+              "| before / after window s | client MiB PSS (RSS) | per unit in flight, MiB PSS (RSS) | stub lag s "
+              "| load |")
+        print("|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|")
         for r in results:
             print(f"| {r['kind']} | {r['queries']} | {r['code']} | {r['mean_in_flight']:.1f} | {r['peak']} | "
-                  f"{r['window_s']:.1f} | {r['command_s']:.1f} | {r['wall_over_window']:.2f}x | {r['pss_mb']} "
+                  f"{r['window_s']:.1f} | {r['command_s']:.1f} | {r['wall_over_window']:.2f}x | {r['lead_s']} / "
+                  f"{r['tail_s']} | {r['pss_mb']} "
                   f"({r['rss_mb']}) | {r['pss_per_unit_mb']} ({r['rss_per_unit_mb']}) of {r['units']} | "
                   f"{r['stub_loop_lag_s']:.2f} | {r['load']} |")
     finally:
