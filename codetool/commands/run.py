@@ -50,12 +50,16 @@ from codetool.resume import OutputLock, plan_resume
 logger = logging.getLogger(__name__)
 
 
-def execute_run(cfg: RunConfig, *, policy=None, scorer=None, show_summary: bool = True) -> Path:
+def execute_run(cfg: RunConfig, *, policy=None, scorer=None, show_summary: bool = True,
+                records: list[dict] | None = None) -> Path:
     """Run the search that ``cfg`` describes, appending trajectories to ``cfg.output`` (resumable).
 
     Args:
         policy (`LLMBackend`, *optional*): a loaded policy to reuse (default: built from ``cfg.policy``).
         scorer (`PRMScorer`, *optional*): a loaded PRM to reuse (default: built from ``cfg.prm``).
+        show_summary (`bool`, *optional*, defaults to `True`): print the summary at the end.
+        records (`list[dict]`, *optional*): receives every record of the output once the run
+            ended (read once: the summary uses them too).
     Returns:
         The trajectory file.
     Raises:
@@ -84,8 +88,12 @@ def execute_run(cfg: RunConfig, *, policy=None, scorer=None, show_summary: bool 
                 run_queries(cfg, todo, out, chash, policy=policy, scorer=scorer, clients=serving, progress=progress)
         else:
             logger.info("nothing to do: all %d queries are in %s", len(queries), out)
+    if records is not None:
+        from codetool.jsonl import read_jsonl
+
+        records.extend(read_jsonl(out))
     if show_summary:
-        print_summary(out, [q.query_id for q in queries], clients=serving)
+        print_summary(out, [q.query_id for q in queries], clients=serving, records=records)
     return out
 
 
@@ -102,19 +110,20 @@ def run_progress(cfg: RunConfig) -> JobProgress:
 
 def run_command(cfg: RunConfig) -> int:
     """``codetool run``; see the module docstring. Exit status 1 when any selected query failed."""
-    from codetool.jsonl import read_jsonl
-
-    out = execute_run(cfg)
-    failed = sum(1 for r in read_jsonl(out) if r.get("finish_type") == "error" and r.get("config_hash") == run_hash(cfg))
+    records: list[dict] = []
+    out = execute_run(cfg, records=records)  # the output's records, read once for the summary and this count
+    failed = sum(1 for r in records if r.get("finish_type") == "error" and r.get("config_hash") == run_hash(cfg))
     if failed:
         logger.warning("%d queries in %s ended with an error; rerun with --retry_failed to run only those", failed, out)
         return 1
     return 0
 
 
-def print_summary(path: Path, query_ids: list[str] | None = None, clients: dict | None = None) -> dict[str, Any]:
+def print_summary(path: Path, query_ids: list[str] | None = None, clients: dict | None = None,
+                  records: list[dict] | None = None) -> dict[str, Any]:
     """Print the one-screen summary of a trajectory file (restricted to ``query_ids``), with how
-    remote servers were used (from the trajectories) and what this run's ``clients`` measured."""
+    remote servers were used (from the trajectories) and what this run's ``clients`` measured.
+    ``records``: the file's records when they were read already (else it is read here)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -123,7 +132,8 @@ def print_summary(path: Path, query_ids: list[str] | None = None, clients: dict 
     from codetool.search.records import Trajectory
 
     wanted = set(query_ids) if query_ids is not None else None
-    trajs = [Trajectory.from_dict(r) for r in read_jsonl(path) if wanted is None or str(r.get("query_id")) in wanted]
+    rows = read_jsonl(path) if records is None else records
+    trajs = [Trajectory.from_dict(r) for r in rows if wanted is None or str(r.get("query_id")) in wanted]
     m = run_metrics(trajs)
     table = Table(title=f"{path} ({m.n} queries)", show_header=False)
     for k, v in summary_rows(m, trajs, clients or {}):
