@@ -122,3 +122,18 @@ def test_at_most_workers_episodes_hold_a_runner_and_a_freed_slot_goes_to_the_nex
         taken.close()
     finally:
         refs.close()
+
+
+def test_runners_take_only_the_place_of_episodes_the_job_no_longer_has():
+    spare = [0]  # a long job in its bulk: every episode slot holds an episode
+    refs = StepwiseReferences(_make, workers=4, spare=lambda: spare[0])
+    early, late = _traj(TEXTS[:1]), _traj(TEXTS[:2])
+    try:
+        refs.on_step(SearchTask("q", "query", StubEnv()), early)
+        assert refs.take(early) is None  # re-run at its end, as before
+        spare[0] = 1  # its last wave: one episode slot is free
+        refs.on_step(SearchTask("q2", "query", StubEnv()), late)
+        ref = refs.take(late)
+        assert ref is not None and ref.finish(_traj(TEXTS[:3]))
+    finally:
+        refs.close()

@@ -298,6 +298,7 @@ class QueryRunner(UnitRunner):
         cfg = self.cfg
         answers = cfg.answer.enabled(cfg.benchmark)
         waiting: list = []  # trajectories that await their final answer (written in batches)
+        ended = [0]  # episodes that ended (their trajectory handed on, or their unit failed)
         failed = 0
         lock = threading.Lock()  # on_record is called by one thread at a time
 
@@ -333,6 +334,7 @@ class QueryRunner(UnitRunner):
             return traj
 
         def done(traj) -> None:
+            ended[0] += 1
             if traj.finish_type == "error":  # a dead policy or PRM server stops the run (not recorded)
                 self.stop_if_unreachable()
             traj.extra["fidelity"] = settings
@@ -351,12 +353,14 @@ class QueryRunner(UnitRunner):
 
         def failed_unit(unit, error: BaseException) -> None:
             nonlocal failed
+            ended[0] += _unit_key(unit) in by_key  # (a malformed query never was an episode)
             self.stop_if_unreachable()
             with lock:
                 failed += 1
                 on_record(error_record(cfg, self.chash, unit, error))
 
-        tasks = []
+        tasks: list = []
+        by_key: dict[str, Any] = {}
         for q in queries:
             try:
                 if q.extra.get("load_error"):
@@ -374,7 +378,9 @@ class QueryRunner(UnitRunner):
             else:
                 self.search.run(batch, on_done=on_done)
 
-        by_key = {_unit_key(t): t for t in tasks}
+        by_key.update((_unit_key(t), t) for t in tasks)
+        if self.reference is not None:  # stepwise re-runs take the place of episodes the job no longer has
+            self.reference.spare = lambda: max(0, self.search.episodes - (len(tasks) - ended[0]))
         with closed_on_interrupt(self.policy, self.scorer):  # Ctrl-C cancels what servers are generating
             try:
                 run_isolated(tasks, run_batch, _unit_key, done, failed_unit)

@@ -19,8 +19,10 @@ are re-run from scratch.
 
 Limits: a runner (a sandbox worker, ~3 MiB of memory of its own) is held from an episode's step
 to its end, not only at its end, so :class:`StepwiseReferences` gives at most ``workers`` (16)
-episodes one at once, as many runners as the re-runs at the end held at once before; the others
-are re-run once they end, as before.
+episodes one at once, as many runners as the re-runs at the end held at once before, and in
+``codetool run`` only in place of episodes the job may keep in flight but has no query left for
+(its last wave, or a job of fewer queries than that): its peak memory stays what its episodes take.
+The others are re-run once they end, as before.
 """
 
 from __future__ import annotations
@@ -167,10 +169,14 @@ class StepwiseReferences:
         make_executor (`Callable[[SearchTask], StepExecutor]`): the executor factory.
         workers (`int`, *optional*, defaults to 16): trajectories re-run step by step, and
             programs run, at once.
+        spare (`Callable[[], int]`, *optional*): how many runners may be open now besides
+            ``workers`` (e.g. the episodes the job may keep in flight but no longer has: a long
+            job's runners then take the place of episodes that ended, in its last wave, and its
+            peak memory stays what its episodes take); ``None``: ``workers``.
     """
 
-    def __init__(self, make_executor, workers: int = 16):
-        self.make_executor, self.workers = make_executor, max(1, int(workers))
+    def __init__(self, make_executor, workers: int = 16, spare: Callable[[], int] | None = None):
+        self.make_executor, self.workers, self.spare = make_executor, max(1, int(workers)), spare
         self._pool: ThreadPoolExecutor | None = None  # started with the first step (again after close)
         self._lock = threading.Lock()
         self._open: dict[int, tuple[Any, StepwiseReference]] = {}  # id(trajectory) -> (it, its re-run)
@@ -187,7 +193,8 @@ class StepwiseReferences:
         with self._lock:
             _, ref = self._open.get(id(traj), (traj, None))
             if ref is None:
-                if len(self._open) >= self.workers:  # every slot taken: again at the next step
+                slots = self.workers if self.spare is None else min(self.workers, self.spare())
+                if len(self._open) >= slots:  # every slot taken: again at the next step
                     return
                 ref = StepwiseReference(task, self.make_executor, self._submit)
                 self._open[id(traj)] = (traj, ref)
