@@ -113,6 +113,25 @@ def test_the_end_of_a_run_reads_its_output_once(monkeypatch, toolbench, tmp_path
     assert len(reads) == 1
 
 
+def test_the_summary_imports_start_when_the_first_record_lands(monkeypatch, toolbench, tmp_path):
+    """The summary's imports (numpy, rich's table) run beside the search from its first record
+    on, not after its last reply (issue 39)."""
+    import codetool.commands.run as run_module
+
+    out, written_then = tmp_path / "t.jsonl", []
+    start = run_module.SummaryPrefetch.start
+
+    def noted(self):
+        written_then.append(len(list(read_jsonl(out))))
+        start(self)
+
+    monkeypatch.setattr(run_module.SummaryPrefetch, "start", noted)
+    _policy(monkeypatch, lambda p: block("finish('ok')"))
+    assert run_command(_cfg(toolbench, out)) == 0
+    assert written_then == [1]  # once, when the first of the six records was written
+    assert len(list(read_jsonl(out))) == 6
+
+
 def test_changed_settings_refuse_to_mix_records(monkeypatch, toolbench, tmp_path):
     out = tmp_path / "t.jsonl"
     _policy(monkeypatch, lambda p: block("finish('ok')"))

@@ -26,7 +26,10 @@ worker alike, and the summary shows the servers' client limits and use.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +47,7 @@ from codetool.jobs.queries import (
     summary_rows,
 )
 from codetool.jsonl import check_output
-from codetool.progress import JobProgress
+from codetool.progress import JobProgress, ProgressFactory
 from codetool.resume import OutputLock, plan_resume
 
 logger = logging.getLogger(__name__)
@@ -83,18 +86,57 @@ def execute_run(cfg: RunConfig, *, policy=None, scorer=None, show_summary: bool 
         if plan.done:
             logger.info("resuming: %d of %d queries already in %s", len(queries) - len(todo), len(queries), out)
         serving: dict[str, Any] = {}
+        prefetch = SummaryPrefetch() if show_summary else None
         if todo:
             with job_progress(run_progress(cfg)) as progress:
-                run_queries(cfg, todo, out, chash, policy=policy, scorer=scorer, clients=serving, progress=progress)
+                run_queries(cfg, todo, out, chash, policy=policy, scorer=scorer, clients=serving,
+                            progress=prefetch.on_first_record(progress) if prefetch else progress)
         else:
             logger.info("nothing to do: all %d queries are in %s", len(queries), out)
     if records is not None:
         from codetool.jsonl import read_jsonl
 
         records.extend(read_jsonl(out))
-    if show_summary:
+    if prefetch is not None:
+        prefetch.wait()
         print_summary(out, [q.query_id for q in queries], clients=serving, records=records)
     return out
+
+
+class SummaryPrefetch:
+    """The summary's imports (the metrics with numpy, ``rich``'s table: tenths of a second on a
+    busy machine), done in a thread of its own once the first record landed, while the search
+    still waits for its server, not after its last reply (issue 39). :meth:`wait` before the
+    summary (no import runs in two threads at once)."""
+
+    MODULES = ("codetool.eval.metrics", "rich.console", "rich.table")
+
+    def __init__(self):
+        self._thread: threading.Thread | None = None
+
+    def on_first_record(self, progress: ProgressFactory) -> ProgressFactory:
+        """``progress`` that also starts the imports when the first record is written."""
+        def factory(total: int):
+            tick = progress(total)
+
+            def on_record(record: dict) -> None:
+                if self._thread is None:
+                    self.start()
+                tick(record)
+            return on_record
+        return factory
+
+    def start(self) -> None:
+        def load() -> None:
+            for name in self.MODULES:
+                with contextlib.suppress(Exception):  # the summary imports it again and says what failed
+                    importlib.import_module(name)
+        self._thread = threading.Thread(target=load, name="codetool-prefetch", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
 
 
 def run_progress(cfg: RunConfig) -> JobProgress:
