@@ -6,7 +6,9 @@ them; :func:`run_queries` runs it here or hands it to :func:`codetool.distribute
 
 Against a server nothing a finished trajectory needs holds back the next episode (issue 39): the
 reference re-run of its steps and its final answer run beside the search (a
-:class:`~codetool.streaming.Finisher`), its record is written in a thread of its own, episodes
+:class:`~codetool.streaming.Finisher`; up to 16 episodes in the place of those the job no longer
+has re-run each step as it is chosen, :mod:`codetool.search.reference_stepwise`, so the job's end
+waits for their last steps only), its record is written in a thread of its own, episodes
 share sandbox families and start their sandbox while their first step is generated
 (:class:`codetool.executor.FamilyPool`), and ``max_memory_mb`` caps what the episodes in flight add to
 the client's memory (:mod:`codetool.memory_use`); docs/SCALE.md has the measurements.
