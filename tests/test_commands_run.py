@@ -300,6 +300,32 @@ def test_a_dead_policy_server_stops_the_run_after_the_first_failed_query(monkeyp
     assert len(list(read_jsonl(out))) == 6
 
 
+def test_a_server_that_fails_after_its_retries_is_not_the_policys_failure(monkeypatch, toolbench, tmp_path):
+    """A policy server that answers 503 to every retry gave the policy no turn: the query's error
+    record says ``not_executed`` (no rate counts it, as for a sandbox that could not start), while
+    an error the server answered (HTTP 400) stays the query's own. Before: both counted in n."""
+    from codetool.eval.metrics import not_executed_trajectory
+    from codetool.models.remote import EndpointError, ServerFailure
+    from codetool.search.records import Trajectory
+
+    def reply(prompt):
+        text = _prompt_text(prompt)
+        if "G1 question 1?" in text:
+            raise ServerFailure("http://127.0.0.1:9/v1/chat/completions: HTTP 503 (busy) after 7 attempts; retry later.")
+        if "G1 question 2?" in text:
+            raise EndpointError("http://127.0.0.1:9/v1/chat/completions answered HTTP 400: prompt too long.", 400)
+        return block("finish('ok')")
+
+    out = tmp_path / "t.jsonl"
+    _policy(monkeypatch, reply)
+    assert run_command(_cfg(toolbench, out)) == 1
+    records = {(r["group"], r["query_id"]): r for r in read_jsonl(out)}
+    lost, own = records[("G1", "1")], records[("G1", "2")]
+    assert lost["finish_type"] == own["finish_type"] == "error"
+    assert "HTTP 503" in lost["extra"]["not_executed"]["reason"] and "not_executed" not in own["extra"]
+    assert [not_executed_trajectory(Trajectory.from_dict(r)) for r in (lost, own)] == [True, False]
+
+
 def test_run_help_lists_dvts_the_votes_and_the_budgeted_allocation():
     from codetool import cli
 

@@ -136,7 +136,12 @@ def load_benchmark(cfg: RunConfig) -> list:
     if cfg.offset >= len(queries):
         raise CodetoolError(f"--offset {cfg.offset} skips all {len(queries)} queries of {cfg.benchmark}"
                             + (f" ({cfg.queries})" if cfg.queries else "") + ".")
-    return queries[cfg.offset:end]
+    selected = queries[cfg.offset:end]
+    if selected and all(q.extra.get("load_error") for q in selected):  # say so before a model is loaded for nothing
+        raise CodetoolError(f"{cfg.queries or cfg.benchmark}: not one of the {len(selected)} selected entries is a "
+                            f"query (entry {selected[0].query_id}: {selected[0].extra['load_error']}); pass a "
+                            "ToolBench-format file (a list of {query, query_id, api_list}).")
+    return selected
 
 
 def single_query(cfg: RunConfig):
@@ -236,13 +241,17 @@ def ray_batch(cfg: RunConfig) -> int:
 
 def error_record(cfg: RunConfig, chash: str, unit, error: BaseException | str) -> dict:
     """The trajectory record of a query whose run failed (``finish_type: error``, a one-line message).
-    A sandbox that could not be started or used (``ExecutorError``) ran none of the policy's code:
-    the record says so as the search does (``extra["not_executed"]``), so no rate counts it."""
+    A sandbox that could not be started or used (``ExecutorError``) ran none of the policy's code,
+    and a policy or PRM server that failed the request after every retry (``ServerFailure``) gave
+    the policy no turn: the record says so as the search does (``extra["not_executed"]``), so no
+    rate counts it (an error the server answered, HTTP 400, stays the query's own)."""
+    from codetool.models.remote import ServerFailure
     from codetool.search.records import Trajectory
 
     benchmark = "restbench-tmdb" if unit.benchmark == "restbench" else unit.benchmark
     message = error if isinstance(error, str) else error_message(error)
-    extra = {"not_executed": {"step": 0, "reason": message}} if isinstance(error, ExecutorError) else {}
+    machine = isinstance(error, (ExecutorError, ServerFailure))
+    extra = {"not_executed": {"step": 0, "reason": message}} if machine else {}
     return Trajectory(query_id=unit.query_id, query=unit.query, benchmark=benchmark, group=unit.group,
                       method=cfg.search.method, config_hash=chash, finish_type="error",
                       error=message, extra=extra).to_dict()
@@ -439,10 +448,13 @@ def summary_rows(m, trajs: list, clients: dict[str, Any]) -> list[tuple[str, Any
             ("hit max steps", m.finish_types.get("max_steps", 0)), ("errors", m.finish_types.get("error", 0)),
             ("  not executed (the machine's failure: left out of every rate)",
              f"{m.not_executed_trajectories} episodes, {m.not_executed_candidates} candidates"),
-            ("SCEP (public code's count: every chosen step, re-run)", "n/a" if m.scep is None
-             else f"{100 * m.scep:.1f}%"),
-            ("  chosen code steps that ran (ours)", "n/a" if m.scep_code_steps is None
-             else f"{100 * m.scep_code_steps:.1f}%"),
+            # Two counts of one idea side by side, each with its n: the public code re-runs each
+            # chosen step as its search would, and a reply without a ```python block counts as failed.
+            ("SCEP (public code's count: a reply without ```python fails)", "n/a" if m.scep is None
+             else f"{100 * m.scep:.1f}% ({m.reference_successful} of {m.reference_steps} steps)"),
+            ("  chosen code steps that ran in the search (ours)", "n/a" if m.scep_code_steps is None
+             else f"{100 * m.scep_code_steps:.1f}% ({round(m.scep_code_steps * m.executed_chosen)} of "
+                  f"{m.executed_chosen} steps)"),
             ("  over all sampled candidates", "n/a" if m.scep_all_candidates is None
              else f"{100 * m.scep_all_candidates:.1f}%"),
             ("answers written after the search", m.answer_sources.get("generated", 0)),

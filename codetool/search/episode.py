@@ -11,7 +11,9 @@ Isolation: a step none of whose candidates the executor could run (``not_execute
 the machine) ends its episode as ``error`` with ``extra["not_executed"]``, which no metric or pass
 rate counts, and a candidate that was not executed is left out of the pick (:func:`select`, issue
 37). An exception inside one episode ends that episode as ``finish_type='error'`` (secrets
-redacted), not the run; a failure of a batched call is retried episode by episode.
+redacted), not the run; a failure of a batched call is retried episode by episode. A policy or
+PRM server that failed a request after every retry (``ServerFailure``) is the machine's failure
+too: that error also carries ``extra["not_executed"]``.
 
 Throughput: with a local policy :meth:`Episodes.run` keeps ``concurrency`` episodes in batched
 rounds; with a remote policy each episode advances on its own as its requests return (continuous
@@ -426,9 +428,15 @@ class Episodes:
 
 
 def fail(ep: Episode, error: Exception | str) -> Episode:
-    """End ``ep`` as ``finish_type='error'`` with the error's message (secrets redacted)."""
+    """End ``ep`` as ``finish_type='error'`` with the error's message (secrets redacted). A policy
+    or PRM server that failed the request after every retry (``ServerFailure``) gave the policy no
+    turn: the trajectory also gets ``extra["not_executed"]`` (step, reason), so no rate counts it."""
+    from codetool.models.remote import ServerFailure
+
     text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
     ep.traj.finish_type, ep.traj.error = "error", redact(text)[:2000]
+    if isinstance(error, ServerFailure):
+        ep.traj.extra["not_executed"] = {"step": len(ep.traj.steps), "reason": ep.traj.error}
     logger.warning("episode %s ended with an error: %s", ep.task.query_id, log_safe(ep.traj.error, 500))
     return ep
 
