@@ -87,6 +87,51 @@ def test_one_failing_query_is_recorded_and_the_run_goes_on(monkeypatch, toolbenc
     assert len(policy.calls) == 1
 
 
+def test_the_end_of_a_run_reads_its_output_once(monkeypatch, toolbench, tmp_path):
+    """The summary and the exit status come from one read of the output (issue 39: before, the
+    whole file was read twice after the last reply; 1,000 trajectories are megabytes)."""
+    import codetool.jsonl as jsonl
+
+    out, reads = tmp_path / "t.jsonl", []
+    original = jsonl.read_jsonl
+
+    def counted(path, *args, **kwargs):
+        if str(path) == str(out):
+            reads.append(path)
+        return original(path, *args, **kwargs)
+
+    def reply(prompt):
+        if "G1 question 2?" in _prompt_text(prompt):
+            raise CodetoolError("http://policy/v1 answered HTTP 400: context length exceeded")
+        return block("finish('ok')")
+
+    _policy(monkeypatch, reply)
+    cfg = _cfg(toolbench, out)
+    monkeypatch.setattr(jsonl, "read_jsonl", counted)
+    reads.clear()
+    assert run_command(cfg) == 1  # the failed query still sets the exit status
+    assert len(reads) == 1
+
+
+def test_the_summary_imports_start_when_the_first_record_lands(monkeypatch, toolbench, tmp_path):
+    """The summary's imports (numpy, rich's table) run beside the search from its first record
+    on, not after its last reply (issue 39)."""
+    import codetool.commands.run as run_module
+
+    out, written_then = tmp_path / "t.jsonl", []
+    start = run_module.SummaryPrefetch.start
+
+    def noted(self):
+        written_then.append(len(list(read_jsonl(out))))
+        start(self)
+
+    monkeypatch.setattr(run_module.SummaryPrefetch, "start", noted)
+    _policy(monkeypatch, lambda p: block("finish('ok')"))
+    assert run_command(_cfg(toolbench, out)) == 0
+    assert written_then == [1]  # once, when the first of the six records was written
+    assert len(list(read_jsonl(out))) == 6
+
+
 def test_changed_settings_refuse_to_mix_records(monkeypatch, toolbench, tmp_path):
     out = tmp_path / "t.jsonl"
     _policy(monkeypatch, lambda p: block("finish('ok')"))

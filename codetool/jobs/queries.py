@@ -6,7 +6,9 @@ them; :func:`run_queries` runs it here or hands it to :func:`codetool.distribute
 
 Against a server nothing a finished trajectory needs holds back the next episode (issue 39): the
 reference re-run of its steps and its final answer run beside the search (a
-:class:`~codetool.streaming.Finisher`), its record is written in a thread of its own, episodes
+:class:`~codetool.streaming.Finisher`; up to 16 episodes in the place of those the job no longer
+has re-run each step as it is chosen, :mod:`codetool.search.reference_stepwise`, so the job's end
+waits for their last steps only), its record is written in a thread of its own, episodes
 share sandbox families and start their sandbox while their first step is generated
 (:class:`codetool.executor.FamilyPool`), and ``max_memory_mb`` caps what the episodes in flight add to
 the client's memory (:mod:`codetool.memory_use`); docs/SCALE.md has the measurements.
@@ -45,6 +47,7 @@ from codetool.resume import (
 from codetool.search.answer import AnswerConfig, needs_answer, write_final_answers
 from codetool.search.config import SearchConfig
 from codetool.search.reference import record_reference_steps
+from codetool.search.reference_stepwise import StepwiseReferences
 from codetool.search.schedule import closed_on_interrupt, is_continuous, planned_units
 from codetool.streaming import Finisher
 from codetool.tools.config import ToolsGroup
@@ -277,14 +280,19 @@ class QueryRunner(UnitRunner):
         if scorer is None and hasattr(self.scorer, "check_reachable"):
             self.scorer.check_reachable()  # a dead PRM server stops the run before the policy's first round
         self.policy = policy or assemble.make_policy(spec)
-        self.make_executor = executor_factory(cfg.executor)
         self.continuous = is_continuous(self.policy, cfg.search.schedule)
-        # against a server an episode's sandbox starts while its first step is generated, and a memory
-        # cap holds new episodes back (codetool.memory_use)
-        episode_executor = started_in_background(self.make_executor) if self.continuous else self.make_executor
+        # against a server a memory cap holds new episodes back (codetool.memory_use): what this process
+        # has is measured before the executors' first process (their principal check) starts
         self.gate = memory_gate(cfg.max_memory_mb) if self.continuous else None
+        self.make_executor = executor_factory(cfg.executor)
+        # against a server an episode's sandbox starts while its first step is generated
+        episode_executor = started_in_background(self.make_executor) if self.continuous else self.make_executor
+        # against a server each chosen step's reference program runs while the episode goes on
+        self.reference = (StepwiseReferences(self.make_executor, RERUNS_AT_ONCE)
+                          if self.continuous and cfg.search.reference_steps else None)
         self.search = make_search(self.policy, cfg.search, episode_executor, scorer=self.scorer, config_hash=chash,
-                                  admit=self.gate.admit if self.gate is not None else None)
+                                  admit=self.gate.admit if self.gate is not None else None,
+                                  on_step=self.reference.on_step if self.reference is not None else None)
         self.backend = self.open(tool_backend(cfg.tools_backend, benchmark=cfg.benchmark, data_dir=cfg.data_dir,
                                               server_url=cfg.tool_server_url, cache_dir=cfg.tool_cache_dir))
 
@@ -301,6 +309,7 @@ class QueryRunner(UnitRunner):
         cfg = self.cfg
         answers = cfg.answer.enabled(cfg.benchmark)
         waiting: list = []  # trajectories that await their final answer (written in batches)
+        ended = [0]  # episodes that ended (their trajectory handed on, or their unit failed)
         failed = 0
         lock = threading.Lock()  # on_record is called by one thread at a time
 
@@ -322,14 +331,21 @@ class QueryRunner(UnitRunner):
 
         def complete(traj):  # in a finisher thread: what the trajectory still needs
             task = by_key.get(_unit_key(traj))
+            stepwise = self.reference.take(traj) if self.reference is not None else None
             if cfg.search.reference_steps and task is not None:
-                with reruns:
-                    record_reference_steps(traj, task, self.make_executor)
+                if stepwise is not None:  # its steps ran while the episode went on: the last one is left
+                    stepwise.finish(traj)
+                else:
+                    with reruns:
+                        record_reference_steps(traj, task, self.make_executor)
+            elif stepwise is not None:
+                stepwise.close()
             if answers and needs_answer(traj, cfg.answer):
                 write_final_answers([traj], self.policy, cfg.answer)  # one request, as in a batch
             return traj
 
         def done(traj) -> None:
+            ended[0] += 1
             if traj.finish_type == "error":  # a dead policy or PRM server stops the run (not recorded)
                 self.stop_if_unreachable()
             traj.extra["fidelity"] = settings
@@ -348,12 +364,14 @@ class QueryRunner(UnitRunner):
 
         def failed_unit(unit, error: BaseException) -> None:
             nonlocal failed
+            ended[0] += _unit_key(unit) in by_key  # (a malformed query never was an episode)
             self.stop_if_unreachable()
             with lock:
                 failed += 1
                 on_record(error_record(cfg, self.chash, unit, error))
 
-        tasks = []
+        tasks: list = []
+        by_key: dict[str, Any] = {}
         for q in queries:
             try:
                 if q.extra.get("load_error"):
@@ -371,7 +389,9 @@ class QueryRunner(UnitRunner):
             else:
                 self.search.run(batch, on_done=on_done)
 
-        by_key = {_unit_key(t): t for t in tasks}
+        by_key.update((_unit_key(t), t) for t in tasks)
+        if self.reference is not None:  # stepwise re-runs take the place of episodes the job no longer has
+            self.reference.spare = lambda: max(0, self.search.episodes - (len(tasks) - ended[0]))
         with closed_on_interrupt(self.policy, self.scorer):  # Ctrl-C cancels what servers are generating
             try:
                 run_isolated(tasks, run_batch, _unit_key, done, failed_unit)
@@ -381,6 +401,9 @@ class QueryRunner(UnitRunner):
                 if finisher is not None:
                     finisher.abandon()
                 raise
+            finally:
+                if self.reference is not None:  # what an episode that did not finish had started
+                    self.reference.close()
             flush()
         if self.gate is not None:
             self.gate.report()

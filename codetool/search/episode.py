@@ -72,6 +72,10 @@ class SearchParts:
         admit (`Callable[[int], bool]`, *optional*): under continuous scheduling, whether one
             more query may start beside the number in flight (a memory cap,
             :class:`codetool.memory_use.MemoryGate`); ``None``: as many as the schedule keeps.
+        on_step (`Callable[[SearchTask, Trajectory], None]`, *optional*): under continuous
+            scheduling, called in a greedy episode's thread with its trajectory after each step it
+            chose but the last (e.g. to start what the finished trajectory will need:
+            :class:`codetool.search.reference_stepwise.StepwiseReferences`); it must return at once.
     """
 
     policy: LLMBackend
@@ -79,6 +83,7 @@ class SearchParts:
     scorer: PRMScorer | None = None
     config_hash: str = ""
     admit: Callable[[int], bool] | None = None
+    on_step: Callable[[SearchTask, Trajectory], None] | None = None
 
 
 Strategy = Callable[[Iterable[SearchTask], SearchParts, SearchConfig, "Hook | None"], list[Trajectory]]
@@ -201,7 +206,7 @@ class Episodes:
             raise ConfigError("search.latent is 'rollout' but this strategy was given no rollout value.")
         self.cfg, self.rollout = cfg, rollout
         self.policy, self.make_executor, self.config_hash = parts.policy, parts.make_executor, parts.config_hash
-        self.admit = parts.admit
+        self.admit, self.on_step = parts.admit, parts.on_step
         self.continuous = is_continuous(parts.policy, cfg.schedule)
         self.scorer = thread_safe(parts.scorer) if self.continuous else parts.scorer
         self.episodes = units_in_flight(cfg.concurrency, parts.policy, self.continuous, local_default=4,
@@ -238,7 +243,8 @@ class Episodes:
         """One whole episode on its own (continuous scheduling): each step is a round of one."""
         ep = self.start(task)
         while not self.round([ep], len(ep.traj.steps), quiet=True):
-            pass
+            if self.on_step is not None and ep.traj.steps:
+                self.on_step(task, ep.traj)
         return self.finish(ep)
 
     def start(self, task: SearchTask) -> Episode:
