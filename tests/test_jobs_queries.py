@@ -10,7 +10,7 @@ from codetool.jobs.queries import QueryRunner, RunConfig, load_benchmark, run_ha
 from codetool.models.completion import to_messages
 from tests.test_search_schedule import ServerLike
 
-WAIT_S = 20.0  # a safety net only: the test asserts which episodes had started, never a duration
+WAIT_S = 60.0  # a safety net only: the test asserts which episodes had started, never a duration
 
 
 class Recording(ServerLike):
