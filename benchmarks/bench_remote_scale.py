@@ -21,10 +21,14 @@ For each command, from the server's side: requests, sequences, the **mean in fli
 first request to the last reply (sequence-seconds over that window; the target is 75% of what is
 allowed, 48 of 64), the peak, the window; from the client's side: the command's wall time and
 its ratio to the window (startup, probes and the last writes included; the target for ``run`` is
-1.3x), and the peak memory of the command's process tree (proportional set size, and the sum of
+1.3x) with the seconds before the window (from the command's start to the first request) and
+after it (from the last reply to the command's exit), and the peak memory of the command's process tree (proportional set size, and the sum of
 resident sizes that counts a shared page in every process) per unit in flight (episodes for
 ``run``: ``search.concurrency``'s default 2 x 64 / k, at most the queries; trees for
-``build-trees``: 2 x 64 / (2 x branching), at least 8). ``uptime``'s load is printed with the table.
+``build-trees``: 2 x 64 / (2 x branching), at least 8). ``uptime``'s load is printed with the table,
+and the stub's own lag (the latest its event loop woke from a 10 ms sleep, the longest a request
+waited in it before it held its slots): the stub shares the machine, and on a busy one its delays
+stretch the window as a slow server would, which no client removes.
 
 The stub's replies: a policy prompt (it starts with a system message) gets a short code step
 (``x = <number>`` and a print), or ``finish(...)`` at the fifth step (and before it with
@@ -82,6 +86,7 @@ class Meter:
     def __init__(self):
         self.requests = self.sequences = self.current = self.peak = 0
         self.area = self.busy = 0.0
+        self.lag = 0.0  # the most seconds one request waited in the stub before it held its slots
         self.first = self.last_end = None
         self.last = time.monotonic()
 
@@ -92,8 +97,10 @@ class Meter:
             self.busy += now - self.last
         self.last = now
 
-    def enter(self, n: int):
+    def enter(self, n: int, arrived: float | None = None):
         self._tick()
+        if arrived is not None:
+            self.lag = max(self.lag, time.monotonic() - arrived)
         self.requests += 1
         self.sequences += n
         self.current += n
@@ -109,8 +116,9 @@ class Meter:
         self._tick()
         return {"requests": self.requests, "sequences": self.sequences, "peak": self.peak,
                 "sequence_seconds": round(self.area, 2), "busy_s": round(self.busy, 2),
-                "effective": round(self.area / self.busy, 2) if self.busy else 0.0,
-                "wall_s": round((self.last_end or 0) - (self.first or 0), 2) if self.first else 0.0}
+                "effective": round(self.area / self.busy, 2) if self.busy else 0.0, "lag_s": round(self.lag, 2),
+                "wall_s": round((self.last_end or 0) - (self.first or 0), 2) if self.first else 0.0,
+                "first_t": self.first, "last_t": self.last_end}  # time.monotonic(): one clock for every process
 
 
 def _rand(*parts) -> random.Random:
@@ -138,6 +146,13 @@ def build_app(latency: float, jitter: float, capacity: int, prm_latency: float, 
     fault_count = [0, 0]  # replies so far, faults so far: every 1/faults-th reply is one, in turn
     meters = {"policy": Meter(), "prm": Meter(), "all": Meter()}  # "all": policy and PRM together
     slots = {"policy": [capacity, asyncio.Condition()], "prm": [prm_capacity, asyncio.Condition()]}
+    loop_lag = {"max": 0.0, "task": None}  # how late the stub's event loop wakes (a 10 ms sleep)
+
+    async def watch_loop():
+        while True:
+            start = time.monotonic()
+            await asyncio.sleep(0.01)
+            loop_lag["max"] = max(loop_lag["max"], time.monotonic() - start - 0.01)
 
     async def hold(kind: str, n: int, seconds: float):
         free, cond = slots[kind]
@@ -158,9 +173,12 @@ def build_app(latency: float, jitter: float, capacity: int, prm_latency: float, 
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
+        arrived = time.monotonic()  # the stub's own delay (its CPU on a busy machine) is not the client's
+        if loop_lag["task"] is None:
+            loop_lag["task"] = asyncio.create_task(watch_loop())
         body = await request.json()
         n = int(body.get("n") or 1)
-        meters["policy"].enter(n)
+        meters["policy"].enter(n, arrived)
         meters["all"].enter(n)
         # Decoding dominates: a request takes its share of the latency by the tokens it may write
         # (256, the search's max_new_tokens, takes all of it; a probe of a few tokens next to none).
@@ -210,12 +228,13 @@ def build_app(latency: float, jitter: float, capacity: int, prm_latency: float, 
 
     @app.get("/stats")
     async def stats():
-        return {k: m.stats() for k, m in meters.items()}
+        return {**{k: m.stats() for k, m in meters.items()}, "loop_lag_s": round(loop_lag["max"], 3)}
 
     @app.post("/reset")
     async def reset():
         for k in meters:
             meters[k] = Meter()
+        loop_lag["max"] = 0.0
         return {}
 
     return app
@@ -251,8 +270,10 @@ def write_queries(out: Path, n: int) -> Path:
     return folder
 
 
-def scenarios(url: str, out: Path, n: int, data: Path, only: list[str], baseline: Path | None) -> list[dict]:
-    """The commands for ``n`` queries, in order; each beside the baseline code's when given."""
+def scenarios(url: str, out: Path, n: int, data: Path, only: list[str], baseline: Path | None,
+              this_first: bool = False) -> list[dict]:
+    """The commands for ``n`` queries, in order; each beside the baseline code's when given (after
+    it, or before it with ``this_first``)."""
     common = ["--tool_doc", "brief", "--executor.isolation", "fallback", "--policy", f"{url}/v1",
               "--policy_client.max_in_flight", str(ALLOWED)]
     run = ["run", "--benchmark", "stabletoolbench", "--group", "G1_instruction", "--subset", "full", "--data_dir",
@@ -262,7 +283,8 @@ def scenarios(url: str, out: Path, n: int, data: Path, only: list[str], baseline
     for kind in ("run", "trees", "run+prm", "eval"):
         if kind not in only:
             continue
-        for code in ([("baseline", baseline)] if baseline else []) + [("this checkout", None)]:
+        codes = ([("baseline", baseline)] if baseline else []) + [("this checkout", None)]
+        for code in (codes[::-1] if this_first else codes):
             tag = f"{kind.replace('+', '')}-{n}" + ("-baseline" if code[1] else "")
             runs = f"{out}/run-{n}" + ("-baseline" if code[1] else "") + ".jsonl"
             argv = {"run": run + ["--prm", "none", "--output", runs],
@@ -331,7 +353,7 @@ def run_one(sc: dict, url: str, env: dict, max_seconds: float, out: Path) -> dic
     _get(f"{url}/reset", "POST")
     run_env = {**env, "PYTHONPATH": str(sc["pythonpath"])} if sc["pythonpath"] else {**env, "PYTHONPATH": str(ROOT)}
     load = _load()
-    start = time.perf_counter()
+    start = time.monotonic()
     with open(out / f"{sc['tag']}.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "codetool.cli", *sc["argv"], "--log-level", "WARNING"],
                                 cwd=sc["pythonpath"] or ROOT, env=run_env, stdout=log, stderr=subprocess.STDOUT)
@@ -342,8 +364,9 @@ def run_one(sc: dict, url: str, env: dict, max_seconds: float, out: Path) -> dic
             proc.kill()
             rc = proc.wait()
         finally:
+            end = time.monotonic()  # before the sampler's last reading of /proc ends (it is not the command's)
             sampler.stop()
-    seconds = time.perf_counter() - start
+    seconds = end - start
     s = _get(f"{url}/stats")
     served = s["all"] if sc["kind"] == "run+prm" else s["policy"]
     window = served["wall_s"] or 1e-9
@@ -352,7 +375,12 @@ def run_one(sc: dict, url: str, env: dict, max_seconds: float, out: Path) -> dic
             "window_s": window, "mean_in_flight": round(served["sequence_seconds"] / window, 1),
             "effective_busy": served["effective"], "wall_over_window": round(seconds / window, 2),
             "policy_mean_in_flight": round(s["policy"]["sequence_seconds"] / (s["policy"]["wall_s"] or 1e-9), 1),
-            "prm_requests": s["prm"]["requests"], "units": sc["units"],
+            "prm_requests": s["prm"]["requests"], "units": sc["units"], "stub_lag_s": served["lag_s"],
+            "stub_loop_lag_s": s["loop_lag_s"],
+            # the command's serial parts: from its start to the first request the server saw, and
+            # from the last reply to its exit (what the window leaves out)
+            "lead_s": round(served["first_t"] - start, 2) if served["first_t"] else None,
+            "tail_s": round(end - served["last_t"], 2) if served["last_t"] else None,
             "pss_mb": round(sampler.peak_pss), "rss_mb": round(sampler.peak_rss), "processes": sampler.processes,
             "pss_per_unit_mb": round(sampler.peak_pss / sc["units"], 1),
             "rss_per_unit_mb": round(sampler.peak_rss / sc["units"], 1), "load": load}
@@ -375,6 +403,8 @@ def main() -> None:
     parser.add_argument("--out", default="runs/bench/remote_scale")
     parser.add_argument("--baseline-src", default="", help="a source tree of older code (`git archive` of a commit): "
                         "each command also runs on it, before ours")
+    parser.add_argument("--this-first", action="store_true", help="with --baseline-src, run this checkout's "
+                        "command before the baseline's (alternate it across repetitions: the load drifts)")
     parser.add_argument("--max-seconds", type=float, default=3600, help="time limit of each command")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -409,14 +439,15 @@ def main() -> None:
         baseline = Path(args.baseline_src).resolve() if args.baseline_src else None
         for n in args.queries:
             data = write_queries(out, n)
-            for sc in scenarios(url, out, n, data, args.only, baseline):
+            for sc in scenarios(url, out, n, data, args.only, baseline, args.this_first):
                 row = run_one(sc, url, env, args.max_seconds, out)
                 results.append(row)
                 print(f"{row['kind']:<8} {row['queries']:>5} q  {row['code']:<14} rc {row['rc']}  requests "
                       f"{row['requests']:>5}  mean in flight {row['mean_in_flight']:>5.1f} (peak {row['peak']})  "
                       f"window {row['window_s']:>6.1f} s  command {row['command_s']:>6.1f} s "
-                      f"({row['wall_over_window']:.2f}x)  client {row['pss_mb']} MiB PSS / {row['rss_mb']} MiB RSS "
-                      f"({row['pss_per_unit_mb']} / {row['rss_per_unit_mb']} per unit)  load {row['load']}",
+                      f"({row['wall_over_window']:.2f}x: {row['lead_s']} s before, {row['tail_s']} s after)  client {row['pss_mb']} MiB PSS / {row['rss_mb']} MiB RSS "
+                      f"({row['pss_per_unit_mb']} / {row['rss_per_unit_mb']} per unit)  stub lag "
+                      f"{row['stub_lag_s']:.2f} s (loop {row['stub_loop_lag_s']:.2f} s)  load {row['load']}",
                       flush=True)
         (out / "results.json").write_text(json.dumps(results, indent=2))
         emit(**{f"{r['kind']}_{r['queries']}_{r['code'].split()[0]}_mean_in_flight": r["mean_in_flight"]
@@ -424,12 +455,15 @@ def main() -> None:
         print(f"\nat {ALLOWED} allowed, {args.latency:g} s stub (+ up to {args.jitter:g} s); load (1, 5, 15 min) "
               f"when each started in the last column")
         print("| command | queries | code | mean in flight (of 64) | peak | window s | command s | command / window "
-              "| client MiB PSS (RSS) | per unit in flight, MiB PSS (RSS) | load |")
-        print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
+              "| before / after window s | client MiB PSS (RSS) | per unit in flight, MiB PSS (RSS) | stub lag s "
+              "| load |")
+        print("|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|")
         for r in results:
             print(f"| {r['kind']} | {r['queries']} | {r['code']} | {r['mean_in_flight']:.1f} | {r['peak']} | "
-                  f"{r['window_s']:.1f} | {r['command_s']:.1f} | {r['wall_over_window']:.2f}x | {r['pss_mb']} "
-                  f"({r['rss_mb']}) | {r['pss_per_unit_mb']} ({r['rss_per_unit_mb']}) of {r['units']} | {r['load']} |")
+                  f"{r['window_s']:.1f} | {r['command_s']:.1f} | {r['wall_over_window']:.2f}x | {r['lead_s']} / "
+                  f"{r['tail_s']} | {r['pss_mb']} "
+                  f"({r['rss_mb']}) | {r['pss_per_unit_mb']} ({r['rss_per_unit_mb']}) of {r['units']} | "
+                  f"{r['stub_loop_lag_s']:.2f} | {r['load']} |")
     finally:
         server.terminate()
         server.wait(timeout=10)

@@ -42,6 +42,7 @@ from codetool.search.search import SearchTask
 
 if TYPE_CHECKING:
     from codetool.judge.config import JudgeConfig
+    from codetool.search.records import Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,8 @@ JUDGES: dict[str, Callable[..., Judge]] = {  # the type checker holds each class
 
 def make_search(policy: LLMBackend, cfg: SearchConfig, make_executor: Callable[[SearchTask], StepExecutor],
                 scorer: PRMScorer | None = None, config_hash: str = "",
-                admit: Callable[[int], bool] | None = None) -> Search:
+                admit: Callable[[int], bool] | None = None,
+                on_step: Callable[[SearchTask, Trajectory], None] | None = None) -> Search:
     """The search ``cfg`` describes: the parts bound to the settings and to ``STRATEGIES[cfg.strategy]``.
 
     Args:
@@ -79,10 +81,13 @@ def make_search(policy: LLMBackend, cfg: SearchConfig, make_executor: Callable[[
         scorer (`PRMScorer`, *optional*): the latent reward source when ``latent='prm'``.
         config_hash (`str`, *optional*): stored in every trajectory.
         admit (`Callable[[int], bool]`, *optional*): a cap on the queries in flight (a memory cap).
+        on_step (`Callable[[SearchTask, Trajectory], None]`, *optional*): sees a greedy episode's
+            trajectory after each step but the last, under continuous scheduling (``SearchParts``).
     Raises:
         ConfigError: settings the parts cannot run (``codetool.search.episode.check``).
     """
-    return Search(SearchParts(policy, make_executor, scorer, config_hash, admit), cfg, STRATEGIES[cfg.strategy])
+    return Search(SearchParts(policy, make_executor, scorer, config_hash, admit, on_step), cfg,
+                  STRATEGIES[cfg.strategy])
 
 
 def make_policy(spec: ModelSpec):

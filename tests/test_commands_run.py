@@ -87,6 +87,51 @@ def test_one_failing_query_is_recorded_and_the_run_goes_on(monkeypatch, toolbenc
     assert len(policy.calls) == 1
 
 
+def test_the_end_of_a_run_reads_its_output_once(monkeypatch, toolbench, tmp_path):
+    """The summary and the exit status come from one read of the output (issue 39: before, the
+    whole file was read twice after the last reply; 1,000 trajectories are megabytes)."""
+    import codetool.jsonl as jsonl
+
+    out, reads = tmp_path / "t.jsonl", []
+    original = jsonl.read_jsonl
+
+    def counted(path, *args, **kwargs):
+        if str(path) == str(out):
+            reads.append(path)
+        return original(path, *args, **kwargs)
+
+    def reply(prompt):
+        if "G1 question 2?" in _prompt_text(prompt):
+            raise CodetoolError("http://policy/v1 answered HTTP 400: context length exceeded")
+        return block("finish('ok')")
+
+    _policy(monkeypatch, reply)
+    cfg = _cfg(toolbench, out)
+    monkeypatch.setattr(jsonl, "read_jsonl", counted)
+    reads.clear()
+    assert run_command(cfg) == 1  # the failed query still sets the exit status
+    assert len(reads) == 1
+
+
+def test_the_summary_imports_start_when_the_first_record_lands(monkeypatch, toolbench, tmp_path):
+    """The summary's imports (numpy, rich's table) run beside the search from its first record
+    on, not after its last reply (issue 39)."""
+    import codetool.commands.run as run_module
+
+    out, written_then = tmp_path / "t.jsonl", []
+    start = run_module.SummaryPrefetch.start
+
+    def noted(self):
+        written_then.append(len(list(read_jsonl(out))))
+        start(self)
+
+    monkeypatch.setattr(run_module.SummaryPrefetch, "start", noted)
+    _policy(monkeypatch, lambda p: block("finish('ok')"))
+    assert run_command(_cfg(toolbench, out)) == 0
+    assert written_then == [1]  # once, when the first of the six records was written
+    assert len(list(read_jsonl(out))) == 6
+
+
 def test_changed_settings_refuse_to_mix_records(monkeypatch, toolbench, tmp_path):
     out = tmp_path / "t.jsonl"
     _policy(monkeypatch, lambda p: block("finish('ok')"))
@@ -253,6 +298,32 @@ def test_a_dead_policy_server_stops_the_run_after_the_first_failed_query(monkeyp
     _policy(monkeypatch, lambda p: block("finish('ok')"))
     assert run_command(_cfg(toolbench, out)) == 0
     assert len(list(read_jsonl(out))) == 6
+
+
+def test_a_server_that_fails_after_its_retries_is_not_the_policys_failure(monkeypatch, toolbench, tmp_path):
+    """A policy server that answers 503 to every retry gave the policy no turn: the query's error
+    record says ``not_executed`` (no rate counts it, as for a sandbox that could not start), while
+    an error the server answered (HTTP 400) stays the query's own. Before: both counted in n."""
+    from codetool.eval.metrics import not_executed_trajectory
+    from codetool.models.remote import EndpointError, ServerFailure
+    from codetool.search.records import Trajectory
+
+    def reply(prompt):
+        text = _prompt_text(prompt)
+        if "G1 question 1?" in text:
+            raise ServerFailure("http://127.0.0.1:9/v1/chat/completions: HTTP 503 (busy) after 7 attempts; retry later.")
+        if "G1 question 2?" in text:
+            raise EndpointError("http://127.0.0.1:9/v1/chat/completions answered HTTP 400: prompt too long.", 400)
+        return block("finish('ok')")
+
+    out = tmp_path / "t.jsonl"
+    _policy(monkeypatch, reply)
+    assert run_command(_cfg(toolbench, out)) == 1
+    records = {(r["group"], r["query_id"]): r for r in read_jsonl(out)}
+    lost, own = records[("G1", "1")], records[("G1", "2")]
+    assert lost["finish_type"] == own["finish_type"] == "error"
+    assert "HTTP 503" in lost["extra"]["not_executed"]["reason"] and "not_executed" not in own["extra"]
+    assert [not_executed_trajectory(Trajectory.from_dict(r)) for r in (lost, own)] == [True, False]
 
 
 def test_run_help_lists_dvts_the_votes_and_the_budgeted_allocation():

@@ -172,29 +172,27 @@ def _start(args: list[str]) -> tuple[subprocess.Popen, list[str]]:
     return proc, lines
 
 
-def _wait_for(out: Path, records: int, proc: subprocess.Popen, lines: list[str]) -> None:
+def _wait_until(done, what: str, proc: subprocess.Popen, lines: list[str]) -> None:
+    """Until ``done()`` (a safety limit of 240 s, never a measured bound); fails naming ``what``."""
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
-        if out.exists() and out.read_bytes().count(b"\n") >= records:
+        if done():
             return
         if proc.poll() is not None:
-            pytest.fail(f"the job ended before {records} records: {''.join(lines)[-3000:]}")
+            pytest.fail(f"the job ended before {what}: {''.join(lines)[-3000:]}")
         time.sleep(0.05)
     proc.kill()
-    pytest.fail(f"fewer than {records} records within the time limit")
+    pytest.fail(f"not {what} within the time limit: {''.join(lines)[-3000:]}")
+
+
+def _wait_for(out: Path, records: int, proc: subprocess.Popen, lines: list[str]) -> None:
+    _wait_until(lambda: out.exists() and out.read_bytes().count(b"\n") >= records, f"{records} records", proc, lines)
 
 
 def _wait_ready(workers: int, proc: subprocess.Popen, lines: list[str]) -> None:
     """Until the driver has logged ``workers`` workers ready (each then has its first calls)."""
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        if len(set(re.findall(r"ray worker (\d) ready on", "".join(lines)))) >= workers:
-            return
-        if proc.poll() is not None:
-            pytest.fail(f"the job ended before {workers} workers were ready: {''.join(lines)[-3000:]}")
-        time.sleep(0.05)
-    proc.kill()
-    pytest.fail(f"fewer than {workers} workers ready within the time limit: {''.join(lines)[-3000:]}")
+    _wait_until(lambda: len(set(re.findall(r"ray worker (\d) ready on", "".join(lines)))) >= workers,
+                f"{workers} workers ready", proc, lines)
 
 
 def _stats(log: str) -> dict[str, int]:

@@ -100,3 +100,39 @@ def test_executors_of_one_family_have_their_own_tools():
     finally:
         first.close()
         second.close()
+
+
+def test_the_principal_check_runs_beside_the_caller_not_before_it(monkeypatch):
+    """Whether executors are separate principals runs the sandbox interpreter (tenths of a second
+    on a busy machine): making a pool (``codetool run``'s start) does not wait for it, the first
+    ``take`` does (issue 39). Before, the pool's constructor ran it on the caller's thread."""
+    import threading
+
+    import codetool.executor.host.pool as pool_module
+
+    release, callers, caller = threading.Event(), [], threading.current_thread()
+
+    def held_check(config):
+        callers.append(threading.current_thread())
+        if threading.current_thread() is not caller:  # (the old code ran it here: no wait, the test fails)
+            release.wait(60)
+        return False
+
+    monkeypatch.setattr(pool_module, "separate_principals", held_check)
+    pool = FamilyPool(EXEC, per_family=4)  # returns while the check is held
+    release.set()
+    assert threading.current_thread() not in callers
+    assert pool.per_family == 1  # the check's answer, once it is in
+    assert len(callers) == 1
+
+
+def test_a_failed_principal_check_is_raised_where_a_family_is_needed(monkeypatch):
+    import codetool.executor.host.pool as pool_module
+
+    def broken(config):
+        raise ExecutorError("executor python '/nope' does not run")
+
+    monkeypatch.setattr(pool_module, "separate_principals", broken)
+    pool = FamilyPool(EXEC)
+    with pytest.raises(ExecutorError, match="does not run"):
+        pool.take()

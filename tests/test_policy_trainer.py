@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from codetool import CodetoolError
 from codetool.cli import main
 from codetool.config import load_config
 from codetool.policy.config import TrainPolicyConfig
+from codetool.prm.checkpoints import COMPLETE
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -175,9 +177,11 @@ def test_a_killed_run_resumes_from_its_checkpoint(tiny_model_dir, shared_data, t
                             start_new_session=True)
     try:
         deadline = time.time() + 240
-        while not (run_dir / "checkpoint-2").is_dir() and proc.poll() is None and time.time() < deadline:
+        # the marker is the save's last file (the folder appears first: CI killed a save half done)
+        marker = run_dir / "checkpoint-2" / COMPLETE
+        while not marker.is_file() and proc.poll() is None and time.time() < deadline:
             time.sleep(0.2)
-        assert (run_dir / "checkpoint-2").is_dir(), "no checkpoint before the kill"
+        assert marker.is_file(), "no whole checkpoint before the kill"
         os.killpg(proc.pid, signal.SIGKILL)
     finally:
         proc.wait()
@@ -191,6 +195,28 @@ def test_a_killed_run_resumes_from_its_checkpoint(tiny_model_dir, shared_data, t
     steps = [p["step"] for p in run["curve"]]
     assert steps[-1] == 4 and 1 not in steps or steps.count(1) == 1  # resumed, not restarted
     assert run["generated_tokens"] >= counted["attributes"]["generated"] > 0
+
+
+def test_a_save_cut_short_is_removed_and_the_run_resumes_from_the_whole_one_before(tmp_path):
+    """A kill during the save of checkpoint-2 leaves its folder without the completion marker:
+    ``resume auto`` takes checkpoint-1 (before: transformers' newest folder, which cannot load)."""
+    from types import SimpleNamespace
+
+    from codetool.policy.train import _resume_path
+    from codetool.prm.checkpoints import mark_complete
+
+    for step in (1, 2):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "model.safetensors").write_bytes(b"w")
+    mark_complete(tmp_path / "checkpoint-1", 1)
+    cfg = SimpleNamespace(resume="auto", resume_from_checkpoint=None, output_dir=str(tmp_path))
+    assert _resume_path(cfg) == str(tmp_path / "checkpoint-1")
+    assert not (tmp_path / "checkpoint-2").exists()
+    with pytest.raises(CodetoolError, match="not a whole checkpoint"):
+        (tmp_path / "checkpoint-3").mkdir()
+        _resume_path(SimpleNamespace(resume="auto", resume_from_checkpoint=str(tmp_path / "checkpoint-3"),
+                                     output_dir=str(tmp_path)))
+    assert _resume_path(SimpleNamespace(resume="none", resume_from_checkpoint=None, output_dir=str(tmp_path))) is None
 
 
 class Killed(Exception):

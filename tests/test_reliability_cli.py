@@ -20,6 +20,7 @@ def files(tmp_path):
     (tmp_path / "dir").mkdir()
     (tmp_path / "file").write_text("x")
     (tmp_path / "empty.json").write_text("[]")
+    (tmp_path / "blank.json").write_text(json.dumps([{"query_id": 1, "query": "", "api_list": [API]}]))
     (tmp_path / "q.json").write_text(json.dumps([{"query_id": 1, "query": "q", "api_list": [API]}]))
     (tmp_path / "prm.jsonl").write_text('{"query": "q", "label": 1}\n')
     (tmp_path / "torn.jsonl").write_text('{"query": "q", "label": 1}\n{"que')
@@ -41,6 +42,8 @@ CASES = [
     ("run --benchmark restbench-tmdb --subset full", "--subset 'full'"),
     ("run --benchmark toolbench --queries {t}/q.json --search.temperature nan", "finite"),
     ("run --benchmark toolbench --queries {t}/empty.json", "is an empty list, not a query file"),
+    # found before the policy is loaded (it used to search for an answer to "" with the model)
+    ("run --benchmark toolbench --queries {t}/blank.json", "not one of the 1 selected entries is a query"),
     ("build-trees --queries {t}/q.json --output {t}/dir", "is a folder"),
     ("build-trees --queries {t}/q.json --limit -2", "--limit must be >= 1"),
     ("eval {t}/prm.jsonl --out {t}/rep", "not a trajectory file"),
@@ -73,7 +76,8 @@ def test_malformed_api_entry_fails_only_its_query(files, capsys, monkeypatch):
     from codetool.models.backends import ScriptedBackend
 
     monkeypatch.setattr(assemble, "make_policy", lambda *a, **k: ScriptedBackend(lambda p: "finish('ok')\n```"))
-    bad = [{"query_id": 1, "query": "q1", "api_list": [API, "oops"]}, {"query_id": 2, "query": "q2", "api_list": [API]}]
+    bad = [{"query_id": 1, "query": "q1", "api_list": [API, "oops"]}, {"query_id": 2, "query": "q2", "api_list": [API]},
+           {"query_id": 3, "query": " \n", "api_list": [API]}]
     (files / "bad.json").write_text(json.dumps(bad))
     out = files / "o.jsonl"
     args = ["run", "--benchmark", "toolbench", "--queries", str(files / "bad.json"), "--output", str(out),
@@ -82,4 +86,5 @@ def test_malformed_api_entry_fails_only_its_query(files, capsys, monkeypatch):
     records = {r["query_id"]: r for r in read_jsonl(out)}
     assert records["1"]["finish_type"] == "error" and "malformed query entry" in records["1"]["error"]
     assert records["2"]["finish_type"] == "finish"
+    assert records["3"]["finish_type"] == "error" and "not a question to answer" in records["3"]["error"]
     assert not os.path.exists(str(out) + ".lock")  # the run removed its lock file when it ended

@@ -82,3 +82,21 @@ def test_a_missing_latent_reward_beside_defined_ones_is_their_mean_not_zero():
              Candidate(2, "", "c", r_spot=1.0, r_latent=0.6)]
     assert select(cands, cfg) == 2
     assert [round(c.score, 6) for c in cands] == [1.2, 1.4, 1.6]
+
+
+def test_a_tie_goes_to_the_candidate_whose_state_survived():
+    """Both steps failed on the spot; one's code killed its worker (``state_lost``: the next step
+    would start from nothing). Before: a random tie between them, so about half the seeds chose it."""
+    from codetool.executor.result import ExecutionResult
+
+    def pair():
+        raised = ExecutionResult(ok=False, outcome="runtime_error", error_type="KeyError")
+        killed = ExecutionResult(ok=False, outcome="worker_lost", error_type="WorkerLost", state_lost=True)
+        return [Candidate(0, "", "import os; os._exit(3)", result=killed, r_spot=0.0),
+                Candidate(1, "", "print(d['x'])", result=raised, r_spot=0.0)]
+
+    assert {select(pair(), SPOT_ONLY, tie_key=f"q{i}|0") for i in range(40)} == {1}
+    first = SearchConfig(w_spot=1.0, w_latent=0.0, latent="none", tie_break="first")
+    assert select(pair(), first) == 1
+    reference = SearchConfig(w_spot=1.0, w_latent=0.0, latent="none", tie_break="reference")
+    assert select(pair(), reference) == 0  # the public code keeps candidate 1 of equals, whatever it did

@@ -26,7 +26,10 @@ worker alike, and the summary shows the servers' client limits and use.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -44,18 +47,22 @@ from codetool.jobs.queries import (
     summary_rows,
 )
 from codetool.jsonl import check_output
-from codetool.progress import JobProgress
+from codetool.progress import JobProgress, ProgressFactory
 from codetool.resume import OutputLock, plan_resume
 
 logger = logging.getLogger(__name__)
 
 
-def execute_run(cfg: RunConfig, *, policy=None, scorer=None, show_summary: bool = True) -> Path:
+def execute_run(cfg: RunConfig, *, policy=None, scorer=None, show_summary: bool = True,
+                records: list[dict] | None = None) -> Path:
     """Run the search that ``cfg`` describes, appending trajectories to ``cfg.output`` (resumable).
 
     Args:
         policy (`LLMBackend`, *optional*): a loaded policy to reuse (default: built from ``cfg.policy``).
         scorer (`PRMScorer`, *optional*): a loaded PRM to reuse (default: built from ``cfg.prm``).
+        show_summary (`bool`, *optional*, defaults to `True`): print the summary at the end.
+        records (`list[dict]`, *optional*): receives every record of the output once the run
+            ended (read once: the summary uses them too).
     Returns:
         The trajectory file.
     Raises:
@@ -79,14 +86,57 @@ def execute_run(cfg: RunConfig, *, policy=None, scorer=None, show_summary: bool 
         if plan.done:
             logger.info("resuming: %d of %d queries already in %s", len(queries) - len(todo), len(queries), out)
         serving: dict[str, Any] = {}
+        prefetch = SummaryPrefetch() if show_summary else None
         if todo:
             with job_progress(run_progress(cfg)) as progress:
-                run_queries(cfg, todo, out, chash, policy=policy, scorer=scorer, clients=serving, progress=progress)
+                run_queries(cfg, todo, out, chash, policy=policy, scorer=scorer, clients=serving,
+                            progress=prefetch.on_first_record(progress) if prefetch else progress)
         else:
             logger.info("nothing to do: all %d queries are in %s", len(queries), out)
-    if show_summary:
-        print_summary(out, [q.query_id for q in queries], clients=serving)
+    if records is not None:
+        from codetool.jsonl import read_jsonl
+
+        records.extend(read_jsonl(out))
+    if prefetch is not None:
+        prefetch.wait()
+        print_summary(out, [q.query_id for q in queries], clients=serving, records=records)
     return out
+
+
+class SummaryPrefetch:
+    """The summary's imports (the metrics with numpy, ``rich``'s table: tenths of a second on a
+    busy machine), done in a thread of its own once the first record landed, while the search
+    still waits for its server, not after its last reply (issue 39). :meth:`wait` before the
+    summary (no import runs in two threads at once)."""
+
+    MODULES = ("codetool.eval.metrics", "rich.console", "rich.table")
+
+    def __init__(self):
+        self._thread: threading.Thread | None = None
+
+    def on_first_record(self, progress: ProgressFactory) -> ProgressFactory:
+        """``progress`` that also starts the imports when the first record is written."""
+        def factory(total: int):
+            tick = progress(total)
+
+            def on_record(record: dict) -> None:
+                if self._thread is None:
+                    self.start()
+                tick(record)
+            return on_record
+        return factory
+
+    def start(self) -> None:
+        def load() -> None:
+            for name in self.MODULES:
+                with contextlib.suppress(Exception):  # the summary imports it again and says what failed
+                    importlib.import_module(name)
+        self._thread = threading.Thread(target=load, name="codetool-prefetch", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
 
 
 def run_progress(cfg: RunConfig) -> JobProgress:
@@ -102,19 +152,20 @@ def run_progress(cfg: RunConfig) -> JobProgress:
 
 def run_command(cfg: RunConfig) -> int:
     """``codetool run``; see the module docstring. Exit status 1 when any selected query failed."""
-    from codetool.jsonl import read_jsonl
-
-    out = execute_run(cfg)
-    failed = sum(1 for r in read_jsonl(out) if r.get("finish_type") == "error" and r.get("config_hash") == run_hash(cfg))
+    records: list[dict] = []
+    out = execute_run(cfg, records=records)  # the output's records, read once for the summary and this count
+    failed = sum(1 for r in records if r.get("finish_type") == "error" and r.get("config_hash") == run_hash(cfg))
     if failed:
         logger.warning("%d queries in %s ended with an error; rerun with --retry_failed to run only those", failed, out)
         return 1
     return 0
 
 
-def print_summary(path: Path, query_ids: list[str] | None = None, clients: dict | None = None) -> dict[str, Any]:
+def print_summary(path: Path, query_ids: list[str] | None = None, clients: dict | None = None,
+                  records: list[dict] | None = None) -> dict[str, Any]:
     """Print the one-screen summary of a trajectory file (restricted to ``query_ids``), with how
-    remote servers were used (from the trajectories) and what this run's ``clients`` measured."""
+    remote servers were used (from the trajectories) and what this run's ``clients`` measured.
+    ``records``: the file's records when they were read already (else it is read here)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -123,7 +174,8 @@ def print_summary(path: Path, query_ids: list[str] | None = None, clients: dict 
     from codetool.search.records import Trajectory
 
     wanted = set(query_ids) if query_ids is not None else None
-    trajs = [Trajectory.from_dict(r) for r in read_jsonl(path) if wanted is None or str(r.get("query_id")) in wanted]
+    rows = read_jsonl(path) if records is None else records
+    trajs = [Trajectory.from_dict(r) for r in rows if wanted is None or str(r.get("query_id")) in wanted]
     m = run_metrics(trajs)
     table = Table(title=f"{path} ({m.n} queries)", show_header=False)
     for k, v in summary_rows(m, trajs, clients or {}):

@@ -6,7 +6,9 @@ them; :func:`run_queries` runs it here or hands it to :func:`codetool.distribute
 
 Against a server nothing a finished trajectory needs holds back the next episode (issue 39): the
 reference re-run of its steps and its final answer run beside the search (a
-:class:`~codetool.streaming.Finisher`), its record is written in a thread of its own, episodes
+:class:`~codetool.streaming.Finisher`; up to 16 episodes in the place of those the job no longer
+has re-run each step as it is chosen, :mod:`codetool.search.reference_stepwise`, so the job's end
+waits for their last steps only), its record is written in a thread of its own, episodes
 share sandbox families and start their sandbox while their first step is generated
 (:class:`codetool.executor.FamilyPool`), and ``max_memory_mb`` caps what the episodes in flight add to
 the client's memory (:mod:`codetool.memory_use`); docs/SCALE.md has the measurements.
@@ -45,6 +47,7 @@ from codetool.resume import (
 from codetool.search.answer import AnswerConfig, needs_answer, write_final_answers
 from codetool.search.config import SearchConfig
 from codetool.search.reference import record_reference_steps
+from codetool.search.reference_stepwise import StepwiseReferences
 from codetool.search.schedule import closed_on_interrupt, is_continuous, planned_units
 from codetool.streaming import Finisher
 from codetool.tools.config import ToolsGroup
@@ -133,7 +136,12 @@ def load_benchmark(cfg: RunConfig) -> list:
     if cfg.offset >= len(queries):
         raise CodetoolError(f"--offset {cfg.offset} skips all {len(queries)} queries of {cfg.benchmark}"
                             + (f" ({cfg.queries})" if cfg.queries else "") + ".")
-    return queries[cfg.offset:end]
+    selected = queries[cfg.offset:end]
+    if selected and all(q.extra.get("load_error") for q in selected):  # say so before a model is loaded for nothing
+        raise CodetoolError(f"{cfg.queries or cfg.benchmark}: not one of the {len(selected)} selected entries is a "
+                            f"query (entry {selected[0].query_id}: {selected[0].extra['load_error']}); pass a "
+                            "ToolBench-format file (a list of {query, query_id, api_list}).")
+    return selected
 
 
 def single_query(cfg: RunConfig):
@@ -233,13 +241,17 @@ def ray_batch(cfg: RunConfig) -> int:
 
 def error_record(cfg: RunConfig, chash: str, unit, error: BaseException | str) -> dict:
     """The trajectory record of a query whose run failed (``finish_type: error``, a one-line message).
-    A sandbox that could not be started or used (``ExecutorError``) ran none of the policy's code:
-    the record says so as the search does (``extra["not_executed"]``), so no rate counts it."""
+    A sandbox that could not be started or used (``ExecutorError``) ran none of the policy's code,
+    and a policy or PRM server that failed the request after every retry (``ServerFailure``) gave
+    the policy no turn: the record says so as the search does (``extra["not_executed"]``), so no
+    rate counts it (an error the server answered, HTTP 400, stays the query's own)."""
+    from codetool.models.remote import ServerFailure
     from codetool.search.records import Trajectory
 
     benchmark = "restbench-tmdb" if unit.benchmark == "restbench" else unit.benchmark
     message = error if isinstance(error, str) else error_message(error)
-    extra = {"not_executed": {"step": 0, "reason": message}} if isinstance(error, ExecutorError) else {}
+    machine = isinstance(error, (ExecutorError, ServerFailure))
+    extra = {"not_executed": {"step": 0, "reason": message}} if machine else {}
     return Trajectory(query_id=unit.query_id, query=unit.query, benchmark=benchmark, group=unit.group,
                       method=cfg.search.method, config_hash=chash, finish_type="error",
                       error=message, extra=extra).to_dict()
@@ -268,14 +280,19 @@ class QueryRunner(UnitRunner):
         if scorer is None and hasattr(self.scorer, "check_reachable"):
             self.scorer.check_reachable()  # a dead PRM server stops the run before the policy's first round
         self.policy = policy or assemble.make_policy(spec)
-        self.make_executor = executor_factory(cfg.executor)
         self.continuous = is_continuous(self.policy, cfg.search.schedule)
-        # against a server an episode's sandbox starts while its first step is generated, and a memory
-        # cap holds new episodes back (codetool.memory_use)
-        episode_executor = started_in_background(self.make_executor) if self.continuous else self.make_executor
+        # against a server a memory cap holds new episodes back (codetool.memory_use): what this process
+        # has is measured before the executors' first process (their principal check) starts
         self.gate = memory_gate(cfg.max_memory_mb) if self.continuous else None
+        self.make_executor = executor_factory(cfg.executor)
+        # against a server an episode's sandbox starts while its first step is generated
+        episode_executor = started_in_background(self.make_executor) if self.continuous else self.make_executor
+        # against a server each chosen step's reference program runs while the episode goes on
+        self.reference = (StepwiseReferences(self.make_executor, RERUNS_AT_ONCE)
+                          if self.continuous and cfg.search.reference_steps else None)
         self.search = make_search(self.policy, cfg.search, episode_executor, scorer=self.scorer, config_hash=chash,
-                                  admit=self.gate.admit if self.gate is not None else None)
+                                  admit=self.gate.admit if self.gate is not None else None,
+                                  on_step=self.reference.on_step if self.reference is not None else None)
         self.backend = self.open(tool_backend(cfg.tools_backend, benchmark=cfg.benchmark, data_dir=cfg.data_dir,
                                               server_url=cfg.tool_server_url, cache_dir=cfg.tool_cache_dir))
 
@@ -292,6 +309,7 @@ class QueryRunner(UnitRunner):
         cfg = self.cfg
         answers = cfg.answer.enabled(cfg.benchmark)
         waiting: list = []  # trajectories that await their final answer (written in batches)
+        ended = [0]  # episodes that ended (their trajectory handed on, or their unit failed)
         failed = 0
         lock = threading.Lock()  # on_record is called by one thread at a time
 
@@ -313,14 +331,21 @@ class QueryRunner(UnitRunner):
 
         def complete(traj):  # in a finisher thread: what the trajectory still needs
             task = by_key.get(_unit_key(traj))
+            stepwise = self.reference.take(traj) if self.reference is not None else None
             if cfg.search.reference_steps and task is not None:
-                with reruns:
-                    record_reference_steps(traj, task, self.make_executor)
+                if stepwise is not None:  # its steps ran while the episode went on: the last one is left
+                    stepwise.finish(traj)
+                else:
+                    with reruns:
+                        record_reference_steps(traj, task, self.make_executor)
+            elif stepwise is not None:
+                stepwise.close()
             if answers and needs_answer(traj, cfg.answer):
                 write_final_answers([traj], self.policy, cfg.answer)  # one request, as in a batch
             return traj
 
         def done(traj) -> None:
+            ended[0] += 1
             if traj.finish_type == "error":  # a dead policy or PRM server stops the run (not recorded)
                 self.stop_if_unreachable()
             traj.extra["fidelity"] = settings
@@ -339,12 +364,14 @@ class QueryRunner(UnitRunner):
 
         def failed_unit(unit, error: BaseException) -> None:
             nonlocal failed
+            ended[0] += _unit_key(unit) in by_key  # (a malformed query never was an episode)
             self.stop_if_unreachable()
             with lock:
                 failed += 1
                 on_record(error_record(cfg, self.chash, unit, error))
 
-        tasks = []
+        tasks: list = []
+        by_key: dict[str, Any] = {}
         for q in queries:
             try:
                 if q.extra.get("load_error"):
@@ -362,7 +389,9 @@ class QueryRunner(UnitRunner):
             else:
                 self.search.run(batch, on_done=on_done)
 
-        by_key = {_unit_key(t): t for t in tasks}
+        by_key.update((_unit_key(t), t) for t in tasks)
+        if self.reference is not None:  # stepwise re-runs take the place of episodes the job no longer has
+            self.reference.spare = lambda: max(0, self.search.episodes - (len(tasks) - ended[0]))
         with closed_on_interrupt(self.policy, self.scorer):  # Ctrl-C cancels what servers are generating
             try:
                 run_isolated(tasks, run_batch, _unit_key, done, failed_unit)
@@ -372,6 +401,9 @@ class QueryRunner(UnitRunner):
                 if finisher is not None:
                     finisher.abandon()
                 raise
+            finally:
+                if self.reference is not None:  # what an episode that did not finish had started
+                    self.reference.close()
             flush()
         if self.gate is not None:
             self.gate.report()
@@ -416,10 +448,13 @@ def summary_rows(m, trajs: list, clients: dict[str, Any]) -> list[tuple[str, Any
             ("hit max steps", m.finish_types.get("max_steps", 0)), ("errors", m.finish_types.get("error", 0)),
             ("  not executed (the machine's failure: left out of every rate)",
              f"{m.not_executed_trajectories} episodes, {m.not_executed_candidates} candidates"),
-            ("SCEP (public code's count: every chosen step, re-run)", "n/a" if m.scep is None
-             else f"{100 * m.scep:.1f}%"),
-            ("  chosen code steps that ran (ours)", "n/a" if m.scep_code_steps is None
-             else f"{100 * m.scep_code_steps:.1f}%"),
+            # Two counts of one idea side by side, each with its n: the public code re-runs each
+            # chosen step as its search would, and a reply without a ```python block counts as failed.
+            ("SCEP (public code's count: a reply without ```python fails)", "n/a" if m.scep is None
+             else f"{100 * m.scep:.1f}% ({m.reference_successful} of {m.reference_steps} steps)"),
+            ("  chosen code steps that ran in the search (ours)", "n/a" if m.scep_code_steps is None
+             else f"{100 * m.scep_code_steps:.1f}% ({round(m.scep_code_steps * m.executed_chosen)} of "
+                  f"{m.executed_chosen} steps)"),
             ("  over all sampled candidates", "n/a" if m.scep_all_candidates is None
              else f"{100 * m.scep_all_candidates:.1f}%"),
             ("answers written after the search", m.answer_sources.get("generated", 0)),

@@ -324,11 +324,13 @@ class TreeRunner(UnitRunner):
         from codetool.search.schedule import is_continuous
 
         policy = make_policy(cfg.policy_spec)
+        continuous = is_continuous(policy, cfg.search.schedule)
+        # new trees wait while they would pass the cap; what this process has is measured before the
+        # executors' first process (their principal check) starts
+        self.gate = memory_gate(cfg.max_memory_mb) if continuous else None
         make_executor = executor_factory(cfg.executor)
-        self.gate = None
-        if is_continuous(policy, cfg.search.schedule):  # a tree's sandbox starts while its root is sampled
+        if continuous:  # a tree's sandbox starts while its root is sampled
             make_executor = started_in_background(make_executor)
-            self.gate = memory_gate(cfg.max_memory_mb)  # new trees wait while they would pass the cap
         self.builder = TreeBuilder(policy, cfg, make_executor, judge=judge_fn(cfg))
         self.backend = self.open(tool_backend(cfg.tools_backend, server_url=cfg.tool_server_url,
                                               cache_dir=cfg.tool_cache_dir))

@@ -176,6 +176,13 @@ class EndpointError(CodetoolError):
         self.status, self.text = status, text
 
 
+class ServerFailure(CodetoolError):
+    """The server (or the network to it) failed the request after every retry: unreachable,
+    timeouts, 429/5xx, bodies that do not parse. Not the request's fault, nor the policy's: a job
+    records the unit as not run (``not_executed``), which no rate counts and ``--retry_failed``
+    runs again."""
+
+
 def json_object(response) -> dict[str, Any]:
     """The JSON object of a reply's body.
 
@@ -339,7 +346,7 @@ class RemoteClient:
             ``parse(response)`` of a 2xx answer, or the ``httpx.Response`` without ``parse``.
         Raises:
             EndpointError: a non-retryable HTTP error (4xx other than 429).
-            CodetoolError: the retries ran out (unreachable, timeouts, 429/5xx, bodies that do not parse).
+            ServerFailure: the retries ran out (unreachable, timeouts, 429/5xx, bodies that do not parse).
         """
         import httpx
 
@@ -415,7 +422,7 @@ class RemoteClient:
         if connect_failed:
             with self._lock:
                 self.unreachable = message
-        raise CodetoolError(message)
+        raise ServerFailure(message)
 
     def stats(self) -> dict[str, Any]:
         """What the client did: requests, retries (``faults``: the retried faults by kind), failovers,

@@ -135,15 +135,11 @@ def reward_curve(log_history: list[dict]) -> list[dict]:
 
 
 def _resume_path(cfg: TrainPolicyConfig) -> str | None:
-    from transformers.trainer_utils import get_last_checkpoint
+    """The checkpoint to resume from: ``auto`` the newest *whole* one (a save cut short by a kill
+    is removed, not resumed: ``codetool.prm.checkpoints``), a folder as given once it is whole."""
+    from codetool.prm.checkpoints import resume_checkpoint
 
-    if cfg.resume_from_checkpoint:
-        return cfg.resume_from_checkpoint
-    if cfg.resume in ("none", "None", ""):
-        return None
-    if cfg.resume != "auto":
-        return cfg.resume
-    return get_last_checkpoint(cfg.output_dir) if Path(cfg.output_dir).is_dir() else None
+    return resume_checkpoint(cfg.resume_from_checkpoint or cfg.resume, cfg.output_dir)
 
 
 def train_run(cfg: TrainPolicyConfig, tasks: dict, *, scorer: PRMScorer | None = None, judge: Judge | None = None,

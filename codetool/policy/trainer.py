@@ -119,6 +119,17 @@ class PolicyGRPOTrainer(GRPOTrainer):
         rows = self.constraint_masks.rows(episodes)
         self._constraint_rows = rows if any(rows) else None
 
+    def _save_checkpoint(self, model, trial, *args, **kwargs):
+        """The Trainer's checkpoint, then its completion marker once every process has saved
+        (``codetool.prm.checkpoints``): a run killed during a save resumes from the one before."""
+        from codetool.prm.checkpoints import mark_complete
+
+        super()._save_checkpoint(model, trial, *args, **kwargs)
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            mark_complete(Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}",
+                          self.state.global_step)
+
     def _compute_loss(self, model, inputs):
         self._constraint_ids = inputs.get("constraint_mask_ids")
         try:

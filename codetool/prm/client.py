@@ -25,6 +25,7 @@ from codetool.models.remote import (
     EndpointError,
     RemoteClient,
     RemoteConfig,
+    ServerFailure,
     json_object,
     split_urls,
 )
@@ -80,7 +81,8 @@ class HTTPScorer:
         except EndpointError:
             raise
         except CodetoolError as e:
-            raise CodetoolError(f"PRM server: {e} Start it with 'codetool serve-prm' or check --prm.") from None
+            kind = type(e) if isinstance(e, ServerFailure) else CodetoolError
+            raise kind(f"PRM server: {e} Start it with 'codetool serve-prm' or check --prm.") from None
         values = reply.get("scores")
         if not isinstance(values, list) or len(values) != len(chunk):
             raise CodetoolError(f"PRM server {self.url} returned {values!r:.100} for {len(chunk)} items.")

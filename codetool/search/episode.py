@@ -11,7 +11,9 @@ Isolation: a step none of whose candidates the executor could run (``not_execute
 the machine) ends its episode as ``error`` with ``extra["not_executed"]``, which no metric or pass
 rate counts, and a candidate that was not executed is left out of the pick (:func:`select`, issue
 37). An exception inside one episode ends that episode as ``finish_type='error'`` (secrets
-redacted), not the run; a failure of a batched call is retried episode by episode.
+redacted), not the run; a failure of a batched call is retried episode by episode. A policy or
+PRM server that failed a request after every retry (``ServerFailure``) is the machine's failure
+too: that error also carries ``extra["not_executed"]``.
 
 Throughput: with a local policy :meth:`Episodes.run` keeps ``concurrency`` episodes in batched
 rounds; with a remote policy each episode advances on its own as its requests return (continuous
@@ -70,6 +72,10 @@ class SearchParts:
         admit (`Callable[[int], bool]`, *optional*): under continuous scheduling, whether one
             more query may start beside the number in flight (a memory cap,
             :class:`codetool.memory_use.MemoryGate`); ``None``: as many as the schedule keeps.
+        on_step (`Callable[[SearchTask, Trajectory], None]`, *optional*): under continuous
+            scheduling, called in a greedy episode's thread with its trajectory after each step it
+            chose but the last (e.g. to start what the finished trajectory will need:
+            :class:`codetool.search.reference_stepwise.StepwiseReferences`); it must return at once.
     """
 
     policy: LLMBackend
@@ -77,6 +83,7 @@ class SearchParts:
     scorer: PRMScorer | None = None
     config_hash: str = ""
     admit: Callable[[int], bool] | None = None
+    on_step: Callable[[SearchTask, Trajectory], None] | None = None
 
 
 Strategy = Callable[[Iterable[SearchTask], SearchParts, SearchConfig, "Hook | None"], list[Trajectory]]
@@ -199,7 +206,7 @@ class Episodes:
             raise ConfigError("search.latent is 'rollout' but this strategy was given no rollout value.")
         self.cfg, self.rollout = cfg, rollout
         self.policy, self.make_executor, self.config_hash = parts.policy, parts.make_executor, parts.config_hash
-        self.admit = parts.admit
+        self.admit, self.on_step = parts.admit, parts.on_step
         self.continuous = is_continuous(parts.policy, cfg.schedule)
         self.scorer = thread_safe(parts.scorer) if self.continuous else parts.scorer
         self.episodes = units_in_flight(cfg.concurrency, parts.policy, self.continuous, local_default=4,
@@ -236,7 +243,8 @@ class Episodes:
         """One whole episode on its own (continuous scheduling): each step is a round of one."""
         ep = self.start(task)
         while not self.round([ep], len(ep.traj.steps), quiet=True):
-            pass
+            if self.on_step is not None and ep.traj.steps:
+                self.on_step(task, ep.traj)
         return self.finish(ep)
 
     def start(self, task: SearchTask) -> Episode:
@@ -420,9 +428,15 @@ class Episodes:
 
 
 def fail(ep: Episode, error: Exception | str) -> Episode:
-    """End ``ep`` as ``finish_type='error'`` with the error's message (secrets redacted)."""
+    """End ``ep`` as ``finish_type='error'`` with the error's message (secrets redacted). A policy
+    or PRM server that failed the request after every retry (``ServerFailure``) gave the policy no
+    turn: the trajectory also gets ``extra["not_executed"]`` (step, reason), so no rate counts it."""
+    from codetool.models.remote import ServerFailure
+
     text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
     ep.traj.finish_type, ep.traj.error = "error", redact(text)[:2000]
+    if isinstance(error, ServerFailure):
+        ep.traj.extra["not_executed"] = {"step": len(ep.traj.steps), "reason": ep.traj.error}
     logger.warning("episode %s ended with an error: %s", ep.task.query_id, log_safe(ep.traj.error, 500))
     return ep
 

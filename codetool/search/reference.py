@@ -312,19 +312,23 @@ def reference_steps(traj, runner: ReferenceRunner) -> list[dict[str, Any]]:
     no output; otherwise the program's status, the marker (2) folded into 1. A program the executor
     could not run (:class:`ReferenceNotRun`) has status ``None`` and ``not_executed: true`` (SCEP
     leaves it out; the public code has no such step)."""
-    texts = [step.chosen_candidate.text or "" for step in traj.steps]
-    out = []
-    for program in chosen_programs(texts):
-        if program is None:
-            out.append({"status": STATUS_RAISED, "res": ""})
-            continue
-        try:
-            outcome = runner.run(program)
-        except ReferenceNotRun:
-            out.append({"status": None, "res": "", "not_executed": True})
-            continue
-        out.append({"status": STATUS_OK if outcome.status == STATUS_OK else STATUS_RAISED, "res": outcome.res})
-    return out
+    return [step_entry(runner, program) for program in chosen_programs(chosen_texts(traj))]
+
+
+def chosen_texts(traj) -> list[str]:
+    """The chosen reply of each step of ``traj``."""
+    return [step.chosen_candidate.text or "" for step in traj.steps]
+
+
+def step_entry(runner: ReferenceRunner, program: str | None) -> dict[str, Any]:
+    """One entry of :func:`reference_steps`: the ``{"status", "res"}`` of ``program``."""
+    if program is None:
+        return {"status": STATUS_RAISED, "res": ""}
+    try:
+        outcome = runner.run(program)
+    except ReferenceNotRun:
+        return {"status": None, "res": "", "not_executed": True}
+    return {"status": STATUS_OK if outcome.status == STATUS_OK else STATUS_RAISED, "res": outcome.res}
 
 
 def record_reference_steps(traj, task, make_executor) -> bool:
@@ -337,7 +341,12 @@ def record_reference_steps(traj, task, make_executor) -> bool:
         with ReferenceRunner.for_task(task, make_executor) as runner:
             traj.extra["reference_steps"] = reference_steps(traj, runner)
     except Exception as exc:  # noqa: BLE001 - the trajectory stands; its reference SCEP is missing
-        logger.warning("query %s: the reference re-run of its steps failed (%s: %s)", traj.query_id,
-                       type(exc).__name__, exc)
+        rerun_failed(traj, exc)
         return False
     return True
+
+
+def rerun_failed(traj, exc: BaseException) -> None:
+    """Log that the reference re-run of ``traj``'s steps failed with ``exc`` (it has none)."""
+    logger.warning("query %s: the reference re-run of its steps failed (%s: %s)", traj.query_id,
+                   type(exc).__name__, exc)

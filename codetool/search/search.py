@@ -69,11 +69,13 @@ def select(candidates: list[Candidate], cfg: SearchConfig, *, tie_key: str = "")
     2. the highest ``score`` (equal up to 1e-9, so 0.9 and 0.8999999999999999 tie);
     3. with ``w_cost > 0``, the lowest cost among equally scored candidates; with ``w_cost == 0``
        cost plays no part (a tool-free ``finish`` does not beat an equally good tool call);
-    4. ``tie_break='random'``: a pick seeded by ``cfg.seed`` and ``tie_key`` (e.g. query id and
+    4. a candidate whose state survived its step over one whose state was lost (its code killed
+       its worker: the next step would start from nothing);
+    5. ``tie_break='random'``: a pick seeded by ``cfg.seed`` and ``tie_key`` (e.g. query id and
        step), like the reference ablation's random choice among equal candidates; ``first``: the
        earlier sample. ``reference`` skips the rounding of 2: the public code's main method keeps
        candidate 1 unless candidate 2's score is strictly greater (``>=`` on the raw sums), so
-       the earliest of the exactly best wins.
+       the earliest of the exactly best wins (4 does not apply).
 
     Args:
         candidates (`list[Candidate]`): the step's executed candidates (``index`` = sample order).
@@ -104,6 +106,7 @@ def select(candidates: list[Candidate], cfg: SearchConfig, *, tie_key: str = "")
     if cfg.w_cost > 0:
         cheapest = min(round(c.cost, 9) for c in pool)
         pool = [c for c in pool if round(c.cost, 9) == cheapest]
+    pool = [c for c in pool if not getattr(c.result, "state_lost", False)] or pool  # the next step needs its state
     pool.sort(key=lambda c: c.index)
     if len(pool) == 1 or cfg.tie_break == "first":
         return pool[0].index

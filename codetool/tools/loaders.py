@@ -181,6 +181,9 @@ def _resolve_from_tools(entry: dict, tools_dir: Path | None, cache: dict) -> API
 
 def _query_from_toolbench(raw: dict, *, benchmark: str, group: str | None, tools_dir: Path | None,
                           tool_cache: dict) -> BenchmarkQuery:
+    text = raw.get("query")
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"its 'query' is {text!r}, not a question to answer (a non-empty string)")
     apis, missing = [], []
     entries = raw.get("api_list") or []
     for entry in entries if isinstance(entries, list) else [entries]:

@@ -19,7 +19,9 @@ requests of all of them in order, and a root that dies (a machine fault, never t
 root runs no model code) loses the state of every executor of its family (each one's next
 result says ``state_lost``). Where executors are not separate principals (the host is not root,
 or ``executor.drop_uid`` is off) they would share one scratch folder, so each executor gets a
-family of its own, as without a pool.
+family of its own, as without a pool. Finding that out runs the sandbox interpreter once; it
+starts with the pool in a thread of its own, so a job's first request does not wait for it (the
+first family does).
 """
 
 from __future__ import annotations
@@ -60,11 +62,29 @@ class FamilyPool:
 
     def __init__(self, config: ExecutorConfig, per_family: int = PER_FAMILY):
         self.config = config
-        self.per_family = max(1, int(per_family)) if separate_principals(config) else 1
+        self._wanted = max(1, int(per_family))
         self._families: list[Sandbox] = []
         self._starting: list[_Starting] = []
         self._lock = threading.Lock()
         self.started = 0  # families started through the pool
+        # Whether executors are separate principals takes a run of the sandbox interpreter (tenths
+        # of a second on a busy machine): it is found in the background from here, not on the way
+        # of a job's first request (issue 39); the first take() waits for it.
+        self._principals: Future = Future()
+        threading.Thread(target=self._find_principals, name="codetool-principals", daemon=True).start()
+
+    def _find_principals(self) -> None:
+        try:
+            self._principals.set_result(separate_principals(self.config))
+        except BaseException as exc:  # noqa: BLE001 - raised to whoever asks (per_family, take)
+            self._principals.set_exception(exc)
+
+    @property
+    def per_family(self) -> int:
+        """Executors one family holds: ``per_family`` where executors are separate principals,
+        else 1 (waits for the check started with the pool; raises what it raised, e.g. an
+        ``ExecutorError`` for an interpreter that does not run)."""
+        return self._wanted if self._principals.result() else 1
 
     def take(self) -> Sandbox:
         """A running family with room, holding one reference for the caller (who hands it back
