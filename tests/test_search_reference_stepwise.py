@@ -137,3 +137,42 @@ def test_runners_take_only_the_place_of_episodes_the_job_no_longer_has():
         assert ref is not None and ref.finish(_traj(TEXTS[:3]))
     finally:
         refs.close()
+
+
+def test_a_stopped_job_releases_the_episodes_that_had_ended_and_their_runners_count_until_then():
+    """An episode that ended hands its re-run to the finisher (``take``) and frees its slot only
+    when its ``finish`` returns (before: at ``take``, so more runners than ``workers`` were open);
+    if the job stops while that re-run's program waits in the pool, ``close`` cancels the program
+    and the ``finish`` returns (before: it waited forever, and the process never exited)."""
+    import threading
+
+    refs = StepwiseReferences(_make, workers=1)
+    submitted, submit = [], refs._submit
+    refs._submit = lambda job: submitted.append(submit(job)) or submitted[-1]  # type: ignore[method-assign]
+    gate = threading.Event()
+    refs._submit(gate.wait)  # the pool's one thread is busy: the episode's program queues
+    try:
+        ended, other = _traj(TEXTS[:1]), _traj(TEXTS[:1])
+        refs.on_step(SearchTask("q", "query", StubEnv()), ended)
+        assert len(submitted) == 2 and not submitted[1].running()
+        queued = submitted[1]
+        ref = refs.take(ended)
+        assert ref is not None
+        refs.on_step(SearchTask("q2", "query", StubEnv()), other)  # its slot is not free yet
+        assert refs.take(other) is None
+        done = []
+        finisher = threading.Thread(target=lambda: done.append(ref.finish(_traj(TEXTS[:2]))), daemon=True)
+        finisher.start()
+        closer = threading.Thread(target=refs.close, daemon=True)
+        closer.start()  # the job stops: the queued program is cancelled
+        for _ in range(6000):  # a safety limit, not a measured time
+            if queued.cancelled():
+                break
+            threading.Event().wait(0.01)
+        assert queued.cancelled()
+    finally:
+        gate.set()
+    closer.join(60)
+    finisher.join(60)
+    assert done == [False] and not finisher.is_alive()
+    assert ended.extra.get("reference_steps") is None

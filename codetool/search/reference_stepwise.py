@@ -64,6 +64,7 @@ class StepwiseReference:
         self._error: BaseException | None = None
         self._running = False  # a job drains the steps not run yet
         self._closed = False
+        self.done: Callable[[StepwiseReference], None] | None = None  # called by close() (and so by finish())
 
     def add(self, traj) -> None:
         """Run the programs of the steps of ``traj`` (a trajectory in progress) not run yet, in
@@ -149,6 +150,8 @@ class StepwiseReference:
                 self._cond.notify_all()
             if not self._running:
                 self._close_runner()
+        if self.done is not None:  # its slot is free (the runner closes at once or when its job ends)
+            self.done(self)
 
     def _close_runner(self) -> None:
         runner, self._runner = self._runner, None
@@ -180,6 +183,7 @@ class StepwiseReferences:
         self._pool: ThreadPoolExecutor | None = None  # started with the first step (again after close)
         self._lock = threading.Lock()
         self._open: dict[int, tuple[Any, StepwiseReference]] = {}  # id(trajectory) -> (it, its re-run)
+        self._finishing: set[StepwiseReference] = set()  # taken, their finish() not returned: runners held
 
     def _submit(self, job: Callable[[], None]) -> Any:
         with self._lock:
@@ -194,7 +198,7 @@ class StepwiseReferences:
             _, ref = self._open.get(id(traj), (traj, None))
             if ref is None:
                 slots = self.workers if self.spare is None else min(self.workers, self.spare())
-                if len(self._open) >= slots:  # every slot taken: again at the next step
+                if len(self._open) + len(self._finishing) >= slots:  # every slot taken: again at the next step
                     return
                 ref = StepwiseReference(task, self.make_executor, self._submit)
                 self._open[id(traj)] = (traj, ref)
@@ -205,7 +209,15 @@ class StepwiseReferences:
         ``None`` when it had none (no step was chosen in an episode of this job's search)."""
         with self._lock:
             owner, ref = self._open.pop(id(traj), (None, None))
-        return ref if owner is traj else None
+            if ref is None or owner is not traj:
+                return None
+            self._finishing.add(ref)  # its runner stays open until its finish() returns
+        ref.done = self._finished
+        return ref
+
+    def _finished(self, ref: StepwiseReference) -> None:
+        with self._lock:
+            self._finishing.discard(ref)
 
     def close(self) -> None:
         """Stop every re-run (the job ends or stops) and close their runners; a later step starts
@@ -215,6 +227,7 @@ class StepwiseReferences:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
         with self._lock:
-            left, self._open = list(self._open.values()), {}
-        for _, ref in left:
+            left = [ref for _, ref in self._open.values()] + list(self._finishing)
+            self._open = {}
+        for ref in left:  # also the ones taken whose last job the shutdown cancelled: their finish() returns
             ref.close(stopped=True)
