@@ -150,3 +150,34 @@ def test_dvts_settings_are_checked():
     with pytest.raises(ConfigError, match="multiple of search.beam_width"):
         SearchConfig(strategy="dvts", n=3, beam_width=2)
     assert SearchConfig(strategy="dvts", n=4, beam_width=2).n == 4
+
+
+@pytest.mark.parametrize("order", [{"A": "model", "B": "machine"}, {"A": "machine", "B": "model"}])
+def test_which_beam_failed_last_does_not_decide_whether_the_query_counts(task, order):
+    """Both beams fail at their second step, one on the policy's own error (HTTP 400: its prompt
+    outgrew the context), one on the machine's (a server that failed every retry). The query is
+    the policy's failure either way; before, the beam that failed last decided, and with the
+    machine's last the query was left out of every rate."""
+    from codetool.eval.metrics import not_executed_trajectory
+    from codetool.models.remote import EndpointError, ServerFailure
+
+    served = {"root": 0}
+
+    def reply(prompt):
+        text = "\n".join(m["content"] for m in to_messages(prompt) if m["role"] == "assistant")
+        ids = re.findall(r"# id=(\w+)", text)
+        if not ids:
+            served["root"] += 1
+            name = "AB"[(served["root"] - 1) % 2]
+            return f"x = '{name}'  # id={name} s=0.{9 - served['root']}\n```"
+        if order[ids[-1]] == "model":
+            raise EndpointError("http://policy/v1/chat/completions answered HTTP 400: context length exceeded", 400)
+        raise ServerFailure("http://policy/v1: no answer within 120 s after 4 attempts")
+
+    cfg = SearchConfig(k=2, max_steps=3, w_spot=0.0, tie_break="first", strategy="beam", beam_width=2,
+                       schedule="rounds")
+    search = make_search(ScriptedBackend(reply), cfg, lambda t: Executor(EXEC, tools=t.env.functions()),
+                         scorer=ScriptedPRM())
+    traj = search.run([task])[0]
+    assert traj.finish_type == "error" and "HTTP 400" in traj.error
+    assert not not_executed_trajectory(traj)

@@ -138,7 +138,7 @@ def grow(search: Episodes, task: SearchTask, subtrees: int, name: str = "beam") 
         live_rows: list[list[Expanded]] = []
         for (tree, beam), row in zip(beams, rows):
             if isinstance(row, Exception):
-                last_error = fail(beam.episode, row)
+                last_error = _standing(last_error, fail(beam.episode, row))
                 _close(beam.episode)
                 continue
             count_step(acc, row)
@@ -155,7 +155,7 @@ def grow(search: Episodes, task: SearchTask, subtrees: int, name: str = "beam") 
         for tree in trees:
             if tree.beams:
                 mine = [(beam, row) for (t, beam), row in zip(live, live_rows) if t is tree]
-                last_error = _step(tree, mine, task, step, cfg, acc) or last_error
+                last_error = _standing(last_error, _step(tree, mine, task, step, cfg, acc))
         for ep in parents:  # every kept child holds its own fork
             _close(ep)
     completed = [b for t in trees for b in t.completed]
@@ -191,7 +191,7 @@ def _step(tree: Subtree, mine: list[tuple[Beam, list[Expanded]]], task: SearchTa
     pool: list[BeamChild] = []
     for p, (beam, row) in enumerate(mine):
         if beam.episode.traj.finish_type == "error":
-            last_error = beam.episode
+            last_error = _standing(last_error, beam.episode)
             continue
         select([e.candidate for e in row], cfg, tie_key=f"{task.query_id}|{step}|{p}")  # sets scores
         for e in row:
@@ -217,6 +217,17 @@ def _step(tree: Subtree, mine: list[tuple[Beam, list[Expanded]]], task: SearchTa
             _close(child)
             tree.completed.append(Beam(child, values))
     return last_error
+
+
+def _standing(kept: Episode | None, new: Episode | None) -> Episode | None:
+    """Which of two failed episodes stands for a query none of whose beams completed: the later one,
+    except that a failure the policy is answerable for is never replaced by one of the machine
+    (``extra["not_executed"]``, which no rate counts): which beam failed last must not decide
+    whether the query counts."""
+    if new is None or kept is None:
+        return new or kept
+    machine = bool(new.traj.extra.get("not_executed")) and not kept.traj.extra.get("not_executed")
+    return kept if machine else new
 
 
 def _close(ep: Episode) -> None:
