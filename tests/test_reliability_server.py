@@ -179,3 +179,16 @@ def test_client_4xx_names_what_to_change():
 
     with pytest.raises(CodetoolError, match="larger --max_items"):
         _scorer(handler, max_items=300).score([PRMItem(**ITEM)] * 300)
+
+
+def test_an_item_that_cannot_be_read_is_a_422_alone_or_with_others():
+    """The same unreadable item (the scorer raises TypeError on it) was a 422 beside other items
+    but a 500 alone, which the client retries and then counts as the machine's failure (its query
+    left out of every rate); a fault of the scorer itself (RuntimeError) stays a 500."""
+    from fastapi.testclient import TestClient
+
+    with TestClient(create_app(PickyScorer())) as client:
+        alone = client.post("/score", json={"items": [{**ITEM, "candidate": "BAD"}]})
+        beside = client.post("/score", json={"items": [ITEM, {**ITEM, "candidate": "BAD"}]})
+    assert (alone.status_code, beside.status_code) == (422, 422)
+    assert "items[0] cannot be scored (TypeError)" in alone.json()["error"]

@@ -57,7 +57,7 @@ import threading
 import time
 from collections import deque
 
-from codetool import __version__
+from codetool import CodetoolError, __version__
 from codetool.fairness import FairTurns
 from codetool.prm.parse import _Reject, parse_items
 from codetool.prm.schema import API_DESCRIPTION, ErrorResponse, HealthResponse, ScoreResponse, install_openapi
@@ -340,8 +340,12 @@ class _Scheduler:
                 return
             job, i, _ = live[0]
             logger.warning("PRM item %d of a request failed: %s: %s", i, type(e).__name__, e)
-            self._fail(job, _Reject(422, f"items[{i}] cannot be scored ({type(e).__name__}); the other items are fine")
-                       if len(job.items) > 1 else e)
+            # An error of the item's data (it cannot be tokenized or read) is the item's, a 422 whether
+            # or not it came with others; anything else is the server's (a 500 its client retries, then
+            # counts as the machine's failure): the size of the request must not decide which.
+            own = isinstance(e, (ValueError, TypeError, KeyError, IndexError, CodetoolError))
+            others = "; the other items are fine" if len(job.items) > 1 else ""
+            self._fail(job, _Reject(422, f"items[{i}] cannot be scored ({type(e).__name__}){others}") if own else e)
             return
         for (job, i, _), score in zip(live, scores):
             job.scores[i] = score
