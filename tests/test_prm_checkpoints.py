@@ -15,6 +15,7 @@ from codetool.prm.checkpoints import (
     COMPLETE,
     check_resumable,
     last_complete_checkpoint,
+    mark_complete,
     resume_checkpoint,
 )
 from codetool.prm.synthetic import synthetic_rows
@@ -83,6 +84,21 @@ def test_folders_from_before_the_marker_count_when_their_trainer_state_parses(tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-1"]
     assert last_complete_checkpoint(tmp_path / "missing") is None
     check_resumable(tmp_path / "checkpoint-1")
+
+
+def test_a_run_begun_before_the_marker_and_resumed_since_keeps_its_old_checkpoints(tmp_path):
+    """Unmarked checkpoint-100 and -200 (whole, from before the marker), then a marked -300 and an
+    unmarked -400 (its save cut short). Before: once one folder had the marker, every unmarked one
+    counted as cut short: -100 and -200 were removed with a false warning, and an explicit resume
+    of -200 refused."""
+    for step in (100, 200, 300, 400):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        (folder / "trainer_state.json").write_text(f'{{"global_step": {step}}}')
+    mark_complete(tmp_path / "checkpoint-300", 300)
+    assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-300")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-100", "checkpoint-200", "checkpoint-300"]
+    check_resumable(tmp_path / "checkpoint-200")
 
 
 def test_resume_names_none_the_newest_whole_or_a_whole_folder(tmp_path, monkeypatch):

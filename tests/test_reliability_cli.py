@@ -88,3 +88,8 @@ def test_malformed_api_entry_fails_only_its_query(files, capsys, monkeypatch):
     assert records["2"]["finish_type"] == "finish"
     assert records["3"]["finish_type"] == "error" and "not a question to answer" in records["3"]["error"]
     assert not os.path.exists(str(out) + ".lock")  # the run removed its lock file when it ended
+
+
+def test_a_blank_query_is_refused(files, capsys):
+    assert main(["run", "--query", "  \t", "--tools", str(files / "q.json")]) != 0
+    assert "give the question to answer" in capsys.readouterr().err

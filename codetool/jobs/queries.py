@@ -98,6 +98,8 @@ class RunConfig(QueriesGroup, PolicyBackendGroup, ToolsGroup, RunOutput, Workers
         if (self.query is None) == (self.benchmark is None):
             raise ConfigError("give either --query (with --tools) or --benchmark "
                               f"({', '.join(BENCHMARKS)}), not both and not neither.")
+        if self.query is not None and not self.query.strip():
+            raise ConfigError(f"--query is {self.query!r}: give the question to answer.")
         if self.query is not None and not self.tools:
             raise ConfigError("--query needs --tools FILE: an OpenAPI spec, a JSON api_list or one ToolBench query.")
         if self.benchmark == "toolbench" and not self.queries:

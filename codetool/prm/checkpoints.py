@@ -65,6 +65,20 @@ def is_complete(folder: str | os.PathLike, *, marked: bool = True) -> bool:
         return False
 
 
+def _step_of(folder: Path) -> int:
+    m = _CHECKPOINT.match(folder.name)
+    return int(m.group(1)) if m else -1
+
+
+def _marked_since(folder: Path, folders: list[Path]) -> bool:
+    """Whether ``folder`` was written after the run began to mark its checkpoints: some folder at
+    or before its step has the marker. A run begun before the marker existed and resumed since has
+    unmarked folders before its first marked one: those count as whole when their trainer state
+    parses (they are not removed as saves cut short)."""
+    step = _step_of(folder)
+    return any((p / COMPLETE).is_file() and _step_of(p) <= step for p in folders)
+
+
 def checkpoint_folders(output_dir: str | os.PathLike) -> list[Path]:
     """The ``checkpoint-N`` folders of ``output_dir``, newest (highest N) first."""
     root = Path(output_dir)
@@ -83,10 +97,9 @@ def last_complete_checkpoint(output_dir: str | os.PathLike, *, remove_incomplete
             old checkpoints counts them; pass False on every process but the first.
     """
     folders = checkpoint_folders(output_dir)
-    marked = any((p / COMPLETE).is_file() for p in folders)
     chosen = None
     for folder in folders:
-        if is_complete(folder, marked=marked):
+        if is_complete(folder, marked=_marked_since(folder, folders)):
             chosen = chosen or folder
             continue
         if remove_incomplete:
@@ -110,9 +123,7 @@ def check_resumable(folder: str | os.PathLike) -> None:
         raise CodetoolError(f"resume: checkpoint folder {folder} not found; pass auto, none or a checkpoint-N folder.")
     if not _CHECKPOINT.match(folder.name):
         return
-    siblings = checkpoint_folders(folder.parent)
-    marked = any((p / COMPLETE).is_file() for p in siblings)
-    if not is_complete(folder, marked=marked):
+    if not is_complete(folder, marked=_marked_since(folder, checkpoint_folders(folder.parent))):
         raise CodetoolError(f"resume: {folder} is not a whole checkpoint (its save did not finish: no {COMPLETE}); "
                             "pass an earlier checkpoint-N folder, or --resume auto to take the newest whole one.")
 
