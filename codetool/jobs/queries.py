@@ -29,7 +29,7 @@ from codetool.config import ConfigError, config_hash, option
 from codetool.config_groups import with_defaults
 from codetool.decide.stage import RouterConfig
 from codetool.distributed.ray_cluster import WorkersGroup
-from codetool.executor import ExecutorConfig, ExecutorError, started_in_background
+from codetool.executor import ExecutorConfig, started_in_background
 from codetool.jobs import ProgressFactory, client_rows
 from codetool.jsonl import append_jsonl
 from codetool.memory_use import MemoryGroup, memory_gate
@@ -44,6 +44,7 @@ from codetool.resume import (
     run_isolated,
     unit_key,
 )
+from codetool.rewards import machine_failure
 from codetool.search.answer import AnswerConfig, needs_answer, write_final_answers
 from codetool.search.config import SearchConfig
 from codetool.search.reference import record_reference_steps
@@ -243,16 +244,15 @@ def ray_batch(cfg: RunConfig) -> int:
 
 def error_record(cfg: RunConfig, chash: str, unit, error: BaseException | str) -> dict:
     """The trajectory record of a query whose run failed (``finish_type: error``, a one-line message).
-    A sandbox that could not be started or used (``ExecutorError``) ran none of the policy's code,
-    and a policy or PRM server that failed the request after every retry (``ServerFailure``) gave
-    the policy no turn: the record says so as the search does (``extra["not_executed"]``), so no
-    rate counts it (an error the server answered, HTTP 400, stays the query's own)."""
-    from codetool.models.remote import ServerFailure
+    An error that is the machine's (``codetool.rewards.machine_failure``: a sandbox that could not
+    be started or used, a policy or PRM server that failed the request after every retry) gave the
+    policy no turn: the record says so as the search does (``extra["not_executed"]``), so no rate
+    counts it (an error the server answered, HTTP 400, stays the query's own)."""
     from codetool.search.records import Trajectory
 
     benchmark = "restbench-tmdb" if unit.benchmark == "restbench" else unit.benchmark
     message = error if isinstance(error, str) else error_message(error)
-    machine = isinstance(error, (ExecutorError, ServerFailure))
+    machine = machine_failure(error)
     extra = {"not_executed": {"step": 0, "reason": message}} if machine else {}
     return Trajectory(query_id=unit.query_id, query=unit.query, benchmark=benchmark, group=unit.group,
                       method=cfg.search.method, config_hash=chash, finish_type="error",
