@@ -108,3 +108,14 @@ def test_a_local_scorer_of_the_wrong_length_is_an_error_not_the_policys_failure(
     traj = make_search(policy, cfg, factory, scorer=ShortScorer()).solve(make_task(query))
     assert traj.finish_type == "error" and "ScorerFault: the PRM scorer returned 1 scores for 2 items" in traj.error
     assert not_executed_trajectory(traj)
+
+
+def test_a_rollout_value_from_a_scorer_of_the_wrong_length_is_not_the_policys_failure(query):
+    """``latent: rollout`` scored by the PRM: a scorer that answers no score for the item was a
+    ZeroDivisionError, the query's error; now a ScorerFault, left out of every rate."""
+    policy = ScriptedBackend(lambda p: block("print(1)"))
+    cfg = SearchConfig(k=2, max_steps=2, latent="rollout", w_latent=1.0, rollout_value="prm", rollouts=1,
+                       rollout_max_steps=1)
+    traj = make_search(policy, cfg, factory, scorer=ShortScorer()).solve(make_task(query))
+    assert traj.finish_type == "error" and "ScorerFault: the PRM scorer returned 0 scores for 1 items" in traj.error
+    assert not_executed_trajectory(traj)
