@@ -184,6 +184,25 @@ def test_a_state_cannot_make_its_next_step_not_executed(root):
         ex.close()
 
 
+def test_a_state_that_sets_a_huge_thread_stack_size_still_gets_its_next_step(root):
+    """``threading.stack_size`` of the state is for its own threads: the keeper starts each step's
+    thread with the default size. Before: the next step's thread could not start (``N``), it was
+    retried in a fresh state (2 attempts, ``NameError``)."""
+    ex = root.fork()
+    try:
+        assert ex.run("import threading\nthreading.stack_size(3 << 30)").ok
+        child = ex.fork()
+        try:
+            r = child.run("print(kept)")
+            assert r.ok and r.attempts == 1 and r.stdout == "state\n", r
+        finally:
+            child.close()
+        r = ex.run("import threading\nprint(kept, threading.stack_size())")
+        assert r.ok and r.attempts == 1 and r.stdout == f"state {3 << 30}\n", r
+    finally:
+        ex.close()
+
+
 @pytest.mark.parametrize(("limit", "lower", "timeout_s"),
                          [("nofile", "RLIMIT_NOFILE, (0, 0)", None), ("nproc", "RLIMIT_NPROC, (0, 0)", None),
                           ("as", "RLIMIT_AS, (1 << 20, 1 << 20)", 0.3)])

@@ -96,16 +96,19 @@ class WorkerHandle:
     oom_seen: int = 0
     cpu_s: float = 0.0
     info: dict = field(default_factory=dict)
+    stray: bool = False  # a step's report (E, N, V) came between steps: the last step forged one
 
     def dead(self) -> bool:
         """Whether the worker is gone (checked without blocking; messages left from an earlier step,
-        e.g. a late signal note, are dropped)."""
+        e.g. a late signal note, are dropped; a keeper's step report among them sets ``stray``)."""
         while True:
             got = read_message(self.ctl)
             if got is None:
                 return False
             if not got[0]:
                 return True
+            if got[0][:1] in (b"E", b"N", b"V"):
+                self.stray = True
 
     def close(self) -> None:
         try:

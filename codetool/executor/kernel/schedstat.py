@@ -95,6 +95,20 @@ def step_usage(worker: int, others: list[int], seen: dict[int, tuple[tuple[int, 
     return wait, cpu, running
 
 
+def runnable(pids: list[int]) -> bool:
+    """Whether a thread of ``pids`` waits on the machine (``/proc/<pid>/task/<tid>/stat`` state ``R``:
+    running or waiting for a CPU; ``D``: an uninterruptible wait, e.g. on the disk or on memory
+    reclaim). None does when all of them sleep or are stopped: waiting on something but the machine."""
+    for pid, tid in _threads(pids):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("R", "D"):
+                    return True
+        except (OSError, IndexError):
+            continue
+    return False
+
+
 def exit_status(pid: int, wait: float = 1.0) -> dict:
     """How process ``pid`` ended, read from its zombie (``/proc/<pid>/stat``'s exit code):
     ``{"signal": n}``, ``{"exit": n}``, or ``{}`` when it is gone (reaped) or still not a zombie
