@@ -209,7 +209,10 @@ class Family:
     def _limits(self) -> dict:
         cfg = self.config
         cpu = max(1, math.ceil(cfg.cpu_time_s))
-        return {"as": cfg.memory_mb << 20, "cpu": [cpu, cpu + 1], "fsize": cfg.max_file_mb << 20,
+        # data: as large as the address space (so never reached first), set so that a state that
+        # lowers it is seen to (Sandbox.lowered_limits)
+        return {"as": cfg.memory_mb << 20, "data": cfg.memory_mb << 20, "cpu": [cpu, cpu + 1],
+                "fsize": cfg.max_file_mb << 20,
                 "nofile": cfg.max_open_files, "nproc": cfg.max_processes, "core": 0}
 
     @property
