@@ -179,6 +179,8 @@ FORGED_REPORTS = {
     "N_hiding_a_failure": "try:\n    undefined_name\nexcept NameError:\n    import os\n    os.write(3, b'Nno thread')",
     "N_on_a_socket": "import socket\ns = socket.socket(fileno=3)\ns.send(b'N')\ns.detach()",
     "E_then_N": "import os, struct, time\nos.write(3, b'E' + struct.pack('>IQ', 0, 0))\ntime.sleep(1)\nos.write(3, b'N')",
+    "E_then_spin": ("import os, struct, time\nos.write(3, b'E' + struct.pack('>IQ', 0, 0))\n"
+                    "end = time.process_time() + 1\nwhile time.process_time() < end:\n    pass\nos.write(3, b'N')"),
 }
 
 
@@ -186,7 +188,8 @@ FORGED_REPORTS = {
 def test_a_step_cannot_forge_its_keepers_reports(root, forgery):
     """A genuine ``N`` comes only before the step's first token; one after it is the code's: a
     ``sandbox_violation`` (its state is killed), never ``not_executed`` nor retried. A forged ``E``
-    while the step's thread still runs is the same; the next step runs once, in a fresh state.
+    while the step's thread still runs (asleep or using CPU) is the same; the next step runs once,
+    in a fresh state.
     Before: ``not_executed``/``WorkerStart`` after 4 attempts (``E_then_N``: its next step)."""
     ex = root.fork()
     try:

@@ -70,7 +70,7 @@ from codetool.executor.host.verdict import (
     ran,
 )
 from codetool.executor.kernel.procs import cgroup_pids
-from codetool.executor.kernel.schedstat import exit_status, process_cpu, runnable, step_usage
+from codetool.executor.kernel.schedstat import exit_status, process_cpu, runnable, step_usage, thread_states
 from codetool.executor.result import NOT_EXECUTED, ExecutionResult
 
 logger = logging.getLogger(__name__)
@@ -209,8 +209,9 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
                     if kind == b"E" and len(data) == 13:
                         _read_verdict(verdict_sock, verdict)
                         left = int.from_bytes(data[1:5], "big")
-                        if not left and not _keeper_alone(worker.pid, config.grace_s):
-                            return None, "forged", notes  # the step's thread still runs: the code wrote it
+                        doubt = None if left else _after_end_report(worker.pid, config.grace_s, backstop)
+                        if doubt:  # a thread of the step still runs: the code wrote it (or the machine holds it)
+                            return None, doubt, notes
                         return (left, int.from_bytes(data[5:13], "big")), None, notes
                     if kind == b"N":  # genuine only before the step's thread existed, so before any token
                         _read_verdict(verdict_sock, verdict)
@@ -237,19 +238,28 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
                     return None, "violation", notes
 
 
-def _keeper_alone(pid: int, wait: float) -> bool:
-    """Whether worker ``pid`` is down to its keeper thread within ``wait`` seconds: so it is when the
-    keeper reports a step's end (the step's threads are gone, their last exit aside); a step's
-    thread still there means the code wrote the report."""
-    end, pause = time.monotonic() + wait, 0.0002
+END_CPU_S = 0.05  # CPU a step's thread may still use after the keeper's end report (its exit)
+
+
+def _after_end_report(pid: int, grace: float, until: float) -> str | None:
+    """Whether an end report the keeper's control socket gave is the keeper's: it sends one when
+    the step's threads are gone, their exit aside, so worker ``pid`` is then down to its keeper
+    thread. ``None``: it is. ``"forged"``: a thread of the step still runs after ``grace`` seconds
+    (asleep, or using CPU): the code wrote the report. ``"busy"``: one still waits for a CPU,
+    without getting any, at ``until`` (the step's backstop): the machine holds its exit."""
+    start, pause = time.monotonic(), 0.0002
+    before = {tid: cpu for tid, (_, cpu) in thread_states(pid).items()}
     while True:
-        try:
-            if len(os.listdir(f"/proc/{pid}/task")) <= 1:
-                return True
-        except OSError:
-            return True  # gone: the channel's end tells
-        if time.monotonic() >= end:
-            return False
+        threads = {tid: got for tid, got in thread_states(pid).items() if tid != pid}
+        if not threads:
+            return None
+        now = time.monotonic()
+        if now - start >= max(grace, IDLE_RECHECK_S):
+            used = sum(cpu - before.get(tid, 0.0) for tid, (_, cpu) in threads.items())
+            if used >= END_CPU_S or not any(state in ("R", "D") for state, _ in threads.values()):
+                return "forged"
+            if now >= until:
+                return "busy"
         time.sleep(pause)
         pause = min(pause * 2, 0.01)
 

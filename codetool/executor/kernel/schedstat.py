@@ -95,6 +95,20 @@ def step_usage(worker: int, others: list[int], seen: dict[int, tuple[tuple[int, 
     return wait, cpu, running
 
 
+def thread_states(pid: int) -> dict[int, tuple[str, float]]:
+    """``{tid: (state letter, CPU seconds)}`` of the threads of process ``pid`` (``{}`` when gone)."""
+    found: dict[int, tuple[str, float]] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for _, tid in _threads([pid]):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            found[int(tid)] = (fields[0], (int(fields[11]) + int(fields[12])) / tick)
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
 def runnable(pids: list[int]) -> bool:
     """Whether a thread of ``pids`` waits on the machine (``/proc/<pid>/task/<tid>/stat`` state ``R``:
     running or waiting for a CPU; ``D``: an uninterruptible wait, e.g. on the disk or on memory
