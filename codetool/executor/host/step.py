@@ -179,7 +179,7 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
                     if verdict.tampered:  # (the keeper's end report lands there when fd 3 was replaced)
                         return None, "channel", notes
                 if now >= backstop:
-                    if not running and verdict.token is not None and not runnable([worker.pid] + others):
+                    if not running and verdict.token is not None and _quiet([worker.pid] + others):
                         return None, "channel", notes  # it started, ended, and nothing waits for a CPU
                     _read_verdict(verdict_sock, verdict)
                     return None, ("busy" if effective < timeout or not running else "timeout"), notes
@@ -262,6 +262,19 @@ def _after_end_report(pid: int, grace: float, until: float) -> str | None:
                 return "busy"
         time.sleep(pause)
         pause = min(pause * 2, 0.01)
+
+
+def _quiet(pids: list[int], span: float = 0.03) -> bool:
+    """Whether no thread of ``pids`` waits on the machine (``schedstat.runnable``) over ``span``
+    seconds: several looks, so that a keeper the machine starves is caught between its short sleeps
+    (at most 5 ms each while it waits for a step's threads to go)."""
+    end = time.monotonic() + span
+    while True:
+        if runnable(pids):
+            return False
+        if time.monotonic() >= end:
+            return True
+        time.sleep(0.002)
 
 
 def _unwatch(poller, watched: set, fd: int) -> None:
