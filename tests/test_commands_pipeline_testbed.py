@@ -122,7 +122,7 @@ def test_the_small_testbed_recipe_searches_unseen_queries_of_the_tree_templates_
     assert len({m.k for m in cfg.methods[1:]}) == 1 and cfg.methods[0].k == 1
     (ev,) = cfg.evals
     assert (ev.benchmark, ev.group) == ("world", "train") and ev.offset >= 96
-    split, n = parse_spec(cfg.trees.queries)
+    split, offset, n = parse_spec(cfg.trees.queries)
     assert split == "train"
     queries = generate("train", ev.offset + ev.limit)
-    assert not {q.query for q in queries[:n]} & {q.query for q in queries[ev.offset:]}
+    assert not {q.query for q in queries[offset:offset + n]} & {q.query for q in queries[ev.offset:]}
