@@ -28,7 +28,11 @@ resident sizes that counts a shared page in every process) per unit in flight (e
 ``build-trees``: 2 x 64 / (2 x branching), at least 8). ``uptime``'s load is printed with the table,
 and the stub's own lag (the latest its event loop woke from a 10 ms sleep, the longest a request
 waited in it before it held its slots): the stub shares the machine, and on a busy one its delays
-stretch the window as a slow server would, which no client removes.
+stretch the window as a slow server would, which no client removes. ``--repeat R`` runs each
+command R times and prints min / median / max with how many runs met the targets (one run is one
+draw on a shared machine); ``--timeline`` prints each window's sequences in flight every 0.25 s,
+which shows where a window loses its mean (a probe before the first wave, the gap between waves,
+the tail).
 
 The stub's replies: a policy prompt (it starts with a system message) gets a short code step
 (``x = <number>`` and a print), or ``finish(...)`` at the fifth step (and before it with
@@ -51,6 +55,7 @@ import os
 import random
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -89,6 +94,7 @@ class Meter:
         self.lag = 0.0  # the most seconds one request waited in the stub before it held its slots
         self.first = self.last_end = None
         self.last = time.monotonic()
+        self.events: list[tuple[float, int]] = []  # (time.monotonic(), +n on entry / -n on leaving)
 
     def _tick(self):
         now = time.monotonic()
@@ -106,19 +112,22 @@ class Meter:
         self.current += n
         self.peak = max(self.peak, self.current)
         self.first = self.first if self.first is not None else time.monotonic()
+        self.events.append((self.last, n))
 
     def leave(self, n: int):
         self._tick()
         self.current -= n
         self.last_end = time.monotonic()
+        self.events.append((self.last_end, -n))
 
-    def stats(self) -> dict:
+    def stats(self, events: bool = False) -> dict:
         self._tick()
+        extra = {"events": self.events} if events else {}
         return {"requests": self.requests, "sequences": self.sequences, "peak": self.peak,
                 "sequence_seconds": round(self.area, 2), "busy_s": round(self.busy, 2),
                 "effective": round(self.area / self.busy, 2) if self.busy else 0.0, "lag_s": round(self.lag, 2),
                 "wall_s": round((self.last_end or 0) - (self.first or 0), 2) if self.first else 0.0,
-                "first_t": self.first, "last_t": self.last_end}  # time.monotonic(): one clock for every process
+                "first_t": self.first, "last_t": self.last_end, **extra}  # time.monotonic(): one clock for every process
 
 
 def _rand(*parts) -> random.Random:
@@ -227,8 +236,8 @@ def build_app(latency: float, jitter: float, capacity: int, prm_latency: float, 
         return {"scores": [_rand(it["candidate"]).random() for it in items]}
 
     @app.get("/stats")
-    async def stats():
-        return {**{k: m.stats() for k, m in meters.items()}, "loop_lag_s": round(loop_lag["max"], 3)}
+    async def stats(events: bool = False):
+        return {**{k: m.stats(events) for k, m in meters.items()}, "loop_lag_s": round(loop_lag["max"], 3)}
 
     @app.post("/reset")
     async def reset():
@@ -304,7 +313,7 @@ def scenarios(url: str, out: Path, n: int, data: Path, only: list[str], baseline
             units = {"run": min(n, 2 * ALLOWED // 2), "run+prm": min(n, 2 * ALLOWED // 2),
                      "trees": min(n, max(8, 2 * ALLOWED // 4)), "eval": min(3 * n, ALLOWED)}[kind]
             found.append({"kind": kind, "code": code[0], "tag": tag, "argv": argv, "pythonpath": code[1],
-                          "units": units, "n": n})
+                          "units": units, "n": n, "out": out})
     return found
 
 
@@ -348,9 +357,27 @@ class Sampler:
         self._thread.join()
 
 
-def run_one(sc: dict, url: str, env: dict, max_seconds: float, out: Path) -> dict:
-    """Run one scenario's command; what the server and the sampler saw."""
+def ramp(events: list, every_s: float = 0.25) -> list[int]:
+    """Sequences in flight at every ``every_s`` from the first request (the shape of a window:
+    a slow start, a gap between waves, a long tail)."""
+    if not events:
+        return []
+    start, current, shape, i = events[0][0], 0, [], 0
+    t = start
+    while i < len(events):
+        while i < len(events) and events[i][0] <= t:
+            current += events[i][1]
+            i += 1
+        shape.append(current)
+        t += every_s
+    return shape
+
+
+def run_one(sc: dict, url: str, env: dict, max_seconds: float, timeline: bool = False) -> dict:
+    """Run one scenario's command; what the server and the sampler saw (with ``timeline``, also
+    the sequences in flight every 0.25 s, written to ``<tag>.timeline.json``)."""
     _get(f"{url}/reset", "POST")
+    out = sc["out"]
     run_env = {**env, "PYTHONPATH": str(sc["pythonpath"])} if sc["pythonpath"] else {**env, "PYTHONPATH": str(ROOT)}
     load = _load()
     start = time.monotonic()
@@ -367,8 +394,12 @@ def run_one(sc: dict, url: str, env: dict, max_seconds: float, out: Path) -> dic
             end = time.monotonic()  # before the sampler's last reading of /proc ends (it is not the command's)
             sampler.stop()
     seconds = end - start
-    s = _get(f"{url}/stats")
+    s = _get(f"{url}/stats?events={str(timeline).lower()}")
     served = s["all"] if sc["kind"] == "run+prm" else s["policy"]
+    shape = ramp(served.get("events", []))
+    if timeline:
+        (out / f"{sc['tag']}.timeline.json").write_text(json.dumps({"start": start, "end": end, "every_s": 0.25,
+                                                                   "in_flight": shape}))
     window = served["wall_s"] or 1e-9
     return {"kind": sc["kind"], "code": sc["code"], "queries": sc["n"], "rc": rc, "command_s": round(seconds, 1),
             "requests": served["requests"], "sequences": served["sequences"], "peak": served["peak"],
@@ -383,7 +414,8 @@ def run_one(sc: dict, url: str, env: dict, max_seconds: float, out: Path) -> dic
             "tail_s": round(end - served["last_t"], 2) if served["last_t"] else None,
             "pss_mb": round(sampler.peak_pss), "rss_mb": round(sampler.peak_rss), "processes": sampler.processes,
             "pss_per_unit_mb": round(sampler.peak_pss / sc["units"], 1),
-            "rss_per_unit_mb": round(sampler.peak_rss / sc["units"], 1), "load": load}
+            "rss_per_unit_mb": round(sampler.peak_rss / sc["units"], 1), "load": load,
+            **({"in_flight_every_0.25s": shape} if timeline else {})}
 
 
 def main() -> None:
@@ -406,6 +438,9 @@ def main() -> None:
     parser.add_argument("--this-first", action="store_true", help="with --baseline-src, run this checkout's "
                         "command before the baseline's (alternate it across repetitions: the load drifts)")
     parser.add_argument("--max-seconds", type=float, default=3600, help="time limit of each command")
+    parser.add_argument("--repeat", type=int, default=1, help="run each command this many times (a spread, not one draw)")
+    parser.add_argument("--timeline", action="store_true", help="print the sequences in flight every 0.25 s "
+                        "of each window (where a window loses its mean: the start, the gap between waves, the tail)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -439,8 +474,13 @@ def main() -> None:
         baseline = Path(args.baseline_src).resolve() if args.baseline_src else None
         for n in args.queries:
             data = write_queries(out, n)
-            for sc in scenarios(url, out, n, data, args.only, baseline, args.this_first):
-                row = run_one(sc, url, env, args.max_seconds, out)
+            # each repeat in a folder of its own (a command given its own finished output would resume it)
+            repeats = [out] + [out / f"repeat-{i + 1}" for i in range(1, args.repeat)]
+            for folder in repeats:
+                folder.mkdir(exist_ok=True)
+            for sc in [sc for folder in repeats
+                       for sc in scenarios(url, folder, n, data, args.only, baseline, args.this_first)]:
+                row = run_one(sc, url, env, args.max_seconds, args.timeline)
                 results.append(row)
                 print(f"{row['kind']:<8} {row['queries']:>5} q  {row['code']:<14} rc {row['rc']}  requests "
                       f"{row['requests']:>5}  mean in flight {row['mean_in_flight']:>5.1f} (peak {row['peak']})  "
@@ -449,9 +489,24 @@ def main() -> None:
                       f"({row['pss_per_unit_mb']} / {row['rss_per_unit_mb']} per unit)  stub lag "
                       f"{row['stub_lag_s']:.2f} s (loop {row['stub_loop_lag_s']:.2f} s)  load {row['load']}",
                       flush=True)
+                if args.timeline:
+                    print(f"         in flight every 0.25 s: {' '.join(map(str, row['in_flight_every_0.25s']))}",
+                          flush=True)
         (out / "results.json").write_text(json.dumps(results, indent=2))
-        emit(**{f"{r['kind']}_{r['queries']}_{r['code'].split()[0]}_mean_in_flight": r["mean_in_flight"]
-                for r in results})
+        groups: dict[tuple, list[dict]] = {}
+        for r in results:
+            groups.setdefault((r["kind"], r["queries"], r["code"]), []).append(r)
+        emit(**{f"{kind}_{n}_{code.split()[0]}_mean_in_flight": statistics.median(r["mean_in_flight"] for r in rows)
+                for (kind, n, code), rows in groups.items()})
+        if args.repeat > 1:
+            print(f"\nover {args.repeat} runs each: min / median / max, and how many met the targets "
+                  f"(>= {0.75 * ALLOWED:g} in flight; run's wall <= 1.3x its window)")
+            for (kind, n, code), rows in groups.items():
+                mean, ratio = [r["mean_in_flight"] for r in rows], [r["wall_over_window"] for r in rows]
+                print(f"{kind:<8} {n:>5} q  {code:<14} mean in flight {min(mean):.1f} / {statistics.median(mean):.1f}"
+                      f" / {max(mean):.1f} ({sum(m >= 0.75 * ALLOWED for m in mean)} of {len(rows)})  command / "
+                      f"window {min(ratio):.2f} / {statistics.median(ratio):.2f} / {max(ratio):.2f}x "
+                      f"({sum(x <= 1.3 for x in ratio)} of {len(rows)})")
         print(f"\nat {ALLOWED} allowed, {args.latency:g} s stub (+ up to {args.jitter:g} s); load (1, 5, 15 min) "
               f"when each started in the last column")
         print("| command | queries | code | mean in flight (of 64) | peak | window s | command s | command / window "

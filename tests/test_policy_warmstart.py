@@ -4,6 +4,7 @@ and the cached policy (tiny model, offline)."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import torch
 
@@ -77,5 +78,10 @@ def test_the_testbed_policy_is_built_once_and_only_its_top_layers_move(tiny_mode
     assert moved and all(k.startswith(("model.layers.1.", "model.norm")) for k in moved)
     stamp = (target / "codetool-manifest.json").stat().st_mtime
     assert build_testbed_policy(cfg, tmp_path) == target and (target / "codetool-manifest.json").stat().st_mtime == stamp
+    # a thread count changes how it is computed, not the policy: the cache serves it (it was rebuilt,
+    # 30 CPU-minutes, when `make testbed` met a policy built with --torch_threads 2)
+    threads = WarmStartConfig(**{**asdict(cfg), "torch_threads": 2})
+    assert build_testbed_policy(threads, tmp_path) == target
+    assert (target / "codetool-manifest.json").stat().st_mtime == stamp
     monkeypatch.setenv("CODETOOL_CHECKPOINTS", str(tmp_path))
     assert resolve_model("testbed") == str(target)

@@ -206,6 +206,15 @@ def _reply_trainer():
     return ReplyTrainer
 
 
+# Settings of how the policy is computed, not of what it is: a cached policy built with other
+# values of these is the same policy.
+EXECUTION_ONLY = ("torch_threads",)
+
+
+def _model_settings(settings: dict) -> dict:
+    return {k: v for k, v in settings.items() if k not in EXECUTION_ONLY}
+
+
 def testbed_dir(root: Path | None = None) -> Path:
     """Where the testbed policy is cached (``<checkpoints>/testbed/world-policy``)."""
     from codetool.models.loading import TESTBED_MODEL_SUBDIR, checkpoints_dir
@@ -216,7 +225,9 @@ def testbed_dir(root: Path | None = None) -> Path:
 def build_testbed_policy(cfg: WarmStartConfig, root: Path | None = None, *, force: bool = False) -> Path:
     """Fine-tune ``cfg.base`` on world demonstrations and cache it (module docstring).
 
-    Idempotent: a cached policy whose manifest records the same settings is returned at once.
+    Idempotent: a cached policy whose manifest records the same settings is returned at once
+    (settings that change how it is computed, not what, e.g. ``torch_threads``, are left out of
+    that comparison: a policy built with 2 threads serves a run that asks for the default).
 
     Returns:
         `Path`: the folder of the cached policy.
@@ -229,7 +240,7 @@ def build_testbed_policy(cfg: WarmStartConfig, root: Path | None = None, *, forc
     settings = asdict(cfg)
     manifest_path = target / MANIFEST_NAME
     if manifest_path.is_file() and not force:
-        if json.loads(manifest_path.read_text()).get("settings") == settings:
+        if _model_settings(json.loads(manifest_path.read_text()).get("settings") or {}) == _model_settings(settings):
             logger.info("testbed policy already cached at %s (use --force to rebuild)", target)
             return target
         logger.info("testbed policy at %s was built with other settings: rebuilding", target)
