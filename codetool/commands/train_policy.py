@@ -8,7 +8,9 @@ In order: pick the PRM (given, the pipeline's, or a small one trained here:
 (``codetool.policy.data``); start the tool backends; evaluate the base policy with the evaluation
 search once per seed; train every reward setting once per seed (each run resumes from its last
 checkpoint, and a finished run is read back from its ``run.json``), saving each trained policy
-and evaluating it with the same search; write ``report.md``, ``results.json`` and the PNGs, and
+and evaluating it with the same search; write ``report.md``, ``results.json`` (with, for world
+query sets, ``answer_before_after``: exact success per policy and each setting minus before,
+paired by query, with bootstrap intervals) and the PNGs, and
 link ``<output_dir>/policy`` to the last setting's first-seed policy. The method is
 ``codetool.policy``; this module only puts it in order.
 """

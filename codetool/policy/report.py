@@ -4,7 +4,9 @@
 per group, steps, seeds), then the training reward per step (mean over seeds, and a PNG with one
 line per seed), each setting's rewards by component and the PRM's share of the advantage's
 variance, the held-out before/after table of every reward setting (mean ± spread over
-seeds; the same evaluation search for all), the compute of each run (generated policy tokens:
+seeds; the same evaluation search for all), on sets of synthetic-world queries the exact
+before/after (success by the answer key with a 95% bootstrap interval over queries, and each
+setting minus before paired by query: ``codetool.eval.testbed.before_after``), the compute of each run (generated policy tokens:
 the settings are compared at equal tokens), and the per-step outcome histogram of the training
 rollouts (shares of each step category; a rising ``ok_no_tool`` or ``finish`` share without
 grounded answers is how reward hacking shows).
