@@ -506,7 +506,7 @@ def main() -> None:
                 print(f"{kind:<8} {n:>5} q  {code:<14} mean in flight {min(mean):.1f} / {statistics.median(mean):.1f}"
                       f" / {max(mean):.1f} ({sum(m >= 0.75 * ALLOWED for m in mean)} of {len(rows)})  command / "
                       f"window {min(ratio):.2f} / {statistics.median(ratio):.2f} / {max(ratio):.2f}x "
-                      f"({sum(x <= 1.3 for x in ratio)} of {len(rows)})")
+                      + (f"({sum(x <= 1.3 for x in ratio)} of {len(rows)})" if kind == "run" else "(no target)"))
         print(f"\nat {ALLOWED} allowed, {args.latency:g} s stub (+ up to {args.jitter:g} s); load (1, 5, 15 min) "
               f"when each started in the last column")
         print("| command | queries | code | mean in flight (of 64) | peak | window s | command s | command / window "

@@ -111,6 +111,37 @@ def not_executed(result) -> bool:
     return outcome == "worker_lost" and "nothing ran" in str(get("error_message") or "")
 
 
+class ScorerFault(CodetoolError):
+    """A PRM scorer answered something other than one finite score per item it was given: a fault
+    of the scorer (a bug, or a server's bad reply), never of the policy (:func:`machine_failure`)."""
+
+
+def machine_failure(error: BaseException | str | None) -> bool:
+    """Whether ``error``, which ended an episode, a query or a tree, is a failure of the machine and
+    not of the policy's code: the one rule the search, the jobs, the trees and the RL rollout apply
+    (issue 37; such a unit is ``not_executed``: no reward, label or rate counts it, the summaries
+    count it and ``--retry_failed`` runs it again).
+
+    The machine's: a sandbox that could not be started or used (``codetool.executor.ExecutorError``:
+    no step's code makes the executor raise, see docs/EXECUTOR.md), a policy or PRM server that
+    failed the request after every retry (``codetool.models.remote.ServerFailure``), a PRM scorer
+    whose reply does not fit the items (:class:`ScorerFault`). Anything else (an HTTP 400 the
+    server answered, a malformed entry, a bug elsewhere, a message string) stays the unit's own.
+
+    Args:
+        error (`BaseException`, `str` or `None`): what ended the unit (``None`` or a string:
+            ``False``; a caller that knows a string's source decides for itself).
+    """
+    if not isinstance(error, BaseException):
+        return False
+    if isinstance(error, ScorerFault):
+        return True
+    from codetool.executor import ExecutorError  # (lazy: the rewards import neither executor nor HTTP client)
+    from codetool.models.remote import ServerFailure
+
+    return isinstance(error, (ExecutorError, ServerFailure))
+
+
 @runtime_checkable
 class PRMScorer(Protocol):
     """Anything that maps candidate steps to latent rewards.

@@ -21,7 +21,7 @@ import pytest
 
 from codetool.executor import Executor, ExecutorConfig
 from codetool.executor.host.sandbox import ForkFailed, Sandbox
-from tests.conftest import kept_state_root
+from tests.conftest import kept_state_root, need
 
 CONFIG = dict(timeout_s=3.0, grace_s=0.3, memory_mb=512, max_processes=24, start_timeout_s=2.0)
 
@@ -180,6 +180,31 @@ def test_a_state_cannot_make_its_next_step_not_executed(root):
         assert r.ok and r.stdout == "True\n", r
         r = ex.run("print(len(held) > 0)")
         assert r.ok and r.executed and r.stdout == "True\n", r
+    finally:
+        ex.close()
+
+
+@pytest.mark.parametrize(("limit", "lower", "timeout_s"),
+                         [("nofile", "RLIMIT_NOFILE, (0, 0)", None), ("nproc", "RLIMIT_NPROC, (0, 0)", None),
+                          ("as", "RLIMIT_AS, (1 << 20, 1 << 20)", 0.3)])
+def test_a_state_that_lowers_its_own_limits_fails_its_next_step_not_the_machine(root, limit, lower, timeout_s):
+    """A step that lowers its worker's rlimits (``resource.setrlimit``) keeps the next fork or step
+    from starting: the state's own doing, so the code's failure (``resource_limit``,
+    ``LimitLowered``), never ``not_executed`` (which would leave the path out of every rate).
+    Before: ``not_executed`` (``WorkerStart`` for nofile and nproc, ``HostBusy`` for as)."""
+    need(root, "rlimits")
+    if limit == "nproc" and "nproc" not in root.isolation:
+        pytest.skip("RLIMIT_NPROC is set only with a uid per principal")
+    ex = root.fork()
+    try:
+        assert ex.run(f"import resource\nresource.setrlimit(resource.{lower})").ok
+        child = ex.fork()
+        try:
+            r = child.run("print(kept)", timeout_s=timeout_s)
+        finally:
+            child.close()
+        assert r.executed and r.outcome == "resource_limit" and r.error_type == "LimitLowered", r
+        assert f"lowered its own {limit} limit" in r.error_message
     finally:
         ex.close()
 

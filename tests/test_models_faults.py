@@ -131,16 +131,16 @@ def test_run_retries_every_fault_and_counts_them_by_kind(every_fault, tmp_path, 
     the first request on (the PRM's reachability check, the model list, the probes): no query
     becomes an error record (before: a 200 whose body is not JSON failed its query, and a start-up
     probe got two retries), and the summary counts what was retried, by kind."""
-    import codetool.jobs.queries as queries
+    import codetool.jobs.run_summary as run_summary
 
     counted: dict[str, dict] = {}
-    rows = queries.client_rows
+    rows = run_summary.client_rows
 
     def spy(clients):  # what the summary shows, per client
         counted.update({name: client.stats()["faults"] for name, client in clients.items()})
         return rows(clients)
 
-    monkeypatch.setattr(queries, "client_rows", spy)
+    monkeypatch.setattr(run_summary, "client_rows", spy)
     out = tmp_path / "t.jsonl"
     status = main(["run", "--query", "What is the weather in Paris?", "--tools", str(write_tools(tmp_path)),
                    "--policy", f"{every_fault.url}/v1", "--prm", every_fault.url, "--output", str(out),

@@ -307,3 +307,18 @@ def test_ending_before_any_tool_call_has_no_on_the_spot_value():
     no_tools = episode(("finish('42')", result(answer="42"), 1.0, 0.5))
     no_tools.task = type("NoTools", (), {"query_id": "q2", "query": "6 x 7?", "env": type("E", (), {"apis": []})()})()
     assert spot(no_tools) == [1.0]
+
+
+@pytest.mark.parametrize("extra", [-1, 1])
+def test_a_prm_scorer_of_the_wrong_length_is_its_fault_never_another_steps_score(extra):
+    """Before: one score too many was silently dropped (each step took a score, the last ignored),
+    one too few raised StopIteration out of the reward."""
+    from codetool.rewards import ScorerFault, machine_failure
+
+    class Wrong:
+        def score(self, items):
+            return [0.5] * (len(items) + extra)
+
+    with pytest.raises(ScorerFault, match=f"returned {3 + extra} scores for 3 items") as e:
+        PRMReward(Wrong()).per_step(honest())
+    assert machine_failure(e.value)

@@ -200,3 +200,27 @@ def test_a_step_the_machine_could_not_run_ends_the_episode_and_drops_it(tokenize
     assert len(ep.steps) == 1 and ep.finish_type == "error" and ep.error == "not executed: host busy"
     assert ep.dropped and rewards(ep)["grounded"] is None and rewards(ep)["spot"] is None
     assert step_category(ep.steps[0], ep.tool_names()) == "not_executed"
+
+
+def test_a_step_whose_executor_raised_is_dropped_as_the_machines_failure(tokenizer, task):
+    """``run`` raising (a sandbox root that died: no step's code makes it raise) is the machine's
+    failure, as ``not_executed`` is: dropped, no reward, said so. Before: the bare message."""
+    from codetool.executor import ExecutorError
+
+    class Raises:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def run(self, code, **kw):
+            if "# raise" in code:
+                raise ExecutorError("the sandbox root process failed: [Errno 32] Broken pipe")
+            return self.inner.run(code, **kw)
+
+        def close(self):
+            self.inner.close()
+
+    r = EpisodeRunner(tokenizer, CFG, lambda t: Raises(Executor(EXEC, tools=t.env.functions())))
+    [ep] = r.run([task], ScriptedSteps(tokenizer, ["r = checkhealth_for_squake()  # raise", "finish(str(r))"]))
+    assert len(ep.steps) == 1 and ep.finish_type == "error"
+    assert ep.error == "not executed: ExecutorError: the sandbox root process failed: [Errno 32] Broken pipe"
+    assert ep.dropped and rewards(ep)["grounded"] is None and rewards(ep)["spot"] is None

@@ -282,7 +282,7 @@ def test_a_step_the_machine_could_not_run_ends_the_episode_as_not_executed(query
     assert not_executed_trajectory(traj)
     m = run_metrics([traj])
     assert m.not_executed_trajectories == 1 and m.executed_candidates == 0 and m.scep_all_candidates is None
-    from codetool.jobs.queries import summary_rows
+    from codetool.jobs.run_summary import summary_rows
 
     rows = dict(summary_rows(m, [traj], {}))
     assert rows["  not executed (the machine's failure: left out of every rate)"] == "1 episodes, 0 candidates"
@@ -292,7 +292,7 @@ def test_the_summary_gives_both_sceps_with_their_counts(query):
     """The public code's SCEP (its re-runs; a reply without ```python fails) beside ours, each with
     its n: a 0.0% beside 100.0% with no counts read as a contradiction."""
     from codetool.eval.metrics import run_metrics
-    from codetool.jobs.queries import summary_rows
+    from codetool.jobs.run_summary import summary_rows
 
     cfg = SearchConfig(k=1, max_steps=2, latent="none", w_latent=0.0)
     traj = make_search(ScriptedBackend(lambda p: block("print(1)")), cfg, factory).solve(make_task(query))

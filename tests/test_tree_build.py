@@ -328,3 +328,52 @@ def test_a_node_the_machine_could_not_run_is_a_leaf_without_label(task, tmp_path
     stats = export_dataset([record], tmp_path)
     assert stats["not_executed_nodes"] == 1 and stats["pair_counts"]["dropped"]["not_executed"] == 1
     assert json.loads((tmp_path / "summary.json").read_text())["not_executed_nodes"] == 1
+
+
+class RaisesInFork(MachineFails):
+    """An executor whose forks below the root raise (a sandbox root that died mid-build)."""
+
+    def __init__(self, inner, depth=0):
+        super().__init__(inner)
+        self.depth = depth
+
+    def fork(self):
+        if self.depth >= 1:
+            from codetool.executor import ExecutorError
+
+            raise ExecutorError("the sandbox root process failed: [Errno 32] Broken pipe")
+        return RaisesInFork(self.inner.fork(), self.depth + 1)
+
+
+def test_a_tree_whose_executor_raised_is_the_machines_failure(task):
+    """An executor that raised in a step (no step's code makes it raise) ends the tree as an error
+    record that says ``not_executed``, counted apart in the summary; a policy that raised does not.
+    Before: both were plain errors."""
+    from codetool.tree.build import summarize
+
+    policy = ScriptedBackend(lambda p: block("print(1)"))
+    cfg = TreeConfig(branching=2, max_depth=3)
+    record = TreeBuilder(policy, cfg, lambda t: RaisesInFork(Executor(EXEC, tools=t.env.functions()))).build(task)
+    assert record["finish_type"] == "error" and record["not_executed"] is True and record["pairs"] == []
+    assert "sandbox root process failed" in record["error"]
+
+    def broken(prompt):
+        raise RuntimeError("a bug in the policy backend")
+
+    other = TreeBuilder(ScriptedBackend(broken), cfg, lambda t: Executor(EXEC, tools=t.env.functions())).build(task)
+    assert other["finish_type"] == "error" and "not_executed" not in other
+    assert summarize([record, other])["errors"] == 2 and summarize([record, other])["errors_not_executed"] == 1
+
+
+def test_a_tree_job_error_record_says_when_the_machine_failed():
+    """The job's own error records (a tree the runner could not build) decide with the same
+    predicate as the search: a sandbox that could not start is ``not_executed``, a malformed entry not."""
+    from types import SimpleNamespace
+
+    from codetool import CodetoolError
+    from codetool.executor import ExecutorError
+    from codetool.jobs.trees import tree_error_record
+
+    q = SimpleNamespace(query_id="1", query="q")
+    assert tree_error_record(q, ExecutorError("a sandbox worker did not start: x"), "h")["not_executed"] is True
+    assert "not_executed" not in tree_error_record(q, CodetoolError("a malformed entry"), "h")

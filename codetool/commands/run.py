@@ -44,8 +44,8 @@ from codetool.jobs.queries import (
     run_hash,
     run_queries,
     single_query,
-    summary_rows,
 )
+from codetool.jobs.run_summary import summary_rows
 from codetool.jsonl import check_output
 from codetool.progress import JobProgress, ProgressFactory
 from codetool.resume import OutputLock, plan_resume

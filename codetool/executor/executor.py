@@ -220,7 +220,9 @@ class Executor:
         candidate that could not start: its first ``run`` returns ``not_executed``
         (``error_type`` ``WorkerStart``, ``attempts`` the forks tried) without running
         anything, and later runs start from a fresh state. When the parent's worker itself was
-        lost, this executor's next result is ``not_executed`` too (``StateLost``).
+        lost, this executor's next result is ``not_executed`` too (``StateLost``). A copy that
+        could not start because the state lowered its own rlimits is the code's failure instead
+        (``resource_limit``, ``LimitLowered``), never retried.
 
         Raises:
             ExecutorError: the executor is closed, or the sandbox cannot start a worker at all.
@@ -247,10 +249,13 @@ class Executor:
                     if exc.parent_lost:
                         self._drop_worker(worker, wait=False)
                         self._slot.lost = exc.kind == "infra"
+                    lowered = [] if exc.kind == "violation" else self._sandbox.lowered_limits(worker)
                     if exc.kind == "violation":
                         failure = _failed("sandbox_violation", "ProtocolError",
                                           f"ProtocolError: the state this step was forked from broke the sandbox "
                                           f"protocol ({log_safe(exc, 200)}); nothing ran.", self.isolation)
+                    elif lowered:  # the state's own doing (resource.setrlimit), not the machine's
+                        failure = _lowered(lowered, self.isolation)
                     elif exc.parent_lost or attempts > self.config.infra_retries:
                         failure = _failed("not_executed", "WorkerStart",
                                           f"NotExecuted: the state this step was forked from could not be copied "
@@ -342,6 +347,13 @@ def _spawn(sandbox: Sandbox, config: ExecutorConfig, tool_names: list[str]) -> W
             sandbox.counts["recovered"] += 1
         return worker
     raise ExecutorError("no sandbox worker could be started")  # (not reached)
+
+
+def _lowered(names: list[str], isolation: str) -> ExecutionResult:
+    """The result of a step that could not start because its state lowered its own rlimits
+    (``names``): the code's failure (``resource_limit``), never ``not_executed``."""
+    return _failed("resource_limit", "LimitLowered", f"LimitLowered: the state this step runs in lowered its own "
+                   f"{', '.join(names)} limit, so the step could not start; nothing ran.", isolation)
 
 
 def _failed(outcome: str, error_type: str, message: str, isolation: str) -> ExecutionResult:

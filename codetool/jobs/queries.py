@@ -29,8 +29,8 @@ from codetool.config import ConfigError, config_hash, option
 from codetool.config_groups import with_defaults
 from codetool.decide.stage import RouterConfig
 from codetool.distributed.ray_cluster import WorkersGroup
-from codetool.executor import ExecutorConfig, ExecutorError, started_in_background
-from codetool.jobs import ProgressFactory, client_rows
+from codetool.executor import ExecutorConfig, started_in_background
+from codetool.jobs import ProgressFactory
 from codetool.jsonl import append_jsonl
 from codetool.memory_use import MemoryGroup, memory_gate
 from codetool.models.remote import RemoteConfig
@@ -44,6 +44,7 @@ from codetool.resume import (
     run_isolated,
     unit_key,
 )
+from codetool.rewards import machine_failure
 from codetool.search.answer import AnswerConfig, needs_answer, write_final_answers
 from codetool.search.config import SearchConfig
 from codetool.search.reference import record_reference_steps
@@ -243,16 +244,15 @@ def ray_batch(cfg: RunConfig) -> int:
 
 def error_record(cfg: RunConfig, chash: str, unit, error: BaseException | str) -> dict:
     """The trajectory record of a query whose run failed (``finish_type: error``, a one-line message).
-    A sandbox that could not be started or used (``ExecutorError``) ran none of the policy's code,
-    and a policy or PRM server that failed the request after every retry (``ServerFailure``) gave
-    the policy no turn: the record says so as the search does (``extra["not_executed"]``), so no
-    rate counts it (an error the server answered, HTTP 400, stays the query's own)."""
-    from codetool.models.remote import ServerFailure
+    An error that is the machine's (``codetool.rewards.machine_failure``: a sandbox that could not
+    be started or used, a policy or PRM server that failed the request after every retry) gave the
+    policy no turn: the record says so as the search does (``extra["not_executed"]``), so no rate
+    counts it (an error the server answered, HTTP 400, stays the query's own)."""
     from codetool.search.records import Trajectory
 
     benchmark = "restbench-tmdb" if unit.benchmark == "restbench" else unit.benchmark
     message = error if isinstance(error, str) else error_message(error)
-    machine = isinstance(error, (ExecutorError, ServerFailure))
+    machine = machine_failure(error)
     extra = {"not_executed": {"step": 0, "reason": message}} if machine else {}
     return Trajectory(query_id=unit.query_id, query=unit.query, benchmark=benchmark, group=unit.group,
                       method=cfg.search.method, config_hash=chash, finish_type="error",
@@ -440,52 +440,6 @@ def fidelity_settings(cfg: RunConfig, scorer=None) -> dict[str, Any]:
             "max_observation_chars": cfg.search.max_observation_chars,
             "observation_history": cfg.search.observation_history, "step_format": cfg.search.step_format,
             "reference_steps": cfg.search.reference_steps, "final_answer": cfg.answer.final_answer, "prm": prm}
-
-
-def summary_rows(m, trajs: list, clients: dict[str, Any]) -> list[tuple[str, Any]]:
-    """The rows of ``codetool run``'s one-screen summary: outcomes, SCEP, steps, tokens, time and
-    tool cost from the run's metrics ``m`` (:func:`codetool.eval.metrics.run_metrics` of ``trajs``),
-    then how remote servers were used (:func:`serving_rows`)."""
-    rows = [("finished", m.finish_types.get("finish", 0)), ("gave up", m.finish_types.get("give_up", 0)),
-            ("hit max steps", m.finish_types.get("max_steps", 0)), ("errors", m.finish_types.get("error", 0)),
-            ("  not executed (the machine's failure: left out of every rate)",
-             f"{m.not_executed_trajectories} episodes, {m.not_executed_candidates} candidates"),
-            # Two counts of one idea side by side, each with its n: the public code re-runs each
-            # chosen step as its search would, and a reply without a ```python block counts as failed.
-            ("SCEP (public code's count: a reply without ```python fails)", "n/a" if m.scep is None
-             else f"{100 * m.scep:.1f}% ({m.reference_successful} of {m.reference_steps} steps)"),
-            ("  chosen code steps that ran in the search (ours)", "n/a" if m.scep_code_steps is None
-             else f"{100 * m.scep_code_steps:.1f}% ({round(m.scep_code_steps * m.executed_chosen)} of "
-                  f"{m.executed_chosen} steps)"),
-            ("  over all sampled candidates", "n/a" if m.scep_all_candidates is None
-             else f"{100 * m.scep_all_candidates:.1f}%"),
-            ("answers written after the search", m.answer_sources.get("generated", 0)),
-            ("mean steps", f"{m.mean_steps:.2f}"),
-            ("tokens in / out per query", f"{m.mean_prompt_tokens:.0f} / {m.mean_completion_tokens:.0f}"),
-            ("seconds per query", f"{m.mean_seconds:.1f}"),
-            *((f"  {phase} s/query", f"{s:.1f}") for phase, s in m.phase_seconds.items()),
-            ("mean tool cost (LIT)", f"{m.mean_tool_cost:.2f}")]
-    return rows + serving_rows(trajs, clients)
-
-
-def serving_rows(trajs: list, clients: dict) -> list[tuple[str, str]]:
-    """Summary rows for remote servers: the client limits and adaptations recorded in the
-    trajectories (the last one that has them), and for each live client of this run its
-    requests, retries (the faults retried, by kind), failovers, timeouts and sequences in flight
-    (peak and effective) (:func:`codetool.jobs.client_rows`)."""
-    rows: list[tuple[str, str]] = []
-    record: dict = next((t.serving for t in reversed(trajs) if t.serving), {})
-    for name in ("policy", "prm"):
-        part = record.get(name)
-        if not part:
-            continue
-        rows.append((f"{name} server", f"{', '.join(part.get('endpoints', []))}: {part.get('client', '')}"))
-        rows += [(f"  {name} adapted", text) for text in part.get("adaptations", [])]
-        if part.get("identical_samples"):
-            rows.append((f"  {name} identical samples", part["identical_samples"]))
-    if record.get("schedule"):
-        rows.append(("schedule", record["schedule"]))
-    return rows + client_rows(clients)
 
 
 def log_prompt_cache(policy) -> None:

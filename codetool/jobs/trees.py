@@ -299,11 +299,14 @@ def log_client_stats(policy) -> None:
 
 
 def tree_error_record(query, error: BaseException | str, config_hash: str) -> dict[str, Any]:
-    """The record of a query whose tree could not be built (a malformed entry, a failed build)."""
+    """The record of a query whose tree could not be built (a malformed entry, a failed build);
+    ``not_executed`` when the failure is the machine's (``codetool.rewards.machine_failure``)."""
     from codetool.resume import error_message
+    from codetool.rewards import machine_failure
 
     return {"query_id": query.query_id, "query": query.query, "config_hash": config_hash, "finish_type": "error",
-            "error": error if isinstance(error, str) else error_message(error), "nodes": {}, "pairs": []}
+            "error": error if isinstance(error, str) else error_message(error), "nodes": {}, "pairs": [],
+            **({"not_executed": True} if machine_failure(error) else {})}
 
 
 class TreeRunner(UnitRunner):

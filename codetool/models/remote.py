@@ -183,6 +183,11 @@ class ServerFailure(CodetoolError):
     runs again."""
 
 
+class BadReply(ValueError):
+    """A 2xx body that parses but does not answer the request (e.g. not one score per item sent):
+    the server's fault, retried like a body that does not parse (``RemoteClient.request``)."""
+
+
 def json_object(response) -> dict[str, Any]:
     """The JSON object of a reply's body.
 
@@ -386,9 +391,11 @@ class RemoteClient:
                 if status < 400 and parse is not None:
                     try:
                         return parse(response)
-                    except ValueError:  # not JSON (a proxy's error page, a reply cut short): a fault
+                    except ValueError as exc:  # not JSON (a proxy's error page, a reply cut short): a fault
                         kind = "bad_body"
-                        problem = f"HTTP {status} with a body that is not a JSON object ({self._clean(response.text)})"
+                        problem = (f"HTTP {status} with a reply that does not fit the request ({exc})"
+                                   if isinstance(exc, BadReply) else
+                                   f"HTTP {status} with a body that is not a JSON object ({self._clean(response.text)})")
                         fix = "is it the right endpoint (an OpenAI-compatible one usually ends in /v1)?"
                 else:
                     text = self._clean(response.text)

@@ -255,9 +255,9 @@ class EpisodeRunner:
         with self._lock:
             self.stats.steps += 1
             self.stats.generated_tokens += len(ids)
-        if result.outcome == "host_error":
-            ep.finish_type, ep.error = "error", result.error_message
-        elif not_executed(result):  # the machine's failure: the episode is dropped from its group
+        if result.outcome == "host_error" or not_executed(result):
+            # the machine's failure (the executor raised: no step's code makes it, docs/EXECUTOR.md):
+            # the episode is dropped from its group, as the search leaves such an episode out
             ep.finish_type, ep.error = "error", f"not executed: {result.error_message or 'nothing ran'}"
         elif step.ended == "finish":
             ep.finish_type, ep.final_answer = "finish", str(result.final_answer)

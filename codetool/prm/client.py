@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from concurrent.futures import ThreadPoolExecutor
 
 from codetool import CodetoolError
 from codetool.models.remote import (
     NEVER_REACHED_RETRIES,
+    BadReply,
     EndpointError,
     RemoteClient,
     RemoteConfig,
@@ -75,18 +77,16 @@ class HTTPScorer:
         def describe(url: str, status: int, text: str) -> str:
             return f"PRM server {url} answered {status}: {_reason(text)}{_hint(status, text, self.api_key_env)}"
 
-        try:  # a body that is not a JSON object is a fault, retried like a 5xx
-            reply = self.remote.request("POST", "/score", body, key=f"{chunk[0].query}\x00{chunk[0].tools}",
-                                        units=len(chunk), describe=describe, parse=json_object)
+        try:  # a body that is not a JSON object, or not one score per item, is a fault retried like a 5xx
+            values = self.remote.request("POST", "/score", body, key=f"{chunk[0].query}\x00{chunk[0].tools}",
+                                         units=len(chunk), describe=describe,
+                                         parse=lambda response: _scores(response, len(chunk)))
         except EndpointError:
             raise
         except CodetoolError as e:
             kind = type(e) if isinstance(e, ServerFailure) else CodetoolError
             raise kind(f"PRM server: {e} Start it with 'codetool serve-prm' or check --prm.") from None
-        values = reply.get("scores")
-        if not isinstance(values, list) or len(values) != len(chunk):
-            raise CodetoolError(f"PRM server {self.url} returned {values!r:.100} for {len(chunk)} items.")
-        return [float(v) for v in values]
+        return values
 
     def score(self, items: list[PRMItem]) -> list[float]:
         chunks = [items[i:i + self.max_items] for i in range(0, len(items), self.max_items)]
@@ -124,6 +124,21 @@ class HTTPScorer:
 
     def close(self) -> None:
         self.remote.close()
+
+
+def _scores(response, n: int) -> list[float]:
+    """The ``scores`` of a ``/score`` reply for ``n`` items.
+
+    Raises:
+        ValueError: the body is not a JSON object; ``BadReply``: its ``scores`` is not a list of ``n``
+            finite numbers. Either is the server's fault (``RemoteClient`` retries it, then raises
+            ``ServerFailure``).
+    """
+    values = json_object(response).get("scores")
+    if not isinstance(values, list) or len(values) != n or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+        raise BadReply(f"'scores' is {values!r:.100}, not {n} finite numbers (one per item sent)")
+    return [float(v) for v in values]
 
 
 def _hint(status: int, text: str, key_env: str) -> str:

@@ -11,9 +11,11 @@ Isolation: a step none of whose candidates the executor could run (``not_execute
 the machine) ends its episode as ``error`` with ``extra["not_executed"]``, which no metric or pass
 rate counts, and a candidate that was not executed is left out of the pick (:func:`select`, issue
 37). An exception inside one episode ends that episode as ``finish_type='error'`` (secrets
-redacted), not the run; a failure of a batched call is retried episode by episode. A policy or
-PRM server that failed a request after every retry (``ServerFailure``) is the machine's failure
-too: that error also carries ``extra["not_executed"]``.
+redacted), not the run; a failure of a batched call is retried episode by episode. An error that
+is the machine's (``codetool.rewards.machine_failure``: a sandbox that could not start, a server
+that failed after every retry, a PRM reply that does not fit the items) and an executor that raised
+in a step (``host_error``: no step's code can make it raise, docs/EXECUTOR.md) carry
+``extra["not_executed"]`` too.
 
 Throughput: with a local policy :meth:`Episodes.run` keeps ``concurrency`` episodes in batched
 rounds; with a remote policy each episode advances on its own as its requests return (continuous
@@ -38,7 +40,7 @@ from codetool.executor import log_safe
 from codetool.executor.result import StepExecutor
 from codetool.models.completion import LLMBackend
 from codetool.resume import unit_seed
-from codetool.rewards import PRMItem, PRMScorer, not_executed
+from codetool.rewards import PRMItem, PRMScorer, ScorerFault, machine_failure, not_executed
 from codetool.search.config import SearchConfig
 from codetool.search.expand import Expanded, Node, check_constraints, expand_each
 from codetool.search.prompt import history_entry
@@ -330,7 +332,10 @@ class Episodes:
                 owners.append(ep)
         if items:
             assert self.scorer is not None, "latent prm needs a scorer (refused earlier without one)"
-            for cand, value in zip(slots, self.scorer.score(items), strict=True):
+            values = list(self.scorer.score(items))
+            if len(values) != len(items):  # the scorer's fault (a bug), never the policy's
+                raise ScorerFault(f"the PRM scorer returned {len(values)} scores for {len(items)} items")
+            for cand, value in zip(slots, values):
                 cand.r_latent = float(value)
             for owner, item in zip(owners, items):  # compute accounting
                 owner.traj.prm_scored_tokens += prm_tokens(self.scorer, [item])
@@ -347,8 +352,8 @@ class Episodes:
         ended. An episode that failed this round (executor fault, scorer failure), or whose
         advancing raises, has its candidates' forks closed and ends as an error."""
         fault = next((e.result.host_error for e in row if e.result.host_error), None)
-        if fault and ep.traj.finish_type != "error":
-            fail(ep, fault)
+        if fault and ep.traj.finish_type != "error":  # the executor raised: the machine's failure
+            fail(ep, fault, machine=True)
         if ep.traj.finish_type != "error":
             try:
                 return self._advance(ep, row)
@@ -427,15 +432,14 @@ class Episodes:
         return record
 
 
-def fail(ep: Episode, error: Exception | str) -> Episode:
-    """End ``ep`` as ``finish_type='error'`` with the error's message (secrets redacted). A policy
-    or PRM server that failed the request after every retry (``ServerFailure``) gave the policy no
-    turn: the trajectory also gets ``extra["not_executed"]`` (step, reason), so no rate counts it."""
-    from codetool.models.remote import ServerFailure
-
+def fail(ep: Episode, error: Exception | str, *, machine: bool | None = None) -> Episode:
+    """End ``ep`` as ``finish_type='error'`` with the error's message (secrets redacted). When the
+    error is the machine's (``machine``, by default ``codetool.rewards.machine_failure(error)``) the
+    policy had no fair turn: the trajectory also gets ``extra["not_executed"]`` (step, reason), so
+    no rate counts it."""
     text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
     ep.traj.finish_type, ep.traj.error = "error", redact(text)[:2000]
-    if isinstance(error, ServerFailure):
+    if machine_failure(error) if machine is None else machine:
         ep.traj.extra["not_executed"] = {"step": len(ep.traj.steps), "reason": ep.traj.error}
     logger.warning("episode %s ended with an error: %s", ep.task.query_id, log_safe(ep.traj.error, 500))
     return ep

@@ -277,7 +277,7 @@ def label_record(record: dict[str, Any], cfg: TreeConfig, *, recompute_success: 
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Totals over tree records: trees (built), errors (trees whose build failed: left out of every
-    other total), nodes, leaves (executed ones), leaf success rate, ``not_executed`` (nodes the
+    other total; ``errors_not_executed`` of them the machine's failure), nodes, leaves (executed ones), leaf success rate, ``not_executed`` (nodes the
     executor could not run: no label counts them), ``retried`` (nodes whose step the executor had to
     try again after a failure of the machine, whatever came of it), pairs (``pairs_by_<reason>`` for what decided
     them, ``dropped_<reason>`` for drops), tool calls, seconds per tree and trees per hour."""
@@ -288,7 +288,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     for x in s:
         add_counts(counts, x.get("pair_counts", {}))
     seconds_per_tree = total["seconds"] / len(s) if s else 0.0
-    return {"trees": len(s), "errors": len(records) - len(s), **{k: v for k, v in total.items() if k != "seconds"},
+    machine = sum(bool(r.get("not_executed")) for r in records if r.get("finish_type") == "error")
+    return {"trees": len(s), "errors": len(records) - len(s), "errors_not_executed": machine, **{k: v for k, v in total.items() if k != "seconds"},
             **{f"pairs_by_{k}": v for k, v in counts["decided"].items()},
             **{f"dropped_{k}": v for k, v in counts["dropped"].items()},
             "leaf_success_rate": total["successful_leaves"] / total["leaves"] if total["leaves"] else 0.0,

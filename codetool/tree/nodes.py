@@ -14,7 +14,7 @@ from typing import Any
 from codetool.executor import log_safe
 from codetool.executor.result import StepExecutor
 from codetool.resume import unit_seed
-from codetool.rewards import not_executed
+from codetool.rewards import machine_failure, not_executed
 from codetool.search.search import SearchTask
 from codetool.secrets import redact
 
@@ -74,20 +74,28 @@ def guard(errors: dict[int, str], trees: int | list[int], func, *args, **kwargs)
         return None
 
 
+class MachineFault(str):
+    """A tree's error that is the machine's (``codetool.rewards.machine_failure``, or an executor that
+    raised in a step: no step's code makes it raise): its error record says ``not_executed``."""
+
+
 def record_error(errors: dict[int, str], trees: int | list[int], exc: BaseException) -> None:
-    """Record ``exc`` (redacted, cut to 2,000 characters) as the failure of each tree in ``trees``."""
+    """Record ``exc`` (redacted, cut to 2,000 characters) as the failure of each tree in ``trees``
+    (a :class:`MachineFault` when it is the machine's)."""
     message = redact(f"{type(exc).__name__}: {exc}")[:2000]
+    if machine_failure(exc):
+        message = MachineFault(message)
     for t in [trees] if isinstance(trees, int) else trees:
         errors.setdefault(t, message)
     logger.warning("tree building failed (%s trees): %s", len(errors), log_safe(message, 500))
 
 
 def faulted(errors: dict[int, str], t: int, row: list) -> bool:
-    """Whether tree ``t`` failed before or in this row (an executor fault: ``host_error``); the
-    row's forks are then closed."""
+    """Whether tree ``t`` failed before or in this row (an executor fault: ``host_error``, the
+    machine's); the row's forks are then closed."""
     fault = next((e.candidate.result.host_error for e in row if e.candidate.result.host_error), None)
     if fault:
-        errors.setdefault(t, fault)
+        errors.setdefault(t, MachineFault(fault))
     if t not in errors:
         return False
     for e in row:
@@ -108,9 +116,11 @@ def drop_failed(frontier: list[FrontierNode], errors: dict[int, str]) -> list[Fr
 
 
 def error_record(task: SearchTask, error: str, seconds: float, config_hash: str) -> dict[str, Any]:
-    """The record of a tree whose building failed: its error, no nodes, no pairs."""
+    """The record of a tree whose building failed: its error, no nodes, no pairs; ``not_executed``
+    when the failure is the machine's (:class:`MachineFault`)."""
     return {"query_id": task.query_id, "query": task.query, "tools": task.env.render(),
             "config_hash": config_hash, "nodes": {},
-            "pairs": [], "error": error, "finish_type": "error",
+            "pairs": [], "error": str(error), "finish_type": "error",
+            **({"not_executed": True} if isinstance(error, MachineFault) else {}),
             "summary": {"nodes": 0, "leaves": 0, "successful_leaves": 0, "pairs": 0,
                         "tool_calls": 0, "seconds": seconds, "error": True}}

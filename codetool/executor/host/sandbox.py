@@ -34,6 +34,7 @@ from codetool.executor.host.channel import (
 from codetool.executor.host.family import REQUEST_TIMEOUT_S, Family, WorkerHandle
 from codetool.executor.host.launch import ExecutorError, _warn_once
 from codetool.executor.host.root_link import RootLink
+from codetool.executor.kernel.procs import soft_limits
 from codetool.executor.kernel.schedstat import Watch
 
 FORK = struct.Struct(">qH")  # as inside.keeper.FORK
@@ -71,6 +72,7 @@ class Sandbox(Family):
         self.counts = {"retries": 0, "recovered": 0, "not_executed": 0}  # infrastructure failures
         self._template: WorkerHandle | None = None  # the fresh worker that spawn forks
         self._template_lock = threading.Lock()
+        self.applied_limits: set[str] = set()  # the rlimits the workers' spawn set (its hello says which)
         super().__init__(config)
 
     def spawn(self, tool_names: list[str] | None = None, timeout: float | None = None) -> WorkerHandle:
@@ -133,7 +135,21 @@ class Sandbox(Family):
             handle.uid = None
         if not self.isolation:
             self.isolation = self._describe(handle.info)
+        self.applied_limits = set(handle.info.get("limits") or [])
         return handle
+
+    def lowered_limits(self, worker: WorkerHandle) -> list[str]:
+        """The rlimits this family set on its workers that ``worker`` now has lower: its state lowered
+        them (``resource.setrlimit``), so a fork or a step that cannot start then is the state's
+        failure, never the machine's (``[]`` when none is lower or the worker is gone). Only the
+        limits that can keep a process or thread from starting count (not ``fsize``, ``core``)."""
+        now = soft_limits(worker.pid)
+        lowered = []
+        for name, value in self._limits().items():
+            soft = value[0] if isinstance(value, list) else value
+            if name in ("as", "cpu", "nofile", "nproc") and name in self.applied_limits and now.get(name) is not None and now[name] < soft:
+                lowered.append(name)
+        return lowered
 
     def _handshake(self, host_end, read_fd: int, key: int, timeout: float, sandbox_pid) -> WorkerHandle:
         os.set_blocking(read_fd, False)

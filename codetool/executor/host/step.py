@@ -18,7 +18,9 @@ a type name the host uses for its own verdicts is marked as the code's.
 
 **Not executed.** A step whose code never started (no first ``t``: the step's thread could not be
 created, the worker was lost before it ran, the host was too busy) or that the machine never let run
-for ``timeout_s`` before the backstop is ``not_executed``: no reward, label or metric counts it.
+for ``timeout_s`` before the backstop is ``not_executed``: no reward, label or metric counts it,
+unless the state lowered its own rlimits (``Sandbox.lowered_limits``): then it is the code's
+failure (``resource_limit``, ``LimitLowered``).
 """
 
 from __future__ import annotations
@@ -342,6 +344,8 @@ def _stopped(sandbox, worker, conn, verdict, step, output, notes, start, timeout
              threads_left=0) -> ExecutionResult:
     """The step was stopped (or its worker died, or left threads running): the worker is killed."""
     _drain(conn, step, output, worker, {}, sandbox.config)
+    # a step that could not start because its state lowered its own rlimits is the code's failure
+    lowered = sandbox.lowered_limits(worker) if failure in ("not_started", "busy", "lost") else []
     ended = exit_status(worker.pid) if failure == "lost" else {}  # (a fork copy's zombie waits
     used = process_cpu(worker.pid) if ended else None  # for its zygote to reap it)
     status = drop(worker) or {}
@@ -355,6 +359,10 @@ def _stopped(sandbox, worker, conn, verdict, step, output, notes, start, timeout
     if failure is None:  # ended, but left threads running: the verdict stands, the state is lost
         outcome, error_type, message = ("ok", None, None) if ran(verdict, step) else code_error(step)
         return _result(outcome, error_type, message, output, step, start, sandbox, state_lost=True)
+    if lowered and (failure == "busy" or not started):
+        return _result("resource_limit", "LimitLowered", f"LimitLowered: the state this step runs in lowered its own "
+                       f"{', '.join(lowered)} limit, so the step could not start; nothing ran.", output, step, start,
+                       sandbox, state_lost=True)
     if failure == "not_started" or (failure == "lost" and not started and not memory):
         detail = ("the step's thread could not be started" if failure == "not_started"
                   else "the worker holding the state was lost before the step ran")

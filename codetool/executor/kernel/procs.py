@@ -79,3 +79,25 @@ def owner_alive(pid, start):
     except OSError:
         return True
     return True
+
+
+LIMIT_ROWS = {"as": "Max address space", "cpu": "Max cpu time", "fsize": "Max file size",
+              "nofile": "Max open files", "nproc": "Max processes"}
+
+
+def soft_limits(pid):
+    """The soft rlimits of process ``pid`` by the sandbox's names (``as``, ``cpu``, ``fsize``,
+    ``nofile``, ``nproc``: ``/proc/<pid>/limits``; ``None`` for unlimited; ``{}`` when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/limits") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return {}
+    found = {}
+    for name, row in LIMIT_ROWS.items():
+        for line in lines:
+            if line.startswith(row + " "):
+                soft = line[len(row):].split()[:1]
+                if soft and (soft[0] == "unlimited" or soft[0].isdigit()):
+                    found[name] = None if soft[0] == "unlimited" else int(soft[0])
+    return found
