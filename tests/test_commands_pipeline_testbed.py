@@ -122,7 +122,27 @@ def test_the_small_testbed_recipe_searches_unseen_queries_of_the_tree_templates_
     assert len({m.k for m in cfg.methods[1:]}) == 1 and cfg.methods[0].k == 1
     (ev,) = cfg.evals
     assert (ev.benchmark, ev.group) == ("world", "train") and ev.offset >= 96
-    split, n = parse_spec(cfg.trees.queries)
+    split, offset, n = parse_spec(cfg.trees.queries)
     assert split == "train"
     queries = generate("train", ev.offset + ev.limit)
-    assert not {q.query for q in queries[:n]} & {q.query for q in queries[ev.offset:]}
+    assert not {q.query for q in queries[offset:offset + n]} & {q.query for q in queries[ev.offset:]}
+
+
+def test_the_small_rl_recipe_evaluates_on_the_small_ablations_queries_and_never_trains_on_them():
+    """configs/policy/testbed-small.yaml: GRPO of the warm start on train-template queries, before/after
+    on queries 96-107 (none of them a prompt), every setting outcome by the answer key, one budget."""
+    from codetool.policy.config import TrainPolicyConfig
+
+    cfg = load_config(TrainPolicyConfig, REPO / "configs" / "policy" / "testbed-small.yaml")
+    assert cfg.policy == "testbed" and cfg.advantage == "anchored" and cfg.token_budget > 0
+    (ev,) = cfg.evals
+    assert (ev.benchmark, ev.group, ev.offset, ev.limit) == ("world", "train", 96, 12)
+    (prompts,) = cfg.prompts
+    assert (prompts.benchmark, prompts.group) == ("world", "train")
+    assert prompts.offset + prompts.limit <= ev.offset
+    queries = generate("train", ev.offset + ev.limit)
+    train = {q.query for q in queries[prompts.offset:prompts.offset + prompts.limit]}
+    assert not train & {q.query for q in queries[ev.offset:]}
+    assert len(cfg.run_settings) >= 2 and all(s.answer > 0 and not s.grounded and not s.judged for s in cfg.run_settings)
+    assert any(s.on_the_spot > 0 for s in cfg.run_settings)
+    assert all(not s.prm for s in cfg.run_settings)  # no PRM: the small recipe's learned nothing (docs/TESTBED.md)

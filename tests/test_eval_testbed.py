@@ -104,3 +104,33 @@ def test_the_summary_files_hold_every_table(runs, tmp_path):
     text = md_path.read_text()
     assert "| spot-only | 66.7 |" in text and "| spot-only - single-sample | 0.0 |" in text
     assert render(summary) == text
+
+
+def test_train_policys_own_report_gives_the_exact_before_after_with_paired_intervals():
+    """train-policy's report: exact success per policy with its bootstrap interval over queries and each
+    setting minus before, paired by query (before, its report had only the mean over seeds)."""
+    from codetool.eval.testbed import answer_scores, before_after
+    from codetool.policy.report import answer_lines
+    from codetool.search.records import Trajectory
+
+    def run(answers):
+        return [Trajectory.from_dict({**traj(q, "x", a), "query": q}) for q, a in answers.items()]
+
+    evals = {"before": {0: run({"a": "1", "b": "7", "c": "1", "d": "7"}),
+                        1: run({"a": "7", "b": "7", "c": "1", "d": "1"})},
+             "answer": {0: run({"a": "7", "b": "7", "c": "7", "d": "7"}),
+                        1: run({"a": "7", "b": "1", "c": "7", "d": "7"})},
+             "toolbench": {0: [Trajectory.from_dict({**traj("z", "x", "7", key=None), "query": "z"})]}}
+    scores = answer_scores(evals)
+    assert set(scores) == {"before", "answer"}  # a set without answer keys is no world set
+    section = before_after(scores, samples=500)
+    rows = {r["method"]: r for r in section["methods"]}
+    # per query the seed mean: before a .5 b 1 c 0 d .5 -> .5; answer a 1 b .5 c 1 d 1 -> .875
+    assert rows["before"]["success"] == 0.5 and rows["answer"]["success"] == 0.875
+    assert rows["before"]["low"] <= 0.5 <= rows["before"]["high"] and rows["before"]["queries"] == 4
+    [paired] = section["paired"]
+    assert (paired["a"], paired["b"], paired["n"]) == ("answer", "before", 4)
+    assert paired["mean"] == pytest.approx(0.375) and paired["low"] <= 0.375 <= paired["high"]
+    text = "\n".join(answer_lines({"world:train": section}))
+    assert "| before | 50.0 |" in text and "| answer | 87.5 |" in text
+    assert "| answer - before | +37.5 |" in text

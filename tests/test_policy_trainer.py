@@ -151,6 +151,34 @@ def test_one_grpo_step_end_to_end_writes_a_loadable_policy(tiny_model_dir, share
     assert any(not torch.equal(before[k], after[k]) for k in before if k in after)
 
 
+def test_the_small_testbed_rl_recipe_runs_end_to_end_with_its_exact_before_after(tiny_model_dir, tmp_path):
+    """configs/policy/testbed-small.yaml's shape (world prompts, both settings, before/after on queries
+    96+ of the train templates) on the tiny model, one GRPO step each: the report and results.json
+    carry the exact success of every policy and each setting minus before, paired by query."""
+    recipe = REPO / "configs" / "policy" / "testbed-small.yaml"
+    out = tmp_path / "rl"
+    status = main(["train-policy", "--config", str(recipe), "--policy", str(tiny_model_dir), "--output_dir", str(out),
+                   "--max_steps", "1", "--token_budget", "0", "--num_generations", "2",
+                   "--per_device_train_batch_size", "2", "--lora_layers", "1",
+                   "--prompts", '[{benchmark: world, group: train, limit: 2}]',
+                   "--evals", '[{benchmark: world, group: train, offset: 96, limit: 2}]',
+                   "--rollout.max_steps", "2", "--rollout.max_new_tokens", "12", "--eval_search.max_steps", "2",
+                   "--eval_search.max_new_tokens", "12", "--executor.isolation", "fallback"])
+    assert status == 0
+    prompts = json.loads((out / "prompts.json").read_text())
+    assert prompts["eval"] == {"world:train": ["train-0096", "train-0097"]}
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["runs"]) == {"answer", "answer+spot"} and results["advantage"] == "anchored"
+    assert all(run["0"]["steps"] == 1 and run["0"]["generated_tokens"] > 0 for run in results["runs"].values())
+    section = results["answer_before_after"]["world:train"]
+    assert {r["method"]: r["queries"] for r in section["methods"]} == {"before": 2, "answer": 2, "answer+spot": 2}
+    assert sorted((p["a"], p["b"], p["n"]) for p in section["paired"]) == [
+        ("answer", "before", 2), ("answer+spot", "before", 2)]
+    assert all(p["low"] <= p["mean"] <= p["high"] for p in section["paired"])
+    report = (out / "report.md").read_text()
+    assert "## Exact success before/after: world:train" in report and "| answer+spot - before |" in report
+
+
 def test_stabletoolbench_prompts_are_refused(tiny_model_dir, shared_data, tmp_path):
     from codetool.config import ConfigError
 

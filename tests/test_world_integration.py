@@ -32,6 +32,45 @@ def test_build_trees_reads_a_world_spec():
         load_training_queries(TreeConfig(queries="world:test"))
 
 
+@pytest.mark.parametrize(("text", "expected"), [
+    ("world:train", ("train", 0, None)), ("world:heldout:5", ("heldout", 0, 5)),
+    ("world:train:96:12", ("train", 96, 12)), ("world:train:0:1", ("train", 0, 1)), ("train.json", None)])
+def test_a_world_spec_parses_with_or_without_an_offset(text, expected):
+    from codetool.world import parse_spec
+
+    assert parse_spec(text) == expected
+
+
+@pytest.mark.parametrize("text", ["world:test", "world:", "world:train:0", "world:train:x", "world:train:-1:3",
+                                  "world:train:96:0", "world:train:1:2:3", "world:train:96:"])
+def test_a_bad_world_spec_names_what_it_got_and_the_accepted_forms(text):
+    from codetool.world import parse_spec
+
+    with pytest.raises(ValueError) as info:
+        parse_spec(text)
+    message = str(info.value)
+    assert repr(text) in message and "world:<train|heldout>:<offset>:<n>" in message
+    assert "world:<train|heldout>:<n>" in message
+    assert "\n" not in message
+
+
+def test_an_offset_spec_builds_trees_on_queries_offset_to_offset_plus_n_of_the_split():
+    """world:train:96:12 -> queries 96-107 of the train split, the same as generate's (before, the spec
+    could only take the first n: the trees landed on the queries the policy was warm-started on)."""
+    from codetool.jobs.trees import load_training_queries
+    from codetool.tree.config import TreeConfig
+    from codetool.world import generate
+
+    queries, dropped = load_training_queries(TreeConfig(queries="world:train:96:12"))
+    expected = generate("train", 108)[96:]
+    assert [q.query_id for q in queries] == [f"train-{i:04d}" for i in range(96, 108)] and dropped == 0
+    assert [q.query for q in queries] == [w.query for w in expected]
+    assert [q.extra["answer"] for q in queries] == [w.key for w in expected]
+    assert [q.query_id for q in load_training_queries(TreeConfig(queries="world:train:96:12", limit=2))[0]] == [
+        "train-0096", "train-0097"]
+    assert load_training_queries(TreeConfig(queries="world:train:12"))[0][0].query_id == "train-0000"
+
+
 def test_a_task_carries_the_answer_key_and_the_world_backend_by_default():
     from codetool.assemble import make_task, tool_backend
     from codetool.world import load_queries

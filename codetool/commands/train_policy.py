@@ -8,7 +8,9 @@ In order: pick the PRM (given, the pipeline's, or a small one trained here:
 (``codetool.policy.data``); start the tool backends; evaluate the base policy with the evaluation
 search once per seed; train every reward setting once per seed (each run resumes from its last
 checkpoint, and a finished run is read back from its ``run.json``), saving each trained policy
-and evaluating it with the same search; write ``report.md``, ``results.json`` and the PNGs, and
+and evaluating it with the same search; write ``report.md``, ``results.json`` (with, for world
+query sets, ``answer_before_after``: exact success per policy and each setting minus before,
+paired by query, with bootstrap intervals) and the PNGs, and
 link ``<output_dir>/policy`` to the last setting's first-seed policy. The method is
 ``codetool.policy``; this module only puts it in order.
 """
@@ -42,6 +44,7 @@ def train_policy_command(cfg: TrainPolicyConfig) -> int:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     os.environ.setdefault("WANDB_MODE", "disabled")
     from codetool.assemble import make_judge
+    from codetool.eval.testbed import answer_scores, before_after
     from codetool.models.memory import release_host_memory
     from codetool.policy.data import backend_kind, evaluation_queries, make_tasks, training_queries
     from codetool.policy.evaluate import run_eval, slug, summarise
@@ -115,6 +118,8 @@ def train_policy_command(cfg: TrainPolicyConfig) -> int:
         "test_queries_dropped": train_queries.dropped, "test_sets": cfg.test_sets,
         "weights": {s.name: s.weights for s in cfg.run_settings}, "runs": runs,
         "eval": {label: summarise(per_seed) for label, per_seed in evals.items()},
+        "answer_before_after": {name: before_after(scores) for name in eval_tasks if (scores := answer_scores(
+            {label: {seed: sets[name] for seed, sets in per_seed.items()} for label, per_seed in evals.items()}))},
         "eval_sets": list(eval_tasks), "eval_sizes": {n: len(t) for n, t in eval_tasks.items()},
         "eval_search": f"k={cfg.eval_search.k}, at most {cfg.eval_search.max_steps} steps of "
                        f"{cfg.eval_search.max_new_tokens} tokens, temperature {cfg.eval_search.temperature}, "

@@ -126,6 +126,37 @@ def prm_pair_accuracy(trees: str | Path, scores: str | Path, *, samples: int = 2
     return out
 
 
+def before_after(by_label: dict[str, dict[int, dict[str, float]]], *, samples: int = 2000,
+                 seed: int = 0) -> dict[str, list[dict]]:
+    """Exact success of a policy ``before`` RL and after each reward setting, and after minus before.
+
+    Args:
+        by_label (`dict[str, dict[int, dict[str, float]]]`): ``{label: {seed: {query_id: 1.0 | 0.0}}}``,
+            ``before`` and one label per setting (:func:`answer_scores`).
+
+    Returns:
+        `dict`: ``methods`` (:func:`method_rows`: success with its 95% bootstrap interval over queries)
+        and ``paired`` (each setting minus ``before``, per query over the seed means: :func:`paired_rows`).
+    """
+    return {"methods": method_rows(by_label, samples=samples, seed=seed),
+            "paired": paired_rows(by_label, [(label, "before") for label in by_label if label != "before"],
+                                  samples=samples, seed=seed)}
+
+
+def answer_scores(trajectories: dict[str, dict[int, list]]) -> dict[str, dict[int, dict[str, float]]]:
+    """``{label: {seed: [Trajectory]}}`` -> ``{label: {seed: {query_id: 1.0 | 0.0}}}`` by the answer key
+    (:func:`codetool.world.answers.episode_success`); episodes without a key are left out, and a
+    label whose episodes all lack one (not a world query set) is left out."""
+    out: dict[str, dict[int, dict[str, float]]] = {}
+    for label, per_seed in trajectories.items():
+        for run_seed, trajs in per_seed.items():
+            for t in trajs:
+                ok = episode_success(t.extra, t.finish_type, t.final_answer)
+                if ok is not None:
+                    out.setdefault(label, {}).setdefault(run_seed, {})[str(t.query_id)] = float(ok)
+    return out
+
+
 def policy_section(out_dir: str | Path, *, samples: int = 2000, seed: int = 0) -> dict | None:
     """Before/after of a ``train-policy`` run in ``out_dir`` (its ``results.json`` and evaluation
     trajectories ``eval/<set>.<label>.seed<k>.jsonl``); ``None`` when it has not run."""
@@ -143,12 +174,9 @@ def policy_section(out_dir: str | Path, *, samples: int = 2000, seed: int = 0) -
             ok = episode_success(r.get("extra"), r.get("finish_type"), r.get("final_answer"))
             if ok is not None:
                 by_label[str(r.get("method"))].setdefault(int(m["seed"]), {})[str(r["query_id"])] = float(ok)
-    rows = method_rows(dict(by_label), samples=samples, seed=seed)
-    paired = paired_rows(dict(by_label), [(label, "before") for label in by_label if label != "before"],
-                         samples=samples, seed=seed)
     tokens = {name: [run.get("generated_tokens") for run in seeds.values()]
               for name, seeds in (results.get("runs") or {}).items()}
-    return {"methods": rows, "paired": paired, "generated_tokens": tokens,
+    return {**before_after(dict(by_label), samples=samples, seed=seed), "generated_tokens": tokens,
             "token_budget": results.get("token_budget"), "seeds": results.get("seeds"),
             "eval_search": results.get("eval_search"), "seconds": results.get("seconds")}
 

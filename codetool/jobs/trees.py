@@ -38,9 +38,9 @@ def load_training_queries(cfg: TreeConfig) -> tuple[list, int]:
     """The training queries of ``cfg`` (any layout :func:`codetool.tools.files.load_queries` reads)
     and how many test queries were dropped from them (``never_train_on``, by id and by text:
     :mod:`codetool.tools.heldout`), with ids made unique as ``<file stem>/<query_id>`` (ToolBench
-    files reuse ids across groups); ``world:<split>[:<n>]`` generates the synthetic world's queries
-    (``codetool.world``; ``limit`` applies, ids stay ``<split>-<i>``, none is a test query of a
-    benchmark). Queries that offer no API are skipped with a warning; a
+    files reuse ids across groups); ``world:<split>[:<n>]`` or ``world:<split>:<offset>:<n>`` generates the synthetic
+    world's queries (``codetool.world.parse_spec``: queries offset to offset+n-1 of the split; ``limit``
+    applies, ids stay ``<split>-<i>``, none is a test query of a benchmark). Queries that offer no API are skipped with a warning; a
     malformed entry is kept (its ``extra["load_error"]`` becomes its error record).
 
     Raises:
@@ -61,9 +61,9 @@ def load_training_queries(cfg: TreeConfig) -> tuple[list, int]:
     except ValueError as e:
         raise ConfigError(f"--queries: {e}") from None
     if world is not None:  # the synthetic world's queries (generated; ids are unique already)
-        split, n = world
+        split, offset, n = world
         counts = [x for x in (n, cfg.limit) if x is not None]
-        return load_world_queries(split, min(counts) if counts else None), 0  # none given: the world's default (40)
+        return load_world_queries(split, min(counts) if counts else None, offset=offset), 0  # none given: the world's default (40)
     path = Path(cfg.queries) if cfg.queries else data_root() / "ToolBench" / "data_example" / "instruction"
     if not path.exists():
         raise ConfigError(f"--queries {path}: no such file or folder. Pass a ToolBench-format query file "

@@ -4,7 +4,9 @@
 per group, steps, seeds), then the training reward per step (mean over seeds, and a PNG with one
 line per seed), each setting's rewards by component and the PRM's share of the advantage's
 variance, the held-out before/after table of every reward setting (mean ± spread over
-seeds; the same evaluation search for all), the compute of each run (generated policy tokens:
+seeds; the same evaluation search for all), on sets of synthetic-world queries the exact
+before/after (success by the answer key with a 95% bootstrap interval over queries, and each
+setting minus before paired by query: ``codetool.eval.testbed.before_after``), the compute of each run (generated policy tokens:
 the settings are compared at equal tokens), and the per-step outcome histogram of the training
 rollouts (shares of each step category; a rising ``ok_no_tool`` or ``finish`` share without
 grounded answers is how reward hacking shows).
@@ -143,6 +145,31 @@ def component_lines(runs: dict[str, dict[str, dict]], weights: dict[str, dict[st
     return lines + [""]
 
 
+def answer_lines(sections: dict[str, dict]) -> list[str]:
+    """The exact before/after of world query sets (``codetool.eval.testbed.before_after``): success
+    with its 95% bootstrap interval over queries, and each setting minus ``before`` paired by query."""
+    lines: list[str] = []
+    for name, section in sections.items():
+        lines += [f"## Exact success before/after: {name}", "", "By the answer key (per query the mean over "
+                  "seeds, then the mean over queries; 95% percentile bootstrap over queries).", "",
+                  "| policy | success % | 95% interval | queries |", "|---|---:|---:|---:|"]
+        lines += [f"| {r['method']} | {_pct(r['success'])} | {_pct(r['low'])} to {_pct(r['high'])} | {r['queries']} |"
+                  for r in section["methods"]]
+        lines += ["", "| after - before | points | 95% interval | queries |", "|---|---:|---:|---:|"]
+        lines += [f"| {p['a']} - {p['b']} | {_signed(p['mean'])} | {_signed(p['low'])} to {_signed(p['high'])} | "
+                  f"{p['n']} |" for p in section["paired"]]
+        lines.append("")
+    return lines
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None or x != x else f"{100 * x:.1f}"
+
+
+def _signed(x: float | None) -> str:
+    return "n/a" if x is None or x != x else f"{100 * x:+.1f}"
+
+
 def render(results: dict[str, Any]) -> str:
     """``report.md`` of a train-policy run (``results.json``'s content)."""
     runs, settings = results["runs"], list(results["runs"])
@@ -178,6 +205,7 @@ def render(results: dict[str, Any]) -> str:
                     continue
                 lines.append(f"| {label} | " + " | ".join(cells) + " |")
             lines.append("")
+    lines += answer_lines(results.get("answer_before_after") or {})
     lines += ["## Compute per run", "", "| setting | seed | steps | generated policy tokens | seconds |",
               "|---|---:|---:|---:|---:|"]
     for s in settings:

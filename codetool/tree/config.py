@@ -50,7 +50,8 @@ class TreeConfig(TreePolicy, TreeTools, TreeOutput, ShardedWorkersGroup, MemoryG
 
     queries: str | None = option(None, "query file or folder: ToolBench/StableToolBench format, or RestGPT's layout "
                                  "(a list of {query, solution}) with --tools SPEC (default: ToolBench's 10 example "
-                                 "queries), or world:<train|heldout>[:<n>] for the synthetic world's queries")
+                                 "queries), or, for the synthetic world's queries, world:<train|heldout>[:<n>] (queries 0 "
+                                 "to n-1) or world:<train|heldout>:<offset>:<n> (queries offset to offset+n-1)")
     tools: str | None = option(None, "the APIs of RestGPT-layout --queries: an OpenAPI 3 spec (JSON or YAML) or an "
                                "api_list file; with ToolBench queries that list API names only, ToolBench's "
                                "toolenv/tools folder")

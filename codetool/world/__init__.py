@@ -10,7 +10,8 @@ search, trees, PRM, policy RL and any comparison that wants a world where succes
   ``train`` or ``heldout`` templates (``benchmark="world"``, ``group`` the split,
   ``extra["answer"]`` the answer key); also ``benchmark: world`` with ``group: train|heldout`` in
   any query setting (``codetool run``, the pipeline's ``evals``, ``train-policy``'s sets), and
-  ``world:<split>[:<n>]`` as ``build-trees --queries``;
+  ``world:<split>[:<n>]`` or ``world:<split>:<offset>:<n>`` as ``build-trees --queries``
+  (:func:`parse_spec`);
 - :class:`WorldBackend`: ``call(api, arguments) -> ToolResponse`` (``tools_backend: world``);
 - :func:`check_answer` ``(key, answer) -> bool``: the outcome, exact and not gameable by listing
   candidates (:mod:`codetool.world.answers`);
@@ -30,17 +31,39 @@ __all__ = ["SPLITS", "TEMPLATES", "WorldBackend", "WorldQuery", "check_answer", 
            "templates", "to_benchmark_query", "world_apis"]
 
 
-def parse_spec(text: str) -> tuple[str, int | None] | None:
-    """``world:<split>[:<n>]`` -> ``(split, n)``; ``None`` when ``text`` is no world spec.
+_SPLIT = f"<{'|'.join(SPLITS)}>"
+SPEC_FORMS = (f"world:{_SPLIT} (the split's first 40), world:{_SPLIT}:<n> (queries 0 to n-1) or "
+              f"world:{_SPLIT}:<offset>:<n> (queries offset to offset+n-1)")
+
+
+def parse_spec(text: str) -> tuple[str, int, int | None] | None:
+    """A world query spec -> ``(split, offset, n)``; ``None`` when ``text`` is no world spec.
+
+    Three forms, ``<split>`` being ``train`` or ``heldout``: ``world:<split>`` (the split's default
+    number of queries from query 0: ``n`` is ``None``), ``world:<split>:<n>`` (queries 0 to n-1) and
+    ``world:<split>:<offset>:<n>`` (queries offset to offset+n-1, e.g. ``world:train:96:12``: past the
+    96 the warm-started policy was demonstrated on). Query ``i`` of a split is the same in every form
+    (:func:`generate`).
+
+    Args:
+        text (`str`): what was given (``build-trees --queries``).
+
+    Returns:
+        `tuple[str, int, int | None] | None`: the split, the offset (0 unless given) and the count.
 
     Raises:
-        ValueError: a world spec with an unknown split or a count that is not a positive integer.
+        ValueError: a world spec of another shape, an unknown split, an offset that is not an integer
+            >= 0 or a count that is not an integer >= 1 (the message names what was received and the
+            accepted forms).
     """
     if not str(text).startswith("world:"):
         return None
-    parts = str(text).split(":")
-    if len(parts) not in (2, 3) or parts[1] not in SPLITS:
-        raise ValueError(f"world query spec must be world:<{'|'.join(SPLITS)}>[:<n>], got {text!r}.")
-    if len(parts) == 3 and (not parts[2].isdigit() or int(parts[2]) < 1):
-        raise ValueError(f"world query spec {text!r}: the count must be a positive integer.")
-    return parts[1], int(parts[2]) if len(parts) == 3 else None
+    parts = str(text).split(":")[1:]
+    numbers = parts[1:]
+    if (not 1 <= len(parts) <= 3 or parts[0] not in SPLITS or not all(x.isdigit() for x in numbers)
+            or (numbers and int(numbers[-1]) < 1)):
+        raise ValueError(f"world query spec {text!r} not understood: accepted forms are {SPEC_FORMS}, "
+                         "<offset> an integer >= 0, <n> an integer >= 1.")
+    if len(numbers) == 2:
+        return parts[0], int(numbers[0]), int(numbers[1])
+    return parts[0], 0, int(numbers[0]) if numbers else None
