@@ -184,14 +184,34 @@ def test_a_state_cannot_make_its_next_step_not_executed(root):
         ex.close()
 
 
+def test_a_state_that_sets_a_huge_thread_stack_size_still_gets_its_next_step(root):
+    """``threading.stack_size`` of the state is for its own threads: the keeper starts each step's
+    thread with the default size. Before: the next step's thread could not start (``N``), it was
+    retried in a fresh state (2 attempts, ``NameError``)."""
+    ex = root.fork()
+    try:
+        assert ex.run("import threading\nthreading.stack_size(3 << 30)").ok
+        child = ex.fork()
+        try:
+            r = child.run("print(kept)")
+            assert r.ok and r.attempts == 1 and r.stdout == "state\n", r
+        finally:
+            child.close()
+        r = ex.run("import threading\nprint(kept, threading.stack_size())")
+        assert r.ok and r.attempts == 1 and r.stdout == f"state {3 << 30}\n", r
+    finally:
+        ex.close()
+
+
 @pytest.mark.parametrize(("limit", "lower", "timeout_s"),
                          [("nofile", "RLIMIT_NOFILE, (0, 0)", None), ("nproc", "RLIMIT_NPROC, (0, 0)", None),
-                          ("as", "RLIMIT_AS, (1 << 20, 1 << 20)", 0.3)])
+                          ("as", "RLIMIT_AS, (1 << 20, 1 << 20)", 0.3),
+                          ("data", "RLIMIT_DATA, (1 << 20, 1 << 20)", 0.3)])
 def test_a_state_that_lowers_its_own_limits_fails_its_next_step_not_the_machine(root, limit, lower, timeout_s):
     """A step that lowers its worker's rlimits (``resource.setrlimit``) keeps the next fork or step
     from starting: the state's own doing, so the code's failure (``resource_limit``,
     ``LimitLowered``), never ``not_executed`` (which would leave the path out of every rate).
-    Before: ``not_executed`` (``WorkerStart`` for nofile and nproc, ``HostBusy`` for as)."""
+    Before: ``not_executed`` (``WorkerStart`` for nofile and nproc, ``HostBusy`` for as and data)."""
     need(root, "rlimits")
     if limit == "nproc" and "nproc" not in root.isolation:
         pytest.skip("RLIMIT_NPROC is set only with a uid per principal")

@@ -54,3 +54,16 @@ def test_a_sleeping_or_running_thread_adds_no_wait(monkeypatch):
     threads[102]["ran"] += 900_000_000  # 102 ran the whole second; 101 slept it
     assert schedstat.step_usage(100, [], seen)[0] == 0.2
     assert schedstat.step_usage(100, [])[0] == 0.2  # without ``seen``: what the kernel published
+
+
+def test_runnable_tells_a_thread_that_waits_for_a_cpu_from_one_that_sleeps(monkeypatch):
+    """What ``host.step`` decides a silent keeper from at the backstop: a thread in state ``R`` (the
+    keeper included) waits for the machine; when all sleep, nothing of the step is the machine's."""
+    threads = {101: {"ran": 0, "waited": 0, "state": "S", "ticks": 0}}
+    clock = [0.0]
+    _fake_proc(monkeypatch, threads, clock)
+    monkeypatch.setattr(schedstat, "open", lambda path, *a, **k: io.StringIO(
+        f"1 (python) {threads.get(int(path.split('/')[4]), {'state': 'S'})['state']} 0 0"), raising=False)
+    assert not schedstat.runnable([100])
+    threads[101]["state"] = "R"
+    assert schedstat.runnable([100])

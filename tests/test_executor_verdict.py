@@ -171,6 +171,94 @@ def test_threads_a_step_leaves_cannot_act_between_steps(root):
         ex.close()
 
 
+# The keeper's own reports on the worker's control socket (fd 3), written by a step (red team of
+# issue 37): "could not start the step's thread" (``N``) made the step ``not_executed`` and retried
+# it; a forged end (``E``) let the step's thread run on while the host thought the worker idle.
+FORGED_REPORTS = {
+    "N": "import os\nos.write(3, b'N')",
+    "N_hiding_a_failure": "try:\n    undefined_name\nexcept NameError:\n    import os\n    os.write(3, b'Nno thread')",
+    "N_on_a_socket": "import socket\ns = socket.socket(fileno=3)\ns.send(b'N')\ns.detach()",
+    "E_then_N": "import os, struct, time\nos.write(3, b'E' + struct.pack('>IQ', 0, 0))\ntime.sleep(1)\nos.write(3, b'N')",
+    "E_then_spin": ("import os, struct, time\nos.write(3, b'E' + struct.pack('>IQ', 0, 0))\n"
+                    "end = time.process_time() + 1\nwhile time.process_time() < end:\n    pass\nos.write(3, b'N')"),
+}
+
+
+@pytest.mark.parametrize("forgery", sorted(FORGED_REPORTS))
+def test_a_step_cannot_forge_its_keepers_reports(root, forgery):
+    """A genuine ``N`` comes only before the step's first token; one after it is the code's: a
+    ``sandbox_violation`` (its state is killed), never ``not_executed`` nor retried. A forged ``E``
+    while the step's thread still runs (asleep or using CPU) is the same; the next step runs once,
+    in a fresh state.
+    Before: ``not_executed``/``WorkerStart`` after 4 attempts (``E_then_N``: its next step)."""
+    ex = root.fork()
+    try:
+        r = ex.run(FORGED_REPORTS[forgery])
+        assert r.executed and r.attempts == 1 and r.state_lost, r
+        assert r.outcome == "sandbox_violation" and r.error_type == "ProtocolError", r
+        r = ex.run("import time\ntime.sleep(1.2)\nprint('next')")
+        assert r.ok and r.attempts == 1 and r.stdout == "next\n", r
+    finally:
+        ex.close()
+
+
+# A step that breaks the worker's control socket so that its keeper dies after it: before, the step
+# read ``ok`` and the next step (or fork) ``not_executed`` (``StateLost``): a way out of any episode.
+BROKEN_CHANNELS = {
+    "non_blocking": ("import os\nos.set_blocking(3, False)", "ok"),
+    "non_blocking_failing": ("import os\nos.set_blocking(3, False)\nundefined_name", "runtime_error"),
+    "receive_timeout": ("import socket, struct\ns = socket.socket(fileno=3)\n"
+                        "s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack('ll', 0, 1000))\n"
+                        "s.detach()", "ok"),
+    "shut_for_reading": ("import socket\ns = socket.socket(fileno=3)\ns.shutdown(socket.SHUT_RD)\ns.detach()",
+                         "sandbox_violation"),
+}
+
+
+@pytest.mark.parametrize("breakage", sorted(BROKEN_CHANNELS))
+def test_a_step_that_breaks_its_control_channel_answers_for_it(root, breakage):
+    """The keeper repairs what it can after the step (blocking mode, timeouts): the state lives on;
+    what it cannot (a socket shut down for reading) it reports at once, so this step is the code's
+    ``sandbox_violation``. Either way the next step and a fork run, once."""
+    code, outcome = BROKEN_CHANNELS[breakage]
+    ex = root.fork()
+    try:
+        r = ex.run(code)
+        assert r.executed and r.outcome == outcome and r.state_lost == (outcome == "sandbox_violation"), r
+        kept = outcome != "sandbox_violation"
+        child = ex.fork()
+        try:
+            r = child.run("print(kept)")
+            assert r.executed and r.attempts == 1 and r.ok == kept, r
+        finally:
+            child.close()
+        r = ex.run("print(kept)")
+        assert r.executed and r.attempts == 1 and r.ok == kept, r
+    finally:
+        ex.close()
+
+
+CTL_TO_VERDICT = ("import os, socket\nkeep = os.dup(3)\n"
+                  "for fd in range(4, 64):\n    try:\n        s = socket.socket(fileno=fd)\n"
+                  "    except OSError:\n        continue\n    kind = s.type\n    s.detach()\n"
+                  "    if kind == socket.SOCK_SEQPACKET and fd != keep:\n        os.dup2(fd, 3)\n        break\n"
+                  "undefined_name")
+
+
+def test_a_step_that_sends_its_keepers_end_report_to_its_verdict_channel_fails(root):
+    """``dup2`` of the verdict socket onto fd 3: the keeper's end report lands on the verdict
+    channel and the host never hears it on its control socket. Before: ``not_executed``
+    (``HostBusy``) at the backstop; now the host finds the verdict tampered with once the step's
+    thread is gone: ``sandbox_violation``."""
+    ex = root.fork()
+    try:
+        r = ex.run(CTL_TO_VERDICT, timeout_s=1.0)
+        assert r.executed and r.outcome == "sandbox_violation" and r.error_type == "ProtocolError", r
+        assert r.state_lost
+    finally:
+        ex.close()
+
+
 MEMORY = ("import sys, types, marshal, gc\nfound = {}\n"
           "attempts = {'ctypes': lambda: __import__('ctypes'), '_ctypes': lambda: __import__('_ctypes'),\n"
           "            '/proc/self/mem': lambda: open('/proc/self/mem', 'rb'),\n"

@@ -75,7 +75,7 @@ its CPUs (seccomp), and the CPU its other threads and processes use counts as it
 ``ExecutorError`` means the sandbox itself cannot start.
 
 **Isolation, in layers** (``ExecutionResult.isolation`` records which were active, e.g.
-``bwrap(net,pid,ipc,uts,mount)+uid+principals+rlimits(as,cpu,fsize,nofile,nproc,core)+seccomp+hidden(proc,ctypes)+keyring+memory(cgroup-v1)``):
+``bwrap(net,pid,ipc,uts,mount)+uid+principals+rlimits(as,data,cpu,fsize,nofile,nproc,core)+seccomp+hidden(proc,ctypes)+keyring+memory(cgroup-v1)``):
 
 | layer | bwrap mode | fallback mode |
 |---|---|---|

@@ -26,8 +26,8 @@ class ExecutorConfig:
             all: every process of the candidate together with its scratch files (and, with a
             memory cgroup, its kernel memory) gets ``memory_mb - 2 * max_step_mb - 4``, the host's
             own buffers for the step the rest. Past it the candidate is killed (``MemoryLimit``).
-            Each process also has it as its address-space limit (``RLIMIT_AS``): one bigger
-            allocation raises ``MemoryError``.
+            Each process also has it as its address-space limit (``RLIMIT_AS``; and as its data
+            limit, ``RLIMIT_DATA``, never reached first): one bigger allocation raises ``MemoryError``.
         max_output_chars (`int`, *optional*, defaults to `20000`): characters of stdout/stderr kept
             per step; the rest is dropped as it is written (``output_truncated``).
         max_file_mb (`int`, *optional*, defaults to `64`): largest file the code may write

@@ -92,7 +92,7 @@ class ExecutionResult:
         give_up_reason (`str` or `None`): the argument of ``give_up``, when the code gave up.
         duration_s (`float`): wall-clock seconds of the run.
         isolation (`str`): the isolation layers that were active, e.g.
-            ``bwrap(net,pid,ipc,uts,mount)+uid+rlimits(as,cpu,fsize,nofile,nproc,core)``.
+            ``bwrap(net,pid,ipc,uts,mount)+uid+rlimits(as,data,cpu,fsize,nofile,nproc,core)``.
         attempts (`int`, *optional*, defaults to 1): how many times the executor tried to run the
             step (more than 1 after a failure of the machine was retried).
     """

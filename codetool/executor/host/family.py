@@ -96,16 +96,18 @@ class WorkerHandle:
     oom_seen: int = 0
     cpu_s: float = 0.0
     info: dict = field(default_factory=dict)
+    stray: bool = False  # a step report (E, N, V) came between steps: the last step forged one
 
     def dead(self) -> bool:
-        """Whether the worker is gone (checked without blocking; messages left from an earlier step,
-        e.g. a late signal note, are dropped)."""
+        """Whether the worker is gone (checked without blocking; messages left from an earlier step
+        are dropped; a step report among them sets ``stray``)."""
         while True:
             got = read_message(self.ctl)
             if got is None:
                 return False
             if not got[0]:
                 return True
+            self.stray = self.stray or got[0][:1] in (b"E", b"N", b"V")
 
     def close(self) -> None:
         try:
@@ -206,7 +208,8 @@ class Family:
     def _limits(self) -> dict:
         cfg = self.config
         cpu = max(1, math.ceil(cfg.cpu_time_s))
-        return {"as": cfg.memory_mb << 20, "cpu": [cpu, cpu + 1], "fsize": cfg.max_file_mb << 20,
+        memory = cfg.memory_mb << 20  # (data: never reached before as; set so that lowering it is seen)
+        return {"as": memory, "data": memory, "cpu": [cpu, cpu + 1], "fsize": cfg.max_file_mb << 20,
                 "nofile": cfg.max_open_files, "nproc": cfg.max_processes, "core": 0}
 
     @property

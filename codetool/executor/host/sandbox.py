@@ -39,6 +39,8 @@ from codetool.executor.kernel.schedstat import Watch
 
 FORK = struct.Struct(">qH")  # as inside.keeper.FORK
 HELLO = struct.Struct(">iq")  # as inside.keeper.HELLO
+# the rlimits whose lowering can keep a fork or a step's thread from starting (not fsize, core)
+STARTING_LIMITS = ("as", "data", "cpu", "nofile", "nproc")
 
 
 class ForkFailed(Exception):
@@ -142,12 +144,12 @@ class Sandbox(Family):
         """The rlimits this family set on its workers that ``worker`` now has lower: its state lowered
         them (``resource.setrlimit``), so a fork or a step that cannot start then is the state's
         failure, never the machine's (``[]`` when none is lower or the worker is gone). Only the
-        limits that can keep a process or thread from starting count (not ``fsize``, ``core``)."""
+        limits that can keep a process or thread from starting count (``STARTING_LIMITS``)."""
         now = soft_limits(worker.pid)
         lowered = []
         for name, value in self._limits().items():
             soft = value[0] if isinstance(value, list) else value
-            if name in ("as", "cpu", "nofile", "nproc") and name in self.applied_limits and now.get(name) is not None and now[name] < soft:
+            if name in STARTING_LIMITS and name in self.applied_limits and now.get(name) is not None and now[name] < soft:
                 lowered.append(name)
         return lowered
 

@@ -21,6 +21,16 @@ created, the worker was lost before it ran, the host was too busy) or that the m
 for ``timeout_s`` before the backstop is ``not_executed``: no reward, label or metric counts it,
 unless the state lowered its own rlimits (``Sandbox.lowered_limits``): then it is the code's
 failure (``resource_limit``, ``LimitLowered``).
+
+**The control socket (fd 3) is in the code's reach**, so what arrives there is checked against the
+verdict (issue 37, red team): the keeper's "could not start the step's thread" (``N``) is genuine
+only before the step's first ``t`` (it is sent when no thread exists), so an ``N`` after it is the
+code's (``sandbox_violation``, the state killed), never ``not_executed``; an end report (``E``)
+while a thread of the step still runs, or one that comes between steps, is forged likewise; the
+keeper reports a control socket the step broke for good (``V``, see ``inside.keeper.mend``); a
+step whose thread ended while its keeper stays silent is the code's once the verdict socket holds
+bytes that are no token (the keeper's report, sent there through a ``dup2`` onto fd 3), or at the
+backstop when nothing of the worker waits on the machine (``schedstat.runnable``).
 """
 
 from __future__ import annotations
@@ -60,7 +70,7 @@ from codetool.executor.host.verdict import (
     ran,
 )
 from codetool.executor.kernel.procs import cgroup_pids
-from codetool.executor.kernel.schedstat import exit_status, process_cpu, step_usage
+from codetool.executor.kernel.schedstat import exit_status, process_cpu, runnable, step_usage, thread_states
 from codetool.executor.result import NOT_EXECUTED, ExecutionResult
 
 logger = logging.getLogger(__name__)
@@ -88,6 +98,12 @@ def run_step(sandbox: Sandbox, worker: WorkerHandle, code: str, timeout: float, 
     """
     start = time.monotonic()
     read_available(worker.output_fd)  # output of background processes between runs: dropped
+    worker.dead()  # (reads what its keeper sent since the last step: nothing, unless that step forged a report)
+    if worker.stray:  # the keeper's real end report came after the step's forged one
+        drop(worker)
+        return ExecutionResult(ok=False, error_type="ProtocolError", error_message=CHANNEL_FAILURES["forged"],
+                               outcome="sandbox_violation", state_lost=True, duration_s=round(time.monotonic() - start, 6),
+                               isolation=sandbox.isolation)
     output = StepOutput(config.max_output_chars)
     verdict_host, verdict_worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     tool_host, tool_worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -115,7 +131,7 @@ def run_step(sandbox: Sandbox, worker: WorkerHandle, code: str, timeout: float, 
     finally:
         verdict_host.close()
     if ended is not None and ended[0] == 0 and failure is None:
-        result = _finished(sandbox, worker, conn, verdict, step, output, notes, start, timeout, config, ended)
+        result = _finished(sandbox, worker, conn, verdict, step, output, notes, start, timeout, config, ended, drop)
     else:
         result = _stopped(sandbox, worker, conn, verdict, step, output, notes, start, timeout, failure, drop,
                           threads_left=ended[0] if ended else 0)
@@ -123,6 +139,12 @@ def run_step(sandbox: Sandbox, worker: WorkerHandle, code: str, timeout: float, 
     return result
 
 
+CHANNEL_FAILURES = {  # what the step did to its worker's control channel (fd 3): the code's violation
+    "forged": "ProtocolError: the step wrote a report of the worker's keeper on its control channel (fd 3); "
+              "it was stopped.",
+    "channel": "ProtocolError: the step broke or replaced the worker's control channel (fd 3), so the end of "
+               "the step could not be reported; it was stopped.",
+}
 IDLE_RECHECK_S = 0.05  # how often a deadline is looked at again while no thread of the step runs
 
 
@@ -149,9 +171,16 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
             # started yet, or ended and the keeper not yet scheduled) the time is the machine's
             ready = poller.poll(0)
             if not ready:
-                wait, cpu, running = step_usage(worker.pid, _principal_pids(sandbox, worker), seen)
+                others = _principal_pids(sandbox, worker)
+                wait, cpu, running = step_usage(worker.pid, others, seen)
                 effective = max((now - start) - wait, cpu)
+                if not running:  # the step's thread ended (or never started) and the keeper is silent
+                    _read_verdict(verdict_sock, verdict)
+                    if verdict.tampered:  # (the keeper's end report lands there when fd 3 was replaced)
+                        return None, "channel", notes
                 if now >= backstop:
+                    if not running and verdict.token is not None and _quiet([worker.pid] + others):
+                        return None, "channel", notes  # it started, ended, and nothing waits for a CPU
                     _read_verdict(verdict_sock, verdict)
                     return None, ("busy" if effective < timeout or not running else "timeout"), notes
                 if not running:
@@ -179,9 +208,17 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
                     kind = data[:1]
                     if kind == b"E" and len(data) == 13:
                         _read_verdict(verdict_sock, verdict)
-                        return (int.from_bytes(data[1:5], "big"), int.from_bytes(data[5:13], "big")), None, notes
-                    if kind == b"N":
-                        return None, "not_started", notes
+                        left = int.from_bytes(data[1:5], "big")
+                        doubt = None if left else _after_end_report(worker.pid, config.grace_s, backstop)
+                        if doubt:  # a thread of the step still runs: the code wrote it (or the machine holds it)
+                            return None, doubt, notes
+                        return (left, int.from_bytes(data[5:13], "big")), None, notes
+                    if kind == b"N":  # genuine only before the step's thread existed, so before any token
+                        _read_verdict(verdict_sock, verdict)
+                        started = verdict.token is not None or verdict.tampered
+                        return None, ("forged" if started else "not_started"), notes
+                    if kind == b"V":  # the keeper found its control socket broken after the step
+                        return None, "channel", notes
             else:
                 try:
                     if events & select.POLLOUT:
@@ -199,6 +236,45 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
                 except ProtocolError as exc:
                     logger.warning("sandbox protocol violation: %s", log_safe(exc))
                     return None, "violation", notes
+
+
+END_CPU_S = 0.05  # CPU a step's thread may still use after the keeper's end report (its exit)
+
+
+def _after_end_report(pid: int, grace: float, until: float) -> str | None:
+    """Whether an end report the keeper's control socket gave is the keeper's: it sends one when
+    the step's threads are gone, their exit aside, so worker ``pid`` is then down to its keeper
+    thread. ``None``: it is. ``"forged"``: a thread of the step still runs after ``grace`` seconds
+    (asleep, or using CPU): the code wrote the report. ``"busy"``: one still waits for a CPU,
+    without getting any, at ``until`` (the step's backstop): the machine holds its exit."""
+    start, pause = time.monotonic(), 0.0002
+    before = {tid: cpu for tid, (_, cpu) in thread_states(pid).items()}
+    while True:
+        threads = {tid: got for tid, got in thread_states(pid).items() if tid != pid}
+        if not threads:
+            return None
+        now = time.monotonic()
+        if now - start >= max(grace, IDLE_RECHECK_S):
+            used = sum(cpu - before.get(tid, 0.0) for tid, (_, cpu) in threads.items())
+            if used >= END_CPU_S or not any(state in ("R", "D") for state, _ in threads.values()):
+                return "forged"
+            if now >= until:
+                return "busy"
+        time.sleep(pause)
+        pause = min(pause * 2, 0.01)
+
+
+def _quiet(pids: list[int], span: float = 0.03) -> bool:
+    """Whether no thread of ``pids`` waits on the machine (``schedstat.runnable``) over ``span``
+    seconds: several looks, so that a keeper the machine starves is caught between its short sleeps
+    (at most 5 ms each while it waits for a step's threads to go)."""
+    end = time.monotonic() + span
+    while True:
+        if runnable(pids):
+            return False
+        if time.monotonic() >= end:
+            return True
+        time.sleep(0.002)
 
 
 def _unwatch(poller, watched: set, fd: int) -> None:
@@ -309,7 +385,8 @@ def _drain(conn, step, output, worker, tools, config) -> bool:
     return broken
 
 
-def _finished(sandbox, worker, conn, verdict, step, output, notes, start, timeout, config, ended) -> ExecutionResult:
+def _finished(sandbox, worker, conn, verdict, step, output, notes, start, timeout, config, ended,
+              drop) -> ExecutionResult:
     """The keeper reported the step's end (no thread left): the verdict, overruled where the host
     decides (deadline, memory, budgets, the verdict socket)."""
     broken = _drain(conn, step, output, worker, {}, config)
@@ -318,8 +395,9 @@ def _finished(sandbox, worker, conn, verdict, step, output, notes, start, timeou
     output.add(read_available(worker.output_fd) or b"")
     ok = ran(verdict, step)
     outcome, error_type, message = "ok", None, None
-    if verdict.token is None:  # the code never started, yet the keeper ended: cannot be
-        outcome, error_type, message = "sandbox_violation", "ProtocolError", "ProtocolError: the step never started."
+    if verdict.token is None:  # the code never started, yet an end report came: one the last step forged
+        worker.stray = True  # (its state goes: the keeper and the host no longer agree on the step)
+        outcome, error_type, message = "sandbox_violation", "ProtocolError", CHANNEL_FAILURES["forged"]
     elif broken:
         outcome, error_type = "sandbox_violation", "ProtocolError"
         message = "ProtocolError: the sandbox sent malformed data to the host."
@@ -337,7 +415,9 @@ def _finished(sandbox, worker, conn, verdict, step, output, notes, start, timeou
                    f"and were killed.")
     if step.limit:  # decided here: the code cannot report its way out of its budget
         outcome, error_type, message = "resource_limit", "ToolLimit", f"ToolLimit: {step.limit}"
-    return _result(outcome, error_type, message, output, step, start, sandbox, state_lost=False)
+    if worker.stray:
+        drop(worker)
+    return _result(outcome, error_type, message, output, step, start, sandbox, state_lost=worker.stray)
 
 
 def _stopped(sandbox, worker, conn, verdict, step, output, notes, start, timeout, failure, drop,
@@ -381,9 +461,11 @@ def _stopped(sandbox, worker, conn, verdict, step, output, notes, start, timeout
     elif failure == "violation":
         outcome, error_type = "sandbox_violation", "ProtocolError"
         message = "ProtocolError: the sandbox sent malformed data to the host and was stopped."
+    elif failure in CHANNEL_FAILURES:
+        outcome, error_type, message = "sandbox_violation", "ProtocolError", CHANNEL_FAILURES[failure]
     else:
         outcome, error_type, message = failure_outcome(status)
-    if step.limit and failure != "violation":
+    if step.limit and failure != "violation" and failure not in CHANNEL_FAILURES:
         outcome, error_type, message = "resource_limit", "ToolLimit", f"ToolLimit: {step.limit}"
     return _result(outcome, error_type, message, output, step, start, sandbox, state_lost=True)
 

@@ -21,7 +21,13 @@ module, finalizers, threads), can read it, so only a step that ran to its end ca
 that the garbage collector could collect (the keeper turns the collector off before a request),
 no other thread exists (the keeper waited for the last step's threads to end, else the host
 killed the worker), no timer is armed (disarmed after each step), no handler or fork hook of the
-state exists (see above; ``os.register_at_fork`` is disabled at boot).
+state exists (see above; ``os.register_at_fork`` is disabled at boot). The step's thread gets the
+default stack size whatever the state chose (``threading.stack_size``, restored for its threads).
+
+**The control socket** is the worker's, so the step's code can write on it and change it: the
+host checks the reports it reads against the verdict (``host.step``), and after each step
+:func:`mend` makes it blocking again with no timeouts; one the code shut down for reading is
+reported (``V``) and the worker ends, so that step, not the next, is the code's failure.
 
 **Rules for the keeper's code** (the *trusted* functions below): it runs only while no code of the
 state runs (between steps), or blocked in C while a step runs; every callable and constant it uses
@@ -71,8 +77,8 @@ REFUSED_EVENTS = frozenset(("sys.settrace", "sys.setprofile", "sys._current_fram
                             "code.__new__", "marshal.load", "marshal.loads", "gc.get_referrers",
                             "gc.get_referents", "sys._settraceallthreads", "sys._setprofileallthreads"))
 REFUSED_PREFIXES = ("ctypes.", "sys.monitoring", "cpython.")
-TRUSTED = ("audit", "discard", "_guard_enter", "_guard_exit", "run_code", "step_thread", "run_step", "receive", "reap",
-           "become_copy", "fork_copy", "serve")  # (and sandbox_copy.reopen)
+TRUSTED = ("audit", "discard", "_guard_enter", "_guard_exit", "run_code", "step_thread", "mend", "run_step", "receive",
+           "reap", "become_copy", "fork_copy", "serve")  # (and sandbox_copy.reopen)
 GUARDED_ATTRIBUTES = frozenset(("__code__", "__defaults__", "__kwdefaults__"))
 WORKER_MODULES = ("sandbox_io", "sandbox_worker", "sandbox_copy", "sandbox_keeper")  # as launch.WORKER_MODULES
 PREIMPORTS = ("json", "math", "re", "datetime", "time", "collections", "itertools", "functools", "random",
@@ -139,6 +145,30 @@ def step_thread(done, chain, describe, _next=next, _base=BaseException):
         done.release()
 
 
+def mend(ctl, *, _fcntl=fcntl.fcntl, _getfl=fcntl.F_GETFL, _setfl=fcntl.F_SETFL, _nonblock=os.O_NONBLOCK,
+         _setsockopt=_socket.socket.setsockopt, _level=_socket.SOL_SOCKET,
+         _timeouts=(_socket.SO_RCVTIMEO, _socket.SO_SNDTIMEO), _never=bytes(struct.calcsize("ll")),
+         _recv=_socket.socket.recv, _peek=_socket.MSG_PEEK | _socket.MSG_DONTWAIT, _waiting=BlockingIOError,
+         _oserror=OSError, _len=len, _ctl=CTL):
+    """After a step, undo what its code did to the control socket (trusted: see the rules; it reads
+    only the kernel's answers): blocking again (``O_NONBLOCK`` is the open file's, shared with any
+    socket object the code made on fd ``CTL``), no receive or send timeout. Returns whether the
+    socket still receives: ``False`` when the code shut it down for reading (a peek returns the end of
+    the stream, since the host sends nothing while a step runs) or it is no socket any more."""
+    try:
+        flags = _fcntl(_ctl, _getfl)
+        if flags & _nonblock:
+            _fcntl(_ctl, _setfl, flags & ~_nonblock)
+        for option in _timeouts:
+            _setsockopt(ctl, _level, option, _never)
+        try:
+            return _len(_recv(ctl, 1, _peek)) > 0
+        except _waiting:
+            return True  # nothing waiting, as it should be: it works
+    except _oserror:
+        return False
+
+
 def run_step(ctl, source, fds, namespace, calls, step, forked, grace, *,
              _repeat=itertools.repeat, _map=map, _filter=filter, _compress=itertools.compress,
              _urandom=os.urandom, _fileio=io.FileIO, _compile=compile, _run=run_code, _bool=bool, _int=int,
@@ -149,7 +179,8 @@ def run_step(ctl, source, fds, namespace, calls, step, forked, grace, *,
              _rusage=resource.getrusage, _self=resource.RUSAGE_SELF, _send=_socket.socket.send,
              _end=END.pack, _enter=_guard_enter, _exit=_guard_exit, _error=RuntimeError, _quit=os._exit,
              _min=min, _round=round, _str=str, _len=len,
-             _token=TOKEN_BYTES, _decode=bytes.decode, _sub=operator.sub, _discard=discard):
+             _token=TOKEN_BYTES, _decode=bytes.decode, _sub=operator.sub, _discard=discard, _mend=mend,
+             _stack_size=_thread.stack_size):
     """Run one step (trusted: see the rules); returns the step count. ``calls`` are the state's
     ``(pre, after, describe)``, bound at boot; they run in the step's thread, after ``t`` is sent."""
     try:
@@ -174,13 +205,16 @@ def run_step(ctl, source, fds, namespace, calls, step, forked, grace, *,
         chain = _map(_write, _repeat(verdict, 1), _map(_add, token, _map(_add, mark, rest)))
         done = _lock()
         done.acquire()
+        chosen = _stack_size(0)  # the state's threading.stack_size is for its threads, not the step's
         try:
             _start(_thread_fn, (done, chain, describe))
         except _error as exc:  # no thread: the machine's limit, not the code's
+            _stack_size(chosen)
             _discard(verdict)
             _discard(tool)
             _send(ctl, b"N" + _str(exc).encode("ascii", "replace")[:200])
             return step - 1
+        _stack_size(chosen)
         done.acquire()
         left, waited, pause = _count(), 0.0, 0.0001
         while left and waited < grace:  # the step's thread is ending; threads it left get a moment
@@ -196,6 +230,9 @@ def run_step(ctl, source, fds, namespace, calls, step, forked, grace, *,
             _setitimer(which, 0)
         _discard(verdict)  # (the step's code may have closed them already)
         _discard(tool)
+        if not _mend(ctl):  # the code broke the control socket: the host hears it now, from this step
+            _send(ctl, b"V")
+            _quit(0)
         usage = _rusage(_self)
         _send(ctl, b"E" + _end(0, _int(_round((usage.ru_utime + usage.ru_stime) * 1e6))))
         return step

@@ -34,7 +34,7 @@ except ImportError:  # imported on the host (tests, documentation tools): the pa
     from codetool.executor.inside.io import close_fd
     from codetool.executor.kernel import calls as kernel
 
-LIMITS = (("as", "RLIMIT_AS"), ("cpu", "RLIMIT_CPU"), ("fsize", "RLIMIT_FSIZE"),
+LIMITS = (("as", "RLIMIT_AS"), ("data", "RLIMIT_DATA"), ("cpu", "RLIMIT_CPU"), ("fsize", "RLIMIT_FSIZE"),
           ("nofile", "RLIMIT_NOFILE"), ("nproc", "RLIMIT_NPROC"), ("core", "RLIMIT_CORE"))
 UNSAFE_MODULES = ("_ctypes", "_ctypes_test", "_testcapi", "_testinternalcapi", "_testbuffer", "_xxtestfuzz",
                   "_testmultiphase", "_testimportmultiple", "_testclinic")

@@ -81,12 +81,12 @@ def owner_alive(pid, start):
     return True
 
 
-LIMIT_ROWS = {"as": "Max address space", "cpu": "Max cpu time", "fsize": "Max file size",
+LIMIT_ROWS = {"as": "Max address space", "data": "Max data size", "cpu": "Max cpu time", "fsize": "Max file size",
               "nofile": "Max open files", "nproc": "Max processes"}
 
 
 def soft_limits(pid):
-    """The soft rlimits of process ``pid`` by the sandbox's names (``as``, ``cpu``, ``fsize``,
+    """The soft rlimits of process ``pid`` by the sandbox's names (``as``, ``data``, ``cpu``, ``fsize``,
     ``nofile``, ``nproc``: ``/proc/<pid>/limits``; ``None`` for unlimited; ``{}`` when it is gone)."""
     try:
         with open(f"/proc/{pid}/limits") as f:

@@ -95,6 +95,34 @@ def step_usage(worker: int, others: list[int], seen: dict[int, tuple[tuple[int, 
     return wait, cpu, running
 
 
+def thread_states(pid: int) -> dict[int, tuple[str, float]]:
+    """``{tid: (state letter, CPU seconds)}`` of the threads of process ``pid`` (``{}`` when gone)."""
+    found: dict[int, tuple[str, float]] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for _, tid in _threads([pid]):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            found[int(tid)] = (fields[0], (int(fields[11]) + int(fields[12])) / tick)
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def runnable(pids: list[int]) -> bool:
+    """Whether a thread of ``pids`` waits on the machine (``/proc/<pid>/task/<tid>/stat`` state ``R``:
+    running or waiting for a CPU; ``D``: an uninterruptible wait, e.g. on the disk or on memory
+    reclaim). None does when all of them sleep or are stopped: waiting on something but the machine."""
+    for pid, tid in _threads(pids):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("R", "D"):
+                    return True
+        except (OSError, IndexError):
+            continue
+    return False
+
+
 def exit_status(pid: int, wait: float = 1.0) -> dict:
     """How process ``pid`` ended, read from its zombie (``/proc/<pid>/stat``'s exit code):
     ``{"signal": n}``, ``{"exit": n}``, or ``{}`` when it is gone (reaped) or still not a zombie
