@@ -92,6 +92,7 @@ def test_testbed_pipeline_end_to_end(monkeypatch, tiny_model_dir, tmp_path, cana
     assert summary["prm_pairs"] is not None and set(summary["prm_pairs"]) == {"both_ran", "one_ran", "none_ran"}
     text = (root / "testbed.md").read_text()
     assert "| spot+latent |" in text and "95% interval" in text and "both steps ran" in text
+    assert "Exact success on world heldout queries 0-1, of held-out templates" in text
     everything = "".join(p.read_text(errors="replace") for p in root.rglob("*") if p.suffix in (".json", ".jsonl", ".md"))
     assert canary_env not in everything
     assert run_pipeline(cfg) == dict.fromkeys(STAGES, "skipped")
@@ -146,3 +147,15 @@ def test_the_small_rl_recipe_evaluates_on_the_small_ablations_queries_and_never_
     assert len(cfg.run_settings) >= 2 and all(s.answer > 0 and not s.grounded and not s.judged for s in cfg.run_settings)
     assert any(s.on_the_spot > 0 for s in cfg.run_settings)
     assert all(not s.prm for s in cfg.run_settings)  # no PRM: the small recipe's learned nothing (docs/TESTBED.md)
+
+
+def test_the_summary_names_the_sets_it_measured():
+    """The small ablation runs on unseen queries of the train templates: its report must not call
+    them held-out (it did: "held-out success" for queries 96-107 of the train split)."""
+    from codetool.commands.pipeline import evaluated_sets
+    from codetool.commands.run import RunConfig
+
+    text = evaluated_sets([RunConfig(benchmark="world", group="train", offset=96, limit=12)] * 3)  # 3 seeds
+    assert text.startswith("world train queries 96-107, of the train templates") and "held-out" not in text
+    assert evaluated_sets([RunConfig(benchmark="world", group="heldout", limit=24)]).startswith(
+        "world heldout queries 0-23, of held-out templates")

@@ -178,12 +178,26 @@ def testbed_summary(cfg: PipelineConfig, run_cfgs: list[RunConfig]) -> Path:
     from codetool.eval.testbed import summarize
 
     s = cfg.search
+    world = [r for r in run_cfgs if r.benchmark == "world"]
     return summarize(cfg.root, name=cfg.name, methods=[m.name for m in cfg.methods],
-                     trajectories=[r.output for r in run_cfgs if r.benchmark == "world"],
+                     trajectories=[r.output for r in world],
+                     evaluated=evaluated_sets(world),
                      policy_rl=bool(cfg.policy_rl),
                      search=f"k per method {[m.k for m in cfg.methods]}, at most {s.max_steps} steps of "
                             f"{s.max_new_tokens} tokens, temperature {s.temperature}, constrain {s.constrain}, "
                             f"seeds {cfg.seeds}, policy {cfg.policy}")
+
+
+def evaluated_sets(run_cfgs: list[RunConfig]) -> str:
+    """The world query sets the methods ran on, in words (the summary names them: a held-out
+    template split and unseen queries of the train templates are different claims)."""
+    names = {"heldout": "held-out templates (never demonstrated, in no tree)",
+             "train": "the train templates (not these queries, unless the trees or the warm start used them)"}
+    sets = []
+    for group, offset, limit in dict.fromkeys((r.group, r.offset, r.limit) for r in run_cfgs):
+        span = f"queries {offset}-{offset + limit - 1}" if limit else f"queries from {offset} on"
+        sets.append(f"world {group} {span}, of {names.get(group, group)}")
+    return "; ".join(sets)
 
 
 def pipeline_command(cfg: PipelineConfig) -> int:

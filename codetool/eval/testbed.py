@@ -187,10 +187,11 @@ def _pct(x: float | None) -> str:
 
 def render(summary: dict[str, Any]) -> str:
     """``testbed.md``: the three tables (and the RL one when it ran), each with its n."""
+    evaluated = summary.get("evaluated") or "held-out world queries"
     lines = [f"# Testbed: {summary['name']}", "",
-             "Exact success on held-out world queries (docs/TESTBED.md): an episode succeeds when it ends in "
+             f"Exact success on {evaluated} (docs/TESTBED.md): an episode succeeds when it ends in "
              "`finish` with an answer that names the known value and no competing one.", "",
-             "| method | held-out success % | 95% interval | queries | per seed % |", "|---|---:|---:|---:|---|"]
+             "| method | success % | 95% interval | queries | per seed % |", "|---|---:|---:|---:|---|"]
     for r in summary["methods"]:
         seeds = ", ".join(_pct(v) for v in r["per_seed"].values())
         lines.append(f"| {r['method']} | {_pct(r['success'])} | {_pct(r['low'])} to {_pct(r['high'])} | "
@@ -213,7 +214,7 @@ def render(summary: dict[str, Any]) -> str:
     if rl:
         lines += ["", f"Policy RL (train-policy, {rl.get('token_budget')} generated tokens per run, seeds "
                       f"{rl.get('seeds')}; evaluation search: {rl.get('eval_search')}):", "",
-                  "| policy | held-out success % | 95% interval | queries |", "|---|---:|---:|---:|"]
+                  "| policy | success % | 95% interval | queries |", "|---|---:|---:|---:|"]
         for r in rl["methods"]:
             lines.append(f"| {r['method']} | {_pct(r['success'])} | {_pct(r['low'])} to {_pct(r['high'])} | "
                          f"{r['queries']} |")
@@ -236,15 +237,16 @@ def write_testbed(out_dir: str | Path, summary: dict[str, Any]) -> tuple[Path, P
 
 
 def summarize(root: str | Path, *, name: str, methods: list[str], trajectories: list[str | Path], search: str,
-              policy_rl: bool = False, samples: int = 2000, seed: int = 0) -> Path:
+              policy_rl: bool = False, samples: int = 2000, seed: int = 0, evaluated: str = "") -> Path:
     """The testbed summary of a pipeline folder ``root``: every method on the world trajectories,
     each later method paired against each earlier one (``methods`` order), the PRM on the trees'
     held-out pairs (``trees/trees.jsonl`` with ``prm_eval/scores.jsonl``), the RL before/after
-    (``policy_rl/``) when it ran. Writes ``testbed.json`` and ``testbed.md``; returns the latter."""
+    (``policy_rl/``) when it ran; ``evaluated`` names the query sets the methods ran on (the
+    report's first line). Writes ``testbed.json`` and ``testbed.md``; returns the latter."""
     root = Path(root)
     scores = world_scores([p for p in trajectories if Path(p).is_file()])
     comparisons = [(b, a) for i, a in enumerate(methods) for b in methods[i + 1:]]
-    summary = {"name": name, "methods": method_rows(scores, samples=samples, seed=seed),
+    summary = {"name": name, "evaluated": evaluated, "methods": method_rows(scores, samples=samples, seed=seed),
                "paired": paired_rows(scores, comparisons, samples=samples, seed=seed),
                "prm_pairs": prm_pair_accuracy(root / "trees" / "trees.jsonl", root / "prm_eval" / "scores.jsonl",
                                               samples=samples, seed=seed),
