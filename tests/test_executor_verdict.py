@@ -188,15 +188,33 @@ FORGED_REPORTS = {
 def test_a_step_cannot_forge_its_keepers_reports(root, forgery):
     """A genuine ``N`` comes only before the step's first token; one after it is the code's: a
     ``sandbox_violation`` (its state is killed), never ``not_executed`` nor retried. A forged ``E``
-    while the step's thread still runs (asleep or using CPU) is the same; the next step runs once,
-    in a fresh state.
+    while the step's thread still runs (asleep or using CPU) is a thread left behind: the step has
+    not ended, so it is the code's failure, and its state is killed with the thread (it can write
+    nothing later); the next step runs once, in a fresh state.
     Before: ``not_executed``/``WorkerStart`` after 4 attempts (``E_then_N``: its next step)."""
     ex = root.fork()
     try:
         r = ex.run(FORGED_REPORTS[forgery])
-        assert r.executed and r.attempts == 1 and r.state_lost, r
-        assert r.outcome == "sandbox_violation" and r.error_type == "ProtocolError", r
+        assert r.executed and r.attempts == 1 and r.state_lost and not r.ok, r
+        if forgery.startswith("N"):
+            assert r.outcome == "sandbox_violation" and r.error_type == "ProtocolError", r
+        else:
+            assert r.outcome == "runtime_error" and "did not run to its end" in r.error_message, r
         r = ex.run("import time\ntime.sleep(1.2)\nprint('next')")
+        assert r.ok and r.attempts == 1 and r.stdout == "next\n", r
+    finally:
+        ex.close()
+
+
+def test_a_c_thread_a_clean_step_leaves_does_not_make_its_end_report_a_forgery(root):
+    """``faulthandler``'s watchdog is a C thread the keeper's thread count does not see: the step
+    ran to its end, so it is ``ok``, and its state goes with the thread (threads left behind).
+    Before (the first forged-report check): ``sandbox_violation``, a clean step charged."""
+    ex = root.fork()
+    try:
+        r = ex.run("import faulthandler\nfaulthandler.dump_traceback_later(1000)\nprint('clean')")
+        assert r.ok and r.stdout == "clean\n" and r.state_lost, r
+        r = ex.run("print('next')")
         assert r.ok and r.attempts == 1 and r.stdout == "next\n", r
     finally:
         ex.close()

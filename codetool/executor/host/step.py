@@ -26,7 +26,8 @@ failure (``resource_limit``, ``LimitLowered``).
 verdict (issue 37, red team): the keeper's "could not start the step's thread" (``N``) is genuine
 only before the step's first ``t`` (it is sent when no thread exists), so an ``N`` after it is the
 code's (``sandbox_violation``, the state killed), never ``not_executed``; an end report (``E``)
-while a thread of the step still runs, or one that comes between steps, is forged likewise; the
+while a thread the keeper did not count runs on is a thread left behind (the verdict stands, the
+state is killed with it), and one that comes between steps is the code's violation; the
 keeper reports a control socket the step broke for good (``V``, see ``inside.keeper.mend``); a
 step whose thread ended while its keeper stays silent is the code's once the verdict socket holds
 bytes that are no token (the keeper's report, sent there through a ``dup2`` onto fd 3), or at the
@@ -210,9 +211,13 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
                         _read_verdict(verdict_sock, verdict)
                         left = int.from_bytes(data[1:5], "big")
                         doubt = None if left else _after_end_report(worker.pid, config.grace_s, backstop)
-                        if doubt:  # a thread of the step still runs: the code wrote it (or the machine holds it)
+                        if doubt == "busy":  # a thread of the step waits for a CPU it never gets: the machine
                             return None, doubt, notes
-                        return (left, int.from_bytes(data[5:13], "big")), None, notes
+                        # a thread the keeper did not count runs on (an end report the code wrote, or a
+                        # C thread such as faulthandler's watchdog): as threads left behind, the verdict
+                        # stands (a step still running has not ended: the code's failure) and the state,
+                        # with the thread, is killed (tests/test_executor_verdict.py)
+                        return (left or int(doubt == "forged"), int.from_bytes(data[5:13], "big")), None, notes
                     if kind == b"N":  # genuine only before the step's thread existed, so before any token
                         _read_verdict(verdict_sock, verdict)
                         started = verdict.token is not None or verdict.tampered
@@ -244,9 +249,11 @@ END_CPU_S = 0.05  # CPU a step's thread may still use after the keeper's end rep
 def _after_end_report(pid: int, grace: float, until: float) -> str | None:
     """Whether an end report the keeper's control socket gave is the keeper's: it sends one when
     the step's threads are gone, their exit aside, so worker ``pid`` is then down to its keeper
-    thread. ``None``: it is. ``"forged"``: a thread of the step still runs after ``grace`` seconds
-    (asleep, or using CPU): the code wrote the report. ``"busy"``: one still waits for a CPU,
-    without getting any, at ``until`` (the step's backstop): the machine holds its exit."""
+    thread. ``None``: it is. ``"forged"``: a thread the keeper did not count still runs after
+    ``grace`` seconds (asleep, or using CPU): the code wrote the report, or left a C thread behind
+    (``faulthandler``'s watchdog); either way a thread left behind (the verdict stands, the state is
+    killed). ``"busy"``: one still waits for a CPU, without getting any, at ``until`` (the step's
+    backstop): the machine holds its exit."""
     start, pause = time.monotonic(), 0.0002
     before = {tid: cpu for tid, (_, cpu) in thread_states(pid).items()}
     while True:
