@@ -32,6 +32,7 @@ keeper reports a control socket the step broke for good (``V``, see ``inside.kee
 step whose thread ended while its keeper stays silent is the code's once the verdict socket holds
 bytes that are no token (the keeper's report, sent there through a ``dup2`` onto fd 3), or at the
 backstop when nothing of the worker waits on the machine (``schedstat.runnable``).
+These checks of the keeper's reports live in :mod:`codetool.executor.host.report`.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from codetool.executor.host.channel import (
 )
 from codetool.executor.host.family import WorkerHandle
 from codetool.executor.host.proxy import perform_tool_call
+from codetool.executor.host.report import CHANNEL_FAILURES, IDLE_RECHECK_S, after_end_report, quiet
 from codetool.executor.host.sandbox import Sandbox
 from codetool.executor.host.verdict import (
     StepLedger,
@@ -71,13 +73,12 @@ from codetool.executor.host.verdict import (
     ran,
 )
 from codetool.executor.kernel.procs import cgroup_pids
-from codetool.executor.kernel.schedstat import exit_status, process_cpu, runnable, step_usage, thread_states
+from codetool.executor.kernel.schedstat import exit_status, process_cpu, step_usage
 from codetool.executor.result import NOT_EXECUTED, ExecutionResult
 
 logger = logging.getLogger(__name__)
 
 MAX_ANSWER_CHARS = 100_000  # of a finish answer or give_up reason, enforced here (not only in the sandbox)
-
 
 
 def run_step(sandbox: Sandbox, worker: WorkerHandle, code: str, timeout: float, *, config: ExecutorConfig,
@@ -140,15 +141,6 @@ def run_step(sandbox: Sandbox, worker: WorkerHandle, code: str, timeout: float, 
     return result
 
 
-CHANNEL_FAILURES = {  # what the step did to its worker's control channel (fd 3): the code's violation
-    "forged": "ProtocolError: the step wrote a report of the worker's keeper on its control channel (fd 3); "
-              "it was stopped.",
-    "channel": "ProtocolError: the step broke or replaced the worker's control channel (fd 3), so the end of "
-               "the step could not be reported; it was stopped.",
-}
-IDLE_RECHECK_S = 0.05  # how often a deadline is looked at again while no thread of the step runs
-
-
 def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, config, start, timeout):
     """The step's loop: until the keeper says the step ended, or it has to be stopped. Returns
     ``(ended, failure, notes)``: the keeper's end report ``(threads left, CPU µs)`` or ``None``; why
@@ -180,7 +172,7 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
                     if verdict.tampered:  # (the keeper's end report lands there when fd 3 was replaced)
                         return None, "channel", notes
                 if now >= backstop:
-                    if not running and verdict.token is not None and _quiet([worker.pid] + others):
+                    if not running and verdict.token is not None and quiet([worker.pid] + others):
                         return None, "channel", notes  # it started, ended, and nothing waits for a CPU
                     _read_verdict(verdict_sock, verdict)
                     return None, ("busy" if effective < timeout or not running else "timeout"), notes
@@ -210,7 +202,7 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
                     if kind == b"E" and len(data) == 13:
                         _read_verdict(verdict_sock, verdict)
                         left = int.from_bytes(data[1:5], "big")
-                        doubt = None if left else _after_end_report(worker.pid, config.grace_s, backstop)
+                        doubt = None if left else after_end_report(worker.pid, config.grace_s, backstop)
                         if doubt == "busy":  # a thread of the step waits for a CPU it never gets: the machine
                             return None, doubt, notes
                         # a thread the keeper did not count runs on (an end report the code wrote, or a
@@ -241,47 +233,6 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
                 except ProtocolError as exc:
                     logger.warning("sandbox protocol violation: %s", log_safe(exc))
                     return None, "violation", notes
-
-
-END_CPU_S = 0.05  # CPU a step's thread may still use after the keeper's end report (its exit)
-
-
-def _after_end_report(pid: int, grace: float, until: float) -> str | None:
-    """Whether an end report the keeper's control socket gave is the keeper's: it sends one when
-    the step's threads are gone, their exit aside, so worker ``pid`` is then down to its keeper
-    thread. ``None``: it is. ``"forged"``: a thread the keeper did not count still runs after
-    ``grace`` seconds (asleep, or using CPU): the code wrote the report, or left a C thread behind
-    (``faulthandler``'s watchdog); either way a thread left behind (the verdict stands, the state is
-    killed). ``"busy"``: one still waits for a CPU, without getting any, at ``until`` (the step's
-    backstop): the machine holds its exit."""
-    start, pause = time.monotonic(), 0.0002
-    before = {tid: cpu for tid, (_, cpu) in thread_states(pid).items()}
-    while True:
-        threads = {tid: got for tid, got in thread_states(pid).items() if tid != pid}
-        if not threads:
-            return None
-        now = time.monotonic()
-        if now - start >= max(grace, IDLE_RECHECK_S):
-            used = sum(cpu - before.get(tid, 0.0) for tid, (_, cpu) in threads.items())
-            if used >= END_CPU_S or not any(state in ("R", "D") for state, _ in threads.values()):
-                return "forged"
-            if now >= until:
-                return "busy"
-        time.sleep(pause)
-        pause = min(pause * 2, 0.01)
-
-
-def _quiet(pids: list[int], span: float = 0.03) -> bool:
-    """Whether no thread of ``pids`` waits on the machine (``schedstat.runnable``) over ``span``
-    seconds: several looks, so that a keeper the machine starves is caught between its short sleeps
-    (at most 5 ms each while it waits for a step's threads to go)."""
-    end = time.monotonic() + span
-    while True:
-        if runnable(pids):
-            return False
-        if time.monotonic() >= end:
-            return True
-        time.sleep(0.002)
 
 
 def _unwatch(poller, watched: set, fd: int) -> None:
