@@ -220,38 +220,72 @@ def test_a_c_thread_a_clean_step_leaves_does_not_make_its_end_report_a_forgery(r
         ex.close()
 
 
-# A step that breaks the worker's control socket so that its keeper dies after it: before, the step
-# read ``ok`` and the next step (or fork) ``not_executed`` (``StateLost``): a way out of any episode.
+# A step that changes the worker's control socket (fd 3) so that its keeper dies, or never hears
+# the host, after it: before, the step read ``ok`` and the next step (or fork) ``not_executed``
+# (``StateLost``, or ``HostBusy`` at the backstop): a way out of any episode. The first four the
+# keeper repaired before (the state lived on; a read shutdown was reported); the others, a second
+# red team's, survived the repair. Each opens ``s = socket.socket(fileno=3)`` and detaches it.
+SOCKET = "import socket, struct, fcntl, os\ns = socket.socket(fileno=3)\n"
 BROKEN_CHANNELS = {
-    "non_blocking": ("import os\nos.set_blocking(3, False)", "ok"),
-    "non_blocking_failing": ("import os\nos.set_blocking(3, False)\nundefined_name", "runtime_error"),
-    "receive_timeout": ("import socket, struct\ns = socket.socket(fileno=3)\n"
-                        "s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack('ll', 0, 1000))\n"
-                        "s.detach()", "ok"),
-    "shut_for_reading": ("import socket\ns = socket.socket(fileno=3)\ns.shutdown(socket.SHUT_RD)\ns.detach()",
-                         "sandbox_violation"),
+    "non_blocking": "import os\nos.set_blocking(3, False)",
+    "non_blocking_failing": "import os\nos.set_blocking(3, False)\nundefined_name",
+    "receive_timeout": SOCKET + "s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack('ll', 0, 1000))",
+    "shut_for_reading": SOCKET + "s.shutdown(socket.SHUT_RD)",
+    # credentials / a timestamp with every message: they fill the keeper's ancillary buffer
+    "passcred": SOCKET + "s.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)",
+    "timestamp": SOCKET + "s.setsockopt(socket.SOL_SOCKET, 29, 1)",  # SO_TIMESTAMP(_OLD)
+    # the keeper's peek starts 1 MiB into the queue: it never sees a request
+    "peek_offset": SOCKET + "s.setsockopt(socket.SOL_SOCKET, 42, 1 << 20)",  # SO_PEEK_OFF
+    # a classic BPF program that drops every message, built in pure Python (its address: id + 32)
+    "drop_filter": (SOCKET + "program = struct.pack('HBBI', 0x06, 0, 0, 0)\n"  # BPF_RET | BPF_K, 0
+                    "s.setsockopt(socket.SOL_SOCKET, 26, struct.pack('HxxxxxxQ', 1, id(program) + 32))"),
+    # SIGIO to the worker at the next request (its default action ends the process)
+    "io_signal": ("import fcntl, os\nfcntl.fcntl(3, fcntl.F_SETOWN, os.getpid())\n"
+                  "fcntl.fcntl(3, fcntl.F_SETFL, fcntl.fcntl(3, fcntl.F_GETFL) | os.O_ASYNC)"),
+    # no descriptors with a message any more: a request's sockets are cut off (Linux 6.16+)
+    "no_rights": SOCKET + "s.setsockopt(socket.SOL_SOCKET, 83, 0)",  # SO_PASSRIGHTS
 }
+
+
+def _kernel_knows(option: int) -> bool:
+    import socket
+
+    a, b = socket.socketpair()
+    try:
+        a.getsockopt(socket.SOL_SOCKET, option)
+        return True
+    except OSError:
+        return False
+    finally:
+        a.close()
+        b.close()
 
 
 @pytest.mark.parametrize("breakage", sorted(BROKEN_CHANNELS))
 def test_a_step_that_breaks_its_control_channel_answers_for_it(root, breakage):
-    """The keeper repairs what it can after the step (blocking mode, timeouts): the state lives on;
-    what it cannot (a socket shut down for reading) it reports at once, so this step is the code's
-    ``sandbox_violation``. Either way the next step and a fork run, once."""
-    code, outcome = BROKEN_CHANNELS[breakage]
+    """After each step the keeper compares its control socket's whole state (flags, I/O signal
+    owner, every socket option, no filter) with what boot left; any change is reported (``V``) at
+    once: this step is the code's ``sandbox_violation`` and its state is killed. The next step and
+    a fork run once, in a fresh state (they are executed, never ``not_executed``). Before: the
+    step read ``ok`` (``non_blocking``, ``receive_timeout``: repaired; the last six: the next step
+    ``not_executed``)."""
+    if breakage == "no_rights" and not _kernel_knows(83):
+        pytest.skip("this kernel has no SO_PASSRIGHTS (Linux 6.16+)")
+    code = BROKEN_CHANNELS[breakage]
+    if code.startswith(SOCKET):
+        code += "\ns.detach()"
     ex = root.fork()
     try:
-        r = ex.run(code)
-        assert r.executed and r.outcome == outcome and r.state_lost == (outcome == "sandbox_violation"), r
-        kept = outcome != "sandbox_violation"
+        r = ex.run(code + "\nprint('planted')")
+        assert r.executed and r.attempts == 1 and r.outcome == "sandbox_violation" and r.state_lost, r
         child = ex.fork()
         try:
-            r = child.run("print(kept)")
-            assert r.executed and r.attempts == 1 and r.ok == kept, r
+            r = child.run("print('next')", timeout_s=2.0)
+            assert r.executed and r.attempts == 1 and r.ok and r.stdout == "next\n", r
         finally:
             child.close()
-        r = ex.run("print(kept)")
-        assert r.executed and r.attempts == 1 and r.ok == kept, r
+        r = ex.run("print(globals().get('kept', 'fresh'))", timeout_s=2.0)
+        assert r.executed and r.attempts == 1 and r.ok and r.stdout == "fresh\n", r
     finally:
         ex.close()
 
@@ -334,3 +368,40 @@ def test_the_keepers_trusted_functions_look_up_no_name_at_call_time():
     functions = [getattr(sandbox_keeper, name) for name in sandbox_keeper.TRUSTED] + [sandbox_copy.reopen]
     looked_up = {f.__name__: _names_looked_up(f.__code__) for f in functions}
     assert all(not names for names in looked_up.values()), looked_up
+
+
+def test_a_worker_its_state_had_signalled_is_the_states_failure_not_the_machines(mode, monkeypatch):
+    """The host's backstop of the keeper's check (``host.report.states_signal``): with that check
+    taken out of the keeper (as if a process of the step had changed fd 3 after it), a worker that
+    dies of SIGIO when the host sends the next step is the state's failure (``sandbox_violation``,
+    one attempt), not the machine's. A worker killed from outside (SIGKILL) stays ``not_executed``.
+    Before: ``not_executed`` (``StateLost``) either way."""
+    import json
+    import os
+    import signal
+
+    from codetool.executor import Executor, ExecutorConfig
+    from codetool.executor.host import family
+
+    shipped = family._sandbox_sources
+
+    def unchecked() -> bytes:
+        sources = json.loads(shipped())
+        for entry in sources:
+            entry[1] = entry[1].replace("if not _intact(ctl, boot):", "if False:")
+        return json.dumps(sources).encode()
+
+    monkeypatch.setattr(family, "_sandbox_sources", unchecked)
+    ex = Executor(ExecutorConfig(isolation=mode, **CONFIG))
+    try:
+        assert ex.run(BROKEN_CHANNELS["io_signal"]).ok  # (unchecked)
+        r = ex.run("print('next')", timeout_s=2.0)
+        assert r.executed and r.attempts == 1 and r.outcome == "sandbox_violation" and r.state_lost, r
+        assert "SIGIO" in r.error_message, r
+        r = ex.run("import os\nprint(os.getpid())")
+        assert r.ok, r
+        os.kill(ex._slot.worker.pid, signal.SIGKILL)  # the machine's doing
+        r = ex.run("print('after')", timeout_s=2.0)
+        assert not r.executed and r.error_type == "StateLost", r
+    finally:
+        ex.close()

@@ -8,6 +8,8 @@ is checked against what the host observes itself before it is believed.
   threads as the kernel shows them (``/proc``), or a thread the keeper did not count runs on.
 - :func:`quiet`: whether nothing of a worker waits for a CPU (a silent keeper on an idle machine is
   the code's doing, not the machine's).
+- :func:`states_signal`: whether a worker found dead when the host sent it a step died of a signal
+  only its state's code arranges (the backstop of the keeper's check of fd 3, ``inside.keeper.intact``).
 
 Nothing here depends on a wall-clock bound of a loaded machine: each answer is a kernel fact
 (a thread exists, runs, waits for a CPU), looked at again until it is settled.
@@ -15,6 +17,7 @@ Nothing here depends on a wall-clock bound of a loaded machine: each answer is a
 
 from __future__ import annotations
 
+import signal
 import time
 
 from codetool.executor.kernel.schedstat import runnable, thread_states
@@ -24,7 +27,15 @@ CHANNEL_FAILURES = {  # what the step did to its worker's control channel (fd 3)
               "it was stopped.",
     "channel": "ProtocolError: the step broke or replaced the worker's control channel (fd 3), so the end of "
                "the step could not be reported; it was stopped.",
+    "signal": "ProtocolError: the worker holding the state died of {signal} when the host sent it this step, a "
+              "signal that only the state's own code arranges (fd 3's I/O signals); nothing ran.",
 }
+# Signals that end a process for reasons outside the state's code: the host, the sandbox root, the
+# OOM killer and operators (SIGKILL, SIGTERM, SIGINT, SIGHUP, SIGQUIT), a fault of the machine or
+# the interpreter (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT). A worker that no step runs in and
+# that dies of another (SIGIO, or the signal the state chose with F_SETSIG) died of its state's doing.
+MACHINE_SIGNALS = frozenset((signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
+                             signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT))
 IDLE_RECHECK_S = 0.05  # how often a deadline is looked at again while no thread of the step runs
 END_CPU_S = 0.05  # CPU a step's thread may still use after the keeper's end report (its exit)
 
@@ -65,3 +76,17 @@ def quiet(pids: list[int], span: float = 0.03) -> bool:
         if time.monotonic() >= end:
             return True
         time.sleep(0.002)
+
+
+def states_signal(status: dict) -> str | None:
+    """The name of the signal a worker died of (``status``: how it ended, ``{"signal": n}``) when
+    no step of it ran and the signal is none the machine sends (:data:`MACHINE_SIGNALS`): its state
+    arranged it (``O_ASYNC`` and ``F_SETOWN`` on fd 3 deliver SIGIO when the host's next request
+    arrives). ``None`` otherwise: the machine's, or unknown (its step is ``not_executed``)."""
+    sig = status.get("signal")
+    if not isinstance(sig, int) or isinstance(sig, bool) or sig <= 0 or sig in MACHINE_SIGNALS:
+        return None
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"

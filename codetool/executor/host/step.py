@@ -61,7 +61,7 @@ from codetool.executor.host.channel import (
 )
 from codetool.executor.host.family import WorkerHandle
 from codetool.executor.host.proxy import perform_tool_call
-from codetool.executor.host.report import CHANNEL_FAILURES, IDLE_RECHECK_S, after_end_report, quiet
+from codetool.executor.host.report import CHANNEL_FAILURES, IDLE_RECHECK_S, after_end_report, quiet, states_signal
 from codetool.executor.host.sandbox import Sandbox
 from codetool.executor.host.verdict import (
     StepLedger,
@@ -196,8 +196,9 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
             elif fd == worker.ctl.fileno():
                 while (got := read_message(worker.ctl)) is not None:
                     data = got[0]
-                    if not data:
-                        return None, "lost", notes
+                    if not data:  # (a keeper whose fd 3 the code replaced reports there, then ends)
+                        _read_verdict(verdict_sock, verdict)
+                        return None, ("channel" if verdict.tampered else "lost"), notes
                     kind = data[:1]
                     if kind == b"E" and len(data) == 13:
                         _read_verdict(verdict_sock, verdict)
@@ -401,6 +402,10 @@ def _stopped(sandbox, worker, conn, verdict, step, output, notes, start, timeout
         return _result("resource_limit", "LimitLowered", f"LimitLowered: the state this step runs in lowered its own "
                        f"{', '.join(lowered)} limit, so the step could not start; nothing ran.", output, step, start,
                        sandbox, state_lost=True)
+    killed_by = states_signal(status) if failure == "lost" and not started and not memory else None
+    if killed_by:  # (the keeper's check of fd 3 after each step is the rule; this, its backstop)
+        return _result("sandbox_violation", "ProtocolError", CHANNEL_FAILURES["signal"].format(signal=killed_by),
+                       output, step, start, sandbox, state_lost=True)
     if failure == "not_started" or (failure == "lost" and not started and not memory):
         detail = ("the step's thread could not be started" if failure == "not_started"
                   else "the worker holding the state was lost before the step ran")

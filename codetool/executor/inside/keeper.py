@@ -77,8 +77,8 @@ REFUSED_EVENTS = frozenset(("sys.settrace", "sys.setprofile", "sys._current_fram
                             "code.__new__", "marshal.load", "marshal.loads", "gc.get_referrers",
                             "gc.get_referents", "sys._settraceallthreads", "sys._setprofileallthreads"))
 REFUSED_PREFIXES = ("ctypes.", "sys.monitoring", "cpython.")
-TRUSTED = ("audit", "discard", "_guard_enter", "_guard_exit", "run_code", "step_thread", "mend", "run_step", "receive",
-           "reap", "become_copy", "fork_copy", "serve")  # (and sandbox_copy.reopen)
+TRUSTED = ("audit", "discard", "_guard_enter", "_guard_exit", "run_code", "step_thread", "channel_state", "intact",
+           "run_step", "receive", "reap", "become_copy", "fork_copy", "serve")  # (and sandbox_copy.reopen)
 GUARDED_ATTRIBUTES = frozenset(("__code__", "__defaults__", "__kwdefaults__"))
 WORKER_MODULES = ("sandbox_io", "sandbox_worker", "sandbox_copy", "sandbox_keeper")  # as launch.WORKER_MODULES
 PREIMPORTS = ("json", "math", "re", "datetime", "time", "collections", "itertools", "functools", "random",
@@ -145,22 +145,60 @@ def step_thread(done, chain, describe, _next=next, _base=BaseException):
         done.release()
 
 
-def mend(ctl, *, _fcntl=fcntl.fcntl, _getfl=fcntl.F_GETFL, _setfl=fcntl.F_SETFL, _nonblock=os.O_NONBLOCK,
-         _setsockopt=_socket.socket.setsockopt, _level=_socket.SOL_SOCKET,
-         _timeouts=(_socket.SO_RCVTIMEO, _socket.SO_SNDTIMEO), _never=bytes(struct.calcsize("ll")),
-         _recv=_socket.socket.recv, _peek=_socket.MSG_PEEK | _socket.MSG_DONTWAIT, _waiting=BlockingIOError,
-         _oserror=OSError, _len=len, _ctl=CTL):
-    """After a step, undo what its code did to the control socket (trusted: see the rules; it reads
-    only the kernel's answers): blocking again (``O_NONBLOCK`` is the open file's, shared with any
-    socket object the code made on fd ``CTL``), no receive or send timeout. Returns whether the
-    socket still receives: ``False`` when the code shut it down for reading (a peek returns the end of
-    the stream, since the host sends nothing while a step runs) or it is no socket any more."""
+# fd CTL's state, as boot left it (issue 37, red teams): what a step may not change. Every SOL_SOCKET
+# option the kernel answers for it is read, whatever it does, but these: SO_ERROR (reading clears it),
+# SO_GET_FILTER (the kernel copies 8 bytes per block into a buffer it counts in blocks: read it, and
+# a filter of the step's would overrun the keeper's buffer; SO_DETACH_FILTER tells instead),
+# SO_MEMINFO (the queues, which the host's messages change), SO_PEERPIDFD (each read makes a descriptor).
+SOCKET_OPTIONS = tuple(option for option in range(1, 128) if option not in (4, 26, 55, 77))
+SO_DETACH_FILTER = 27
+FCNTL_READS = ((fcntl.F_GETFD, 0), (fcntl.F_GETFL, 0), (fcntl.F_GETOWN, 0), (11, 0), (16, bytes(8)),  # F_GETSIG,
+               (1025, 0), (1032, 0))  # F_GETOWN_EX (type, pid), F_GETLEASE, F_GETPIPE_SZ
+
+
+def channel_state(ctl, *, _fstat=os.fstat, _fcntl=fcntl.fcntl, _getsockopt=_socket.socket.getsockopt,
+                  _level=_socket.SOL_SOCKET, _options=SOCKET_OPTIONS, _reads=FCNTL_READS, _oserror=OSError,
+                  _tuple=tuple, _ctl=CTL):
+    """The state of the control socket (fd ``CTL``) as the kernel reports it (trusted: see the
+    rules): which socket the descriptor is (device, inode), its descriptor and file status flags
+    (``O_NONBLOCK``, ``O_ASYNC``...), the owner and signal of its I/O signals, and the value of
+    every ``SOL_SOCKET`` option it answers (``None`` where the kernel refuses). Taken at boot (and
+    in a fork's copy once it has its own channel) and after each step (:func:`intact`)."""
+    state = []
     try:
-        flags = _fcntl(_ctl, _getfl)
-        if flags & _nonblock:
-            _fcntl(_ctl, _setfl, flags & ~_nonblock)
-        for option in _timeouts:
-            _setsockopt(ctl, _level, option, _never)
+        state.append(_fstat(_ctl)[1:3])
+    except _oserror:
+        state.append(None)
+    for command, argument in _reads:
+        try:
+            state.append(_fcntl(_ctl, command, argument))
+        except _oserror:
+            state.append(None)
+    for option in _options:
+        try:
+            state.append(_getsockopt(ctl, _level, option, 64))
+        except _oserror:
+            state.append(None)
+    return _tuple(state)
+
+
+def intact(ctl, boot, *, _state=channel_state, _setsockopt=_socket.socket.setsockopt, _level=_socket.SOL_SOCKET,
+           _detach=SO_DETACH_FILTER, _none=FileNotFoundError, _recv=_socket.socket.recv,
+           _peek=_socket.MSG_PEEK | _socket.MSG_DONTWAIT, _waiting=BlockingIOError, _oserror=OSError, _len=len):
+    """After a step, whether the control socket is as boot left it (trusted: see the rules; it
+    reads only the kernel's answers): the same state (:func:`channel_state`, compared as a whole,
+    so whatever the step changed counts, and nothing is repaired), no socket filter attached
+    (detached here: ``ENOENT`` when there was none; a locked one refuses), and it still receives (a
+    socket shut down for reading peeks the end of the stream, since the host sends nothing while
+    a step runs). ``False``: the step broke its worker's channel, the keeper reports it (``V``)."""
+    try:
+        try:
+            _setsockopt(ctl, _level, _detach, 0)
+            return False  # a filter was attached
+        except _none:
+            pass
+        if _state(ctl) != boot:
+            return False
         try:
             return _len(_recv(ctl, 1, _peek)) > 0
         except _waiting:
@@ -169,7 +207,7 @@ def mend(ctl, *, _fcntl=fcntl.fcntl, _getfl=fcntl.F_GETFL, _setfl=fcntl.F_SETFL,
         return False
 
 
-def run_step(ctl, source, fds, namespace, calls, step, forked, grace, *,
+def run_step(ctl, source, fds, namespace, calls, step, forked, grace, boot, *,
              _repeat=itertools.repeat, _map=map, _filter=filter, _compress=itertools.compress,
              _urandom=os.urandom, _fileio=io.FileIO, _compile=compile, _run=run_code, _bool=bool, _int=int,
              _bytes=bytes, _add=operator.add, _write=os.write, _type=type, _lock=_thread.allocate_lock,
@@ -179,7 +217,7 @@ def run_step(ctl, source, fds, namespace, calls, step, forked, grace, *,
              _rusage=resource.getrusage, _self=resource.RUSAGE_SELF, _send=_socket.socket.send,
              _end=END.pack, _enter=_guard_enter, _exit=_guard_exit, _error=RuntimeError, _quit=os._exit,
              _min=min, _round=round, _str=str, _len=len,
-             _token=TOKEN_BYTES, _decode=bytes.decode, _sub=operator.sub, _discard=discard, _mend=mend,
+             _token=TOKEN_BYTES, _decode=bytes.decode, _sub=operator.sub, _discard=discard, _intact=intact,
              _stack_size=_thread.stack_size):
     """Run one step (trusted: see the rules); returns the step count. ``calls`` are the state's
     ``(pre, after, describe)``, bound at boot; they run in the step's thread, after ``t`` is sent."""
@@ -230,7 +268,7 @@ def run_step(ctl, source, fds, namespace, calls, step, forked, grace, *,
             _setitimer(which, 0)
         _discard(verdict)  # (the step's code may have closed them already)
         _discard(tool)
-        if not _mend(ctl):  # the code broke the control socket: the host hears it now, from this step
+        if not _intact(ctl, boot):  # the code changed its channel: the host hears it now, from this step
             _send(ctl, b"V")
             _quit(0)
         usage = _rusage(_self)
@@ -337,20 +375,23 @@ def fork_copy(ctl, payload, fds, parent_path, *, _fork=os.fork, _close=os.close,
         _quit(70)
 
 
-def serve(ctl, namespace, calls, hello, grace, parent_path, *, _reap=reap,
-          _receive=receive, _run=run_step, _fork=fork_copy, _send=_socket.socket.send, _quit=os._exit):
+def serve(ctl, namespace, calls, hello, grace, parent_path, *, _reap=reap, _receive=receive, _run=run_step,
+          _fork=fork_copy, _state=channel_state, _send=_socket.socket.send, _quit=os._exit):
     """The keeper's loop (trusted); it never returns."""
     step, forked = 0, 0
+    boot = _state(ctl)  # (before any code of the state ran)
     _send(ctl, hello)
     while True:
         message, fds = _receive(ctl)  # (which turns the collector off first)
         _reap()
         op = message[:1]
         if op == b"R":
-            step = _run(ctl, message[1:], fds, namespace, calls, step, forked, grace)
+            step = _run(ctl, message[1:], fds, namespace, calls, step, forked, grace, boot)
             forked = 0
         elif op == b"F":
             copied = _fork(ctl, message, fds, parent_path)
+            if copied:
+                boot = _state(ctl)  # the copy's own channel, as the host made it
             if copied and (copied != b"-" or not forked):  # the copy: its first step redoes what a
                 forked = copied  # fork changes, and sets the tools still due (a copy forked before it ran)
         elif op == b"X":
