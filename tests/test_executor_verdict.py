@@ -370,38 +370,71 @@ def test_the_keepers_trusted_functions_look_up_no_name_at_call_time():
     assert all(not names for names in looked_up.values()), looked_up
 
 
-def test_a_worker_its_state_had_signalled_is_the_states_failure_not_the_machines(mode, monkeypatch):
-    """The host's backstop of the keeper's check (``host.report.states_signal``): with that check
-    taken out of the keeper (as if a process of the step had changed fd 3 after it), a worker that
-    dies of SIGIO when the host sends the next step is the state's failure (``sandbox_violation``,
-    one attempt), not the machine's. A worker killed from outside (SIGKILL) stays ``not_executed``.
-    Before: ``not_executed`` (``StateLost``) either way."""
+@pytest.fixture
+def unchecked(mode, monkeypatch):
+    """An executor whose keepers do not check fd 3 after a step (as if a process the step left
+    had changed it after the check, before the host killed it): what the host's backstops see."""
     import json
-    import os
-    import signal
 
     from codetool.executor import Executor, ExecutorConfig
     from codetool.executor.host import family
 
     shipped = family._sandbox_sources
 
-    def unchecked() -> bytes:
+    def without_the_check() -> bytes:
         sources = json.loads(shipped())
         for entry in sources:
             entry[1] = entry[1].replace("if not _intact(ctl, boot):", "if False:")
         return json.dumps(sources).encode()
 
-    monkeypatch.setattr(family, "_sandbox_sources", unchecked)
-    ex = Executor(ExecutorConfig(isolation=mode, **CONFIG))
+    monkeypatch.setattr(family, "_sandbox_sources", without_the_check)
+    ex = Executor(ExecutorConfig(isolation=mode, **dict(CONFIG, start_timeout_s=1.0)))
+    yield ex
+    ex.close()
+
+
+def _planted(ex, breakage: str):
+    code = BROKEN_CHANNELS[breakage]
+    r = ex.run(code + ("\ns.detach()" if code.startswith(SOCKET) else ""))
+    assert r.ok, r  # (unchecked)
+
+
+@pytest.mark.parametrize("breakage", ["io_signal", "peek_offset"])
+def test_the_host_charges_a_state_whose_channel_fails_the_next_request(unchecked, breakage):
+    """The host's backstops of the keeper's check (``host.report``): a worker that dies of SIGIO
+    as the host's next request reaches it (``states_signal``: no machine sends SIGIO), and a keeper
+    asleep in its receive with the request sent (``asleep_in_receive``: the kernel wakes a receiver
+    a message reaches, so only the state can hide one), are the state's failure, for the next step
+    and for a fork of it (and then for the state's own next step): ``sandbox_violation``, one
+    attempt, found at the step's deadline at the latest. Before: ``not_executed`` (``StateLost``,
+    ``HostBusy`` at the backstop, ``WorkerStart``)."""
+    ex = unchecked
+    _planted(ex, breakage)
+    r = ex.run("print('next')", timeout_s=1.0)
+    assert r.executed and r.attempts == 1 and r.outcome == "sandbox_violation" and r.state_lost, r
+    assert ("SIGIO" if breakage == "io_signal" else "never received") in r.error_message, r
+    assert ex.run("kept = 1").ok
+    _planted(ex, breakage)
+    child = ex.fork()
     try:
-        assert ex.run(BROKEN_CHANNELS["io_signal"]).ok  # (unchecked)
-        r = ex.run("print('next')", timeout_s=2.0)
-        assert r.executed and r.attempts == 1 and r.outcome == "sandbox_violation" and r.state_lost, r
-        assert "SIGIO" in r.error_message, r
-        r = ex.run("import os\nprint(os.getpid())")
-        assert r.ok, r
-        os.kill(ex._slot.worker.pid, signal.SIGKILL)  # the machine's doing
-        r = ex.run("print('after')", timeout_s=2.0)
-        assert not r.executed and r.error_type == "StateLost", r
+        r = child.run("print('forked')", timeout_s=1.0)
+        assert r.executed and r.outcome == "sandbox_violation", r
     finally:
-        ex.close()
+        child.close()
+    r = ex.run("print(globals().get('kept', 'fresh'))", timeout_s=1.0)  # the state is gone: nothing ran
+    assert r.executed and r.outcome == "sandbox_violation", r
+    r = ex.run("print(globals().get('kept', 'fresh'))", timeout_s=1.0)
+    assert r.ok and r.stdout == "fresh\n", r
+
+
+def test_a_worker_killed_from_outside_between_steps_is_still_not_executed(unchecked):
+    """A failure of the machine is never the code's: SIGKILL from outside (the host, the OOM
+    killer, an operator) between steps leaves the next step ``not_executed`` (``StateLost``)."""
+    import os
+    import signal
+
+    ex = unchecked
+    assert ex.run("kept = 1").ok
+    os.kill(ex._slot.worker.pid, signal.SIGKILL)
+    r = ex.run("print('after')", timeout_s=1.0)
+    assert not r.executed and r.error_type == "StateLost", r

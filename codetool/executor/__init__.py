@@ -158,7 +158,13 @@ outside) makes the next result ``not_executed`` (``StateLost``, ``state_lost=Tru
 - *To its descendants* (later steps of its state and its forks): it can make them fail (a state
   is a state: a rebound ``json`` or builtin stays rebound), never succeed, and never turn them
   into ``not_executed``: a state that holds its whole address space still gets its next step's
-  thread, and no process, thread or timer of it survives its step.
+  thread, and no process, thread or timer of it survives its step. A step that changes anything of
+  its worker's control socket (fd 3: flags, I/O signal owner, any socket option, a filter) is
+  itself the failure (``inside.keeper.intact``); what a process of the step changes there after
+  that check, the host charges to the state when the next request finds its worker dead of a
+  signal no machine sends, or its keeper asleep with the request sent (``host.report``). Left: such
+  a process that picks SIGKILL (or another signal the machine sends) for fd 3's I/O signal, in the
+  moment before the host kills it (docs/EXECUTOR.md, section 5).
 - *To its siblings, other episodes, the host:* when the host is root, nothing but CPU contention
   while they run at the same time (no CPU cgroup), which their deadlines give back; at most
   ``memory_mb`` of host memory (measured 938-988 MiB peak growth at the default 1 GiB, with and

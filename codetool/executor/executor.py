@@ -16,6 +16,7 @@ tried again (``ExecutorConfig.infra_retries``, deadlines doubled), and only then
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import keyword
 import logging
 import threading
@@ -28,9 +29,11 @@ from codetool.executor.host.channel import ProtocolError, log_safe
 from codetool.executor.host.family import WorkerHandle
 from codetool.executor.host.launch import ExecutorError
 from codetool.executor.host.pool import FamilyPool
+from codetool.executor.host.report import CHANNEL_FAILURES, states_signal
 from codetool.executor.host.sandbox import ForkFailed, Sandbox
 from codetool.executor.host.step import run_step
 from codetool.executor.host.verdict import failure_outcome
+from codetool.executor.kernel.schedstat import exit_status
 from codetool.executor.result import NOT_EXECUTED, ExecutionResult
 
 logger = logging.getLogger(__name__)
@@ -246,11 +249,18 @@ class Executor:
                     return child
                 except ForkFailed as exc:
                     logger.warning("fork failed: %s", log_safe(exc, 300))
-                    if exc.parent_lost:
-                        self._drop_worker(worker, wait=False)
-                        self._slot.lost = exc.kind == "infra"
-                    lowered = [] if exc.kind == "violation" else self._sandbox.lowered_limits(worker)
-                    if exc.kind == "violation":
+                    killed_by = None
+                    if exc.parent_lost:  # (how it ended: a signal only its state arranges is the state's)
+                        ended = exit_status(worker.pid) if exc.kind == "infra" else {}
+                        status = self._drop_worker(worker, wait=exc.kind == "infra") or {}
+                        status = status if "signal" in status or "exit" in status else {**status, **ended}
+                        killed_by = states_signal(status) if exc.kind == "infra" else None
+                        self._slot.lost = exc.kind == "infra" and not killed_by
+                    lowered = [] if exc.kind == "violation" or killed_by else self._sandbox.lowered_limits(worker)
+                    if killed_by:
+                        failure = _failed("sandbox_violation", "ProtocolError",
+                                          CHANNEL_FAILURES["signal"].format(signal=killed_by), self.isolation)
+                    elif exc.kind == "violation":
                         failure = _failed("sandbox_violation", "ProtocolError",
                                           f"ProtocolError: the state this step was forked from broke the sandbox "
                                           f"protocol ({log_safe(exc, 200)}); nothing ran.", self.isolation)
@@ -265,6 +275,8 @@ class Executor:
                         budget *= 2
                         continue
                     failure.attempts = attempts
+                    if exc.parent_lost and failure.outcome == "sandbox_violation":  # the state's own doing:
+                        self._slot.failure = dataclasses.replace(failure)  # its next step answers for it too
                     return self._failed_fork(failure)
 
     def _failed_fork(self, failure: ExecutionResult) -> Executor:

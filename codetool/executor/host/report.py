@@ -8,6 +8,8 @@ is checked against what the host observes itself before it is believed.
   threads as the kernel shows them (``/proc``), or a thread the keeper did not count runs on.
 - :func:`quiet`: whether nothing of a worker waits for a CPU (a silent keeper on an idle machine is
   the code's doing, not the machine's).
+- :func:`asleep_in_receive`: whether a worker's keeper sleeps in its receive with the host's
+  request sent (a state that hides requests from it; the machine would have woken it).
 - :func:`states_signal`: whether a worker found dead when the host sent it a step died of a signal
   only its state's code arranges (the backstop of the keeper's check of fd 3, ``inside.keeper.intact``).
 
@@ -27,9 +29,12 @@ CHANNEL_FAILURES = {  # what the step did to its worker's control channel (fd 3)
               "it was stopped.",
     "channel": "ProtocolError: the step broke or replaced the worker's control channel (fd 3), so the end of "
                "the step could not be reported; it was stopped.",
-    "signal": "ProtocolError: the worker holding the state died of {signal} when the host sent it this step, a "
+    "signal": "ProtocolError: the worker holding the state died of {signal} when the host sent it a request, a "
               "signal that only the state's own code arranges (fd 3's I/O signals); nothing ran.",
+    "hidden": "ProtocolError: the state this step runs in changed its worker's control channel (fd 3) so that "
+              "its keeper never received the step; nothing ran.",
 }
+RECEIVE_WAITS = ("wait_for_more_packets", "recv", "read_generic")  # kernel functions a socket receive sleeps in
 # Signals that end a process for reasons outside the state's code: the host, the sandbox root, the
 # OOM killer and operators (SIGKILL, SIGTERM, SIGINT, SIGHUP, SIGQUIT), a fault of the machine or
 # the interpreter (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT). A worker that no step runs in and
@@ -90,3 +95,28 @@ def states_signal(status: dict) -> str | None:
         return signal.Signals(sig).name
     except ValueError:
         return f"signal {sig}"
+
+
+def asleep_in_receive(pid: int, span: float = 0.03) -> bool:
+    """Whether worker ``pid`` sleeps in its keeper's receive, every thread of it in state ``S``
+    and its keeper (the main thread) in a socket receive (``/proc/<pid>/wchan``), at each of
+    several looks over ``span`` seconds. Asked when a request the host sent got no answer: the
+    kernel wakes a receiver when a message arrives (it is then ``R`` until it runs, however busy
+    the machine), so a keeper still asleep there did not see the request, which only the state's
+    changes to fd 3 do (a peek offset, a filter, descriptors cut off: ``inside.keeper.intact``).
+    ``False`` when anything is unsure (``/proc`` unreadable, no ``wchan``)."""
+    end = time.monotonic() + span
+    while True:
+        states = thread_states(pid)
+        if not states or any(state != "S" for state, _ in states.values()):
+            return False
+        try:
+            with open(f"/proc/{pid}/wchan") as f:
+                wchan = f.read()
+        except OSError:
+            return False
+        if not any(name in wchan for name in RECEIVE_WAITS):
+            return False
+        if time.monotonic() >= end:
+            return True
+        time.sleep(0.002)

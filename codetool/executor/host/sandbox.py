@@ -33,6 +33,7 @@ from codetool.executor.host.channel import (
 )
 from codetool.executor.host.family import REQUEST_TIMEOUT_S, Family, WorkerHandle
 from codetool.executor.host.launch import ExecutorError, _warn_once
+from codetool.executor.host.report import asleep_in_receive
 from codetool.executor.host.root_link import RootLink
 from codetool.executor.kernel.procs import soft_limits
 from codetool.executor.kernel.schedstat import Watch
@@ -213,7 +214,8 @@ class Sandbox(Family):
                 request += json.dumps(list(tool_names)).encode("ascii")
             try:
                 send_message(parent.ctl, request, [ctl_worker.fileno(), write_fd])
-                reply = self._wait(budget, watch, lambda: wait_message(parent.ctl, 0.05)[0], "the state's worker")
+                reply = self._wait(budget, watch, lambda: wait_message(parent.ctl, 0.05)[0], "the state's worker",
+                                   deaf=parent.pid)
             except EOFError as exc:
                 raise ForkFailed("infra", f"the state's worker is gone ({exc})", True) from None
             if reply[:1] == b"x":
@@ -251,10 +253,11 @@ class Sandbox(Family):
             ctl_worker.close()
             os.close(write_fd)
 
-    def _wait(self, budget: float, watch: Watch, attempt, waiting_for: str):
+    def _wait(self, budget: float, watch: Watch, attempt, waiting_for: str, deaf: int | None = None):
         """Call ``attempt`` (which raises ``TimeoutError`` while nothing came) until it answers or
         ``budget`` seconds passed that the processes doing the work could run (:class:`Watch`),
-        up to ``busy_backstop`` times ``budget`` in all."""
+        up to ``busy_backstop`` times ``budget`` in all. ``deaf``: the worker asked; one asleep in
+        its receive once ``budget`` passed never saw the request (its state's doing: a violation)."""
         while True:
             try:
                 return attempt()
@@ -262,6 +265,12 @@ class Sandbox(Family):
                 elapsed = time.monotonic() - watch.start
                 if elapsed < budget:
                     continue
+                if deaf is not None and asleep_in_receive(deaf):
+                    try:
+                        return attempt()  # (an answer it sent before it slept)
+                    except TimeoutError:
+                        raise ForkFailed("violation", "the state's worker never received the fork request (its "
+                                                      "state changed its control channel, fd 3)", True) from None
                 if elapsed - watch.starved() < budget and elapsed < budget * self.config.busy_backstop:
                     continue
                 raise ForkFailed("infra", f"the copy of the state did not start within {budget:g} s ({waiting_for} "

@@ -32,7 +32,10 @@ keeper reports a control socket the step broke for good (``V``, see ``inside.kee
 step whose thread ended while its keeper stays silent is the code's once the verdict socket holds
 bytes that are no token (the keeper's report, sent there through a ``dup2`` onto fd 3), or at the
 backstop when nothing of the worker waits on the machine (``schedstat.runnable``).
-These checks of the keeper's reports live in :mod:`codetool.executor.host.report`.
+These checks of the keeper's reports live in :mod:`codetool.executor.host.report`, and so do the
+backstops of the keeper's check of fd 3: a worker that dies of a signal no machine sends (SIGIO)
+as the step reaches it, or whose keeper sleeps in its receive with the step sent (at the deadline),
+failed by its state's doing (``sandbox_violation``), not the machine's.
 """
 
 from __future__ import annotations
@@ -61,7 +64,14 @@ from codetool.executor.host.channel import (
 )
 from codetool.executor.host.family import WorkerHandle
 from codetool.executor.host.proxy import perform_tool_call
-from codetool.executor.host.report import CHANNEL_FAILURES, IDLE_RECHECK_S, after_end_report, quiet, states_signal
+from codetool.executor.host.report import (
+    CHANNEL_FAILURES,
+    IDLE_RECHECK_S,
+    after_end_report,
+    asleep_in_receive,
+    quiet,
+    states_signal,
+)
 from codetool.executor.host.sandbox import Sandbox
 from codetool.executor.host.verdict import (
     StepLedger,
@@ -171,6 +181,10 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
                     _read_verdict(verdict_sock, verdict)
                     if verdict.tampered:  # (the keeper's end report lands there when fd 3 was replaced)
                         return None, "channel", notes
+                    if verdict.token is None and asleep_in_receive(worker.pid):
+                        _read_verdict(verdict_sock, verdict)  # (what it sent before it slept counts)
+                        if verdict.token is None and not verdict.tampered and not poller.poll(0):
+                            return None, "hidden", notes  # it never saw the request
                 if now >= backstop:
                     if not running and verdict.token is not None and quiet([worker.pid] + others):
                         return None, "channel", notes  # it started, ended, and nothing waits for a CPU

@@ -25,9 +25,13 @@ state exists (see above; ``os.register_at_fork`` is disabled at boot). The step'
 default stack size whatever the state chose (``threading.stack_size``, restored for its threads).
 
 **The control socket** is the worker's, so the step's code can write on it and change it: the
-host checks the reports it reads against the verdict (``host.step``), and after each step
-:func:`mend` makes it blocking again with no timeouts; one the code shut down for reading is
-reported (``V``) and the worker ends, so that step, not the next, is the code's failure.
+host checks the reports it reads against the verdict (``host.step``, ``host.report``), and after
+each step :func:`intact` compares the socket's whole state with what boot left (which socket fd
+``CTL`` is, its flags, the owner and signal of its I/O signals, every socket option the kernel
+answers, no filter attached, still receiving): a step that changed anything of it, whatever the
+option, is reported (``V``) and the worker ends, so that step, not the next, is the code's failure
+(a state that could hide the host's next request from the keeper, or have it killed by SIGIO when
+it arrives, would make the next step and every fork ``not_executed``). Nothing is repaired.
 
 **Rules for the keeper's code** (the *trusted* functions below): it runs only while no code of the
 state runs (between steps), or blocked in C while a step runs; every callable and constant it uses
