@@ -370,27 +370,55 @@ def test_the_keepers_trusted_functions_look_up_no_name_at_call_time():
     assert all(not names for names in looked_up.values()), looked_up
 
 
-@pytest.fixture
-def unchecked(mode, monkeypatch):
-    """An executor whose keepers do not check fd 3 after a step (as if a process the step left
-    had changed it after the check, before the host killed it): what the host's backstops see."""
+def _without_checks(mode, monkeypatch, *, second: bool):
+    """An executor whose keepers skip the check of fd 3 at a step's end (as if a process the step
+    forked had changed fd 3 after it) and, with ``second``, whose host skips its second check
+    (``C``, once it killed the step's processes) too: what the host's later checks see."""
     import json
 
     from codetool.executor import Executor, ExecutorConfig
-    from codetool.executor.host import family
+    from codetool.executor.host import family, step
 
     shipped = family._sandbox_sources
 
-    def without_the_check() -> bytes:
+    def without() -> bytes:
         sources = json.loads(shipped())
         for entry in sources:
-            entry[1] = entry[1].replace("if not _intact(ctl, boot):", "if False:")
+            entry[1] = entry[1].replace("if not _intact(ctl, boot):  # the code changed", "if False:  #")
         return json.dumps(sources).encode()
 
-    monkeypatch.setattr(family, "_sandbox_sources", without_the_check)
-    ex = Executor(ExecutorConfig(isolation=mode, **dict(CONFIG, start_timeout_s=1.0)))
+    monkeypatch.setattr(family, "_sandbox_sources", without)
+    if second:
+        monkeypatch.setattr(step, "confirm_channel", lambda *args: "intact", raising=False)
+    return Executor(ExecutorConfig(isolation=mode, **dict(CONFIG, start_timeout_s=1.0)))
+
+
+@pytest.fixture
+def late(mode, monkeypatch):
+    ex = _without_checks(mode, monkeypatch, second=False)
     yield ex
     ex.close()
+
+
+@pytest.fixture
+def unchecked(mode, monkeypatch):
+    ex = _without_checks(mode, monkeypatch, second=True)
+    yield ex
+    ex.close()
+
+
+@pytest.mark.parametrize("breakage", ["io_signal", "peek_offset", "drop_filter"])
+def test_a_change_of_fd_3_after_the_keepers_check_is_still_the_steps(late, breakage):
+    """A process the step forked can change fd 3 after the keeper's check at the step's end; so
+    the host, once it killed the step's other processes, asks the keeper to check again (``C``,
+    ``host.report.confirm_channel``), as part of the step: a change, a request hidden from the
+    keeper, or its worker dying of SIGIO at that request is this step's ``sandbox_violation``.
+    The next step runs once. Before: the step ``ok``, the next step ``not_executed``."""
+    code = BROKEN_CHANNELS[breakage]
+    r = late.run(code + ("\ns.detach()" if code.startswith(SOCKET) else ""))
+    assert r.executed and r.attempts == 1 and r.outcome == "sandbox_violation" and r.state_lost, r
+    r = late.run("print(globals().get('kept', 'fresh'))", timeout_s=1.0)
+    assert r.ok and r.attempts == 1 and r.stdout == "fresh\n", r
 
 
 def _planted(ex, breakage: str):
@@ -401,7 +429,8 @@ def _planted(ex, breakage: str):
 
 @pytest.mark.parametrize("breakage", ["io_signal", "peek_offset"])
 def test_the_host_charges_a_state_whose_channel_fails_the_next_request(unchecked, breakage):
-    """The host's backstops of the keeper's check (``host.report``): a worker that dies of SIGIO
+    """The host's backstops of the keeper's checks (``host.report``; both taken out here, as if a
+    process of the step had outrun the second): a worker that dies of SIGIO
     as the host's next request reaches it (``states_signal``: no machine sends SIGIO), and a keeper
     asleep in its receive with the request sent (``asleep_in_receive``: the kernel wakes a receiver
     a message reaches, so only the state can hide one), are the state's failure, for the next step

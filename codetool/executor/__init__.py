@@ -160,11 +160,8 @@ outside) makes the next result ``not_executed`` (``StateLost``, ``state_lost=Tru
   into ``not_executed``: a state that holds its whole address space still gets its next step's
   thread, and no process, thread or timer of it survives its step. A step that changes anything of
   its worker's control socket (fd 3: flags, I/O signal owner, any socket option, a filter) is
-  itself the failure (``inside.keeper.intact``); what a process of the step changes there after
-  that check, the host charges to the state when the next request finds its worker dead of a
-  signal no machine sends, or its keeper asleep with the request sent (``host.report``). Left: such
-  a process that picks SIGKILL (or another signal the machine sends) for fd 3's I/O signal, in the
-  moment before the host kills it (docs/EXECUTOR.md, section 5).
+  itself the failure (``inside.keeper.intact``), and so is a change a process of the step makes
+  before the host kills it: the keeper checks again after that kill (``host.report``).
 - *To its siblings, other episodes, the host:* when the host is root, nothing but CPU contention
   while they run at the same time (no CPU cgroup), which their deadlines give back; at most
   ``memory_mb`` of host memory (measured 938-988 MiB peak growth at the default 1 GiB, with and

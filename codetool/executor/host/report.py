@@ -8,6 +8,8 @@ is checked against what the host observes itself before it is believed.
   threads as the kernel shows them (``/proc``), or a thread the keeper did not count runs on.
 - :func:`quiet`: whether nothing of a worker waits for a CPU (a silent keeper on an idle machine is
   the code's doing, not the machine's).
+- :func:`confirm_channel`: the keeper's second check of fd 3, once the step's other processes are
+  killed (one of them may have changed fd 3 after the keeper's first check).
 - :func:`asleep_in_receive`: whether a worker's keeper sleeps in its receive with the host's
   request sent (a state that hides requests from it; the machine would have woken it).
 - :func:`states_signal`: whether a worker found dead when the host sent it a step died of a signal
@@ -19,9 +21,12 @@ Nothing here depends on a wall-clock bound of a loaded machine: each answer is a
 
 from __future__ import annotations
 
+import secrets
+import select
 import signal
 import time
 
+from codetool.executor.host.channel import POLL_IN, read_message, send_message
 from codetool.executor.kernel.schedstat import runnable, thread_states
 
 CHANNEL_FAILURES = {  # what the step did to its worker's control channel (fd 3): the code's violation
@@ -33,6 +38,8 @@ CHANNEL_FAILURES = {  # what the step did to its worker's control channel (fd 3)
               "signal that only the state's own code arranges (fd 3's I/O signals); nothing ran.",
     "hidden": "ProtocolError: the state this step runs in changed its worker's control channel (fd 3) so that "
               "its keeper never received the step; nothing ran.",
+    "late": "ProtocolError: a process of the step changed the worker's control channel (fd 3) after the step's "
+            "end; it was stopped.",
 }
 RECEIVE_WAITS = ("wait_for_more_packets", "recv", "read_generic")  # kernel functions a socket receive sleeps in
 # Signals that end a process for reasons outside the state's code: the host, the sandbox root, the
@@ -120,3 +127,32 @@ def asleep_in_receive(pid: int, span: float = 0.03) -> bool:
         if time.monotonic() >= end:
             return True
         time.sleep(0.002)
+
+
+def confirm_channel(ctl, pid: int, until: float) -> str:
+    """Ask worker ``pid``'s keeper, on its control socket ``ctl``, to check fd 3 again (``C`` and
+    16 random bytes it echoes, so that nothing a process of the step wrote earlier reads as its
+    answer), once the host killed the step's other processes: none is left to change fd 3 after
+    this check. Returns ``"intact"``; ``"changed"`` (the keeper's ``V``); ``"hidden"`` (the keeper
+    sleeps in its receive with the request sent, :func:`asleep_in_receive`); ``"lost"`` (the
+    worker died, e.g. of the SIGIO the request raised); ``"unsure"``: no answer by ``until`` (the
+    step's backstop) while the keeper was not found asleep: the machine's, nothing is concluded."""
+    nonce = secrets.token_bytes(16)
+    try:
+        send_message(ctl, b"C" + nonce)
+    except EOFError:
+        return "lost"
+    poller = select.poll()
+    poller.register(ctl.fileno(), POLL_IN)
+    while True:
+        while (got := read_message(ctl)) is not None:
+            if not got[0]:
+                return "lost"
+            if got[0] == b"c" + nonce:
+                return "intact"
+            if got[0][:1] == b"V":
+                return "changed"
+        if time.monotonic() >= until:
+            return "unsure"
+        if not poller.poll(IDLE_RECHECK_S * 1000) and asleep_in_receive(pid) and not poller.poll(0):
+            return "hidden"

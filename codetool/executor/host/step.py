@@ -32,9 +32,10 @@ keeper reports a control socket the step broke for good (``V``, see ``inside.kee
 step whose thread ended while its keeper stays silent is the code's once the verdict socket holds
 bytes that are no token (the keeper's report, sent there through a ``dup2`` onto fd 3), or at the
 backstop when nothing of the worker waits on the machine (``schedstat.runnable``).
-These checks of the keeper's reports live in :mod:`codetool.executor.host.report`, and so do the
-backstops of the keeper's check of fd 3: a worker that dies of a signal no machine sends (SIGIO)
-as the step reaches it, or whose keeper sleeps in its receive with the step sent (at the deadline),
+These checks of the keeper's reports live in :mod:`codetool.executor.host.report`, and so does the
+keeper's second check of fd 3 once the step's other processes are killed (``confirm_channel``,
+part of the step), and its backstops: a worker that dies of a signal no machine sends (SIGIO) as a
+step reaches it, or whose keeper sleeps in its receive with the step sent (at the deadline),
 failed by its state's doing (``sandbox_violation``), not the machine's.
 """
 
@@ -69,6 +70,7 @@ from codetool.executor.host.report import (
     IDLE_RECHECK_S,
     after_end_report,
     asleep_in_receive,
+    confirm_channel,
     quiet,
     states_signal,
 )
@@ -386,11 +388,24 @@ def _finished(sandbox, worker, conn, verdict, step, output, notes, start, timeou
         outcome, error_type = "resource_limit", "MemoryLimit"
         message = (f"MemoryLimit: the step's processes used more than {sandbox.memory_bytes >> 20} MiB together "
                    f"and were killed.")
+    lost = worker.stray
+    if not lost and not (memory.get("oom") or memory.get("reason") == "memory"):
+        channel = confirm_channel(worker.ctl, worker.pid, start + timeout * config.busy_backstop)
+        if channel in ("changed", "hidden", "lost"):  # (a process of the step acted after the first check)
+            ended_as = exit_status(worker.pid) if channel == "lost" else {}
+            status = drop(worker) or {}
+            if "signal" not in status and "exit" not in status:
+                status.update(ended_as)
+            lost, killed_by = True, states_signal(status)
+            if channel != "lost" or killed_by:  # (another death, SIGKILL: the verdict stands, the state goes)
+                outcome, error_type = "sandbox_violation", "ProtocolError"
+                message = (CHANNEL_FAILURES["signal"].format(signal=killed_by) if killed_by
+                           else CHANNEL_FAILURES["late"])
     if step.limit:  # decided here: the code cannot report its way out of its budget
         outcome, error_type, message = "resource_limit", "ToolLimit", f"ToolLimit: {step.limit}"
     if worker.stray:
         drop(worker)
-    return _result(outcome, error_type, message, output, step, start, sandbox, state_lost=worker.stray)
+    return _result(outcome, error_type, message, output, step, start, sandbox, state_lost=lost)
 
 
 def _stopped(sandbox, worker, conn, verdict, step, output, notes, start, timeout, failure, drop,

@@ -4,9 +4,11 @@ whether it ran to its end, in a place the step's code cannot write to. Standard 
 A worker is a fresh interpreter (``codetool.executor.host.launch.WORKER_BOOT``) whose main thread is the
 keeper. It serves the host's requests on its control socket (fd ``CTL``, Unix, one message each):
 ``R`` run a step, ``F`` fork a copy of the state (``M``: the copy's descriptor map, sent to the
-copy), ``X`` exit. **The step's code never runs in the main thread**: each step runs in a new
-thread, so the code cannot set a signal handler (``signal.signal`` works in the main thread only)
-and no handler of the state's ever runs in the keeper.
+copy), ``C`` check the control socket again once the host killed the step's other processes
+(answered ``c`` and the request's bytes, or ``V``), ``X`` exit. **The step's code never runs in
+the main thread**: each step runs in a new thread, so the code cannot set a signal handler
+(``signal.signal`` works in the main thread only) and no handler of the state's ever runs in the
+keeper.
 
 **The verdict.** The step's thread runs a chain of C iterators built by the keeper (``map``,
 ``filter``, ``itertools.compress``, ``os.urandom``, ``FileIO.write``, ``compile``, ``os.write``): it
@@ -31,7 +33,9 @@ each step :func:`intact` compares the socket's whole state with what boot left (
 answers, no filter attached, still receiving): a step that changed anything of it, whatever the
 option, is reported (``V``) and the worker ends, so that step, not the next, is the code's failure
 (a state that could hide the host's next request from the keeper, or have it killed by SIGIO when
-it arrives, would make the next step and every fork ``not_executed``). Nothing is repaired.
+it arrives, would make the next step and every fork ``not_executed``). Nothing is repaired. A
+process the step forked could still change it after that check, before the host kills it at the
+step's end, so the host asks once more after that kill (``C``), as part of the step.
 
 **Rules for the keeper's code** (the *trusted* functions below): it runs only while no code of the
 state runs (between steps), or blocked in C while a step runs; every callable and constant it uses
@@ -380,7 +384,7 @@ def fork_copy(ctl, payload, fds, parent_path, *, _fork=os.fork, _close=os.close,
 
 
 def serve(ctl, namespace, calls, hello, grace, parent_path, *, _reap=reap, _receive=receive, _run=run_step,
-          _fork=fork_copy, _state=channel_state, _send=_socket.socket.send, _quit=os._exit):
+          _fork=fork_copy, _state=channel_state, _intact=intact, _send=_socket.socket.send, _quit=os._exit):
     """The keeper's loop (trusted); it never returns."""
     step, forked = 0, 0
     boot = _state(ctl)  # (before any code of the state ran)
@@ -392,6 +396,11 @@ def serve(ctl, namespace, calls, hello, grace, parent_path, *, _reap=reap, _rece
         if op == b"R":
             step = _run(ctl, message[1:], fds, namespace, calls, step, forked, grace, boot)
             forked = 0
+        elif op == b"C":  # after the host killed the step's other processes: fd 3 checked once more
+            if fds or not _intact(ctl, boot):
+                _send(ctl, b"V")
+                _quit(0)
+            _send(ctl, b"c" + message[1:])
         elif op == b"F":
             copied = _fork(ctl, message, fds, parent_path)
             if copied:
