@@ -28,7 +28,7 @@ only before the step's first ``t`` (it is sent when no thread exists), so an ``N
 code's (``sandbox_violation``, the state killed), never ``not_executed``; an end report (``E``)
 while a thread the keeper did not count runs on is a thread left behind (the verdict stands, the
 state is killed with it), and one that comes between steps is the code's violation; the
-keeper reports a control socket the step broke for good (``V``, see ``inside.keeper.mend``); a
+keeper reports a control socket the step changed (``V``, see ``inside.keeper.intact``); a
 step whose thread ended while its keeper stays silent is the code's once the verdict socket holds
 bytes that are no token (the keeper's report, sent there through a ``dup2`` onto fd 3), or at the
 backstop when nothing of the worker waits on the machine (``schedstat.runnable``).
