@@ -10,7 +10,8 @@ a ``sandbox_violation``. No code of the state can read ``t``, so none can forge 
 
 Everything else is decided here too, from facts the host sees: the deadline (``timeout_s`` of time
 the step's threads could run: their run-queue waits on a busy host are given back, up to
-``busy_backstop`` times, ``codetool.executor.kernel.schedstat``), the CPU limit (the kernel's SIGXCPU
+``busy_backstop`` times, ``codetool.executor.kernel.schedstat``, and so is the time the host spent
+performing the step's tool calls, each bounded by ``tool_timeout_s``), the CPU limit (the kernel's SIGXCPU
 kills the worker; the host reads the signal from its exit), the memory limit (the cgroup's OOM kills, or the root's poll), the file
 size limit (SIGXFSZ), the tool-call and byte budgets (:class:`StepLedger`), the worker's death.
 What the code reports about its error (type, message) is only the observation shown to the model;
@@ -20,7 +21,12 @@ a type name the host uses for its own verdicts is marked as the code's.
 created, the worker was lost before it ran, the host was too busy) or that the machine never let run
 for ``timeout_s`` before the backstop is ``not_executed``: no reward, label or metric counts it,
 unless the state lowered its own rlimits (``Sandbox.lowered_limits``): then it is the code's
-failure (``resource_limit``, ``LimitLowered``).
+failure (``resource_limit``, ``LimitLowered``). So is a step that met a tool *outage* (a tool that
+gave no answer within ``tool_timeout_s``, or a ``ToolResponse`` marked ``outage``: a connection
+that failed, HTTP 429/502/503/504 after the client's retries) and whose result is the code's own
+(``ok`` or the error it raised): what it saw was the machine's failure, so neither the step nor its
+state (killed) is counted (``ToolOutage``). A failure the host decides (the deadline on the code's
+own time, memory, budgets, the verdict socket) stays the code's.
 
 **The control socket (fd 3) is in the code's reach**, so what arrives there is checked against the
 verdict (issue 37, red team): the keeper's "could not start the step's thread" (``N``) is genuine
@@ -178,7 +184,7 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
             if not ready:
                 others = _principal_pids(sandbox, worker)
                 wait, cpu, running = step_usage(worker.pid, others, seen)
-                effective = max((now - start) - wait, cpu)
+                effective = max((now - start) - wait - step.tool_s, cpu)  # (tool calls: the tools' time)
                 if not running:  # the step's thread ended (or never started) and the keeper is silent
                     _read_verdict(verdict_sock, verdict)
                     if verdict.tampered:  # (the keeper's end report lands there when fd 3 was replaced)
@@ -240,7 +246,9 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
                     if events & POLL_IN:
                         conn.read()
                     while conn.frames:
-                        _handle(conn.frames.popleft(), conn, step, deadline, output, tools, config)
+                        spent = step.tool_s
+                        _handle(conn.frames.popleft(), conn, step, output, tools, config)
+                        deadline, backstop = deadline + step.tool_s - spent, backstop + step.tool_s - spent
                         if step.held(conn, output) > step.max_bytes:
                             return None, "budget", notes
                     if conn.eof:
@@ -290,11 +298,11 @@ def _principal_pids(sandbox: Sandbox, worker: WorkerHandle) -> list[int]:
     return found
 
 
-def _handle(frame: dict, conn, step: StepLedger, deadline: float, output: StepOutput,
+def _handle(frame: dict, conn, step: StepLedger, output: StepOutput,
             tools: Mapping[str, Callable[..., Any]], config: ExecutorConfig) -> None:
     """Act on one frame of the step's tool socket. Past ``max_tool_calls``, tool calls are refused
     and the step fails; a tool answer that would take the host past the step's byte budget is a
-    tool error."""
+    tool error. A call's time goes to ``step.tool_s`` (not the step's), its outage to ``step.outage``."""
     op = frame["op"]
     if op == "tool":
         call, name, args, kwargs = frame.get("call"), frame.get("name"), frame.get("args"), frame.get("kwargs")
@@ -311,10 +319,11 @@ def _handle(frame: dict, conn, step: StepLedger, deadline: float, output: StepOu
             return
         func = tools.get(name)
         shown = name if func is not None else log_safe(name, 100)
-        remaining = deadline - time.monotonic()
-        record, reply = perform_tool_call(shown, func, args, kwargs, min(config.tool_timeout_s, max(remaining, 0.001)))
-        if record.status == "timeout" and remaining < config.tool_timeout_s:
-            step.out_of_time = True
+        began = time.monotonic()
+        record, reply, outage = perform_tool_call(shown, func, args, kwargs, config.tool_timeout_s)
+        step.tool_s += time.monotonic() - began
+        if outage and step.outage is None:
+            step.outage = f"{shown} failed on the tool's side ({record.status}: {record.error})"
         room = step.max_bytes - step.held(conn, output) - 4096
         if len(reply.get("content") or "") > room:
             reply = {"status": "error", "content": "",
@@ -350,7 +359,7 @@ def _drain(conn, step, output, worker, tools, config) -> bool:
         while conn.frames:
             frame = conn.frames.popleft()
             if frame.get("op") != "tool":
-                _handle(frame, conn, step, time.monotonic(), output, tools, config)
+                _handle(frame, conn, step, output, tools, config)
     except EOFError:
         pass
     except ProtocolError as exc:
@@ -381,11 +390,9 @@ def _finished(sandbox, worker, conn, verdict, step, output, notes, start, timeou
         message = "VerdictTampered: the step wrote on the channel the host decides its verdict from."
     elif not ok:
         outcome, error_type, message = code_error(step)
-    if step.out_of_time and outcome != "timeout":
-        outcome, error_type = "timeout", "Timeout"
-        message = f"Timeout: the step ran longer than {timeout:g} s and was stopped"
+    own = not (verdict.token is None or broken or verdict.tampered)  # the code's own result: ran, or raised
     if memory.get("oom") or memory.get("reason") == "memory":
-        outcome, error_type = "resource_limit", "MemoryLimit"
+        outcome, error_type, own = "resource_limit", "MemoryLimit", False
         message = (f"MemoryLimit: the step's processes used more than {sandbox.memory_bytes >> 20} MiB together "
                    f"and were killed.")
     lost = worker.stray
@@ -402,7 +409,10 @@ def _finished(sandbox, worker, conn, verdict, step, output, notes, start, timeou
                 message = (CHANNEL_FAILURES["signal"].format(signal=killed_by) if killed_by
                            else CHANNEL_FAILURES["late"])
     if step.limit:  # decided here: the code cannot report its way out of its budget
-        outcome, error_type, message = "resource_limit", "ToolLimit", f"ToolLimit: {step.limit}"
+        outcome, error_type, message, own = "resource_limit", "ToolLimit", f"ToolLimit: {step.limit}", False
+    if own and step.outage:
+        drop(worker)
+        return _outage(step, start, sandbox, output)
     if worker.stray:
         drop(worker)
     return _result(outcome, error_type, message, output, step, start, sandbox, state_lost=lost)
@@ -425,6 +435,8 @@ def _stopped(sandbox, worker, conn, verdict, step, output, notes, start, timeout
     started = verdict.token is not None
     memory = status.get("reason") == "memory" or status.get("oom")
     if failure is None:  # ended, but left threads running: the verdict stands, the state is lost
+        if step.outage and not step.limit:
+            return _outage(step, start, sandbox, output)
         outcome, error_type, message = ("ok", None, None) if ran(verdict, step) else code_error(step)
         return _result(outcome, error_type, message, output, step, start, sandbox, state_lost=True)
     if lowered and (failure == "busy" or not started):
@@ -470,6 +482,12 @@ def _result(outcome, error_type, message, output, step, start, sandbox, state_lo
                            state_lost=state_lost, tool_calls=step.calls, final_answer=step.ended.get("answer"),
                            give_up_reason=step.ended.get("reason"),
                            duration_s=round(time.monotonic() - start, 6), isolation=sandbox.isolation)
+
+
+def _outage(step: StepLedger, start: float, sandbox: Sandbox, output: StepOutput) -> ExecutionResult:
+    """A step whose own result followed a tool outage (see the module docstring); its state is gone."""
+    return _not_executed("ToolOutage", f"a tool call failed on the machine's side: {step.outage}", start, sandbox,
+                         state_lost=True, output=output, step=step)
 
 
 def _not_executed(error_type: str, detail: str, start: float, sandbox: Sandbox, *, state_lost: bool,
