@@ -35,7 +35,7 @@ from codetool.executor.host.family import REQUEST_TIMEOUT_S, Family, WorkerHandl
 from codetool.executor.host.launch import ExecutorError, _warn_once
 from codetool.executor.host.report import asleep_in_receive
 from codetool.executor.host.root_link import RootLink
-from codetool.executor.kernel.procs import soft_limits
+from codetool.executor.kernel.procs import cgroup_pids, soft_limits
 from codetool.executor.kernel.schedstat import Watch
 
 FORK = struct.Struct(">qH")  # as inside.keeper.FORK
@@ -292,6 +292,23 @@ class Sandbox(Family):
         if prepared.get("op") not in ("adopted", "prepared"):
             raise ForkFailed("infra", f"the copy of the state did not start: {log_safe(prepared.get('error'))}", False)
         return prepared
+
+    def principal_pids(self, worker: WorkerHandle) -> list[int]:
+        """The other processes of ``worker``'s principal on the host (its cgroup's, else by its uid)."""
+        if self._host is not None:
+            return [pid for pid in cgroup_pids(self._host.cgroup_of(worker.key)) if pid != worker.pid]
+        if worker.uid is None:
+            return []
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == worker.pid:
+                continue
+            try:
+                if os.stat(f"/proc/{entry}").st_uid == worker.uid:
+                    found.append(int(entry))
+            except OSError:
+                continue
+        return found
 
     def begin(self, worker: WorkerHandle) -> None:
         """A step of ``worker`` starts: without a memory cgroup, the root watches its memory."""

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import select
 import signal
 import socket
@@ -90,7 +89,6 @@ from codetool.executor.host.verdict import (
     number,
     ran,
 )
-from codetool.executor.kernel.procs import cgroup_pids
 from codetool.executor.kernel.schedstat import exit_status, process_cpu, step_usage
 from codetool.executor.result import NOT_EXECUTED, ExecutionResult
 
@@ -182,7 +180,7 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
             # started yet, or ended and the keeper not yet scheduled) the time is the machine's
             ready = poller.poll(0)
             if not ready:
-                others = _principal_pids(sandbox, worker)
+                others = sandbox.principal_pids(worker)
                 wait, cpu, running = step_usage(worker.pid, others, seen)
                 effective = max((now - start) - wait - step.tool_s, cpu)  # (tool calls: the tools' time)
                 if not running:  # the step's thread ended (or never started) and the keeper is silent
@@ -278,24 +276,6 @@ def _read_verdict(sock, verdict: Verdict) -> bool:
         if not data:
             return True
         verdict.add(data)
-
-
-def _principal_pids(sandbox: Sandbox, worker: WorkerHandle) -> list[int]:
-    """The other processes of the worker's principal on the host (its cgroup's, else by its uid)."""
-    if sandbox._host is not None:
-        return [pid for pid in cgroup_pids(sandbox._host.cgroup_of(worker.key)) if pid != worker.pid]
-    if worker.uid is None:
-        return []
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == worker.pid:
-            continue
-        try:
-            if os.stat(f"/proc/{entry}").st_uid == worker.uid:
-                found.append(int(entry))
-        except OSError:
-            continue
-    return found
 
 
 def _handle(frame: dict, conn, step: StepLedger, output: StepOutput,
