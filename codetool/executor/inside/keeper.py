@@ -166,7 +166,7 @@ FCNTL_READS = ((fcntl.F_GETFD, 0), (fcntl.F_GETFL, 0), (fcntl.F_GETOWN, 0), (11,
 
 def channel_state(ctl, *, _fstat=os.fstat, _fcntl=fcntl.fcntl, _getsockopt=_socket.socket.getsockopt,
                   _level=_socket.SOL_SOCKET, _options=SOCKET_OPTIONS, _reads=FCNTL_READS, _oserror=OSError,
-                  _tuple=tuple, _ctl=CTL):
+                  _append=list.append, _tuple=tuple, _ctl=CTL):
     """The state of the control socket (fd ``CTL``) as the kernel reports it (trusted: see the
     rules): which socket the descriptor is (device, inode), its descriptor and file status flags
     (``O_NONBLOCK``, ``O_ASYNC``...), the owner and signal of its I/O signals, and the value of
@@ -174,19 +174,19 @@ def channel_state(ctl, *, _fstat=os.fstat, _fcntl=fcntl.fcntl, _getsockopt=_sock
     in a fork's copy once it has its own channel) and after each step (:func:`intact`)."""
     state = []
     try:
-        state.append(_fstat(_ctl)[1:3])
+        _append(state, _fstat(_ctl)[1:3])
     except _oserror:
-        state.append(None)
+        _append(state, None)
     for command, argument in _reads:
         try:
-            state.append(_fcntl(_ctl, command, argument))
+            _append(state, _fcntl(_ctl, command, argument))
         except _oserror:
-            state.append(None)
+            _append(state, None)
     for option in _options:
         try:
-            state.append(_getsockopt(ctl, _level, option, 64))
+            _append(state, _getsockopt(ctl, _level, option, 64))
         except _oserror:
-            state.append(None)
+            _append(state, None)
     return _tuple(state)
 
 
