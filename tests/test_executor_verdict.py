@@ -246,6 +246,8 @@ BROKEN_CHANNELS = {
                   "fcntl.fcntl(3, fcntl.F_SETFL, fcntl.fcntl(3, fcntl.F_GETFL) | os.O_ASYNC)"),
     # no descriptors with a message any more: a request's sockets are cut off (Linux 6.16+)
     "no_rights": SOCKET + "s.setsockopt(socket.SOL_SOCKET, 83, 0)",  # SO_PASSRIGHTS
+    # not fd 3: the directory a fork's copy finds its scratch in (every fork of the state failed to start)
+    "scratch_parent_closed": "import os\nos.close(5)",
 }
 
 
@@ -266,11 +268,12 @@ def _kernel_knows(option: int) -> bool:
 @pytest.mark.parametrize("breakage", sorted(BROKEN_CHANNELS))
 def test_a_step_that_breaks_its_control_channel_answers_for_it(root, breakage):
     """After each step the keeper compares its control socket's whole state (flags, I/O signal
-    owner, every socket option, no filter) with what boot left; any change is reported (``V``) at
+    owner, every socket option, no filter), and which directory fd 5 is, with what boot left; any
+    change is reported (``V``) at
     once: this step is the code's ``sandbox_violation`` and its state is killed. The next step and
     a fork run once, in a fresh state (they are executed, never ``not_executed``). Before: the
-    step read ``ok`` (``non_blocking``, ``receive_timeout``: repaired; the last six: the next step
-    ``not_executed``)."""
+    step read ``ok`` (``non_blocking``, ``receive_timeout``: repaired; the six socket options: the
+    next step ``not_executed``; ``scratch_parent_closed``: every fork ``not_executed``)."""
     if breakage == "no_rights" and not _kernel_knows(83):
         pytest.skip("this kernel has no SO_PASSRIGHTS (Linux 6.16+)")
     code = BROKEN_CHANNELS[breakage]

@@ -159,7 +159,7 @@ outside) makes the next result ``not_executed`` (``StateLost``, ``state_lost=Tru
   is a state: a rebound ``json`` or builtin stays rebound), never succeed, and never turn them
   into ``not_executed``: a state that holds its whole address space still gets its next step's
   thread, and no process, thread or timer of it survives its step. A step that changes anything of
-  its worker's control socket (fd 3: flags, I/O signal owner, any socket option, a filter) is
+  its worker's control socket (fd 3: flags, I/O signal owner, any socket option, a filter; or fd 5) is
   itself the failure (``inside.keeper.intact``), and so is a change a process of the step makes
   before the host kills it: the keeper checks again after that kill (``host.report``).
 - *To its siblings, other episodes, the host:* when the host is root, nothing but CPU contention

@@ -36,10 +36,12 @@ CHANNEL_FAILURES = {  # what the step did to its worker's control channel (fd 3)
                "the step could not be reported; it was stopped.",
     "signal": "ProtocolError: the worker holding the state died of {signal} when the host sent it a request, a "
               "signal that only the state's own code arranges (fd 3's I/O signals); nothing ran.",
+    "changed": "ProtocolError: the step changed a descriptor its worker's keeper needs (the control channel, fd 3: "
+               "its flags, I/O signals or socket options; or fd 5); it was stopped.",
     "hidden": "ProtocolError: the state this step runs in changed its worker's control channel (fd 3) so that "
               "its keeper never received the step; nothing ran.",
-    "late": "ProtocolError: a process of the step changed the worker's control channel (fd 3) after the step's "
-            "end; it was stopped.",
+    "late": "ProtocolError: a process of the step changed a descriptor its worker's keeper needs (fd 3 or 5) "
+            "after the step's end; it was stopped.",
 }
 RECEIVE_WAITS = ("wait_for_more_packets", "recv", "read_generic")  # kernel functions a socket receive sleeps in
 # Signals that end a process for reasons outside the state's code: the host, the sandbox root, the

@@ -235,8 +235,8 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
                         _read_verdict(verdict_sock, verdict)
                         started = verdict.token is not None or verdict.tampered
                         return None, ("forged" if started else "not_started"), notes
-                    if kind == b"V":  # the keeper found its control socket broken after the step
-                        return None, "channel", notes
+                    if kind == b"V":  # the keeper found its control socket (or fd 5) changed after the step
+                        return None, "changed", notes
             else:
                 try:
                     if events & select.POLLOUT:

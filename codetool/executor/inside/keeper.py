@@ -30,8 +30,8 @@ default stack size whatever the state chose (``threading.stack_size``, restored 
 host checks the reports it reads against the verdict (``host.step``, ``host.report``), and after
 each step :func:`intact` compares the socket's whole state with what boot left (which socket fd
 ``CTL`` is, its flags, the owner and signal of its I/O signals, every socket option the kernel
-answers, no filter attached, still receiving): a step that changed anything of it, whatever the
-option, is reported (``V``) and the worker ends, so that step, not the next, is the code's failure
+answers, no filter attached, still receiving; and which directory fd ``SCRATCH_PARENT`` is, which
+a fork's copy needs): a step that changed anything of it, whatever the option, is reported (``V``) and the worker ends, so that step, not the next, is the code's failure
 (a state that could hide the host's next request from the keeper, or have it killed by SIGIO when
 it arrives, would make the next step and every fork ``not_executed``). Nothing is repaired. A
 process the step forked could still change it after that check, before the host kills it at the
@@ -166,13 +166,20 @@ FCNTL_READS = ((fcntl.F_GETFD, 0), (fcntl.F_GETFL, 0), (fcntl.F_GETOWN, 0), (11,
 
 def channel_state(ctl, *, _fstat=os.fstat, _fcntl=fcntl.fcntl, _getsockopt=_socket.socket.getsockopt,
                   _level=_socket.SOL_SOCKET, _options=SOCKET_OPTIONS, _reads=FCNTL_READS, _oserror=OSError,
-                  _append=list.append, _tuple=tuple, _ctl=CTL):
+                  _append=list.append, _tuple=tuple, _ctl=CTL, _parent=SCRATCH_PARENT, _getfd=fcntl.F_GETFD,
+                  _getfl=fcntl.F_GETFL):
     """The state of the control socket (fd ``CTL``) as the kernel reports it (trusted: see the
     rules): which socket the descriptor is (device, inode), its descriptor and file status flags
     (``O_NONBLOCK``, ``O_ASYNC``...), the owner and signal of its I/O signals, and the value of
-    every ``SOL_SOCKET`` option it answers (``None`` where the kernel refuses). Taken at boot (and
-    in a fork's copy once it has its own channel) and after each step (:func:`intact`)."""
-    state = []
+    every ``SOL_SOCKET`` option it answers (``None`` where the kernel refuses); and which directory
+    fd ``SCRATCH_PARENT`` is, with its flags (a fork's copy finds its scratch there: a state that
+    closed or replaced it would make every fork of it fail to start). Taken at boot (and in a fork's
+    copy once it has its own channel) and after each step (:func:`intact`)."""
+    state: list = []  # (a local annotation is never evaluated)
+    try:
+        _append(state, (_fstat(_parent)[1:3], _fcntl(_parent, _getfd), _fcntl(_parent, _getfl)))
+    except _oserror:
+        _append(state, None)
     try:
         _append(state, _fstat(_ctl)[1:3])
     except _oserror:
