@@ -116,6 +116,20 @@ class ScorerFault(CodetoolError):
     of the scorer (a bug, or a server's bad reply), never of the policy (:func:`machine_failure`)."""
 
 
+def score_items(scorer, items: list) -> list[float]:
+    """``scorer.score(items)``, one score per item: the search, the rollout value and the RL reward
+    score through it.
+
+    Raises:
+        ScorerFault: the scorer returned another number of scores than items (its fault, never a
+            score of another step, and never the policy's failure).
+    """
+    scores = [float(v) for v in scorer.score(items)] if items else []
+    if len(scores) != len(items):
+        raise ScorerFault(f"the PRM scorer returned {len(scores)} scores for {len(items)} items")
+    return scores
+
+
 def machine_failure(error: BaseException | str | None) -> bool:
     """Whether ``error``, which ended an episode, a query or a tree, is a failure of the machine and
     not of the policy's code: the one rule the search, the jobs, the trees and the RL rollout apply
