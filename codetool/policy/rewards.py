@@ -296,7 +296,7 @@ class PRMReward(StepReward):
         items = self.items(episode)
         scored = [it for it in items if it is not None]
         self.calls += bool(scored)
-        values = iter(score_items(self.scorer, scored))
+        values = iter(score_items(self.scorer, scored))  # one per scored step, else ScorerFault
         return [0.0 if it is None else next(values) for it in items]
 
 

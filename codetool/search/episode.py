@@ -332,7 +332,7 @@ class Episodes:
                 owners.append(ep)
         if items:
             assert self.scorer is not None, "latent prm needs a scorer (refused earlier without one)"
-            for cand, value in zip(slots, score_items(self.scorer, items)):  # (misfit: ScorerFault)
+            for cand, value in zip(slots, score_items(self.scorer, items)):  # one per item, else ScorerFault
                 cand.r_latent = value
             for owner, item in zip(owners, items):  # compute accounting
                 owner.traj.prm_scored_tokens += prm_tokens(self.scorer, [item])

@@ -92,6 +92,6 @@ def _mean_prm_score(search: Episodes, ep: Episode, steps: list[PRMItem | None]) 
     assert search.scorer is not None  # by_prm: a scorer exists
     items = [item for item in steps if item is not None]
     assert len(items) == len(steps), "a step without code has no PRM item"
-    values = score_items(search.scorer, items)  # (a misfit reply: ScorerFault, the machine's failure)
+    values = score_items(search.scorer, items)  # one per item, else ScorerFault (the machine's failure)
     ep.traj.prm_scored_tokens += prm_tokens(search.scorer, items)
     return float(sum(values) / len(values))
