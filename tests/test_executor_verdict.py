@@ -129,6 +129,8 @@ def test_a_class_named_like_a_host_verdict_is_the_codes_error(root):
         assert r.error_type == "Timeout (raised by the code)", r
         r = ex.run("class MemoryLimit(Exception):\n    pass\nraise MemoryLimit('x')")
         assert r.outcome == "runtime_error" and r.error_type == "MemoryLimit (raised by the code)", r
+        r = ex.run("class ToolOutage(Exception):\n    pass\nraise ToolOutage('a tool call failed')")
+        assert r.outcome == "runtime_error" and r.error_type == "ToolOutage (raised by the code)", r
     finally:
         ex.close()
 

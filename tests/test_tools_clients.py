@@ -28,7 +28,7 @@ def _fault_app():
     from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
     app = FastAPI()
-    state = {"flaky": 0, "dead": 0, "received": []}
+    state = {"flaky": 0, "dead": 0, "down": 0, "received": []}
     huge = json.dumps({"data": "x" * (HUGE_BYTES - 12)}).encode()
 
     @app.get("/html500")
@@ -69,6 +69,11 @@ def _fault_app():
         state["dead"] += 1
         return JSONResponse({"message": "API doesn't exists"}, status_code=500)
 
+    @app.post("/virtual-down")
+    async def virtual_down():
+        state["down"] += 1
+        return JSONResponse({"message": "bad gateway"}, status_code=502)
+
     @app.post("/virtual-flaky")
     async def virtual_flaky():
         state["flaky"] += 1
@@ -105,6 +110,7 @@ def test_http_500_html_is_a_structured_error(fault_server):
     env, function = _env(url, "/html500")
     response = function(item_id="1")
     assert response.status == "http_error" and response.http_status == 500
+    assert not response.outage  # the API answered these arguments: the model sees it
     assert response.error == "HTTP 500 from the API (an HTML error page)"
     assert env.summary()["errors"] == {"http_error": 1}
 
@@ -145,6 +151,7 @@ def test_slow_tool_times_out(fault_server):
     _, function = _env(url, "/slow", timeout_s=0.5)
     response = function(item_id="1")
     assert response.status == "timeout" and "0.5 s" in response.error  # the tool limit fired (it sleeps 3 s)
+    assert response.outage  # no answer: the service's failure (the executor charges the machine)
 
 
 def test_connection_refused_is_an_error_response():
@@ -152,7 +159,25 @@ def test_connection_refused_is_an_error_response():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     response = HTTPBackend(f"http://127.0.0.1:{port}", token_env=None, timeout_s=2).call(_http_api("/x"), {})
-    assert response.status == "error" and "request failed" in response.error
+    assert response.status == "error" and "request failed" in response.error and response.outage
+
+
+def test_a_request_the_arguments_broke_is_no_outage(fault_server):
+    """A header value with a line break (a header parameter the model filled) never leaves the
+    client: an ``error`` the model can fix, not an outage it could provoke to have its step left
+    out of the rewards."""
+    url, _ = fault_server
+    api = APISpec("openapi", "faults", "GET /items/{item_id}", path="/items/{item_id}", parameters=[
+        Parameter("item_id", location="path", required=True), Parameter("x_tag", location="header")])
+    response = HTTPBackend(url, token_env=None).call(api, {"item_id": "1", "x_tag": "a\r\nHost: evil"})
+    assert response.status == "error" and not response.outage
+
+
+def test_a_gateway_failure_after_the_retries_is_an_outage(fault_server):
+    url, state = fault_server
+    response = StableToolBenchClient(url + "/virtual-down", retries=1, backoff_s=0.01).call(API, {"id_conc": "x"})
+    assert response.status == "http_error" and response.http_status == 502 and response.outage
+    assert state["down"] == 2  # retried once first
 
 
 def test_http_backend_builds_path_query_and_bearer(fault_server, monkeypatch):

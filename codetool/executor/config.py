@@ -14,9 +14,10 @@ class ExecutorConfig:
     """Limits of the sandbox that runs model-written code (docs/DESIGN.md §2, §5).
 
     Args:
-        timeout_s (`float`, *optional*, defaults to `30.0`): seconds one ``run`` may take, tool calls
-            included, not counting the time its threads waited for a CPU on a busy host (see
-            ``busy_backstop``). At the limit the worker and everything it started are killed
+        timeout_s (`float`, *optional*, defaults to `30.0`): seconds one ``run`` may take, not
+            counting the time its threads waited for a CPU on a busy host (see ``busy_backstop``)
+            nor the time the host spent performing its tool calls (each has ``tool_timeout_s``;
+            ``max_tool_calls`` bounds their number). At the limit the worker and everything it started are killed
             (outcome ``timeout``) and the state is lost.
         cpu_time_s (`float`, *optional*, defaults to `20.0`): CPU seconds each sandbox process may
             use (``RLIMIT_CPU``). Past it the worker is killed (``CPULimit``). Every fork starts from
@@ -49,7 +50,9 @@ class ExecutorConfig:
             process is gone are removed at the next start: give hosts in different pid namespaces
             different ones.
         tool_timeout_s (`float`, *optional*, defaults to `15.0`): seconds the host waits for one
-            tool call before answering the code with a ``timeout`` tool error.
+            tool call before answering the code with a ``timeout`` tool error. That is the tool's
+            failure, an outage: the step is ``not_executed`` (``ToolOutage``) unless the host itself
+            decided its failure (see ``codetool.executor.host.step``).
         python (`str`, *optional*, defaults to `"auto"`): interpreter of the sandbox. ``auto`` takes
             ``/usr/bin/python3`` when present (readable by an unprivileged uid), else the host's.
             The sandbox has only that interpreter's standard library and packages.
@@ -84,7 +87,7 @@ class ExecutorConfig:
             arguments plus their SHA-256.
     """
 
-    timeout_s: float = option(30.0, "seconds per run (tool calls included; CPU waits on a busy host not counted)")
+    timeout_s: float = option(30.0, "seconds per run (tool calls and CPU waits on a busy host not counted)")
     cpu_time_s: float = option(20.0, "CPU seconds per sandbox process (RLIMIT_CPU)")
     memory_mb: int = option(1024, "MiB one step may hold in all (processes, scratch, host buffers)")
     max_output_chars: int = option(20000, "characters of output kept per run")
@@ -96,7 +99,7 @@ class ExecutorConfig:
     isolation: str = option("auto", "sandbox: bubblewrap namespaces, fallback, or auto",
                             choices=ISOLATION_MODES)
     scratch_dir: str | None = option(None, "parent of the fallback scratch directory (default: temp dir)")
-    tool_timeout_s: float = option(15.0, "seconds to wait for one tool call")
+    tool_timeout_s: float = option(15.0, "seconds to wait for one tool call (past it: an outage)")
     python: str = option("auto", "sandbox interpreter (auto: /usr/bin/python3 if present)")
     drop_uid: bool = option(True, "run each candidate as its own unprivileged uid when the host is root")
     cgroup: bool = option(True, "bound each candidate's memory with a cgroup where possible")

@@ -3,7 +3,9 @@ clients built on it.
 
 - :func:`http_call`: a request that never raises; a hang is a ``timeout``, an HTTP error (HTML
   page or not) an ``http_error`` with a one-line reason, a non-JSON body comes back as text, and a
-  body larger than ``max_body_bytes`` is cut there (``truncated=True``).
+  body larger than ``max_body_bytes`` is cut there (``truncated=True``). What is the service's
+  failure, not an answer to the arguments (a hang, a failed or broken connection, HTTP
+  429/502/503/504) is marked ``outage``: the executor never charges it to the step's code.
 - :class:`StableToolBenchClient`: POSTs StableToolBench's ``/virtual`` request (``category``,
   ``tool_name``, ``api_name``, ``tool_input``, ``strip``, ``toolbench_key``) to a user-given URL;
   the key comes from an environment variable; timeouts and retries with backoff.
@@ -31,7 +33,7 @@ from codetool.tools.names import api_key_name, standardize
 from codetool.tools.spec import APISpec, ToolResponse
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
-_RETRY_HTTP = (429, 502, 503, 504)
+_RETRY_HTTP = (429, 502, 503, 504)  # also the HTTP statuses that are an outage (ToolResponse.outage)
 
 
 def _http_reason(status: int, text: str, content_type: str) -> str:
@@ -75,15 +77,19 @@ def http_call(client, method: str, url: str, *, source: str, timeout_s: float, m
             status, content_type = r.status_code, r.headers.get("content-type", "")
     except httpx.TimeoutException:
         return ToolResponse("timeout", error=f"the API did not answer within {timeout_s:g} s",
-                            latency_s=time.perf_counter() - start, source=source)
+                            latency_s=time.perf_counter() - start, source=source, outage=True)
     except (httpx.HTTPError, OSError, ValueError) as e:
+        # the service or the network failed (outage), or the request itself was bad (a URL or
+        # header the arguments made, an unsupported scheme): the latter is the model's to fix
+        outage = isinstance(e, (httpx.NetworkError, httpx.RemoteProtocolError, httpx.ProxyError, OSError))
         return ToolResponse("error", error=redact(f"request failed: {type(e).__name__}: {e}")[:300],
-                            latency_s=time.perf_counter() - start, source=source)
+                            latency_s=time.perf_counter() - start, source=source, outage=outage)
     text = redact(body.decode("utf-8", errors="replace"))
     latency = time.perf_counter() - start
     if status >= 400:
         return ToolResponse("http_error", content=text, error=redact(_http_reason(status, text, content_type)),
-                            latency_s=latency, source=source, http_status=status, truncated=cut)
+                            latency_s=latency, source=source, http_status=status, truncated=cut,
+                            outage=status in _RETRY_HTTP)
     return ToolResponse("ok", content=text, latency_s=latency, source=source, http_status=status, truncated=cut)
 
 

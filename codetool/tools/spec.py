@@ -101,6 +101,11 @@ class ToolResponse:
         fallbacks (`list[str]`): earlier backends that failed, each ``"name: reason"``.
         truncated (`bool`): whether ``content`` was cut to the configured cap.
         http_status (`int` or `None`): the HTTP status code, when there was one.
+        outage (`bool`): the failure is the tool service's, not an answer to these arguments: no
+            answer in time, a connection that failed or broke, or HTTP 429/502/503/504, after the
+            client's retries (:func:`codetool.tools.clients.http_call`). The executor counts a step
+            that met one as ``not_executed`` (docs/EXECUTOR.md); a refusal of the arguments, an HTTP
+            500 or a backend that raised is no outage (the model sees it and may work around it).
     """
 
     status: str
@@ -112,6 +117,7 @@ class ToolResponse:
     fallbacks: list[str] = field(default_factory=list)
     truncated: bool = False
     http_status: int | None = None
+    outage: bool = False
 
     def __post_init__(self):
         if self.status not in TOOL_STATUSES:

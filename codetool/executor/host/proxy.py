@@ -5,6 +5,9 @@ here. :func:`perform_tool_call` maps positionals to parameter names, calls the h
 daemon thread with a timeout, turns whatever comes back into ``(status, content, error)`` for the
 code, and records a :class:`~codetool.executor.result.ToolCall`. It never raises: a callable that
 raises, hangs, or returns something that is not JSON becomes a tool failure the code can catch.
+It also says whether the failure was an *outage* (the callable gave no answer within the tool
+timeout, or returned a ``ToolResponse`` marked ``outage``): the step that met one is the machine's
+(``host.step``), never the code's. A callable that raises is no outage: it refused these arguments.
 
 Limit: a hung callable cannot be stopped from Python; its thread is abandoned (it is a daemon)
 and the code gets a ``timeout`` error. Callables should carry their own network timeouts.
@@ -105,38 +108,40 @@ def bounded_arguments(arguments: dict[str, Any]) -> tuple[dict[str, Any], str]:
     return preview, digest
 
 
-def _response_fields(value: Any) -> tuple[str, str, str | None]:
-    """``(status, content, error)`` of whatever a host callable returned."""
+def _response_fields(value: Any) -> tuple[str, str, str | None, bool]:
+    """``(status, content, error, outage)`` of whatever a host callable returned."""
     if isinstance(value, ToolResponse):
         status = value.status if value.status in TOOL_STATUSES else "error"
         content = value.content if isinstance(value.content, str) else str(value.content)
-        return status, content, value.error
+        return status, content, value.error, bool(value.outage) and status != "ok"
     if isinstance(value, str):
-        return "ok", value, None
+        return "ok", value, None, False
     if isinstance(value, bytes):
-        return "ok", value.decode("utf-8", "replace"), None
+        return "ok", value.decode("utf-8", "replace"), None, False
     try:
-        return "ok", json.dumps(value, ensure_ascii=False), None
+        return "ok", json.dumps(value, ensure_ascii=False), None, False
     except (TypeError, ValueError):
-        return "error", "", f"the tool returned a {type(value).__name__}, which is not JSON"
+        return "error", "", f"the tool returned a {type(value).__name__}, which is not JSON", False
 
 
 def perform_tool_call(name: str, func: Callable | None, args: list, kwargs: dict,
-                      timeout_s: float) -> tuple[ToolCall, dict[str, Any]]:
+                      timeout_s: float) -> tuple[ToolCall, dict[str, Any], bool]:
     """Run one proxied call.
 
     Args:
         name (`str`): the function name the code called.
         func (`Callable` or `None`): the host callable (``None`` if the name is unknown).
         args (`list`), kwargs (`dict`): the JSON arguments the code sent.
-        timeout_s (`float`): seconds to wait; <= 0 answers ``timeout`` at once (the step is over).
+        timeout_s (`float`): seconds to wait for the callable's answer.
     Returns:
-        The :class:`ToolCall` record and the reply for the code:
-        ``{"status": str, "content": str, "error": str | None}``.
+        The :class:`ToolCall` record, the reply for the code
+        (``{"status": str, "content": str, "error": str | None}``) and whether the failure was an
+        outage (no answer within ``timeout_s``, or a ``ToolResponse`` marked ``outage``).
     """
     start = time.monotonic()
     recorded: dict[str, Any] = dict(kwargs)
     error: str | None
+    outage = False
     if func is None:
         status, content, error = "not_found", "", f"there is no tool named {name!r}"
     else:
@@ -145,7 +150,7 @@ def perform_tool_call(name: str, func: Callable | None, args: list, kwargs: dict
         except _BadArguments as exc:
             status, content, error = "invalid_arguments", "", str(exc)
         else:
-            status, content, error = _call_with_timeout(name, func, positional, keywords, timeout_s)
+            status, content, error, outage = _call_with_timeout(name, func, positional, keywords, timeout_s)
     if status != "ok" and not error:
         error = status
     if error:
@@ -158,13 +163,11 @@ def perform_tool_call(name: str, func: Callable | None, args: list, kwargs: dict
     call = ToolCall(name=name, arguments=arguments, status=status,
                     latency_s=round(time.monotonic() - start, 6), error=error,
                     response=preview if status == "ok" else "", arguments_sha256=digest)
-    return call, {"status": status, "content": content if status == "ok" else "", "error": error}
+    return call, {"status": status, "content": content if status == "ok" else "", "error": error}, outage
 
 
 def _call_with_timeout(name: str, func: Callable, positional: tuple, keywords: dict,
-                       timeout_s: float) -> tuple[str, str, str | None]:
-    if timeout_s <= 0:
-        return "timeout", "", f"{name} was not called: the step's time limit was reached"
+                       timeout_s: float) -> tuple[str, str, str | None, bool]:
     box: dict[str, Any] = {}
 
     def target():
@@ -178,9 +181,9 @@ def _call_with_timeout(name: str, func: Callable, positional: tuple, keywords: d
     thread.join(timeout_s)
     if thread.is_alive():
         logger.warning("tool %s did not answer within %.1f s; abandoning its thread", log_safe(name), timeout_s)
-        return "timeout", "", f"{name} did not answer within {timeout_s:.3g} s"
+        return "timeout", "", f"{name} did not answer within {timeout_s:.3g} s", True
     if "error" in box:
         exc = box["error"]
         logger.debug("tool %s raised %s", log_safe(name), type(exc).__name__)
-        return "error", "", f"{type(exc).__name__}: {exc}"
+        return "error", "", f"{type(exc).__name__}: {exc}", False
     return _response_fields(box.get("value"))

@@ -10,7 +10,8 @@ a ``sandbox_violation``. No code of the state can read ``t``, so none can forge 
 
 Everything else is decided here too, from facts the host sees: the deadline (``timeout_s`` of time
 the step's threads could run: their run-queue waits on a busy host are given back, up to
-``busy_backstop`` times, ``codetool.executor.kernel.schedstat``), the CPU limit (the kernel's SIGXCPU
+``busy_backstop`` times, ``codetool.executor.kernel.schedstat``, and so is the time the host spent
+performing the step's tool calls, each bounded by ``tool_timeout_s``), the CPU limit (the kernel's SIGXCPU
 kills the worker; the host reads the signal from its exit), the memory limit (the cgroup's OOM kills, or the root's poll), the file
 size limit (SIGXFSZ), the tool-call and byte budgets (:class:`StepLedger`), the worker's death.
 What the code reports about its error (type, message) is only the observation shown to the model;
@@ -20,7 +21,12 @@ a type name the host uses for its own verdicts is marked as the code's.
 created, the worker was lost before it ran, the host was too busy) or that the machine never let run
 for ``timeout_s`` before the backstop is ``not_executed``: no reward, label or metric counts it,
 unless the state lowered its own rlimits (``Sandbox.lowered_limits``): then it is the code's
-failure (``resource_limit``, ``LimitLowered``).
+failure (``resource_limit``, ``LimitLowered``). So is a step that met a tool *outage* (a tool that
+gave no answer within ``tool_timeout_s``, or a ``ToolResponse`` marked ``outage``: a connection
+that failed, HTTP 429/502/503/504 after the client's retries) and whose result is the code's own
+(``ok`` or the error it raised): what it saw was the machine's failure, so neither the step nor its
+state (killed) is counted (``ToolOutage``). A failure the host decides (the deadline on the code's
+own time, memory, budgets, the verdict socket) stays the code's.
 
 **The control socket (fd 3) is in the code's reach**, so what arrives there is checked against the
 verdict (issue 37, red team): the keeper's "could not start the step's thread" (``N``) is genuine
@@ -32,6 +38,7 @@ keeper reports a control socket the step broke for good (``V``, see ``inside.kee
 step whose thread ended while its keeper stays silent is the code's once the verdict socket holds
 bytes that are no token (the keeper's report, sent there through a ``dup2`` onto fd 3), or at the
 backstop when nothing of the worker waits on the machine (``schedstat.runnable``).
+These checks of the keeper's reports live in :mod:`codetool.executor.host.report`.
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ from codetool.executor.host.channel import (
 )
 from codetool.executor.host.family import WorkerHandle
 from codetool.executor.host.proxy import perform_tool_call
+from codetool.executor.host.report import CHANNEL_FAILURES, IDLE_RECHECK_S, after_end_report, quiet
 from codetool.executor.host.sandbox import Sandbox
 from codetool.executor.host.verdict import (
     StepLedger,
@@ -71,13 +79,12 @@ from codetool.executor.host.verdict import (
     ran,
 )
 from codetool.executor.kernel.procs import cgroup_pids
-from codetool.executor.kernel.schedstat import exit_status, process_cpu, runnable, step_usage, thread_states
+from codetool.executor.kernel.schedstat import exit_status, process_cpu, step_usage
 from codetool.executor.result import NOT_EXECUTED, ExecutionResult
 
 logger = logging.getLogger(__name__)
 
 MAX_ANSWER_CHARS = 100_000  # of a finish answer or give_up reason, enforced here (not only in the sandbox)
-
 
 
 def run_step(sandbox: Sandbox, worker: WorkerHandle, code: str, timeout: float, *, config: ExecutorConfig,
@@ -140,15 +147,6 @@ def run_step(sandbox: Sandbox, worker: WorkerHandle, code: str, timeout: float, 
     return result
 
 
-CHANNEL_FAILURES = {  # what the step did to its worker's control channel (fd 3): the code's violation
-    "forged": "ProtocolError: the step wrote a report of the worker's keeper on its control channel (fd 3); "
-              "it was stopped.",
-    "channel": "ProtocolError: the step broke or replaced the worker's control channel (fd 3), so the end of "
-               "the step could not be reported; it was stopped.",
-}
-IDLE_RECHECK_S = 0.05  # how often a deadline is looked at again while no thread of the step runs
-
-
 def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, config, start, timeout):
     """The step's loop: until the keeper says the step ended, or it has to be stopped. Returns
     ``(ended, failure, notes)``: the keeper's end report ``(threads left, CPU µs)`` or ``None``; why
@@ -174,13 +172,13 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
             if not ready:
                 others = _principal_pids(sandbox, worker)
                 wait, cpu, running = step_usage(worker.pid, others, seen)
-                effective = max((now - start) - wait, cpu)
+                effective = max((now - start) - wait - step.tool_s, cpu)  # (tool calls: the tools' time)
                 if not running:  # the step's thread ended (or never started) and the keeper is silent
                     _read_verdict(verdict_sock, verdict)
                     if verdict.tampered:  # (the keeper's end report lands there when fd 3 was replaced)
                         return None, "channel", notes
                 if now >= backstop:
-                    if not running and verdict.token is not None and _quiet([worker.pid] + others):
+                    if not running and verdict.token is not None and quiet([worker.pid] + others):
                         return None, "channel", notes  # it started, ended, and nothing waits for a CPU
                     _read_verdict(verdict_sock, verdict)
                     return None, ("busy" if effective < timeout or not running else "timeout"), notes
@@ -210,7 +208,7 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
                     if kind == b"E" and len(data) == 13:
                         _read_verdict(verdict_sock, verdict)
                         left = int.from_bytes(data[1:5], "big")
-                        doubt = None if left else _after_end_report(worker.pid, config.grace_s, backstop)
+                        doubt = None if left else after_end_report(worker.pid, config.grace_s, backstop)
                         if doubt == "busy":  # a thread of the step waits for a CPU it never gets: the machine
                             return None, doubt, notes
                         # a thread the keeper did not count runs on (an end report the code wrote, or a
@@ -231,7 +229,9 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
                     if events & POLL_IN:
                         conn.read()
                     while conn.frames:
-                        _handle(conn.frames.popleft(), conn, step, deadline, output, tools, config)
+                        spent = step.tool_s
+                        _handle(conn.frames.popleft(), conn, step, output, tools, config)
+                        deadline, backstop = deadline + step.tool_s - spent, backstop + step.tool_s - spent
                         if step.held(conn, output) > step.max_bytes:
                             return None, "budget", notes
                     if conn.eof:
@@ -241,47 +241,6 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
                 except ProtocolError as exc:
                     logger.warning("sandbox protocol violation: %s", log_safe(exc))
                     return None, "violation", notes
-
-
-END_CPU_S = 0.05  # CPU a step's thread may still use after the keeper's end report (its exit)
-
-
-def _after_end_report(pid: int, grace: float, until: float) -> str | None:
-    """Whether an end report the keeper's control socket gave is the keeper's: it sends one when
-    the step's threads are gone, their exit aside, so worker ``pid`` is then down to its keeper
-    thread. ``None``: it is. ``"forged"``: a thread the keeper did not count still runs after
-    ``grace`` seconds (asleep, or using CPU): the code wrote the report, or left a C thread behind
-    (``faulthandler``'s watchdog); either way a thread left behind (the verdict stands, the state is
-    killed). ``"busy"``: one still waits for a CPU, without getting any, at ``until`` (the step's
-    backstop): the machine holds its exit."""
-    start, pause = time.monotonic(), 0.0002
-    before = {tid: cpu for tid, (_, cpu) in thread_states(pid).items()}
-    while True:
-        threads = {tid: got for tid, got in thread_states(pid).items() if tid != pid}
-        if not threads:
-            return None
-        now = time.monotonic()
-        if now - start >= max(grace, IDLE_RECHECK_S):
-            used = sum(cpu - before.get(tid, 0.0) for tid, (_, cpu) in threads.items())
-            if used >= END_CPU_S or not any(state in ("R", "D") for state, _ in threads.values()):
-                return "forged"
-            if now >= until:
-                return "busy"
-        time.sleep(pause)
-        pause = min(pause * 2, 0.01)
-
-
-def _quiet(pids: list[int], span: float = 0.03) -> bool:
-    """Whether no thread of ``pids`` waits on the machine (``schedstat.runnable``) over ``span``
-    seconds: several looks, so that a keeper the machine starves is caught between its short sleeps
-    (at most 5 ms each while it waits for a step's threads to go)."""
-    end = time.monotonic() + span
-    while True:
-        if runnable(pids):
-            return False
-        if time.monotonic() >= end:
-            return True
-        time.sleep(0.002)
 
 
 def _unwatch(poller, watched: set, fd: int) -> None:
@@ -322,11 +281,11 @@ def _principal_pids(sandbox: Sandbox, worker: WorkerHandle) -> list[int]:
     return found
 
 
-def _handle(frame: dict, conn, step: StepLedger, deadline: float, output: StepOutput,
+def _handle(frame: dict, conn, step: StepLedger, output: StepOutput,
             tools: Mapping[str, Callable[..., Any]], config: ExecutorConfig) -> None:
     """Act on one frame of the step's tool socket. Past ``max_tool_calls``, tool calls are refused
     and the step fails; a tool answer that would take the host past the step's byte budget is a
-    tool error."""
+    tool error. A call's time goes to ``step.tool_s`` (not the step's), its outage to ``step.outage``."""
     op = frame["op"]
     if op == "tool":
         call, name, args, kwargs = frame.get("call"), frame.get("name"), frame.get("args"), frame.get("kwargs")
@@ -343,10 +302,11 @@ def _handle(frame: dict, conn, step: StepLedger, deadline: float, output: StepOu
             return
         func = tools.get(name)
         shown = name if func is not None else log_safe(name, 100)
-        remaining = deadline - time.monotonic()
-        record, reply = perform_tool_call(shown, func, args, kwargs, min(config.tool_timeout_s, max(remaining, 0.001)))
-        if record.status == "timeout" and remaining < config.tool_timeout_s:
-            step.out_of_time = True
+        began = time.monotonic()
+        record, reply, outage = perform_tool_call(shown, func, args, kwargs, config.tool_timeout_s)
+        step.tool_s += time.monotonic() - began
+        if outage and step.outage is None:
+            step.outage = f"{shown} failed on the tool's side ({record.status}: {record.error})"
         room = step.max_bytes - step.held(conn, output) - 4096
         if len(reply.get("content") or "") > room:
             reply = {"status": "error", "content": "",
@@ -382,7 +342,7 @@ def _drain(conn, step, output, worker, tools, config) -> bool:
         while conn.frames:
             frame = conn.frames.popleft()
             if frame.get("op") != "tool":
-                _handle(frame, conn, step, time.monotonic(), output, tools, config)
+                _handle(frame, conn, step, output, tools, config)
     except EOFError:
         pass
     except ProtocolError as exc:
@@ -413,15 +373,16 @@ def _finished(sandbox, worker, conn, verdict, step, output, notes, start, timeou
         message = "VerdictTampered: the step wrote on the channel the host decides its verdict from."
     elif not ok:
         outcome, error_type, message = code_error(step)
-    if step.out_of_time and outcome != "timeout":
-        outcome, error_type = "timeout", "Timeout"
-        message = f"Timeout: the step ran longer than {timeout:g} s and was stopped"
+    own = not (verdict.token is None or broken or verdict.tampered)  # the code's own result: ran, or raised
     if memory.get("oom") or memory.get("reason") == "memory":
-        outcome, error_type = "resource_limit", "MemoryLimit"
+        outcome, error_type, own = "resource_limit", "MemoryLimit", False
         message = (f"MemoryLimit: the step's processes used more than {sandbox.memory_bytes >> 20} MiB together "
                    f"and were killed.")
     if step.limit:  # decided here: the code cannot report its way out of its budget
-        outcome, error_type, message = "resource_limit", "ToolLimit", f"ToolLimit: {step.limit}"
+        outcome, error_type, message, own = "resource_limit", "ToolLimit", f"ToolLimit: {step.limit}", False
+    if own and step.outage:
+        drop(worker)
+        return _outage(step, start, sandbox, output)
     if worker.stray:
         drop(worker)
     return _result(outcome, error_type, message, output, step, start, sandbox, state_lost=worker.stray)
@@ -444,6 +405,8 @@ def _stopped(sandbox, worker, conn, verdict, step, output, notes, start, timeout
     started = verdict.token is not None
     memory = status.get("reason") == "memory" or status.get("oom")
     if failure is None:  # ended, but left threads running: the verdict stands, the state is lost
+        if step.outage and not step.limit:
+            return _outage(step, start, sandbox, output)
         outcome, error_type, message = ("ok", None, None) if ran(verdict, step) else code_error(step)
         return _result(outcome, error_type, message, output, step, start, sandbox, state_lost=True)
     if lowered and (failure == "busy" or not started):
@@ -485,6 +448,12 @@ def _result(outcome, error_type, message, output, step, start, sandbox, state_lo
                            state_lost=state_lost, tool_calls=step.calls, final_answer=step.ended.get("answer"),
                            give_up_reason=step.ended.get("reason"),
                            duration_s=round(time.monotonic() - start, 6), isolation=sandbox.isolation)
+
+
+def _outage(step: StepLedger, start: float, sandbox: Sandbox, output: StepOutput) -> ExecutionResult:
+    """A step whose own result followed a tool outage (see the module docstring); its state is gone."""
+    return _not_executed("ToolOutage", f"a tool call failed on the machine's side: {step.outage}", start, sandbox,
+                         state_lost=True, output=output, step=step)
 
 
 def _not_executed(error_type: str, detail: str, start: float, sandbox: Sandbox, *, state_lost: bool,

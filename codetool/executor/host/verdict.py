@@ -18,7 +18,7 @@ TOKEN_BYTES = 16
 # Error types the host writes for its own verdicts; the same name reported by the code is marked.
 HOST_ERROR_TYPES = frozenset(("Timeout", "CPULimit", "MemoryLimit", "ToolLimit", "StepLimit", "WorkerLost",
                               "ProtocolError", "NotExecuted", "HostBusy", "StateLost", "WorkerStart",
-                              "VerdictTampered"))
+                              "VerdictTampered", "ToolOutage", "LimitLowered"))
 
 
 class StepLedger:
@@ -29,7 +29,8 @@ class StepLedger:
         self.requested = 0  # tool calls asked for, performed or not
         self.ended: dict[str, str | None] = {}
         self.limit: str | None = None  # why the step is over its budget
-        self.out_of_time = False  # a tool call was cut short by the step's deadline
+        self.tool_s = 0.0  # seconds the host spent performing the step's tool calls (not the step's time)
+        self.outage: str | None = None  # the first tool call that failed on the tool's side (``proxy``)
         self.raised: dict | None = None  # the code's own description of its error (not trusted)
         self.dropped = 0  # output characters the worker dropped (its report)
         self.bytes_start = conn.bytes_in
