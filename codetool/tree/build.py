@@ -63,6 +63,7 @@ from codetool.tree.labels import (
 )
 from codetool.tree.nodes import (
     FrontierNode,
+    TreeError,
     drop_failed,
     error_record,
     faulted,
@@ -147,7 +148,7 @@ class TreeBuilder:
         cfg, start = self.cfg, time.perf_counter()
         seeds = [tree_seed(cfg.seed, task.query_id) for task in tasks]
         trees: list[dict[str, dict]] = [{} for _ in tasks]
-        errors: dict[int, str] = {}  # tree index -> why it failed
+        errors: dict[int, TreeError] = {}  # tree index -> why it failed
         frontier: list[FrontierNode] = []
         for t, task in enumerate(tasks):
             logged = (partial or {}).get(str(task.query_id))

@@ -31,6 +31,7 @@ from codetool.search.prompt import history_entry
 from codetool.search.search import SearchTask
 from codetool.tree.nodes import (
     FrontierNode,
+    TreeError,
     error_record,
     faulted,
     node_record,
@@ -72,7 +73,7 @@ def grow(builder, tasks: Iterable[SearchTask], on_done: Callable[[dict], None], 
     cfg, sample_cfg = builder.cfg, builder.sample_cfg
     pending = iter(tasks)
     live: dict[int, _Tree] = {}
-    errors: dict[int, str] = {}
+    errors: dict[int, TreeError] = {}
     ready: deque[FrontierNode] = deque()
     running: dict[Future, tuple[str, Any]] = {}
     counter = 0

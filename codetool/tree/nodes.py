@@ -64,7 +64,7 @@ class FrontierNode:
     depth: int
 
 
-def guard(errors: dict[int, str], trees: int | list[int], func, *args, **kwargs):
+def guard(errors: dict[int, TreeError], trees: int | list[int], func, *args, **kwargs):
     """``func(*args, **kwargs)``, or ``None`` with the exception recorded in ``errors`` for each
     tree index in ``trees`` (a failure ends those trees, not the run)."""
     try:
@@ -74,28 +74,35 @@ def guard(errors: dict[int, str], trees: int | list[int], func, *args, **kwargs)
         return None
 
 
-class MachineFault(str):
-    """A tree's error that is the machine's (``codetool.rewards.machine_failure``, or an executor that
-    raised in a step: no step's code makes it raise): its error record says ``not_executed``."""
+@dataclass(frozen=True)
+class TreeError:
+    """Why a tree's building failed.
+
+    Args:
+        message (`str`): the error, redacted and cut to 2,000 characters.
+        machine (`bool`, *optional*, defaults to `False`): the failure is the machine's
+            (``codetool.rewards.machine_failure``, or an executor that raised in a step: no step's
+            code makes it raise); the tree's error record then says ``not_executed``.
+    """
+
+    message: str
+    machine: bool = False
 
 
-def record_error(errors: dict[int, str], trees: int | list[int], exc: BaseException) -> None:
-    """Record ``exc`` (redacted, cut to 2,000 characters) as the failure of each tree in ``trees``
-    (a :class:`MachineFault` when it is the machine's)."""
-    message = redact(f"{type(exc).__name__}: {exc}")[:2000]
-    if machine_failure(exc):
-        message = MachineFault(message)
+def record_error(errors: dict[int, TreeError], trees: int | list[int], exc: BaseException) -> None:
+    """Record ``exc`` as the failure of each tree in ``trees`` (the first failure of a tree stands)."""
+    error = TreeError(redact(f"{type(exc).__name__}: {exc}")[:2000], machine=machine_failure(exc))
     for t in [trees] if isinstance(trees, int) else trees:
-        errors.setdefault(t, message)
-    logger.warning("tree building failed (%s trees): %s", len(errors), log_safe(message, 500))
+        errors.setdefault(t, error)
+    logger.warning("tree building failed (%s trees): %s", len(errors), log_safe(error.message, 500))
 
 
-def faulted(errors: dict[int, str], t: int, row: list) -> bool:
+def faulted(errors: dict[int, TreeError], t: int, row: list) -> bool:
     """Whether tree ``t`` failed before or in this row (an executor fault: ``host_error``, the
     machine's); the row's forks are then closed."""
     fault = next((e.candidate.result.host_error for e in row if e.candidate.result.host_error), None)
     if fault:
-        errors.setdefault(t, MachineFault(fault))
+        errors.setdefault(t, TreeError(fault, machine=True))
     if t not in errors:
         return False
     for e in row:
@@ -104,7 +111,7 @@ def faulted(errors: dict[int, str], t: int, row: list) -> bool:
     return True
 
 
-def drop_failed(frontier: list[FrontierNode], errors: dict[int, str]) -> list[FrontierNode]:
+def drop_failed(frontier: list[FrontierNode], errors: dict[int, TreeError]) -> list[FrontierNode]:
     """The frontier nodes of trees that have not failed; the others' executors are closed."""
     kept = []
     for node in frontier:
@@ -115,12 +122,12 @@ def drop_failed(frontier: list[FrontierNode], errors: dict[int, str]) -> list[Fr
     return kept
 
 
-def error_record(task: SearchTask, error: str, seconds: float, config_hash: str) -> dict[str, Any]:
+def error_record(task: SearchTask, error: TreeError, seconds: float, config_hash: str) -> dict[str, Any]:
     """The record of a tree whose building failed: its error, no nodes, no pairs; ``not_executed``
-    when the failure is the machine's (:class:`MachineFault`)."""
+    when the failure is the machine's."""
     return {"query_id": task.query_id, "query": task.query, "tools": task.env.render(),
             "config_hash": config_hash, "nodes": {},
-            "pairs": [], "error": str(error), "finish_type": "error",
-            **({"not_executed": True} if isinstance(error, MachineFault) else {}),
+            "pairs": [], "error": error.message, "finish_type": "error",
+            **({"not_executed": True} if error.machine else {}),
             "summary": {"nodes": 0, "leaves": 0, "successful_leaves": 0, "pairs": 0,
                         "tool_calls": 0, "seconds": seconds, "error": True}}
