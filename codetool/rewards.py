@@ -116,6 +116,30 @@ class ScorerFault(CodetoolError):
     of the scorer (a bug, or a server's bad reply), never of the policy (:func:`machine_failure`)."""
 
 
+def score_items(scorer: PRMScorer, items: list[PRMItem]) -> list[float]:
+    """The latent rewards ``scorer`` gives ``items``, one per item, checked: the search's latent
+    PRM value, the rollout value and the RL reward all score through it, so a reply of the wrong
+    length is the scorer's fault everywhere, never a score of another step.
+
+    Args:
+        scorer (`PRMScorer`): the PRM (local, HTTP client or a test double); called once, and not
+            at all for no items.
+        items (`list[PRMItem]`): the N candidate steps to score.
+
+    Returns:
+        `list[float]`: N scores, item i's at index i, as the scorer gave them (``float``-converted;
+        the [0, 1] range is the scorer's promise and not checked here).
+
+    Raises:
+        ScorerFault: the scorer returned M != N scores (the message names both counts); a failure
+            of the machine (:func:`machine_failure`), never of the policy.
+    """
+    scores = [float(v) for v in scorer.score(items)] if items else []
+    if len(scores) != len(items):
+        raise ScorerFault(f"the PRM scorer returned {len(scores)} scores for {len(items)} items")
+    return scores
+
+
 def machine_failure(error: BaseException | str | None) -> bool:
     """Whether ``error``, which ended an episode, a query or a tree, is a failure of the machine and
     not of the policy's code: the one rule the search, the jobs, the trees and the RL rollout apply

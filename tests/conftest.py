@@ -1,5 +1,5 @@
-"""Shared fixtures. Everything is offline and CPU-only: the tiny model and its tokenizer are built
-from a config and a byte-level BPE trained on a fixed corpus, never downloaded."""
+"""Shared fixtures. Everything is offline and CPU-only: the tiny model is built from a config and a
+seed, its tokenizer read from a byte-level BPE frozen in ``tests/fixtures``, never downloaded."""
 
 from __future__ import annotations
 
@@ -32,27 +32,23 @@ CHATML_TEMPLATE = (
 )
 
 
-def _corpus() -> list[str]:
-    # Our own source code and a little English: enough for a byte-level BPE to cover Python.
-    texts = [p.read_text(errors="replace") for p in sorted((REPO / "codetool").rglob("*.py"))]
-    texts.append("The quick brown fox jumps over the lazy dog. What is the weather in Paris today? "
-                 "Find movies directed by Christopher Nolan and give the answer. finish give_up print")
-    return texts
+# The tiny tokenizer's vocabulary and merges, frozen: a byte-level BPE of 600 tokens (the three
+# ChatML specials first) trained once with ``tokenizers.trainers.BpeTrainer`` on codetool/*.py at
+# commit 8878d1c and one English line. It used to be retrained on the live package source at every
+# session: an edit of any module could reorder merges of equal count and so renumber tokens, which
+# gave every tiny-model test another model (test_prm_train's loss went from 0.32 to 0.67 after a
+# refactor of three call sites; test_prm_scorer's score spread moved before, e026e44).
+TINY_TOKENIZER = REPO / "tests" / "fixtures" / "tiny_tokenizer.json"
 
 
-def build_tiny_tokenizer(out_dir: Path, vocab_size: int = 600):
-    """A byte-level BPE tokenizer with ChatML special tokens, saved to ``out_dir``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def build_tiny_tokenizer(out_dir: Path):
+    """The tiny byte-level BPE tokenizer (``TINY_TOKENIZER``) with ChatML special tokens and chat
+    template, saved to ``out_dir``: the same tokens whatever the package's source says."""
+    from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(_corpus(), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
+    fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_file(str(TINY_TOKENIZER)),
+                                   bos_token="<|im_start|>", eos_token="<|im_end|>",
                                    pad_token="<|im_end|>", unk_token="<|endoftext|>")
     fast.chat_template = CHATML_TEMPLATE
     fast.save_pretrained(out_dir)

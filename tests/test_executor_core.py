@@ -22,7 +22,7 @@ from codetool.executor import (
 )
 from codetool.executor.result import NOT_EXECUTED
 from codetool.rewards import on_the_spot
-from codetool.tools.spec import ToolResponse
+from codetool.tools.spec import ToolResponse, remaining_s
 
 CONFIG = dict(timeout_s=2.0, grace_s=0.5, memory_mb=512, tool_timeout_s=1.0)
 
@@ -51,6 +51,7 @@ TOOLS = {
     "html_error": lambda: ToolResponse("http_error", content="<html><body>500</body></html>", error="HTTP 500",
                                        http_status=500),
     "gateway": lambda: ToolResponse("http_error", error="HTTP 503", http_status=503, outage=True),
+    "deadline": lambda: remaining_s(100.0),
     "html_ok": lambda: ToolResponse("ok", content="<html><body>hello</body></html>"),
     "not_json": lambda: "OK but not json <br>",
     "json_text": lambda: ToolResponse("ok", content='{"a": [1, 2]}'),
@@ -246,6 +247,13 @@ def test_a_tool_outage_is_the_machines_failure_whatever_the_code_did(root, code,
         child.close()
 
 
+def test_a_tool_runs_with_a_deadline_that_leaves_its_fallbacks_time(ex):
+    """The proxy gives the callable ``CALL_DEADLINE`` at 80% of ``tool_timeout_s`` (1 s here), which
+    the HTTP clients honour, so a chain's simulator answers before the proxy gives up."""
+    r = ex.run("print(deadline())")
+    assert r.ok and 0 < float(r.stdout) <= 0.8, r
+
+
 def test_host_decided_failures_stand_after_an_outage(root):
     """Over the tool-call budget after outages: the code's ``ToolLimit``; an HTTP 500 (no outage)
     stays the code's tool error."""
@@ -255,6 +263,23 @@ def test_host_decided_failures_stand_after_an_outage(root):
         assert r.outcome == "resource_limit" and r.error_type == "ToolLimit"
     finally:
         child.close()
+
+
+def test_the_cpu_a_step_uses_while_its_tool_calls_run_is_its_time(root):
+    """A thread of the step spins while the main one waits in tool calls: the CPU is the step's
+    (checked while a call runs and after it), so it times out; the tool time given back never buys
+    CPU (red team: with the deadline moved by each call, such a step came back ``ok`` after using
+    several times its ``timeout_s`` in CPU; here it stops once it has used 3 s of CPU)."""
+    patient = Executor(ExecutorConfig(isolation=root._sandbox.mode, timeout_s=1.0, tool_timeout_s=30,
+                                      max_tool_calls=10_000), tools={"slow": slow})
+    try:
+        r = patient.run("import threading, time\n"
+                        "def spin():\n    while time.process_time() < 3:\n        pass\n"
+                        "t = threading.Thread(target=spin)\nt.start()\n"
+                        "while t.is_alive():\n    slow(0.3)\nprint('done')")
+        assert r.outcome == "timeout" and r.error_type == "Timeout", r
+    finally:
+        patient.close()
 
 
 def test_a_tool_calls_time_is_not_the_steps(root):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import build_tiny_model
 
 from codetool import CodetoolError
 from codetool.commands.train_prm import train_command
@@ -34,10 +35,14 @@ def one_thread():
 
 
 def _config(model_dir, data, out, **overrides) -> PRMConfig:
+    # A constant learning rate: under the default linear decay to 0 at step 60, some inits of the
+    # tiny model were still on the ln 2 plateau when the rate ran out (one of 18 seeds and token
+    # numberings ended at 0.67; with a constant rate, 10 of 10 reach 0.18 or less).
     values = {"model": str(model_dir), "dataset": [str(data)], "output_dir": str(out),
               "format.max_length": 512, "format.max_suffix_length": 192, "max_steps": 60, "eval_steps": 30,
               "save_steps": 30, "logging_steps": 5, "eval_fraction": 0.25, "resume": "none",
-              "learning_rate": 3e-3, "per_device_train_batch_size": 4, "warmup_steps": 0}
+              "learning_rate": 3e-3, "lr_scheduler_type": "constant", "per_device_train_batch_size": 4,
+              "warmup_steps": 0, "seed": 0, "split_seed": 0}
     values.update(overrides)
     return load_config(PRMConfig, None, values)
 
@@ -48,16 +53,20 @@ def _train_loss(scorer, rows) -> float:
 
 
 @pytest.fixture(scope="module")
-def trained(tiny_model_dir, tmp_path_factory):
+def trained(tmp_path_factory):
+    """One seeded training run on inputs of its own: its own tiny model (seed 0, the frozen tiny
+    tokenizer), rows (seed 0), split (split_seed 0), LoRA init, label rows and batch order (seed 0):
+    what it reaches does not hang on the tests that ran before it or on the package's source."""
     from codetool.prm.folder import new_prm
     from codetool.prm.scorer import LocalPRMScorer
 
     root = tmp_path_factory.mktemp("prm-train")
-    rows = synthetic_rows(16, steps=1, candidates=2, extra_tools=0)
+    model_dir = build_tiny_model(root / "model", seed=0)
+    rows = synthetic_rows(16, steps=1, candidates=2, extra_tools=0, seed=0)
     data = root / "prm.jsonl"
     write_jsonl(data, rows)
-    cfg = _config(tiny_model_dir, data, root / "out")
-    base, tok = new_prm(str(tiny_model_dir), cfg.format, dtype="float32", device="cpu", seed=cfg.seed)
+    cfg = _config(model_dir, data, root / "out")
+    base, tok = new_prm(str(model_dir), cfg.format, dtype="float32", device="cpu", seed=cfg.seed)
     from codetool.prm.data import split_rows
 
     train_rows = split_rows(rows, cfg.eval_fraction, cfg.split_seed)[0]
@@ -74,7 +83,8 @@ def test_end_to_end_loss_goes_down_and_parameters_change(trained):
 
     out = trained["out"]
     after = _train_loss(load_scorer(ModelSpec.folder(out, role="prm"), device="cpu"), trained["train_rows"])
-    assert after < trained["before"] - 0.05, (trained["before"], after)
+    # from ~ln 2 (the two label rows start nearly equal); the seeded run reaches 0.17 (0.52 down)
+    assert after < trained["before"] - 0.3, (trained["before"], after)
     adapter = load_file(str(out / "adapter_model.safetensors"))
     lora_b = [v for k, v in adapter.items() if "lora_B" in k]
     assert lora_b and all(v.abs().sum() > 0 for v in lora_b)  # LoRA B starts at zero

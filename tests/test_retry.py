@@ -17,7 +17,8 @@ def test_waits_double_up_to_the_cap_and_retry_after_replaces_them():
 
 
 def test_the_stabletoolbench_client_waits_by_the_policy(monkeypatch):
-    waits, answers = [], iter([ToolResponse("timeout", error="t"), ToolResponse("http_error", http_status=503),
+    waits, answers = [], iter([ToolResponse("timeout", error="t", outage=True),
+                               ToolResponse("http_error", http_status=503, outage=True),
                                ToolResponse("ok", content='{"response": "fine"}')])
     monkeypatch.setattr(time, "sleep", waits.append)
     monkeypatch.setattr("codetool.tools.clients.http_call", lambda *args, **kwargs: next(answers))

@@ -206,3 +206,20 @@ def test_a_reference_run_the_machine_could_not_make_has_no_status():
     assert steps == [{"status": None, "res": "", "not_executed": True}]
     t.extra["reference_steps"] = steps
     assert run_metrics([t]).scep is None and run_metrics([t]).reference_steps == 0
+
+
+def test_reference_tools_keep_no_outage_for_the_next_re_run():
+    """A call that met an outage is asked again by the next re-run (before, its answer was kept, so
+    every re-run of the path repeated a transient outage); a real answer is kept."""
+    from codetool.search.reference import ReferenceTools
+    from codetool.tools.spec import ToolResponse
+
+    answers = iter([ToolResponse("timeout", error="no answer", outage=True), ToolResponse("ok", content="7"),
+                    ToolResponse("ok", content="8")])
+
+    class Env:
+        def functions(self):
+            return {"lookup": lambda: next(answers)}
+
+    lookup = ReferenceTools(Env()).functions()["lookup"]
+    assert lookup().outage and lookup().content == "7" and lookup().content == "7"

@@ -5,6 +5,7 @@ another path; a dead server falling back, and real answers written through to th
 import asyncio
 import json
 import socket
+import time
 
 import pytest
 
@@ -19,6 +20,7 @@ from codetool.tools import (
     StableToolBenchClient,
     ToolEnvironment,
 )
+from codetool.tools.spec import CALL_DEADLINE, remaining_s
 
 HUGE_BYTES = 10 * 1024 * 1024
 
@@ -68,6 +70,15 @@ def _fault_app():
     async def virtual_dead():
         state["dead"] += 1
         return JSONResponse({"message": "API doesn't exists"}, status_code=500)
+
+    @app.post("/virtual-slow")
+    async def virtual_slow():
+        await asyncio.sleep(3)
+        return {"error": "", "response": "late"}
+
+    @app.post("/virtual-busy")
+    async def virtual_busy():
+        return JSONResponse({"message": "too many requests"}, status_code=429)
 
     @app.post("/virtual-down")
     async def virtual_down():
@@ -171,6 +182,41 @@ def test_a_request_the_arguments_broke_is_no_outage(fault_server):
         Parameter("item_id", location="path", required=True), Parameter("x_tag", location="header")])
     response = HTTPBackend(url, token_env=None).call(api, {"item_id": "1", "x_tag": "a\r\nHost: evil"})
     assert response.status == "error" and not response.outage
+
+
+def test_a_request_the_arguments_broke_is_not_retried(fault_server, monkeypatch):
+    """A lone surrogate cannot be encoded: the request never leaves, nothing is retried (red team:
+    each retry's backoff was tool time given back to the step), and it is no outage."""
+    waits = []
+    monkeypatch.setattr("codetool.tools.clients.time.sleep", waits.append)
+    url, _ = fault_server
+    response = StableToolBenchClient(url + "/virtual-ok").call(API, {"id_conc": "\ud800"})
+    assert response.status == "error" and not response.outage and waits == []
+
+
+def test_an_http_429_is_retried_and_no_outage(fault_server, monkeypatch):
+    """The callers' own rate brought it (a policy could call until it came, to have a failing step
+    dropped as the machine's): retried with backoff, then the model's to see."""
+    waits = []
+    monkeypatch.setattr("codetool.tools.clients.time.sleep", waits.append)
+    url, _ = fault_server
+    response = StableToolBenchClient(url + "/virtual-busy", retries=2, backoff_s=0.01).call(API, {"id_conc": "x"})
+    assert response.http_status == 429 and not response.outage and len(waits) == 2
+
+
+def test_the_callers_deadline_bounds_every_wait_and_leaves_the_fallback_time(fault_server):
+    """Under ``CALL_DEADLINE`` (set by the executor's proxy) a server slower than the deadline is
+    given up in time and the chain's simulator answers (red team: the client waited 60 s x 3 while
+    the proxy gave the call 15 s, so the step met an outage the fallback would have answered)."""
+    url, _ = fault_server
+    chain = FallbackBackend([StableToolBenchClient(url + "/virtual-slow"), SimulatorBackend()])
+    token = CALL_DEADLINE.set(time.monotonic() + 0.5)
+    try:
+        response = chain.call(API, {"id_conc": "x"})
+    finally:
+        CALL_DEADLINE.reset(token)
+    assert response.ok and response.source == "simulator" and response.fallbacks[0].startswith("server: timeout")
+    assert remaining_s(60) == 60  # no deadline outside a call
 
 
 def test_a_gateway_failure_after_the_retries_is_an_outage(fault_server):

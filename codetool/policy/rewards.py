@@ -55,7 +55,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from codetool.grounding import response_items, sent_items
-from codetool.rewards import PRMItem, ScorerFault, grounded_success
+from codetool.rewards import PRMItem, grounded_success, score_items
 from codetool.search.config import StepGroup
 from codetool.search.step import prm_item
 from codetool.tools.names import canonical_arguments
@@ -295,12 +295,9 @@ class PRMReward(StepReward):
     def per_step(self, episode):
         items = self.items(episode)
         scored = [it for it in items if it is not None]
-        scores = list(self.scorer.score(scored)) if scored else []
         self.calls += bool(scored)
-        if len(scores) != len(scored):  # the scorer's fault: never a score of another step
-            raise ScorerFault(f"the PRM scorer returned {len(scores)} scores for {len(scored)} items")
-        values = iter(scores)
-        return [0.0 if it is None else float(next(values)) for it in items]
+        values = iter(score_items(self.scorer, scored))  # one per scored step, else ScorerFault
+        return [0.0 if it is None else next(values) for it in items]
 
 
 def build_rewards(weights: dict[str, float], *, aggregate: str, scorer: PRMScorer | None = None,

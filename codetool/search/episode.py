@@ -40,7 +40,7 @@ from codetool.executor import log_safe
 from codetool.executor.result import StepExecutor
 from codetool.models.completion import LLMBackend
 from codetool.resume import unit_seed
-from codetool.rewards import PRMItem, PRMScorer, ScorerFault, machine_failure, not_executed
+from codetool.rewards import PRMItem, PRMScorer, machine_failure, not_executed, score_items
 from codetool.search.config import SearchConfig
 from codetool.search.expand import Expanded, Node, check_constraints, expand_each
 from codetool.search.prompt import history_entry
@@ -332,11 +332,8 @@ class Episodes:
                 owners.append(ep)
         if items:
             assert self.scorer is not None, "latent prm needs a scorer (refused earlier without one)"
-            values = list(self.scorer.score(items))
-            if len(values) != len(items):  # the scorer's fault (a bug), never the policy's
-                raise ScorerFault(f"the PRM scorer returned {len(values)} scores for {len(items)} items")
-            for cand, value in zip(slots, values):
-                cand.r_latent = float(value)
+            for cand, value in zip(slots, score_items(self.scorer, items)):  # one per item, else ScorerFault
+                cand.r_latent = value
             for owner, item in zip(owners, items):  # compute accounting
                 owner.traj.prm_scored_tokens += prm_tokens(self.scorer, [item])
 

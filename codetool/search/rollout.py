@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from codetool.rewards import PRMItem, ScorerFault, grounded_success, latent_reward, not_executed
+from codetool.rewards import PRMItem, grounded_success, latent_reward, not_executed, score_items
 from codetool.search.episode import Episode, Episodes, SearchParts, account, prm_tokens
 from codetool.search.prompt import history_entry
 from codetool.search.records import Trajectory
@@ -92,8 +92,6 @@ def _mean_prm_score(search: Episodes, ep: Episode, steps: list[PRMItem | None]) 
     assert search.scorer is not None  # by_prm: a scorer exists
     items = [item for item in steps if item is not None]
     assert len(items) == len(steps), "a step without code has no PRM item"
-    values = list(search.scorer.score(items))
-    if len(values) != len(items):  # the scorer's fault (codetool.rewards.machine_failure), not the policy's
-        raise ScorerFault(f"the PRM scorer returned {len(values)} scores for {len(items)} items")
+    values = score_items(search.scorer, items)  # one per item, else ScorerFault (the machine's failure)
     ep.traj.prm_scored_tokens += prm_tokens(search.scorer, items)
     return float(sum(values) / len(values))

@@ -5,7 +5,9 @@ clients built on it.
   page or not) an ``http_error`` with a one-line reason, a non-JSON body comes back as text, and a
   body larger than ``max_body_bytes`` is cut there (``truncated=True``). What is the service's
   failure, not an answer to the arguments (a hang, a failed or broken connection, HTTP
-  429/502/503/504) is marked ``outage``: the executor never charges it to the step's code.
+  502/503/504) is marked ``outage``: the executor never charges it to the step's code. An HTTP 429
+  is not: the callers' own rate brought it (the client waits and retries it first). Every wait
+  ends by the caller's :data:`~codetool.tools.spec.CALL_DEADLINE` when one is set.
 - :class:`StableToolBenchClient`: POSTs StableToolBench's ``/virtual`` request (``category``,
   ``tool_name``, ``api_name``, ``tool_input``, ``strip``, ``toolbench_key``) to a user-given URL;
   the key comes from an environment variable; timeouts and retries with backoff.
@@ -30,10 +32,11 @@ from codetool import CodetoolError
 from codetool.retry import RetryPolicy
 from codetool.secrets import redact
 from codetool.tools.names import api_key_name, standardize
-from codetool.tools.spec import APISpec, ToolResponse
+from codetool.tools.spec import APISpec, ToolResponse, remaining_s
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
-_RETRY_HTTP = (429, 502, 503, 504)  # also the HTTP statuses that are an outage (ToolResponse.outage)
+_RETRY_HTTP = (429, 502, 503, 504)
+_OUTAGE_HTTP = (502, 503, 504)  # the service (or its gateway) failed: ToolResponse.outage
 
 
 def _http_reason(status: int, text: str, content_type: str) -> str:
@@ -60,6 +63,9 @@ def http_call(client, method: str, url: str, *, source: str, timeout_s: float, m
     import httpx
 
     start = time.perf_counter()
+    timeout_s = remaining_s(timeout_s)
+    if timeout_s <= 0:
+        return ToolResponse("timeout", error="no time was left to call the API", source=source, outage=True)
     deadline = time.monotonic() + timeout_s
     cut = False
     try:
@@ -78,9 +84,9 @@ def http_call(client, method: str, url: str, *, source: str, timeout_s: float, m
     except httpx.TimeoutException:
         return ToolResponse("timeout", error=f"the API did not answer within {timeout_s:g} s",
                             latency_s=time.perf_counter() - start, source=source, outage=True)
-    except (httpx.HTTPError, OSError, ValueError) as e:
-        # the service or the network failed (outage), or the request itself was bad (a URL or
-        # header the arguments made, an unsupported scheme): the latter is the model's to fix
+    except Exception as e:  # noqa: BLE001 - a request never raises (httpx.InvalidURL is no HTTPError)
+        # the service or the network failed (outage), or the request itself was bad (a URL, a
+        # header or text the arguments made unsendable, an unsupported scheme): the model's to fix
         outage = isinstance(e, (httpx.NetworkError, httpx.RemoteProtocolError, httpx.ProxyError, OSError))
         return ToolResponse("error", error=redact(f"request failed: {type(e).__name__}: {e}")[:300],
                             latency_s=time.perf_counter() - start, source=source, outage=outage)
@@ -89,7 +95,7 @@ def http_call(client, method: str, url: str, *, source: str, timeout_s: float, m
     if status >= 400:
         return ToolResponse("http_error", content=text, error=redact(_http_reason(status, text, content_type)),
                             latency_s=latency, source=source, http_status=status, truncated=cut,
-                            outage=status in _RETRY_HTTP)
+                            outage=status in _OUTAGE_HTTP)
     return ToolResponse("ok", content=text, latency_s=latency, source=source, http_status=status, truncated=cut)
 
 
@@ -108,10 +114,13 @@ class StableToolBenchClient:
         url (`str`): the endpoint, e.g. ``http://127.0.0.1:8080/virtual``.
         key_env (`str`, *optional*, defaults to `"TOOLBENCH_KEY"`): environment variable holding
             the ToolBench key (sent as the ``toolbench_key`` field and header; may be unset).
-        timeout_s (`float`, *optional*, defaults to `60`): per attempt.
-        retries (`int`, *optional*, defaults to `2`): extra attempts after a timeout, a connection
-            error or HTTP 429/502/503/504 (not after 500: a dead API stays dead), with exponential
-            backoff from ``backoff_s`` (:class:`codetool.retry.RetryPolicy`, at most 60 s a wait).
+        timeout_s (`float`, *optional*, defaults to `60`): per attempt (less when the caller's
+            :data:`~codetool.tools.spec.CALL_DEADLINE` is nearer).
+        retries (`int`, *optional*, defaults to `2`): extra attempts after an outage (a timeout, a
+            failed connection, HTTP 502/503/504) or an HTTP 429 (not after 500: a dead API stays
+            dead; not after a request the arguments made unsendable), with exponential backoff
+            from ``backoff_s`` (:class:`codetool.retry.RetryPolicy`, at most 60 s a wait), while
+            the caller's deadline leaves time for the wait and another try.
         strip (`str`, *optional*, defaults to `"truncate"`): StableToolBench's observation
             compression mode, passed through.
     """
@@ -143,10 +152,11 @@ class StableToolBenchClient:
             response = http_call(self.client, "POST", self.url, source=self.name, timeout_s=self.timeout_s,
                                  max_body_bytes=self.max_body_bytes, json_body=body, headers=headers)
             total += response.latency_s
-            transient = response.status in ("timeout", "error") or response.http_status in _RETRY_HTTP
-            if not transient or attempt == self.retry.retries:
-                break
-            time.sleep(self.retry.wait_s(attempt + 1))
+            transient = response.outage or response.http_status == 429  # (not a request the arguments broke)
+            wait = self.retry.wait_s(attempt + 1)
+            if not transient or attempt == self.retry.retries or remaining_s(wait + 1.0) < wait + 1.0:
+                break  # (no time left before the caller's deadline for a wait and another try)
+            time.sleep(wait)
         response.latency_s = total
         if not response.ok:
             return response

@@ -9,6 +9,8 @@ hang, an HTTP error, an HTML page or a 10 MB body all come back as a structured 
 
 from __future__ import annotations
 
+import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -86,6 +88,20 @@ class APISpec:
         return [p for p in self.parameters if not p.required]
 
 
+CALL_DEADLINE: ContextVar[float | None] = ContextVar("codetool_tool_call_deadline", default=None)
+"""``time.monotonic()`` by which the caller of a tool needs its answer, or ``None``. The executor's
+tool proxy sets it in the thread that performs a call (a share of ``tool_timeout_s``), so that a
+backend chain gives up on a slow service in time for its fallback to answer (a chain that was still
+waiting when the proxy's limit passed left the step an outage) and an abandoned call ends soon
+after. :func:`codetool.tools.clients.http_call` and the clients' retries read it."""
+
+
+def remaining_s(limit_s: float) -> float:
+    """``limit_s``, or less when :data:`CALL_DEADLINE` is nearer (seconds; 0 when it has passed)."""
+    deadline = CALL_DEADLINE.get()
+    return limit_s if deadline is None else max(0.0, min(limit_s, deadline - time.monotonic()))
+
+
 @dataclass
 class ToolResponse:
     """The outcome of one API call.
@@ -102,7 +118,7 @@ class ToolResponse:
         truncated (`bool`): whether ``content`` was cut to the configured cap.
         http_status (`int` or `None`): the HTTP status code, when there was one.
         outage (`bool`): the failure is the tool service's, not an answer to these arguments: no
-            answer in time, a connection that failed or broke, or HTTP 429/502/503/504, after the
+            answer in time, a connection that failed or broke, or HTTP 502/503/504, after the
             client's retries (:func:`codetool.tools.clients.http_call`). The executor counts a step
             that met one as ``not_executed`` (docs/EXECUTOR.md); a refusal of the arguments, an HTTP
             500 or a backend that raised is no outage (the model sees it and may work around it).

@@ -27,9 +27,12 @@ from typing import Any
 from codetool.executor.host.channel import log_safe
 from codetool.executor.result import ARGUMENT_PREVIEW_CHARS, RESPONSE_PREVIEW_CHARS, ToolCall
 from codetool.secrets import redact
-from codetool.tools.spec import TOOL_STATUSES, ToolResponse
+from codetool.tools.spec import CALL_DEADLINE, TOOL_STATUSES, ToolResponse
 
 logger = logging.getLogger(__name__)
+
+CHAIN_SHARE = 0.8  # of tool_timeout_s, the callable's own deadline (CALL_DEADLINE): the rest is its fallbacks'
+STOP_CHECK_S = 0.25  # how often ``stop`` is asked while a call runs
 
 MAX_ERROR_CHARS = 500
 
@@ -124,15 +127,20 @@ def _response_fields(value: Any) -> tuple[str, str, str | None, bool]:
         return "error", "", f"the tool returned a {type(value).__name__}, which is not JSON", False
 
 
-def perform_tool_call(name: str, func: Callable | None, args: list, kwargs: dict,
-                      timeout_s: float) -> tuple[ToolCall, dict[str, Any], bool]:
+def perform_tool_call(name: str, func: Callable | None, args: list, kwargs: dict, timeout_s: float,
+                      stop: Callable[[], bool] | None = None) -> tuple[ToolCall, dict[str, Any], bool]:
     """Run one proxied call.
 
     Args:
         name (`str`): the function name the code called.
         func (`Callable` or `None`): the host callable (``None`` if the name is unknown).
         args (`list`), kwargs (`dict`): the JSON arguments the code sent.
-        timeout_s (`float`): seconds to wait for the callable's answer.
+        timeout_s (`float`): seconds to wait for the callable's answer. The callable runs with
+            :data:`~codetool.tools.spec.CALL_DEADLINE` at ``CHAIN_SHARE`` of it, so that a backend
+            chain gives up on a slow service while its fallback still has time to answer.
+        stop (`Callable[[], bool]`, *optional*): asked every ``STOP_CHECK_S`` while the call runs;
+            when it says True the call is abandoned (a ``timeout`` the code sees, no outage: the
+            step used up its own time meanwhile).
     Returns:
         The :class:`ToolCall` record, the reply for the code
         (``{"status": str, "content": str, "error": str | None}``) and whether the failure was an
@@ -150,7 +158,7 @@ def perform_tool_call(name: str, func: Callable | None, args: list, kwargs: dict
         except _BadArguments as exc:
             status, content, error = "invalid_arguments", "", str(exc)
         else:
-            status, content, error, outage = _call_with_timeout(name, func, positional, keywords, timeout_s)
+            status, content, error, outage = _call_with_timeout(name, func, positional, keywords, timeout_s, stop)
     if status != "ok" and not error:
         error = status
     if error:
@@ -166,11 +174,13 @@ def perform_tool_call(name: str, func: Callable | None, args: list, kwargs: dict
     return call, {"status": status, "content": content if status == "ok" else "", "error": error}, outage
 
 
-def _call_with_timeout(name: str, func: Callable, positional: tuple, keywords: dict,
-                       timeout_s: float) -> tuple[str, str, str | None, bool]:
+def _call_with_timeout(name: str, func: Callable, positional: tuple, keywords: dict, timeout_s: float,
+                       stop: Callable[[], bool] | None) -> tuple[str, str, str | None, bool]:
     box: dict[str, Any] = {}
+    start = time.monotonic()
 
     def target():
+        CALL_DEADLINE.set(start + CHAIN_SHARE * timeout_s)  # (this thread's own context)
         try:
             box["value"] = func(*positional, **keywords)
         except BaseException as exc:  # noqa: B036 - a tool must never take the host down
@@ -178,7 +188,11 @@ def _call_with_timeout(name: str, func: Callable, positional: tuple, keywords: d
 
     thread = threading.Thread(target=target, name=f"codetool-tool-{name}", daemon=True)
     thread.start()
-    thread.join(timeout_s)
+    while thread.is_alive() and (left := start + timeout_s - time.monotonic()) > 0:
+        thread.join(min(left, STOP_CHECK_S) if stop is not None else left)
+        if thread.is_alive() and stop is not None and stop():
+            logger.debug("tool %s abandoned: the step used up its time", log_safe(name))
+            return "timeout", "", f"{name} was abandoned: the step used up its time while it ran", False
     if thread.is_alive():
         logger.warning("tool %s did not answer within %.1f s; abandoning its thread", log_safe(name), timeout_s)
         return "timeout", "", f"{name} did not answer within {timeout_s:.3g} s", True

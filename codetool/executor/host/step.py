@@ -10,8 +10,10 @@ a ``sandbox_violation``. No code of the state can read ``t``, so none can forge 
 
 Everything else is decided here too, from facts the host sees: the deadline (``timeout_s`` of time
 the step's threads could run: their run-queue waits on a busy host are given back, up to
-``busy_backstop`` times, ``codetool.executor.kernel.schedstat``, and so is the time the host spent
-performing the step's tool calls, each bounded by ``tool_timeout_s``), the CPU limit (the kernel's SIGXCPU
+``busy_backstop`` times, ``codetool.executor.kernel.schedstat``, and so is the wall time the host
+spent performing the step's tool calls, each bounded by ``tool_timeout_s``, up to ``busy_backstop``
+times ``timeout_s`` in all; the CPU the step's processes use meanwhile stays its time, checked while
+a call runs and after it), the CPU limit (the kernel's SIGXCPU
 kills the worker; the host reads the signal from its exit), the memory limit (the cgroup's OOM kills, or the root's poll), the file
 size limit (SIGXFSZ), the tool-call and byte budgets (:class:`StepLedger`), the worker's death.
 What the code reports about its error (type, message) is only the observation shown to the model;
@@ -163,8 +165,13 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
     it was stopped (``timeout``, ``busy``, ``budget``, ``violation``, ``lost``, ``not_started``) or
     ``None``; notes (none yet). The CPU limit kills the worker (SIGXCPU): a ``lost`` worker."""
     deadline, backstop = start + timeout, start + timeout * config.busy_backstop
+    base_backstop = backstop
     notes: set[str] = set()
     seen: dict = {}  # the step's threads' scheduler counters, for the wait the kernel has not published yet
+
+    def over() -> bool:  # asked while a tool call runs: the step's processes used its time in CPU
+        return step_usage(worker.pid, _principal_pids(sandbox, worker), seen)[1] >= timeout
+
     poller = select.poll()
     watched = {worker.ctl.fileno(), worker.output_fd, conn.fileno()}  # (the verdict socket is read at the end)
     for fd in watched:
@@ -245,8 +252,10 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
                         conn.read()
                     while conn.frames:
                         spent = step.tool_s
-                        _handle(conn.frames.popleft(), conn, step, output, tools, config)
-                        deadline, backstop = deadline + step.tool_s - spent, backstop + step.tool_s - spent
+                        _handle(conn.frames.popleft(), conn, step, output, tools, config, over)
+                        if step.tool_s > spent:  # the deadline is looked at again; the backstop moves
+                            deadline = min(deadline, time.monotonic())
+                            backstop = base_backstop + min(step.tool_s, timeout * config.busy_backstop)
                         if step.held(conn, output) > step.max_bytes:
                             return None, "budget", notes
                     if conn.eof:
@@ -279,10 +288,12 @@ def _read_verdict(sock, verdict: Verdict) -> bool:
 
 
 def _handle(frame: dict, conn, step: StepLedger, output: StepOutput,
-            tools: Mapping[str, Callable[..., Any]], config: ExecutorConfig) -> None:
+            tools: Mapping[str, Callable[..., Any]], config: ExecutorConfig,
+            over: Callable[[], bool] | None = None) -> None:
     """Act on one frame of the step's tool socket. Past ``max_tool_calls``, tool calls are refused
     and the step fails; a tool answer that would take the host past the step's byte budget is a
-    tool error. A call's time goes to ``step.tool_s`` (not the step's), its outage to ``step.outage``."""
+    tool error. A call's time goes to ``step.tool_s`` (not the step's), its outage to ``step.outage``;
+    ``over`` abandons the call when the step's processes have used the step's time in CPU."""
     op = frame["op"]
     if op == "tool":
         call, name, args, kwargs = frame.get("call"), frame.get("name"), frame.get("args"), frame.get("kwargs")
@@ -300,7 +311,7 @@ def _handle(frame: dict, conn, step: StepLedger, output: StepOutput,
         func = tools.get(name)
         shown = name if func is not None else log_safe(name, 100)
         began = time.monotonic()
-        record, reply, outage = perform_tool_call(shown, func, args, kwargs, config.tool_timeout_s)
+        record, reply, outage = perform_tool_call(shown, func, args, kwargs, config.tool_timeout_s, over)
         step.tool_s += time.monotonic() - began
         if outage and step.outage is None:
             step.outage = f"{shown} failed on the tool's side ({record.status}: {record.error})"
