@@ -170,7 +170,7 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
     seen: dict = {}  # the step's threads' scheduler counters, for the wait the kernel has not published yet
 
     def over() -> bool:  # asked while a tool call runs: the step's processes used its time in CPU
-        return step_usage(worker.pid, _principal_pids(sandbox, worker), seen)[1] >= timeout
+        return step_usage(worker.pid, sandbox.principal_pids(worker), seen)[1] >= timeout
 
     poller = select.poll()
     watched = {worker.ctl.fileno(), worker.output_fd, conn.fileno()}  # (the verdict socket is read at the end)
