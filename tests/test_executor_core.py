@@ -282,6 +282,28 @@ def test_the_cpu_a_step_uses_while_its_tool_calls_run_is_its_time(root):
         patient.close()
 
 
+def test_the_cpu_of_children_the_step_reaped_is_its_time(root):
+    """The same with the CPU in short-lived children the step forks and reaps: it counts (the
+    worker's whole-process CPU since the step began, its reaped children's included). Before, only
+    live threads counted, so such a step read ``ok`` after several times its ``timeout_s`` in CPU
+    (red team, round 5); here the step stops once its children used 3 s."""
+    patient = Executor(ExecutorConfig(isolation=root._sandbox.mode, timeout_s=1.0, tool_timeout_s=30,
+                                      max_tool_calls=10_000), tools={"slow": slow})
+    try:
+        r = patient.run("import os, threading, time\n"
+                        "def used():\n    t = os.times()\n"
+                        "    return t.user + t.system + t.children_user + t.children_system\n"
+                        "def churn():\n    while used() < 3:\n        pid = os.fork()\n        if pid == 0:\n"
+                        "            end = time.process_time() + 0.05\n"
+                        "            while time.process_time() < end:\n                pass\n"
+                        "            os._exit(0)\n        os.waitpid(pid, 0)\n"
+                        "t = threading.Thread(target=churn)\nt.start()\n"
+                        "while t.is_alive():\n    slow(0.3)\nprint('done')")
+        assert r.outcome == "timeout" and r.error_type == "Timeout", r
+    finally:
+        patient.close()
+
+
 def test_a_tool_calls_time_is_not_the_steps(root):
     """A tool that answers within ``tool_timeout_s`` but after the step's own ``timeout_s``: the step
     is ``ok`` (before, the host's wait for the tool counted as the code's time: ``timeout``)."""

@@ -184,6 +184,24 @@ def test_a_state_cannot_make_its_next_step_not_executed(root):
         ex.close()
 
 
+def test_a_state_that_holds_all_its_address_space_to_the_byte_fails_its_next_step(root):
+    """Filled down to 16-byte objects, the state leaves its next step's thread no memory to start
+    in (it dies of ``MemoryError`` before the step runs): the state's doing, so the code's
+    ``resource_limit`` (``MemoryLimit``), found at the backstop. Before: ``not_executed``
+    (``HostBusy``), which drops the episode (red team, round 5)."""
+    need(root, "rlimits")
+    ex = Executor(ExecutorConfig(isolation=root._sandbox.mode, **dict(CONFIG, max_step_mb=4)))  # RLIMIT_AS first
+    try:
+        r = ex.run("held, size = [], 1 << 28\nwhile size >= 16:\n    try:\n        held.append(bytearray(size))\n"
+                   "    except MemoryError:\n        size //= 2")
+        assert r.executed, r
+        r = ex.run("print(len(held))", timeout_s=0.3)
+        assert r.executed and (r.ok or r.outcome == "resource_limit"), r
+        assert ex.run("print('next')").ok
+    finally:
+        ex.close()
+
+
 def test_a_state_that_sets_a_huge_thread_stack_size_still_gets_its_next_step(root):
     """``threading.stack_size`` of the state is for its own threads: the keeper starts each step's
     thread with the default size. Before: the next step's thread could not start (``N``), it was

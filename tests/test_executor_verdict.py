@@ -241,14 +241,55 @@ BROKEN_CHANNELS = {
     # a classic BPF program that drops every message, built in pure Python (its address: id + 32)
     "drop_filter": (SOCKET + "program = struct.pack('HBBI', 0x06, 0, 0, 0)\n"  # BPF_RET | BPF_K, 0
                     "s.setsockopt(socket.SOL_SOCKET, 26, struct.pack('HxxxxxxQ', 1, id(program) + 32))"),
-    # SIGIO to the worker at the next request (its default action ends the process)
-    "io_signal": ("import fcntl, os\nfcntl.fcntl(3, fcntl.F_SETOWN, os.getpid())\n"
-                  "fcntl.fcntl(3, fcntl.F_SETFL, fcntl.fcntl(3, fcntl.F_GETFL) | os.O_ASYNC)"),
     # no descriptors with a message any more: a request's sockets are cut off (Linux 6.16+)
     "no_rights": SOCKET + "s.setsockopt(socket.SOL_SOCKET, 83, 0)",  # SO_PASSRIGHTS
     # not fd 3: the directory a fork's copy finds its scratch in (every fork of the state failed to start)
     "scratch_parent_closed": "import os\nos.close(5)",
 }
+
+
+# SIGIO to the worker at the next request (its default action ends the process): refused by the
+# seccomp filter now, so only the tests of the host's backstops plant it (their filter lacks the rule)
+IO_SIGNAL = ("import fcntl, os\nfcntl.fcntl(3, fcntl.F_SETOWN, os.getpid())\n"
+             "fcntl.fcntl(3, fcntl.F_SETFL, fcntl.fcntl(3, fcntl.F_GETFL) | os.O_ASYNC)")
+# Ways to have the kernel signal the worker later, on the state's behalf, and to stop it: each is
+# refused (``EPERM``, the step's own failure), the next step and a fork run. Before (red team, round 5):
+# a kept tool socket set to SIGTERM killed the worker as the host closed its end: next step and forks
+# ``not_executed``; a child's SIGSTOP at the step's end left a keeper that never answers.
+SIGNALLING = {
+    "kept_socket_sigterm": ("import os, fcntl, signal\nk = os.dup(6)\nfcntl.fcntl(k, fcntl.F_SETOWN, os.getpid())\n"
+                            "fcntl.fcntl(k, 10, signal.SIGTERM)\n"
+                            "fcntl.fcntl(k, fcntl.F_SETFL, fcntl.fcntl(k, fcntl.F_GETFL) | os.O_ASYNC)"),
+    "io_signal_on_fd_3": IO_SIGNAL,
+    "f_setsig": "import fcntl, signal\nfcntl.fcntl(3, 10, signal.SIGHUP)",
+    "ioctl_fioasync": "import fcntl, os, struct\nfcntl.ioctl(os.dup(6), 0x5452, struct.pack('i', 1))",
+    "ioctl_fiosetown": "import fcntl, os, struct\nfcntl.ioctl(os.dup(6), 0x8901, struct.pack('i', os.getpid()))",
+    "stop": "import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)",
+    "stop_from_a_child": "import os, signal, sys\nparent = os.getpid()\nif os.fork() == 0:\n    try:\n"
+                         "        os.kill(parent, signal.SIGTSTP)\n    except PermissionError:\n"
+                         "        print('refused')\n    sys.stdout.flush()\n    os._exit(0)\nos.wait()",
+}
+
+
+@pytest.mark.parametrize("plant", sorted(SIGNALLING))
+def test_a_step_cannot_have_its_worker_signalled_later_or_stopped(root, plant):
+    if "seccomp" not in root.isolation:
+        pytest.skip("no seccomp filter on this machine")
+    ex = root.fork()
+    try:
+        r = ex.run("try:\n" + "\n".join("    " + line for line in SIGNALLING[plant].splitlines())
+                   + "\nexcept PermissionError:\n    print('refused')")
+        assert r.executed and r.stdout.endswith("refused\n"), r
+        child = ex.fork()
+        try:
+            r = child.run("print('next')", timeout_s=2.0)
+            assert r.ok and r.attempts == 1 and r.stdout == "next\n", r
+        finally:
+            child.close()
+        r = ex.run("print('next')", timeout_s=2.0)
+        assert r.ok and r.attempts == 1 and r.stdout == "next\n", r
+    finally:
+        ex.close()
 
 
 def _kernel_knows(option: int) -> bool:
@@ -379,10 +420,12 @@ def _without_checks(mode, monkeypatch, *, second: bool):
     """An executor whose keepers skip the check of fd 3 at a step's end (as if a process the step
     forked had changed fd 3 after it) and, with ``second``, whose host skips its second check
     (``C``, once it killed the step's processes) too: what the host's later checks see."""
+    import functools
     import json
 
     from codetool.executor import Executor, ExecutorConfig
     from codetool.executor.host import family, step
+    from codetool.executor.kernel import seccomp
 
     shipped = family._sandbox_sources
 
@@ -393,6 +436,7 @@ def _without_checks(mode, monkeypatch, *, second: bool):
         return json.dumps(sources).encode()
 
     monkeypatch.setattr(family, "_sandbox_sources", without)
+    monkeypatch.setattr(family, "filter_program", functools.partial(seccomp.filter_program, signals=False))
     if second:
         monkeypatch.setattr(step, "confirm_channel", lambda *args: "intact", raising=False)
     return Executor(ExecutorConfig(isolation=mode, **dict(CONFIG, start_timeout_s=1.0)))
@@ -419,7 +463,7 @@ def test_a_change_of_fd_3_after_the_keepers_check_is_still_the_steps(late, break
     ``host.report.confirm_channel``), as part of the step: a change, a request hidden from the
     keeper, or its worker dying of SIGIO at that request is this step's ``sandbox_violation``.
     The next step runs once. Before: the step ``ok``, the next step ``not_executed``."""
-    code = BROKEN_CHANNELS[breakage]
+    code = BROKEN_CHANNELS.get(breakage, IO_SIGNAL)
     r = late.run(code + ("\ns.detach()" if code.startswith(SOCKET) else ""))
     assert r.executed and r.attempts == 1 and r.outcome == "sandbox_violation" and r.state_lost, r
     r = late.run("print(globals().get('kept', 'fresh'))", timeout_s=1.0)
@@ -427,7 +471,7 @@ def test_a_change_of_fd_3_after_the_keepers_check_is_still_the_steps(late, break
 
 
 def _planted(ex, breakage: str):
-    code = BROKEN_CHANNELS[breakage]
+    code = BROKEN_CHANNELS.get(breakage, IO_SIGNAL)
     r = ex.run(code + ("\ns.detach()" if code.startswith(SOCKET) else ""))
     assert r.ok, r  # (unchecked)
 

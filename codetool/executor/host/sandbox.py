@@ -42,6 +42,7 @@ FORK = struct.Struct(">qH")  # as inside.keeper.FORK
 HELLO = struct.Struct(">iq")  # as inside.keeper.HELLO
 # the rlimits whose lowering can keep a fork or a step's thread from starting (not fsize, core)
 STARTING_LIMITS = ("as", "data", "cpu", "nofile", "nproc")
+ADDRESS_SPACE_ROOM = 32 << 20  # bytes under RLIMIT_AS a state must leave for its next step's thread
 
 
 class ForkFailed(Exception):
@@ -153,6 +154,19 @@ class Sandbox(Family):
             if name in STARTING_LIMITS and name in self.applied_limits and now.get(name) is not None and now[name] < soft:
                 lowered.append(name)
         return lowered
+
+    def address_space_full(self, worker: WorkerHandle) -> bool:
+        """Whether ``worker``'s state holds (nearly) all the address space its ``RLIMIT_AS`` allows
+        (less than ``ADDRESS_SPACE_ROOM`` left): a step that cannot start then failed by its
+        state's doing (its thread died of ``MemoryError`` before it ran; red team, round 5), never
+        the machine's. ``False`` when the limit is unset or the worker is gone."""
+        limit = soft_limits(worker.pid).get("as")
+        try:
+            with open(f"/proc/{worker.pid}/status") as f:
+                size = next(int(line.split()[1]) << 10 for line in f if line.startswith("VmSize:"))
+        except (OSError, StopIteration, ValueError, IndexError):
+            return False
+        return limit is not None and limit - size < ADDRESS_SPACE_ROOM
 
     def _handshake(self, host_end, read_fd: int, key: int, timeout: float, sandbox_pid) -> WorkerHandle:
         os.set_blocking(read_fd, False)

@@ -25,7 +25,7 @@ for ``timeout_s`` before the backstop is ``not_executed``: no reward, label or m
 unless the state lowered its own rlimits (``Sandbox.lowered_limits``): then it is the code's
 failure (``resource_limit``, ``LimitLowered``). So is a step that met a tool *outage* (a tool that
 gave no answer within ``tool_timeout_s``, or a ``ToolResponse`` marked ``outage``: a connection
-that failed, HTTP 429/502/503/504 after the client's retries) and whose result is the code's own
+that failed, HTTP 502/503/504 after the client's retries) and whose result is the code's own
 (``ok`` or the error it raised): what it saw was the machine's failure, so neither the step nor its
 state (killed) is counted (``ToolOutage``). A failure the host decides (the deadline on the code's
 own time, memory, budgets, the verdict socket) stays the code's.
@@ -91,7 +91,7 @@ from codetool.executor.host.verdict import (
     number,
     ran,
 )
-from codetool.executor.kernel.schedstat import exit_status, process_cpu, step_usage
+from codetool.executor.kernel.schedstat import exit_status, group_cpu, process_cpu, step_usage
 from codetool.executor.result import NOT_EXECUTED, ExecutionResult
 
 logger = logging.getLogger(__name__)
@@ -125,6 +125,7 @@ def run_step(sandbox: Sandbox, worker: WorkerHandle, code: str, timeout: float, 
                                outcome="sandbox_violation", state_lost=True, duration_s=round(time.monotonic() - start, 6),
                                isolation=sandbox.isolation)
     output = StepOutput(config.max_output_chars)
+    base = group_cpu(worker.pid)  # the worker's CPU before the step (its keeper's own left out)
     verdict_host, verdict_worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     tool_host, tool_worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     sandbox.begin(worker)
@@ -143,6 +144,7 @@ def run_step(sandbox: Sandbox, worker: WorkerHandle, code: str, timeout: float, 
     conn = Conn(tool_host)
     verdict_host.setblocking(False)
     step = StepLedger(conn, config)
+    step.cpu_base = base
     verdict = Verdict()
     try:
         ended, failure, notes = _serve(sandbox, worker, conn, verdict_host, verdict, step, output, tools, config,
@@ -168,9 +170,10 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
     base_backstop = backstop
     notes: set[str] = set()
     seen: dict = {}  # the step's threads' scheduler counters, for the wait the kernel has not published yet
+    base = step.cpu_base
 
     def over() -> bool:  # asked while a tool call runs: the step's processes used its time in CPU
-        return step_usage(worker.pid, sandbox.principal_pids(worker), seen)[1] >= timeout
+        return step_usage(worker.pid, sandbox.principal_pids(worker), seen, base)[1] >= timeout
 
     poller = select.poll()
     watched = {worker.ctl.fileno(), worker.output_fd, conn.fileno()}  # (the verdict socket is read at the end)
@@ -188,7 +191,7 @@ def _serve(sandbox, worker, conn, verdict_sock, verdict, step, output, tools, co
             ready = poller.poll(0)
             if not ready:
                 others = sandbox.principal_pids(worker)
-                wait, cpu, running = step_usage(worker.pid, others, seen)
+                wait, cpu, running = step_usage(worker.pid, others, seen, base)
                 effective = max((now - start) - wait - step.tool_s, cpu)  # (tool calls: the tools' time)
                 if not running:  # the step's thread ended (or never started) and the keeper is silent
                     _read_verdict(verdict_sock, verdict)
@@ -415,6 +418,7 @@ def _stopped(sandbox, worker, conn, verdict, step, output, notes, start, timeout
     _drain(conn, step, output, worker, {}, sandbox.config)
     # a step that could not start because its state lowered its own rlimits is the code's failure
     lowered = sandbox.lowered_limits(worker) if failure in ("not_started", "busy", "lost") else []
+    full = failure in ("not_started", "busy") and verdict.token is None and sandbox.address_space_full(worker)
     ended = exit_status(worker.pid) if failure == "lost" else {}  # (a fork copy's zombie waits
     used = process_cpu(worker.pid) if ended else None  # for its zygote to reap it)
     status = drop(worker) or {}
@@ -430,10 +434,11 @@ def _stopped(sandbox, worker, conn, verdict, step, output, notes, start, timeout
             return _outage(step, start, sandbox, output)
         outcome, error_type, message = ("ok", None, None) if ran(verdict, step) else code_error(step)
         return _result(outcome, error_type, message, output, step, start, sandbox, state_lost=True)
-    if lowered and (failure == "busy" or not started):
-        return _result("resource_limit", "LimitLowered", f"LimitLowered: the state this step runs in lowered its own "
-                       f"{', '.join(lowered)} limit, so the step could not start; nothing ran.", output, step, start,
-                       sandbox, state_lost=True)
+    if (lowered or full) and (failure == "busy" or not started):
+        kind, what = ("LimitLowered", f"lowered its own {', '.join(lowered)} limit") if lowered else (
+            "MemoryLimit", "holds all the address space it may use")
+        return _result("resource_limit", kind, f"{kind}: the state this step runs in {what}, so the step could not "
+                       f"start; nothing ran.", output, step, start, sandbox, state_lost=True)
     killed_by = states_signal(status) if failure == "lost" and not started and not memory else None
     if killed_by:  # (the keeper's check of fd 3 after each step is the rule; this, its backstop)
         return _result("sandbox_violation", "ProtocolError", CHANNEL_FAILURES["signal"].format(signal=killed_by),

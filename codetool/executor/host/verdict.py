@@ -30,6 +30,7 @@ class StepLedger:
         self.ended: dict[str, str | None] = {}
         self.limit: str | None = None  # why the step is over its budget
         self.tool_s = 0.0  # seconds the host spent performing the step's tool calls (not the step's time)
+        self.cpu_base: float | None = None  # the worker's CPU (its keeper's own left out) when the step began
         self.outage: str | None = None  # the first tool call that failed on the tool's side (``proxy``)
         self.raised: dict | None = None  # the code's own description of its error (not trusted)
         self.dropped = 0  # output characters the worker dropped (its report)

@@ -52,7 +52,7 @@ def longest_wait(pids: list[int], baseline: dict[int, float]) -> float:
 
 
 def step_usage(worker: int, others: list[int], seen: dict[int, tuple[tuple[int, int], float]] | None = None,
-               ) -> tuple[float, float, int]:
+               base: float | None = None) -> tuple[float, float, int]:
     """``(longest run-queue wait, CPU seconds, threads of the worker running the step)`` of a step
     so far: over the threads of process ``worker`` but its main one (the keeper: a step runs in
     threads it starts, from zero) and every thread of ``others`` (the step's processes, which
@@ -63,8 +63,13 @@ def step_usage(worker: int, others: list[int], seen: dict[int, tuple[tuple[int, 
     With ``seen`` (a dict kept across the calls of one step), a thread that is runnable (state
     ``R``) and whose run and wait counters did not move since an earlier call has waited at least
     since that call, and the wait counts from then: an underestimate, so a step that ran out its
-    time is still a timeout."""
-    wait, cpu, tick, running = 0.0, 0.0, os.sysconf("SC_CLK_TCK"), 0
+    time is still a timeout.
+
+    With ``base`` (:func:`group_cpu` of ``worker`` when the step began), the CPU is at least the
+    worker's whole-process growth since then, which keeps the time of threads that ended and of
+    children it reaped (a step that spun in short-lived threads or children read ``ok`` after
+    eight times its ``timeout_s`` in CPU; red team, round 5), plus the live threads of ``others``."""
+    wait, cpu, tick, running, outside = 0.0, 0.0, os.sysconf("SC_CLK_TCK"), 0, 0.0
     now = time.monotonic()
     for pid in [worker] + others:
         try:
@@ -91,8 +96,27 @@ def step_usage(worker: int, others: list[int], seen: dict[int, tuple[tuple[int, 
                 elif before is None or before[0] != (ran, waited):
                     seen[key] = ((ran, waited), now)
             wait = max(wait, waited / 1e9 + pending)
-            cpu += (int(fields[11]) + int(fields[12])) / tick
+            used = (int(fields[11]) + int(fields[12])) / tick
+            cpu += used
+            outside += used if pid != worker else 0.0
+    if base is not None and (group := group_cpu(worker)) is not None:
+        cpu = max(cpu, group - base + outside)
     return wait, cpu, running
+
+
+def group_cpu(pid: int) -> float | None:
+    """CPU seconds of process ``pid`` but its main thread (a worker's keeper): every other thread,
+    ended ones included, and the children it reaped (``/proc/<pid>/stat`` utime, stime, cutime,
+    cstime less the main thread's own); ``None`` when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/task/{pid}/stat") as f:
+            main = f.read().rsplit(")", 1)[1].split()
+        total = sum(int(x) for x in fields[11:15]) - int(main[11]) - int(main[12])
+        return total / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def thread_states(pid: int) -> dict[int, tuple[str, float]]:

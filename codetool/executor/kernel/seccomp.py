@@ -27,6 +27,14 @@ model code runs (every worker and every process it starts inherits it; none can 
   time its threads waited for a CPU (``codetool.executor.kernel.schedstat``), so a step that made itself
   wait (``SCHED_IDLE``, nice 19) would stretch its deadline up to ``busy_backstop`` and turn an
   endless loop into a ``not_executed`` step;
+- signals the kernel would deliver later, on the state's behalf: ``fcntl`` ``F_SETOWN``,
+  ``F_SETOWN_EX``, ``F_SETSIG`` and ``F_SETFL`` with ``O_ASYNC``, and ``ioctl`` ``FIOASYNC``,
+  ``FIOSETOWN``, ``SIOCSPGRP``, on any descriptor (a kept socket set to signal the worker when the
+  host closed its end killed it between steps, with a signal a machine also sends: its next step
+  and forks read ``not_executed``; red team, round 5);
+- stopping a process: ``kill``, ``tkill``, ``tgkill``, ``rt_sigqueueinfo``, ``rt_tgsigqueueinfo`` and
+  ``pidfd_send_signal`` with ``SIGSTOP``, ``SIGTSTP``, ``SIGTTIN`` or ``SIGTTOU`` (a child that
+  stopped its worker as the step ended left a keeper that never answers: ``not_executed``);
 - identity changes: ``setresuid`` goes to the family's root (``SECCOMP_RET_USER_NOTIF``), which
   lets exactly one call through, the one that makes a fresh fork its own principal (a new uid);
   every other ``set*uid``/``set*gid``/``setgroups`` and ``capset`` is ``EPERM``. A worker keeps
@@ -63,7 +71,8 @@ SYSCALLS = {
                "epoll_create": 213, "epoll_create1": 291, "inotify_init": 253, "inotify_init1": 294,
                "fanotify_init": 300, "mq_open": 240, "semget": 64, "io_setup": 206, "seccomp": 317,
                "setpriority": 141, "sched_setparam": 142, "sched_setscheduler": 144, "sched_setattr": 314,
-               "sched_setaffinity": 203, "mmap": 9},
+               "sched_setaffinity": 203, "mmap": 9, "fcntl": 72, "ioctl": 16, "kill": 62, "tkill": 200,
+               "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297},
     "aarch64": {"ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272,
                 "keyctl": 219, "add_key": 217, "request_key": 218, "unshare": 97, "setns": 268,
                 "shmget": 194, "shmat": 196, "msgget": 186, "memfd_create": 279, "bpf": 280,
@@ -74,10 +83,11 @@ SYSCALLS = {
                 "epoll_create1": 20, "inotify_init1": 26, "fanotify_init": 262, "mq_open": 180,
                 "semget": 190, "io_setup": 0, "seccomp": 277, "mmap": 222,
                 "setpriority": 140, "sched_setparam": 118, "sched_setscheduler": 119, "sched_setattr": 274,
-                "sched_setaffinity": 122},
+                "sched_setaffinity": 122, "fcntl": 25, "ioctl": 29, "kill": 129, "tkill": 130, "tgkill": 131,
+                "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240},
 }
 COMMON = {"io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "clone3": 435,
-          "pidfd_getfd": 438, "memfd_secret": 447}  # same number on every architecture
+          "pidfd_getfd": 438, "memfd_secret": 447, "pidfd_send_signal": 424}  # same number on every architecture
 DENIED = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp", "keyctl", "add_key",
           "request_key", "unshare", "setns", "shmget", "shmat", "msgget", "memfd_create", "memfd_secret",
           "io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "perf_event_open", "userfaultfd",
@@ -89,11 +99,17 @@ NOTIFIED = ("setresuid",)  # decided by the family's root (sandbox_guard)
 SOCKET_FAMILIES = (16,)  # AF_NETLINK (getaddrinfo, if_nameindex)
 DENIED_FAMILIES = (1, 2, 10)  # AF_UNIX, AF_INET, AF_INET6: EPERM
 CLONE_NEW_FLAGS = 0x7E020000  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+F_SETFL, O_ASYNC = 4, 0o20000
+SIGNAL_FCNTLS = (8, 10, 15)  # F_SETOWN, F_SETSIG, F_SETOWN_EX
+SIGNAL_IOCTLS = (0x5452, 0x8901, 0x8902)  # FIOASYNC, FIOSETOWN, SIOCSPGRP
+STOP_SIGNALS = (19, 20, 21, 22)  # SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU (x86-64 and aarch64)
+SIGNAL_IN_ARG1 = ("kill", "tkill", "rt_sigqueueinfo", "pidfd_send_signal")
+SIGNAL_IN_ARG2 = ("tgkill", "rt_tgsigqueueinfo")
 
 # linux/filter.h, linux/seccomp.h
 _LD_ABS_W, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
 RET_ALLOW, RET_KILL_PROCESS, RET_USER_NOTIF, _RET_ERRNO = 0x7FFF0000, 0x80000000, 0x7FC00000, 0x00050000
-_NR, _ARCH, _ARG0, _ARG3 = 0, 4, 16, 40  # offsets in struct seccomp_data (low words of args[0], args[3])
+_NR, _ARCH, _ARG0, _ARG1, _ARG2, _ARG3 = 0, 4, 16, 24, 32, 40  # offsets in struct seccomp_data (low words of args[i])
 MAP_SHARED = 0x01  # also set in MAP_SHARED_VALIDATE
 
 
@@ -102,10 +118,12 @@ def syscall_numbers(machine: str) -> dict[str, int]:
     return {**SYSCALLS[machine], **COMMON}
 
 
-def filter_program(machine: str | None = None, notify: bool = True) -> bytes | None:
+def filter_program(machine: str | None = None, notify: bool = True, signals: bool = True) -> bytes | None:
     """The filter as ``struct sock_filter[]`` bytes (8 per instruction), or ``None`` when
     ``machine`` (defaults to this one) has no syscall table here. With ``notify=False``,
-    ``setresuid`` is denied like the other identity changes (no root to decide)."""
+    ``setresuid`` is denied like the other identity changes (no root to decide). ``signals=False``
+    leaves out the rules on signal-driven I/O and stop signals (only for the tests of the host's
+    backstops behind them)."""
     machine = machine or platform.machine()
     if machine not in SYSCALLS:
         return None
@@ -116,6 +134,10 @@ def filter_program(machine: str | None = None, notify: bool = True) -> bytes | N
     code += [(_JEQ, nr["socket"], "socket", None), (_JEQ, nr["socketpair"], "deny", None),
              (_JEQ, nr["clone"], "clone", None), (_JEQ, nr["clone3"], "enosys", None),
              (_JEQ, nr["mmap"], "mmap", None)]
+    if signals:
+        code += [(_JEQ, nr["fcntl"], "fcntl", None), (_JEQ, nr["ioctl"], "ioctl", None)]
+        code += [(_JEQ, nr[name], "signal1", None) for name in SIGNAL_IN_ARG1]
+        code += [(_JEQ, nr[name], "signal2", None) for name in SIGNAL_IN_ARG2]
     code += [(_JEQ, nr[name], "deny", None) for name in DENIED if name in nr]
     code += [(_JEQ, nr[name], "notify" if notify else "deny", None) for name in NOTIFIED]
     code.append((_RET, RET_ALLOW))
@@ -125,6 +147,13 @@ def filter_program(machine: str | None = None, notify: bool = True) -> bytes | N
     code.append((_RET, _RET_ERRNO | errno.EAFNOSUPPORT))
     code += ["clone", (_LD_ABS_W, _ARG0), (_JSET, CLONE_NEW_FLAGS, "deny", None), (_RET, RET_ALLOW)]
     code += ["mmap", (_LD_ABS_W, _ARG3), (_JSET, MAP_SHARED, "deny", None), (_RET, RET_ALLOW)]
+    if signals:
+        code += ["fcntl", (_LD_ABS_W, _ARG1), *[(_JEQ, c, "deny", None) for c in SIGNAL_FCNTLS],
+                 (_JEQ, F_SETFL, "setfl", None), (_RET, RET_ALLOW),
+                 "setfl", (_LD_ABS_W, _ARG2), (_JSET, O_ASYNC, "deny", None), (_RET, RET_ALLOW)]
+        code += ["ioctl", (_LD_ABS_W, _ARG1), *[(_JEQ, c, "deny", None) for c in SIGNAL_IOCTLS], (_RET, RET_ALLOW)]
+        for label, arg in (("signal1", _ARG1), ("signal2", _ARG2)):
+            code += [label, (_LD_ABS_W, arg), *[(_JEQ, n, "deny", None) for n in STOP_SIGNALS], (_RET, RET_ALLOW)]
     code += ["allow", (_RET, RET_ALLOW), "deny", (_RET, _RET_ERRNO | errno.EPERM), "notify", (_RET, RET_USER_NOTIF),
              "enosys", (_RET, _RET_ERRNO | errno.ENOSYS), "kill", (_RET, RET_KILL_PROCESS)]
     return _assemble(code)
