@@ -265,40 +265,31 @@ def test_host_decided_failures_stand_after_an_outage(root):
         child.close()
 
 
-def test_the_cpu_a_step_uses_while_its_tool_calls_run_is_its_time(root):
-    """A thread of the step spins while the main one waits in tool calls: the CPU is the step's
-    (checked while a call runs and after it), so it times out; the tool time given back never buys
-    CPU (red team: with the deadline moved by each call, such a step came back ``ok`` after using
-    several times its ``timeout_s`` in CPU; here it stops once it has used 3 s of CPU)."""
-    patient = Executor(ExecutorConfig(isolation=root._sandbox.mode, timeout_s=1.0, tool_timeout_s=30,
-                                      max_tool_calls=10_000), tools={"slow": slow})
-    try:
-        r = patient.run("import threading, time\n"
-                        "def spin():\n    while time.process_time() < 3:\n        pass\n"
-                        "t = threading.Thread(target=spin)\nt.start()\n"
-                        "while t.is_alive():\n    slow(0.3)\nprint('done')")
-        assert r.outcome == "timeout" and r.error_type == "Timeout", r
-    finally:
-        patient.close()
-
-
-def test_the_cpu_of_children_the_step_reaped_is_its_time(root):
-    """The same with the CPU in short-lived children the step forks and reaps: it counts (the
-    worker's whole-process CPU since the step began, its reaped children's included). Before, only
-    live threads counted, so such a step read ``ok`` after several times its ``timeout_s`` in CPU
-    (red team, round 5); here the step stops once its children used 3 s."""
-    patient = Executor(ExecutorConfig(isolation=root._sandbox.mode, timeout_s=1.0, tool_timeout_s=30,
-                                      max_tool_calls=10_000), tools={"slow": slow})
-    try:
-        r = patient.run("import os, threading, time\n"
-                        "def used():\n    t = os.times()\n"
+# A thread of the step burns CPU while the main one waits in tool calls, until 3 CPU-s are used:
+# spinning itself, or in short-lived children it forks and reaps.
+CPU_BURNERS = {
+    "spinning_thread": "def burn():\n    while time.process_time() < 3:\n        pass\n",
+    "reaped_children": ("def used():\n    t = os.times()\n"
                         "    return t.user + t.system + t.children_user + t.children_system\n"
-                        "def churn():\n    while used() < 3:\n        pid = os.fork()\n        if pid == 0:\n"
+                        "def burn():\n    while used() < 3:\n        pid = os.fork()\n        if pid == 0:\n"
                         "            end = time.process_time() + 0.05\n"
                         "            while time.process_time() < end:\n                pass\n"
-                        "            os._exit(0)\n        os.waitpid(pid, 0)\n"
-                        "t = threading.Thread(target=churn)\nt.start()\n"
-                        "while t.is_alive():\n    slow(0.3)\nprint('done')")
+                        "            os._exit(0)\n        os.waitpid(pid, 0)\n"),
+}
+
+
+@pytest.mark.parametrize("burner", sorted(CPU_BURNERS))
+def test_the_cpu_a_step_uses_while_its_tool_calls_run_is_its_time(root, burner):
+    """The CPU is the step's (checked while a call runs and after it; the worker's whole-process CPU
+    since the step began, so ended threads and reaped children count), so the step times out: the
+    tool time given back never buys CPU. Red team, round 5: with the deadline moved by each call,
+    the spinning thread came back ``ok`` after several times its ``timeout_s`` in CPU; counting
+    live threads only, so did the reaped children."""
+    patient = Executor(ExecutorConfig(isolation=root._sandbox.mode, timeout_s=1.0, tool_timeout_s=30,
+                                      max_tool_calls=10_000), tools={"slow": slow})
+    try:
+        r = patient.run("import os, threading, time\n" + CPU_BURNERS[burner]
+                        + "t = threading.Thread(target=burn)\nt.start()\nwhile t.is_alive():\n    slow(0.3)\nprint('done')")
         assert r.outcome == "timeout" and r.error_type == "Timeout", r
     finally:
         patient.close()
