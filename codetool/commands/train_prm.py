@@ -53,4 +53,9 @@ def train_command(cfg: PRMConfig) -> int:
                     ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items()))
     if cfg.push_to_hub:
         trainer.push_to_hub(dataset_name=", ".join(cfg.dataset))
+    # every process leaves the process group before the interpreter exits: left to the exit, gloo's
+    # threads were torn down under a rank now and then ("terminate called without an active
+    # exception", SIGABRT), and `accelerate launch` failed a run whose PRM was written (CI, twice)
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()
     return 0
