@@ -62,7 +62,7 @@ def test_builder_expands_labels_and_pairs(task):
     assert ["1", "2"] in [list(p) for p in record["pairs"]]  # executability decides
     assert record["summary"]["pair_counts"] == {
         "decided": {"executability": 1, "success_share": 1, "latent_reward": 0},
-        "dropped": {"no_success_difference": 1, "both_failed": 0, "tie": 0, "not_executed": 0}}
+        "dropped": {"no_success_difference": 1, "both_failed": 0, "tie": 0, "not_executed": 0, "same_step": 0}}
     assert record["tool_names"] == ["checkhealth_for_squake", "projects_for_squake"]
     json.dumps(record)  # JSON-able
 
@@ -93,6 +93,46 @@ def test_failure_policy_stop_and_success_executed(task):
     assert nodes["1-2"]["success"] is True  # give_up ran without error: "executed" counts it
 
 
+class RepeatingPolicy:
+    """At depth 0 the same call twice, then (a second draw) that call and another; below, always the
+    same finish twice: a policy that repeats itself."""
+
+    name, supports_logprobs = "repeating", False
+
+    def __init__(self):
+        self.calls: list[int] = []  # prompts per generate call
+
+    def generate(self, prompts, n=1, **_):
+        self.calls.append(len(prompts))
+        rows = []
+        for prompt in prompts:
+            depth = (len(prompt) - 3) // 2  # system + user + the opening fence, then 2 messages per step
+            first = sum(self.calls) == len(prompts) if depth == 0 else True
+            texts = ([block("print(checkhealth_for_squake())")] * 2 if first
+                     else [block("print(checkhealth_for_squake())"), block("x = 1\nprint(x)")]) if depth == 0 \
+                else [block("finish('Kestrel Ember')")] * 2
+            rows.append([Completion(texts[i % 2], 5, 3, "stop") for i in range(n)])
+        return rows
+
+
+def test_distinct_draws_give_a_node_different_children_or_fewer(task):
+    make = lambda t: Executor(EXEC, tools=t.env.functions())  # noqa: E731
+    record = TreeBuilder(RepeatingPolicy(), TreeConfig(branching=2, max_depth=2), make).build(task)
+    assert sorted(record["nodes"]) == ["1", "1-1", "1-2", "2", "2-1", "2-2"]  # repeats kept (the public code)
+    assert record["summary"]["pairs"] == 0 and record["summary"]["pair_counts"]["dropped"]["same_step"] == 3
+    policy = RepeatingPolicy()
+    record = TreeBuilder(policy, TreeConfig(branching=2, max_depth=2, distinct_draws=1), make).build(task)
+    nodes = record["nodes"]
+    assert sorted(nodes) == ["1", "1-1", "2", "2-1"]  # a second draw found another first step; none below
+    assert "checkhealth" in nodes["1"]["code"] and nodes["2"]["code"] == "x = 1\nprint(x)"
+    assert policy.calls == [1, 1, 2, 2]  # the root twice, then both first steps twice
+    # the first child carries the node's sampling cost: both draws' prompts, the two repeats dropped
+    assert (nodes["1"]["prompt_tokens"], nodes["1"]["completion_tokens"]) == (10, 9)
+    assert (nodes["2"]["prompt_tokens"], nodes["2"]["completion_tokens"]) == (0, 3)
+    with pytest.raises(ConfigError, match="distinct_draws"):
+        TreeConfig(distinct_draws=-1)
+
+
 def test_judged_success_needs_a_judge(task):
     with pytest.raises(ConfigError, match="needs a judge"):
         TreeBuilder(depth_policy(), TreeConfig(success="judged"), None)
@@ -113,7 +153,7 @@ def test_judged_success_is_grounded_first(task):
                           judge=lambda query, answer: asked.append(answer) or True)
     record = builder.build(task)
     assert record["summary"]["successful_leaves"] == 0 and asked == []
-    assert record["summary"]["pair_counts"]["dropped"]["no_success_difference"] == 1
+    assert record["summary"]["pair_counts"]["dropped"]["same_step"] == 1  # two identical finish('made up')
 
 
 def test_relabel_prints_pair_counts_by_reason(task, tmp_path, capsys):

@@ -94,6 +94,36 @@ def test_siblings_without_success_difference_are_dropped_and_counted():
     assert pairs == [] and counts["dropped"]["tie"] == 1
 
 
+def _twins(code_a: str, code_b: str, obs_a: str = "Output:\n{'value': 521.95}", obs_b: str | None = None):
+    # two first steps, each with one successful and one failed leaf below in different shares:
+    # 1 -> 1-1 (success), 1-2 (success); 2 -> 2-1 (success), 2-2 (fail)
+    obs_b = obs_a if obs_b is None else obs_b
+    tree = {"1": {"parent": None, "ok": True, "leaf": False, "code": code_a, "observation": obs_a},
+            "2": {"parent": None, "ok": True, "leaf": False, "code": code_b, "observation": obs_b}}
+    for parent, wins in (("1", (True, True)), ("2", (True, False))):
+        for i, win in enumerate(wins, 1):
+            tree[f"{parent}-{i}"] = {"parent": parent, "ok": True, "leaf": True, "success": win,
+                                     "code": f"finish('{parent}-{i}')", "observation": ""}
+    return label_tree(tree)
+
+
+@pytest.mark.parametrize("rule", ["ours", "latent"])
+def test_two_samples_of_the_same_step_are_no_pair(rule):
+    # The same call sampled twice: its subtrees differ by the later steps' sampling alone, and the PRM
+    # would read one input under both labels (48 testbed trees: 53 of 160 pairs were such twins).
+    call = 'result = convert_units(value=840, from_unit="km", to_unit="mi")\nprint(result)'
+    pairs, counts = sibling_pairs(_twins(call, call + "  \n\n"), rule)  # trailing whitespace aside
+    assert ("1", "2") not in pairs and counts["dropped"]["same_step"] == 1
+    assert ("1-1", "1-2") not in pairs and ("2", "1") not in pairs
+    # one character of code apart, or the same code with another observation: a pair
+    other = call.replace("840", "480")
+    assert ("1", "2") in sibling_pairs(_twins(call, other), rule)[0]
+    assert ("1", "2") in sibling_pairs(_twins(call, call, obs_b="Error: ToolError: timeout"), rule)[0]
+    planned = _twins(call, call)  # the same code under another plan (step_text): the PRM reads two inputs
+    planned["2"]["text"] = f"Convert first.\n```python\n{call}\n```"
+    assert ("1", "2") in sibling_pairs(planned, rule)[0]
+
+
 def test_latent_reward_formula_and_errors():
     assert latent_reward(1.0, 0.0) == 1.0
     assert latent_reward(0.0, 20.0) == pytest.approx(0.9 * 0.95)

@@ -147,8 +147,8 @@ def test_a_tau_only_difference_decides_only_under_latent():
 
 def test_label_record_recomputes_success_and_counts_pairs():
     tree = tool_free_finish_tree()
-    for n in tree.values():
-        n.update(code="pass", text="", observation="")
+    for node_id, n in tree.items():
+        n.update(code=f"pass  # step {node_id}", text="", observation="")
     record = {"query_id": "q", "nodes": tree, "tool_names": TOOLS, "summary": {"seconds": 2.0}}
     label_record(record, TreeConfig(), recompute_success=True)
     assert record["summary"]["successful_leaves"] == 1

@@ -46,7 +46,7 @@ class Node:
 
 def expand_each(policy, nodes: list[Node], n: int, cfg: SearchConfig, *,
                 seed: int | list[int] | None = None, timings: dict[str, float] | None = None,
-                ) -> list[list[Expanded] | Exception]:
+                distinct_draws: int = 0) -> list[list[Expanded] | Exception]:
     """:func:`expand`, isolating failures per node: if the batched call raises (a policy error
     for one prompt, e.g. its context is too long), each node is expanded on its own, so only the
     nodes that still fail get their exception back in place of their row. ``seed`` is one for the
@@ -56,7 +56,7 @@ def expand_each(policy, nodes: list[Node], n: int, cfg: SearchConfig, *,
         Per node, its row of :class:`Expanded` or the exception that expanding it raised.
     """
     try:
-        return [*expand(policy, nodes, n, cfg, seed=seed, timings=timings)]
+        return [*expand(policy, nodes, n, cfg, seed=seed, timings=timings, distinct_draws=distinct_draws)]
     except Exception as exc:  # noqa: BLE001 - retried node by node below
         if len(nodes) == 1:
             return [exc]
@@ -64,14 +64,14 @@ def expand_each(policy, nodes: list[Node], n: int, cfg: SearchConfig, *,
     for i, node in enumerate(nodes):
         try:
             rows.extend(expand(policy, [node], n, cfg, seed=seed[i:i + 1] if isinstance(seed, list) else seed,
-                               timings=timings))
+                               timings=timings, distinct_draws=distinct_draws))
         except Exception as exc:  # noqa: BLE001 - recorded on this node by the caller
             rows.append(exc)
     return rows
 
 
-def expand(policy, nodes: list[Node], n: int, cfg: SearchConfig, *,
-           seed: int | list[int] | None = None, timings: dict[str, float] | None = None) -> list[list[Expanded]]:
+def expand(policy, nodes: list[Node], n: int, cfg: SearchConfig, *, seed: int | list[int] | None = None,
+           timings: dict[str, float] | None = None, distinct_draws: int = 0) -> list[list[Expanded]]:
     """Sample ``n`` candidates for each node in one batched call and execute each in a fork.
 
     Args:
@@ -80,8 +80,16 @@ def expand(policy, nodes: list[Node], n: int, cfg: SearchConfig, *,
         n (`int`): candidates per node.
         cfg (`SearchConfig`): sampling settings and reward options.
         timings (`dict`, *optional*): ``generation``/``execution`` seconds are added to it.
+        distinct_draws (`int`, *optional*, defaults to 0): with 0, the ``n`` samples as drawn, repeats
+            included. Above 0, a candidate whose reply repeats an earlier one of its node (the same
+            text, trailing whitespace aside) is dropped before it runs, and the nodes short of ``n``
+            sample again, at most this many more times (each draw with its own seed): a node gets
+            up to ``n`` distinct candidates, fewer when its policy keeps repeating itself (the tree
+            builder's ``trees.distinct_draws``). A node's first candidate then carries the prompt
+            tokens of every draw and the generated tokens of the repeats dropped.
     Returns:
-        One list of ``n`` :class:`Expanded` per node, in sampling order.
+        One list of :class:`Expanded` per node, in sampling order: ``n`` of them, or with
+        ``distinct_draws`` from 1 to ``n``.
     """
     timings = timings if timings is not None else {}
     prompts = [policy_messages(node.task.query, node.task.env.render(), node.history, step_format=cfg.step_format,
@@ -94,20 +102,66 @@ def expand(policy, nodes: list[Node], n: int, cfg: SearchConfig, *,
         extra["constraint"] = [step_constraint(node.task, len(node.history), cfg, lead)
                                for node, lead in zip(nodes, leads)]
     t0 = time.perf_counter()
-    outputs = policy.generate(prompts, n=n, temperature=cfg.temperature, top_p=cfg.top_p,
-                              max_new_tokens=cfg.max_new_tokens, stop=stop_words(cfg), seed=seed, **extra)
+
+    def draw(which: list[int], draw_index: int) -> list[list[Any]]:
+        seeds: Any = seed
+        if isinstance(seed, list):
+            seeds = [seed[i] + 104_729 * draw_index for i in which]
+        elif seed is not None:
+            seeds = seed + 104_729 * draw_index
+        return policy.generate([prompts[i] for i in which], n=n, temperature=cfg.temperature, top_p=cfg.top_p,
+                               max_new_tokens=cfg.max_new_tokens, stop=stop_words(cfg), seed=seeds,
+                               **{k: [v[i] for i in which] for k, v in extra.items()})
+
+    outputs = draw(list(range(len(nodes))), 0)
+    spent = [[0, 0] for _ in nodes]  # per node: prompt tokens of its draws, generated tokens of its repeats
+    if distinct_draws > 0:
+        outputs, spent = _distinct(outputs, n, distinct_draws, draw, lambda i, c: reply_text(c.text, leads[i], cfg))
     timings["generation"] = timings.get("generation", 0.0) + time.perf_counter() - t0
     t0 = time.perf_counter()
     expanded = [[run_step(node.state, reply_text(completion.text, lead, cfg), node.task, cfg, index=i,
-                          prompt_tokens=completion.prompt_tokens if i == 0 else 0,
-                          completion_tokens=completion.completion_tokens)
+                          prompt_tokens=(completion.prompt_tokens + used[0]) if i == 0 else 0,
+                          completion_tokens=completion.completion_tokens + (used[1] if i == 0 else 0))
                  for i, completion in enumerate(completions)]
-                for node, completions, lead in zip(nodes, outputs, leads)]
+                for node, completions, lead, used in zip(nodes, outputs, leads, spent)]
     timings["execution"] = timings.get("execution", 0.0) + time.perf_counter() - t0
     from codetool.progress import note_work  # the commands' progress counts steps and tree nodes
 
     note_work(len(expanded))
     return expanded
+
+
+def _distinct(outputs: list[list[Any]], n: int, draws: int, draw, reply_of) -> tuple[list[list[Any]], list[list[int]]]:
+    """:func:`expand`'s ``distinct_draws``: per node up to ``n`` completions whose replies
+    (``reply_of(node index, completion)``) differ, drawing again (``draw(node indices, draw index)``)
+    for the nodes short of ``n``; with the per-node ``[extra prompt tokens, generated tokens of the
+    repeats dropped]``."""
+    def key(text: str) -> str:
+        return "\n".join(line.rstrip() for line in text.strip().splitlines())
+
+    kept: list[list[Any]] = [[] for _ in outputs]
+    seen: list[set[str]] = [set() for _ in outputs]
+    spent = [[0, 0] for _ in outputs]
+
+    def take(i: int, row: list[Any]) -> None:
+        for completion in row:
+            text = key(reply_of(i, completion))
+            if text in seen[i] or len(kept[i]) >= n:
+                spent[i][1] += completion.completion_tokens
+                continue
+            seen[i].add(text)
+            kept[i].append(completion)
+
+    for i, row in enumerate(outputs):
+        take(i, row)
+    for d in range(1, draws + 1):
+        short = [i for i, row in enumerate(kept) if len(row) < n]
+        if not short:
+            break
+        for i, row in zip(short, draw(short, d)):
+            spent[i][0] += row[0].prompt_tokens if row else 0
+            take(i, row)
+    return kept, spent
 
 
 def check_constraints(policy, cfg: SearchConfig) -> None:

@@ -159,7 +159,7 @@ class TreeBuilder:
             while frontier:
                 level = time.perf_counter()
                 rows = expand_each(self.policy, [Node(n.state, n.history, tasks[n.tree]) for n in frontier],
-                                   cfg.branching, self.sample_cfg,
+                                   cfg.branching, self.sample_cfg, distinct_draws=cfg.distinct_draws,
                                    seed=[node_seed(seeds[n.tree], n.node_id) for n in frontier])
                 for n, row in zip(frontier, rows):
                     if isinstance(row, Exception):  # this tree's policy call failed: it ends

@@ -61,6 +61,11 @@ class TreeConfig(TreePolicy, TreeTools, TreeOutput, ShardedWorkersGroup, MemoryG
                                             "restbench-tmdb[:<first>-<last>] (codetool.tools.heldout)")
     dataset_dir: str = option("data/prm", "where the PRM dataset goes (prm_examples.jsonl, train/validation splits)")
     branching: int = option(2, "candidates sampled per node")
+    distinct_draws: int = option(0, "0: a node's children are its samples as drawn, a repeated step included (the "
+                                 "public code; two samples of the same step are no pair: dropped as same_step). n > 0: "
+                                 "a sample that repeats a sibling's reply is dropped before it runs and the node "
+                                 "samples again, at most n more times: up to branching distinct children, fewer where "
+                                 "the policy keeps repeating itself (trees spend their nodes on different steps)")
     max_depth: int = option(5, "depth at which nodes become leaves")
     failure_policy: str = option("continue", "what a failed node does", choices=["continue", "stop"])
     success: str = option("grounded", "leaf success: executed (public code: the path ran cleanly), grounded (finish "
@@ -102,6 +107,8 @@ class TreeConfig(TreePolicy, TreeTools, TreeOutput, ShardedWorkersGroup, MemoryG
             raise ConfigError(f"--limit must be >= 1, got {self.limit}.")
         if self.batch_trees is not None and self.batch_trees < 1:
             raise ConfigError(f"batch_trees must be >= 1, got {self.batch_trees}.")
+        if self.distinct_draws < 0:
+            raise ConfigError(f"distinct_draws must be >= 0 (0: samples as drawn), got {self.distinct_draws}.")
         if self.branching < 1 or self.max_depth < 1:
             raise ConfigError(f"branching and max_depth must be >= 1, got {self.branching} and {self.max_depth}.")
         if not 0.0 <= self.val_fraction < 1.0:
@@ -122,7 +129,8 @@ def tree_hash(cfg: TreeConfig) -> str:
     """The config hash stored in tree records and checked on resume (not paths, sharding or speed,
     nor ``never_train_on``: which queries get trees, not how a tree is built; the export drops held-out
     queries from trees built before, so the guarantee does not depend on the hash)."""
-    unset = ("tools",) if cfg.tools is None else ()  # a setting added later hashes only when set
+    # a setting added later hashes only when set
+    unset = (*(("tools",) if cfg.tools is None else ()), *(("distinct_draws",) if not cfg.distinct_draws else ()))
     return config_hash(cfg, ignore=("output", "dataset_dir", "shard", "merge", "limit", "batch_trees", "never_train_on",
                                     "policy_max_batch_size", "retry_failed", "force_resume", "relabel", "ray",
                                     "cluster", "policy_client", "max_memory_mb", *unset))

@@ -84,7 +84,8 @@ def grow(builder, tasks: Iterable[SearchTask], on_done: Callable[[dict], None], 
 
     def expand_node(n: FrontierNode, tree: _Tree):
         node = Node(n.state, n.history, tree.task)
-        return expand_each(builder.policy, [node], cfg.branching, sample_cfg, seed=[node_seed(tree.seed, n.node_id)])[0]
+        return expand_each(builder.policy, [node], cfg.branching, sample_cfg, seed=[node_seed(tree.seed, n.node_id)],
+                           distinct_draws=cfg.distinct_draws)[0]
 
     def close_tree(t: int) -> None:
         # A judged success asks the judge, which may be a local model that must not run in several

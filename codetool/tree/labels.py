@@ -95,7 +95,7 @@ LABEL_RULES = ("ours", "latent", "reference")
 PAIR_RULES = ("ours", "latent")  # the rules of sibling_pairs; reference is codetool.tree.reference
 SUCCESS_MODES = ("executed", "grounded", "judged", "answer")
 DECIDED_BY = ("executability", "success_share", "latent_reward")
-DROPPED_FOR = ("no_success_difference", "both_failed", "tie", "not_executed")
+DROPPED_FOR = ("no_success_difference", "both_failed", "tie", "not_executed", "same_step")
 
 
 def pair_counts() -> dict[str, dict[str, int]]:
@@ -107,7 +107,10 @@ def sibling_pairs(tree: dict[str, dict], rule: str = "ours") -> tuple[list[tuple
     """Ordered ``(more promising, less promising)`` node-id pairs over all sibling groups.
 
     A pair with a sibling that was not executed, or none of whose leaves was, is dropped
-    (``not_executed``). Both rules look at executability first: a sibling whose own code ran
+    (``not_executed``), and so is a pair of **the same step** (``same_step``: the same code,
+    whitespace aside, with the same observation; :func:`same_step`): the PRM would read one input
+    under both labels, and the difference in their subtrees is the later steps' sampling, not this
+    step's promise. Both rules then look at executability first: a sibling whose own code ran
     (``ok``) beats one whose code failed. Then:
 
     - ``ours`` (the public CodeTool code's comparison): the sibling with the strictly greater hard
@@ -141,6 +144,18 @@ def sibling_pairs(tree: dict[str, dict], rule: str = "ours") -> tuple[list[tuple
     return pairs, counts
 
 
+def same_step(na: dict, nb: dict) -> bool:
+    """Whether two sibling nodes are the same step as the PRM reads it: equal code and equal reply
+    text (which holds a plan where the step format has one), each line's trailing whitespace and
+    blank lines at either end aside, and equal observation. A policy that samples the same call twice
+    gives two such children. Nodes that record no reply at all (hand-built trees) never are."""
+    def norm(text: str | None) -> str:
+        return "\n".join(line.rstrip() for line in (text or "").strip().splitlines())
+
+    reply = [(norm(n.get("code")), norm(n.get("text")), n.get("observation") or "") for n in (na, nb)]
+    return any(reply[0][:2]) and reply[0] == reply[1]
+
+
 def node_executed(node: dict) -> bool:
     """Whether a node's code ran (``executed``, or for records written before that key, what its
     ``result`` says: ``codetool.rewards.not_executed``)."""
@@ -153,6 +168,8 @@ def _compare(na: dict, nb: dict, rule: str) -> tuple[int | None, str]:
     """``(0 or 1, reason)`` for the winning sibling, or ``(None, drop reason)``."""
     if na.get("lr_soft") is None or nb.get("lr_soft") is None:  # not executed, or nothing below it ran
         return None, "not_executed"
+    if same_step(na, nb):
+        return None, "same_step"
     if bool(na.get("ok")) != bool(nb.get("ok")):
         return (0 if na.get("ok") else 1), "executability"
     if rule == "ours":
