@@ -59,6 +59,21 @@ def test_extra_eos_case_loss_lands_on_the_label_only(encoder):
     assert batch["input_ids"].shape[1] == max(len(t["input_ids"]) for t in tokenized) - 1  # label not an input
 
 
+def test_a_pair_that_is_one_input_under_two_labels_is_left_out(encoder, caplog):
+    # rows of a dataset built before same_step pairs were dropped: the same call sampled twice
+    base = {"query_id": "q1", "query": "How many miles is 840 km?", "tools": "def convert_units(...): ...",
+            "history": [], "candidate": 'result = convert_units(value=840, from_unit="km", to_unit="mi")',
+            "candidate_output": "Output:\n{'value': 521.95}", "ok": True}
+    twins = [{**base, "label": 1, "pair": "q1:1>2"}, {**base, "label": 0, "pair": "q1:1>2"}]
+    other = [{**base, "label": 1, "pair": "q1:3>4"},
+             {**base, "candidate": base["candidate"].replace("840", "480"), "label": 0, "pair": "q1:3>4"}]
+    with caplog.at_level("WARNING"):
+        tokenized, stats = tokenize_rows(twins + other, encoder)
+    assert stats.same_input == 2 and len(tokenized) == 2 and [t["label"] for t in tokenized] == [1, 0]
+    assert "1 of 2 labelled pairs left out" in caplog.text
+    assert tokenize_rows(other, encoder)[1].same_input == 0
+
+
 def test_training_and_scoring_paths_give_identical_ids(encoder):
     """Field case train-score-mismatch: the dataset row minus its label equals what the scorer
     feeds the model for the same example, token for token."""

@@ -53,12 +53,14 @@ def sibling_key(row: dict) -> str:
 
 @dataclass
 class TokenStats:
-    """Counts from :func:`tokenize_rows`: rows, rows cut to fit, history steps dropped, tokens."""
+    """Counts from :func:`tokenize_rows`: rows, rows cut to fit, history steps dropped, tokens, and
+    rows left out as one input under two labels (``same_input``)."""
 
     rows: int = 0
     truncated: int = 0
     dropped_steps: int = 0
     tokens: int = 0
+    same_input: int = 0
 
 
 def tokenize_rows(rows: list[dict], encoder: PromptEncoder) -> tuple[list[dict], TokenStats]:
@@ -70,6 +72,10 @@ def tokenize_rows(rows: list[dict], encoder: PromptEncoder) -> tuple[list[dict],
         (int, index of the row's query: its rows share the query and tool prompt), ``label``
         (0/1), ``pair`` (int, index of its labelled pair, -1 none) and ``ok`` (1 its step ran, 0
         failed, -1 unknown), plus :class:`TokenStats`. Truncated rows are logged, never dropped.
+        The two rows of a labelled pair that encode to the same tokens under opposite labels (the
+        same step sampled twice in a dataset built before ``same_step`` pairs were dropped, or two
+        steps that ``max_length`` cut to one prefix) are left out, counted in ``same_input`` and
+        logged: no PRM can score them apart, so they would teach nothing and score as a coin.
     """
     pos_id, neg_id = encoder.label_ids
     groups: dict[str, int] = {}
@@ -93,7 +99,24 @@ def tokenize_rows(rows: list[dict], encoder: PromptEncoder) -> tuple[list[dict],
         logger.warning("%d of %d PRM rows were cut to fit max_length %d (%d history steps left out); "
                        "their labels are kept", stats.truncated, stats.rows, encoder.fmt.max_length,
                        stats.dropped_steps)
-    return out, stats
+    return _without_same_input(out, stats)
+
+
+def _without_same_input(out: list[dict], stats: TokenStats) -> tuple[list[dict], TokenStats]:
+    """:func:`tokenize_rows` without the pairs whose two rows are one input under two labels."""
+    by_pair: dict[int, list[dict]] = {}
+    for row in out:
+        if row["pair"] >= 0:
+            by_pair.setdefault(row["pair"], []).append(row)
+    same = {pid for pid, rows in by_pair.items() if len(rows) == 2 and rows[0]["label"] != rows[1]["label"]
+            and rows[0]["input_ids"][:-1] == rows[1]["input_ids"][:-1]}
+    if not same:
+        return out, stats
+    stats.same_input = 2 * len(same)
+    logger.warning("%d of %d labelled pairs left out: their two rows are one input to the PRM under opposite labels "
+                   "(the same step sampled twice: 'codetool build-trees --relabel' drops such pairs as same_step; "
+                   "or two steps cut to one prefix: raise format.max_length)", len(same), len(by_pair))
+    return [row for row in out if row["pair"] not in same], stats
 
 
 class PRMCollator:

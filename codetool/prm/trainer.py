@@ -231,8 +231,8 @@ def _datasets(cfg: PRMConfig, encoder, rows: list[dict], eval_rows: list[dict] |
         raise CodetoolError(f"no training rows left after holding out {cfg.eval_fraction:.0%} of the queries; "
                             "lower eval_fraction or add data.")
     train_tok, stats = tokenize_rows(train_rows, encoder)
-    logger.info("train rows %d (%d tokens, %d cut to fit); eval rows %d", stats.rows, stats.tokens,
-                stats.truncated, len(eval_rows))
+    logger.info("train rows %d (%d tokens, %d cut to fit, %d left out as one input under two labels); eval rows %d",
+                stats.rows, stats.tokens, stats.truncated, stats.same_input, len(eval_rows))
     eval_ds = Dataset.from_list(tokenize_rows(eval_rows, encoder)[0]) if eval_rows else None
     return Dataset.from_list(train_tok), eval_ds
 
