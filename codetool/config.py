@@ -397,19 +397,26 @@ def _flat_fields(cls: type, prefix: str = "") -> list[tuple[str, dataclasses.Fie
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML recipe; raises ConfigError if it is missing or not a mapping."""
+    """Read a YAML recipe; raises ConfigError if it is missing, empty (blank or comments only) or
+    not a mapping: an empty ``--config`` is a mistake (a truncated or wrong file), never a run with
+    every default."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}. Pass --config with a path to a YAML recipe "
                           f"(see the configs/ folder of the repository).")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        text = path.read_text(encoding="utf-8")
+        data = yaml.safe_load(text) if text.strip() else None  # blank with tabs: no YAML error
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({' '.join(str(e).split())}).") from None
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply to be a recipe; a recipe is a mapping of settings.") from None
     except (UnicodeDecodeError, ValueError) as e:  # a binary file, or one yaml cannot read
         raise ConfigError(f"{path}: not a YAML text file ({type(e).__name__}).") from None
+    if data is None:
+        raise ConfigError(f"{path}: the recipe is empty (blank or comments only); put settings in it as a "
+                          f"YAML mapping (e.g. 'name: my-run'; see the configs/ folder), or leave --config "
+                          f"out to run with the defaults.")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a recipe must be a mapping of settings, got {type(data).__name__}.")
     return data

@@ -6,6 +6,7 @@ overrides the recipe, and :func:`codetool.config.load_config` converts the text 
 A list of values takes ``A,B`` and, when the command has no positional argument that the words
 would swallow, ``A B`` too (``--stages search eval``); a list of settings takes YAML text
 (``--evals '[{benchmark: restbench-tmdb, limit: 4}]'``). Help shows defaults as a user types them.
+A help text that says its default in words (``default: ...``) gets no second ``[default: ...]``.
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
             f.default_factory() if f.default_factory is not _MISSING else None)
         choices = f.metadata.get("choices")
         extra = f" (choices: {', '.join(map(str, choices))})" if choices else ""
-        shown = f"{help_text}{extra} [default: {_default_text(default)}]".replace("%", "%%").replace("%%%%", "%%")
+        own = "default:" in help_text  # the help says it in words (serve-mock --queries: one default)
+        shown = f"{help_text}{extra}{'' if own else f' [default: {_default_text(default)}]'}"
+        shown = shown.replace("%", "%%").replace("%%%%", "%%")
         if name in hidden:
             shown = argparse.SUPPRESS
         if f.metadata.get("positional"):

@@ -97,6 +97,26 @@ def test_every_command_s_help_formats(name):
     assert cli._help_parser(name).format_help().startswith(f"usage: codetool {name}")
 
 
+@pytest.mark.parametrize("name", sorted(cli.COMMANDS))
+def test_every_option_s_help_shows_one_default(name):
+    """A help text that says its default in words gets no second ``[default: ...]`` (serve-mock
+    --queries showed "[default: the six test groups] [default: none]")."""
+    config_cls, _ = cli._load(name)
+    for action in cli._command_parser(name, config_cls)._actions:
+        assert (action.help or "").count("default:") <= 1, (name, action.option_strings, action.help)
+
+
+@pytest.mark.parametrize("name", sorted(cli.COMMANDS))
+def test_an_empty_config_stops_every_command_with_one_line(name, tmp_path, capsys):
+    """``--config empty.yaml`` used to start the command with every default (``pipeline``: a full
+    default run); docs/LONG_JOBS.md "Bad input" says an empty file stops the command."""
+    recipe = tmp_path / "empty.yaml"
+    recipe.write_text("# nothing yet\n")
+    assert cli.main([name, "--config", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"codetool {name}: error: {recipe}: the recipe is empty"), err
+
+
 # ---- 0.2.0 renamed keys: one line naming the new key
 
 @pytest.mark.parametrize(("argv", "said"), [

@@ -19,7 +19,9 @@ def test_serve_mock_cli_help(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["serve-mock", "--help"])
     assert exit_info.value.code == 0
-    assert "stabletoolbench" in capsys.readouterr().out
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "stabletoolbench" in shown
+    assert "(ToolBench format) [default: the six test groups] (several" in shown  # one default, not "... [default: none]"
 
 
 def test_settings_are_checked():

@@ -310,6 +310,18 @@ def test_load_config_layers_defaults_yaml_and_dotted_overrides(tmp_path):
         load_config(Outer, recipe, {"n.k": 1})  # the recipe's value is replaced by the group, then refused
 
 
+@pytest.mark.parametrize("text", ["", "  \n\t\n", "# only a comment\n# and another\n", "---\n", "null\n"])
+def test_an_empty_recipe_is_refused_naming_the_file_and_what_to_put_in_it(tmp_path, text):
+    """An empty --config (blank, comments only, a bare document) is a mistake, not "every default"."""
+    recipe = tmp_path / "empty.yaml"
+    recipe.write_text(text)
+    with pytest.raises(ConfigError, match=r"^.*empty\.yaml: the recipe is empty \(blank or comments only\); put "
+                                          r"settings in it as a YAML mapping .*leave --config out"):
+        load_config(Outer, recipe)
+    recipe.write_text("{}\n")  # an explicit empty mapping says "the defaults" on purpose
+    assert load_config(Outer, recipe) == Outer()
+
+
 def test_command_line_flags_reach_the_config_through_the_same_conversion():
     parser = argparse.ArgumentParser()
     add_arguments(parser, Outer)
