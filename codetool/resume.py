@@ -101,6 +101,17 @@ def refuse_duplicates(keys: Iterable[str], source: str) -> None:
                             "new ids or remove them.")
 
 
+class OutputBusy(CodetoolError):
+    """Another process holds the lock of ``output``: its message says to pass a different ``--output``
+    (``run``, ``build-trees``); a command that names its outputs otherwise (``pipeline``: ``--name``,
+    ``--runs_dir``) catches it and says so."""
+
+    def __init__(self, output: Path, lock: Path):
+        super().__init__(f"another run is writing {output} (it holds {lock}); wait for it to finish, or pass a "
+                         "different --output.")
+        self.output, self.lock = output, lock
+
+
 class OutputLock:
     """Exclusive lock on ``<path>.lock`` for the duration of a ``with`` block; the lock file is
     removed when the block ends, a SIGTERM included (the CLI turns it into an interrupt); a run
@@ -113,7 +124,7 @@ class OutputLock:
     is still the one at ``<path>.lock``; otherwise it is taken again on the file that is there.
 
     Raises:
-        CodetoolError: another process holds the lock (a second run on the same output).
+        OutputBusy: another process holds the lock (a second run on the same output).
     """
 
     def __init__(self, path: str | os.PathLike):
@@ -127,8 +138,7 @@ class OutputLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
-                raise CodetoolError(f"another run is writing {str(self.path)[:-5]} (it holds {self.path}); wait for "
-                                    "it to finish, or pass a different --output.") from None
+                raise OutputBusy(Path(str(self.path)[:-5]), self.path) from None
             if self._current(fd):
                 break
             os.close(fd)  # the run that held it removed it as we opened it: lock the file there now

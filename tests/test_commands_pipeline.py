@@ -215,3 +215,28 @@ def test_an_evaluation_set_can_be_your_own_queries_and_spec(tmp_path):
     assert all(r.output.endswith("/queries.jsonl") for r in runs)
     with pytest.raises(ConfigError, match="your own"):
         EvalSetConfig(benchmark="toolbench")
+
+
+def test_a_locked_stage_output_names_the_pipeline_s_options(monkeypatch, tmp_path):
+    """A second pipeline on a run whose trees stage another one is building (its record: same
+    settings, not done): the lock error named ``--output``, which pipeline lacks."""
+    from codetool.commands import build_trees, pipeline
+    from codetool.resume import OutputLock
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the lock is taken before any tree is built")
+
+    monkeypatch.setattr(build_trees, "build_missing", no_model)
+    cfg = PipelineConfig(name="p", runs_dir=str(tmp_path), stages=["trees"],
+                         trees=TreeConfig(queries="world:train:0:1"))
+    real = pipeline.build_trees_command
+    monkeypatch.setattr(pipeline, "build_trees_command", lambda c: no_model())
+    with pytest.raises(AssertionError):
+        run_pipeline(cfg)  # leaves the stage's record (failed, these settings): a rerun resumes in place
+    monkeypatch.setattr(pipeline, "build_trees_command", real)
+    trees = tmp_path / "p" / "trees" / "trees.jsonl"
+    with OutputLock(trees), pytest.raises(CodetoolError) as info:
+        run_pipeline(cfg)
+    said = str(info.value)
+    assert f"another run is writing {trees}" in said and "--name (or --runs_dir)" in said
+    assert "--output" not in said

@@ -45,3 +45,13 @@ def test_a_lock_on_a_file_a_finished_run_removed_does_not_count(tmp_path, monkey
     assert len(opened) == 2
     third.__exit__(None, None, None)
     assert not os.path.exists(str(out) + ".lock")
+
+
+def test_a_held_lock_says_to_pass_another_output_and_names_both_files(tmp_path):
+    """``run`` and ``build-trees`` have ``--output``: their advice names it (pipeline rewords it)."""
+    out = tmp_path / "t.jsonl"
+    with OutputLock(out), pytest.raises(resume.OutputBusy) as info:
+        OutputLock(out).__enter__()
+    assert (info.value.output, info.value.lock) == (out, tmp_path / "t.jsonl.lock")
+    assert str(info.value) == (f"another run is writing {out} (it holds {out}.lock); wait for it to finish, or pass "
+                               "a different --output.")

@@ -48,6 +48,7 @@ from codetool.jobs.pipeline import (
 from codetool.jobs.queries import RunConfig, log_prompt_cache
 from codetool.jobs.stages import Stage
 from codetool.models.memory import release_host_memory
+from codetool.resume import OutputBusy
 from codetool.tree.config import TreeConfig
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
         nonlocal changed
         if not runs_stage(cfg, name):
             status[name] = "not run"
-        elif Stage(root, name, plan[name]).run(work, force=name in cfg.force or changed):
+        elif _ran(Stage(root, name, plan[name]), cfg, work, force=name in cfg.force or changed):
             changed, status[name] = True, "ran"
             release_host_memory(collect=True)  # the stage's models are gone: the next one starts lean
         else:
@@ -82,6 +83,17 @@ def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
     stage("search", lambda: stage_search(cfg, run_cfgs, prm))
     stage("eval", lambda: stage_eval(cfg, run_cfgs, prm))
     return status
+
+
+def _ran(stage: Stage, cfg: PipelineConfig, work: Callable[[], dict | None], force: bool) -> bool:
+    """``stage.run(work)``; an output another process is writing is refused naming the options the
+    pipeline has (its outputs are under ``--runs_dir``/``--name``; it has no ``--output``)."""
+    try:
+        return stage.run(work, force=force)
+    except OutputBusy as e:
+        raise CodetoolError(f"another run is writing {e.output} (it holds {e.lock}): another pipeline on run "
+                            f"'{cfg.name}' under {cfg.runs_dir}? Wait for it to finish, or give this one another "
+                            "--name (or --runs_dir).") from None
 
 
 def stage_trees(tree_cfg: TreeConfig) -> dict:
