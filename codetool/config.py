@@ -22,6 +22,7 @@ import difflib
 import hashlib
 import importlib
 import json
+import re
 import types
 import typing
 from pathlib import Path
@@ -267,10 +268,19 @@ def from_dict(cls: type[T], data: dict[str, Any], *, where: str = "") -> T:
         kwargs[name] = coerced
     try:
         return cls(**kwargs)
-    except ConfigError:
-        raise
+    except ConfigError as e:
+        raise _dotted(e, where, fields) from None
     except (ValueError, TypeError) as e:  # a library dataclass (TRL's SFTConfig) validating itself
         raise ConfigError(f"{where or cls.__name__}: {e}") from None
+
+
+def _dotted(error: ConfigError, where: str, fields: typing.Iterable[str]) -> ConfigError:
+    """``error`` of a group's check read at ``where`` (``search``), with the key it starts with dotted
+    as the user gives it (``max_steps must be >= 1`` -> ``search.max_steps must be >= 1``, as
+    ``search.k``'s own message says); a message that starts otherwise is kept."""
+    text = str(error)
+    first = re.split(r"[\s:,]", text, maxsplit=1)[0]
+    return ConfigError(f"{where}.{text}") if where and first in set(fields) else error
 
 
 def renamed_error(cls: type, key: str, *, where: str = "", flag: bool = False) -> ConfigError | None:

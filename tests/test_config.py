@@ -322,6 +322,34 @@ def test_an_empty_recipe_is_refused_naming_the_file_and_what_to_put_in_it(tmp_pa
     assert load_config(Outer, recipe) == Outer()
 
 
+@dataclass
+class Checked:
+    steps: int = option(1, "steps")
+    k: int = option(1, "k")
+
+    def __post_init__(self):
+        if self.steps < 1:
+            raise ConfigError(f"steps must be >= 1, got {self.steps}.")
+        if self.k < 1:
+            raise ConfigError(f"grp.k must be >= 1, got {self.k}.")  # names its key itself, as search.k does
+
+
+@dataclass
+class Holder:
+    grp: Checked = option(default_factory=Checked, help="a group that checks itself")
+
+
+def test_a_nested_group_s_check_names_the_dotted_key():
+    """``--search.max_steps -3`` said "max_steps must be >= 1" while ``search.k`` said "search.k ...":
+    a check read below a key is dotted where its message starts with a bare key of the group."""
+    with pytest.raises(ConfigError, match=r"^grp\.steps must be >= 1, got -3\.$"):
+        load_config(Holder, None, {"grp.steps": "-3"})
+    with pytest.raises(ConfigError, match=r"^grp\.k must be >= 1, got 0\.$"):  # not grp.grp.k
+        load_config(Holder, None, {"grp.k": "0"})
+    with pytest.raises(ConfigError, match=r"^steps must be >= 1, got 0\.$"):  # at the top: no prefix
+        load_config(Checked, None, {"steps": "0"})
+
+
 def test_command_line_flags_reach_the_config_through_the_same_conversion():
     parser = argparse.ArgumentParser()
     add_arguments(parser, Outer)

@@ -41,6 +41,8 @@ CASES = [
     ("run --benchmark stabletoolbench --subset nosuch", "--subset 'nosuch'"),
     ("run --benchmark restbench-tmdb --subset full", "--subset 'full'"),
     ("run --benchmark toolbench --queries {t}/q.json --search.temperature nan", "finite"),
+    ("run --benchmark toolbench --queries {t}/q.json --search.max_steps -3", "search.max_steps must be >= 1, got -3"),
+    ("run --benchmark toolbench --queries {t}/q.json --search.max_new_tokens 0", "search.max_new_tokens must be >= 1"),
     ("run --benchmark toolbench --queries {t}/empty.json", "is an empty list, not a query file"),
     # found before the policy is loaded (it used to search for an answer to "" with the model)
     ("run --benchmark toolbench --queries {t}/blank.json", "not one of the 1 selected entries is a query"),
