@@ -23,7 +23,7 @@ def test_cli_fetch_and_data_root(shared_data, tmp_path, monkeypatch, capsys):
 def test_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="unknown dataset"):
         DataConfig(datasets=["imagenet"])
-    with pytest.raises(ConfigError, match="no such folder"):
+    with pytest.raises(ConfigError, match="the folder does not exist"):
         DataConfig(datasets=["restbench"], from_dir=str(tmp_path / "absent"))
 
 
@@ -55,3 +55,17 @@ def test_a_missing_benchmark_file_names_the_dataset_that_holds_it(tmp_path):
     assert fetch_hint(tmp_path / "elsewhere.json") == "codetool data fetch"
     with pytest.raises(CodetoolError, match="Run 'codetool data fetch codetool'"):
         load_openapi(spec)
+
+
+def test_a_folder_without_the_files_is_one_line_not_a_list_of_every_file(tmp_path, capsys):
+    """``data fetch codetool --from DIR`` with a folder holding none of its files (the trial's
+    /nonexistent existed, empty) listed "missing: ..." nine times and exited 1."""
+    from codetool.cli import main
+
+    (tmp_path / "empty").mkdir()
+    assert main(["data", "fetch", "codetool", "--from", str(tmp_path / "empty"), "--out", str(tmp_path / "d")]) == 2
+    captured = capsys.readouterr()
+    assert "missing:" not in captured.out and captured.err.count("\n") == 1
+    assert f"--from {tmp_path / 'empty'} holds none of the files of codetool" in captured.err
+    assert main(["data", "fetch", "codetool", "--from", str(tmp_path / "absent")]) == 2
+    assert f"--from {tmp_path / 'absent'}: the folder does not exist" in capsys.readouterr().err

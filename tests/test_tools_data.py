@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 
 import httpx
+import pytest
 
+from codetool import CodetoolError
 from codetool.tools.data import DATASETS, MARKER, fetch
 
 
@@ -54,3 +56,26 @@ def test_download_uses_upstream_raw_urls_and_redacts_the_token(tmp_path):
     assert "https://raw.githubusercontent.com/LimOkii/CodeTool/HEAD/infer/tmdb/tmdb.spec.raw.v2.json" in asked
     spec = (tmp_path / "CodeTool/infer/tmdb/tmdb.spec.raw.v2.json").read_text()
     assert "eyJhbGci" not in spec and "<REDACTED_TMDB_TOKEN>" in spec
+
+
+def test_a_source_folder_that_is_absent_or_holds_no_file_of_the_datasets_is_refused(tmp_path):
+    with pytest.raises(CodetoolError, match="the folder does not exist"):
+        fetch(["codetool"], tmp_path / "out", from_dir=tmp_path / "absent")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CodetoolError, match=r"holds none of the files of codetool, restbench \(e\.g\. .*LICENSE"):
+        fetch(["codetool", "restbench"], tmp_path / "out", from_dir=tmp_path / "empty")
+    assert not (tmp_path / "out").exists()  # refused before anything is written
+
+
+def test_no_network_stops_at_once_and_suggests_from_dir(tmp_path):
+    asked = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url)
+        raise httpx.ConnectError("[Errno -3] Temporary failure in name resolution", request=request)
+
+    client = httpx.Client(transport=httpx.MockTransport(handler))
+    with pytest.raises(CodetoolError, match=r"could not connect to raw\.githubusercontent\.com \(\[Errno -3\] "
+                                            r"Temporary failure in name resolution\): no network here\?.*--from DIR"):
+        fetch(["codetool"], tmp_path, client=client)
+    assert len(asked) == 1  # not once per file

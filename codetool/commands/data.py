@@ -33,7 +33,7 @@ class DataConfig:
         if unknown:
             raise ConfigError(f"unknown dataset(s) {unknown}; choose from {list(DATASETS)}.")
         if self.from_dir is not None and not Path(self.from_dir).is_dir():
-            raise ConfigError(f"--from-dir {self.from_dir}: no such folder. Pass a folder laid out like "
+            raise ConfigError(f"--from {self.from_dir}: the folder does not exist. Pass a folder laid out like "
                               f"../shared/data (e.g. RestGPT/specs/tmdb_oas.json inside it).")
 
 

@@ -142,9 +142,15 @@ def _copy(rel: str, source: Path, target: Path) -> bool:
 def _download(rel: str, target: Path, client) -> bool:
     repo_dir, _, path = rel.partition("/")
     url = f"https://raw.githubusercontent.com/{_REPOS[repo_dir]}/HEAD/{quote(path)}"  # some names hold '#'
+    import httpx
+
     try:
         response = client.get(url)
-    except Exception as e:  # network errors are reported per file, not raised
+    except httpx.ConnectError as e:  # no network (or no route to GitHub): every other file fails the same way
+        raise CodetoolError(f"could not connect to {url.split('/')[2]} ({' '.join(str(e).split()) or type(e).__name__}): "
+                            "no network here? Copy the files from a folder laid out like ../shared/data instead: "
+                            "codetool data fetch ... --from DIR.") from None
+    except Exception as e:  # other network errors (a timeout, a dropped read) are reported per file, not raised
         logger.warning("could not download %s: %s", url, type(e).__name__)
         return False
     if response.status_code != 200:
@@ -165,7 +171,19 @@ def fetch(datasets: list[str], out: Path, from_dir: Path | None = None, timeout_
     Returns:
         ``{dataset: {"got": [relative paths], "missing": [relative paths]}}``. Datasets with nothing
         missing are recorded in ``out/.codetool-data.json``.
+
+    Raises:
+        CodetoolError: ``from_dir`` is no folder, or holds no file of any of ``datasets`` (a wrong
+            folder, not a list of every file as missing); a download cannot connect (no network:
+            the message suggests ``--from DIR``).
     """
+    if from_dir is not None:
+        if not from_dir.is_dir():
+            raise CodetoolError(f"--from {from_dir}: the folder does not exist. Pass a folder laid out like "
+                                "../shared/data (e.g. RestGPT/specs/tmdb_oas.json inside it).")
+        if not any((from_dir / rel).is_file() for name in datasets for rel in DATASETS[name]):
+            raise CodetoolError(f"--from {from_dir} holds none of the files of {', '.join(datasets)} (e.g. "
+                                f"{from_dir / DATASETS[datasets[0]][0]}). Pass a folder laid out like ../shared/data.")
     out.mkdir(parents=True, exist_ok=True)
     own_client = from_dir is None and client is None
     if own_client:
