@@ -27,7 +27,7 @@ import threading
 import time
 
 from codetool import CodetoolError, __version__
-from codetool.config import ConfigError, _flat_fields, load_yaml, renamed_error, section_class
+from codetool.config import ConfigError, _flat_fields, did_you_mean, load_yaml, renamed_error, section_class
 from codetool.config_args import add_arguments, config_from_args
 from codetool.secrets import RedactingFilter
 
@@ -233,9 +233,7 @@ def _main(argv: list[str] | None) -> int:
             renamed = renamed_error(config_cls, key, flag=True)
             if renamed is not None:
                 raise renamed
-            hint = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-            raise ConfigError(f"unknown option '{bad}' for 'codetool {name}'."
-                              + (f" Did you mean '--{hint[0]}'?" if hint else "")
+            raise ConfigError(f"unknown option '{bad}' for 'codetool {name}'." + did_you_mean(key, valid, spell="--{}")
                               + f" Run 'codetool {name} --help' for the options.")
         _configure_logging("DEBUG" if debug else args.cli_log_level)
         try:

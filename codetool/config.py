@@ -116,9 +116,20 @@ def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
+def did_you_mean(key: str, valid: typing.Iterable[str], *, spell: str = "{}") -> str:
+    """`` Did you mean 'a'?`` (or ``'a' or 'b'``: up to three, closest first, each within 0.15 of the
+    closest's similarity) for a mistyped ``key`` among ``valid``, each written with ``spell``
+    (``"--{}"`` for flags); ``""`` when none is close: ``--querys`` shows ``--query`` and ``--queries``."""
+    close = difflib.get_close_matches(key, list(dict.fromkeys(valid)), n=3, cutoff=0.5)
+    ratio = [difflib.SequenceMatcher(None, key, m).ratio() for m in close]
+    names = [f"'{spell.format(m)}'" for m, r in zip(close, ratio) if r >= ratio[0] - 0.15]
+    if not names:
+        return ""
+    return f" Did you mean {' or '.join([', '.join(names[:-1]), names[-1]] if len(names) > 1 else names)}?"
+
+
 def _closest(key: str, valid: typing.Iterable[str]) -> str:
-    match = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
-    return f" Did you mean '{match[0]}'?" if match else ""
+    return did_you_mean(key, valid)
 
 
 _NULL_WORDS = ("none", "null")

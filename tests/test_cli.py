@@ -117,6 +117,15 @@ def test_an_empty_config_stops_every_command_with_one_line(name, tmp_path, capsy
     assert err.count("\n") == 1 and err.startswith(f"codetool {name}: error: {recipe}: the recipe is empty"), err
 
 
+def test_a_mistyped_option_shows_every_close_option(capsys):
+    """``--querys`` suggested only ``--query``; ``--queries`` is as close."""
+    assert cli.main(["run", "--querys", "q.json"]) == 2
+    assert ("unknown option '--querys' for 'codetool run'. Did you mean '--query' or '--queries'? Run 'codetool "
+            "run --help' for the options.") in capsys.readouterr().err
+    assert cli.main(["run", "--polcy", "x"]) == 2
+    assert "Did you mean '--policy'? Run" in capsys.readouterr().err
+
+
 # ---- 0.2.0 renamed keys: one line naming the new key
 
 @pytest.mark.parametrize(("argv", "said"), [

@@ -280,6 +280,16 @@ def test_an_unknown_key_names_the_closest_valid_key_and_lists_the_valid_ones():
         from_dict(Outer, {"inner": {"kk": 1}})
 
 
+def test_did_you_mean_names_every_option_about_as_close_as_the_closest():
+    from codetool.config import did_you_mean
+
+    assert did_you_mean("querys", ["query", "queries", "router", "tools"], spell="--{}") == (
+        " Did you mean '--query' or '--queries'?")
+    assert did_you_mean("abcd", ["abce", "abcf", "abcg", "abch"]) == " Did you mean 'abce', 'abcf' or 'abcg'?"  # 3 at most
+    assert did_you_mean("polcy", ["policy", "port"]) == " Did you mean 'policy'?"  # port: far from the closest
+    assert did_you_mean("zzz", ["policy"]) == ""
+
+
 def test_an_unknown_key_far_from_every_valid_one_gets_no_hint():
     with pytest.raises(ConfigError) as e:
         from_dict(Outer, {"zzzzzz": 1})
