@@ -14,7 +14,7 @@ Writes ``summary.json``, ``table.md`` and ``metric_vs_tokens.png`` into ``--out`
 to ``--out/<strategy>/seed<k>/<benchmark>.jsonl`` (resumable: rerun the command to continue).
 Machine: shared CPUs; times are noisy.
 
-    python benchmarks/bench_search_strategies.py --config configs/search/cpu-compare.yaml [--threads 1]
+    python benchmarks/bench_search_strategies.py --config configs/search/four-strategies-cpu.yaml [--threads 1]
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def spread(values: list[float | None]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/search/cpu-compare.yaml")
+    parser.add_argument("--config", default="configs/search/four-strategies-cpu.yaml")
     parser.add_argument("--out", default="runs/bench-search")
     parser.add_argument("--strategies", nargs="*", help="only these strategies of the recipe")
     parser.add_argument("--prm", default="", help="latent reward for every strategy (a PRM checkpoint dir, "

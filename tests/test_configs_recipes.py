@@ -81,3 +81,13 @@ def test_improved_recipe_differs_only_where_it_says():
 def test_every_changed_line_of_the_improved_recipe_is_marked(recipe):
     text = recipe.read_text()
     assert ("CHANGED" in text) == (recipe == IMPROVED)
+
+
+def test_search_recipe_names_are_not_the_same_words_in_another_order():
+    """configs/search held compare-cpu.yaml (benchmarks/compare_strategies.py) and cpu-compare.yaml
+    (benchmarks/bench_search_strategies.py): two recipes of two scripts, told apart by word order only."""
+    words: dict[tuple[str, ...], str] = {}
+    for path in sorted((REPO / "configs" / "search").glob("*.yaml")):
+        key = tuple(sorted(path.stem.split("-")))
+        assert key not in words, f"{path.name} and {words[key]} have the same words: name what tells them apart"
+        words[key] = path.name
