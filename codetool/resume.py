@@ -227,8 +227,9 @@ def plan_resume(path: str | os.PathLike, keys: Iterable[str], key_of: Callable[[
     if other and not force:
         raise CodetoolError(
             f"{path} holds records of these units written with other settings (config hash {', '.join(other)}; "
-            f"now {config_hash}); resuming would mix them. Pass a new --output to start afresh, or "
-            "--force_resume to keep the old records and run only the missing units.")
+            f"now {config_hash}); resuming would mix them. Pass a new --output to start afresh (Python: "
+            "search(output=...)), or --force_resume to keep the old records and run only the missing units "
+            "(Python: settings={'force_resume': True}).")
     plan = ResumePlan()
     for r in mine:
         (plan.failed if r.get("finish_type") == "error" else plan.done).add(key_of(r))

@@ -1,6 +1,6 @@
 """Score the candidate steps of your own agent with a PRM served by `codetool serve-prm`.
 
-    codetool serve-prm --prm checkpoints/prm/quickstart --port 8600    # in another shell
+    codetool serve-prm --prm runs/quickstart/train/prm --port 8600    # in another shell (`make demo`'s PRM)
     python examples/score_steps.py http://127.0.0.1:8600
 """
 import sys

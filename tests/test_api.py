@@ -32,7 +32,7 @@ def tiny_prm(tiny_model_dir, tmp_path_factory) -> Path:
 
 def test_every_example_of_the_api_page_runs(tiny_prm, tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)  # the examples name files of the repository
-    names = {'"checkpoints/prm/quickstart"': repr(str(tiny_prm)), 'policy="default"': f"policy={str(tiny_model_dir)!r}",
+    names = {'"runs/quickstart/train/prm"': repr(str(tiny_prm)), 'policy="default"': f"policy={str(tiny_model_dir)!r}",
              '"runs/library/trajectories.jsonl"': repr(str(tmp_path / "t.jsonl"))}
     blocks = python_blocks(ROOT / "docs" / "API.md")
     assert len(blocks) == 3

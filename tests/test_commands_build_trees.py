@@ -190,6 +190,8 @@ def test_the_tools_setting_leaves_the_tree_hash_of_earlier_runs(tmp_path):
     plain = _cfg(LIBRARY / "queries.json", tmp_path)
     with_spec = _cfg(LIBRARY / "queries.json", tmp_path, tools=str(LIBRARY / "openapi.json"))
     ignored = ("output", "dataset_dir", "shard", "merge", "limit", "batch_trees", "policy_max_batch_size",
-               "retry_failed", "force_resume", "relabel", "ray", "cluster", "policy_client", "max_memory_mb", "never_train_on", "tools")
-    assert tree_hash(plain) == config_hash(plain, ignore=ignored)  # unset: hashed as before the setting existed
+               "retry_failed", "force_resume", "relabel", "ray", "cluster", "policy_client", "max_memory_mb", "never_train_on", "tools",
+               "distinct_draws")
+    assert tree_hash(plain) == config_hash(plain, ignore=ignored)  # unset: hashed as before the settings existed
     assert tree_hash(plain) != tree_hash(with_spec)
+    assert tree_hash(plain) != tree_hash(_cfg(LIBRARY / "queries.json", tmp_path, distinct_draws=2))

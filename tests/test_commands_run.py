@@ -136,8 +136,10 @@ def test_changed_settings_refuse_to_mix_records(monkeypatch, toolbench, tmp_path
     out = tmp_path / "t.jsonl"
     _policy(monkeypatch, lambda p: block("finish('ok')"))
     assert run_command(_cfg(toolbench, out, limit=2)) == 0
-    with pytest.raises(CodetoolError, match="other settings.*--force_resume"):
+    with pytest.raises(CodetoolError, match="other settings.*--force_resume") as refused:
         execute_run(_cfg(toolbench, out, **{"search.k": 3}), show_summary=False)
+    # codetool.api.search takes the same settings: the message names its arguments too (new-user trial)
+    assert "search(output=...)" in str(refused.value) and "settings={'force_resume': True}" in str(refused.value)
     execute_run(_cfg(toolbench, out, limit=3, force_resume=True, **{"search.k": 3}), show_summary=False)
     assert len(list(read_jsonl(out))) == 3
 

@@ -64,6 +64,21 @@ def test_the_report_opens_with_the_answer(runs, tmp_path):
     assert "step_rewards" not in first  # the plot is in the Plots section, with its caption
 
 
+def test_the_prm_line_gives_no_interval_over_one_query_and_names_the_both_ran_pairs():
+    from codetool.eval.headline import prm_line
+
+    # the quickstart's held-out split is one query: a bootstrap over it printed "95% interval 86-86"
+    one = {"prm": "runs/quickstart/train/prm", "pairwise_accuracy": 6 / 7, "pairs": 7, "pairwise_accuracy_ci95": [6 / 7, 6 / 7],
+           "decided": {"all": {"accuracy": 6 / 7, "pairs": 7, "queries": 1},
+                       "both_ran": {"accuracy": 0.0, "pairs": 1, "queries": 1}}}
+    line = prm_line({"prm": one})
+    assert "86%** (no interval: the pairs come from 1 held-out query) on **7**" in line and "86-86" not in line
+    assert "on the 1 whose steps both ran (R_spot ties, the PRM's own job): **0%**" in line
+    two = {**one, "decided": {"all": {**one["decided"]["all"], "queries": 2}, "both_ran": {"pairs": 0}}}
+    line = prm_line({"prm": two})
+    assert "(95% interval 86-86)" in line and "no held-out pair whose steps both ran" in line
+
+
 def test_an_imported_run_gets_no_step_rewards_plot(shared_data, tmp_path):
     folder = shared_data / "StableToolBench" / "data_example" / "model_predictions_converted"
     report = run_eval(EvalConfig(trajectories=[str(folder / "virtual_chatgpt_cot")], out=str(tmp_path)),

@@ -107,7 +107,7 @@ def test_the_prm_section_splits_the_pairs_by_what_decided_them():
                          "prm_best": 0.5}}
     text = "\n".join(prm_lines(prm))
     assert "| both steps ran | 2 | 2 | 50.0% | 0.0-100.0 |" in text
-    assert "| decided by executability | 2 | 1 | 100.0% | 100.0-100.0 |" in text
+    assert "| decided by executability | 2 | 1 | 100.0% | n/a (one query) |" in text  # no "100.0-100.0"
     assert "random pick 0.738" in text and "the best 0.925" in text
     old = "\n".join(prm_lines({"pairwise_accuracy": 0.83, "pairs": 12, "rows": 10}))
     assert "positive x negative row combinations" in old  # an older metrics.json is labelled for what it is

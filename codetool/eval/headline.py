@@ -149,6 +149,18 @@ def prm_line(report: dict[str, Any]) -> str:
     acc, ci, who = prm.get("pairwise_accuracy"), prm.get("pairwise_accuracy_ci95"), prm.get("prm", "the PRM")
     if acc is None:
         return f"PRM `{who}`: no held-out sibling pair with both labels ({prm.get('rows', 0)} rows): accuracy not measured."
-    interval = f" (95% interval {100 * ci[0]:.0f}-{100 * ci[1]:.0f})" if ci else ""
-    return (f"PRM `{who}`: pairwise accuracy **{100 * acc:.0f}%**{interval} on **{prm.get('pairs')}** held-out "
-            "sibling pairs (50% is chance).")
+    decided = prm.get("decided") or {}
+    queries = (decided.get("all") or {}).get("queries")
+    if queries is not None and queries < 2:  # a bootstrap over one query resamples it alone: no interval
+        interval = f" (no interval: the pairs come from {queries} held-out quer{'y' if queries == 1 else 'ies'})"
+    else:
+        interval = f" (95% interval {100 * ci[0]:.0f}-{100 * ci[1]:.0f})" if ci else ""
+    line = (f"PRM `{who}`: pairwise accuracy **{100 * acc:.0f}%**{interval} on **{prm.get('pairs')}** held-out "
+            "sibling pairs (50% is chance)")
+    both = decided.get("both_ran") or {}
+    if both.get("pairs"):  # the pairs R_spot cannot decide: the PRM's own job in the search
+        line += (f"; on the {both['pairs']} whose steps both ran (R_spot ties, the PRM's own job): "
+                 f"**{100 * both['accuracy']:.0f}%**")
+    elif decided:
+        line += "; no held-out pair whose steps both ran (the PRM's own job in the search) was measured"
+    return line + "."

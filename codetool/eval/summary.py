@@ -213,8 +213,10 @@ def prm_lines(prm: dict[str, Any]) -> list[str]:
         for kind, part in decided.items():
             ci = part.get("ci95")
             acc = "n/a" if part.get("accuracy") is None else f"{100 * part['accuracy']:.1f}%"
-            lines.append(f"| {names.get(kind, kind)} | {part['pairs']} | {part['queries']} | {acc} | "
-                         + (f"{100 * ci[0]:.1f}-{100 * ci[1]:.1f}" if ci else "n/a") + " |")
+            interval = "n/a" if not ci else f"{100 * ci[0]:.1f}-{100 * ci[1]:.1f}"
+            if ci and part.get("queries", 2) < 2:  # a bootstrap over one query resamples it alone
+                interval = "n/a (one query)"
+            lines.append(f"| {names.get(kind, kind)} | {part['pairs']} | {part['queries']} | {acc} | {interval} |")
         lines.append("")
         best = prm.get("best_of_k") or {}
         if best.get("groups"):
