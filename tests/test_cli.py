@@ -107,9 +107,10 @@ def test_every_option_s_help_shows_one_default(name):
 
 
 @pytest.mark.parametrize("name", sorted(cli.COMMANDS))
-def test_an_empty_config_stops_every_command_with_one_line(name, tmp_path, capsys):
+def test_an_empty_config_stops_every_command_with_one_line(name, tmp_path, capsys, monkeypatch):
     """``--config empty.yaml`` used to start the command with every default (``pipeline``: a full
     default run); docs/LONG_JOBS.md "Bad input" says an empty file stops the command."""
+    monkeypatch.chdir(tmp_path)  # the old code wrote its default outputs (runs/, data/) here
     recipe = tmp_path / "empty.yaml"
     recipe.write_text("# nothing yet\n")
     assert cli.main([name, "--config", str(recipe)]) == 2
