@@ -106,6 +106,18 @@ def test_the_summary_files_hold_every_table(runs, tmp_path):
     assert render(summary) == text
 
 
+def test_the_prm_table_gives_no_interval_over_one_query():
+    # the small recipe's relabelled PRM had one both-ran pair, from one query: it printed "0.0 to 0.0"
+    pair = {"pairs": 1, "queries": 1, "accuracy": 0.0, "low": 0.0, "high": 0.0}
+    prm = {"both_ran": pair, "one_ran": {**pair, "pairs": 7, "queries": 2, "accuracy": 1 / 7, "high": 0.25},
+           "none_ran": {"pairs": 0, "queries": 0, "accuracy": None, "low": None, "high": None}}
+    text = render({"name": "t", "methods": [], "paired": [], "prm_pairs": prm, "policy_rl": None, "search": "k 2",
+                   "machine": "2 CPUs"})
+    assert "| both steps ran (R_spot ties) | 1 (1) | 0.0 | n/a (one query) |" in text
+    assert "| one ran (executability decides) | 7 (2) | 14.3 | 0.0 to 25.0 |" in text
+    assert "| neither ran | 0 (0) | n/a | n/a |" in text
+
+
 def test_train_policys_own_report_gives_the_exact_before_after_with_paired_intervals():
     """train-policy's report: exact success per policy with its bootstrap interval over queries and each
     setting minus before, paired by query (before, its report had only the mean over seeds)."""

@@ -208,8 +208,9 @@ def render(summary: dict[str, Any]) -> str:
                  "none_ran": "neither ran"}
         for kind, label in names.items():
             x = prm[kind]
-            lines.append(f"| {label} | {x['pairs']} ({x['queries']}) | {_pct(x['accuracy'])} | "
-                         f"{_pct(x['low'])} to {_pct(x['high'])} |")
+            interval = f"{_pct(x['low'])} to {_pct(x['high'])}" if x["queries"] >= 2 else \
+                "n/a" if not x["queries"] else "n/a (one query)"  # a bootstrap over one query resamples it alone
+            lines.append(f"| {label} | {x['pairs']} ({x['queries']}) | {_pct(x['accuracy'])} | {interval} |")
     rl = summary.get("policy_rl")
     if rl:
         lines += ["", f"Policy RL (train-policy, {rl.get('token_budget')} generated tokens per run, seeds "
