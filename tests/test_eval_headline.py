@@ -74,6 +74,9 @@ def test_the_prm_line_gives_no_interval_over_one_query_and_names_the_both_ran_pa
     line = prm_line({"prm": one})
     assert "86%** (no interval: the pairs come from 1 held-out query) on **7**" in line and "86-86" not in line
     assert "on the 1 whose steps both ran (R_spot ties, the PRM's own job): **0%**" in line
+    # a paired difference over one query is no verdict (red team: "+100.0 to +100.0", "better")
+    assert verdict({"n": 1, "low": 100.0, "high": 100.0}) == "too few queries to tell"
+    assert verdict({"n": 2, "low": 50.0, "high": 100.0}) == "better"
     two = {**one, "decided": {"all": {**one["decided"]["all"], "queries": 2}, "both_ran": {"pairs": 0}}}
     line = prm_line({"prm": two})
     assert "(95% interval 86-86)" in line and "no held-out pair whose steps both ran" in line

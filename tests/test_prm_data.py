@@ -65,13 +65,22 @@ def test_a_pair_that_is_one_input_under_two_labels_is_left_out(encoder, caplog):
             "history": [], "candidate": 'result = convert_units(value=840, from_unit="km", to_unit="mi")',
             "candidate_output": "Output:\n{'value': 521.95}", "ok": True}
     twins = [{**base, "label": 1, "pair": "q1:1>2"}, {**base, "label": 0, "pair": "q1:1>2"}]
-    other = [{**base, "label": 1, "pair": "q1:3>4"},
+    other = [{**base, "candidate": base["candidate"].replace("840", "84"), "label": 1, "pair": "q1:3>4"},
              {**base, "candidate": base["candidate"].replace("840", "480"), "label": 0, "pair": "q1:3>4"}]
     with caplog.at_level("WARNING"):
         tokenized, stats = tokenize_rows(twins + other, encoder)
     assert stats.same_input == 2 and len(tokenized) == 2 and [t["label"] for t in tokenized] == [1, 0]
     assert "1 of 2 labelled pairs left out" in caplog.text
     assert tokenize_rows(other, encoder)[1].same_input == 0
+    # cousin twins: one input is "more promising" in one pair and "less promising" in another (the
+    # children of two samples of one step); both pairs go, a pair without that input stays
+    third = {**base, "candidate": base["candidate"].replace("840", "48")}
+    cousins = [{**base, "label": 1, "pair": "q1:1-1>1-2"}, {**third, "label": 0, "pair": "q1:1-1>1-2"},
+               {**base, "candidate": base["candidate"].replace("840", "8400"), "label": 1, "pair": "q1:2-2>2-1"},
+               {**base, "label": 0, "pair": "q1:2-2>2-1"}]
+    other = [{**r, "pair": "q1:5>6"} for r in other]
+    tokenized, stats = tokenize_rows(cousins + other, encoder)
+    assert stats.same_input == 4 and len(tokenized) == 2
 
 
 def test_training_and_scoring_paths_give_identical_ids(encoder):

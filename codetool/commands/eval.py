@@ -160,7 +160,8 @@ def eval_command(cfg: EvalConfig) -> int:
         console.print(table)
     for c in (report.get("headline") or {}).get("comparisons", []):
         console.print(f"{c['benchmark']}: {c['a']} - {c['b']}, {c['metric']} ({c['kind']}): {c['mean']:+.1f} points "
-                      f"(95% interval {c['low']:+.1f} to {c['high']:+.1f}, {c['n']} queries): {verdict(c)}",
+                      + (f"(95% interval {c['low']:+.1f} to {c['high']:+.1f}, " if c["n"] >= 2 else "(no interval, ")
+                      + f"{c['n']} queries): {verdict(c)}",
                       markup=False, highlight=False)
     if (line := prm_line(report)):
         console.print(line.replace("**", ""), markup=False, highlight=False)

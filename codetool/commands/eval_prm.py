@@ -139,7 +139,7 @@ def _print(cfg: EvalPRMConfig, metrics: dict) -> None:
         ci = part["ci95"]
         table.add_row(kind.replace("_", " "), str(part["pairs"]), str(part["queries"]),
                       "n/a" if part["accuracy"] is None else f"{part['accuracy']:.3f}",
-                      f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "n/a")
+                      "n/a (one query)" if ci and part["queries"] < 2 else f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "n/a")
     console = Console()
     console.print(table)
     best = metrics["best_of_k"]

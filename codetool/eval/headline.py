@@ -107,7 +107,10 @@ def _entry(bench: str, a: str, b: str, metric: str, kind: str, sa: dict, sb: dic
 
 
 def verdict(c: dict[str, Any]) -> str:
-    """``better`` / ``worse`` when the interval excludes 0, else ``no clear difference``."""
+    """``better`` / ``worse`` when the interval excludes 0, else ``no clear difference``; no verdict
+    from fewer than 2 queries (a bootstrap over one query resamples it alone)."""
+    if c.get("n", 2) < 2:
+        return "too few queries to tell"
     if c["low"] is not None and c["low"] > 0:
         return "better"
     if c["high"] is not None and c["high"] < 0:
@@ -127,8 +130,9 @@ def render_headline(report: dict[str, Any], weak_mark: str = "") -> list[str]:
         rows = []
         for c in comparisons:
             mark = weak_mark if c["kind"] == "judged" else ""
+            interval = f"{c['low']:+.1f} to {c['high']:+.1f}" if c["n"] >= 2 else "n/a (one query)"
             rows.append(f"| {c['benchmark']} | {c['a']} − {c['b']} | {c['metric']}{mark} | {c['mean']:+.1f} | "
-                        f"{c['low']:+.1f} to {c['high']:+.1f} | {c['n']} | {verdict(c)} |")
+                        f"{interval} | {c['n']} | {verdict(c)} |")
         lines += ["| benchmark | methods | per-query score | difference (points) | 95% interval | queries | "
                   "verdict |", "|---|---|---|---:|---|---:|---|", *rows, "",
                   "Paired over the queries both methods ran (seeds averaged per query first), with a bootstrap "

@@ -72,10 +72,10 @@ def tokenize_rows(rows: list[dict], encoder: PromptEncoder) -> tuple[list[dict],
         (int, index of the row's query: its rows share the query and tool prompt), ``label``
         (0/1), ``pair`` (int, index of its labelled pair, -1 none) and ``ok`` (1 its step ran, 0
         failed, -1 unknown), plus :class:`TokenStats`. Truncated rows are logged, never dropped.
-        The two rows of a labelled pair that encode to the same tokens under opposite labels (the
-        same step sampled twice in a dataset built before ``same_step`` pairs were dropped, or two
-        steps that ``max_length`` cut to one prefix) are left out, counted in ``same_input`` and
-        logged: no PRM can score them apart, so they would teach nothing and score as a coin.
+        Every labelled pair holding an input that carries both labels (the two rows of one pair
+        encoded alike, or one input labelled 1 in a pair and 0 in another) is left out, its rows
+        counted in ``same_input`` and logged: no PRM can score such rows apart, so they would teach
+        nothing and score as a coin.
     """
     pos_id, neg_id = encoder.label_ids
     groups: dict[str, int] = {}
@@ -103,20 +103,25 @@ def tokenize_rows(rows: list[dict], encoder: PromptEncoder) -> tuple[list[dict],
 
 
 def _without_same_input(out: list[dict], stats: TokenStats) -> tuple[list[dict], TokenStats]:
-    """:func:`tokenize_rows` without the pairs whose two rows are one input under two labels."""
-    by_pair: dict[int, list[dict]] = {}
+    """:func:`tokenize_rows` without the labelled pairs that hold an input carrying both labels: the
+    two rows of one pair that encode alike, or one input labelled 1 in a pair and 0 in another (the
+    children of two sibling samples of one step, "cousin twins", or steps the format renders alike,
+    e.g. the same code with another observation when outputs are hidden)."""
+    labels: dict[tuple, set[int]] = {}
     for row in out:
         if row["pair"] >= 0:
-            by_pair.setdefault(row["pair"], []).append(row)
-    same = {pid for pid, rows in by_pair.items() if len(rows) == 2 and rows[0]["label"] != rows[1]["label"]
-            and rows[0]["input_ids"][:-1] == rows[1]["input_ids"][:-1]}
-    if not same:
+            labels.setdefault(tuple(row["input_ids"][:-1]), set()).add(row["label"])
+    both = {key for key, seen in labels.items() if len(seen) == 2}
+    if not both:
         return out, stats
-    stats.same_input = 2 * len(same)
-    logger.warning("%d of %d labelled pairs left out: their two rows are one input to the PRM under opposite labels "
-                   "(the same step sampled twice: 'codetool build-trees --relabel' drops such pairs as same_step; "
-                   "or two steps cut to one prefix: raise format.max_length)", len(same), len(by_pair))
-    return [row for row in out if row["pair"] not in same], stats
+    bad = {row["pair"] for row in out if row["pair"] >= 0 and tuple(row["input_ids"][:-1]) in both}
+    kept = [row for row in out if row["pair"] not in bad]
+    stats.same_input = len(out) - len(kept)
+    logger.warning("%d of %d labelled pairs left out: they hold an input the PRM reads under both labels (one step "
+                   "sampled twice, in one sibling pair or in two: 'codetool build-trees --relabel' drops sibling "
+                   "twins as same_step; or two steps the format renders alike: raise format.max_length)",
+                   len(bad), len({row["pair"] for row in out if row["pair"] >= 0}))
+    return kept, stats
 
 
 class PRMCollator:
