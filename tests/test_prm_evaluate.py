@@ -68,9 +68,15 @@ def test_best_of_k_among_runnable_siblings_against_random_and_oracle():
 def test_older_datasets_pair_adjacent_rows_and_leave_ok_unknown():
     rows = [{"label": 1}, {"label": 0}, {"label": 1}, {"label": 1}, {"label": 0}]
     ids, ok = row_pair_ids(rows, ["g", "g", "h", "k", "k"])
-    assert ids == [0, 0, -1, 3, 3] and ok == [-1] * 5
+    assert ids == [("adjacent", 0)] * 2 + [-1] + [("adjacent", 3)] * 2 and ok == [-1] * 5
     pairs = pairs_from_ids(ids, [r["label"] for r in rows], ok, ["q"] * 5)
     assert [(p.better, p.worse, p.kind) for p in pairs] == [(0, 1, "unknown"), (3, 4, "unknown")]
+    # an older file's rows beside a newer one's (red team: the newer rows' field switched the older
+    # rows' pairing off): each row is paired by what it carries
+    mixed = [{"label": 1, "pair": "q:1>2", "ok": True}, {"label": 0, "pair": "q:1>2", "ok": True}, *rows[:2]]
+    ids, ok = row_pair_ids(mixed, ["n", "n", "g", "g"])
+    assert ids == ["q:1>2", "q:1>2", ("adjacent", 2), ("adjacent", 2)]
+    assert len(pairs_from_ids(ids, [r["label"] for r in mixed], ok, ["q"] * 4)) == 2
 
 
 def test_roc_auc_hand_values():

@@ -46,3 +46,14 @@ def test_mixed_layouts_in_one_file(tmp_path):
     rows = read_rows(str(path))
     assert [(r["candidate"], r["label"]) for r in rows] == [("z", 1), ("x = 1", 1), ("y", 0)]
     assert rows[2]["history"] == [{"code": "x = 1", "output": "1"}] and rows[2]["tools"] == "tools"
+
+
+def test_pair_ids_of_several_files_stay_apart(tmp_path):
+    # two builds of one query both write the pair id "q1:1>2": read together they are two pairs
+    row = {"query_id": "q1", "query": "Is book 17 on the shelf?", "history": [], "candidate": "print(1)"}
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.jsonl").write_text("".join(
+            json.dumps({**row, "label": label, "pair": "q1:1>2"}) + "\n" for label in (1, 0)))
+    rows = read_rows([str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")])
+    assert [r["pair"] for r in rows] == ["0:q1:1>2", "0:q1:1>2", "1:q1:1>2", "1:q1:1>2"]
+    assert [r["pair"] for r in read_rows(str(tmp_path / "a.jsonl"))] == ["q1:1>2"] * 2  # one file: as written

@@ -135,7 +135,15 @@ def test_eval_prm_and_score_commands(trained, tmp_path):
     heldout = len(trained["rows"]) - len(trained["train_rows"])
     assert metrics["rows"] == heldout and metrics["pairs"] == heldout // 2
     assert 0.0 <= metrics["pairwise_accuracy"] <= 1.0
-    assert (report / "calibration.png").stat().st_size > 1000
+    assert (report / "calibration.png").stat().st_size > 1000 and metrics["same_input_pairs"] == 0
+    # a pair whose two rows are one input under both labels is left out, as train-prm leaves it out
+    twin = {**trained["rows"][0], "candidate": "print('the same step, sampled twice')", "pair": "twin:1>2", "ok": True}
+    twins = tmp_path / "twins.jsonl"
+    write_jsonl(twins, [{**twin, "label": 1}, {**twin, "label": 0}, *trained["rows"]])
+    assert eval_prm_command(EvalPRMConfig(prm=str(trained["out"]), dataset=[str(twins)], split="all",
+                                          output_dir=str(tmp_path / "twins"), device="cpu")) == 0
+    metrics = json.loads((tmp_path / "twins" / "metrics.json").read_text())
+    assert metrics["same_input_pairs"] == 1 and metrics["rows"] == len(trained["rows"]) + 2
     scored = tmp_path / "scored.jsonl"
     assert score_command(ScoreConfig(input=str(trained["data"]), prm=str(trained["out"]), output=str(scored),
                                      batch_size=5, device="cpu")) == 0

@@ -73,6 +73,27 @@ def _split_settings(cfg: EvalPRMConfig) -> tuple[float, int]:
     return float(fraction), int(seed)
 
 
+def _same_input_pairs(scorer, rows: list[dict], labels: list[int], pair_ids: list) -> set | None:
+    """The labelled pairs ``train-prm`` leaves out (an input carrying both labels:
+    :func:`codetool.prm.data.pairs_with_both_labels`), found with a local scorer's encoder; ``None``
+    with a PRM server (its format is not known here: every pair is scored)."""
+    encoder = getattr(scorer, "encoder", None)
+    if encoder is None:
+        return None
+    from codetool.prm.data import pairs_with_both_labels
+    from codetool.prm.format import item_from_row
+
+    inputs = []
+    for row in rows:
+        enc = encoder.encode(item_from_row(row))
+        inputs.append(enc.prefix_ids + enc.suffix_ids)
+    same = pairs_with_both_labels(inputs, labels, [None if pid in (-1, None) else pid for pid in pair_ids])
+    if same:
+        logger.warning("%d labelled pairs left out: they hold an input this PRM reads under both labels (as train-prm "
+                       "leaves them out)", len(same))
+    return same
+
+
 def eval_prm_command(cfg: EvalPRMConfig) -> int:
     """Score the held-out rows with the PRM and write metrics, scores and a calibration plot."""
     from codetool.jsonl import write_jsonl
@@ -104,13 +125,15 @@ def eval_prm_command(cfg: EvalPRMConfig) -> int:
     groups = [sibling_key(r) for r in rows]
     queries = [query_key(r) for r in rows]
     pair_ids, ok = row_pair_ids(rows, groups)
+    same = _same_input_pairs(scorer, rows, labels, pair_ids)
+    pair_ids = [-1 if pid in (same or ()) else pid for pid in pair_ids]
     pairs = pairs_from_ids(pair_ids, labels, ok, queries)
     metrics: dict[str, Any] = prm_metrics(scores, labels, pairs)
     decided = decided_metrics(scores, pairs, cfg.bootstrap_samples, cfg.bootstrap_seed)
     metrics.update(pairwise_accuracy_ci95=decided["all"]["ci95"], decided=decided,
                    best_of_k=best_of_k(scores, rows, groups, queries, cfg.bootstrap_samples, cfg.bootstrap_seed),
                    bootstrap_samples=cfg.bootstrap_samples, bootstrap_seed=cfg.bootstrap_seed,
-                   bootstrap_unit="queries")
+                   bootstrap_unit="queries", same_input_pairs=len(same) if same is not None else None)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps({"prm": cfg.prm, "split": cfg.split,  # NaN (no held-out pairs) -> null: strict JSON

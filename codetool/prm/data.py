@@ -107,14 +107,10 @@ def _without_same_input(out: list[dict], stats: TokenStats) -> tuple[list[dict],
     two rows of one pair that encode alike, or one input labelled 1 in a pair and 0 in another (the
     children of two sibling samples of one step, "cousin twins", or steps the format renders alike,
     e.g. the same code with another observation when outputs are hidden)."""
-    labels: dict[tuple, set[int]] = {}
-    for row in out:
-        if row["pair"] >= 0:
-            labels.setdefault(tuple(row["input_ids"][:-1]), set()).add(row["label"])
-    both = {key for key, seen in labels.items() if len(seen) == 2}
-    if not both:
+    bad = pairs_with_both_labels([row["input_ids"][:-1] for row in out], [row["label"] for row in out],
+                                 [row["pair"] if row["pair"] >= 0 else None for row in out])
+    if not bad:
         return out, stats
-    bad = {row["pair"] for row in out if row["pair"] >= 0 and tuple(row["input_ids"][:-1]) in both}
     kept = [row for row in out if row["pair"] not in bad]
     stats.same_input = len(out) - len(kept)
     logger.warning("%d of %d labelled pairs left out: they hold an input the PRM reads under both labels (one step "
@@ -122,6 +118,18 @@ def _without_same_input(out: list[dict], stats: TokenStats) -> tuple[list[dict],
                    "twins as same_step; or two steps the format renders alike: raise format.max_length)",
                    len(bad), len({row["pair"] for row in out if row["pair"] >= 0}))
     return kept, stats
+
+
+def pairs_with_both_labels(inputs: list, labels: list[int], pair_ids: list) -> set:
+    """The pair ids (``None``: a row of no pair) of the labelled pairs that hold an input carrying
+    both labels among the paired rows (``inputs``: per row its token ids or any sequence the PRM
+    reads). ``train-prm`` leaves them out of training and validation, ``eval-prm`` out of its pairs."""
+    seen: dict[tuple, set[int]] = {}
+    for key, label, pid in zip(inputs, labels, pair_ids):
+        if pid is not None:
+            seen.setdefault(tuple(key), set()).add(int(label))
+    both = {key for key, kinds in seen.items() if len(kinds) == 2}
+    return {pid for key, pid in zip(inputs, pair_ids) if pid is not None and tuple(key) in both}
 
 
 class PRMCollator:

@@ -78,16 +78,16 @@ def pairs_from_ids(pair_ids: Sequence, labels: Sequence, ok: Sequence, queries: 
 
 def row_pair_ids(rows: list[dict], groups: Sequence) -> tuple[list, list]:
     """Per row, its pair id and ``ok`` flag: the ``pair`` and ``ok`` fields build-trees writes, else
-    (older datasets) consecutive rows of one sibling group with labels 1 and 0 (build-trees writes
-    each pair as two adjacent rows) and ``ok`` unknown."""
-    ids: list = [-1] * len(rows)
+    (rows of older datasets, which lack the field, also beside newer rows) consecutive rows of one
+    sibling group with labels 1 and 0 (build-trees writes each pair as two adjacent rows) and ``ok``
+    unknown."""
+    ids: list = [r.get("pair", -1) if "pair" in r else -1 for r in rows]
     ok = [(-1 if r.get("ok") is None else int(bool(r["ok"]))) for r in rows]
-    if any("pair" in r for r in rows):
-        return [r.get("pair", -1) for r in rows], ok
     i = 0
     while i + 1 < len(rows):
-        if groups[i] == groups[i + 1] and {int(rows[i]["label"]), int(rows[i + 1]["label"])} == {0, 1}:
-            ids[i] = ids[i + 1] = i
+        if ("pair" not in rows[i] and "pair" not in rows[i + 1] and groups[i] == groups[i + 1]
+                and {int(rows[i]["label"]), int(rows[i + 1]["label"])} == {0, 1}):
+            ids[i] = ids[i + 1] = ("adjacent", i)
             i += 2
         else:
             i += 1

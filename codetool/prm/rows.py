@@ -44,7 +44,8 @@ def read_rows(paths: str | list[str]) -> list[dict]:
             label other than 0/1, or a stepwise row is malformed (one line naming file:line).
     """
     rows = []
-    for path in [paths] if isinstance(paths, str) else paths:
+    files = [paths] if isinstance(paths, str) else list(paths)
+    for index, path in enumerate(files):
         if not Path(path).is_file():
             raise CodetoolError(f"PRM dataset not found: {path}. Build one with 'codetool build-trees' "
                                 "or write PRM example rows (query, tools, history, candidate, label, ...) to a JSONL file.")
@@ -60,6 +61,8 @@ def read_rows(paths: str | list[str]) -> list[dict]:
                                         "example row needs query, history, candidate, label; a stepwise row "
                                         "prompt, completions, labels).")
                 item_from_row(row)  # raises on a missing query or a malformed history
+                if len(files) > 1 and row.get("pair") is not None:  # pair ids are per file: two builds share them
+                    row = {**row, "pair": f"{index}:{row['pair']}"}
                 rows.append({**row, "label": label})
         if skipped:  # never train on a silently shortened file (issue 19)
             raise CodetoolError(f"{path}: {len(skipped)} lines are not JSON objects (lines "
