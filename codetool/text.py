@@ -4,7 +4,7 @@ Models and tools can emit lone UTF-16 surrogates (``"\\ud800"``), which UTF-8 ca
 JSONL append, an HTTP body, a tokenizer or a log handler would raise ``UnicodeEncodeError`` on
 them. :func:`clean_text` replaces each with U+FFFD (a valid surrogate pair becomes its character)
 and :func:`clean_obj` does the same inside a JSON-like object; :func:`clip` cuts a text to a
-length with a visible marker. This module imports nothing of
+length with a visible marker; :func:`step_key` is the form in which two sampled steps are the same. This module imports nothing of
 codetool, so the lowest modules (``codetool.jsonl``, ``codetool.secrets``) can both use it.
 """
 
@@ -40,3 +40,10 @@ def clip(text: str | None, limit: int) -> str:
     were cut (``None`` reads as empty text)."""
     text = text or ""
     return text if len(text) <= limit else text[:limit] + f" ... [{len(text) - limit} characters cut]"
+
+
+def step_key(text: str | None) -> str:
+    """``text`` without each line's trailing whitespace and without blank lines at either end: two
+    sampled replies or codes with the same key are the same step (``trees.distinct_draws``, the
+    ``same_step`` label rule)."""
+    return "\n".join(line.rstrip() for line in (text or "").strip().splitlines())

@@ -20,6 +20,7 @@ from codetool.executor.result import StepExecutor
 from codetool.models.constraint import CallConstraint
 from codetool.search.prompt import CODE_PREFIX, policy_messages
 from codetool.search.step import Expanded, prefixed, reply_lead, reply_text, run_step, stop_words
+from codetool.text import step_key
 
 if TYPE_CHECKING:
     from codetool.search.config import SearchConfig, StepGroup
@@ -136,16 +137,13 @@ def _distinct(outputs: list[list[Any]], n: int, draws: int, draw, reply_of) -> t
     (``reply_of(node index, completion)``) differ, drawing again (``draw(node indices, draw index)``)
     for the nodes short of ``n``; with the per-node ``[extra prompt tokens, generated tokens of the
     repeats dropped]``."""
-    def key(text: str) -> str:
-        return "\n".join(line.rstrip() for line in text.strip().splitlines())
-
     kept: list[list[Any]] = [[] for _ in outputs]
     seen: list[set[str]] = [set() for _ in outputs]
     spent = [[0, 0] for _ in outputs]
 
     def take(i: int, row: list[Any]) -> None:
         for completion in row:
-            text = key(reply_of(i, completion))
+            text = step_key(reply_of(i, completion))
             if text in seen[i] or len(kept[i]) >= n:
                 spent[i][1] += completion.completion_tokens
                 continue

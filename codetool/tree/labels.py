@@ -33,6 +33,7 @@ from itertools import combinations
 
 from codetool.executor.result import ToolCall
 from codetool.rewards import grounded_success, latent_reward, not_executed
+from codetool.text import step_key
 
 
 def children_of(tree: dict[str, dict]) -> dict[str | None, list[str]]:
@@ -149,10 +150,7 @@ def same_step(na: dict, nb: dict) -> bool:
     text (which holds a plan where the step format has one), each line's trailing whitespace and
     blank lines at either end aside, and equal observation. A policy that samples the same call twice
     gives two such children. Nodes that record no reply at all (hand-built trees) never are."""
-    def norm(text: str | None) -> str:
-        return "\n".join(line.rstrip() for line in (text or "").strip().splitlines())
-
-    reply = [(norm(n.get("code")), norm(n.get("text")), n.get("observation") or "") for n in (na, nb)]
+    reply = [(step_key(n.get("code")), step_key(n.get("text")), n.get("observation") or "") for n in (na, nb)]
     return any(reply[0][:2]) and reply[0] == reply[1]
 
 
